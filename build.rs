@@ -9,9 +9,7 @@ fn main() {
             .map(|s| s.success())
             .unwrap_or(false);
         if !ok {
-            println!(
-                "cargo:warning={lib} not found by pkg-config: install {pkg} (or run `cargo xtask setup`)"
-            );
+            println!("cargo:warning={lib} not found by pkg-config: install {pkg} (or run `cargo xtask setup`)");
         }
     }
 }

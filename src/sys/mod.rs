@@ -1,4 +1,90 @@
 //! The FFI boundary: the only module that names `rdma_sys`.
+//!
+//! **Architecture invariant:** every raw pointer from rdma-core has exactly one owner here that
+//! frees it in `Drop`, and parents are fields of their children (a queue pair's owner holds its
+//! CQs and PD, a CQ holds its completion channel), so the destroy order rdma-core requires is
+//! structural. Nothing outside `sys` names an `ibv_*` or `rdma_*` symbol.
+//!
+//! rdma-core uses three error conventions; each has one helper here: [`cvt`] (returns -1 and
+//! sets errno), [`cvt_nz`] (returns the errno itself) and [`cvt_ptr`] (returns NULL and sets
+//! errno). `EAGAIN` from a non-blocking fd becomes `Ok(None)` and never leaves this module as
+//! an error.
 #![allow(unsafe_code)]
 
+pub mod cm;
+pub mod device;
+pub mod pool;
+pub mod verbs;
+
+use std::io;
+use std::os::fd::{BorrowedFd, RawFd};
+use std::ptr::NonNull;
+
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+
+/// The raw bindings, for what this crate does not wrap. Pointers taken from this crate's
+/// objects stay valid only while those objects live; never destroy them yourself.
 pub use rdma_sys as ffi;
+
+/// `-1` and errno.
+pub(crate) fn cvt(ret: i32) -> io::Result<i32> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// The errno is the return value (0 on success).
+pub(crate) fn cvt_nz(ret: i32) -> io::Result<()> {
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(ret.abs()))
+    }
+}
+
+/// NULL and errno.
+pub(crate) fn cvt_ptr<T>(p: *mut T) -> io::Result<NonNull<T>> {
+    NonNull::new(p).ok_or_else(|| {
+        let e = io::Error::last_os_error();
+        // Some providers return NULL without setting errno.
+        if e.raw_os_error() == Some(0) {
+            io::Error::other("the call returned NULL without an errno")
+        } else {
+            e
+        }
+    })
+}
+
+/// Maps a would-block error to `Ok(None)`.
+pub(crate) fn nonblock<T>(r: io::Result<T>) -> io::Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Sets `O_NONBLOCK` on an fd we do not own (it belongs to an rdma-core object).
+pub(crate) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: the caller passes an fd owned by a live rdma-core object that outlives this call.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let flags = fcntl(fd, FcntlArg::F_GETFL).map_err(io::Error::from)?;
+    let flags = OFlag::from_bits_retain(flags) | OFlag::O_NONBLOCK;
+    fcntl(fd, FcntlArg::F_SETFL(flags)).map_err(io::Error::from)?;
+    Ok(())
+}
+
+/// Converts a C string owned by rdma-core into an owned `String`.
+///
+/// # Safety
+///
+/// `p` is NULL or points to a NUL-terminated string valid for the duration of the call.
+pub(crate) unsafe fn c_str(p: *const std::os::raw::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-null and NUL-terminated per this function's contract.
+    unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}

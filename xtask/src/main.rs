@@ -1,1 +1,3 @@
-fn main() { println!("xtask: TODO"); }
+fn main() {
+    println!("xtask: TODO");
+}

@@ -1,0 +1,374 @@
+//! Pure connection state machines: listener, agent (server side) and client.
+//!
+//! **Architecture invariant:** nothing in this module performs I/O or names an FFI type. Each
+//! machine takes an [`Input`] (an rdma_cm event, an expired deadline, a user request, a work
+//! request failure) and returns [`Action`]s for the reactor to carry out. An input that is
+//! impossible in the current state becomes a [`CloseReason::Protocol`] error on that
+//! connection; nothing here panics.
+//!
+//! Agent and client differ only until the connection is established; from then on both run the
+//! same shared phase (established → disconnecting → draining → closed), coded once in
+//! [`Phase`].
+
+mod agent;
+mod client;
+mod listener;
+
+pub use agent::Agent;
+pub use client::Client;
+pub use listener::{Listener, ListenerAction};
+
+use std::fmt;
+
+use smallvec::SmallVec;
+
+use crate::op::WcStatus;
+use crate::wire::RejectReason;
+
+/// An rdma_cm event type, as a closed Rust enum with an `Unknown` arm for values this crate
+/// does not know (never a transmute of the C value).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CmEventKind {
+    /// `RDMA_CM_EVENT_ADDR_RESOLVED`.
+    AddrResolved,
+    /// `RDMA_CM_EVENT_ADDR_ERROR`.
+    AddrError,
+    /// `RDMA_CM_EVENT_ROUTE_RESOLVED`.
+    RouteResolved,
+    /// `RDMA_CM_EVENT_ROUTE_ERROR`.
+    RouteError,
+    /// `RDMA_CM_EVENT_CONNECT_REQUEST`.
+    ConnectRequest,
+    /// `RDMA_CM_EVENT_CONNECT_RESPONSE`.
+    ConnectResponse,
+    /// `RDMA_CM_EVENT_CONNECT_ERROR`.
+    ConnectError,
+    /// `RDMA_CM_EVENT_UNREACHABLE`.
+    Unreachable,
+    /// `RDMA_CM_EVENT_REJECTED`.
+    Rejected,
+    /// `RDMA_CM_EVENT_ESTABLISHED`.
+    Established,
+    /// `RDMA_CM_EVENT_DISCONNECTED`.
+    Disconnected,
+    /// `RDMA_CM_EVENT_DEVICE_REMOVAL`.
+    DeviceRemoval,
+    /// `RDMA_CM_EVENT_MULTICAST_JOIN`.
+    MulticastJoin,
+    /// `RDMA_CM_EVENT_MULTICAST_ERROR`.
+    MulticastError,
+    /// `RDMA_CM_EVENT_ADDR_CHANGE`.
+    AddrChange,
+    /// `RDMA_CM_EVENT_TIMEWAIT_EXIT`.
+    TimewaitExit,
+    /// A value this crate does not know.
+    Unknown(u32),
+}
+
+/// A connection-manager step that has a deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// Client: `rdma_resolve_addr` until ADDR_RESOLVED.
+    ResolveAddr,
+    /// Client: `rdma_resolve_route` until ROUTE_RESOLVED.
+    ResolveRoute,
+    /// Client: `rdma_connect` until ESTABLISHED.
+    Connect,
+    /// Agent: `rdma_accept` until ESTABLISHED.
+    Accept,
+    /// Either side: our `rdma_disconnect` until DISCONNECTED.
+    Disconnect,
+    /// Either side: after DISCONNECTED, until every outstanding work request has completed.
+    Drain,
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Step::ResolveAddr => "address resolution",
+            Step::ResolveRoute => "route resolution",
+            Step::Connect => "connect",
+            Step::Accept => "accept",
+            Step::Disconnect => "disconnect",
+            Step::Drain => "drain",
+        })
+    }
+}
+
+/// Why a connection ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CloseReason {
+    /// This side closed it.
+    Local,
+    /// The peer disconnected.
+    Peer,
+    /// The server rejected the connection (`status` is the rdma_cm status: 28 for a consumer
+    /// reject, 8 when nothing listens on the port).
+    Rejected {
+        /// The event status.
+        status: i32,
+        /// The reason the server sent, when it is an rdma-reactor server.
+        reason: Option<RejectReason>,
+    },
+    /// Address resolution failed (ADDR_ERROR, with its status).
+    AddrError(i32),
+    /// Route resolution failed (ROUTE_ERROR, with its status).
+    RouteError(i32),
+    /// The connection could not be established (CONNECT_ERROR, with its status).
+    ConnectError(i32),
+    /// The peer did not answer (UNREACHABLE, with its status).
+    Unreachable(i32),
+    /// A connection-manager step did not finish before its deadline.
+    Timeout(Step),
+    /// The RDMA device went away.
+    DeviceRemoval,
+    /// A work request failed; the queue pair is in the error state.
+    WorkError(WcStatus),
+    /// An event arrived in an order the protocol does not allow.
+    Protocol(String),
+    /// Setting the connection up failed locally (queue pair, memory, a verb).
+    Setup(String),
+    /// The reactor was shut down with the connection open.
+    Shutdown,
+}
+
+impl CloseReason {
+    /// True when the connection ended without any error (a local or peer disconnect).
+    pub fn is_clean(&self) -> bool {
+        matches!(self, CloseReason::Local | CloseReason::Peer | CloseReason::Shutdown)
+    }
+}
+
+impl fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CloseReason::Local => f.write_str("closed locally"),
+            CloseReason::Peer => f.write_str("peer disconnected"),
+            CloseReason::Rejected { status, reason: Some(r) } => {
+                write!(f, "rejected by the server (status {status}): {r}")
+            }
+            CloseReason::Rejected { status: 8, reason: None } => {
+                f.write_str("rejected: nothing listens on that port (status 8)")
+            }
+            CloseReason::Rejected { status, reason: None } => write!(f, "rejected (status {status})"),
+            CloseReason::AddrError(s) => write!(f, "address resolution failed (status {s})"),
+            CloseReason::RouteError(s) => write!(f, "route resolution failed (status {s})"),
+            CloseReason::ConnectError(s) => write!(f, "connect failed (status {s})"),
+            CloseReason::Unreachable(s) => write!(f, "peer unreachable (status {s})"),
+            CloseReason::Timeout(step) => write!(f, "{step} timed out"),
+            CloseReason::DeviceRemoval => f.write_str("RDMA device removed"),
+            CloseReason::WorkError(s) => write!(f, "work request failed: {s}"),
+            CloseReason::Protocol(what) => write!(f, "protocol error: {what}"),
+            CloseReason::Setup(what) => write!(f, "setup failed: {what}"),
+            CloseReason::Shutdown => f.write_str("reactor shut down"),
+        }
+    }
+}
+
+/// What a connection state machine is told.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// An rdma_cm event for this connection's id, with the event's status.
+    Cm(CmEventKind, i32),
+    /// A REJECTED event, with the reason decoded from its private data.
+    Rejected {
+        /// The event status.
+        status: i32,
+        /// The decoded reason, if the peer sent one of ours.
+        reason: Option<RejectReason>,
+    },
+    /// The deadline set for a step expired.
+    Timeout(Step),
+    /// The user asked to close.
+    Close,
+    /// A work request completed in error (other than a flush).
+    WorkError(WcStatus),
+    /// Every outstanding work request has completed (sent by the reactor while draining).
+    Drained,
+    /// A verb the machine asked for failed synchronously.
+    SetupFailed(String),
+    /// The reactor is shutting down.
+    Shutdown,
+}
+
+/// What the reactor must do for a connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Client: call `rdma_resolve_route`.
+    ResolveRoute,
+    /// Client: create the queue pair, let the handler post its first receives, `rdma_connect`.
+    Connect,
+    /// Tell the handler the connection is established.
+    Established,
+    /// Call `rdma_disconnect` (moves the queue pair to error; EINVAL is tolerated).
+    Disconnect,
+    /// Arm the deadline for a step (replacing any armed one).
+    SetDeadline(Step),
+    /// Disarm the deadline.
+    ClearDeadline,
+    /// The connection is over: tell the handler, destroy its resources at the end of the tick.
+    Closed(CloseReason),
+}
+
+/// The actions one input produces.
+pub type Actions = SmallVec<[Action; 4]>;
+
+/// Where a connection is in its life.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Client: waiting for ADDR_RESOLVED.
+    ResolvingAddr,
+    /// Client: waiting for ROUTE_RESOLVED.
+    ResolvingRoute,
+    /// Client: `rdma_connect` called, waiting for ESTABLISHED.
+    Connecting,
+    /// Agent: `rdma_accept` called, waiting for ESTABLISHED.
+    Accepting,
+    /// Data may flow.
+    Established,
+    /// Our `rdma_disconnect` was called, waiting for DISCONNECTED.
+    Disconnecting(CloseReason),
+    /// Disconnected; waiting for outstanding work requests to complete or flush.
+    Draining(CloseReason),
+    /// Over. Every further input is ignored.
+    Closed,
+}
+
+impl State {
+    /// True once the connection is established and until it starts closing.
+    pub fn is_established(&self) -> bool {
+        matches!(self, State::Established)
+    }
+
+    /// True while waiting for outstanding work requests after a disconnect.
+    pub fn is_draining(&self) -> bool {
+        matches!(self, State::Draining(_))
+    }
+
+    /// True once closed.
+    pub fn is_closed(&self) -> bool {
+        matches!(self, State::Closed)
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            State::ResolvingAddr => "resolving address",
+            State::ResolvingRoute => "resolving route",
+            State::Connecting => "connecting",
+            State::Accepting => "accepting",
+            State::Established => "established",
+            State::Disconnecting(_) => "disconnecting",
+            State::Draining(_) => "draining",
+            State::Closed => "closed",
+        }
+    }
+}
+
+fn acts<const N: usize>(list: [Action; N]) -> Actions {
+    list.into_iter().collect()
+}
+
+/// The part of the life that agent and client share: from establishment to closed.
+pub(crate) struct Phase;
+
+impl Phase {
+    /// Ends a connection that never got established.
+    fn close_early(state: &mut State, reason: CloseReason) -> Actions {
+        *state = State::Closed;
+        acts([Action::ClearDeadline, Action::Closed(reason)])
+    }
+
+    /// Inputs common to every state before establishment. Returns `None` when the input is
+    /// role-specific and the caller must handle it.
+    fn before_established(state: &mut State, input: &Input) -> Option<Actions> {
+        let out = match input {
+            Input::Close => Phase::close_early(state, CloseReason::Local),
+            Input::Shutdown => Phase::close_early(state, CloseReason::Shutdown),
+            Input::SetupFailed(what) => Phase::close_early(state, CloseReason::Setup(what.clone())),
+            Input::WorkError(s) => Phase::close_early(state, CloseReason::WorkError(*s)),
+            Input::Cm(CmEventKind::DeviceRemoval, _) => Phase::close_early(state, CloseReason::DeviceRemoval),
+            // Neither needs an answer before establishment.
+            Input::Cm(CmEventKind::AddrChange | CmEventKind::TimewaitExit, _) => Actions::new(),
+            Input::Drained => Actions::new(),
+            _ => return None,
+        };
+        Some(out)
+    }
+
+    fn unexpected(state: &mut State, input: &Input) -> Actions {
+        let what = format!("unexpected {input:?} while {}", state.name());
+        if matches!(state, State::Established) {
+            *state = State::Disconnecting(CloseReason::Protocol(what));
+            acts([Action::Disconnect, Action::SetDeadline(Step::Disconnect)])
+        } else {
+            Phase::close_early(state, CloseReason::Protocol(what))
+        }
+    }
+
+    /// Inputs in the established, disconnecting, draining and closed states.
+    fn after_established(state: &mut State, input: Input) -> Actions {
+        use CmEventKind as K;
+        match (&*state, input) {
+            (State::Closed, _) => Actions::new(),
+
+            (State::Established, Input::Close) => {
+                *state = State::Disconnecting(CloseReason::Local);
+                acts([Action::Disconnect, Action::SetDeadline(Step::Disconnect)])
+            }
+            (State::Established, Input::Shutdown) => {
+                *state = State::Disconnecting(CloseReason::Shutdown);
+                acts([Action::Disconnect, Action::SetDeadline(Step::Disconnect)])
+            }
+            (State::Established, Input::WorkError(s)) => {
+                *state = State::Disconnecting(CloseReason::WorkError(s));
+                acts([Action::Disconnect, Action::SetDeadline(Step::Disconnect)])
+            }
+            (State::Established, Input::Cm(K::Disconnected, _)) => {
+                // The peer's DREQ: disconnect too, so our queue pair moves to error and every
+                // posted work request flushes.
+                *state = State::Draining(CloseReason::Peer);
+                acts([Action::Disconnect, Action::SetDeadline(Step::Drain)])
+            }
+            (State::Established, Input::Cm(K::AddrChange | K::TimewaitExit, _)) => Actions::new(),
+            (State::Established, Input::Drained | Input::Timeout(_)) => Actions::new(),
+
+            (State::Disconnecting(reason), Input::Cm(K::Disconnected, _)) => {
+                *state = State::Draining(reason.clone());
+                acts([Action::ClearDeadline, Action::SetDeadline(Step::Drain)])
+            }
+            (State::Disconnecting(reason), Input::Timeout(Step::Disconnect)) => {
+                *state = State::Draining(reason.clone());
+                acts([Action::SetDeadline(Step::Drain)])
+            }
+            (State::Disconnecting(_), Input::Close | Input::Shutdown | Input::WorkError(_) | Input::Drained) => {
+                Actions::new()
+            }
+            (State::Disconnecting(_), Input::Cm(K::AddrChange | K::TimewaitExit, _) | Input::Timeout(_)) => {
+                Actions::new()
+            }
+
+            (State::Draining(reason), Input::Drained | Input::Timeout(Step::Drain)) => {
+                let reason = reason.clone();
+                *state = State::Closed;
+                acts([Action::ClearDeadline, Action::Closed(reason)])
+            }
+            (State::Draining(_), Input::Close | Input::Shutdown | Input::WorkError(_) | Input::Timeout(_)) => {
+                Actions::new()
+            }
+            (State::Draining(_), Input::Cm(K::Disconnected | K::AddrChange | K::TimewaitExit, _)) => Actions::new(),
+
+            (State::Established | State::Disconnecting(_) | State::Draining(_), Input::Cm(K::DeviceRemoval, _)) => {
+                *state = State::Closed;
+                acts([Action::ClearDeadline, Action::Closed(CloseReason::DeviceRemoval)])
+            }
+            (State::Disconnecting(_) | State::Draining(_), Input::SetupFailed(_)) => Actions::new(),
+
+            (_, input) => Phase::unexpected(state, &input),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

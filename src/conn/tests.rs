@@ -1,0 +1,1 @@
+// Placeholder: state-machine tests land here.

@@ -1,0 +1,120 @@
+//! The crate's one error type.
+
+use std::fmt;
+use std::io;
+
+use crate::conn::CloseReason;
+use crate::wire::WireError;
+
+/// Result with the crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in rdma-reactor, with the context needed to act on it.
+///
+/// Verb failures carry the name of the verb and the OS error it returned; semantic failures
+/// (pool exhausted, wrong state, malformed peer data) have variants of their own.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// A verbs or rdma_cm call failed.
+    Verb {
+        /// The C function that failed, e.g. `"rdma_resolve_addr"`.
+        verb: &'static str,
+        /// What the runtime was doing, e.g. `"client 3 to 198.18.0.1:7471"`.
+        context: String,
+        /// The OS error the call reported.
+        source: io::Error,
+    },
+    /// An epoll, timerfd or fcntl call failed.
+    Os {
+        /// The system call that failed.
+        call: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// No RDMA device is present, or the named one does not exist.
+    NoDevice(String),
+    /// The registered buffer pool has no free chunk and may not grow further.
+    PoolExhausted {
+        /// Bytes the pool holds at its configured maximum.
+        max_bytes: usize,
+    },
+    /// A buffer is larger than the chunk size, or a message larger than the peer accepts.
+    TooLarge {
+        /// The size asked for.
+        len: usize,
+        /// The largest size allowed.
+        max: usize,
+    },
+    /// The connection this call names is closed, closing or not established yet.
+    NotConnected(String),
+    /// A token names no live object (it was closed, or belongs to another reactor).
+    StaleToken(u64),
+    /// The peer's connect information was malformed.
+    Wire(WireError),
+    /// A connection ended; the reason says how.
+    Closed(CloseReason),
+    /// An address string could not be parsed or resolved.
+    BadAddress(String),
+    /// A configuration value is out of range.
+    Config(String),
+}
+
+impl Error {
+    /// Builds [`Error::Verb`] from the current `errno`.
+    pub(crate) fn verb(verb: &'static str, context: impl Into<String>, source: io::Error) -> Self {
+        Error::Verb { verb, context: context.into(), source }
+    }
+
+    /// The OS error behind this error, if there is one.
+    pub fn os_error(&self) -> Option<&io::Error> {
+        match self {
+            Error::Verb { source, .. } | Error::Os { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Verb { verb, context, source } => {
+                if context.is_empty() {
+                    write!(f, "{verb} failed: {source}")
+                } else {
+                    write!(f, "{verb} failed ({context}): {source}")
+                }
+            }
+            Error::Os { call, source } => write!(f, "{call} failed: {source}"),
+            Error::NoDevice(what) => write!(f, "no RDMA device: {what}"),
+            Error::PoolExhausted { max_bytes } => {
+                write!(f, "registered buffer pool exhausted (maximum {max_bytes} bytes)")
+            }
+            Error::TooLarge { len, max } => {
+                write!(f, "{len} bytes is larger than the maximum {max}")
+            }
+            Error::NotConnected(what) => write!(f, "not connected: {what}"),
+            Error::StaleToken(t) => write!(f, "token {t:#x} names no live object"),
+            Error::Wire(e) => write!(f, "bad connect information: {e}"),
+            Error::Closed(reason) => write!(f, "connection closed: {reason}"),
+            Error::BadAddress(a) => write!(f, "bad address: {a}"),
+            Error::Config(what) => write!(f, "bad configuration: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Verb { source, .. } | Error::Os { source, .. } => Some(source),
+            Error::Wire(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<WireError> for Error {
+    fn from(e: WireError) -> Self {
+        Error::Wire(e)
+    }
+}

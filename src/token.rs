@@ -1,0 +1,242 @@
+//! Tokens: one `u64` that names a reactor object everywhere the kernel hands a value back.
+//!
+//! The same value goes into `epoll_event.u64`, `rdma_cm_id->context` and the high bits of a
+//! work request's `wr_id`. It packs a kind, a slab index and a generation:
+//!
+//! ```text
+//! 63      56 55                  32 31                               0
+//! +---------+----------------------+---------------------------------+
+//! |  kind   |  generation (24 bit) |          slab index             |
+//! +---------+----------------------+---------------------------------+
+//! ```
+//!
+//! Generation 0 is never issued, so the value 0 means "no token" (a null `context`). The
+//! generation changes every time a slab slot is reused, so an event that names a freed slot is
+//! recognised as stale and dropped instead of reaching the slot's new owner.
+
+/// What kind of object a token names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    /// The shared rdma_cm event channel.
+    CmChannel = 1,
+    /// A device's completion channel.
+    CompChannel = 2,
+    /// A listener.
+    Listener = 3,
+    /// A connection (agent or client).
+    Conn = 4,
+    /// An outstanding work request.
+    Op = 5,
+    /// A user timer.
+    Timer = 6,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::CmChannel,
+            2 => Kind::CompChannel,
+            3 => Kind::Listener,
+            4 => Kind::Conn,
+            5 => Kind::Op,
+            6 => Kind::Timer,
+            _ => return None,
+        })
+    }
+}
+
+/// Largest generation; generations wrap from here back to 1.
+pub(crate) const MAX_GENERATION: u32 = (1 << 24) - 1;
+
+/// A packed `{kind, generation, index}` name for a reactor object. See the module docs.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Token(u64);
+
+impl Token {
+    /// Packs a token. `generation` must be in `1..=MAX_GENERATION`.
+    pub(crate) fn new(kind: Kind, index: u32, generation: u32) -> Token {
+        debug_assert!(generation != 0 && generation <= MAX_GENERATION);
+        Token(((kind as u64) << 56) | (u64::from(generation & MAX_GENERATION) << 32) | u64::from(index))
+    }
+
+    /// Unpacks a raw value, or `None` if it is 0 or names no known kind.
+    pub fn from_u64(raw: u64) -> Option<Token> {
+        let t = Token(raw);
+        if raw == 0 || t.generation() == 0 || Kind::from_u8((raw >> 56) as u8).is_none() {
+            return None;
+        }
+        Some(t)
+    }
+
+    /// The raw value.
+    pub fn as_u64(self) -> u64 {
+        self.0
+    }
+
+    /// The object kind.
+    pub fn kind(self) -> Kind {
+        // from_u64 and new only produce known kinds.
+        Kind::from_u8((self.0 >> 56) as u8).unwrap_or(Kind::Op)
+    }
+
+    /// The slab index.
+    pub fn index(self) -> u32 {
+        self.0 as u32
+    }
+
+    /// The generation.
+    pub fn generation(self) -> u32 {
+        ((self.0 >> 32) as u32) & MAX_GENERATION
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Token({:?}#{}g{})", self.kind(), self.index(), self.generation())
+    }
+}
+
+/// The next generation after `g`, skipping 0.
+pub(crate) fn next_generation(g: u32) -> u32 {
+    if g >= MAX_GENERATION {
+        1
+    } else {
+        g + 1
+    }
+}
+
+/// A slab whose entries carry a generation, so tokens for freed slots are detected.
+#[derive(Debug)]
+pub(crate) struct GenSlab<T> {
+    entries: slab::Slab<(u32, T)>,
+    /// Generation last used at each index (kept after removal so reuse bumps it).
+    gens: Vec<u32>,
+    kind: Kind,
+}
+
+impl<T> GenSlab<T> {
+    pub(crate) fn new(kind: Kind) -> Self {
+        GenSlab { entries: slab::Slab::new(), gens: Vec::new(), kind }
+    }
+
+    /// Inserts a value built from its own token.
+    pub(crate) fn insert_with(&mut self, f: impl FnOnce(Token) -> T) -> Token {
+        let entry = self.entries.vacant_entry();
+        let index = entry.key();
+        if self.gens.len() <= index {
+            self.gens.resize(index + 1, 0);
+        }
+        let generation = next_generation(self.gens[index]);
+        self.gens[index] = generation;
+        let token = Token::new(self.kind, index as u32, generation);
+        entry.insert((generation, f(token)));
+        token
+    }
+
+    pub(crate) fn insert(&mut self, value: T) -> Token {
+        self.insert_with(|_| value)
+    }
+
+    fn check(&self, token: Token) -> Option<usize> {
+        if token.kind() != self.kind {
+            return None;
+        }
+        let index = token.index() as usize;
+        match self.entries.get(index) {
+            Some((g, _)) if *g == token.generation() => Some(index),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn get(&self, token: Token) -> Option<&T> {
+        self.check(token).map(|i| &self.entries[i].1)
+    }
+
+    pub(crate) fn get_mut(&mut self, token: Token) -> Option<&mut T> {
+        self.check(token).map(|i| &mut self.entries[i].1)
+    }
+
+    pub(crate) fn remove(&mut self, token: Token) -> Option<T> {
+        self.check(token).map(|i| self.entries.remove(i).1)
+    }
+
+    pub(crate) fn contains(&self, token: Token) -> bool {
+        self.check(token).is_some()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(crate) fn tokens(&self) -> Vec<Token> {
+        self.entries.iter().map(|(i, (g, _))| Token::new(self.kind, i as u32, *g)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pack_unpack_round_trips() {
+        for kind in [Kind::CmChannel, Kind::CompChannel, Kind::Listener, Kind::Conn, Kind::Op, Kind::Timer] {
+            for (index, generation) in [(0, 1), (7, 2), (u32::MAX, MAX_GENERATION), (12345, 999)] {
+                let t = Token::new(kind, index, generation);
+                let back = Token::from_u64(t.as_u64()).expect("valid token");
+                assert_eq!(back.kind(), kind);
+                assert_eq!(back.index(), index);
+                assert_eq!(back.generation(), generation);
+                assert_eq!(back, t);
+            }
+        }
+    }
+
+    #[test]
+    fn zero_and_garbage_are_not_tokens() {
+        assert!(Token::from_u64(0).is_none());
+        // Unknown kind.
+        assert!(Token::from_u64(0xff00_0001_0000_0000).is_none());
+        // Known kind but generation 0.
+        assert!(Token::from_u64((Kind::Conn as u64) << 56 | 5).is_none());
+    }
+
+    #[test]
+    fn generation_wraps_and_skips_zero() {
+        assert_eq!(next_generation(0), 1);
+        assert_eq!(next_generation(1), 2);
+        assert_eq!(next_generation(MAX_GENERATION), 1);
+    }
+
+    #[test]
+    fn stale_token_never_reaches_reused_slot() {
+        let mut s = GenSlab::new(Kind::Conn);
+        let a = s.insert("a");
+        assert_eq!(s.get(a), Some(&"a"));
+        assert_eq!(s.remove(a), Some("a"));
+        let b = s.insert("b");
+        assert_eq!(a.index(), b.index(), "slot is reused");
+        assert_ne!(a, b);
+        assert_eq!(s.get(a), None, "old token is stale");
+        assert_eq!(s.get(b), Some(&"b"));
+        assert_eq!(s.remove(a), None);
+        assert!(s.contains(b));
+    }
+
+    #[test]
+    fn wrong_kind_is_rejected() {
+        let mut s = GenSlab::new(Kind::Conn);
+        let a = s.insert(1);
+        let forged = Token::new(Kind::Listener, a.index(), a.generation());
+        assert_eq!(s.get(forged), None);
+    }
+
+    #[test]
+    fn insert_with_sees_own_token() {
+        let mut s = GenSlab::new(Kind::Timer);
+        let t = s.insert_with(|t| t);
+        assert_eq!(s.get(t), Some(&t));
+        assert_eq!(s.tokens(), vec![t]);
+        assert_eq!(s.len(), 1);
+    }
+}

@@ -1,0 +1,474 @@
+//! Wire formats carried in rdma_cm private data, all integers in network byte order.
+//!
+//! # Connect information (client → server in `rdma_connect`, server → client in `rdma_accept`)
+//!
+//! ```text
+//! offset size field
+//!  0      4   magic          0x5244_5258 ("RDRX")
+//!  4      1   version        1
+//!  5      1   header length  bytes from offset 0 to the user bytes (>= 20; longer headers are
+//!                            extensions a version-1 reader skips)
+//!  6      1   user length    bytes of opaque user data after the header
+//!  7      1   flags          reserved, 0
+//!  8      4   message size   largest message the sender will send or can receive
+//! 12      4   message count  messages the sender intends to send (0: not stated)
+//! 16      2   receive depth  receives the sender keeps posted (its initial credit to the peer)
+//! 18      2   reserved       0
+//! 20      ..  user bytes
+//! ```
+//!
+//! The kernel hands incoming private data over zero-padded to the transport's maximum (56 bytes
+//! on a connect request, 196 on an accept), so the decoder takes its lengths from the header,
+//! never from the buffer size. A buffer that is empty or all zero is a peer that sent no private
+//! data at all (a plain librdmacm program): [`ConnectInfo::decode`] returns `Ok(None)` and the
+//! runtime serves it with defaults.
+//!
+//! # Reject reason (server → client in `rdma_reject`)
+//!
+//! ```text
+//!  0      4   magic          0x5244_524A ("RDRJ")
+//!  4      1   version        1
+//!  5      1   code           RejectCode
+//!  6      1   text length
+//!  7      ..  UTF-8 text
+//! ```
+
+use std::fmt;
+
+/// Magic number opening a connect-information header.
+pub const CONNECT_MAGIC: u32 = 0x5244_5258;
+/// Magic number opening a reject reason.
+pub const REJECT_MAGIC: u32 = 0x5244_524A;
+/// The only wire version this crate writes.
+pub const VERSION: u8 = 1;
+/// Length of the version-1 connect header.
+pub const CONNECT_HEADER_LEN: usize = 20;
+/// Private data a connect request can carry on IB and RoCE (RDMA_PS_TCP).
+pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
+/// Private data an accept can carry on IB and RoCE (RDMA_PS_TCP).
+pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
+/// Private data a reject can carry on IB and RoCE.
+pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
+/// Largest user payload in a connect request.
+pub const MAX_CONNECT_USER_DATA: usize = MAX_CONNECT_PRIVATE_DATA - CONNECT_HEADER_LEN;
+/// Length of the reject header before its text.
+const REJECT_HEADER_LEN: usize = 7;
+
+/// A malformed header from a peer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WireError {
+    /// Fewer bytes than the header needs.
+    Truncated {
+        /// Bytes needed.
+        need: usize,
+        /// Bytes present.
+        have: usize,
+    },
+    /// The first four bytes are not our magic number.
+    BadMagic(u32),
+    /// A version this crate does not speak.
+    UnsupportedVersion(u8),
+    /// A header length below the version's minimum.
+    BadHeaderLength(u8),
+    /// Reserved bits are set.
+    ReservedNotZero,
+    /// A field has a value the protocol forbids.
+    BadField {
+        /// The field's name.
+        field: &'static str,
+        /// Its value.
+        value: u32,
+    },
+    /// Encoding: the user bytes do not fit in the transport's private data.
+    UserDataTooLong {
+        /// Bytes given.
+        len: usize,
+        /// Bytes that fit.
+        max: usize,
+    },
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireError::Truncated { need, have } => {
+                write!(f, "truncated header: need {need} bytes, have {have}")
+            }
+            WireError::BadMagic(m) => write!(f, "bad magic {m:#010x}"),
+            WireError::UnsupportedVersion(v) => write!(f, "unsupported version {v}"),
+            WireError::BadHeaderLength(l) => write!(f, "bad header length {l}"),
+            WireError::ReservedNotZero => write!(f, "reserved bits set"),
+            WireError::BadField { field, value } => write!(f, "bad {field} {value}"),
+            WireError::UserDataTooLong { len, max } => {
+                write!(f, "user data of {len} bytes does not fit (maximum {max})")
+            }
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
+
+/// What each side tells the other when a connection is set up.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ConnectInfo {
+    /// Largest message the sender will send or can receive, in bytes.
+    pub msg_size: u32,
+    /// Messages the sender intends to send; 0 when not stated.
+    pub msg_count: u32,
+    /// Receives the sender keeps posted: its initial credit to the peer.
+    pub recv_depth: u16,
+    /// Opaque application bytes.
+    pub user: Vec<u8>,
+}
+
+fn be_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn be_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+impl ConnectInfo {
+    /// Encodes into at most `max` bytes (the transport's private-data limit).
+    pub fn encode(&self, max: usize) -> Result<Vec<u8>, WireError> {
+        let room = max.saturating_sub(CONNECT_HEADER_LEN).min(u8::MAX as usize);
+        if self.user.len() > room {
+            return Err(WireError::UserDataTooLong { len: self.user.len(), max: room });
+        }
+        let mut out = Vec::with_capacity(CONNECT_HEADER_LEN + self.user.len());
+        out.extend_from_slice(&CONNECT_MAGIC.to_be_bytes());
+        out.push(VERSION);
+        out.push(CONNECT_HEADER_LEN as u8);
+        out.push(self.user.len() as u8);
+        out.push(0);
+        out.extend_from_slice(&self.msg_size.to_be_bytes());
+        out.extend_from_slice(&self.msg_count.to_be_bytes());
+        out.extend_from_slice(&self.recv_depth.to_be_bytes());
+        out.extend_from_slice(&0u16.to_be_bytes());
+        out.extend_from_slice(&self.user);
+        Ok(out)
+    }
+
+    /// Decodes private data received from a peer.
+    ///
+    /// Returns `Ok(None)` for empty or all-zero data (a peer that sent none).
+    pub fn decode(data: &[u8]) -> Result<Option<ConnectInfo>, WireError> {
+        if data.iter().all(|&b| b == 0) {
+            return Ok(None);
+        }
+        if data.len() < 4 {
+            return Err(WireError::Truncated { need: CONNECT_HEADER_LEN, have: data.len() });
+        }
+        let magic = be_u32(data, 0);
+        if magic != CONNECT_MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        if data.len() < CONNECT_HEADER_LEN {
+            return Err(WireError::Truncated { need: CONNECT_HEADER_LEN, have: data.len() });
+        }
+        let version = data[4];
+        if version != VERSION {
+            return Err(WireError::UnsupportedVersion(version));
+        }
+        let header_len = data[5];
+        if (header_len as usize) < CONNECT_HEADER_LEN {
+            return Err(WireError::BadHeaderLength(header_len));
+        }
+        let user_len = data[6] as usize;
+        let need = header_len as usize + user_len;
+        if data.len() < need {
+            return Err(WireError::Truncated { need, have: data.len() });
+        }
+        if data[7] != 0 || be_u16(data, 18) != 0 {
+            return Err(WireError::ReservedNotZero);
+        }
+        let info = ConnectInfo {
+            msg_size: be_u32(data, 8),
+            msg_count: be_u32(data, 12),
+            recv_depth: be_u16(data, 16),
+            user: data[header_len as usize..need].to_vec(),
+        };
+        if info.msg_size == 0 {
+            return Err(WireError::BadField { field: "message size", value: 0 });
+        }
+        if info.recv_depth == 0 {
+            return Err(WireError::BadField { field: "receive depth", value: 0 });
+        }
+        Ok(Some(info))
+    }
+}
+
+/// Why a server refused a connection, as sent in the reject's private data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RejectCode {
+    /// The client's connect information was malformed.
+    BadConnectInfo,
+    /// The application refused the connection.
+    Refused,
+    /// The server could not allocate what the connection needs.
+    NoResources,
+    /// The client asked for more than the server allows.
+    Unsupported,
+    /// A code this version does not know.
+    Unknown(u8),
+}
+
+impl RejectCode {
+    fn to_u8(self) -> u8 {
+        match self {
+            RejectCode::BadConnectInfo => 1,
+            RejectCode::Refused => 2,
+            RejectCode::NoResources => 3,
+            RejectCode::Unsupported => 4,
+            RejectCode::Unknown(v) => v,
+        }
+    }
+
+    fn from_u8(v: u8) -> RejectCode {
+        match v {
+            1 => RejectCode::BadConnectInfo,
+            2 => RejectCode::Refused,
+            3 => RejectCode::NoResources,
+            4 => RejectCode::Unsupported,
+            v => RejectCode::Unknown(v),
+        }
+    }
+}
+
+impl fmt::Display for RejectCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RejectCode::BadConnectInfo => f.write_str("bad connect information"),
+            RejectCode::Refused => f.write_str("refused by the application"),
+            RejectCode::NoResources => f.write_str("no resources"),
+            RejectCode::Unsupported => f.write_str("unsupported request"),
+            RejectCode::Unknown(v) => write!(f, "code {v}"),
+        }
+    }
+}
+
+/// A reject reason: a code and a human-readable text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RejectReason {
+    /// The machine-readable reason.
+    pub code: RejectCode,
+    /// Text for humans (truncated to what fits).
+    pub text: String,
+}
+
+impl RejectReason {
+    /// Builds a reason.
+    pub fn new(code: RejectCode, text: impl Into<String>) -> Self {
+        RejectReason { code, text: text.into() }
+    }
+
+    /// Encodes, truncating the text at a character boundary to fit in a reject.
+    pub fn encode(&self) -> Vec<u8> {
+        let room = (MAX_REJECT_PRIVATE_DATA - REJECT_HEADER_LEN).min(u8::MAX as usize);
+        let mut end = self.text.len().min(room);
+        while !self.text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let text = &self.text.as_bytes()[..end];
+        let mut out = Vec::with_capacity(REJECT_HEADER_LEN + text.len());
+        out.extend_from_slice(&REJECT_MAGIC.to_be_bytes());
+        out.push(VERSION);
+        out.push(self.code.to_u8());
+        out.push(text.len() as u8);
+        out.extend_from_slice(text);
+        out
+    }
+
+    /// Decodes a reject's private data; `None` when it is not one of ours.
+    pub fn decode(data: &[u8]) -> Option<RejectReason> {
+        if data.len() < REJECT_HEADER_LEN || be_u32(data, 0) != REJECT_MAGIC || data[4] != VERSION {
+            return None;
+        }
+        let len = data[6] as usize;
+        let text = data.get(REJECT_HEADER_LEN..REJECT_HEADER_LEN + len)?;
+        Some(RejectReason { code: RejectCode::from_u8(data[5]), text: String::from_utf8_lossy(text).into_owned() })
+    }
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.text.is_empty() {
+            write!(f, "{}", self.code)
+        } else {
+            write!(f, "{}: {}", self.code, self.text)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> ConnectInfo {
+        ConnectInfo { msg_size: 4096, msg_count: 10_000, recv_depth: 16, user: b"hello".to_vec() }
+    }
+
+    #[test]
+    fn round_trip_exact() {
+        let bytes = sample().encode(MAX_CONNECT_PRIVATE_DATA).unwrap();
+        assert_eq!(bytes.len(), CONNECT_HEADER_LEN + 5);
+        assert_eq!(ConnectInfo::decode(&bytes).unwrap(), Some(sample()));
+    }
+
+    #[test]
+    fn network_byte_order() {
+        let bytes = sample().encode(MAX_CONNECT_PRIVATE_DATA).unwrap();
+        assert_eq!(&bytes[0..4], b"RDRX");
+        assert_eq!(bytes[4], 1);
+        assert_eq!(bytes[5], 20);
+        assert_eq!(bytes[6], 5);
+        assert_eq!(&bytes[8..12], &[0, 0, 0x10, 0]);
+        assert_eq!(&bytes[12..16], &[0, 0, 0x27, 0x10]);
+        assert_eq!(&bytes[16..18], &[0, 16]);
+    }
+
+    #[test]
+    fn zero_padded_as_the_kernel_delivers_it() {
+        let mut bytes = sample().encode(MAX_CONNECT_PRIVATE_DATA).unwrap();
+        bytes.resize(MAX_CONNECT_PRIVATE_DATA, 0);
+        assert_eq!(ConnectInfo::decode(&bytes).unwrap(), Some(sample()));
+        let mut bytes = sample().encode(MAX_ACCEPT_PRIVATE_DATA).unwrap();
+        bytes.resize(MAX_ACCEPT_PRIVATE_DATA, 0);
+        assert_eq!(ConnectInfo::decode(&bytes).unwrap(), Some(sample()));
+    }
+
+    #[test]
+    fn absent_private_data_means_defaults() {
+        assert_eq!(ConnectInfo::decode(&[]).unwrap(), None);
+        assert_eq!(ConnectInfo::decode(&[0; MAX_CONNECT_PRIVATE_DATA]).unwrap(), None);
+    }
+
+    #[test]
+    fn longer_header_is_skipped_by_a_version_1_reader() {
+        let mut bytes = sample().encode(MAX_CONNECT_PRIVATE_DATA).unwrap();
+        // Grow the header by 4 extension bytes placed before the user bytes.
+        bytes[5] = 24;
+        bytes.splice(20..20, [9, 9, 9, 9]);
+        assert_eq!(ConnectInfo::decode(&bytes).unwrap(), Some(sample()));
+    }
+
+    #[test]
+    fn malformed_headers_are_rejected_with_a_reason() {
+        let good = sample().encode(MAX_CONNECT_PRIVATE_DATA).unwrap();
+        let cases: Vec<(Vec<u8>, WireError)> = vec![
+            (vec![1, 2], WireError::Truncated { need: 20, have: 2 }),
+            (b"XXXX and more bytes here".to_vec(), WireError::BadMagic(0x5858_5858)),
+            (good[..12].to_vec(), WireError::Truncated { need: 20, have: 12 }),
+            (
+                {
+                    let mut b = good.clone();
+                    b[4] = 2;
+                    b
+                },
+                WireError::UnsupportedVersion(2),
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[5] = 8;
+                    b
+                },
+                WireError::BadHeaderLength(8),
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[6] = 200;
+                    b
+                },
+                WireError::Truncated { need: 220, have: 25 },
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[7] = 1;
+                    b
+                },
+                WireError::ReservedNotZero,
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[19] = 1;
+                    b
+                },
+                WireError::ReservedNotZero,
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[8..12].fill(0);
+                    b
+                },
+                WireError::BadField { field: "message size", value: 0 },
+            ),
+            (
+                {
+                    let mut b = good.clone();
+                    b[16..18].fill(0);
+                    b
+                },
+                WireError::BadField { field: "receive depth", value: 0 },
+            ),
+        ];
+        for (bytes, want) in cases {
+            assert_eq!(ConnectInfo::decode(&bytes), Err(want.clone()), "input {bytes:?}");
+            assert!(!want.to_string().is_empty());
+        }
+    }
+
+    #[test]
+    fn user_data_limit_is_enforced_on_encode() {
+        let mut info = sample();
+        info.user = vec![7; MAX_CONNECT_USER_DATA];
+        assert!(info.encode(MAX_CONNECT_PRIVATE_DATA).is_ok());
+        info.user.push(7);
+        assert_eq!(info.encode(MAX_CONNECT_PRIVATE_DATA), Err(WireError::UserDataTooLong { len: 37, max: 36 }));
+    }
+
+    #[test]
+    fn decode_never_panics_on_any_short_input() {
+        // Every prefix and every single-byte corruption of a valid header.
+        let good = sample().encode(MAX_CONNECT_PRIVATE_DATA).unwrap();
+        for n in 0..=good.len() {
+            let _ = ConnectInfo::decode(&good[..n]);
+        }
+        for i in 0..good.len() {
+            for v in [0u8, 1, 0x7f, 0xff] {
+                let mut b = good.clone();
+                b[i] = v;
+                let _ = ConnectInfo::decode(&b);
+                let _ = RejectReason::decode(&b);
+            }
+        }
+    }
+
+    #[test]
+    fn reject_reason_round_trip_and_truncation() {
+        let r = RejectReason::new(RejectCode::BadConnectInfo, "bad magic 0x58585858");
+        let bytes = r.encode();
+        let mut padded = bytes.clone();
+        padded.resize(MAX_REJECT_PRIVATE_DATA, 0);
+        assert_eq!(RejectReason::decode(&padded), Some(r));
+
+        let long = RejectReason::new(RejectCode::Refused, "é".repeat(200));
+        let bytes = long.encode();
+        assert!(bytes.len() <= MAX_REJECT_PRIVATE_DATA);
+        let back = RejectReason::decode(&bytes).unwrap();
+        assert_eq!(back.code, RejectCode::Refused);
+        assert!(back.text.chars().all(|c| c == 'é'));
+
+        assert_eq!(RejectReason::decode(&[0; 148]), None);
+        assert_eq!(RejectReason::decode(b"RDRJ"), None);
+        let unknown = RejectReason { code: RejectCode::Unknown(77), text: String::new() };
+        assert_eq!(RejectReason::decode(&unknown.encode()), Some(unknown));
+    }
+}
