@@ -5,9 +5,19 @@
 
 pub mod conn;
 pub mod error;
+pub mod handler;
 pub mod op;
+pub mod reactor;
 pub mod sys;
 pub mod token;
 pub mod wire;
 
+pub use conn::CloseReason;
 pub use error::{Error, Result};
+pub use handler::{ConnectRequest, ConnectionHandler, Decision, ListenerHandler};
+pub use op::{Completion, Op, OpCode, OpError, RawBuf, WcStatus};
+pub use reactor::{Config, Conn, ConnectOptions, Ctx, Reactor, Stats, SubmitError, Timeouts};
+pub use sys::device::{devices, DeviceInfo, LinkLayer, PortInfo, PortState};
+pub use sys::pool::{Buf, PoolConfig};
+pub use token::Token;
+pub use wire::{ConnectInfo, RejectCode, RejectReason};

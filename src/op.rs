@@ -88,6 +88,8 @@ pub enum OpError {
     Wc(WcStatus),
     /// It never reached the device: the connection closed first.
     Cancelled,
+    /// `ibv_post_send` or `ibv_post_recv` refused it with this errno.
+    Post(i32),
 }
 
 impl fmt::Display for OpError {
@@ -95,6 +97,7 @@ impl fmt::Display for OpError {
         match self {
             OpError::Wc(s) => write!(f, "{s}"),
             OpError::Cancelled => f.write_str("cancelled: the connection closed before it was posted"),
+            OpError::Post(errno) => write!(f, "post failed: {}", std::io::Error::from_raw_os_error(*errno)),
         }
     }
 }

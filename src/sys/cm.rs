@@ -4,14 +4,14 @@
 use std::io;
 use std::mem;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::ptr::{self, NonNull};
 use std::rc::Rc;
 
 use nix::libc;
 use rdma_sys as ffi;
 
-use super::verbs::{Cq, Pd, QpCaps};
+use super::verbs::{Cq, DeviceRef, Pd, QpCaps};
 use super::{cvt, cvt_ptr, nonblock, set_nonblocking};
 use crate::conn::CmEventKind;
 
@@ -43,6 +43,13 @@ impl EventChannel {
         // SAFETY: self.raw is live; ev is a valid out-pointer.
         let r = nonblock(cvt(unsafe { ffi::rdma_get_cm_event(self.raw.as_ptr(), &mut ev) }))?;
         Ok(r.and_then(|_| NonNull::new(ev)).map(|raw| CmEvent { raw }))
+    }
+}
+
+impl AsFd for EventChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the fd belongs to self.raw, which is open while self lives.
+        unsafe { BorrowedFd::borrow_raw(self.fd()) }
     }
 }
 
@@ -325,10 +332,10 @@ impl CmId {
         unsafe { (*self.id()).verbs as usize }
     }
 
-    /// The verbs context, for creating device resources.
-    pub(crate) fn verbs(&self) -> *mut ffi::ibv_context {
+    /// The device the id is bound to, once bound or resolved.
+    pub fn device(&self) -> Option<DeviceRef> {
         // SAFETY: self.raw is live.
-        unsafe { (*self.id()).verbs }
+        DeviceRef::from_raw(unsafe { (*self.id()).verbs })
     }
 
     /// The port the id is bound to.

@@ -1,10 +1,11 @@
 //! The registered buffer pool: large registered clusters carved into fixed-size chunks.
 //!
 //! After Ceph's RDMA stack (seed 000): a `Cluster` is one allocation registered as one memory
-//! region and cut into `chunks_per_cluster` chunks of `chunk_size` bytes; free chunks sit on a
-//! free list. The pool grows by whole clusters up to `max_bytes`, and [`Pool::trim`] gives back
-//! clusters that are entirely free (except the first), so a quiet server returns to its
-//! baseline of memory regions.
+//! region and cut into equal chunks; free chunks sit on a free list. The pool has a few size
+//! classes (4 KiB, 64 KiB and 1 MiB chunks by default) so a 16-byte ping does not pin a
+//! megabyte. Each class grows by whole clusters while the pool's total stays under
+//! `max_bytes`, and [`Pool::trim`] gives back clusters that are entirely free (except the very
+//! first), so a quiet server returns to its baseline of memory regions.
 //!
 //! A [`Buf`] owns one chunk. It is the safe way to hand memory to the device: while a work
 //! request uses it, the reactor holds the `Buf`, so user code cannot touch the bytes; it comes
@@ -13,7 +14,7 @@
 #![allow(unsafe_code)]
 
 use std::alloc::{self, Layout};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::ptr::NonNull;
 use std::rc::Rc;
@@ -22,19 +23,31 @@ use super::verbs::{Access, Mr, Pd};
 use crate::error::{Error, Result};
 
 /// Pool sizing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolConfig {
-    /// Bytes per chunk: the largest message a pool buffer holds.
-    pub chunk_size: usize,
-    /// Chunks per registered cluster.
-    pub chunks_per_cluster: usize,
-    /// Most bytes the pool may register in total.
+    /// Chunk sizes of the size classes, ascending. A buffer comes from the smallest class that
+    /// fits the length asked for; the largest is the largest pool message.
+    pub chunk_sizes: Vec<usize>,
+    /// Bytes registered per cluster (a cluster holds at least one chunk).
+    pub cluster_bytes: usize,
+    /// Most bytes the pool may register in total, over all classes.
     pub max_bytes: usize,
 }
 
 impl Default for PoolConfig {
     fn default() -> Self {
-        PoolConfig { chunk_size: 64 * 1024, chunks_per_cluster: 64, max_bytes: 512 * 1024 * 1024 }
+        PoolConfig {
+            chunk_sizes: vec![4096, 64 * 1024, 1024 * 1024],
+            cluster_bytes: 4 * 1024 * 1024,
+            max_bytes: 1024 * 1024 * 1024,
+        }
+    }
+}
+
+impl PoolConfig {
+    /// The largest chunk: the largest message a pool buffer holds.
+    pub fn max_chunk(&self) -> usize {
+        self.chunk_sizes.iter().copied().max().unwrap_or(0)
     }
 }
 
@@ -67,73 +80,95 @@ struct Cluster {
     mem: Mem,
 }
 
-struct Inner {
-    cfg: PoolConfig,
+/// One size class: clusters of equal chunks, with per-cluster free lists.
+struct Class {
+    chunk_size: usize,
+    per_cluster: usize,
     pd: Rc<Pd>,
     clusters: Vec<Option<Rc<Cluster>>>,
-    /// Free chunk indexes, per cluster.
     free: Vec<Vec<u32>>,
     in_use: usize,
+    /// Bytes registered by every class of the pool, shared.
+    registered: Rc<Cell<usize>>,
+    max_bytes: usize,
 }
 
-/// A pool of registered chunks on one protection domain.
+/// A pool of registered chunks, in size classes, on one protection domain.
 #[derive(Clone)]
 pub struct Pool {
-    inner: Rc<RefCell<Inner>>,
+    classes: Vec<Rc<RefCell<Class>>>,
+    registered: Rc<Cell<usize>>,
 }
 
 impl fmt::Debug for Pool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let i = self.inner.borrow();
         f.debug_struct("Pool")
-            .field("chunk_size", &i.cfg.chunk_size)
-            .field("clusters", &i.clusters.iter().filter(|c| c.is_some()).count())
-            .field("in_use", &i.in_use)
+            .field("classes", &self.classes.len())
+            .field("registered", &self.registered.get())
             .finish()
     }
 }
 
 impl Pool {
-    /// A pool on `pd`; registers its first cluster now.
-    pub fn new(pd: &Rc<Pd>, cfg: PoolConfig) -> Result<Pool> {
-        if cfg.chunk_size == 0 || cfg.chunks_per_cluster == 0 || cfg.chunk_size > u32::MAX as usize {
-            return Err(Error::Config(format!(
-                "pool chunk size {} and count {}",
-                cfg.chunk_size, cfg.chunks_per_cluster
-            )));
+    /// A pool on `pd`; registers one cluster of the smallest class now.
+    pub fn new(pd: &Rc<Pd>, cfg: &PoolConfig) -> Result<Pool> {
+        let mut sizes = cfg.chunk_sizes.clone();
+        sizes.sort_unstable();
+        sizes.dedup();
+        if sizes.is_empty() || sizes[0] == 0 || sizes[sizes.len() - 1] > u32::MAX as usize {
+            return Err(Error::Config(format!("pool chunk sizes {:?}", cfg.chunk_sizes)));
         }
-        let pool = Pool {
-            inner: Rc::new(RefCell::new(Inner {
-                cfg,
-                pd: pd.clone(),
-                clusters: Vec::new(),
-                free: Vec::new(),
-                in_use: 0,
-            })),
-        };
-        pool.inner.borrow_mut().grow()?;
+        let registered = Rc::new(Cell::new(0));
+        let classes = sizes
+            .iter()
+            .map(|&chunk_size| {
+                Rc::new(RefCell::new(Class {
+                    chunk_size,
+                    per_cluster: (cfg.cluster_bytes / chunk_size).max(1),
+                    pd: pd.clone(),
+                    clusters: Vec::new(),
+                    free: Vec::new(),
+                    in_use: 0,
+                    registered: registered.clone(),
+                    max_bytes: cfg.max_bytes,
+                }))
+            })
+            .collect();
+        let pool = Pool { classes, registered };
+        pool.classes[0].borrow_mut().grow()?;
         Ok(pool)
     }
 
-    /// Bytes per chunk.
-    pub fn chunk_size(&self) -> usize {
-        self.inner.borrow().cfg.chunk_size
+    /// The largest chunk size.
+    pub fn max_chunk(&self) -> usize {
+        self.classes.last().map_or(0, |c| c.borrow().chunk_size)
     }
 
     /// Chunks handed out and not yet returned.
     pub fn in_use(&self) -> usize {
-        self.inner.borrow().in_use
+        self.classes.iter().map(|c| c.borrow().in_use).sum()
     }
 
     /// Registered clusters.
     pub fn clusters(&self) -> usize {
-        self.inner.borrow().clusters.iter().filter(|c| c.is_some()).count()
+        self.classes.iter().map(|c| c.borrow().clusters.iter().filter(|c| c.is_some()).count()).sum()
     }
 
-    /// Takes a free chunk, registering a new cluster when all are in use and the maximum
-    /// allows.
-    pub fn alloc(&self) -> Result<Buf> {
-        let mut inner = self.inner.borrow_mut();
+    /// Bytes registered.
+    pub fn registered_bytes(&self) -> usize {
+        self.registered.get()
+    }
+
+    /// Takes a free chunk of the smallest class that holds `len` bytes, registering a new
+    /// cluster when that class has none free and the maximum allows. The buffer's length is
+    /// `len`.
+    pub fn alloc(&self, len: usize) -> Result<Buf> {
+        let class = self
+            .classes
+            .iter()
+            .find(|c| c.borrow().chunk_size >= len)
+            .ok_or(Error::TooLarge { len, max: self.max_chunk() })?;
+        let mut inner = class.borrow_mut();
         let slot = match inner.free.iter().position(|f| !f.is_empty()) {
             Some(i) => i,
             None => inner.grow()?,
@@ -141,39 +176,58 @@ impl Pool {
         let chunk = inner.free[slot].pop().expect("grow leaves free chunks");
         inner.in_use += 1;
         let cluster = inner.clusters[slot].clone().expect("a cluster with free chunks is present");
-        let size = inner.cfg.chunk_size;
+        let cap = inner.chunk_size;
         drop(inner);
-        Ok(Buf { pool: self.inner.clone(), cluster, slot: slot as u32, chunk, len: 0, cap: size })
+        Ok(Buf {
+            class: class.clone(),
+            cluster,
+            slot: slot as u32,
+            chunk,
+            len,
+            cap,
+            pool: Rc::as_ptr(&self.registered) as usize,
+        })
     }
 
-    /// Releases clusters (other than the first) whose chunks are all free.
+    /// Releases clusters whose chunks are all free, except the first cluster of the smallest
+    /// class, so a quiet pool returns to one registered region.
     pub fn trim(&self) {
-        let mut inner = self.inner.borrow_mut();
-        let per = inner.cfg.chunks_per_cluster;
-        for slot in 1..inner.clusters.len() {
-            if inner.clusters[slot].is_some() && inner.free[slot].len() == per {
-                inner.clusters[slot] = None;
-                inner.free[slot].clear();
+        for (i, class) in self.classes.iter().enumerate() {
+            let mut c = class.borrow_mut();
+            let per = c.per_cluster;
+            let bytes = per * c.chunk_size;
+            let first = if i == 0 { 1 } else { 0 };
+            for slot in first..c.clusters.len() {
+                if c.clusters[slot].is_some() && c.free[slot].len() == per {
+                    c.clusters[slot] = None;
+                    c.free[slot].clear();
+                    c.registered.set(c.registered.get() - bytes);
+                }
             }
         }
     }
+
+    /// True when `buf` came from this pool.
+    pub fn owns(&self, buf: &Buf) -> bool {
+        buf.pool == Rc::as_ptr(&self.registered) as usize
+    }
 }
 
-impl Inner {
+impl Class {
     /// Registers one more cluster; returns its slot.
     fn grow(&mut self) -> Result<usize> {
-        let cluster_bytes = self.cfg.chunk_size * self.cfg.chunks_per_cluster;
-        let live = self.clusters.iter().filter(|c| c.is_some()).count();
-        if (live + 1) * cluster_bytes > self.cfg.max_bytes.max(cluster_bytes) {
-            return Err(Error::PoolExhausted { max_bytes: self.cfg.max_bytes });
+        let cluster_bytes = self.chunk_size * self.per_cluster;
+        if self.registered.get() + cluster_bytes > self.max_bytes.max(cluster_bytes) {
+            return Err(Error::PoolExhausted { max_bytes: self.max_bytes });
         }
-        let mem = Mem::new(cluster_bytes).ok_or(Error::PoolExhausted { max_bytes: self.cfg.max_bytes })?;
+        let mem = Mem::new(cluster_bytes).ok_or(Error::PoolExhausted { max_bytes: self.max_bytes })?;
         // SAFETY: mem is kept in the same Cluster as the region and is dropped after it (field
         // order), so the memory outlives the registration and never moves.
         let mr = unsafe { Mr::register(&self.pd, mem.ptr.as_ptr(), cluster_bytes, Access::LOCAL_WRITE) }
             .map_err(|e| Error::verb("ibv_reg_mr", format!("pool cluster of {cluster_bytes} bytes"), e))?;
+        self.registered.set(self.registered.get() + cluster_bytes);
         let cluster = Rc::new(Cluster { mr, mem });
-        let chunks: Vec<u32> = (0..self.cfg.chunks_per_cluster as u32).rev().collect();
+        let chunks: Vec<u32> = (0..self.per_cluster as u32).rev().collect();
         let slot = match self.clusters.iter().position(|c| c.is_none()) {
             Some(s) => s,
             None => {
@@ -190,7 +244,9 @@ impl Inner {
 
 /// One chunk of registered memory, owned. Returns to its pool when dropped.
 pub struct Buf {
-    pool: Rc<RefCell<Inner>>,
+    class: Rc<RefCell<Class>>,
+    /// Identity of the pool (the address of its shared byte counter).
+    pool: usize,
     cluster: Rc<Cluster>,
     slot: u32,
     chunk: u32,
@@ -262,16 +318,11 @@ impl Buf {
     pub(crate) fn lkey(&self) -> u32 {
         self.cluster.mr.lkey()
     }
-
-    /// True when the buffer came from `pool`.
-    pub fn is_from(&self, pool: &Pool) -> bool {
-        Rc::ptr_eq(&self.pool, &pool.inner)
-    }
 }
 
 impl Drop for Buf {
     fn drop(&mut self) {
-        let mut inner = self.pool.borrow_mut();
+        let mut inner = self.class.borrow_mut();
         inner.in_use -= 1;
         let slot = self.slot as usize;
         // A trimmed cluster has no live Buf, so the slot still names this cluster.

@@ -4,7 +4,7 @@
 use std::cell::Cell;
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::ptr::{self, NonNull};
 use std::rc::Rc;
 
@@ -14,6 +14,27 @@ use smallvec::SmallVec;
 use super::cm::CmId;
 use super::{cvt, cvt_nz, cvt_ptr, nonblock, set_nonblocking};
 use crate::op::WcStatus;
+use crate::reactor::ack::AckCounter;
+
+/// A device context owned by librdmacm (it stays open for the life of the process once an id
+/// is bound to it). Copyable, never closed by this crate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceRef(NonNull<ffi::ibv_context>);
+
+impl DeviceRef {
+    pub(crate) fn from_raw(ctx: *mut ffi::ibv_context) -> Option<DeviceRef> {
+        NonNull::new(ctx).map(DeviceRef)
+    }
+
+    /// An opaque key identifying the device context.
+    pub fn key(&self) -> usize {
+        self.0.as_ptr() as usize
+    }
+
+    fn as_ptr(&self) -> *mut ffi::ibv_context {
+        self.0.as_ptr()
+    }
+}
 
 /// Capacities of a queue pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,14 +54,10 @@ pub struct Pd {
 }
 
 impl Pd {
-    /// `ibv_alloc_pd` on the context of a bound id.
-    pub fn new(id: &CmId) -> io::Result<Rc<Pd>> {
-        let ctx = id.verbs();
-        if ctx.is_null() {
-            return Err(io::Error::new(io::ErrorKind::NotFound, "the id is not bound to a device"));
-        }
-        // SAFETY: ctx is librdmacm's open context, live for the process.
-        let raw = cvt_ptr(unsafe { ffi::ibv_alloc_pd(ctx) })?;
+    /// `ibv_alloc_pd` on a device.
+    pub fn new(dev: DeviceRef) -> io::Result<Rc<Pd>> {
+        // SAFETY: dev is librdmacm's open context, live for the process.
+        let raw = cvt_ptr(unsafe { ffi::ibv_alloc_pd(dev.as_ptr()) })?;
         Ok(Rc::new(Pd { raw }))
     }
 
@@ -64,14 +81,10 @@ pub struct CompChannel {
 }
 
 impl CompChannel {
-    /// `ibv_create_comp_channel` on the context of a bound id.
-    pub fn new(id: &CmId) -> io::Result<Rc<CompChannel>> {
-        let ctx = id.verbs();
-        if ctx.is_null() {
-            return Err(io::Error::new(io::ErrorKind::NotFound, "the id is not bound to a device"));
-        }
-        // SAFETY: ctx is librdmacm's open context, live for the process.
-        let raw = cvt_ptr(unsafe { ffi::ibv_create_comp_channel(ctx) })?;
+    /// `ibv_create_comp_channel` on a device.
+    pub fn new(dev: DeviceRef) -> io::Result<Rc<CompChannel>> {
+        // SAFETY: dev is librdmacm's open context, live for the process.
+        let raw = cvt_ptr(unsafe { ffi::ibv_create_comp_channel(dev.as_ptr()) })?;
         let chan = CompChannel { raw };
         set_nonblocking(chan.fd())?;
         Ok(Rc::new(chan))
@@ -83,16 +96,42 @@ impl CompChannel {
         unsafe { self.raw.as_ref() }.fd
     }
 
-    /// The next completion event: the context (our token) of the CQ that fired, or `None`
-    /// when none is pending. The caller must count it and ack it on that CQ.
-    pub fn get_event(&self) -> io::Result<Option<u64>> {
+    /// The next completion event, or `None` when none is pending. The caller must count it
+    /// on the CQ its context names ([`Cq::note_event`]) or, if no CQ of ours has that
+    /// context, ack it at once with [`CompChannel::ack_orphan`].
+    pub fn get_event(&self) -> io::Result<Option<CqEvent>> {
         let mut cq: *mut ffi::ibv_cq = ptr::null_mut();
         let mut ctx: *mut std::os::raw::c_void = ptr::null_mut();
         // SAFETY: self.raw is live; cq and ctx are valid out-pointers.
         let r = nonblock(cvt(unsafe { ffi::ibv_get_cq_event(self.raw.as_ptr(), &mut cq, &mut ctx) }))?;
-        Ok(r.map(|_| ctx as u64))
+        Ok(r.map(|_| CqEvent { context: ctx as u64, cq }))
+    }
+
+    /// Acks an event whose CQ context names nothing we know, so that CQ's destroy can finish.
+    pub fn ack_orphan(&self, ev: CqEvent) {
+        if !ev.cq.is_null() {
+            // SAFETY: ev.cq came from ibv_get_cq_event and is live until its events are acked.
+            unsafe { ffi::ibv_ack_cq_events(ev.cq, 1) };
+        }
     }
 }
+
+impl AsFd for CompChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the fd belongs to self.raw, which is open while self lives.
+        unsafe { BorrowedFd::borrow_raw(self.fd()) }
+    }
+}
+
+/// One event read from a completion channel.
+#[derive(Debug)]
+pub struct CqEvent {
+    /// The context of the CQ that fired (our token).
+    pub context: u64,
+    cq: *mut ffi::ibv_cq,
+}
+
+impl CompChannel {}
 
 impl Drop for CompChannel {
     fn drop(&mut self) {
@@ -154,25 +193,34 @@ pub const POLL_BATCH: usize = 32;
 #[derive(Debug)]
 pub struct Cq {
     raw: NonNull<ffi::ibv_cq>,
-    unacked: Cell<u32>,
+    acks: Cell<AckCounter>,
     entries: u32,
     _chan: Rc<CompChannel>,
+}
+
+impl Default for WorkCompletion {
+    fn default() -> Self {
+        WorkCompletion { wr_id: 0, status: WcStatus::Success, byte_len: 0, imm: None }
+    }
 }
 
 impl Cq {
     /// `ibv_create_cq` with at least `entries` entries on `chan`'s context, with `context`
     /// (our token) as the CQ context.
-    pub fn new(id: &CmId, chan: &Rc<CompChannel>, entries: u32, context: u64) -> io::Result<Rc<Cq>> {
-        let ctx = id.verbs();
-        if ctx.is_null() {
-            return Err(io::Error::new(io::ErrorKind::NotFound, "the id is not bound to a device"));
-        }
+    pub fn new(
+        dev: DeviceRef,
+        chan: &Rc<CompChannel>,
+        entries: u32,
+        context: u64,
+        ack_batch: u32,
+    ) -> io::Result<Rc<Cq>> {
+        let ctx = dev.as_ptr();
         let n = i32::try_from(entries).map_err(|_| io::Error::from_raw_os_error(nix::libc::EINVAL))?;
         // SAFETY: ctx and chan are live; context is an opaque integer.
         let raw = cvt_ptr(unsafe { ffi::ibv_create_cq(ctx, n, context as usize as *mut _, chan.raw.as_ptr(), 0) })?;
         // SAFETY: raw is live; cqe is the granted size.
         let granted = unsafe { raw.as_ref() }.cqe.max(0) as u32;
-        Ok(Rc::new(Cq { raw, unacked: Cell::new(0), entries: granted, _chan: chan.clone() }))
+        Ok(Rc::new(Cq { raw, acks: Cell::new(AckCounter::new(ack_batch)), entries: granted, _chan: chan.clone() }))
     }
 
     pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_cq {
@@ -186,17 +234,33 @@ impl Cq {
 
     /// Counts one event from the completion channel for this CQ.
     pub fn note_event(&self) {
-        self.unacked.set(self.unacked.get().saturating_add(1));
+        let mut a = self.acks.get();
+        a.note();
+        self.acks.set(a);
     }
 
     /// Events counted and not yet acked.
     pub fn unacked(&self) -> u32 {
-        self.unacked.get()
+        self.acks.get().pending()
+    }
+
+    /// Acks the counted events if the batch threshold is reached; returns how many.
+    pub fn ack_due(&self) -> u32 {
+        let mut a = self.acks.get();
+        let n = a.take_due().unwrap_or(0);
+        self.acks.set(a);
+        self.ack(n)
     }
 
     /// Acks every counted event in one `ibv_ack_cq_events` call; returns how many.
     pub fn ack_events(&self) -> u32 {
-        let n = self.unacked.replace(0);
+        let mut a = self.acks.get();
+        let n = a.take_all();
+        self.acks.set(a);
+        self.ack(n)
+    }
+
+    fn ack(&self, n: u32) -> u32 {
         if n > 0 {
             // SAFETY: self.raw is live; n events were returned by ibv_get_cq_event for it.
             unsafe { ffi::ibv_ack_cq_events(self.raw.as_ptr(), n) };

@@ -1,0 +1,138 @@
+//! Small helpers shared by the examples: argument parsing and latency statistics.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::exit;
+use std::str::FromStr;
+
+/// Parsed `--flag value` and `--switch` arguments.
+pub struct Args {
+    values: HashMap<String, String>,
+    switches: Vec<String>,
+    usage: &'static str,
+}
+
+impl Args {
+    /// Parses `args`; `switches` are the flags that take no value. Exits with the usage on
+    /// `--help` or a malformed command line.
+    pub fn parse(args: impl Iterator<Item = String>, switches: &[&str], usage: &'static str) -> Args {
+        let mut values = HashMap::new();
+        let mut found = Vec::new();
+        let mut it = args.peekable();
+        while let Some(a) = it.next() {
+            if a == "--help" || a == "-h" {
+                println!("{usage}");
+                exit(0);
+            }
+            let Some(name) = a.strip_prefix("--") else { fail(usage, &format!("unexpected argument {a:?}")) };
+            if switches.contains(&name) {
+                found.push(name.to_string());
+                continue;
+            }
+            let (name, value) = match name.split_once('=') {
+                Some((n, v)) => (n.to_string(), v.to_string()),
+                None => match it.next() {
+                    Some(v) => (name.to_string(), v),
+                    None => fail(usage, &format!("--{name} needs a value")),
+                },
+            };
+            values.insert(name, value);
+        }
+        Args { values, switches: found, usage }
+    }
+
+    /// True when the switch was given.
+    pub fn switch(&self, name: &str) -> bool {
+        self.switches.iter().any(|s| s == name)
+    }
+
+    /// A value parsed as `T`, or `default`.
+    pub fn get<T: FromStr>(&self, name: &str, default: T) -> T
+    where
+        T::Err: std::fmt::Display,
+    {
+        match self.values.get(name) {
+            None => default,
+            Some(v) => v.parse().unwrap_or_else(|e| fail(self.usage, &format!("--{name} {v:?}: {e}"))),
+        }
+    }
+
+    /// A required socket address (`host:port`).
+    pub fn addr(&self, name: &str) -> SocketAddr {
+        let Some(v) = self.values.get(name) else { fail(self.usage, &format!("--{name} ADDR:PORT is required")) };
+        match v.to_socket_addrs().ok().and_then(|mut a| a.next()) {
+            Some(a) => a,
+            None => fail(self.usage, &format!("--{name} {v:?}: not an address:port")),
+        }
+    }
+
+    /// A byte size: a number with an optional K, M or G suffix (powers of 1024).
+    pub fn size(&self, name: &str, default: usize) -> usize {
+        match self.values.get(name) {
+            None => default,
+            Some(v) => parse_size(v).unwrap_or_else(|| fail(self.usage, &format!("--{name} {v:?}: not a size"))),
+        }
+    }
+
+    /// Rejects flags no one asked about.
+    pub fn finish(&self, known: &[&str]) {
+        for k in self.values.keys() {
+            if !known.contains(&k.as_str()) {
+                fail(self.usage, &format!("unknown flag --{k}"));
+            }
+        }
+    }
+}
+
+/// Parses `4096`, `64K`, `1M`, `1G`.
+pub fn parse_size(v: &str) -> Option<usize> {
+    let v = v.trim();
+    let (num, mul) = match v.chars().last()? {
+        'k' | 'K' => (&v[..v.len() - 1], 1024),
+        'm' | 'M' => (&v[..v.len() - 1], 1024 * 1024),
+        'g' | 'G' => (&v[..v.len() - 1], 1024 * 1024 * 1024),
+        _ => (v, 1),
+    };
+    num.parse::<usize>().ok()?.checked_mul(mul)
+}
+
+/// Prints the error and the usage, exits 2.
+pub fn fail(usage: &str, msg: &str) -> ! {
+    eprintln!("error: {msg}\n\n{usage}");
+    exit(2)
+}
+
+/// Nearest-rank percentile of sorted samples.
+pub fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Formats nanoseconds as microseconds.
+pub fn us(ns: u64) -> String {
+    format!("{:.1} us", ns as f64 / 1000.0)
+}
+
+/// A deterministic byte pattern for message `seq` of connection `conn`, so every byte can be
+/// checked.
+pub fn fill_pattern(buf: &mut [u8], conn: u64, seq: u64) {
+    let mut x = conn.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seq.wrapping_mul(0xD1B5_4A32_D192_ED03) ^ 0x5555;
+    for chunk in buf.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let b = x.to_le_bytes();
+        chunk.copy_from_slice(&b[..chunk.len()]);
+    }
+}
+
+/// Index of the first byte where `buf` differs from the pattern, if any.
+pub fn check_pattern(buf: &[u8], conn: u64, seq: u64) -> Option<usize> {
+    let mut want = vec![0u8; buf.len()];
+    fill_pattern(&mut want, conn, seq);
+    buf.iter().zip(&want).position(|(a, b)| a != b)
+}

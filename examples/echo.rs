@@ -1,0 +1,413 @@
+//! Ping-pong over RDMA send/receive, many connections from one thread.
+//!
+//! ```text
+//! echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet]
+//! echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
+//!             [--stall-timeout SECS]
+//! ```
+//!
+//! The server echoes every message it receives on every connection; it also serves plain
+//! librdmacm clients that send no connect information (`rdma_client`). The client opens K
+//! connections from one reactor, ping-pongs N messages of BYTES on each (one in flight per
+//! connection), checks every echoed byte with `--verify`, and prints the round-trip latency
+//! distribution and the message rate. It exits non-zero with a message on any failure.
+
+mod common;
+
+use std::cell::RefCell;
+use std::process::exit;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use common::{check_pattern, fill_pattern, percentile, us, Args};
+use rdma_reactor::{
+    Buf, CloseReason, Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision,
+    ListenerHandler, Op, OpCode, Reactor, RejectReason, Token,
+};
+
+const USAGE: &str = "\
+usage: echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet]
+       echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
+                   [--stall-timeout SECS]
+
+server: echoes every message on every connection, from one thread.
+  --bind ADDR:PORT     address of an RDMA device to listen on
+  --depth N            receives kept posted per connection (default 16)
+  --exit-after N       exit after N connections have closed (default: run until killed)
+  --quiet              no per-connection lines
+client: ping-pongs messages and reports round-trip latency.
+  --connect ADDR:PORT  the server
+  --size BYTES         message size, 1 to 1M (suffixes K, M)
+  --count N            messages per connection
+  --verify             check every echoed byte
+  --clients K          connections from one reactor (default 1)
+  --stall-timeout SECS fail a connection that gets no echo for this long (default 20)";
+
+fn main() {
+    let mut argv = std::env::args().skip(1);
+    match argv.next().as_deref() {
+        Some("server") => server(Args::parse(argv, &["quiet"], USAGE)),
+        Some("client") => client(Args::parse(argv, &["verify"], USAGE)),
+        Some("--help") | Some("-h") => println!("{USAGE}"),
+        _ => common::fail(USAGE, "the first argument is `server` or `client`"),
+    }
+}
+
+// ----- server -------------------------------------------------------------------------------
+
+struct ServerStats {
+    closed: u64,
+    echoed: u64,
+    quiet: bool,
+    exit_after: u64,
+}
+
+struct EchoListener {
+    depth: u32,
+    stats: Rc<RefCell<ServerStats>>,
+}
+
+impl ListenerHandler for EchoListener {
+    fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, req: &ConnectRequest) -> Decision {
+        let size = req.info.as_ref().map_or(4096, |i| i.msg_size as usize);
+        Decision::Accept(Box::new(EchoAgent { depth: self.depth, size, echoed: 0, stats: self.stats.clone() }))
+    }
+
+    fn on_refused(&mut self, _ctx: &mut Ctx<'_>, peer: Option<std::net::SocketAddr>, reason: &RejectReason) {
+        eprintln!("echo server: refused {}: {reason}", peer.map_or("?".into(), |p| p.to_string()));
+    }
+}
+
+struct EchoAgent {
+    depth: u32,
+    size: usize,
+    echoed: u64,
+    stats: Rc<RefCell<ServerStats>>,
+}
+
+impl EchoAgent {
+    fn post_recv(&mut self, conn: &mut Conn<'_>) -> bool {
+        match conn.alloc(self.size) {
+            Ok(buf) => conn.submit(Op::recv(buf)).is_ok(),
+            Err(e) => {
+                eprintln!("echo server: {:?}: no receive buffer: {e}", conn.token());
+                conn.close();
+                false
+            }
+        }
+    }
+}
+
+impl ConnectionHandler for EchoAgent {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        let n = self.depth.min(conn.recv_capacity());
+        for _ in 0..n {
+            if !self.post_recv(conn) {
+                return;
+            }
+        }
+    }
+
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        if !self.stats.borrow().quiet {
+            let peer = conn.peer_addr().map_or("?".into(), |p| p.to_string());
+            let info = conn.peer_info().map_or("no connect information".to_string(), |i| {
+                format!("message size {}, count {}, receive depth {}", i.msg_size, i.msg_count, i.recv_depth)
+            });
+            println!("echo server: {:?} established with {peer} ({info})", conn.token());
+        }
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        match (c.opcode, c.result) {
+            (OpCode::Recv, Ok(_)) => {
+                let buf = c.buf.expect("pool receive");
+                if let Err(e) = conn.submit(Op::send(buf)) {
+                    eprintln!("echo server: {:?}: cannot echo: {}", conn.token(), e.error);
+                    conn.close();
+                    return;
+                }
+                self.echoed += 1;
+                self.post_recv(conn);
+            }
+            // Send completions need nothing; errors are flushes when the connection closes, and
+            // the reactor closes it on real errors.
+            _ => {}
+        }
+    }
+
+    fn on_closed(&mut self, ctx: &mut Ctx<'_>, token: Token, reason: CloseReason) {
+        let mut s = self.stats.borrow_mut();
+        s.closed += 1;
+        s.echoed += self.echoed;
+        if !s.quiet || !reason.is_clean() {
+            println!("echo server: {token:?} closed after {} messages: {reason}", self.echoed);
+        }
+        if s.exit_after > 0 && s.closed >= s.exit_after {
+            println!("echo server: {} connections closed, {} messages echoed; exiting", s.closed, s.echoed);
+            ctx.stop();
+        }
+    }
+}
+
+fn server(args: Args) {
+    args.finish(&["bind", "depth", "exit-after"]);
+    let bind = args.addr("bind");
+    let depth: u32 = args.get("depth", 16);
+    if depth == 0 {
+        common::fail(USAGE, "--depth must be at least 1");
+    }
+    let stats = Rc::new(RefCell::new(ServerStats {
+        closed: 0,
+        echoed: 0,
+        quiet: args.switch("quiet"),
+        exit_after: args.get("exit-after", 0),
+    }));
+    let cfg = Config { recv_depth: depth.max(16), ..Config::default() };
+    let mut reactor = Reactor::new(cfg).unwrap_or_else(|e| die(&format!("cannot start: {e}")));
+    reactor
+        .listen(bind, EchoListener { depth, stats: stats.clone() })
+        .unwrap_or_else(|e| die(&format!("cannot listen on {bind}: {e}")));
+    println!("echo server: listening on {bind} (pid {})", std::process::id());
+    if let Err(e) = reactor.run() {
+        die(&format!("reactor failed: {e}"));
+    }
+}
+
+// ----- client -------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Results {
+    latencies: Vec<u64>,
+    failures: Vec<String>,
+    completed: u64,
+}
+
+struct EchoClient {
+    index: u64,
+    size: usize,
+    count: u64,
+    verify: bool,
+    seq: u64,
+    sent_at: Option<Instant>,
+    send_buf: Option<Buf>,
+    echo_pending: bool,
+    failed: Option<String>,
+    stall: Duration,
+    seen_at_last_check: u64,
+    results: Rc<RefCell<Results>>,
+}
+
+impl EchoClient {
+    fn fail(&mut self, conn: &mut Conn<'_>, msg: String) {
+        if self.failed.is_none() {
+            self.failed = Some(msg);
+        }
+        conn.close();
+    }
+
+    /// Sends message `seq` when its buffer is back and the previous echo arrived.
+    fn maybe_send(&mut self, conn: &mut Conn<'_>) {
+        if self.echo_pending || self.seq >= self.count {
+            return;
+        }
+        let Some(mut buf) = self.send_buf.take() else { return };
+        if self.verify {
+            fill_pattern(buf.as_mut_slice(), self.index, self.seq);
+        }
+        self.sent_at = Some(Instant::now());
+        self.echo_pending = true;
+        if let Err(e) = conn.submit(Op::send(buf).user_data(self.seq)) {
+            let msg = format!("send {}: {}", self.seq, e.error);
+            self.fail(conn, msg);
+        }
+    }
+}
+
+impl ConnectionHandler for EchoClient {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        let bufs = (conn.alloc(self.size), conn.alloc(self.size));
+        match bufs {
+            (Ok(recv), Ok(mut send)) => {
+                // Without --verify the payload is a fixed pattern written once.
+                fill_pattern(send.as_mut_slice(), self.index, u64::MAX);
+                self.send_buf = Some(send);
+                if let Err(e) = conn.submit(Op::recv(recv)) {
+                    let msg = format!("post receive: {}", e.error);
+                    self.fail(conn, msg);
+                }
+            }
+            (Err(e), _) | (_, Err(e)) => self.fail(conn, format!("buffers: {e}")),
+        }
+    }
+
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        if let Some(max) = conn.peer_info().map(|i| i.msg_size as usize) {
+            if self.size > max {
+                return self.fail(conn, format!("the server takes messages up to {max} bytes, not {}", self.size));
+            }
+        }
+        let _ = conn.set_timer(self.stall, 0);
+        if self.count == 0 {
+            conn.close();
+            return;
+        }
+        self.maybe_send(conn);
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        match (c.opcode, c.result) {
+            (OpCode::Send, Ok(_)) => {
+                self.send_buf = c.buf;
+                self.maybe_send(conn);
+            }
+            (OpCode::Recv, Ok(n)) => {
+                let rtt = self.sent_at.take().map_or(0, |t| t.elapsed().as_nanos() as u64);
+                let buf = c.buf.expect("pool receive");
+                if n as usize != self.size {
+                    return self.fail(conn, format!("message {}: echo of {n} bytes, sent {}", self.seq, self.size));
+                }
+                if self.verify {
+                    if let Some(at) = check_pattern(buf.as_slice(), self.index, self.seq) {
+                        return self.fail(conn, format!("message {}: echoed byte {at} differs", self.seq));
+                    }
+                }
+                self.results.borrow_mut().latencies.push(rtt);
+                self.seq += 1;
+                self.echo_pending = false;
+                if self.seq >= self.count {
+                    conn.close();
+                    return;
+                }
+                if let Err(e) = conn.submit(Op::recv(buf)) {
+                    let msg = format!("post receive: {}", e.error);
+                    return self.fail(conn, msg);
+                }
+                self.maybe_send(conn);
+            }
+            (op, Err(e)) => {
+                if self.seq < self.count {
+                    self.fail(conn, format!("{op:?} of message {} failed: {e}", self.seq));
+                }
+            }
+            (_, Ok(_)) => {}
+        }
+    }
+
+    fn on_timer(&mut self, conn: &mut Conn<'_>, _user_data: u64) {
+        if self.seq >= self.count {
+            return;
+        }
+        if self.seq == self.seen_at_last_check {
+            let msg = format!("no echo for {:?} after {} messages", self.stall, self.seq);
+            return self.fail(conn, msg);
+        }
+        self.seen_at_last_check = self.seq;
+        let _ = conn.set_timer(self.stall, 0);
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        let mut r = self.results.borrow_mut();
+        if let Some(f) = self.failed.take() {
+            r.failures.push(format!("connection {}: {f}", self.index));
+        } else if self.seq < self.count {
+            r.failures.push(format!(
+                "connection {}: closed after {} of {} messages: {reason}",
+                self.index, self.seq, self.count
+            ));
+        } else {
+            r.completed += 1;
+        }
+    }
+}
+
+fn client(args: Args) {
+    args.finish(&["connect", "size", "count", "clients", "stall-timeout"]);
+    let dst = args.addr("connect");
+    let size = args.size("size", 0);
+    if !(1..=1024 * 1024).contains(&size) {
+        common::fail(USAGE, "--size must be 1 to 1M bytes");
+    }
+    let count: u64 = args.get("count", 0);
+    let clients: u64 = args.get("clients", 1);
+    if clients == 0 {
+        common::fail(USAGE, "--clients must be at least 1");
+    }
+    let verify = args.switch("verify");
+    let stall = Duration::from_secs(args.get("stall-timeout", 20));
+    let cfg = Config { send_depth: 4, recv_depth: 4, ..Config::default() };
+    let mut reactor = Reactor::new(cfg).unwrap_or_else(|e| die(&format!("cannot start: {e}")));
+    let results = Rc::new(RefCell::new(Results::default()));
+    for index in 0..clients {
+        let handler = EchoClient {
+            index,
+            size,
+            count,
+            verify,
+            seq: 0,
+            sent_at: None,
+            send_buf: None,
+            echo_pending: false,
+            failed: None,
+            stall,
+            seen_at_last_check: 0,
+            results: results.clone(),
+        };
+        let opts = ConnectOptions { msg_size: size as u32, msg_count: count as u32, ..Default::default() };
+        if let Err(e) = reactor.connect(dst, opts, handler) {
+            die(&format!("cannot connect to {dst}: {e}"));
+        }
+    }
+    let start = Instant::now();
+    let mut last_report = Instant::now();
+    while !reactor.is_idle() {
+        if let Err(e) = reactor.run_once(Some(Duration::from_millis(500))) {
+            die(&format!("reactor failed: {e}"));
+        }
+        if last_report.elapsed() >= Duration::from_secs(2) {
+            last_report = Instant::now();
+            let done = results.borrow().latencies.len();
+            eprintln!(
+                "echo client: {done} of {} round trips after {:.1} s",
+                count * clients,
+                start.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let elapsed = start.elapsed();
+    let r = results.borrow();
+    let mut lat = r.latencies.clone();
+    lat.sort_unstable();
+    let msgs = lat.len() as u64;
+    println!(
+        "echo client: {msgs} round trips of {size} bytes over {clients} connection(s) in {:.3} s{}",
+        elapsed.as_secs_f64(),
+        if verify { ", every byte verified" } else { "" }
+    );
+    if !lat.is_empty() {
+        println!(
+            "latency: min {}  p50 {}  p99 {}  p99.9 {}  max {}",
+            us(lat[0]),
+            us(percentile(&lat, 50.0)),
+            us(percentile(&lat, 99.0)),
+            us(percentile(&lat, 99.9)),
+            us(lat[lat.len() - 1])
+        );
+        println!("rate: {:.0} messages/s", msgs as f64 / elapsed.as_secs_f64());
+    }
+    if !r.failures.is_empty() {
+        for f in &r.failures {
+            eprintln!("echo client: FAILED {f}");
+        }
+        exit(1);
+    }
+    if r.completed != clients {
+        eprintln!("echo client: FAILED only {} of {clients} connections completed", r.completed);
+        exit(1);
+    }
+}
+
+fn die(msg: &str) -> ! {
+    eprintln!("echo: {msg}");
+    exit(1)
+}

@@ -1,0 +1,1339 @@
+//! The reactor: one thread, one epoll, the shared rdma_cm event channel and one completion
+//! channel per device, dispatching to the listener/agent/client state machines and to user
+//! callbacks.
+//!
+//! # One tick ([`Reactor::run_once`])
+//!
+//! 1. `epoll_wait`, with a timeout of zero when work is pending (a CQ left over budget, posts
+//!    queued by a callback, objects to destroy), else until the next deadline.
+//! 2. CM channel readable: read every event until `EAGAIN`; each goes to its object's state
+//!    machine (by the token in `id->context`) and is acked before the next is read.
+//! 3. Completion channel readable: read every event until `EAGAIN`, count it on its CQ (acks
+//!    are batched), mark the CQ hot (disarmed).
+//! 4. Poll hot CQs in batches under a per-CQ budget. A CQ found empty is re-armed with
+//!    `ibv_req_notify_cq` and polled once more, so a completion that raced the arm is not
+//!    stranded. A CQ that used its budget stays hot for the next tick.
+//! 5. Fire expired deadlines and timers.
+//! 6. Post every operation submitted during the tick: one chain per queue pair and direction.
+//! 7. Ack CQ events whose count reached the batch threshold.
+//! 8. Destroy what closed during the tick, in rdma-core's order (see ARCHITECTURE.md), and
+//!    only now: every CM event of the tick has been acked.
+
+pub(crate) mod ack;
+mod ctx;
+mod stats;
+mod timer;
+
+pub use ctx::{Conn, Ctx, SubmitError};
+pub use stats::Stats;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+
+use crate::conn::{Action, Agent, Client, CloseReason, CmEventKind, Input, Listener, ListenerAction, State, Step};
+use crate::error::{Error, Result};
+use crate::handler::{ConnectRequest, ConnectionHandler, Decision, ListenerHandler};
+use crate::op::{Body, Completion, OpCode, OpError, RawBuf};
+use crate::sys::cm::{CmEvent, CmId, ConnParam, EventChannel};
+use crate::sys::pool::{Buf, Pool, PoolConfig};
+use crate::sys::verbs::{CompChannel, Cq, DeviceRef, Pd, QpCaps, RecvWr, SendWr, WorkCompletion, POLL_BATCH};
+use crate::token::{GenSlab, Kind, Token};
+use crate::wire::{ConnectInfo, RejectCode, RejectReason, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
+use timer::Timers;
+
+/// Deadlines of the connection-manager steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// `rdma_resolve_addr` (also passed to the kernel).
+    pub resolve_addr: Duration,
+    /// `rdma_resolve_route` (also passed to the kernel).
+    pub resolve_route: Duration,
+    /// From `rdma_connect` to ESTABLISHED.
+    pub connect: Duration,
+    /// From `rdma_accept` to ESTABLISHED.
+    pub accept: Duration,
+    /// From our `rdma_disconnect` to DISCONNECTED.
+    pub disconnect: Duration,
+    /// From DISCONNECTED until every outstanding work request has completed.
+    pub drain: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            resolve_addr: Duration::from_secs(5),
+            resolve_route: Duration::from_secs(5),
+            connect: Duration::from_secs(20),
+            accept: Duration::from_secs(20),
+            disconnect: Duration::from_secs(5),
+            drain: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Timeouts {
+    fn of(&self, step: Step) -> Duration {
+        match step {
+            Step::ResolveAddr => self.resolve_addr,
+            Step::ResolveRoute => self.resolve_route,
+            Step::Connect => self.connect,
+            Step::Accept => self.accept,
+            Step::Disconnect => self.disconnect,
+            Step::Drain => self.drain,
+        }
+    }
+}
+
+/// Reactor configuration. `Config::default()` suits most uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// The registered buffer pool of each device (chunk size = largest pool message).
+    pub pool: PoolConfig,
+    /// Send work requests each queue pair may have outstanding.
+    pub send_depth: u32,
+    /// Receive work requests each queue pair may have outstanding.
+    pub recv_depth: u32,
+    /// Largest send copied inline into the work request.
+    pub max_inline: u32,
+    /// Completion events counted per CQ before one `ibv_ack_cq_events` call.
+    pub cq_ack_batch: u32,
+    /// Completions reaped from one CQ per tick before the others get a turn.
+    pub poll_budget: usize,
+    /// Connection-manager deadlines.
+    pub timeouts: Timeouts,
+    /// Transport retries on each connection (0..=7).
+    pub retry_count: u8,
+    /// Receiver-not-ready retries (0..=6 finite; 7 retries forever).
+    pub rnr_retry_count: u8,
+    /// Listen backlog.
+    pub backlog: i32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            pool: PoolConfig::default(),
+            send_depth: 64,
+            recv_depth: 64,
+            max_inline: 64,
+            cq_ack_batch: 64,
+            poll_budget: 256,
+            timeouts: Timeouts::default(),
+            retry_count: 7,
+            rnr_retry_count: 6,
+            backlog: 1024,
+        }
+    }
+}
+
+/// Options of one client connection.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// Local address to bind (none: the kernel picks by route).
+    pub src: Option<SocketAddr>,
+    /// Largest message this client sends or receives (0: the pool's chunk size).
+    pub msg_size: u32,
+    /// Messages this client intends to send (0: not stated).
+    pub msg_count: u32,
+    /// Opaque bytes for the server (at most 36).
+    pub user_data: Vec<u8>,
+}
+
+/// RDMA READ/atomic depth requested and granted on every connection.
+const RD_ATOM: u8 = 4;
+
+enum Role {
+    Agent(Agent),
+    Client(Client),
+}
+
+impl Role {
+    fn state(&self) -> &State {
+        match self {
+            Role::Agent(a) => a.state(),
+            Role::Client(c) => c.state(),
+        }
+    }
+
+    fn on_input(&mut self, input: Input) -> crate::conn::Actions {
+        match self {
+            Role::Agent(a) => a.on_input(input),
+            Role::Client(c) => c.on_input(input),
+        }
+    }
+}
+
+struct ConnEntry {
+    /// Dropped first at destruction (queue pair, then id).
+    id: Option<CmId>,
+    role: Role,
+    handler: Option<Box<dyn ConnectionHandler>>,
+    device: Option<usize>,
+    cq: Option<Rc<Cq>>,
+    armed: bool,
+    hot: bool,
+    dirty: bool,
+    caps: QpCaps,
+    pending_send: VecDeque<Token>,
+    pending_recv: VecDeque<Token>,
+    out_send: u32,
+    out_recv: u32,
+    deadline: Option<(u64, Step)>,
+    peer_info: Option<ConnectInfo>,
+    local_info: ConnectInfo,
+    close_reason: Option<CloseReason>,
+    dst: Option<SocketAddr>,
+}
+
+impl ConnEntry {
+    fn new(role: Role, handler: Box<dyn ConnectionHandler>) -> ConnEntry {
+        ConnEntry {
+            id: None,
+            role,
+            handler: Some(handler),
+            device: None,
+            cq: None,
+            armed: false,
+            hot: false,
+            dirty: false,
+            caps: QpCaps { max_send_wr: 0, max_recv_wr: 0, max_inline_data: 0 },
+            pending_send: VecDeque::new(),
+            pending_recv: VecDeque::new(),
+            out_send: 0,
+            out_recv: 0,
+            deadline: None,
+            peer_info: None,
+            local_info: ConnectInfo::default(),
+            close_reason: None,
+            dst: None,
+        }
+    }
+
+    /// True when operations may be posted: the queue pair exists and the connection is being
+    /// set up or is established.
+    fn can_post(&self) -> bool {
+        self.cq.is_some() && matches!(self.role.state(), State::Accepting | State::Connecting | State::Established)
+    }
+
+    fn can_submit(&self) -> bool {
+        self.cq.is_some()
+            && matches!(
+                self.role.state(),
+                State::ResolvingRoute | State::Accepting | State::Connecting | State::Established
+            )
+    }
+}
+
+struct ListenerEntry {
+    id: Option<CmId>,
+    sm: Listener,
+    handler: Option<Box<dyn ListenerHandler>>,
+    close_reason: Option<CloseReason>,
+}
+
+struct OpEntry {
+    conn: Token,
+    user_data: u64,
+    opcode: OpCode,
+    buf: Option<Buf>,
+    raw: Option<RawBuf>,
+}
+
+impl OpEntry {
+    fn sge(&self) -> (u64, u32, u32) {
+        match (&self.buf, &self.raw) {
+            (Some(b), _) => {
+                let len = if self.opcode == OpCode::Recv { b.capacity() } else { b.len() };
+                (b.addr(), len as u32, b.lkey())
+            }
+            (None, Some(r)) => (r.addr, r.len, r.lkey),
+            (None, None) => (0, 0, 0),
+        }
+    }
+}
+
+struct UserTimer {
+    owner: Token,
+    user_data: u64,
+}
+
+struct Device {
+    dev: DeviceRef,
+    // Field order is drop order: the pool's regions before the channel and the PD.
+    pool: Pool,
+    chan: Rc<CompChannel>,
+    pd: Rc<Pd>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum TimerTarget {
+    Deadline(Token),
+    User(Token),
+}
+
+/// Everything a callback may touch through its context. Field order is drop order:
+/// connections (queue pairs, ids, CQs) before the operations' buffers, before the listeners,
+/// before the devices (pools, completion channels, PDs), before the CM channel.
+pub(crate) struct Core {
+    graveyard: Vec<CmId>,
+    conns: GenSlab<ConnEntry>,
+    ops: GenSlab<OpEntry>,
+    listeners: GenSlab<ListenerEntry>,
+    user_timers: GenSlab<UserTimer>,
+    devices: Vec<Device>,
+    epoll: Epoll,
+    cm: Rc<EventChannel>,
+    cfg: Config,
+    timers: Timers<TimerTarget>,
+    closing: Vec<Token>,
+    closing_listeners: Vec<Token>,
+    hot: Vec<Token>,
+    dirty: Vec<Token>,
+    /// Connections whose CQ has un-acked events.
+    evented: Vec<Token>,
+    stop: bool,
+    stats: Stats,
+}
+
+/// The event loop. Single-threaded: it is neither `Send` nor `Sync`.
+///
+/// ```compile_fail
+/// fn assert_send<T: Send>() {}
+/// assert_send::<rdma_reactor::Reactor>();
+/// ```
+pub struct Reactor {
+    core: Core,
+}
+
+impl std::fmt::Debug for Reactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reactor")
+            .field("listeners", &self.core.listeners.len())
+            .field("connections", &self.core.conns.len())
+            .field("devices", &self.core.devices.len())
+            .finish()
+    }
+}
+
+fn os(call: &'static str) -> impl FnOnce(Errno) -> Error {
+    move |e| Error::Os { call, source: e.into() }
+}
+
+impl Reactor {
+    /// A reactor with the given configuration: creates the epoll instance and the shared,
+    /// non-blocking rdma_cm event channel.
+    pub fn new(cfg: Config) -> Result<Reactor> {
+        if cfg.send_depth == 0 || cfg.recv_depth == 0 {
+            return Err(Error::Config("send and receive depth must be at least 1".into()));
+        }
+        if cfg.poll_budget == 0 {
+            return Err(Error::Config("poll budget must be at least 1".into()));
+        }
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(os("epoll_create1"))?;
+        let cm = EventChannel::new().map_err(|e| Error::verb("rdma_create_event_channel", "", e))?;
+        let token = Token::new(Kind::CmChannel, 0, 1);
+        epoll.add(&*cm, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
+        Ok(Reactor {
+            core: Core {
+                graveyard: Vec::new(),
+                conns: GenSlab::new(Kind::Conn),
+                ops: GenSlab::new(Kind::Op),
+                listeners: GenSlab::new(Kind::Listener),
+                user_timers: GenSlab::new(Kind::Timer),
+                devices: Vec::new(),
+                epoll,
+                cm,
+                cfg,
+                timers: Timers::new(),
+                closing: Vec::new(),
+                closing_listeners: Vec::new(),
+                hot: Vec::new(),
+                dirty: Vec::new(),
+                evented: Vec::new(),
+                stop: false,
+                stats: Stats::default(),
+            },
+        })
+    }
+
+    /// A context for calling the command API from outside any callback.
+    pub fn ctx(&mut self) -> Ctx<'_> {
+        Ctx::new(&mut self.core, None)
+    }
+
+    /// Binds and listens on `addr`. See [`Ctx::listen`].
+    pub fn listen(&mut self, addr: SocketAddr, handler: impl ListenerHandler + 'static) -> Result<Token> {
+        self.ctx().listen(addr, handler)
+    }
+
+    /// Starts a client connection to `dst`. See [`Ctx::connect`].
+    pub fn connect(
+        &mut self,
+        dst: SocketAddr,
+        opts: ConnectOptions,
+        handler: impl ConnectionHandler + 'static,
+    ) -> Result<Token> {
+        self.ctx().connect(dst, opts, handler)
+    }
+
+    /// Statistics since creation.
+    pub fn stats(&self) -> Stats {
+        self.core.stats
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.core.cfg
+    }
+
+    /// Live connections (agents and clients, in any state).
+    pub fn connections(&self) -> usize {
+        self.core.conns.len()
+    }
+
+    /// Live listeners.
+    pub fn listeners(&self) -> usize {
+        self.core.listeners.len()
+    }
+
+    /// True when nothing is left to wait for: no listener, connection or timer.
+    pub fn is_idle(&self) -> bool {
+        self.core.listeners.len() == 0 && self.core.conns.len() == 0 && self.core.user_timers.len() == 0
+    }
+
+    /// Runs ticks until [`Ctx::stop`] is called or the reactor is idle.
+    pub fn run(&mut self) -> Result<()> {
+        self.core.stop = false;
+        while !self.core.stop && !self.is_idle() {
+            self.run_once(None)?;
+        }
+        self.core.stop = false;
+        Ok(())
+    }
+
+    /// Runs one tick, waiting at most `timeout` (none: until something happens or the next
+    /// deadline). Returns the number of events, completions and timers handled.
+    ///
+    /// # Errors
+    ///
+    /// Only failures of the loop itself (epoll, the CM channel); a connection's failure closes
+    /// that connection and is reported to its handler.
+    pub fn run_once(&mut self, timeout: Option<Duration>) -> Result<usize> {
+        self.core.tick(timeout)
+    }
+}
+
+impl Drop for Reactor {
+    fn drop(&mut self) {
+        // Objects closed in the last tick are destroyed by reap; the rest are destroyed by
+        // Core's field order (see Core). Every CM event was acked within its tick, and every
+        // CQ acks its counted events before it is destroyed.
+        self.core.reap();
+    }
+}
+
+impl Core {
+    fn tick(&mut self, timeout: Option<Duration>) -> Result<usize> {
+        let now = Instant::now();
+        let busy = !self.hot.is_empty()
+            || !self.dirty.is_empty()
+            || !self.closing.is_empty()
+            || !self.closing_listeners.is_empty();
+        let mut wait = if busy { Some(Duration::ZERO) } else { timeout };
+        if let Some(t) = self.timers.next_timeout(now) {
+            wait = Some(wait.map_or(t, |w| w.min(t)));
+        }
+        let epoll_timeout = match wait {
+            None => EpollTimeout::NONE,
+            Some(d) => {
+                // Round up so a deadline 0.3 ms away does not spin.
+                let ms = d.as_micros().div_ceil(1000).min(i32::MAX as u128) as u32;
+                EpollTimeout::try_from(ms).unwrap_or(EpollTimeout::MAX)
+            }
+        };
+        let mut events = [EpollEvent::empty(); 32];
+        let n = match self.epoll.wait(&mut events, epoll_timeout) {
+            Ok(n) => n,
+            Err(Errno::EINTR) => 0,
+            Err(e) => return Err(os("epoll_wait")(e)),
+        };
+        self.stats.wakeups += 1;
+        let mut work = 0;
+        for ev in &events[..n] {
+            match Token::from_u64(ev.data()) {
+                Some(t) if t.kind() == Kind::CmChannel => work += self.drain_cm()?,
+                Some(t) if t.kind() == Kind::CompChannel => work += self.drain_comp(t.index() as usize),
+                _ => {}
+            }
+        }
+        work += self.poll_hot();
+        work += self.fire_timers();
+        self.flush_posts();
+        self.flush_acks();
+        work += self.reap();
+        if n > 0 && work == 0 {
+            self.stats.spurious_wakeups += 1;
+        }
+        Ok(work)
+    }
+
+    // ----- rdma_cm events -------------------------------------------------------------------
+
+    fn drain_cm(&mut self) -> Result<usize> {
+        let mut n = 0;
+        loop {
+            let ev = match self.cm.get_event() {
+                Ok(Some(ev)) => ev,
+                Ok(None) => break,
+                Err(e) if e.raw_os_error() == Some(nix::libc::EINTR) => continue,
+                Err(e) => return Err(Error::verb("rdma_get_cm_event", "shared event channel", e)),
+            };
+            n += 1;
+            self.stats.cm_events += 1;
+            self.on_cm_event(&ev);
+            // The event is acked here, before the next is read; ids it names are destroyed
+            // only at the end of the tick.
+            drop(ev);
+        }
+        Ok(n)
+    }
+
+    fn on_cm_event(&mut self, ev: &CmEvent) {
+        let kind = ev.kind();
+        match Token::from_u64(ev.context()) {
+            Some(t) if t.kind() == Kind::Listener && self.listeners.contains(t) => self.on_listener_event(t, ev),
+            Some(t) if t.kind() == Kind::Conn && self.conns.contains(t) => self.on_conn_event(t, ev),
+            _ => {
+                self.stats.stale_cm_events += 1;
+                if kind == CmEventKind::ConnectRequest {
+                    self.refuse_child(ev, RejectReason::new(RejectCode::Refused, "listener closed"));
+                }
+            }
+        }
+    }
+
+    /// Rejects the id a connect request created and queues it for destruction.
+    fn refuse_child(&mut self, ev: &CmEvent, reason: RejectReason) {
+        if let Some(child) = ev.take_child(&self.cm, 0) {
+            let _ = child.reject(&reason.encode());
+            self.stats.rejected += 1;
+            self.graveyard.push(child);
+        }
+    }
+
+    fn on_listener_event(&mut self, t: Token, ev: &CmEvent) {
+        let Some(l) = self.listeners.get_mut(t) else { return };
+        match l.sm.on_cm(ev.kind(), ev.status()) {
+            ListenerAction::Incoming => self.incoming(t, ev),
+            ListenerAction::Report(what) => self.with_listener(t, |h, ctx| h.on_error(ctx, &what)),
+            ListenerAction::Closed(reason) => {
+                l.close_reason = Some(reason);
+                self.closing_listeners.push(t);
+            }
+            ListenerAction::None => {
+                if ev.kind() == CmEventKind::ConnectRequest {
+                    self.refuse_child(ev, RejectReason::new(RejectCode::Refused, "listener closed"));
+                }
+            }
+        }
+    }
+
+    fn incoming(&mut self, lt: Token, ev: &CmEvent) {
+        let Some(child) = ev.take_child(&self.cm, 0) else { return };
+        let peer = child.peer_addr();
+        let refuse = |core: &mut Core, child: CmId, reason: RejectReason| {
+            let _ = child.reject(&reason.encode());
+            core.stats.rejected += 1;
+            core.graveyard.push(child);
+            core.with_listener(lt, |h, ctx| h.on_refused(ctx, peer, &reason));
+        };
+        let info = match ConnectInfo::decode(&ev.private_data()) {
+            Ok(info) => info,
+            Err(e) => return refuse(self, child, RejectReason::new(RejectCode::BadConnectInfo, e.to_string())),
+        };
+        if let Some(i) = &info {
+            let max = self.cfg.pool.max_chunk();
+            if i.msg_size as usize > max {
+                let text = format!("message size {} exceeds the server's maximum {max}", i.msg_size);
+                return refuse(self, child, RejectReason::new(RejectCode::Unsupported, text));
+            }
+        }
+        let req = ConnectRequest { listener: lt, peer, info };
+        let mut decision = None;
+        self.with_listener(lt, |h, ctx| decision = Some(h.on_connect_request(ctx, &req)));
+        match decision {
+            None => refuse(self, child, RejectReason::new(RejectCode::Refused, "listener closed")),
+            Some(Decision::Reject(reason)) => {
+                let _ = child.reject(&reason.encode());
+                self.stats.rejected += 1;
+                self.graveyard.push(child);
+            }
+            Some(Decision::Accept(handler)) => self.accept(child, req.info, handler, ev),
+        }
+    }
+
+    fn accept(&mut self, child: CmId, info: Option<ConnectInfo>, handler: Box<dyn ConnectionHandler>, ev: &CmEvent) {
+        let (agent, first) = Agent::accepting();
+        let t = self.conns.insert(ConnEntry::new(Role::Agent(agent), handler));
+        child.set_context(t.as_u64());
+        let c = self.conns.get_mut(t).expect("just inserted");
+        c.peer_info = info;
+        c.id = Some(child);
+        self.apply(t, first);
+        if let Err(e) = self.setup_qp(t) {
+            self.reject_accepted(t, RejectCode::NoResources, &e.to_string());
+            return self.feed(t, Input::SetupFailed(e.to_string()));
+        }
+        self.with_conn(t, |h, conn| h.on_ready(conn));
+        let Some(c) = self.conns.get(t) else { return };
+        if !c.can_post() {
+            // The handler closed it in on_ready.
+            return self.reject_accepted(t, RejectCode::Refused, "closed by the application");
+        }
+        self.flush_conn(t);
+        let c = self.conns.get_mut(t).expect("live");
+        let local = ConnectInfo {
+            msg_size: self.cfg.pool.max_chunk() as u32,
+            msg_count: 0,
+            recv_depth: c.caps.max_recv_wr.min(u16::MAX as u32) as u16,
+            user: Vec::new(),
+        };
+        let bytes = local.encode(MAX_ACCEPT_PRIVATE_DATA).unwrap_or_default();
+        c.local_info = local;
+        let (initiator, responder) = ev.conn_resources();
+        let param = ConnParam {
+            private_data: &bytes,
+            responder_resources: initiator.min(RD_ATOM),
+            initiator_depth: responder.min(RD_ATOM),
+            retry_count: self.cfg.retry_count,
+            rnr_retry_count: self.cfg.rnr_retry_count,
+        };
+        let r = c.id.as_ref().expect("live id").accept(&param);
+        match r {
+            Ok(()) => self.stats.accepted += 1,
+            Err(e) => self.feed(t, Input::SetupFailed(format!("rdma_accept: {e}"))),
+        }
+    }
+
+    fn reject_accepted(&mut self, t: Token, code: RejectCode, text: &str) {
+        if let Some(id) = self.conns.get(t).and_then(|c| c.id.as_ref()) {
+            let _ = id.reject(&RejectReason::new(code, text).encode());
+            self.stats.rejected += 1;
+        }
+    }
+
+    fn on_conn_event(&mut self, t: Token, ev: &CmEvent) {
+        let kind = ev.kind();
+        let status = ev.status();
+        let mut bad_accept = None;
+        let input = match kind {
+            CmEventKind::Rejected => Input::Rejected { status, reason: RejectReason::decode(&ev.private_data()) },
+            CmEventKind::Established => {
+                let c = self.conns.get_mut(t).expect("checked by caller");
+                if matches!(c.role, Role::Client(_)) {
+                    match ConnectInfo::decode(&ev.private_data()) {
+                        Ok(info) => c.peer_info = info,
+                        Err(e) => bad_accept = Some(format!("bad accept information from the server: {e}")),
+                    }
+                }
+                Input::Cm(kind, status)
+            }
+            _ => Input::Cm(kind, status),
+        };
+        self.feed(t, input);
+        if let Some(what) = bad_accept {
+            self.feed(t, Input::SetupFailed(what));
+        }
+    }
+
+    // ----- state machine plumbing -----------------------------------------------------------
+
+    /// Feeds an input to a connection's state machine and carries out the actions, including
+    /// inputs those actions produce (a verb that failed).
+    fn feed(&mut self, t: Token, input: Input) {
+        let mut queue = VecDeque::from([input]);
+        while let Some(input) = queue.pop_front() {
+            let Some(c) = self.conns.get_mut(t) else { return };
+            let actions = c.role.on_input(input);
+            for a in actions {
+                if let Some(next) = self.act(t, a) {
+                    queue.push_back(next);
+                }
+            }
+            if queue.is_empty() && self.drained(t) {
+                queue.push_back(Input::Drained);
+            }
+        }
+    }
+
+    /// True when the connection is draining and nothing is outstanding.
+    fn drained(&self, t: Token) -> bool {
+        self.conns.get(t).is_some_and(|c| c.role.state().is_draining() && c.out_send == 0 && c.out_recv == 0)
+    }
+
+    fn apply(&mut self, t: Token, actions: crate::conn::Actions) {
+        for a in actions {
+            if let Some(next) = self.act(t, a) {
+                self.feed(t, next);
+            }
+        }
+    }
+
+    fn act(&mut self, t: Token, action: Action) -> Option<Input> {
+        let timeouts = self.cfg.timeouts;
+        match action {
+            Action::ResolveRoute => {
+                let ms = timeouts.resolve_route.as_millis().min(i32::MAX as u128) as i32;
+                let c = self.conns.get(t)?;
+                if let Err(e) = c.id.as_ref()?.resolve_route(ms) {
+                    return Some(Input::SetupFailed(format!("rdma_resolve_route: {e}")));
+                }
+            }
+            Action::Connect => return self.client_connect(t),
+            Action::Established => {
+                self.stats.established += 1;
+                self.with_conn(t, |h, conn| h.on_established(conn));
+            }
+            Action::Disconnect => {
+                if let Some(id) = self.conns.get(t).and_then(|c| c.id.as_ref()) {
+                    // EINVAL (already disconnected) is success; any other failure still ends
+                    // in DISCONNECTED or the disconnect deadline.
+                    let _ = id.disconnect();
+                }
+            }
+            Action::SetDeadline(step) => {
+                let key = self.timers.schedule(Instant::now() + timeouts.of(step), TimerTarget::Deadline(t));
+                self.conns.get_mut(t)?.deadline = Some((key, step));
+            }
+            Action::ClearDeadline => self.conns.get_mut(t)?.deadline = None,
+            Action::Closed(reason) => {
+                let c = self.conns.get_mut(t)?;
+                if c.close_reason.is_none() {
+                    c.close_reason = Some(reason);
+                    self.closing.push(t);
+                }
+            }
+        }
+        None
+    }
+
+    fn client_connect(&mut self, t: Token) -> Option<Input> {
+        if let Err(e) = self.setup_qp(t) {
+            return Some(Input::SetupFailed(e.to_string()));
+        }
+        self.with_conn(t, |h, conn| h.on_ready(conn));
+        if !self.conns.get(t)?.can_post() {
+            return None; // Closed by the handler in on_ready.
+        }
+        self.flush_conn(t);
+        let c = self.conns.get_mut(t)?;
+        c.local_info.recv_depth = c.caps.max_recv_wr.min(u16::MAX as u32) as u16;
+        let bytes = match c.local_info.encode(MAX_CONNECT_PRIVATE_DATA) {
+            Ok(b) => b,
+            Err(e) => return Some(Input::SetupFailed(format!("connect information: {e}"))),
+        };
+        let param = ConnParam {
+            private_data: &bytes,
+            responder_resources: RD_ATOM,
+            initiator_depth: RD_ATOM,
+            retry_count: self.cfg.retry_count,
+            rnr_retry_count: self.cfg.rnr_retry_count,
+        };
+        if let Err(e) = c.id.as_ref()?.connect(&param) {
+            return Some(Input::SetupFailed(format!("rdma_connect: {e}")));
+        }
+        None
+    }
+
+    /// Creates the device resources if needed, the connection's CQ (armed) and queue pair.
+    fn setup_qp(&mut self, t: Token) -> Result<()> {
+        let dev = {
+            let c = self.conns.get(t).ok_or(Error::StaleToken(t.as_u64()))?;
+            let id = c.id.as_ref().ok_or_else(|| Error::NotConnected("no id".into()))?;
+            id.device().ok_or_else(|| Error::NoDevice("the id is not bound to a device".into()))?
+        };
+        let d = self.device(dev)?;
+        let cfg = &self.cfg;
+        let entries = cfg.send_depth + cfg.recv_depth;
+        let ctx = format!("connection {t:?}");
+        let device = &self.devices[d];
+        let cq = Cq::new(dev, &device.chan, entries, t.as_u64(), cfg.cq_ack_batch)
+            .map_err(|e| Error::verb("ibv_create_cq", ctx.clone(), e))?;
+        cq.req_notify().map_err(|e| Error::verb("ibv_req_notify_cq", ctx.clone(), e))?;
+        self.stats.cq_arms += 1;
+        let want = QpCaps { max_send_wr: cfg.send_depth, max_recv_wr: cfg.recv_depth, max_inline_data: cfg.max_inline };
+        let pd = device.pd.clone();
+        let c = self.conns.get_mut(t).expect("checked above");
+        let id = c.id.as_mut().expect("checked above");
+        let caps = id.create_qp(&pd, &cq, &cq, want).map_err(|e| Error::verb("rdma_create_qp", ctx, e))?;
+        c.caps = caps;
+        c.cq = Some(cq);
+        c.armed = true;
+        c.device = Some(d);
+        Ok(())
+    }
+
+    /// The index of the device's resources, created on first use.
+    fn device(&mut self, dev: DeviceRef) -> Result<usize> {
+        if let Some(i) = self.devices.iter().position(|d| d.dev == dev) {
+            return Ok(i);
+        }
+        let pd = Pd::new(dev).map_err(|e| Error::verb("ibv_alloc_pd", "", e))?;
+        let chan = CompChannel::new(dev).map_err(|e| Error::verb("ibv_create_comp_channel", "", e))?;
+        let pool = Pool::new(&pd, &self.cfg.pool)?;
+        let index = self.devices.len();
+        let token = Token::new(Kind::CompChannel, index as u32, 1);
+        self.epoll.add(&*chan, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
+        self.devices.push(Device { dev, pool, chan, pd });
+        Ok(index)
+    }
+
+    // ----- completions ----------------------------------------------------------------------
+
+    fn drain_comp(&mut self, d: usize) -> usize {
+        let Some(chan) = self.devices.get(d).map(|d| d.chan.clone()) else { return 0 };
+        let mut n = 0;
+        loop {
+            let ev = match chan.get_event() {
+                Ok(Some(ev)) => ev,
+                Ok(None) => break,
+                Err(e) if e.raw_os_error() == Some(nix::libc::EINTR) => continue,
+                // EIO after device removal: nothing more will come on this channel.
+                Err(_) => break,
+            };
+            n += 1;
+            self.stats.cq_events += 1;
+            let live = Token::from_u64(ev.context).and_then(|t| self.conns.get_mut(t).map(|c| (t, c)));
+            match live {
+                Some((t, c)) if c.cq.is_some() => {
+                    let cq = c.cq.as_ref().expect("checked");
+                    if cq.unacked() == 0 {
+                        self.evented.push(t);
+                    }
+                    cq.note_event();
+                    c.armed = false;
+                    if !c.hot {
+                        c.hot = true;
+                        self.hot.push(t);
+                    }
+                }
+                _ => chan.ack_orphan(ev),
+            }
+        }
+        n
+    }
+
+    fn poll_hot(&mut self) -> usize {
+        let hot = std::mem::take(&mut self.hot);
+        let mut total = 0;
+        let mut wcs = [WorkCompletion::default(); POLL_BATCH];
+        for t in hot {
+            let Some(c) = self.conns.get_mut(t) else { continue };
+            c.hot = false;
+            let Some(cq) = c.cq.clone() else { continue };
+            let mut budget = self.cfg.poll_budget;
+            let mut found = 0;
+            loop {
+                let want = budget.min(POLL_BATCH);
+                let n = cq.poll(&mut wcs[..want]).unwrap_or(0);
+                self.stats.cq_polls += 1;
+                for wc in &wcs[..n] {
+                    self.complete(t, *wc);
+                }
+                found += n;
+                budget -= n;
+                let Some(c) = self.conns.get_mut(t) else { break };
+                if n < want {
+                    // Empty: arm, then poll once more for a completion that raced the arm.
+                    if !c.armed {
+                        if cq.req_notify().is_ok() {
+                            c.armed = true;
+                        }
+                        self.stats.cq_arms += 1;
+                        continue;
+                    }
+                    break;
+                }
+                if budget == 0 {
+                    self.stats.budget_exhausted += 1;
+                    if !c.hot {
+                        c.hot = true;
+                        self.hot.push(t);
+                    }
+                    break;
+                }
+            }
+            if found == 0 {
+                self.stats.spurious_cq_events += 1;
+            }
+            total += found;
+        }
+        total
+    }
+
+    fn complete(&mut self, t: Token, wc: WorkCompletion) {
+        self.stats.completions += 1;
+        let op = Token::from_u64(wc.wr_id).and_then(|o| self.ops.remove(o));
+        let Some(op) = op.filter(|o| o.conn == t) else {
+            self.stats.stale_completions += 1;
+            return;
+        };
+        if let Some(c) = self.conns.get_mut(t) {
+            match op.opcode {
+                OpCode::Send => c.out_send = c.out_send.saturating_sub(1),
+                OpCode::Recv => c.out_recv = c.out_recv.saturating_sub(1),
+            }
+            if !c.pending_send.is_empty() || !c.pending_recv.is_empty() {
+                self.mark_dirty(t);
+            }
+        }
+        let completion = build_completion(op, &wc);
+        self.with_conn(t, |h, conn| h.on_completion(conn, completion));
+        if wc.status != crate::op::WcStatus::Success {
+            self.feed(t, Input::WorkError(wc.status));
+        } else if self.drained(t) {
+            self.feed(t, Input::Drained);
+        }
+    }
+
+    /// Acks the events of every CQ whose count reached the batch threshold. A CQ below it
+    /// stays listed; a destroyed CQ acked its own count.
+    fn flush_acks(&mut self) {
+        let mut keep = Vec::new();
+        for t in std::mem::take(&mut self.evented) {
+            if let Some(cq) = self.conns.get(t).and_then(|c| c.cq.as_ref()) {
+                let n = cq.ack_due();
+                if n > 0 {
+                    self.stats.cq_ack_calls += 1;
+                    self.stats.cq_events_acked += u64::from(n);
+                }
+                if cq.unacked() > 0 {
+                    keep.push(t);
+                }
+            }
+        }
+        self.evented = keep;
+    }
+
+    // ----- posting --------------------------------------------------------------------------
+
+    fn mark_dirty(&mut self, t: Token) {
+        if let Some(c) = self.conns.get_mut(t) {
+            if !c.dirty {
+                c.dirty = true;
+                self.dirty.push(t);
+            }
+        }
+    }
+
+    pub(crate) fn submit(&mut self, t: Token, op: crate::op::Op) -> std::result::Result<(), (Error, crate::op::Op)> {
+        let Some(c) = self.conns.get(t) else { return Err((Error::StaleToken(t.as_u64()), op)) };
+        if !c.can_submit() {
+            let what = format!("connection {t:?} is {:?}", c.role.state());
+            return Err((Error::NotConnected(what), op));
+        }
+        let pool = &self.devices[c.device.expect("a connection with a CQ has a device")].pool;
+        let len = match &op.body {
+            Body::Send(b) | Body::Recv(b) => {
+                if !pool.owns(b) {
+                    return Err((Error::Config("the buffer belongs to another device's pool".into()), op));
+                }
+                b.len()
+            }
+            Body::RawSend(r) | Body::RawRecv(r) => r.len as usize,
+        };
+        if op.opcode() == OpCode::Send {
+            if let Some(max) = c.peer_info.as_ref().map(|i| i.msg_size as usize) {
+                if len > max {
+                    return Err((Error::TooLarge { len, max }, op));
+                }
+            }
+        }
+        let opcode = op.opcode();
+        let (buf, raw) = match op.body {
+            Body::Send(b) | Body::Recv(b) => (Some(b), None),
+            Body::RawSend(r) | Body::RawRecv(r) => (None, Some(r)),
+        };
+        let ot = self.ops.insert(OpEntry { conn: t, user_data: op.user_data, opcode, buf, raw });
+        let c = self.conns.get_mut(t).expect("checked");
+        match opcode {
+            OpCode::Send => c.pending_send.push_back(ot),
+            OpCode::Recv => c.pending_recv.push_back(ot),
+        }
+        self.mark_dirty(t);
+        Ok(())
+    }
+
+    fn flush_posts(&mut self) {
+        for t in std::mem::take(&mut self.dirty) {
+            self.flush_conn(t);
+        }
+    }
+
+    /// Posts a connection's queued operations, as many as its queues have room for: one chain
+    /// per direction (one doorbell each).
+    fn flush_conn(&mut self, t: Token) {
+        let Some(c) = self.conns.get_mut(t) else { return };
+        c.dirty = false;
+        if !c.can_post() {
+            return;
+        }
+        let mut failed: Vec<(Token, i32)> = Vec::new();
+
+        let room = c.caps.max_recv_wr.saturating_sub(c.out_recv) as usize;
+        let take: Vec<Token> = (0..room.min(c.pending_recv.len())).filter_map(|_| c.pending_recv.pop_front()).collect();
+        if !take.is_empty() {
+            let wrs: Vec<RecvWr> = take
+                .iter()
+                .filter_map(|ot| self.ops.get(*ot).map(|o| (ot, o.sge())))
+                .map(|(ot, (addr, len, lkey))| RecvWr { wr_id: ot.as_u64(), addr, len, lkey })
+                .collect();
+            let c = self.conns.get_mut(t).expect("live");
+            let r = c.id.as_ref().expect("live id").post_recv(&wrs);
+            self.stats.post_recv_calls += 1;
+            let posted = match r {
+                Ok(()) => wrs.len(),
+                Err(e) => {
+                    let rest = &take[e.posted..];
+                    if e.error.raw_os_error() == Some(nix::libc::ENOMEM) {
+                        for ot in rest.iter().rev() {
+                            c.pending_recv.push_front(*ot);
+                        }
+                    } else {
+                        let errno = e.error.raw_os_error().unwrap_or(0);
+                        failed.extend(rest.iter().map(|ot| (*ot, errno)));
+                    }
+                    e.posted
+                }
+            };
+            c.out_recv += posted as u32;
+            self.stats.wrs_posted += posted as u64;
+        }
+
+        let c = self.conns.get_mut(t).expect("live");
+        let room = c.caps.max_send_wr.saturating_sub(c.out_send) as usize;
+        let inline_max = c.caps.max_inline_data;
+        let take: Vec<Token> = (0..room.min(c.pending_send.len())).filter_map(|_| c.pending_send.pop_front()).collect();
+        if !take.is_empty() {
+            let wrs: Vec<SendWr> = take
+                .iter()
+                .filter_map(|ot| self.ops.get(*ot).map(|o| (ot, o.sge())))
+                .map(|(ot, (addr, len, lkey))| SendWr {
+                    wr_id: ot.as_u64(),
+                    addr,
+                    len,
+                    lkey,
+                    signaled: true,
+                    inline: len > 0 && len <= inline_max,
+                })
+                .collect();
+            let c = self.conns.get_mut(t).expect("live");
+            let r = c.id.as_ref().expect("live id").post_send(&wrs);
+            self.stats.post_send_calls += 1;
+            let posted = match r {
+                Ok(()) => wrs.len(),
+                Err(e) => {
+                    let rest = &take[e.posted..];
+                    if e.error.raw_os_error() == Some(nix::libc::ENOMEM) {
+                        for ot in rest.iter().rev() {
+                            c.pending_send.push_front(*ot);
+                        }
+                    } else {
+                        let errno = e.error.raw_os_error().unwrap_or(0);
+                        failed.extend(rest.iter().map(|ot| (*ot, errno)));
+                    }
+                    e.posted
+                }
+            };
+            c.out_send += posted as u32;
+            self.stats.wrs_posted += posted as u64;
+        }
+
+        for (ot, errno) in failed {
+            if let Some(op) = self.ops.remove(ot) {
+                let completion = Completion {
+                    user_data: op.user_data,
+                    opcode: op.opcode,
+                    result: Err(OpError::Post(errno)),
+                    buf: op.buf,
+                };
+                self.with_conn(t, |h, conn| h.on_completion(conn, completion));
+            }
+            self.feed(t, Input::WorkError(crate::op::WcStatus::LocQpOpErr));
+        }
+    }
+
+    // ----- timers ---------------------------------------------------------------------------
+
+    fn fire_timers(&mut self) -> usize {
+        let due = self.timers.expired(Instant::now());
+        let mut n = 0;
+        for (key, target) in due {
+            match target {
+                TimerTarget::Deadline(t) => {
+                    let Some(c) = self.conns.get_mut(t) else { continue };
+                    if let Some((k, step)) = c.deadline {
+                        if k == key {
+                            c.deadline = None;
+                            n += 1;
+                            self.feed(t, Input::Timeout(step));
+                        }
+                    }
+                }
+                TimerTarget::User(tt) => {
+                    let Some(timer) = self.user_timers.remove(tt) else { continue };
+                    n += 1;
+                    match timer.owner.kind() {
+                        Kind::Conn => self.with_conn(timer.owner, |h, conn| h.on_timer(conn, timer.user_data)),
+                        Kind::Listener => self.with_listener(timer.owner, |h, ctx| h.on_timer(ctx, timer.user_data)),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    pub(crate) fn set_timer(&mut self, owner: Token, delay: Duration, user_data: u64) -> Token {
+        let tt = self.user_timers.insert(UserTimer { owner, user_data });
+        self.timers.schedule(Instant::now() + delay, TimerTarget::User(tt));
+        tt
+    }
+
+    // ----- destruction ----------------------------------------------------------------------
+
+    /// Destroys what closed during the tick. Returns the number of objects destroyed.
+    fn reap(&mut self) -> usize {
+        let mut n = 0;
+        loop {
+            let conns = std::mem::take(&mut self.closing);
+            let listeners = std::mem::take(&mut self.closing_listeners);
+            if conns.is_empty() && listeners.is_empty() {
+                break;
+            }
+            for t in conns {
+                n += 1;
+                self.destroy_conn(t);
+            }
+            for t in listeners {
+                n += 1;
+                self.destroy_listener(t);
+            }
+        }
+        self.graveyard.clear();
+        if n > 0 {
+            for d in &self.devices {
+                d.pool.trim();
+            }
+        }
+        n
+    }
+
+    /// Destroys one closed connection: queue pair and id first, then the completions still
+    /// in its CQ are reaped, then the CQ (acks flushed), then its never-posted operations are
+    /// cancelled, then the handler hears `on_closed`.
+    fn destroy_conn(&mut self, t: Token) {
+        let Some(mut c) = self.conns.remove(t) else { return };
+        self.stats.closed += 1;
+        let reason = c.close_reason.take().unwrap_or(CloseReason::Local);
+        let mut handler = c.handler.take();
+        // rdma_destroy_qp, then rdma_destroy_id: all of the tick's CM events are acked.
+        drop(c.id.take());
+        let mut completions = Vec::new();
+        if let Some(cq) = c.cq.take() {
+            let mut wcs = [WorkCompletion::default(); POLL_BATCH];
+            loop {
+                let n = cq.poll(&mut wcs).unwrap_or(0);
+                for wc in &wcs[..n] {
+                    let op = Token::from_u64(wc.wr_id).and_then(|o| self.ops.remove(o));
+                    if let Some(op) = op.filter(|o| o.conn == t) {
+                        completions.push(build_completion(op, wc));
+                    }
+                }
+                if n < POLL_BATCH {
+                    break;
+                }
+            }
+            let acked = cq.unacked();
+            if acked > 0 {
+                self.stats.cq_ack_calls += 1;
+                self.stats.cq_events_acked += u64::from(acked);
+            }
+            // Drop acks the counted events, then ibv_destroy_cq.
+            drop(cq);
+        }
+        // Operations the device never completed (the queue pair is gone, so their buffers are
+        // no longer in use) and operations never posted.
+        let rest: Vec<Token> =
+            self.ops.tokens().into_iter().filter(|o| self.ops.get(*o).is_some_and(|e| e.conn == t)).collect();
+        for o in rest {
+            if let Some(op) = self.ops.remove(o) {
+                completions.push(Completion {
+                    user_data: op.user_data,
+                    opcode: op.opcode,
+                    result: Err(OpError::Cancelled),
+                    buf: op.buf,
+                });
+            }
+        }
+        drop(c);
+        if let Some(h) = handler.as_mut() {
+            for completion in completions {
+                let mut conn = Conn::new(self, t);
+                h.on_completion(&mut conn, completion);
+            }
+            let mut ctx = Ctx::new(self, None);
+            h.on_closed(&mut ctx, t, reason);
+        }
+    }
+
+    fn destroy_listener(&mut self, t: Token) {
+        let Some(mut l) = self.listeners.remove(t) else { return };
+        let reason = l.close_reason.take().unwrap_or(CloseReason::Local);
+        drop(l.id.take());
+        if let Some(mut h) = l.handler.take() {
+            let mut ctx = Ctx::new(self, None);
+            h.on_closed(&mut ctx, reason);
+        }
+    }
+
+    // ----- handler calls --------------------------------------------------------------------
+
+    /// Calls a connection's handler with a context. The handler is taken out of its entry for
+    /// the call, so the context can reach every other object mutably.
+    fn with_conn(&mut self, t: Token, f: impl FnOnce(&mut dyn ConnectionHandler, &mut Conn<'_>)) {
+        let Some(mut h) = self.conns.get_mut(t).and_then(|c| c.handler.take()) else { return };
+        {
+            let mut conn = Conn::new(self, t);
+            f(&mut *h, &mut conn);
+        }
+        if let Some(c) = self.conns.get_mut(t) {
+            c.handler = Some(h);
+        }
+    }
+
+    fn with_listener(&mut self, t: Token, f: impl FnOnce(&mut dyn ListenerHandler, &mut Ctx<'_>)) {
+        let Some(mut h) = self.listeners.get_mut(t).and_then(|l| l.handler.take()) else { return };
+        {
+            let mut ctx = Ctx::new(self, Some(t));
+            f(&mut *h, &mut ctx);
+        }
+        if let Some(l) = self.listeners.get_mut(t) {
+            l.handler = Some(h);
+        }
+    }
+
+    // ----- commands (called through Ctx) ----------------------------------------------------
+
+    pub(crate) fn listen(&mut self, addr: SocketAddr, handler: Box<dyn ListenerHandler>) -> Result<Token> {
+        let t = self.listeners.insert(ListenerEntry {
+            id: None,
+            sm: Listener::new(),
+            handler: Some(handler),
+            close_reason: None,
+        });
+        let what = format!("listener on {addr}");
+        let setup = (|| {
+            let id = CmId::new(&self.cm, t.as_u64()).map_err(|e| Error::verb("rdma_create_id", what.clone(), e))?;
+            id.bind(&addr).map_err(|e| Error::verb("rdma_bind_addr", what.clone(), e))?;
+            // Bound to an address of one device: create its resources now, so the first
+            // connection does not pay for them and a quiet server's resource count is stable.
+            if let Some(dev) = id.device() {
+                self.device(dev)?;
+            }
+            id.listen(self.cfg.backlog).map_err(|e| Error::verb("rdma_listen", what.clone(), e))?;
+            Ok(id)
+        })();
+        match setup {
+            Ok(id) => {
+                self.listeners.get_mut(t).expect("inserted").id = Some(id);
+                Ok(t)
+            }
+            Err(e) => {
+                self.listeners.remove(t);
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn connect(
+        &mut self,
+        dst: SocketAddr,
+        opts: ConnectOptions,
+        handler: Box<dyn ConnectionHandler>,
+    ) -> Result<Token> {
+        let (client, first) = Client::resolving();
+        let msg_size = if opts.msg_size == 0 { self.cfg.pool.max_chunk() as u32 } else { opts.msg_size };
+        if msg_size as usize > self.cfg.pool.max_chunk() {
+            return Err(Error::TooLarge { len: msg_size as usize, max: self.cfg.pool.max_chunk() });
+        }
+        let local_info = ConnectInfo { msg_size, msg_count: opts.msg_count, recv_depth: 1, user: opts.user_data };
+        local_info.encode(MAX_CONNECT_PRIVATE_DATA)?;
+        let t = self.conns.insert(ConnEntry::new(Role::Client(client), handler));
+        let what = format!("client to {dst}");
+        let ms = self.cfg.timeouts.resolve_addr.as_millis().min(i32::MAX as u128) as i32;
+        let setup = (|| {
+            let id = CmId::new(&self.cm, t.as_u64()).map_err(|e| Error::verb("rdma_create_id", what.clone(), e))?;
+            id.resolve_addr(opts.src.as_ref(), &dst, ms)
+                .map_err(|e| Error::verb("rdma_resolve_addr", what.clone(), e))?;
+            Ok(id)
+        })();
+        match setup {
+            Ok(id) => {
+                let c = self.conns.get_mut(t).expect("inserted");
+                c.id = Some(id);
+                c.local_info = local_info;
+                c.dst = Some(dst);
+                self.apply(t, first);
+                Ok(t)
+            }
+            Err(e) => {
+                self.conns.remove(t);
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn close(&mut self, t: Token) {
+        match t.kind() {
+            Kind::Conn => self.feed(t, Input::Close),
+            Kind::Listener => {
+                if let Some(l) = self.listeners.get_mut(t) {
+                    if let ListenerAction::Closed(reason) = l.sm.close() {
+                        l.close_reason = Some(reason);
+                        self.closing_listeners.push(t);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub(crate) fn alloc(&mut self, t: Token, len: usize) -> Result<Buf> {
+        let c = self.conns.get(t).ok_or(Error::StaleToken(t.as_u64()))?;
+        let d = c.device.ok_or_else(|| Error::NotConnected(format!("connection {t:?} has no device yet")))?;
+        self.devices[d].pool.alloc(len)
+    }
+}
+
+fn build_completion(op: OpEntry, wc: &WorkCompletion) -> Completion {
+    let result = if wc.status == crate::op::WcStatus::Success {
+        match op.opcode {
+            OpCode::Recv => Ok(wc.byte_len),
+            // A send's byte_len is undefined in the completion; report what was posted.
+            OpCode::Send => Ok(op.sge().1),
+        }
+    } else {
+        Err(OpError::Wc(wc.status))
+    };
+    let mut buf = op.buf;
+    if let (Some(b), OpCode::Recv, Ok(n)) = (buf.as_mut(), op.opcode, &result) {
+        let _ = b.set_len(*n as usize);
+    }
+    Completion { user_data: op.user_data, opcode: op.opcode, result, buf }
+}

@@ -1,0 +1,47 @@
+//! Counters the user can read.
+
+/// Reactor statistics since creation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// `epoll_wait` returns.
+    pub wakeups: u64,
+    /// Wakeups that found nothing to do.
+    pub spurious_wakeups: u64,
+    /// rdma_cm events read (and acked).
+    pub cm_events: u64,
+    /// CM events for an object that no longer exists (dropped).
+    pub stale_cm_events: u64,
+    /// Completion-channel events read.
+    pub cq_events: u64,
+    /// Completion events after which the CQ held nothing new (the arm/poll race's extra event).
+    pub spurious_cq_events: u64,
+    /// `ibv_ack_cq_events` calls.
+    pub cq_ack_calls: u64,
+    /// Completion events acked.
+    pub cq_events_acked: u64,
+    /// `ibv_req_notify_cq` calls.
+    pub cq_arms: u64,
+    /// `ibv_poll_cq` calls.
+    pub cq_polls: u64,
+    /// Work completions reaped.
+    pub completions: u64,
+    /// Completions whose work request id named no live operation (dropped).
+    pub stale_completions: u64,
+    /// Ticks in which a CQ hit the poll budget and was left for the next tick.
+    pub budget_exhausted: u64,
+    /// `ibv_post_send` calls.
+    pub post_send_calls: u64,
+    /// `ibv_post_recv` calls.
+    pub post_recv_calls: u64,
+    /// Work requests posted.
+    pub wrs_posted: u64,
+    /// Connect requests accepted.
+    pub accepted: u64,
+    /// Connect requests rejected.
+    pub rejected: u64,
+    /// Connections established.
+    pub established: u64,
+    /// Connections closed.
+    pub closed: u64,
+}
