@@ -1,3 +1,330 @@
-fn main() {
-    println!("xtask: TODO");
+//! `cargo xtask`: the rdma-reactor test bed (a Soft-RoCE VM under qemu).
+//!
+//! Commands: `setup`, `vm`, `test`, `demo`; see [`USAGE`].
+
+mod demo;
+mod guest;
+mod host;
+mod initramfs;
+mod json;
+mod project;
+mod setup;
+mod test;
+mod util;
+mod vm;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use util::{Error, Result};
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [options]
+
+commands:
+  setup                      install the Debian packages the test bed needs (when missing)
+                             and download the guest kernel into target/xtask/kernel/
+  vm [options] -- CMD [ARGS...]
+                             boot the Soft-RoCE VM and run CMD there (as root, cwd /tmp);
+                             exits with CMD's status (124: timeout; 125: xtask failed).
+                             Several words run as a command with exactly these arguments;
+                             one word runs as a sh command line (`sh -c WORD`)
+  test [options]             host unit tests, then every tests/*.rs binary in one VM boot
+                             (or here, when this host has an active RDMA device)
+  demo [options]             run the echo and blast examples, server and client (rping
+                             until they exist), in the VM or on this host's RDMA device
+  help                       this text
+
+options:
+  --timeout SECS             vm, demo: kill the VM after SECS (default 600);
+                             test: the VM's overall limit (default 180 + watchdogs)
+  --test-timeout SECS        test: watchdog per test binary (default 300)
+  --env KEY=VALUE            vm: set a variable for CMD (repeatable)
+  --verbose                  vm, test, demo: show the VM's whole console, boot included
+
+in the VM: $BIN holds the project's examples and test binaries by name (on PATH; call
+\"$BIN\"/echo, sh has a builtin echo); $RDMA_ADDR=198.18.0.1 is rxe0's address;
+`runas rdmauser CMD [ARGS...]` runs CMD as the unprivileged uid 1000 (memlock
+$RUNAS_MEMLOCK KiB, default 8192); /tmp is a tmpfs; RUST_BACKTRACE=1.
+
+environment: RDMA_REACTOR_HOST_RDMA=1|0 forces/forbids using this host's RDMA device
+(then RDMA_ADDR must be set); XTASK_ACCEL=kvm|tcg skips the KVM probe.
+";
+
+/// Exit status of `vm` when the VM timed out (as timeout(1)).
+const EXIT_TIMEOUT: u8 = 124;
+/// Exit status of `vm`/`demo` when xtask itself failed.
+const EXIT_XTASK: u8 = 125;
+
+/// Parsed command-line options.
+#[derive(Debug, Default, PartialEq)]
+struct Opts {
+    timeout: Option<u64>,
+    test_timeout: Option<u64>,
+    env: Vec<(String, String)>,
+    verbose: bool,
+    rest: Vec<String>,
+}
+
+/// Parses the options of `command`; `takes_rest` lets a command have trailing words (after `--`
+/// or the first word that is not an option).
+fn parse_opts(command: &str, args: &[String], takes_rest: bool) -> Result<Opts> {
+    let mut o = Opts::default();
+    let mut i = 0;
+    let secs = |name: &str, v: Option<&String>| -> Result<u64> {
+        let v =
+            v.ok_or_else(|| Error::new(format!("{command}: {name} needs a value (seconds)")))?;
+        match v.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(Error::new(format!(
+                "{command}: {name} {v:?}: expected a positive number of seconds"
+            ))),
+        }
+    };
+    while i < args.len() {
+        let arg = args[i].as_str();
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
+            _ => (arg, None),
+        };
+        let mut value = || -> Option<String> {
+            if inline.is_some() {
+                inline.clone()
+            } else {
+                i += 1;
+                args.get(i).cloned()
+            }
+        };
+        match name {
+            "--" if takes_rest => {
+                o.rest = args[i + 1..].to_vec();
+                break;
+            }
+            "--timeout" => o.timeout = Some(secs(name, value().as_ref())?),
+            "--test-timeout" if command == "test" => {
+                o.test_timeout = Some(secs(name, value().as_ref())?)
+            }
+            "--env" if command == "vm" => {
+                let kv = value().ok_or_else(|| Error::new("vm: --env needs KEY=VALUE"))?;
+                let (k, v) = kv
+                    .split_once('=')
+                    .ok_or_else(|| Error::new(format!("vm: --env {kv:?}: expected KEY=VALUE")))?;
+                let valid = !k.is_empty()
+                    && !k.starts_with(|c: char| c.is_ascii_digit())
+                    && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if !valid {
+                    return Err(Error::new(format!(
+                        "vm: --env {kv:?}: {k:?} is not a variable name"
+                    )));
+                }
+                o.env.push((k.to_string(), v.to_string()));
+            }
+            "--verbose" | "-v" => o.verbose = true,
+            _ if takes_rest && !arg.starts_with('-') => {
+                o.rest = args[i..].to_vec();
+                break;
+            }
+            _ => {
+                return Err(Error::new(format!(
+                    "{command}: unknown option {arg:?} (see `cargo xtask help`)"
+                )))
+            }
+        }
+        i += 1;
+    }
+    Ok(o)
+}
+
+fn cmd_vm(args: &[String]) -> Result<u8> {
+    let o = parse_opts("vm", args, true)?;
+    if o.rest.is_empty() {
+        return Err(Error::new(
+            "vm: no command given: cargo xtask vm [--timeout SECS] -- CMD [ARGS...]",
+        ));
+    }
+    let kernel = setup::ensure(false)?;
+    let bins = project::build()?;
+    run_in_vm(&kernel, &bins, guest::command_script(&o.rest), &o)
+}
+
+/// Boots the VM with `script` as its command, streaming its output; returns the exit status.
+fn run_in_vm(
+    kernel: &setup::Kernel,
+    bins: &project::Binaries,
+    script: String,
+    o: &Opts,
+) -> Result<u8> {
+    let nonce = vm::nonce();
+    let initrd = guest::pack(
+        kernel,
+        bins,
+        &guest::Guest {
+            nonce: &nonce,
+            script,
+            env: &o.env,
+        },
+    )?;
+    let accel = vm::choose_accel(kernel)?;
+    let timeout = Duration::from_secs(o.timeout.unwrap_or(600));
+    let boot = vm::Boot {
+        kernel: &kernel.image,
+        initrd: &initrd,
+        nonce: &nonce,
+        timeout,
+        verbose: o.verbose,
+        accel,
+        report_boot: true,
+    };
+    let stdout = std::io::stdout();
+    let outcome = vm::run(&boot, &mut |ev| {
+        if let vm::Event::Output(t) = ev {
+            let mut out = stdout.lock();
+            let _ = out.write_all(t);
+            let _ = out.flush();
+        }
+    })?;
+    match outcome {
+        vm::Outcome::Exited(code) => Ok(u8::try_from(code).unwrap_or(255)),
+        vm::Outcome::TimedOut => {
+            eprintln!(
+                "xtask: error: the VM ran into the {} s timeout and was killed (raise it with --timeout SECS)",
+                timeout.as_secs()
+            );
+            Ok(EXIT_TIMEOUT)
+        }
+    }
+}
+
+fn cmd_demo(args: &[String]) -> Result<u8> {
+    let o = parse_opts("demo", args, false)?;
+    let script = demo::script();
+    if host::use_host_rdma()? {
+        let addr = host::rdma_addr()?;
+        let bins = project::build()?;
+        let bin = host::bin_dir(&bins)?;
+        eprintln!(
+            "xtask: this host has an active RDMA device: running the demo here (RDMA_ADDR={addr})"
+        );
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg(&script)
+            .current_dir(util::workspace_root());
+        host::env(&mut cmd, &bin, &addr);
+        let w = host::run_watched(
+            &mut cmd,
+            Duration::from_secs(o.timeout.unwrap_or(600)),
+            &mut |_| {},
+        )?;
+        if w.killed {
+            eprintln!("xtask: error: the demo ran into the timeout and was killed");
+            return Ok(EXIT_TIMEOUT);
+        }
+        return Ok(w
+            .status
+            .and_then(|s| s.code())
+            .map_or(1, |c| u8::try_from(c).unwrap_or(255)));
+    }
+    let kernel = setup::ensure(false)?;
+    let bins = project::build()?;
+    run_in_vm(&kernel, &bins, script, &o)
+}
+
+fn cmd_test(args: &[String]) -> Result<u8> {
+    let o = parse_opts("test", args, false)?;
+    let opts = test::Options {
+        per_binary: Duration::from_secs(o.test_timeout.unwrap_or(300)),
+        vm_timeout: o.timeout.map(Duration::from_secs),
+        verbose: o.verbose,
+    };
+    Ok(u8::try_from(test::run(&opts)?).unwrap_or(1))
+}
+
+fn cmd_setup(args: &[String]) -> Result<u8> {
+    parse_opts("setup", args, false)?;
+    setup::ensure(true)?;
+    Ok(0)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((command, rest)) = args.split_first() else {
+        eprint!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let result = match command.as_str() {
+        "setup" => cmd_setup(rest),
+        "vm" => cmd_vm(rest),
+        "test" => cmd_test(rest),
+        "demo" => cmd_demo(rest),
+        "help" | "--help" | "-h" => {
+            print!("{USAGE}");
+            Ok(0)
+        }
+        other => {
+            eprintln!("xtask: unknown command {other:?}\n");
+            eprint!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            ExitCode::from(if matches!(command.as_str(), "vm" | "demo") {
+                EXIT_XTASK
+            } else {
+                1
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn vm_options_and_command() {
+        let o = parse_opts("vm", &v(&["--timeout", "20", "--", "sleep", "100"]), true).unwrap();
+        assert_eq!(o.timeout, Some(20));
+        assert_eq!(o.rest, v(&["sleep", "100"]));
+        let o = parse_opts(
+            "vm",
+            &v(&["--timeout=5", "--env", "A=b=c", "sh", "-c", "exit 7"]),
+            true,
+        )
+        .unwrap();
+        assert_eq!(o.timeout, Some(5));
+        assert_eq!(o.env, vec![("A".to_string(), "b=c".to_string())]);
+        assert_eq!(o.rest, v(&["sh", "-c", "exit 7"]));
+        let o = parse_opts("vm", &v(&["--", "--timeout", "1"]), true).unwrap();
+        assert_eq!(o.rest, v(&["--timeout", "1"]));
+    }
+
+    #[test]
+    fn bad_input_is_an_error_not_a_panic() {
+        for bad in [
+            &["--timeout"][..],
+            &["--timeout", "x"],
+            &["--timeout", "0"],
+            &["--env", "1A=2"],
+            &["--env", "noeq"],
+            &["--bogus"],
+        ] {
+            assert!(parse_opts("vm", &v(bad), true).is_err(), "{bad:?}");
+        }
+        assert!(parse_opts("test", &v(&["extra"]), false).is_err());
+        assert!(parse_opts("demo", &v(&["--test-timeout", "3"]), false).is_err());
+        assert_eq!(
+            parse_opts("test", &v(&["--test-timeout", "30"]), false)
+                .unwrap()
+                .test_timeout,
+            Some(30)
+        );
+    }
 }

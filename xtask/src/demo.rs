@@ -1,0 +1,66 @@
+//! `cargo xtask demo`: the project's main job in one command.
+//!
+//! THE PLACE TO EDIT the demo's command lines: [`ECHO`], [`BLAST`] and [`RPING`] below. Each is
+//! a sh fragment run with `$BIN` (the project's binaries) and `$RDMA_ADDR` set, in the VM or on a
+//! host with an RDMA device. A fragment is used when its example source exists
+//! (`examples/echo.rs`, `examples/blast.rs`); with neither, the rping pair runs instead.
+
+use crate::project;
+
+/// The echo example: a server, then a client that verifies what comes back.
+pub const ECHO: &str = r#"
+echo "== echo: server on $RDMA_ADDR:7471; client: 1000 x 4096 B, verified"
+"$BIN"/echo server --bind "$RDMA_ADDR:7471" &
+server=$!
+sleep 1
+"$BIN"/echo client --connect "$RDMA_ADDR:7471" --size 4096 --count 1000 --verify
+rc=$?
+kill $server 2>/dev/null
+wait $server 2>/dev/null
+[ $rc -eq 0 ] || { echo "== echo client failed: exit $rc"; exit $rc; }
+"#;
+
+/// The blast example: a server, then a client streaming 64 KiB messages at it.
+pub const BLAST: &str = r#"
+echo "== blast: server on $RDMA_ADDR:7472; client: 2000 x 65536 B, verified"
+"$BIN"/blast server --bind "$RDMA_ADDR:7472" &
+server=$!
+sleep 1
+"$BIN"/blast client --connect "$RDMA_ADDR:7472" --size 65536 --count 2000 --verify
+rc=$?
+kill $server 2>/dev/null
+wait $server 2>/dev/null
+[ $rc -eq 0 ] || { echo "== blast client failed: exit $rc"; exit $rc; }
+"#;
+
+/// Until the examples exist: rdma-core's rping, server and client, 5 verified pings.
+pub const RPING: &str = r#"
+echo "== rping (the echo/blast examples do not exist yet): server and client on $RDMA_ADDR, 5 pings"
+rping -s -a "$RDMA_ADDR" -C 5 &
+server=$!
+sleep 1
+rping -c -a "$RDMA_ADDR" -C 5 -v
+rc=$?
+wait $server
+src=$?
+[ $rc -eq 0 ] || { echo "== rping client failed: exit $rc"; exit $rc; }
+[ $src -eq 0 ] || { echo "== rping server failed: exit $src"; exit $src; }
+"#;
+
+/// The demo script for the examples this checkout has.
+pub fn script() -> String {
+    let mut s = String::from("# cargo xtask demo (xtask/src/demo.rs)\n");
+    let echo = project::has_example("echo");
+    let blast = project::has_example("blast");
+    if echo {
+        s.push_str(ECHO);
+    }
+    if blast {
+        s.push_str(BLAST);
+    }
+    if !echo && !blast {
+        s.push_str(RPING);
+    }
+    s.push_str("echo \"== demo done\"\n");
+    s
+}

@@ -1,0 +1,197 @@
+//! Building the project's binaries (profile `vm`) and learning where cargo put them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::bail;
+use crate::json::{self, Value};
+use crate::util::{self, Context, Result};
+
+/// The cargo profile the VM binaries are built with (release + debug assertions).
+pub const PROFILE: &str = "vm";
+
+/// One executable of the root crate, under the name it gets in the VM's `$BIN`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Binary {
+    /// The target name: `echo` for `examples/echo.rs`, `testbed` for `tests/testbed.rs`.
+    pub name: String,
+    /// Where cargo put it (for tests the file name carries a hash).
+    pub path: PathBuf,
+}
+
+/// The root crate's examples and integration-test executables.
+#[derive(Debug, Clone, Default)]
+pub struct Binaries {
+    /// `examples/*.rs`.
+    pub examples: Vec<Binary>,
+    /// `tests/*.rs` (not the library's unit-test executable).
+    pub tests: Vec<Binary>,
+}
+
+impl Binaries {
+    /// Examples and tests together.
+    pub fn all(&self) -> impl Iterator<Item = &Binary> {
+        self.examples.iter().chain(&self.tests)
+    }
+}
+
+/// Which artifacts of which package a cargo JSON stream is searched for.
+fn artifacts(stdout: &str, manifest: &Path, kind: &str) -> Result<Vec<Binary>> {
+    let mut found: Vec<Binary> = Vec::new();
+    for line in stdout.lines().filter(|l| l.starts_with('{')) {
+        let msg = json::parse(line).map_err(|e| {
+            util::Error::new(format!("cannot read cargo's JSON output: {e}\n{line}"))
+        })?;
+        if msg.get("reason").and_then(Value::as_str) != Some("compiler-artifact") {
+            continue;
+        }
+        if msg
+            .get("manifest_path")
+            .and_then(Value::as_str)
+            .map(Path::new)
+            != Some(manifest)
+        {
+            continue;
+        }
+        let Some(target) = msg.get("target") else {
+            continue;
+        };
+        let kinds = target
+            .get("kind")
+            .and_then(Value::as_array)
+            .unwrap_or_default();
+        if !kinds.iter().any(|k| k.as_str() == Some(kind)) {
+            continue;
+        }
+        let (Some(name), Some(exe)) = (
+            target.get("name").and_then(Value::as_str),
+            msg.get("executable").and_then(Value::as_str),
+        ) else {
+            continue;
+        };
+        if !found.iter().any(|b| b.name == name) {
+            found.push(Binary {
+                name: name.to_string(),
+                path: PathBuf::from(exe),
+            });
+        }
+    }
+    found.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(found)
+}
+
+fn cargo_json(args: &[&str]) -> Result<String> {
+    let mut cmd = util::cargo();
+    cmd.args(args)
+        .args([
+            "--profile",
+            PROFILE,
+            "--package",
+            "rdma-reactor",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(util::workspace_root())
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .stdout(Stdio::piped());
+    let out = cmd
+        .output()
+        .context(|| format!("cannot run `{}`", util::describe(&cmd)))?;
+    if !out.status.success() {
+        bail!(
+            "`{}` failed ({}); see the compiler output above",
+            util::describe(&cmd),
+            out.status
+        );
+    }
+    String::from_utf8(out.stdout)
+        .map_err(|_| util::Error::new(format!("`{}` printed non-UTF-8", util::describe(&cmd))))
+}
+
+/// Builds the examples and the integration tests with profile `vm`; returns their executables.
+pub fn build() -> Result<Binaries> {
+    let manifest = util::workspace_root().join("Cargo.toml");
+    eprintln!("xtask: building examples and tests (cargo --profile {PROFILE})");
+    // `--examples` with no example at all only earns a warning: skip it then.
+    let has_examples = std::fs::read_dir(util::workspace_root().join("examples")).is_ok()
+        || std::fs::read_to_string(&manifest).is_ok_and(|m| m.contains("[[example]]"));
+    let examples = if has_examples {
+        artifacts(&cargo_json(&["build", "--examples"])?, &manifest, "example")?
+    } else {
+        Vec::new()
+    };
+    let tests = artifacts(&cargo_json(&["test", "--no-run"])?, &manifest, "test")?;
+    for t in &tests {
+        if examples.iter().any(|e| e.name == t.name) {
+            bail!(
+                "an example and an integration test are both called `{}`: $BIN can hold only one",
+                t.name
+            );
+        }
+    }
+    Ok(Binaries { examples, tests })
+}
+
+/// Makes a directory of symlinks NAME -> executable (the host's `$BIN`).
+pub fn link_dir(bins: &Binaries, dir: &Path) -> Result<()> {
+    let _ = std::fs::remove_dir_all(dir);
+    util::create_dir_all(dir)?;
+    for b in bins.all() {
+        let link = dir.join(&b.name);
+        std::os::unix::fs::symlink(&b.path, &link)
+            .context(|| format!("cannot link {} to {}", link.display(), b.path.display()))?;
+    }
+    Ok(())
+}
+
+/// True when the root crate has `examples/NAME.rs` (used by the demo).
+pub fn has_example(name: &str) -> bool {
+    util::workspace_root()
+        .join("examples")
+        .join(format!("{name}.rs"))
+        .is_file()
+}
+
+/// `cargo test` for the host (unit tests; RDMA tests show as ignored), as a command.
+pub fn host_test_command() -> Command {
+    let mut cmd = util::cargo();
+    cmd.args([
+        "test",
+        "--profile",
+        PROFILE,
+        "--workspace",
+        "--no-fail-fast",
+    ])
+    .current_dir(util::workspace_root());
+    cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_the_root_crates_tests_and_examples() {
+        let m = "/w/Cargo.toml";
+        let lines = [
+            format!(r#"{{"reason":"compiler-artifact","manifest_path":"{m}","target":{{"kind":["lib"],"name":"rdma_reactor"}},"executable":"/w/target/vm/deps/rdma_reactor-aa"}}"#),
+            format!(r#"{{"reason":"compiler-artifact","manifest_path":"{m}","target":{{"kind":["test"],"name":"testbed"}},"executable":"/w/target/vm/deps/testbed-bb"}}"#),
+            format!(r#"{{"reason":"compiler-artifact","manifest_path":"{m}","target":{{"kind":["example"],"name":"echo"}},"executable":"/w/target/vm/examples/echo"}}"#),
+            r#"{"reason":"compiler-artifact","manifest_path":"/w/xtask/Cargo.toml","target":{"kind":["test"],"name":"other"},"executable":"/x"}"#.to_string(),
+            format!(r#"{{"reason":"compiler-artifact","manifest_path":"{m}","target":{{"kind":["lib"],"name":"rdma_reactor"}},"executable":null}}"#),
+            r#"{"reason":"build-finished","success":true}"#.to_string(),
+        ];
+        let out = lines.join("\n");
+        let tests = artifacts(&out, Path::new(m), "test").unwrap();
+        assert_eq!(
+            tests,
+            vec![Binary {
+                name: "testbed".into(),
+                path: "/w/target/vm/deps/testbed-bb".into()
+            }]
+        );
+        let examples = artifacts(&out, Path::new(m), "example").unwrap();
+        assert_eq!(examples.len(), 1);
+        assert_eq!(examples[0].name, "echo");
+    }
+}

@@ -1,0 +1,500 @@
+//! `cargo xtask test`: the host's unit tests, then every integration-test binary of the root
+//! crate in one VM boot (or on this host when it has an active RDMA device).
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::guest::{self, Guest};
+use crate::host;
+use crate::project::{self, Binary};
+use crate::setup;
+use crate::util::{self, shell_quote, Error, Result};
+use crate::vm::{self, Boot, Event, Outcome};
+
+/// Options of `cargo xtask test`.
+pub struct Options {
+    /// Watchdog per integration-test binary.
+    pub per_binary: Duration,
+    /// Kill the whole VM after this long (default: boot allowance + the watchdogs' sum).
+    pub vm_timeout: Option<Duration>,
+    /// Show the VM's whole console.
+    pub verbose: bool,
+}
+
+/// libtest's counts from a `test result:` line.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    /// Tests that passed.
+    pub passed: u64,
+    /// Tests that failed.
+    pub failed: u64,
+    /// Tests that were ignored.
+    pub ignored: u64,
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, o: Counts) {
+        self.passed += o.passed;
+        self.failed += o.failed;
+        self.ignored += o.ignored;
+    }
+}
+
+/// Parses `test result: ok. 3 passed; 1 failed; 2 ignored; 0 measured; 0 filtered out; ...`.
+pub fn parse_result_line(line: &str) -> Option<Counts> {
+    let rest = &line[line.find("test result: ")? + "test result: ".len()..];
+    let (_, counts) = rest.split_once(". ")?;
+    let mut c = Counts::default();
+    let mut seen = false;
+    for part in counts.split(';') {
+        let mut it = part.split_whitespace();
+        let (Some(n), Some(what)) = (it.next(), it.next()) else {
+            continue;
+        };
+        let Ok(n) = n.parse::<u64>() else { continue };
+        match what {
+            "passed" => c.passed = n,
+            "failed" => c.failed = n,
+            "ignored" => c.ignored = n,
+            _ => continue,
+        }
+        seen = true;
+    }
+    seen.then_some(c)
+}
+
+/// One line of the final report.
+struct Row {
+    place: &'static str,
+    name: String,
+    counts: Option<Counts>,
+    status: Option<i32>,
+    killed: bool,
+    note: Option<String>,
+    secs: Option<f64>,
+}
+
+impl Row {
+    /// Failures, counting a crash, a kill or a non-zero exit without failed tests as one.
+    fn failed(&self) -> u64 {
+        let reported = self.counts.map_or(0, |c| c.failed);
+        let bad_exit = self.killed || self.status != Some(0);
+        if bad_exit && reported == 0 {
+            1
+        } else {
+            reported
+        }
+    }
+
+    fn render(&self) -> String {
+        let mut s = format!("  {:<5} {:<28}", self.place, self.name);
+        match self.counts {
+            Some(c) => {
+                let _ = write!(
+                    s,
+                    " {} passed, {} failed, {} ignored",
+                    c.passed, c.failed, c.ignored
+                );
+            }
+            None => s.push_str(" no test result"),
+        }
+        if self.killed {
+            s.push_str("; KILLED by the watchdog");
+        } else {
+            match self.status {
+                Some(0) => {}
+                Some(code) => {
+                    let _ = write!(s, "; exit status {code}");
+                    if code > 128 {
+                        let _ = write!(s, " (signal {})", code - 128);
+                    }
+                }
+                None => s.push_str("; did not run to the end"),
+            }
+        }
+        if let Some(t) = self.secs {
+            let _ = write!(s, " [{t:.1} s]");
+        }
+        if let Some(n) = &self.note {
+            let _ = write!(s, " ({n})");
+        }
+        if self.failed() > 0 {
+            s.push_str("  <-- FAILED");
+        }
+        s
+    }
+}
+
+/// `cargo test --profile vm --workspace` on the host, streamed; one row with the summed counts.
+fn host_unit_tests() -> Result<Row> {
+    let mut cmd = project::host_test_command();
+    eprintln!("xtask: host tests: {}", util::describe(&cmd));
+    let start = Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| Error::new(format!("cannot run `{}`: {e}", util::describe(&cmd))))?;
+    let mut total = Counts::default();
+    let mut any = false;
+    let out = std::io::stdout();
+    let mut reader = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut line = Vec::new();
+    while reader
+        .read_until(b'\n', &mut line)
+        .map(|n| n > 0)
+        .unwrap_or(false)
+    {
+        {
+            let mut o = out.lock();
+            let _ = o.write_all(&line);
+            let _ = o.flush();
+        }
+        if let Some(c) = parse_result_line(&String::from_utf8_lossy(&line)) {
+            total += c;
+            any = true;
+        }
+        line.clear();
+    }
+    let status = child
+        .wait()
+        .map_err(|e| Error::new(format!("waiting for cargo test: {e}")))?;
+    if !status.success() && total.failed == 0 {
+        return Err(Error::new(format!(
+            "`{}` failed ({status}) without a failing test: a build error? (see above)",
+            util::describe(&cmd)
+        )));
+    }
+    Ok(Row {
+        place: "host",
+        name: "cargo test --workspace".into(),
+        counts: any.then_some(total),
+        status: status.code(),
+        killed: false,
+        note: None,
+        secs: Some(start.elapsed().as_secs_f64()),
+    })
+}
+
+/// The in-VM runner: each binary under busybox `timeout`, between begin/end markers.
+fn runner_script(nonce: &str, tests: &[Binary], per_binary: Duration) -> String {
+    let t = per_binary.as_secs().max(1);
+    let begin = guest::echo_marker(nonce, "begin $name");
+    let end = guest::echo_marker(nonce, "end $name rc=$rc killed=$killed secs=$secs");
+    let mut s = format!(
+        r#"# cargo xtask test: every integration-test binary, one at a time, with a watchdog.
+T={t}
+run_test() {{
+    name=$1
+    {begin}
+    cd /tmp
+    start=$(date +%s)
+    timeout -s KILL $T "$BIN/$name" --include-ignored --test-threads=1 2>&1
+    rc=$?
+    secs=$(( $(date +%s) - start ))
+    killed=0
+    if [ $rc -eq 137 ] && [ $secs -ge $T ]; then killed=1; fi
+    {end}
+}}
+"#
+    );
+    for b in tests {
+        let _ = writeln!(s, "run_test {}", shell_quote(&b.name));
+    }
+    s.push_str("exit 0\n");
+    s
+}
+
+/// Parses `end NAME rc=N killed=0|1 secs=N`.
+fn parse_end(marker: &str) -> Option<(String, i32, bool, f64)> {
+    let rest = marker.strip_prefix("end ")?;
+    let mut it = rest.split_whitespace();
+    let name = it.next()?.to_string();
+    let (mut rc, mut killed, mut secs) = (None, false, 0.0);
+    for kv in it {
+        match kv.split_once('=')? {
+            ("rc", v) => rc = v.parse().ok(),
+            ("killed", v) => killed = v == "1",
+            ("secs", v) => secs = v.parse().unwrap_or(0.0),
+            _ => {}
+        }
+    }
+    Some((name, rc?, killed, secs))
+}
+
+fn last_result(output: &[u8]) -> Option<Counts> {
+    String::from_utf8_lossy(output)
+        .lines()
+        .rev()
+        .find_map(parse_result_line)
+}
+
+fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) -> Result<Vec<Row>> {
+    let nonce = vm::nonce();
+    let tests = &bins.tests;
+    let script = runner_script(&nonce, tests, opts.per_binary);
+    let initrd = guest::pack(
+        kernel,
+        bins,
+        &Guest {
+            nonce: &nonce,
+            script,
+            env: &[],
+        },
+    )?;
+    let accel = vm::choose_accel(kernel)?;
+    let timeout = opts.vm_timeout.unwrap_or(
+        Duration::from_secs(180) + (opts.per_binary + Duration::from_secs(5)) * tests.len() as u32,
+    );
+    eprintln!(
+        "xtask: running {} integration-test binar{} in the VM (watchdog {} s each, VM timeout {} s)",
+        tests.len(),
+        if tests.len() == 1 { "y" } else { "ies" },
+        opts.per_binary.as_secs(),
+        timeout.as_secs()
+    );
+    let boot = Boot {
+        kernel: &kernel.image,
+        initrd: &initrd,
+        nonce: &nonce,
+        timeout,
+        verbose: opts.verbose,
+        accel,
+        report_boot: true,
+    };
+    let mut rows: Vec<Row> = Vec::new();
+    let mut current: Option<(String, Vec<u8>)> = None;
+    let stdout = std::io::stdout();
+    let result = vm::run(&boot, &mut |ev| match ev {
+        Event::Output(t) => {
+            let mut o = stdout.lock();
+            let _ = o.write_all(t);
+            let _ = o.flush();
+            if let Some((_, buf)) = current.as_mut() {
+                buf.extend_from_slice(t);
+            }
+        }
+        Event::Marker(m) => {
+            if let Some(name) = m.strip_prefix("begin ") {
+                eprintln!("xtask: [vm] {name} --include-ignored --test-threads=1");
+                current = Some((name.to_string(), Vec::new()));
+            } else if let Some((name, rc, killed, secs)) = parse_end(m) {
+                let output = current
+                    .take()
+                    .filter(|(n, _)| *n == name)
+                    .map(|(_, b)| b)
+                    .unwrap_or_default();
+                if killed {
+                    eprintln!(
+                        "xtask: [vm] {name}: killed by the {} s watchdog",
+                        opts.per_binary.as_secs()
+                    );
+                }
+                rows.push(Row {
+                    place: "vm",
+                    name,
+                    counts: last_result(&output),
+                    status: Some(rc),
+                    killed,
+                    note: None,
+                    secs: Some(secs),
+                });
+            }
+        }
+    });
+    let problem = match result {
+        Ok(Outcome::Exited(0)) => None,
+        Ok(Outcome::Exited(code)) => Some(format!("the in-VM runner exited with status {code}")),
+        Ok(Outcome::TimedOut) => Some(format!(
+            "the VM was killed at the {} s VM timeout",
+            timeout.as_secs()
+        )),
+        Err(e) => Some(e.to_string()),
+    };
+    if let Some(p) = &problem {
+        eprintln!("xtask: error: {p}");
+    }
+    // A binary that never reported counts as failed.
+    for b in tests {
+        if !rows.iter().any(|r| r.name == b.name) {
+            let running = current.as_ref().is_some_and(|(n, _)| *n == b.name);
+            rows.push(Row {
+                place: "vm",
+                name: b.name.clone(),
+                counts: None,
+                status: None,
+                killed: false,
+                note: Some(
+                    if running {
+                        "the VM stopped while it ran"
+                    } else {
+                        "never ran"
+                    }
+                    .into(),
+                ),
+                secs: None,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+fn host_rdma_tests(bins: &project::Binaries, opts: &Options) -> Result<Vec<Row>> {
+    let addr = host::rdma_addr()?;
+    let bin = host::bin_dir(bins)?;
+    let tmp = util::xtask_dir().join("host-tmp");
+    util::create_dir_all(&tmp)?;
+    eprintln!("xtask: this host has an active RDMA device: running the integration tests here (RDMA_ADDR={addr})");
+    let mut rows = Vec::new();
+    for b in &bins.tests {
+        eprintln!(
+            "xtask: [host] {} --include-ignored --test-threads=1",
+            b.name
+        );
+        let mut cmd = std::process::Command::new(&b.path);
+        cmd.args(["--include-ignored", "--test-threads=1"])
+            .current_dir(&tmp);
+        host::env(&mut cmd, &bin, &addr);
+        let mut counts = None;
+        let w = host::run_watched(&mut cmd, opts.per_binary, &mut |l| {
+            if let Some(c) = parse_result_line(l) {
+                counts = Some(c);
+            }
+        })?;
+        let status = w
+            .status
+            .map(|s| s.code().unwrap_or_else(|| 128 + signal_of(s)));
+        rows.push(Row {
+            place: "host",
+            name: b.name.clone(),
+            counts,
+            status,
+            killed: w.killed,
+            note: None,
+            secs: Some(w.elapsed.as_secs_f64()),
+        });
+    }
+    Ok(rows)
+}
+
+fn signal_of(s: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    s.signal().unwrap_or(0)
+}
+
+/// Runs the suite; returns the process exit status (0 only when nothing failed).
+pub fn run(opts: &Options) -> Result<i32> {
+    let on_host = host::use_host_rdma()?;
+    let kernel = if on_host {
+        None
+    } else {
+        Some(setup::ensure(false)?)
+    };
+    if on_host {
+        // Fail early, before the long build, when RDMA_ADDR is missing.
+        host::rdma_addr()?;
+    }
+    let mut rows = vec![host_unit_tests()?];
+    let bins = project::build()?;
+    if bins.tests.is_empty() {
+        eprintln!(
+            "xtask: the root crate has no integration tests (tests/*.rs): nothing to run with RDMA"
+        );
+    } else if let Some(kernel) = &kernel {
+        rows.extend(vm_tests(kernel, &bins, opts)?);
+    } else {
+        rows.extend(host_rdma_tests(&bins, opts)?);
+    }
+    let passed: u64 = rows.iter().map(|r| r.counts.map_or(0, |c| c.passed)).sum();
+    let failed: u64 = rows.iter().map(Row::failed).sum();
+    println!();
+    println!("xtask: test results");
+    for r in &rows {
+        println!("{}", r.render());
+    }
+    println!("{passed} passed, {failed} failed");
+    Ok(if failed == 0 { 0 } else { 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_libtest_summaries() {
+        let ok = "test result: ok. 3 passed; 0 failed; 2 ignored; 0 measured; 0 filtered out; finished in 0.01s";
+        assert_eq!(
+            parse_result_line(ok),
+            Some(Counts {
+                passed: 3,
+                failed: 0,
+                ignored: 2
+            })
+        );
+        let bad = "test result: FAILED. 1 passed; 4 failed; 0 ignored; 0 measured; 0 filtered out";
+        assert_eq!(
+            parse_result_line(bad),
+            Some(Counts {
+                passed: 1,
+                failed: 4,
+                ignored: 0
+            })
+        );
+        assert_eq!(parse_result_line("test foo ... ok"), None);
+        assert_eq!(parse_result_line("test result: garbage"), None);
+    }
+
+    #[test]
+    fn parses_end_markers() {
+        assert_eq!(
+            parse_end("end testbed rc=0 killed=0 secs=3"),
+            Some(("testbed".into(), 0, false, 3.0))
+        );
+        assert_eq!(
+            parse_end("end hang rc=137 killed=1 secs=300"),
+            Some(("hang".into(), 137, true, 300.0))
+        );
+        assert_eq!(parse_end("end x killed=0"), None);
+        assert_eq!(parse_end("begin x"), None);
+    }
+
+    #[test]
+    fn crashes_and_kills_count_as_failures() {
+        let row = |counts, status, killed| Row {
+            place: "vm",
+            name: "t".into(),
+            counts,
+            status,
+            killed,
+            note: None,
+            secs: None,
+        };
+        let c = |p, f| {
+            Some(Counts {
+                passed: p,
+                failed: f,
+                ignored: 0,
+            })
+        };
+        assert_eq!(row(c(2, 0), Some(0), false).failed(), 0);
+        assert_eq!(row(c(2, 3), Some(101), false).failed(), 3);
+        assert_eq!(row(c(2, 0), Some(134), false).failed(), 1);
+        assert_eq!(row(None, Some(137), true).failed(), 1);
+        assert_eq!(row(None, None, false).failed(), 1);
+    }
+
+    #[test]
+    fn runner_runs_each_binary_under_timeout() {
+        let t = |n: &str| Binary {
+            name: n.into(),
+            path: "/x".into(),
+        };
+        let s = runner_script("n", &[t("testbed"), t("other")], Duration::from_secs(300));
+        assert!(s.contains("T=300\n"));
+        assert!(s.contains("timeout -s KILL $T \"$BIN/$name\" --include-ignored --test-threads=1"));
+        assert!(s.contains("run_test testbed\nrun_test other\nexit 0\n"));
+        assert!(s.contains("echo \"@@xtask-n:end $name rc=$rc killed=$killed secs=$secs@@\""));
+    }
+}

@@ -1,0 +1,562 @@
+//! Booting the VM with qemu and reading its serial console.
+//!
+//! The guest's init prints marker lines `@@xtask-NONCE:PAYLOAD@@` (the nonce is fresh per boot):
+//! `start` right before the command runs, `exit=N` after, `setup-failed MSG` if bring-up fails;
+//! the test runner adds its own. Markers are taken out of the stream; console output before
+//! `start` (boot noise) is kept back and shown only when something goes wrong (or with
+//! `--verbose`); output after it is the command's and streams through.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::bail;
+use crate::guest;
+use crate::setup::Kernel;
+use crate::util::{self, Error, Result};
+
+/// Memory of the VM, MiB.
+const MEMORY_MIB: u32 = 2048;
+/// How long a KVM probe boot may take before KVM is judged not to work.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How qemu executes the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    /// Hardware virtualisation.
+    Kvm,
+    /// Software emulation (multi-threaded TCG).
+    Tcg,
+}
+
+impl Accel {
+    fn name(self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
+}
+
+/// A piece of the guest's console stream.
+#[derive(Debug, PartialEq)]
+pub enum Piece<'a> {
+    /// Ordinary output.
+    Text(&'a [u8]),
+    /// A marker's payload.
+    Marker(&'a str),
+}
+
+/// Splits the console stream into text and markers, passing text on as soon as it cannot be
+/// the start of a marker.
+pub struct Splitter {
+    prefix: Vec<u8>,
+    buf: Vec<u8>,
+    skip_newline: bool,
+}
+
+/// A marker longer than this is not one.
+const MAX_MARKER: usize = 4096;
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+impl Splitter {
+    /// A splitter for markers starting with `prefix`.
+    pub fn new(prefix: &str) -> Self {
+        Splitter {
+            prefix: prefix.as_bytes().to_vec(),
+            buf: Vec::new(),
+            skip_newline: false,
+        }
+    }
+
+    /// Feeds bytes in; calls `out` for each piece recognised so far.
+    pub fn push(&mut self, data: &[u8], out: &mut dyn FnMut(Piece)) {
+        self.buf.extend_from_slice(data);
+        loop {
+            if self.skip_newline && !self.buf.is_empty() {
+                if self.buf.starts_with(b"\r\n") {
+                    self.buf.drain(..2);
+                } else if self.buf[0] == b'\n' {
+                    self.buf.drain(..1);
+                } else if self.buf == b"\r" {
+                    return;
+                }
+                self.skip_newline = false;
+            }
+            match find(&self.buf, &self.prefix) {
+                Some(i) => {
+                    if i > 0 {
+                        out(Piece::Text(&self.buf[..i]));
+                        self.buf.drain(..i);
+                    }
+                    let body = &self.buf[self.prefix.len()..];
+                    let end = find(body, b"@@");
+                    let nl = body.iter().position(|&b| b == b'\n');
+                    match (end, nl) {
+                        (Some(e), nl) if nl.is_none_or(|n| n > e) => {
+                            let payload = String::from_utf8_lossy(&body[..e]).into_owned();
+                            let consumed = self.prefix.len() + e + 2;
+                            out(Piece::Marker(&payload));
+                            self.buf.drain(..consumed);
+                            self.skip_newline = true;
+                        }
+                        (_, Some(_)) => {
+                            // A newline inside: not a marker after all.
+                            out(Piece::Text(&self.buf[..1]));
+                            self.buf.drain(..1);
+                        }
+                        _ if self.buf.len() > MAX_MARKER => {
+                            out(Piece::Text(&self.buf[..1]));
+                            self.buf.drain(..1);
+                        }
+                        _ => return,
+                    }
+                }
+                None => {
+                    // Keep back only a tail that could still grow into the prefix.
+                    let keep = (1..self.prefix.len().min(self.buf.len() + 1))
+                        .rev()
+                        .find(|&k| self.buf.ends_with(&self.prefix[..k]))
+                        .unwrap_or(0);
+                    let emit = self.buf.len() - keep;
+                    if emit > 0 {
+                        out(Piece::Text(&self.buf[..emit]));
+                        self.buf.drain(..emit);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Whatever is still held back (at the end of the stream).
+    pub fn finish(&mut self, out: &mut dyn FnMut(Piece)) {
+        if !self.buf.is_empty() {
+            out(Piece::Text(&self.buf));
+            self.buf.clear();
+        }
+    }
+}
+
+/// What the caller sees of a boot, after `start`.
+pub enum Event<'a> {
+    /// The command's console output.
+    Output(&'a [u8]),
+    /// A marker other than start/exit/setup-failed.
+    Marker(&'a str),
+}
+
+/// How a boot ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The command exited with this status.
+    Exited(i32),
+    /// The timeout struck; qemu was killed.
+    TimedOut,
+}
+
+/// One boot's parameters.
+pub struct Boot<'a> {
+    /// Kernel image.
+    pub kernel: &'a Path,
+    /// The initramfs.
+    pub initrd: &'a Path,
+    /// The boot's marker nonce.
+    pub nonce: &'a str,
+    /// Kill qemu after this long (from qemu's start).
+    pub timeout: Duration,
+    /// Show the whole console, boot messages included, with the kernel at loglevel 7.
+    pub verbose: bool,
+    /// How to execute the guest.
+    pub accel: Accel,
+    /// Print how long the boot took (qemu start to command start).
+    pub report_boot: bool,
+}
+
+enum Msg {
+    Out(Vec<u8>),
+    OutEof,
+    Err(Vec<u8>),
+}
+
+fn qemu_command(b: &Boot) -> Command {
+    let mut cmd = Command::new("qemu-system-x86_64");
+    match b.accel {
+        Accel::Kvm => cmd.args(["-accel", "kvm", "-cpu", "host"]),
+        Accel::Tcg => cmd.args(["-accel", "tcg,thread=multi", "-cpu", "max"]),
+    };
+    let loglevel = if b.verbose { 7 } else { 3 };
+    cmd.args(["-smp", "2", "-m", &MEMORY_MIB.to_string()])
+        .args([
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-monitor",
+            "none",
+            "-serial",
+            "stdio",
+        ])
+        .args(["-no-reboot", "-nic", "none"])
+        .arg("-kernel")
+        .arg(b.kernel)
+        .arg("-initrd")
+        .arg(b.initrd)
+        .arg("-append")
+        .arg(format!(
+            "console=ttyS0 quiet loglevel={loglevel} panic=-1 8250.nr_uarts=1 rdinit=/init"
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+fn reader(mut r: impl Read + Send + 'static, tx: mpsc::Sender<Msg>, err: bool) {
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let chunk = buf[..n].to_vec();
+                    if tx
+                        .send(if err {
+                            Msg::Err(chunk)
+                        } else {
+                            Msg::Out(chunk)
+                        })
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        }
+        if !err {
+            let _ = tx.send(Msg::OutEof);
+        }
+    });
+}
+
+fn kill(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Boots, feeds the command's output and markers to `on`, and returns how it ended.
+pub fn run(b: &Boot, on: &mut dyn FnMut(Event)) -> Result<Outcome> {
+    let mut cmd = qemu_command(b);
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| {
+        Error::new(format!(
+            "cannot start `{}`: {e} (install qemu-system-x86: `cargo xtask setup`)",
+            util::describe(&cmd)
+        ))
+    })?;
+    let (tx, rx) = mpsc::channel();
+    reader(
+        child.stdout.take().expect("piped stdout"),
+        tx.clone(),
+        false,
+    );
+    reader(child.stderr.take().expect("piped stderr"), tx, true);
+
+    let mut splitter = Splitter::new(&guest::marker_prefix(b.nonce));
+    let mut console: Vec<u8> = Vec::new(); // boot output, held back
+    let mut qemu_err: Vec<u8> = Vec::new();
+    let mut running = false; // the command has started
+    let mut exit: Option<i32> = None;
+    let mut setup_failed: Option<String> = None;
+    let mut exit_deadline: Option<Instant> = None;
+    let deadline = started + b.timeout;
+    let stdout = std::io::stdout();
+
+    let outcome = loop {
+        let now = Instant::now();
+        let until = exit_deadline.map_or(deadline, |d| d.min(deadline));
+        if now >= until {
+            if exit_deadline.is_some_and(|d| now >= d) {
+                // It reported, but did not power off in time: stop it.
+                kill(&mut child);
+                break None;
+            }
+            kill(&mut child);
+            break Some(Outcome::TimedOut);
+        }
+        let msg = match rx.recv_timeout(until - now) {
+            Ok(m) => m,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => Msg::OutEof,
+        };
+        match msg {
+            Msg::Err(e) => qemu_err.extend_from_slice(&e),
+            Msg::OutEof => {
+                let _ = child.wait();
+                break None;
+            }
+            Msg::Out(data) => {
+                let mut out = stdout.lock();
+                splitter.push(&data, &mut |p| match p {
+                    Piece::Text(t) if running && exit.is_none() => {
+                        on(Event::Output(t));
+                    }
+                    Piece::Text(t) => {
+                        if b.verbose {
+                            let _ = out.write_all(t);
+                            let _ = out.flush();
+                        }
+                        console.extend_from_slice(t);
+                    }
+                    Piece::Marker("start") => {
+                        running = true;
+                        if b.report_boot {
+                            eprintln!(
+                                "xtask: VM boot took {:.1} s ({})",
+                                started.elapsed().as_secs_f64(),
+                                b.accel.name()
+                            );
+                        }
+                    }
+                    Piece::Marker(m) if m.starts_with("exit=") && running => {
+                        exit = m["exit=".len()..].trim().parse().ok().or(Some(255));
+                    }
+                    Piece::Marker(m) if m.starts_with("setup-failed") => {
+                        setup_failed = Some(m["setup-failed".len()..].trim().to_string());
+                    }
+                    Piece::Marker(m) => on(Event::Marker(m)),
+                });
+                let _ = out.flush();
+                if (exit.is_some() || setup_failed.is_some()) && exit_deadline.is_none() {
+                    exit_deadline = Some(Instant::now() + Duration::from_secs(10));
+                }
+            }
+        }
+    };
+    splitter.finish(&mut |p| {
+        if let Piece::Text(t) = p {
+            if running && exit.is_none() {
+                on(Event::Output(t));
+            } else {
+                console.extend_from_slice(t);
+            }
+        }
+    });
+    if let Some(o) = outcome {
+        return Ok(o);
+    }
+    let console = String::from_utf8_lossy(&console);
+    let qemu_err = String::from_utf8_lossy(&qemu_err);
+    let details = || {
+        let mut d = String::new();
+        if !console.trim().is_empty() {
+            d.push_str(&format!(
+                "\n--- VM console (last lines) ---\n{}",
+                tail(&console, 60)
+            ));
+        }
+        if !qemu_err.trim().is_empty() {
+            d.push_str(&format!("\n--- qemu stderr ---\n{}", tail(&qemu_err, 30)));
+        }
+        d
+    };
+    if let Some(msg) = setup_failed {
+        bail!("the VM's set-up failed: {msg}{}", details());
+    }
+    match exit {
+        Some(code) => Ok(Outcome::Exited(code)),
+        None if running => bail!(
+            "the VM stopped while the command was running (it reported no exit status){}",
+            details()
+        ),
+        None => bail!(
+            "the VM stopped before the command started (after {:.1} s){}",
+            started.elapsed().as_secs_f64(),
+            details()
+        ),
+    }
+}
+
+/// A fresh nonce for one boot's markers.
+pub fn nonce() -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!(
+        "{:x}{:x}",
+        std::process::id(),
+        t.subsec_nanos() ^ (t.as_secs() as u32)
+    )
+}
+
+fn probe_cache_key(kernel: &Kernel) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let qemu = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+        .unwrap_or_default();
+    let image = kernel
+        .image
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    format!(
+        "guest={}/{image} host={} qemu={}",
+        kernel.package,
+        host.trim(),
+        qemu.trim()
+    )
+}
+
+fn kvm_usable() -> bool {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_ok()
+}
+
+/// KVM when `/dev/kvm` is usable and a short probe boot shows the guest kernel boots under it
+/// (the result is cached per guest kernel, host kernel and qemu); else TCG.
+/// `XTASK_ACCEL=kvm|tcg` overrides.
+pub fn choose_accel(kernel: &Kernel) -> Result<Accel> {
+    match std::env::var("XTASK_ACCEL").as_deref() {
+        Ok("kvm") => return Ok(Accel::Kvm),
+        Ok("tcg") => return Ok(Accel::Tcg),
+        Ok("") | Err(_) => {}
+        Ok(other) => bail!("XTASK_ACCEL={other}: expected kvm or tcg"),
+    }
+    if !kvm_usable() {
+        return Ok(Accel::Tcg);
+    }
+    let cache: PathBuf = util::xtask_dir().join("accel-probe");
+    let key = probe_cache_key(kernel);
+    if let Ok(text) = std::fs::read_to_string(&cache) {
+        if let Some((k, v)) = text.trim().rsplit_once(" => ") {
+            if k == key {
+                return Ok(if v == "kvm" { Accel::Kvm } else { Accel::Tcg });
+            }
+        }
+    }
+    eprintln!(
+        "xtask: /dev/kvm is there: probing whether the guest kernel boots under KVM (once; cached)"
+    );
+    let nonce = nonce();
+    let initrd = guest::pack_probe(&nonce)?;
+    let boot = Boot {
+        kernel: &kernel.image,
+        initrd: &initrd,
+        nonce: &nonce,
+        timeout: PROBE_TIMEOUT,
+        verbose: false,
+        accel: Accel::Kvm,
+        report_boot: false,
+    };
+    let t = Instant::now();
+    let accel = match run(&boot, &mut |_| {}) {
+        Ok(Outcome::Exited(0)) => Accel::Kvm,
+        _ => Accel::Tcg,
+    };
+    eprintln!(
+        "xtask: KVM probe: {} after {:.1} s; using {}",
+        if accel == Accel::Kvm {
+            "booted"
+        } else {
+            "did not boot"
+        },
+        t.elapsed().as_secs_f64(),
+        accel.name()
+    );
+    if let Err(e) = util::write_file(&cache, format!("{key} => {}\n", accel.name())) {
+        eprintln!("xtask: warning: cannot cache the KVM probe result: {e}");
+    }
+    Ok(accel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(chunks: &[&str]) -> Vec<String> {
+        let mut s = Splitter::new("@@x-1:");
+        let mut out = Vec::new();
+        let mut text = String::new();
+        for c in chunks {
+            s.push(c.as_bytes(), &mut |p| match p {
+                Piece::Text(t) => text.push_str(std::str::from_utf8(t).unwrap()),
+                Piece::Marker(m) => {
+                    if !text.is_empty() {
+                        out.push(std::mem::take(&mut text));
+                    }
+                    out.push(format!("<{m}>"));
+                }
+            });
+        }
+        s.finish(&mut |p| {
+            if let Piece::Text(t) = p {
+                text.push_str(std::str::from_utf8(t).unwrap())
+            }
+        });
+        if !text.is_empty() {
+            out.push(text);
+        }
+        out
+    }
+
+    #[test]
+    fn markers_are_removed_with_their_newline() {
+        assert_eq!(
+            split(&["boot\n@@x-1:start@@\nhello\n@@x-1:exit=7@@\n"]),
+            ["boot\n", "<start>", "hello\n", "<exit=7>"]
+        );
+        assert_eq!(split(&["@@x-1:start@@\r\nhi"]), ["<start>", "hi"]);
+    }
+
+    #[test]
+    fn markers_split_across_chunks_and_mid_line() {
+        let chunks = ["no newline@", "@x", "-1:ex", "it=3@", "@", "\n", "after"];
+        assert_eq!(split(&chunks), ["no newline", "<exit=3>", "after"]);
+    }
+
+    #[test]
+    fn text_is_not_held_back_unless_it_may_be_a_marker() {
+        let mut s = Splitter::new("@@x-1:");
+        let mut got = Vec::new();
+        s.push(b"partial line @", &mut |p| {
+            if let Piece::Text(t) = p {
+                got.extend_from_slice(t)
+            }
+        });
+        assert_eq!(got, b"partial line ");
+        s.push(b"x", &mut |p| {
+            if let Piece::Text(t) = p {
+                got.extend_from_slice(t)
+            }
+        });
+        assert_eq!(got, b"partial line @x");
+    }
+
+    #[test]
+    fn near_misses_stay_text() {
+        assert_eq!(split(&["@@x-1:broken\nline\n"]), ["@@x-1:broken\nline\n"]);
+        assert_eq!(split(&["@@x-2:start@@\n"]), ["@@x-2:start@@\n"]);
+    }
+}
