@@ -307,6 +307,9 @@ impl ConnectionHandler for EchoClient {
     }
 
     fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        if std::env::var_os("ECHO_STATS").is_some() {
+            eprintln!("echo client: connection {} closed: {reason}", self.index);
+        }
         let mut r = self.results.borrow_mut();
         if let Some(f) = self.failed.take() {
             r.failures.push(format!("connection {}: {f}", self.index));
@@ -375,6 +378,9 @@ fn client(args: Args) {
         }
     }
     let elapsed = start.elapsed();
+    if std::env::var_os("ECHO_STATS").is_some() {
+        eprintln!("echo client: {:?}", reactor.stats());
+    }
     let r = results.borrow();
     let mut lat = r.latencies.clone();
     lat.sort_unstable();

@@ -169,6 +169,11 @@ impl<T> GenSlab<T> {
         self.entries.len()
     }
 
+    /// Removes every entry for which `keep` returns false.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        self.entries.retain(|_, (_, v)| keep(v));
+    }
+
     pub(crate) fn tokens(&self) -> Vec<Token> {
         self.entries.iter().map(|(i, (g, _))| Token::new(self.kind, i as u32, *g)).collect()
     }
@@ -229,6 +234,19 @@ mod tests {
         let a = s.insert(1);
         let forged = Token::new(Kind::Listener, a.index(), a.generation());
         assert_eq!(s.get(forged), None);
+    }
+
+    #[test]
+    fn retain_removes_and_stales_tokens() {
+        let mut s = GenSlab::new(Kind::Timer);
+        let a = s.insert(1);
+        let b = s.insert(2);
+        s.retain(|v| *v != 1);
+        assert_eq!(s.get(a), None);
+        assert_eq!(s.get(b), Some(&2));
+        let c = s.insert(3);
+        assert_eq!(c.index(), a.index());
+        assert_eq!(s.get(a), None, "the reused slot has a new generation");
     }
 
     #[test]

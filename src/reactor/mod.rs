@@ -142,6 +142,9 @@ pub struct ConnectOptions {
     pub msg_count: u32,
     /// Opaque bytes for the server (at most 36).
     pub user_data: Vec<u8>,
+    /// Sends these bytes as the connect private data instead of the connect information (at
+    /// most 56). For interoperability and fault tests: a server of this crate validates them.
+    pub raw_private_data: Option<Vec<u8>>,
 }
 
 /// RDMA READ/atomic depth requested and granted on every connection.
@@ -186,6 +189,7 @@ struct ConnEntry {
     deadline: Option<(u64, Step)>,
     peer_info: Option<ConnectInfo>,
     local_info: ConnectInfo,
+    raw_private_data: Option<Vec<u8>>,
     close_reason: Option<CloseReason>,
     dst: Option<SocketAddr>,
 }
@@ -209,6 +213,7 @@ impl ConnEntry {
             deadline: None,
             peer_info: None,
             local_info: ConnectInfo::default(),
+            raw_private_data: None,
             close_reason: None,
             dst: None,
         }
@@ -733,9 +738,10 @@ impl Core {
         self.flush_conn(t);
         let c = self.conns.get_mut(t)?;
         c.local_info.recv_depth = c.caps.max_recv_wr.min(u16::MAX as u32) as u16;
-        let bytes = match c.local_info.encode(MAX_CONNECT_PRIVATE_DATA) {
-            Ok(b) => b,
-            Err(e) => return Some(Input::SetupFailed(format!("connect information: {e}"))),
+        let bytes = match (&c.raw_private_data, c.local_info.encode(MAX_CONNECT_PRIVATE_DATA)) {
+            (Some(raw), _) => raw.clone(),
+            (None, Ok(b)) => b,
+            (None, Err(e)) => return Some(Input::SetupFailed(format!("connect information: {e}"))),
         };
         let param = ConnParam {
             private_data: &bytes,
@@ -1140,6 +1146,7 @@ impl Core {
     fn destroy_conn(&mut self, t: Token) {
         let Some(mut c) = self.conns.remove(t) else { return };
         self.stats.closed += 1;
+        self.user_timers.retain(|timer| timer.owner != t);
         let reason = c.close_reason.take().unwrap_or(CloseReason::Local);
         let mut handler = c.handler.take();
         // rdma_destroy_qp, then rdma_destroy_id: all of the tick's CM events are acked.
@@ -1194,6 +1201,7 @@ impl Core {
 
     fn destroy_listener(&mut self, t: Token) {
         let Some(mut l) = self.listeners.remove(t) else { return };
+        self.user_timers.retain(|timer| timer.owner != t);
         let reason = l.close_reason.take().unwrap_or(CloseReason::Local);
         drop(l.id.take());
         if let Some(mut h) = l.handler.take() {
@@ -1274,6 +1282,9 @@ impl Core {
         }
         let local_info = ConnectInfo { msg_size, msg_count: opts.msg_count, recv_depth: 1, user: opts.user_data };
         local_info.encode(MAX_CONNECT_PRIVATE_DATA)?;
+        if opts.raw_private_data.as_ref().is_some_and(|r| r.len() > MAX_CONNECT_PRIVATE_DATA) {
+            return Err(Error::Config(format!("raw private data is limited to {MAX_CONNECT_PRIVATE_DATA} bytes")));
+        }
         let t = self.conns.insert(ConnEntry::new(Role::Client(client), handler));
         let what = format!("client to {dst}");
         let ms = self.cfg.timeouts.resolve_addr.as_millis().min(i32::MAX as u128) as i32;
@@ -1288,6 +1299,7 @@ impl Core {
                 let c = self.conns.get_mut(t).expect("inserted");
                 c.id = Some(id);
                 c.local_info = local_info;
+                c.raw_private_data = opts.raw_private_data;
                 c.dst = Some(dst);
                 self.apply(t, first);
                 Ok(t)

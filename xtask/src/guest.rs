@@ -54,14 +54,7 @@ pub const TOOLS: &[&str] = &[
 
 /// Kernel modules loaded at boot, in this order (their dependencies come first).
 /// crc32_generic first: rdma_rxe needs a crc32 crypto driver or `rdma link add` fails.
-const MODULES: &[&str] = &[
-    "crc32_generic",
-    "configfs",
-    "dummy",
-    "ib_uverbs",
-    "rdma_ucm",
-    "rdma_rxe",
-];
+const MODULES: &[&str] = &["crc32_generic", "configfs", "dummy", "ib_uverbs", "rdma_ucm", "rdma_rxe"];
 /// Modules that newer kernels may not have (rxe there uses the crc32 library directly).
 const OPTIONAL_MODULES: &[&str] = &["crc32_generic"];
 
@@ -82,13 +75,7 @@ pub fn command_script(args: &[String]) -> String {
     if let [line] = args {
         s.push_str(line);
     } else {
-        s.push_str(
-            &args
-                .iter()
-                .map(|a| shell_quote(a))
-                .collect::<Vec<_>>()
-                .join(" "),
-        );
+        s.push_str(&args.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" "));
     }
     s.push('\n');
     s
@@ -176,9 +163,7 @@ exec su -s /bin/sh -c 'exec "$@"' -- "$user" runas "$@"
 
 fn host_tool(name: &str) -> Result<PathBuf> {
     util::which(name).ok_or_else(|| {
-        Error::new(format!(
-            "{name} not found on this host: run `cargo xtask setup` to install the packages"
-        ))
+        Error::new(format!("{name} not found on this host: run `cargo xtask setup` to install the packages"))
     })
 }
 
@@ -187,29 +172,16 @@ fn add_rxe_provider(a: &mut Archive) -> Result<()> {
     let libs = initramfs::ldd(&host_tool("ibv_devices")?)?;
     let ibverbs = libs
         .iter()
-        .find(|l| {
-            l.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("libibverbs.so"))
-        })
+        .find(|l| l.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libibverbs.so")))
         .ok_or_else(|| Error::new("ibv_devices is not linked to libibverbs?"))?;
-    let dir = ibverbs
-        .parent()
-        .unwrap_or(Path::new("/"))
-        .join("libibverbs");
+    let dir = ibverbs.parent().unwrap_or(Path::new("/")).join("libibverbs");
     let provider = std::fs::read_dir(&dir)
         .ok()
         .and_then(|rd| {
-            rd.filter_map(|e| e.ok().map(|e| e.path())).find(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("librxe-rdmav"))
-            })
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("librxe-rdmav")))
         })
-        .ok_or_else(|| {
-            Error::new(format!(
-                "no librxe-rdmav*.so in {}: install ibverbs-providers",
-                dir.display()
-            ))
-        })?;
+        .ok_or_else(|| Error::new(format!("no librxe-rdmav*.so in {}: install ibverbs-providers", dir.display())))?;
     initramfs::add_with_libs(a, &provider, None)?;
     let driver = Path::new("/etc/libibverbs.d/rxe.driver");
     if driver.is_file() {
@@ -222,25 +194,13 @@ fn add_rxe_provider(a: &mut Archive) -> Result<()> {
         .iter()
         .find(|l| l.file_name().is_some_and(|n| n == "libc.so.6"))
         .ok_or_else(|| Error::new("ibv_devices is not linked to libc.so.6?"))?;
-    let gcc_s = libc
-        .parent()
-        .unwrap_or(Path::new("/"))
-        .join("libgcc_s.so.1");
+    let gcc_s = libc.parent().unwrap_or(Path::new("/")).join("libgcc_s.so.1");
     initramfs::add_with_libs(a, &gcc_s, None)
 }
 
 fn add_base(a: &mut Archive) -> Result<()> {
     initramfs::usr_links(a)?;
-    for d in [
-        "proc",
-        "sys",
-        "dev",
-        "tmp",
-        "run",
-        "mnt",
-        "var/tmp",
-        "usr/local/bin",
-    ] {
+    for d in ["proc", "sys", "dev", "tmp", "run", "mnt", "var/tmp", "usr/local/bin"] {
         a.dir(d, if d.ends_with("tmp") { 0o1777 } else { 0o755 }, 0, 0)?;
     }
     a.dir("root", 0o700, 0, 0)?;
@@ -248,29 +208,15 @@ fn add_base(a: &mut Archive) -> Result<()> {
     a.char_dev("dev/console", 0o600, 5, 1)?;
     a.data(
         "etc/passwd",
-        format!("root:x:0:0:root:/root:/bin/sh\n{USER}:x:{USER_ID}:{USER_ID}:rdma-reactor test user:/home/{USER}:/bin/sh\n"),
+        format!(
+            "root:x:0:0:root:/root:/bin/sh\n{USER}:x:{USER_ID}:{USER_ID}:rdma-reactor test user:/home/{USER}:/bin/sh\n"
+        ),
         0o644,
     )?;
-    a.data(
-        "etc/group",
-        format!("root:x:0:\n{USER}:x:{USER_ID}:\n"),
-        0o644,
-    )?;
-    a.data(
-        "etc/shadow",
-        format!("root:*:1::::::\n{USER}:*:1::::::\n"),
-        0o600,
-    )?;
-    a.data(
-        "etc/nsswitch.conf",
-        "passwd: files\ngroup: files\nshadow: files\nhosts: files\n",
-        0o644,
-    )?;
-    a.data(
-        "etc/hosts",
-        format!("127.0.0.1 localhost\n{RDMA_ADDR} rxe-vm\n"),
-        0o644,
-    )?;
+    a.data("etc/group", format!("root:x:0:\n{USER}:x:{USER_ID}:\n"), 0o644)?;
+    a.data("etc/shadow", format!("root:*:1::::::\n{USER}:*:1::::::\n"), 0o600)?;
+    a.data("etc/nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files\n", 0o644)?;
+    a.data("etc/hosts", format!("127.0.0.1 localhost\n{RDMA_ADDR} rxe-vm\n"), 0o644)?;
     a.data("etc/hostname", "rxe-vm\n", 0o644)?;
     a.data("usr/local/bin/runas", RUNAS, 0o755)?;
     let mut taken: Vec<&str> = TOOLS.to_vec();
@@ -286,12 +232,8 @@ fn add_base(a: &mut Archive) -> Result<()> {
 pub fn pack(kernel: &Kernel, bins: &Binaries, guest: &Guest) -> Result<PathBuf> {
     let mut a = Archive::new();
     add_base(&mut a)?;
-    let modules =
-        initramfs::add_modules(&mut a, kernel, MODULES, OPTIONAL_MODULES, "xtask/modules")?;
-    let names: Vec<String> = modules
-        .iter()
-        .map(|f| f.trim_end_matches(".ko").to_string())
-        .collect();
+    let modules = initramfs::add_modules(&mut a, kernel, MODULES, OPTIONAL_MODULES, "xtask/modules")?;
+    let names: Vec<String> = modules.iter().map(|f| f.trim_end_matches(".ko").to_string()).collect();
     a.dir(BIN_DIR, 0o755, 0, 0)?;
     for b in bins.all() {
         initramfs::add_with_libs(&mut a, &b.path, Some(&format!("{BIN_DIR}/{}", b.name)))?;
@@ -311,11 +253,7 @@ pub fn pack_probe(nonce: &str) -> Result<PathBuf> {
     a.char_dev("dev/console", 0o600, 5, 1)?;
     initramfs::add_busybox(&mut a, &[])?;
     let m = marker_prefix(nonce);
-    a.data(
-        "init",
-        format!("#!/bin/sh\necho \"{m}start@@\"\necho \"{m}exit=0@@\"\npoweroff -f\nsleep 30\n"),
-        0o755,
-    )?;
+    a.data("init", format!("#!/bin/sh\necho \"{m}start@@\"\necho \"{m}exit=0@@\"\npoweroff -f\nsleep 30\n"), 0o755)?;
     write(&a, "probe.cpio")
 }
 
@@ -323,8 +261,8 @@ fn write(a: &Archive, name: &str) -> Result<PathBuf> {
     let dir = util::xtask_dir().join("vm");
     util::create_dir_all(&dir)?;
     let path = dir.join(name);
-    let file = std::fs::File::create(&path)
-        .map_err(|e| Error::new(format!("cannot create {}: {e}", path.display())))?;
+    let file =
+        std::fs::File::create(&path).map_err(|e| Error::new(format!("cannot create {}: {e}", path.display())))?;
     a.write_to(file)?;
     Ok(path)
 }
@@ -338,19 +276,12 @@ mod tests {
         let one = command_script(&["ibv_devices | grep -q rxe0 && exit 7".into()]);
         assert!(one.ends_with("\nibv_devices | grep -q rxe0 && exit 7\n"));
         let argv = command_script(&["sh".into(), "-c".into(), "echo 'a b' $X && exit 7".into()]);
-        assert!(
-            argv.ends_with("\nsh -c 'echo '\\''a b'\\'' $X && exit 7'\n"),
-            "{argv}"
-        );
+        assert!(argv.ends_with("\nsh -c 'echo '\\''a b'\\'' $X && exit 7'\n"), "{argv}");
     }
 
     #[test]
     fn init_reports_start_and_exit() {
-        let g = Guest {
-            nonce: "n1",
-            script: String::new(),
-            env: &[("A".into(), "x y".into())],
-        };
+        let g = Guest { nonce: "n1", script: String::new(), env: &[("A".into(), "x y".into())] };
         let s = init_script(&g, &["dummy".into()]);
         assert!(s.contains("echo \"@@xtask-n1:start@@\""));
         assert!(s.contains("echo \"@@xtask-n1:exit=$?@@\""));

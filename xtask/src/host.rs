@@ -20,9 +20,7 @@ pub fn use_host_rdma() -> Result<bool> {
         Ok("1") => return Ok(true),
         Ok("0") => return Ok(false),
         Ok("") | Err(_) => {}
-        Ok(other) => bail!(
-            "{HOST_RDMA_ENV}={other}: expected 1 (use this host's RDMA device) or 0 (use the VM)"
-        ),
+        Ok(other) => bail!("{HOST_RDMA_ENV}={other}: expected 1 (use this host's RDMA device) or 0 (use the VM)"),
     }
     let Some(devinfo) = util::which("ibv_devinfo") else {
         return Ok(false);
@@ -60,9 +58,7 @@ pub fn env(cmd: &mut Command, bin: &std::path::Path, addr: &str) {
     let path = std::env::var_os("PATH").unwrap_or_default();
     let mut paths = vec![bin.to_path_buf()];
     paths.extend(std::env::split_paths(&path));
-    cmd.env("BIN", bin)
-        .env("RDMA_ADDR", addr)
-        .env("RUST_BACKTRACE", "1");
+    cmd.env("BIN", bin).env("RDMA_ADDR", addr).env("RUST_BACKTRACE", "1");
     if let Ok(p) = std::env::join_paths(paths) {
         cmd.env("PATH", p);
     }
@@ -80,11 +76,7 @@ pub struct Watched {
 
 /// Runs `cmd` with its stdout read line by line into `on_line` (stderr inherited), killing it
 /// after `timeout`.
-pub fn run_watched(
-    cmd: &mut Command,
-    timeout: Duration,
-    on_line: &mut dyn FnMut(&str),
-) -> Result<Watched> {
+pub fn run_watched(cmd: &mut Command, timeout: Duration, on_line: &mut dyn FnMut(&str)) -> Result<Watched> {
     let start = Instant::now();
     let mut child = cmd
         .stdin(Stdio::null())
@@ -96,15 +88,8 @@ pub fn run_watched(
     std::thread::spawn(move || {
         let mut r = BufReader::new(stdout);
         let mut line = Vec::new();
-        while r
-            .read_until(b'\n', &mut line)
-            .map(|n| n > 0)
-            .unwrap_or(false)
-        {
-            if tx
-                .send(String::from_utf8_lossy(&line).into_owned())
-                .is_err()
-            {
+        while r.read_until(b'\n', &mut line).map(|n| n > 0).unwrap_or(false) {
+            if tx.send(String::from_utf8_lossy(&line).into_owned()).is_err() {
                 break;
             }
             line.clear();
@@ -140,17 +125,11 @@ pub fn run_watched(
             }
         }
     }
-    let status = child
-        .wait()
-        .map_err(|e| Error::new(format!("waiting for `{}`: {e}", util::describe(cmd))))?;
+    let status = child.wait().map_err(|e| Error::new(format!("waiting for `{}`: {e}", util::describe(cmd))))?;
     // Lines still in the channel (after a kill or at the end).
     for line in rx.try_iter() {
         print!("{line}");
         on_line(line.trim_end());
     }
-    Ok(Watched {
-        status: (!killed).then_some(status),
-        killed,
-        elapsed: start.elapsed(),
-    })
+    Ok(Watched { status: (!killed).then_some(status), killed, elapsed: start.elapsed() })
 }

@@ -34,9 +34,7 @@ pub struct Archive {
 }
 
 fn rel(path: &str) -> String {
-    path.trim_start_matches('/')
-        .trim_end_matches('/')
-        .to_string()
+    path.trim_start_matches('/').trim_end_matches('/').to_string()
 }
 
 impl Archive {
@@ -60,14 +58,7 @@ impl Archive {
             prefix.push_str(c);
             match self.entries.get(&prefix) {
                 None => {
-                    self.entries.insert(
-                        prefix.clone(),
-                        Entry::Dir {
-                            mode: 0o755,
-                            uid: 0,
-                            gid: 0,
-                        },
-                    );
+                    self.entries.insert(prefix.clone(), Entry::Dir { mode: 0o755, uid: 0, gid: 0 });
                 }
                 Some(Entry::Dir { .. }) => {}
                 Some(_) => {
@@ -80,11 +71,7 @@ impl Archive {
 
     fn insert(&mut self, path: &str, entry: Entry) -> Result<()> {
         let path = rel(path);
-        if path.is_empty()
-            || path
-                .split('/')
-                .any(|c| c.is_empty() || c == "." || c == "..")
-        {
+        if path.is_empty() || path.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
             bail!("initramfs: bad path {path:?}");
         }
         self.parents(&path)?;
@@ -99,29 +86,19 @@ impl Archive {
 
     /// A file with these bytes.
     pub fn data(&mut self, path: &str, data: impl Into<Vec<u8>>, mode: u32) -> Result<()> {
-        self.insert(
-            path,
-            Entry::File {
-                src: Source::Data(data.into()),
-                mode,
-            },
-        )
+        self.insert(path, Entry::File { src: Source::Data(data.into()), mode })
     }
 
     /// A copy of a host file (symlinks followed), keeping its permission bits.
     pub fn host_file(&mut self, path: &str, src: &Path) -> Result<()> {
         use std::os::unix::fs::PermissionsExt;
-        let meta = std::fs::metadata(src)
-            .context(|| format!("initramfs: cannot read {}", src.display()))?;
+        let meta = std::fs::metadata(src).context(|| format!("initramfs: cannot read {}", src.display()))?;
         if !meta.is_file() {
             bail!("initramfs: {} is not a regular file", src.display());
         }
         self.insert(
             path,
-            Entry::File {
-                src: Source::Host(src.to_path_buf()),
-                mode: meta.permissions().mode() & 0o7777,
-            },
+            Entry::File { src: Source::Host(src.to_path_buf()), mode: meta.permissions().mode() & 0o7777 },
         )
     }
 
@@ -137,40 +114,22 @@ impl Archive {
 
     /// Writes the archive in cpio newc format; returns the number of bytes written.
     pub fn write_to(&self, out: impl Write) -> Result<u64> {
-        let mut w = CpioWriter {
-            out: BufWriter::with_capacity(1 << 20, out),
-            pos: 0,
-            ino: 1,
-        };
+        let mut w = CpioWriter { out: BufWriter::with_capacity(1 << 20, out), pos: 0, ino: 1 };
         for (path, e) in &self.entries {
             let res = match e {
-                Entry::Dir { mode, uid, gid } => {
-                    w.entry(path, 0o040000 | mode, *uid, *gid, 2, (0, 0), &[])
-                }
+                Entry::Dir { mode, uid, gid } => w.entry(path, 0o040000 | mode, *uid, *gid, 2, (0, 0), &[]),
                 Entry::Symlink(t) => w.entry(path, 0o120777, 0, 0, 1, (0, 0), t.as_bytes()),
-                Entry::CharDev { mode, major, minor } => {
-                    w.entry(path, 0o020000 | mode, 0, 0, 1, (*major, *minor), &[])
-                }
-                Entry::File {
-                    src: Source::Data(d),
-                    mode,
-                } => w.entry(path, 0o100000 | mode, 0, 0, 1, (0, 0), d),
-                Entry::File {
-                    src: Source::Host(p),
-                    mode,
-                } => {
-                    let d = std::fs::read(p)
-                        .context(|| format!("initramfs: cannot read {}", p.display()))?;
+                Entry::CharDev { mode, major, minor } => w.entry(path, 0o020000 | mode, 0, 0, 1, (*major, *minor), &[]),
+                Entry::File { src: Source::Data(d), mode } => w.entry(path, 0o100000 | mode, 0, 0, 1, (0, 0), d),
+                Entry::File { src: Source::Host(p), mode } => {
+                    let d = std::fs::read(p).context(|| format!("initramfs: cannot read {}", p.display()))?;
                     w.entry(path, 0o100000 | mode, 0, 0, 1, (0, 0), &d)
                 }
             };
             res.context(|| "initramfs: cannot write the archive")?;
         }
-        w.entry("TRAILER!!!", 0, 0, 0, 1, (0, 0), &[])
-            .context(|| "initramfs: cannot write the archive")?;
-        w.out
-            .flush()
-            .context(|| "initramfs: cannot write the archive")?;
+        w.entry("TRAILER!!!", 0, 0, 0, 1, (0, 0), &[]).context(|| "initramfs: cannot write the archive")?;
+        w.out.flush().context(|| "initramfs: cannot write the archive")?;
         Ok(w.pos)
     }
 }
@@ -204,8 +163,7 @@ impl<W: Write> CpioWriter<W> {
         rdev: (u32, u32),
         data: &[u8],
     ) -> io::Result<()> {
-        let size = u32::try_from(data.len())
-            .map_err(|_| io::Error::other(format!("{name} is over 4 GiB")))?;
+        let size = u32::try_from(data.len()).map_err(|_| io::Error::other(format!("{name} is over 4 GiB")))?;
         let ino = self.ino;
         self.ino += 1;
         let header = format!(
@@ -233,8 +191,7 @@ pub fn guest_path(host: &Path) -> Result<String> {
     let (Some(dir), Some(name)) = (host.parent(), host.file_name()) else {
         bail!("initramfs: {} has no directory", host.display());
     };
-    let dir = std::fs::canonicalize(dir)
-        .context(|| format!("initramfs: cannot resolve {}", dir.display()))?;
+    let dir = std::fs::canonicalize(dir).context(|| format!("initramfs: cannot resolve {}", dir.display()))?;
     Ok(rel(&dir.join(name).to_string_lossy()))
 }
 
@@ -253,9 +210,7 @@ pub fn usr_links(a: &mut Archive) -> Result<()> {
 pub fn ldd(file: &Path) -> Result<Vec<PathBuf>> {
     let mut cmd = Command::new("ldd");
     cmd.arg(file);
-    let out = cmd
-        .output()
-        .context(|| format!("cannot run `{}`", util::describe(&cmd)))?;
+    let out = cmd.output().context(|| format!("cannot run `{}`", util::describe(&cmd)))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if stdout.contains("not a dynamic executable")
@@ -270,11 +225,7 @@ pub fn ldd(file: &Path) -> Result<Vec<PathBuf>> {
     let mut libs = Vec::new();
     for line in stdout.lines().map(str::trim) {
         if line.contains("=> not found") {
-            bail!(
-                "{} needs {}, which is not installed (run `cargo xtask setup`)",
-                file.display(),
-                line
-            );
+            bail!("{} needs {}, which is not installed (run `cargo xtask setup`)", file.display(), line);
         }
         let path = match line.split_once("=>") {
             Some((_, rhs)) => rhs.trim(),
@@ -306,21 +257,13 @@ pub fn add_with_libs(a: &mut Archive, host: &Path, guest: Option<&str>) -> Resul
 
 /// Busybox and a link for each of its applets, except names some real program already has.
 pub fn add_busybox(a: &mut Archive, taken: &[&str]) -> Result<()> {
-    let host = util::which("busybox").ok_or_else(|| {
-        Error::new("busybox not found: run `cargo xtask setup` (package busybox-static)")
-    })?;
+    let host = util::which("busybox")
+        .ok_or_else(|| Error::new("busybox not found: run `cargo xtask setup` (package busybox-static)"))?;
     add_with_libs(a, &host, None)?;
     let guest = guest_path(&host)?;
-    let dir = guest
-        .rsplit_once('/')
-        .map(|(d, _)| d.to_string())
-        .unwrap_or_default();
+    let dir = guest.rsplit_once('/').map(|(d, _)| d.to_string()).unwrap_or_default();
     let list = util::output(Command::new(&host).arg("--list"))?;
-    for applet in list
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && *l != "busybox")
-    {
+    for applet in list.lines().map(str::trim).filter(|l| !l.is_empty() && *l != "busybox") {
         let path = format!("{dir}/{applet}");
         if taken.contains(&applet) || a.contains(&path) {
             continue;
@@ -352,36 +295,21 @@ pub fn add_modules(
     dir: &str,
 ) -> Result<Vec<String>> {
     let dep_file = kernel.modules.join("modules.dep");
-    let deps = std::fs::read_to_string(&dep_file)
-        .context(|| format!("cannot read {}", dep_file.display()))?;
-    let builtin =
-        std::fs::read_to_string(kernel.modules.join("modules.builtin")).unwrap_or_default();
+    let deps = std::fs::read_to_string(&dep_file).context(|| format!("cannot read {}", dep_file.display()))?;
+    let builtin = std::fs::read_to_string(kernel.modules.join("modules.builtin")).unwrap_or_default();
     let builtin: Vec<String> = builtin.lines().map(mod_name).collect();
     let mut index: HashMap<String, ModInfo> = HashMap::new();
     for line in deps.lines() {
         let Some((m, d)) = line.split_once(':') else {
             continue;
         };
-        index.insert(
-            mod_name(m),
-            ModInfo {
-                path: m.to_string(),
-                deps: d.split_whitespace().map(mod_name).collect(),
-            },
-        );
+        index.insert(mod_name(m), ModInfo { path: m.to_string(), deps: d.split_whitespace().map(mod_name).collect() });
     }
-    fn visit(
-        name: &str,
-        index: &HashMap<String, ModInfo>,
-        order: &mut Vec<String>,
-        depth: usize,
-    ) -> Result<()> {
+    fn visit(name: &str, index: &HashMap<String, ModInfo>, order: &mut Vec<String>, depth: usize) -> Result<()> {
         if order.iter().any(|o| o == name) {
             return Ok(());
         }
-        let info = index
-            .get(name)
-            .ok_or_else(|| Error::new(format!("kernel module {name} is not in modules.dep")))?;
+        let info = index.get(name).ok_or_else(|| Error::new(format!("kernel module {name} is not in modules.dep")))?;
         if depth > 64 {
             bail!("kernel module dependencies loop at {name}");
         }
@@ -400,13 +328,8 @@ pub fn add_modules(
         if !index.contains_key(&name) && optional.contains(w) {
             continue;
         }
-        visit(&name, &index, &mut order, 0).map_err(|e| {
-            Error::new(format!(
-                "{e} (kernel {}: {})",
-                kernel.release,
-                kernel.modules.display()
-            ))
-        })?;
+        visit(&name, &index, &mut order, 0)
+            .map_err(|e| Error::new(format!("{e} (kernel {}: {})", kernel.release, kernel.modules.display())))?;
     }
     let mut files = Vec::new();
     for name in &order {
@@ -436,18 +359,11 @@ fn read_module(src: &Path) -> Result<Vec<u8>> {
         Some((prog, pkg)) => {
             let mut cmd = Command::new(prog);
             cmd.arg("-dc").arg(src);
-            let out = cmd.output().context(|| {
-                format!(
-                    "cannot run `{}` to decompress a module (install {pkg})",
-                    util::describe(&cmd)
-                )
-            })?;
+            let out = cmd
+                .output()
+                .context(|| format!("cannot run `{}` to decompress a module (install {pkg})", util::describe(&cmd)))?;
             if !out.status.success() {
-                bail!(
-                    "`{}` failed: {}",
-                    util::describe(&cmd),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
+                bail!("`{}` failed: {}", util::describe(&cmd), String::from_utf8_lossy(&out.stderr).trim());
             }
             Ok(out.stdout)
         }
@@ -460,13 +376,7 @@ mod tests {
 
     fn fields(hdr: &[u8]) -> Vec<u32> {
         (0..13)
-            .map(|i| {
-                u32::from_str_radix(
-                    std::str::from_utf8(&hdr[6 + i * 8..14 + i * 8]).unwrap(),
-                    16,
-                )
-                .unwrap()
-            })
+            .map(|i| u32::from_str_radix(std::str::from_utf8(&hdr[6 + i * 8..14 + i * 8]).unwrap(), 16).unwrap())
             .collect()
     }
 
@@ -487,9 +397,7 @@ mod tests {
             assert_eq!(&out[pos..pos + 6], b"070701");
             let f = fields(&out[pos..pos + 110]);
             let namesize = f[11] as usize;
-            let name = std::str::from_utf8(&out[pos + 110..pos + 110 + namesize - 1])
-                .unwrap()
-                .to_string();
+            let name = std::str::from_utf8(&out[pos + 110..pos + 110 + namesize - 1]).unwrap().to_string();
             pos = (pos + 110 + namesize).div_ceil(4) * 4;
             let data = &out[pos..pos + f[6] as usize];
             pos = (pos + f[6] as usize).div_ceil(4) * 4;
@@ -507,18 +415,7 @@ mod tests {
             }
         }
         assert_eq!(pos, out.len());
-        assert_eq!(
-            names,
-            [
-                "dev",
-                "dev/console",
-                "etc",
-                "etc/x",
-                "etc/x/hello",
-                "lib",
-                "TRAILER!!!"
-            ]
-        );
+        assert_eq!(names, ["dev", "dev/console", "etc", "etc/x", "etc/x/hello", "lib", "TRAILER!!!"]);
     }
 
     #[test]
@@ -532,10 +429,7 @@ mod tests {
 
     #[test]
     fn module_names() {
-        assert_eq!(
-            mod_name("kernel/drivers/infiniband/sw/rxe/rdma_rxe.ko.xz"),
-            "rdma_rxe"
-        );
+        assert_eq!(mod_name("kernel/drivers/infiniband/sw/rxe/rdma_rxe.ko.xz"), "rdma_rxe");
         assert_eq!(mod_name("kernel/crypto/crc32-generic.ko"), "crc32_generic");
     }
 }

@@ -47,10 +47,7 @@ impl Value {
 
 /// Parses one JSON document; `Err` says what and where.
 pub fn parse(text: &str) -> Result<Value, String> {
-    let mut p = Parser {
-        s: text.as_bytes(),
-        i: 0,
-    };
+    let mut p = Parser { s: text.as_bytes(), i: 0 };
     let v = p.value(0)?;
     p.ws();
     if p.i != p.s.len() {
@@ -158,26 +155,15 @@ impl Parser<'_> {
 
     fn number(&mut self) -> Result<Value, String> {
         let start = self.i;
-        while self.i < self.s.len()
-            && matches!(
-                self.s[self.i],
-                b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'
-            )
-        {
+        while self.i < self.s.len() && matches!(self.s[self.i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') {
             self.i += 1;
         }
-        let text =
-            std::str::from_utf8(&self.s[start..self.i]).map_err(|_| self.err("bad number"))?;
-        text.parse::<f64>()
-            .map(Value::Number)
-            .map_err(|_| self.err("bad number"))
+        let text = std::str::from_utf8(&self.s[start..self.i]).map_err(|_| self.err("bad number"))?;
+        text.parse::<f64>().map(Value::Number).map_err(|_| self.err("bad number"))
     }
 
     fn hex4(&mut self) -> Result<u32, String> {
-        let digits = self
-            .s
-            .get(self.i..self.i + 4)
-            .ok_or_else(|| self.err("short \\u escape"))?;
+        let digits = self.s.get(self.i..self.i + 4).ok_or_else(|| self.err("short \\u escape"))?;
         let text = std::str::from_utf8(digits).map_err(|_| self.err("bad \\u escape"))?;
         let v = u32::from_str_radix(text, 16).map_err(|_| self.err("bad \\u escape"))?;
         self.i += 4;
@@ -244,20 +230,11 @@ mod tests {
     fn parses_a_cargo_artifact_line() {
         let line = r#"{"reason":"compiler-artifact","target":{"kind":["test"],"name":"testbed","doctest":false},"filenames":["/t/a b"],"executable":"/t/deps/testbed-1f2e","fresh":true,"n":-1.5e2,"x":null}"#;
         let v = parse(line).unwrap();
-        assert_eq!(
-            v.get("reason").and_then(Value::as_str),
-            Some("compiler-artifact")
-        );
+        assert_eq!(v.get("reason").and_then(Value::as_str), Some("compiler-artifact"));
         let target = v.get("target").unwrap();
         assert_eq!(target.get("name").and_then(Value::as_str), Some("testbed"));
-        assert_eq!(
-            target.get("kind").and_then(Value::as_array).unwrap()[0].as_str(),
-            Some("test")
-        );
-        assert_eq!(
-            v.get("executable").and_then(Value::as_str),
-            Some("/t/deps/testbed-1f2e")
-        );
+        assert_eq!(target.get("kind").and_then(Value::as_array).unwrap()[0].as_str(), Some("test"));
+        assert_eq!(v.get("executable").and_then(Value::as_str), Some("/t/deps/testbed-1f2e"));
         assert_eq!(v.get("n"), Some(&Value::Number(-150.0)));
         assert_eq!(v.get("x"), Some(&Value::Null));
         assert_eq!(v.get("fresh"), Some(&Value::Bool(true)));
@@ -271,18 +248,7 @@ mod tests {
 
     #[test]
     fn rejects_garbage_without_panicking() {
-        for bad in [
-            "",
-            "{",
-            "[1,",
-            r#"{"a"}"#,
-            r#""\u12"#,
-            "tru",
-            "{} x",
-            r#""\ud800""#,
-            "[[[[",
-            "\"abc",
-        ] {
+        for bad in ["", "{", "[1,", r#"{"a"}"#, r#""\u12"#, "tru", "{} x", r#""\ud800""#, "[[[[", "\"abc"] {
             assert!(parse(bad).is_err(), "accepted {bad:?}");
         }
     }

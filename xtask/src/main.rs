@@ -73,13 +73,10 @@ fn parse_opts(command: &str, args: &[String], takes_rest: bool) -> Result<Opts> 
     let mut o = Opts::default();
     let mut i = 0;
     let secs = |name: &str, v: Option<&String>| -> Result<u64> {
-        let v =
-            v.ok_or_else(|| Error::new(format!("{command}: {name} needs a value (seconds)")))?;
+        let v = v.ok_or_else(|| Error::new(format!("{command}: {name} needs a value (seconds)")))?;
         match v.parse::<u64>() {
             Ok(n) if n > 0 => Ok(n),
-            _ => Err(Error::new(format!(
-                "{command}: {name} {v:?}: expected a positive number of seconds"
-            ))),
+            _ => Err(Error::new(format!("{command}: {name} {v:?}: expected a positive number of seconds"))),
         }
     };
     while i < args.len() {
@@ -102,21 +99,16 @@ fn parse_opts(command: &str, args: &[String], takes_rest: bool) -> Result<Opts> 
                 break;
             }
             "--timeout" => o.timeout = Some(secs(name, value().as_ref())?),
-            "--test-timeout" if command == "test" => {
-                o.test_timeout = Some(secs(name, value().as_ref())?)
-            }
+            "--test-timeout" if command == "test" => o.test_timeout = Some(secs(name, value().as_ref())?),
             "--env" if command == "vm" => {
                 let kv = value().ok_or_else(|| Error::new("vm: --env needs KEY=VALUE"))?;
-                let (k, v) = kv
-                    .split_once('=')
-                    .ok_or_else(|| Error::new(format!("vm: --env {kv:?}: expected KEY=VALUE")))?;
+                let (k, v) =
+                    kv.split_once('=').ok_or_else(|| Error::new(format!("vm: --env {kv:?}: expected KEY=VALUE")))?;
                 let valid = !k.is_empty()
                     && !k.starts_with(|c: char| c.is_ascii_digit())
                     && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
                 if !valid {
-                    return Err(Error::new(format!(
-                        "vm: --env {kv:?}: {k:?} is not a variable name"
-                    )));
+                    return Err(Error::new(format!("vm: --env {kv:?}: {k:?} is not a variable name")));
                 }
                 o.env.push((k.to_string(), v.to_string()));
             }
@@ -125,11 +117,7 @@ fn parse_opts(command: &str, args: &[String], takes_rest: bool) -> Result<Opts> 
                 o.rest = args[i..].to_vec();
                 break;
             }
-            _ => {
-                return Err(Error::new(format!(
-                    "{command}: unknown option {arg:?} (see `cargo xtask help`)"
-                )))
-            }
+            _ => return Err(Error::new(format!("{command}: unknown option {arg:?} (see `cargo xtask help`)"))),
         }
         i += 1;
     }
@@ -139,9 +127,7 @@ fn parse_opts(command: &str, args: &[String], takes_rest: bool) -> Result<Opts> 
 fn cmd_vm(args: &[String]) -> Result<u8> {
     let o = parse_opts("vm", args, true)?;
     if o.rest.is_empty() {
-        return Err(Error::new(
-            "vm: no command given: cargo xtask vm [--timeout SECS] -- CMD [ARGS...]",
-        ));
+        return Err(Error::new("vm: no command given: cargo xtask vm [--timeout SECS] -- CMD [ARGS...]"));
     }
     let kernel = setup::ensure(false)?;
     let bins = project::build()?;
@@ -149,22 +135,9 @@ fn cmd_vm(args: &[String]) -> Result<u8> {
 }
 
 /// Boots the VM with `script` as its command, streaming its output; returns the exit status.
-fn run_in_vm(
-    kernel: &setup::Kernel,
-    bins: &project::Binaries,
-    script: String,
-    o: &Opts,
-) -> Result<u8> {
+fn run_in_vm(kernel: &setup::Kernel, bins: &project::Binaries, script: String, o: &Opts) -> Result<u8> {
     let nonce = vm::nonce();
-    let initrd = guest::pack(
-        kernel,
-        bins,
-        &guest::Guest {
-            nonce: &nonce,
-            script,
-            env: &o.env,
-        },
-    )?;
+    let initrd = guest::pack(kernel, bins, &guest::Guest { nonce: &nonce, script, env: &o.env })?;
     let accel = vm::choose_accel(kernel)?;
     let timeout = Duration::from_secs(o.timeout.unwrap_or(600));
     let boot = vm::Boot {
@@ -203,27 +176,16 @@ fn cmd_demo(args: &[String]) -> Result<u8> {
         let addr = host::rdma_addr()?;
         let bins = project::build()?;
         let bin = host::bin_dir(&bins)?;
-        eprintln!(
-            "xtask: this host has an active RDMA device: running the demo here (RDMA_ADDR={addr})"
-        );
+        eprintln!("xtask: this host has an active RDMA device: running the demo here (RDMA_ADDR={addr})");
         let mut cmd = std::process::Command::new("sh");
-        cmd.arg("-c")
-            .arg(&script)
-            .current_dir(util::workspace_root());
+        cmd.arg("-c").arg(&script).current_dir(util::workspace_root());
         host::env(&mut cmd, &bin, &addr);
-        let w = host::run_watched(
-            &mut cmd,
-            Duration::from_secs(o.timeout.unwrap_or(600)),
-            &mut |_| {},
-        )?;
+        let w = host::run_watched(&mut cmd, Duration::from_secs(o.timeout.unwrap_or(600)), &mut |_| {})?;
         if w.killed {
             eprintln!("xtask: error: the demo ran into the timeout and was killed");
             return Ok(EXIT_TIMEOUT);
         }
-        return Ok(w
-            .status
-            .and_then(|s| s.code())
-            .map_or(1, |c| u8::try_from(c).unwrap_or(255)));
+        return Ok(w.status.and_then(|s| s.code()).map_or(1, |c| u8::try_from(c).unwrap_or(255)));
     }
     let kernel = setup::ensure(false)?;
     let bins = project::build()?;
@@ -271,11 +233,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("xtask: error: {e}");
-            ExitCode::from(if matches!(command.as_str(), "vm" | "demo") {
-                EXIT_XTASK
-            } else {
-                1
-            })
+            ExitCode::from(if matches!(command.as_str(), "vm" | "demo") { EXIT_XTASK } else { 1 })
         }
     }
 }
@@ -293,12 +251,7 @@ mod tests {
         let o = parse_opts("vm", &v(&["--timeout", "20", "--", "sleep", "100"]), true).unwrap();
         assert_eq!(o.timeout, Some(20));
         assert_eq!(o.rest, v(&["sleep", "100"]));
-        let o = parse_opts(
-            "vm",
-            &v(&["--timeout=5", "--env", "A=b=c", "sh", "-c", "exit 7"]),
-            true,
-        )
-        .unwrap();
+        let o = parse_opts("vm", &v(&["--timeout=5", "--env", "A=b=c", "sh", "-c", "exit 7"]), true).unwrap();
         assert_eq!(o.timeout, Some(5));
         assert_eq!(o.env, vec![("A".to_string(), "b=c".to_string())]);
         assert_eq!(o.rest, v(&["sh", "-c", "exit 7"]));
@@ -320,11 +273,6 @@ mod tests {
         }
         assert!(parse_opts("test", &v(&["extra"]), false).is_err());
         assert!(parse_opts("demo", &v(&["--test-timeout", "3"]), false).is_err());
-        assert_eq!(
-            parse_opts("test", &v(&["--test-timeout", "30"]), false)
-                .unwrap()
-                .test_timeout,
-            Some(30)
-        );
+        assert_eq!(parse_opts("test", &v(&["--test-timeout", "30"]), false).unwrap().test_timeout, Some(30));
     }
 }

@@ -39,41 +39,28 @@ impl Binaries {
 fn artifacts(stdout: &str, manifest: &Path, kind: &str) -> Result<Vec<Binary>> {
     let mut found: Vec<Binary> = Vec::new();
     for line in stdout.lines().filter(|l| l.starts_with('{')) {
-        let msg = json::parse(line).map_err(|e| {
-            util::Error::new(format!("cannot read cargo's JSON output: {e}\n{line}"))
-        })?;
+        let msg =
+            json::parse(line).map_err(|e| util::Error::new(format!("cannot read cargo's JSON output: {e}\n{line}")))?;
         if msg.get("reason").and_then(Value::as_str) != Some("compiler-artifact") {
             continue;
         }
-        if msg
-            .get("manifest_path")
-            .and_then(Value::as_str)
-            .map(Path::new)
-            != Some(manifest)
-        {
+        if msg.get("manifest_path").and_then(Value::as_str).map(Path::new) != Some(manifest) {
             continue;
         }
         let Some(target) = msg.get("target") else {
             continue;
         };
-        let kinds = target
-            .get("kind")
-            .and_then(Value::as_array)
-            .unwrap_or_default();
+        let kinds = target.get("kind").and_then(Value::as_array).unwrap_or_default();
         if !kinds.iter().any(|k| k.as_str() == Some(kind)) {
             continue;
         }
-        let (Some(name), Some(exe)) = (
-            target.get("name").and_then(Value::as_str),
-            msg.get("executable").and_then(Value::as_str),
-        ) else {
+        let (Some(name), Some(exe)) =
+            (target.get("name").and_then(Value::as_str), msg.get("executable").and_then(Value::as_str))
+        else {
             continue;
         };
         if !found.iter().any(|b| b.name == name) {
-            found.push(Binary {
-                name: name.to_string(),
-                path: PathBuf::from(exe),
-            });
+            found.push(Binary { name: name.to_string(), path: PathBuf::from(exe) });
         }
     }
     found.sort_by(|a, b| a.name.cmp(&b.name));
@@ -83,29 +70,16 @@ fn artifacts(stdout: &str, manifest: &Path, kind: &str) -> Result<Vec<Binary>> {
 fn cargo_json(args: &[&str]) -> Result<String> {
     let mut cmd = util::cargo();
     cmd.args(args)
-        .args([
-            "--profile",
-            PROFILE,
-            "--package",
-            "rdma-reactor",
-            "--message-format=json-render-diagnostics",
-        ])
+        .args(["--profile", PROFILE, "--package", "rdma-reactor", "--message-format=json-render-diagnostics"])
         .current_dir(util::workspace_root())
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .stdout(Stdio::piped());
-    let out = cmd
-        .output()
-        .context(|| format!("cannot run `{}`", util::describe(&cmd)))?;
+    let out = cmd.output().context(|| format!("cannot run `{}`", util::describe(&cmd)))?;
     if !out.status.success() {
-        bail!(
-            "`{}` failed ({}); see the compiler output above",
-            util::describe(&cmd),
-            out.status
-        );
+        bail!("`{}` failed ({}); see the compiler output above", util::describe(&cmd), out.status);
     }
-    String::from_utf8(out.stdout)
-        .map_err(|_| util::Error::new(format!("`{}` printed non-UTF-8", util::describe(&cmd))))
+    String::from_utf8(out.stdout).map_err(|_| util::Error::new(format!("`{}` printed non-UTF-8", util::describe(&cmd))))
 }
 
 /// Builds the examples and the integration tests with profile `vm`; returns their executables.
@@ -123,10 +97,7 @@ pub fn build() -> Result<Binaries> {
     let tests = artifacts(&cargo_json(&["test", "--no-run"])?, &manifest, "test")?;
     for t in &tests {
         if examples.iter().any(|e| e.name == t.name) {
-            bail!(
-                "an example and an integration test are both called `{}`: $BIN can hold only one",
-                t.name
-            );
+            bail!("an example and an integration test are both called `{}`: $BIN can hold only one", t.name);
         }
     }
     Ok(Binaries { examples, tests })
@@ -146,23 +117,13 @@ pub fn link_dir(bins: &Binaries, dir: &Path) -> Result<()> {
 
 /// True when the root crate has `examples/NAME.rs` (used by the demo).
 pub fn has_example(name: &str) -> bool {
-    util::workspace_root()
-        .join("examples")
-        .join(format!("{name}.rs"))
-        .is_file()
+    util::workspace_root().join("examples").join(format!("{name}.rs")).is_file()
 }
 
 /// `cargo test` for the host (unit tests; RDMA tests show as ignored), as a command.
 pub fn host_test_command() -> Command {
     let mut cmd = util::cargo();
-    cmd.args([
-        "test",
-        "--profile",
-        PROFILE,
-        "--workspace",
-        "--no-fail-fast",
-    ])
-    .current_dir(util::workspace_root());
+    cmd.args(["test", "--profile", PROFILE, "--workspace", "--no-fail-fast"]).current_dir(util::workspace_root());
     cmd
 }
 
@@ -183,13 +144,7 @@ mod tests {
         ];
         let out = lines.join("\n");
         let tests = artifacts(&out, Path::new(m), "test").unwrap();
-        assert_eq!(
-            tests,
-            vec![Binary {
-                name: "testbed".into(),
-                path: "/w/target/vm/deps/testbed-bb".into()
-            }]
-        );
+        assert_eq!(tests, vec![Binary { name: "testbed".into(), path: "/w/target/vm/deps/testbed-bb".into() }]);
         let examples = artifacts(&out, Path::new(m), "example").unwrap();
         assert_eq!(examples.len(), 1);
         assert_eq!(examples[0].name, "echo");

@@ -62,11 +62,7 @@ impl Apt {
         }
         require_apt_root("apt-get update")?;
         eprintln!("xtask: setup: apt-get update");
-        util::run(
-            Command::new("apt-get")
-                .args(["update", "-q"])
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        )?;
+        util::run(Command::new("apt-get").args(["update", "-q"]).env("DEBIAN_FRONTEND", "noninteractive"))?;
         self.updated = true;
         self.actions.push("updated the apt package lists".into());
         Ok(())
@@ -117,11 +113,7 @@ pub fn missing_packages() -> Result<Vec<&'static str>> {
     Ok(PACKAGES
         .iter()
         .copied()
-        .filter(|p| {
-            !installed
-                .iter()
-                .any(|i| i == p || i.split(':').next() == Some(p))
-        })
+        .filter(|p| !installed.iter().any(|i| i == p || i.split(':').next() == Some(p)))
         .collect())
 }
 
@@ -156,17 +148,9 @@ fn kernel_in(package: &str, root: &Path) -> Result<Kernel> {
         .iter()
         .map(|d| root.join(d).join(&release))
         .find(|d| d.is_dir())
-        .ok_or_else(|| {
-            Error::new(format!(
-                "{package} has no lib/modules/{release} in {}",
-                root.display()
-            ))
-        })?;
+        .ok_or_else(|| Error::new(format!("{package} has no lib/modules/{release} in {}", root.display())))?;
     if !vmlinuz.is_file() {
-        bail!(
-            "{package} has no boot/vmlinuz-{release} in {}",
-            root.display()
-        );
+        bail!("{package} has no boot/vmlinuz-{release} in {}", root.display());
     }
     let vmlinux = root.join("boot").join(format!("vmlinux-{release}"));
     let no_vmlinux = root.join("boot").join(".no-vmlinux");
@@ -177,12 +161,7 @@ fn kernel_in(package: &str, root: &Path) -> Result<Kernel> {
         }
     }
     let image = if vmlinux.is_file() { vmlinux } else { vmlinuz };
-    Ok(Kernel {
-        package: package.to_string(),
-        release,
-        image,
-        modules,
-    })
+    Ok(Kernel { package: package.to_string(), release, image, modules })
 }
 
 /// Takes the ELF `vmlinux` out of a bzImage whose payload is xz-compressed, for a kernel built
@@ -190,8 +169,7 @@ fn kernel_in(package: &str, root: &Path) -> Result<Kernel> {
 fn extract_vmlinux(root: &Path, release: &str, vmlinuz: &Path, out: &Path) -> Result<()> {
     use std::io::Write;
     use std::process::Stdio;
-    let config = std::fs::read_to_string(root.join("boot").join(format!("config-{release}")))
-        .unwrap_or_default();
+    let config = std::fs::read_to_string(root.join("boot").join(format!("config-{release}"))).unwrap_or_default();
     if !config.lines().any(|l| l == "CONFIG_PVH=y") {
         bail!("the kernel has no PVH entry point (CONFIG_PVH)");
     }
@@ -202,8 +180,7 @@ fn extract_vmlinux(root: &Path, release: &str, vmlinuz: &Path, out: &Path) -> Re
         .position(|w| w == XZ_MAGIC)
         .ok_or_else(|| Error::new(format!("{} has no xz payload", vmlinuz.display())))?;
     let tmp = out.with_extension("tmp-xtask");
-    let file =
-        std::fs::File::create(&tmp).context(|| format!("cannot create {}", tmp.display()))?;
+    let file = std::fs::File::create(&tmp).context(|| format!("cannot create {}", tmp.display()))?;
     let mut child = Command::new("xz")
         .args(["-dc", "--single-stream"])
         .stdin(Stdio::piped())
@@ -219,31 +196,21 @@ fn extract_vmlinux(root: &Path, release: &str, vmlinuz: &Path, out: &Path) -> Re
     });
     let status = child.wait().context(|| "waiting for xz")?;
     let _ = writer.join();
-    let head = std::fs::read(&tmp)
-        .map(|d| d.get(..4) == Some(b"\x7fELF"))
-        .unwrap_or(false);
+    let head = std::fs::read(&tmp).map(|d| d.get(..4) == Some(b"\x7fELF")).unwrap_or(false);
     if !status.success() || !head {
         let _ = std::fs::remove_file(&tmp);
-        bail!(
-            "xz could not unpack an ELF vmlinux from {}",
-            vmlinuz.display()
-        );
+        bail!("xz could not unpack an ELF vmlinux from {}", vmlinuz.display());
     }
-    std::fs::rename(&tmp, out)
-        .context(|| format!("cannot rename {} to {}", tmp.display(), out.display()))
+    std::fs::rename(&tmp, out).context(|| format!("cannot rename {} to {}", tmp.display(), out.display()))
 }
 
 /// The kernel image package `linux-image-amd64` depends on today.
 fn resolve_kernel_package(apt: &mut Apt) -> Result<String> {
     let lookup = || -> Option<String> {
-        let out = Command::new("apt-cache")
-            .args(["depends", KERNEL_META])
-            .output()
-            .ok()?;
+        let out = Command::new("apt-cache").args(["depends", KERNEL_META]).output().ok()?;
         String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
             let dep = l.trim().strip_prefix("Depends:")?.trim();
-            dep.starts_with("linux-image-")
-                .then(|| dep.trim_matches(|c| c == '<' || c == '>').to_string())
+            dep.starts_with("linux-image-").then(|| dep.trim_matches(|c| c == '<' || c == '>').to_string())
         })
     };
     if util::which("apt-cache").is_none() {
@@ -269,13 +236,8 @@ fn download_kernel(apt: &mut Apt) -> Result<Kernel> {
     let _ = std::fs::remove_dir_all(&download);
     util::create_dir_all(&download)?;
     eprintln!("xtask: setup: downloading {package} (apt-get download)");
-    let fetch = |apt_dl: &Path| {
-        util::output(
-            Command::new("apt-get")
-                .args(["download", "-q", &package])
-                .current_dir(apt_dl),
-        )
-    };
+    let fetch =
+        |apt_dl: &Path| util::output(Command::new("apt-get").args(["download", "-q", &package]).current_dir(apt_dl));
     if let Err(first) = fetch(&download) {
         // Stale lists can name a package the mirror no longer has: update once, then retry.
         if apt.updated || !util::is_root() {
@@ -288,43 +250,22 @@ fn download_kernel(apt: &mut Apt) -> Result<Kernel> {
         .context(|| format!("cannot list {}", download.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .ok_or_else(|| {
-            Error::new(format!(
-                "apt-get download {package} left no .deb in {}",
-                download.display()
-            ))
-        })?;
+        .ok_or_else(|| Error::new(format!("apt-get download {package} left no .deb in {}", download.display())))?;
     let _ = std::fs::remove_dir_all(&dir);
     let root = dir.join("root");
     util::create_dir_all(&root)?;
-    eprintln!(
-        "xtask: setup: unpacking {} (dpkg-deb -x)",
-        deb.file_name().unwrap_or_default().to_string_lossy()
-    );
+    eprintln!("xtask: setup: unpacking {} (dpkg-deb -x)", deb.file_name().unwrap_or_default().to_string_lossy());
     util::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
     let kernel = kernel_in(&package, &root)?;
     // The package ships no modules.dep (its postinst makes one): index the unpacked tree.
-    util::output(
-        Command::new("depmod")
-            .arg("-b")
-            .arg(&root)
-            .arg(&kernel.release)
-            .env("PATH", sbin_path()),
-    )?;
+    util::output(Command::new("depmod").arg("-b").arg(&root).arg(&kernel.release).env("PATH", sbin_path()))?;
     if !kernel.modules.join("modules.dep").is_file() {
-        bail!(
-            "depmod -b {} {} made no modules.dep",
-            root.display(),
-            kernel.release
-        );
+        bail!("depmod -b {} {} made no modules.dep", root.display(), kernel.release);
     }
     util::write_file(&dir.join(".complete"), "")?;
     util::write_file(&kernel_root().join("current"), format!("{package}\n"))?;
     let _ = std::fs::remove_dir_all(&download);
-    apt.actions.push(format!(
-        "downloaded and unpacked {package} into {}",
-        show(&dir)
-    ));
+    apt.actions.push(format!("downloaded and unpacked {package} into {}", show(&dir)));
     Ok(kernel)
 }
 
@@ -337,16 +278,9 @@ fn sbin_path() -> String {
 /// Makes sure packages and kernel are there; `report` prints a summary even when nothing was done.
 pub fn ensure(report: bool) -> Result<Kernel> {
     if std::env::consts::ARCH != "x86_64" || std::env::consts::OS != "linux" {
-        bail!(
-            "the test bed runs on x86_64 Linux only (this is {} {})",
-            std::env::consts::ARCH,
-            std::env::consts::OS
-        );
+        bail!("the test bed runs on x86_64 Linux only (this is {} {})", std::env::consts::ARCH, std::env::consts::OS);
     }
-    let mut apt = Apt {
-        updated: false,
-        actions: Vec::new(),
-    };
+    let mut apt = Apt { updated: false, actions: Vec::new() };
     let missing = missing_packages()?;
     if !missing.is_empty() {
         if util::which("apt-get").is_none() || !util::is_root() {
@@ -374,10 +308,7 @@ pub fn ensure(report: bool) -> Result<Kernel> {
         )?;
         let still = missing_packages()?;
         if !still.is_empty() {
-            bail!(
-                "apt-get install ran but these packages are still not installed: {}",
-                still.join(" ")
-            );
+            bail!("apt-get install ran but these packages are still not installed: {}", still.join(" "));
         }
         apt.actions.push(format!("installed {}", missing.join(" ")));
     }
@@ -390,10 +321,7 @@ pub fn ensure(report: bool) -> Result<Kernel> {
             eprintln!("xtask: setup: {a}");
         }
         if missing.is_empty() {
-            eprintln!(
-                "xtask: setup: all {} packages were already installed",
-                PACKAGES.len()
-            );
+            eprintln!("xtask: setup: all {} packages were already installed", PACKAGES.len());
         }
         if !apt.actions.iter().any(|a| a.starts_with("downloaded")) {
             eprintln!(

@@ -92,11 +92,7 @@ impl Row {
         let mut s = format!("  {:<5} {:<28}", self.place, self.name);
         match self.counts {
             Some(c) => {
-                let _ = write!(
-                    s,
-                    " {} passed, {} failed, {} ignored",
-                    c.passed, c.failed, c.ignored
-                );
+                let _ = write!(s, " {} passed, {} failed, {} ignored", c.passed, c.failed, c.ignored);
             }
             None => s.push_str(" no test result"),
         }
@@ -142,11 +138,7 @@ fn host_unit_tests() -> Result<Row> {
     let out = std::io::stdout();
     let mut reader = BufReader::new(child.stdout.take().expect("piped stdout"));
     let mut line = Vec::new();
-    while reader
-        .read_until(b'\n', &mut line)
-        .map(|n| n > 0)
-        .unwrap_or(false)
-    {
+    while reader.read_until(b'\n', &mut line).map(|n| n > 0).unwrap_or(false) {
         {
             let mut o = out.lock();
             let _ = o.write_all(&line);
@@ -158,9 +150,7 @@ fn host_unit_tests() -> Result<Row> {
         }
         line.clear();
     }
-    let status = child
-        .wait()
-        .map_err(|e| Error::new(format!("waiting for cargo test: {e}")))?;
+    let status = child.wait().map_err(|e| Error::new(format!("waiting for cargo test: {e}")))?;
     if !status.success() && total.failed == 0 {
         return Err(Error::new(format!(
             "`{}` failed ({status}) without a failing test: a build error? (see above)",
@@ -225,29 +215,18 @@ fn parse_end(marker: &str) -> Option<(String, i32, bool, f64)> {
 }
 
 fn last_result(output: &[u8]) -> Option<Counts> {
-    String::from_utf8_lossy(output)
-        .lines()
-        .rev()
-        .find_map(parse_result_line)
+    String::from_utf8_lossy(output).lines().rev().find_map(parse_result_line)
 }
 
 fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) -> Result<Vec<Row>> {
     let nonce = vm::nonce();
     let tests = &bins.tests;
     let script = runner_script(&nonce, tests, opts.per_binary);
-    let initrd = guest::pack(
-        kernel,
-        bins,
-        &Guest {
-            nonce: &nonce,
-            script,
-            env: &[],
-        },
-    )?;
+    let initrd = guest::pack(kernel, bins, &Guest { nonce: &nonce, script, env: &[] })?;
     let accel = vm::choose_accel(kernel)?;
-    let timeout = opts.vm_timeout.unwrap_or(
-        Duration::from_secs(180) + (opts.per_binary + Duration::from_secs(5)) * tests.len() as u32,
-    );
+    let timeout = opts
+        .vm_timeout
+        .unwrap_or(Duration::from_secs(180) + (opts.per_binary + Duration::from_secs(5)) * tests.len() as u32);
     eprintln!(
         "xtask: running {} integration-test binar{} in the VM (watchdog {} s each, VM timeout {} s)",
         tests.len(),
@@ -281,16 +260,9 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
                 eprintln!("xtask: [vm] {name} --include-ignored --test-threads=1");
                 current = Some((name.to_string(), Vec::new()));
             } else if let Some((name, rc, killed, secs)) = parse_end(m) {
-                let output = current
-                    .take()
-                    .filter(|(n, _)| *n == name)
-                    .map(|(_, b)| b)
-                    .unwrap_or_default();
+                let output = current.take().filter(|(n, _)| *n == name).map(|(_, b)| b).unwrap_or_default();
                 if killed {
-                    eprintln!(
-                        "xtask: [vm] {name}: killed by the {} s watchdog",
-                        opts.per_binary.as_secs()
-                    );
+                    eprintln!("xtask: [vm] {name}: killed by the {} s watchdog", opts.per_binary.as_secs());
                 }
                 rows.push(Row {
                     place: "vm",
@@ -307,10 +279,7 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
     let problem = match result {
         Ok(Outcome::Exited(0)) => None,
         Ok(Outcome::Exited(code)) => Some(format!("the in-VM runner exited with status {code}")),
-        Ok(Outcome::TimedOut) => Some(format!(
-            "the VM was killed at the {} s VM timeout",
-            timeout.as_secs()
-        )),
+        Ok(Outcome::TimedOut) => Some(format!("the VM was killed at the {} s VM timeout", timeout.as_secs())),
         Err(e) => Some(e.to_string()),
     };
     if let Some(p) = &problem {
@@ -326,14 +295,7 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
                 counts: None,
                 status: None,
                 killed: false,
-                note: Some(
-                    if running {
-                        "the VM stopped while it ran"
-                    } else {
-                        "never ran"
-                    }
-                    .into(),
-                ),
+                note: Some(if running { "the VM stopped while it ran" } else { "never ran" }.into()),
                 secs: None,
             });
         }
@@ -349,13 +311,9 @@ fn host_rdma_tests(bins: &project::Binaries, opts: &Options) -> Result<Vec<Row>>
     eprintln!("xtask: this host has an active RDMA device: running the integration tests here (RDMA_ADDR={addr})");
     let mut rows = Vec::new();
     for b in &bins.tests {
-        eprintln!(
-            "xtask: [host] {} --include-ignored --test-threads=1",
-            b.name
-        );
+        eprintln!("xtask: [host] {} --include-ignored --test-threads=1", b.name);
         let mut cmd = std::process::Command::new(&b.path);
-        cmd.args(["--include-ignored", "--test-threads=1"])
-            .current_dir(&tmp);
+        cmd.args(["--include-ignored", "--test-threads=1"]).current_dir(&tmp);
         host::env(&mut cmd, &bin, &addr);
         let mut counts = None;
         let w = host::run_watched(&mut cmd, opts.per_binary, &mut |l| {
@@ -363,9 +321,7 @@ fn host_rdma_tests(bins: &project::Binaries, opts: &Options) -> Result<Vec<Row>>
                 counts = Some(c);
             }
         })?;
-        let status = w
-            .status
-            .map(|s| s.code().unwrap_or_else(|| 128 + signal_of(s)));
+        let status = w.status.map(|s| s.code().unwrap_or_else(|| 128 + signal_of(s)));
         rows.push(Row {
             place: "host",
             name: b.name.clone(),
@@ -387,11 +343,7 @@ fn signal_of(s: std::process::ExitStatus) -> i32 {
 /// Runs the suite; returns the process exit status (0 only when nothing failed).
 pub fn run(opts: &Options) -> Result<i32> {
     let on_host = host::use_host_rdma()?;
-    let kernel = if on_host {
-        None
-    } else {
-        Some(setup::ensure(false)?)
-    };
+    let kernel = if on_host { None } else { Some(setup::ensure(false)?) };
     if on_host {
         // Fail early, before the long build, when RDMA_ADDR is missing.
         host::rdma_addr()?;
@@ -399,9 +351,7 @@ pub fn run(opts: &Options) -> Result<i32> {
     let mut rows = vec![host_unit_tests()?];
     let bins = project::build()?;
     if bins.tests.is_empty() {
-        eprintln!(
-            "xtask: the root crate has no integration tests (tests/*.rs): nothing to run with RDMA"
-        );
+        eprintln!("xtask: the root crate has no integration tests (tests/*.rs): nothing to run with RDMA");
     } else if let Some(kernel) = &kernel {
         rows.extend(vm_tests(kernel, &bins, opts)?);
     } else {
@@ -425,37 +375,17 @@ mod tests {
     #[test]
     fn parses_libtest_summaries() {
         let ok = "test result: ok. 3 passed; 0 failed; 2 ignored; 0 measured; 0 filtered out; finished in 0.01s";
-        assert_eq!(
-            parse_result_line(ok),
-            Some(Counts {
-                passed: 3,
-                failed: 0,
-                ignored: 2
-            })
-        );
+        assert_eq!(parse_result_line(ok), Some(Counts { passed: 3, failed: 0, ignored: 2 }));
         let bad = "test result: FAILED. 1 passed; 4 failed; 0 ignored; 0 measured; 0 filtered out";
-        assert_eq!(
-            parse_result_line(bad),
-            Some(Counts {
-                passed: 1,
-                failed: 4,
-                ignored: 0
-            })
-        );
+        assert_eq!(parse_result_line(bad), Some(Counts { passed: 1, failed: 4, ignored: 0 }));
         assert_eq!(parse_result_line("test foo ... ok"), None);
         assert_eq!(parse_result_line("test result: garbage"), None);
     }
 
     #[test]
     fn parses_end_markers() {
-        assert_eq!(
-            parse_end("end testbed rc=0 killed=0 secs=3"),
-            Some(("testbed".into(), 0, false, 3.0))
-        );
-        assert_eq!(
-            parse_end("end hang rc=137 killed=1 secs=300"),
-            Some(("hang".into(), 137, true, 300.0))
-        );
+        assert_eq!(parse_end("end testbed rc=0 killed=0 secs=3"), Some(("testbed".into(), 0, false, 3.0)));
+        assert_eq!(parse_end("end hang rc=137 killed=1 secs=300"), Some(("hang".into(), 137, true, 300.0)));
         assert_eq!(parse_end("end x killed=0"), None);
         assert_eq!(parse_end("begin x"), None);
     }
@@ -471,13 +401,7 @@ mod tests {
             note: None,
             secs: None,
         };
-        let c = |p, f| {
-            Some(Counts {
-                passed: p,
-                failed: f,
-                ignored: 0,
-            })
-        };
+        let c = |p, f| Some(Counts { passed: p, failed: f, ignored: 0 });
         assert_eq!(row(c(2, 0), Some(0), false).failed(), 0);
         assert_eq!(row(c(2, 3), Some(101), false).failed(), 3);
         assert_eq!(row(c(2, 0), Some(134), false).failed(), 1);
@@ -487,10 +411,7 @@ mod tests {
 
     #[test]
     fn runner_runs_each_binary_under_timeout() {
-        let t = |n: &str| Binary {
-            name: n.into(),
-            path: "/x".into(),
-        };
+        let t = |n: &str| Binary { name: n.into(), path: "/x".into() };
         let s = runner_script("n", &[t("testbed"), t("other")], Duration::from_secs(300));
         assert!(s.contains("T=300\n"));
         assert!(s.contains("timeout -s KILL $T \"$BIN/$name\" --include-ignored --test-threads=1"));

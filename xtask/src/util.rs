@@ -61,11 +61,7 @@ pub fn describe(cmd: &Command) -> String {
 pub fn shell_quote(s: &str) -> String {
     let safe = !s.is_empty()
         && s.bytes().all(|b| {
-            b.is_ascii_alphanumeric()
-                || matches!(
-                    b,
-                    b'-' | b'_' | b'.' | b'/' | b':' | b'=' | b'+' | b',' | b'@'
-                )
+            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/' | b':' | b'=' | b'+' | b',' | b'@')
         });
     if safe {
         s.to_string()
@@ -104,46 +100,25 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 
 /// Runs `cmd`, capturing stdout (returned) and stderr (quoted in the error if it fails).
 pub fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| spawn_error(cmd, e))?;
+    let out = cmd.stdin(Stdio::null()).output().map_err(|e| spawn_error(cmd, e))?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         bail!(
             "`{}` failed: {}{}",
             describe(cmd),
             status_text(out.status),
-            if stderr.trim().is_empty() {
-                String::new()
-            } else {
-                format!("; its stderr:\n{}", stderr.trim_end())
-            }
+            if stderr.trim().is_empty() { String::new() } else { format!("; its stderr:\n{}", stderr.trim_end()) }
         );
     }
-    String::from_utf8(out.stdout).map_err(|_| {
-        Error::new(format!(
-            "`{}` printed something that is not UTF-8",
-            describe(cmd)
-        ))
-    })
+    String::from_utf8(out.stdout)
+        .map_err(|_| Error::new(format!("`{}` printed something that is not UTF-8", describe(cmd))))
 }
 
 /// Finds `name` on `PATH`, and in the sbin directories a non-root `PATH` often lacks.
 pub fn which(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
-        .chain(
-            [
-                "/usr/local/sbin",
-                "/usr/local/bin",
-                "/usr/sbin",
-                "/usr/bin",
-                "/sbin",
-                "/bin",
-            ]
-            .map(PathBuf::from),
-        )
+        .chain(["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"].map(PathBuf::from))
         .map(|dir| dir.join(name))
         .find(|p| is_executable(p))
 }
@@ -151,9 +126,7 @@ pub fn which(name: &str) -> Option<PathBuf> {
 /// True when `p` is a regular file (after symlinks) with an execute bit.
 pub fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
+    std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
 }
 
 /// True when this process runs as root (read from /proc, std has no getuid).
@@ -211,8 +184,7 @@ pub fn write_file(path: &Path, data: impl AsRef<[u8]>) -> Result<()> {
     }
     let tmp = path.with_extension("tmp-xtask");
     std::fs::write(&tmp, data).context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path)
-        .context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
+    std::fs::rename(&tmp, path).context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
 }
 
 #[cfg(test)]

@@ -67,11 +67,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 impl Splitter {
     /// A splitter for markers starting with `prefix`.
     pub fn new(prefix: &str) -> Self {
-        Splitter {
-            prefix: prefix.as_bytes().to_vec(),
-            buf: Vec::new(),
-            skip_newline: false,
-        }
+        Splitter { prefix: prefix.as_bytes().to_vec(), buf: Vec::new(), skip_newline: false }
     }
 
     /// Feeds bytes in; calls `out` for each piece recognised so far.
@@ -192,25 +188,14 @@ fn qemu_command(b: &Boot) -> Command {
     };
     let loglevel = if b.verbose { 7 } else { 3 };
     cmd.args(["-smp", "2", "-m", &MEMORY_MIB.to_string()])
-        .args([
-            "-nodefaults",
-            "-no-user-config",
-            "-display",
-            "none",
-            "-monitor",
-            "none",
-            "-serial",
-            "stdio",
-        ])
+        .args(["-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none", "-serial", "stdio"])
         .args(["-no-reboot", "-nic", "none"])
         .arg("-kernel")
         .arg(b.kernel)
         .arg("-initrd")
         .arg(b.initrd)
         .arg("-append")
-        .arg(format!(
-            "console=ttyS0 quiet loglevel={loglevel} panic=-1 8250.nr_uarts=1 rdinit=/init"
-        ))
+        .arg(format!("console=ttyS0 quiet loglevel={loglevel} panic=-1 8250.nr_uarts=1 rdinit=/init"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -225,14 +210,7 @@ fn reader(mut r: impl Read + Send + 'static, tx: mpsc::Sender<Msg>, err: bool) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
                     let chunk = buf[..n].to_vec();
-                    if tx
-                        .send(if err {
-                            Msg::Err(chunk)
-                        } else {
-                            Msg::Out(chunk)
-                        })
-                        .is_err()
-                    {
+                    if tx.send(if err { Msg::Err(chunk) } else { Msg::Out(chunk) }).is_err() {
                         return;
                     }
                 }
@@ -265,11 +243,7 @@ pub fn run(b: &Boot, on: &mut dyn FnMut(Event)) -> Result<Outcome> {
         ))
     })?;
     let (tx, rx) = mpsc::channel();
-    reader(
-        child.stdout.take().expect("piped stdout"),
-        tx.clone(),
-        false,
-    );
+    reader(child.stdout.take().expect("piped stdout"), tx.clone(), false);
     reader(child.stderr.take().expect("piped stderr"), tx, true);
 
     let mut splitter = Splitter::new(&guest::marker_prefix(b.nonce));
@@ -360,10 +334,7 @@ pub fn run(b: &Boot, on: &mut dyn FnMut(Event)) -> Result<Outcome> {
     let details = || {
         let mut d = String::new();
         if !console.trim().is_empty() {
-            d.push_str(&format!(
-                "\n--- VM console (last lines) ---\n{}",
-                tail(&console, 60)
-            ));
+            d.push_str(&format!("\n--- VM console (last lines) ---\n{}", tail(&console, 60)));
         }
         if !qemu_err.trim().is_empty() {
             d.push_str(&format!("\n--- qemu stderr ---\n{}", tail(&qemu_err, 30)));
@@ -375,10 +346,9 @@ pub fn run(b: &Boot, on: &mut dyn FnMut(Event)) -> Result<Outcome> {
     }
     match exit {
         Some(code) => Ok(Outcome::Exited(code)),
-        None if running => bail!(
-            "the VM stopped while the command was running (it reported no exit status){}",
-            details()
-        ),
+        None if running => {
+            bail!("the VM stopped while the command was running (it reported no exit status){}", details())
+        }
         None => bail!(
             "the VM stopped before the command started (after {:.1} s){}",
             started.elapsed().as_secs_f64(),
@@ -389,14 +359,8 @@ pub fn run(b: &Boot, on: &mut dyn FnMut(Event)) -> Result<Outcome> {
 
 /// A fresh nonce for one boot's markers.
 pub fn nonce() -> String {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    format!(
-        "{:x}{:x}",
-        std::process::id(),
-        t.subsec_nanos() ^ (t.as_secs() as u32)
-    )
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    format!("{:x}{:x}", std::process::id(), t.subsec_nanos() ^ (t.as_secs() as u32))
 }
 
 fn probe_cache_key(kernel: &Kernel) -> String {
@@ -404,34 +368,14 @@ fn probe_cache_key(kernel: &Kernel) -> String {
     let qemu = Command::new("qemu-system-x86_64")
         .arg("--version")
         .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .to_string()
-        })
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").to_string())
         .unwrap_or_default();
-    let image = kernel
-        .image
-        .file_name()
-        .unwrap_or_default()
-        .to_string_lossy()
-        .into_owned();
-    format!(
-        "guest={}/{image} host={} qemu={}",
-        kernel.package,
-        host.trim(),
-        qemu.trim()
-    )
+    let image = kernel.image.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    format!("guest={}/{image} host={} qemu={}", kernel.package, host.trim(), qemu.trim())
 }
 
 fn kvm_usable() -> bool {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-        .is_ok()
+    std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok()
 }
 
 /// KVM when `/dev/kvm` is usable and a short probe boot shows the guest kernel boots under it
@@ -456,9 +400,7 @@ pub fn choose_accel(kernel: &Kernel) -> Result<Accel> {
             }
         }
     }
-    eprintln!(
-        "xtask: /dev/kvm is there: probing whether the guest kernel boots under KVM (once; cached)"
-    );
+    eprintln!("xtask: /dev/kvm is there: probing whether the guest kernel boots under KVM (once; cached)");
     let nonce = nonce();
     let initrd = guest::pack_probe(&nonce)?;
     let boot = Boot {
@@ -477,11 +419,7 @@ pub fn choose_accel(kernel: &Kernel) -> Result<Accel> {
     };
     eprintln!(
         "xtask: KVM probe: {} after {:.1} s; using {}",
-        if accel == Accel::Kvm {
-            "booted"
-        } else {
-            "did not boot"
-        },
+        if accel == Accel::Kvm { "booted" } else { "did not boot" },
         t.elapsed().as_secs_f64(),
         accel.name()
     );

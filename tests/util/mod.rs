@@ -1,0 +1,323 @@
+//! Shared helpers for the integration tests that run against a real RDMA device (the
+//! Soft-RoCE VM of `cargo xtask test`, or a host with a device and `RDMA_ADDR` set).
+#![allow(dead_code)]
+
+use std::cell::RefCell;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use rdma_reactor::{
+    Buf, CloseReason, Completion, Conn, ConnectRequest, ConnectionHandler, Ctx, Decision, ListenerHandler, Op, OpCode,
+    Reactor, Token,
+};
+
+/// The reason RDMA tests are ignored on a host without a device.
+pub const NEEDS_RDMA: &str = "needs an RDMA device: cargo xtask test";
+
+/// The address of the RDMA netdev (`RDMA_ADDR`), which `cargo xtask test` exports.
+pub fn rdma_ip() -> IpAddr {
+    let v = std::env::var("RDMA_ADDR").expect("RDMA_ADDR is not set: run through `cargo xtask test`");
+    v.parse().unwrap_or_else(|e| panic!("RDMA_ADDR={v:?}: {e}"))
+}
+
+static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+
+/// A port no other test of this process uses.
+pub fn port() -> u16 {
+    let base = 20000 + (std::process::id() % 2000) as u16 * 10;
+    base + NEXT_PORT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A fresh `RDMA_ADDR:port`.
+pub fn addr() -> SocketAddr {
+    SocketAddr::new(rdma_ip(), port())
+}
+
+/// The path of one of the project's binaries (`BIN`, exported by `cargo xtask`).
+pub fn bin(name: &str) -> PathBuf {
+    let dir = std::env::var("BIN").expect("BIN is not set: run through `cargo xtask test`");
+    PathBuf::from(dir).join(name)
+}
+
+/// A child process killed when dropped, so a failing test leaves nothing behind.
+pub struct Proc(pub Child, pub &'static str);
+
+impl Proc {
+    /// Spawns `program args`, with its output going to the test's output.
+    pub fn spawn(name: &'static str, program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Proc {
+        let child = Command::new(program.as_ref())
+            .args(args)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name} ({:?}): {e}", program.as_ref()));
+        Proc(child, name)
+    }
+
+    /// The pid.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Waits for exit, at most `limit`; panics on timeout.
+    pub fn wait(mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(st) = self.0.try_wait().expect("try_wait") {
+                return st;
+            }
+            if Instant::now() > deadline {
+                let _ = self.0.kill();
+                panic!("{} did not exit within {limit:?}", self.1);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Waits until something listens for RDMA connections at `addr`: the server printed nothing
+/// we can parse, so this polls with `rdma res show cm_id` for a listening id on the port.
+pub fn wait_listening(addr: SocketAddr, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let needle = format!(":{}", addr.port());
+    loop {
+        let out = Command::new("rdma").args(["res", "show", "cm_id"]).output().expect("run rdma res show cm_id");
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text.lines().any(|l| l.contains("LISTEN") && l.contains(&needle)) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "nothing listens on {addr} after {limit:?}:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Kernel RDMA resource counts of one process, from `rdma -j res show`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResCounts {
+    pub qp: usize,
+    pub cq: usize,
+    pub mr: usize,
+    pub pd: usize,
+    pub cm_id: usize,
+}
+
+/// Counts `"pid":PID` in the JSON of `rdma -j res show KIND`.
+fn count_for_pid(kind: &str, pid: u32) -> usize {
+    let out = Command::new("rdma").args(["-j", "res", "show", kind]).output().expect("run rdma -j res show");
+    assert!(out.status.success(), "rdma -j res show {kind}: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let needle = "\"pid\":";
+    let mut n = 0;
+    let mut rest = &text[..];
+    while let Some(i) = rest.find(needle) {
+        rest = &rest[i + needle.len()..];
+        let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+        if digits.parse::<u32>().ok() == Some(pid) {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// The resource counts of `pid`.
+pub fn res_counts(pid: u32) -> ResCounts {
+    ResCounts {
+        qp: count_for_pid("qp", pid),
+        cq: count_for_pid("cq", pid),
+        mr: count_for_pid("mr", pid),
+        pd: count_for_pid("pd", pid),
+        cm_id: count_for_pid("cm_id", pid),
+    }
+}
+
+/// Threads of `pid`, from /proc.
+pub fn threads(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/PID/status");
+    status.lines().find_map(|l| l.strip_prefix("Threads:")).and_then(|v| v.trim().parse().ok()).expect("Threads: line")
+}
+
+/// Runs the reactor until idle or `limit`; panics on timeout (a test never hangs).
+pub fn run_until_idle(reactor: &mut Reactor, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while !reactor.is_idle() {
+        assert!(Instant::now() < deadline, "reactor not idle after {limit:?}: {reactor:?} {:?}", reactor.stats());
+        reactor.run_once(Some(Duration::from_millis(200))).expect("run_once");
+    }
+}
+
+/// Runs the reactor until `done()` or `limit`.
+pub fn run_until(reactor: &mut Reactor, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "condition not met after {limit:?}: {reactor:?} {:?}", reactor.stats());
+        reactor.run_once(Some(Duration::from_millis(200))).expect("run_once");
+    }
+}
+
+/// A deterministic byte pattern of message `seq` on connection `conn`.
+pub fn pattern(len: usize, conn: u64, seq: u64) -> Vec<u8> {
+    let mut x = (conn + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (seq + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+// ----- an echo server and a ping-pong client, in-process ------------------------------------
+
+/// Accepts everything; agents echo every message.
+pub struct EchoListener {
+    pub depth: u32,
+    pub agents_closed: Rc<RefCell<Vec<CloseReason>>>,
+}
+
+impl ListenerHandler for EchoListener {
+    fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, req: &ConnectRequest) -> Decision {
+        let size = req.info.as_ref().map_or(4096, |i| i.msg_size as usize);
+        Decision::Accept(Box::new(EchoAgent { depth: self.depth, size, closed: self.agents_closed.clone() }))
+    }
+}
+
+pub struct EchoAgent {
+    depth: u32,
+    size: usize,
+    closed: Rc<RefCell<Vec<CloseReason>>>,
+}
+
+impl ConnectionHandler for EchoAgent {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        for _ in 0..self.depth {
+            let buf = conn.alloc(self.size).expect("agent receive buffer");
+            conn.submit(Op::recv(buf)).expect("agent post receive");
+        }
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        if let (OpCode::Recv, Ok(_)) = (c.opcode, c.result) {
+            conn.submit(Op::send(c.buf.expect("buffer"))).expect("echo");
+            let buf = conn.alloc(self.size).expect("agent receive buffer");
+            conn.submit(Op::recv(buf)).expect("agent post receive");
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        self.closed.borrow_mut().push(reason);
+    }
+}
+
+/// What one ping-pong client saw.
+#[derive(Debug, Default)]
+pub struct PingResult {
+    pub echoed: u64,
+    pub verified_bytes: u64,
+    pub closed: Option<CloseReason>,
+    pub error: Option<String>,
+}
+
+/// Ping-pongs `count` verified messages of `size` bytes, then closes.
+pub struct PingClient {
+    pub id: u64,
+    pub size: usize,
+    pub count: u64,
+    pub seq: u64,
+    pub send_buf: Option<Buf>,
+    pub waiting_echo: bool,
+    pub result: Rc<RefCell<PingResult>>,
+}
+
+impl PingClient {
+    pub fn new(id: u64, size: usize, count: u64) -> (PingClient, Rc<RefCell<PingResult>>) {
+        let result = Rc::new(RefCell::new(PingResult::default()));
+        let c = PingClient { id, size, count, seq: 0, send_buf: None, waiting_echo: false, result: result.clone() };
+        (c, result)
+    }
+
+    fn fail(&mut self, conn: &mut Conn<'_>, what: String) {
+        self.result.borrow_mut().error.get_or_insert(what);
+        conn.close();
+    }
+
+    fn send_next(&mut self, conn: &mut Conn<'_>) {
+        if self.waiting_echo || self.seq >= self.count {
+            return;
+        }
+        let Some(mut buf) = self.send_buf.take() else { return };
+        buf.fill_from(&pattern(self.size, self.id, self.seq)).expect("fill");
+        self.waiting_echo = true;
+        if let Err(e) = conn.submit(Op::send(buf).user_data(self.seq)) {
+            self.fail(conn, format!("send: {}", e.error));
+        }
+    }
+}
+
+impl ConnectionHandler for PingClient {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        let recv = conn.alloc(self.size).expect("client receive buffer");
+        conn.submit(Op::recv(recv)).expect("client post receive");
+        self.send_buf = Some(conn.alloc(self.size).expect("client send buffer"));
+    }
+
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        if self.count == 0 {
+            conn.close();
+        }
+        self.send_next(conn);
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        match (c.opcode, c.result) {
+            (OpCode::Send, Ok(_)) => {
+                self.send_buf = c.buf;
+                self.send_next(conn);
+            }
+            (OpCode::Recv, Ok(n)) => {
+                let buf = c.buf.expect("buffer");
+                if n as usize != self.size {
+                    return self.fail(conn, format!("message {}: {n} bytes echoed, {} sent", self.seq, self.size));
+                }
+                if buf.as_slice() != pattern(self.size, self.id, self.seq).as_slice() {
+                    return self.fail(conn, format!("message {}: echoed bytes differ", self.seq));
+                }
+                {
+                    let mut r = self.result.borrow_mut();
+                    r.echoed += 1;
+                    r.verified_bytes += n as u64;
+                }
+                self.seq += 1;
+                self.waiting_echo = false;
+                if self.seq == self.count {
+                    conn.close();
+                    return;
+                }
+                conn.submit(Op::recv(buf)).expect("client post receive");
+                self.send_next(conn);
+            }
+            (op, Err(e)) => {
+                if self.seq < self.count {
+                    self.fail(conn, format!("{op:?} failed: {e}"));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        self.result.borrow_mut().closed = Some(reason);
+    }
+}
