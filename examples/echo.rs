@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use common::{check_pattern, fill_pattern, percentile, us, Args};
 use rdma_reactor::{
     Buf, CloseReason, Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision,
-    ListenerHandler, Op, OpCode, Reactor, RejectReason, Token,
+    ListenerHandler, Op, OpCode, OpError, Reactor, RejectReason, Token, WcStatus,
 };
 
 const USAGE: &str = "\
@@ -119,20 +119,17 @@ impl ConnectionHandler for EchoAgent {
     }
 
     fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
-        match (c.opcode, c.result) {
-            (OpCode::Recv, Ok(_)) => {
-                let buf = c.buf.expect("pool receive");
-                if let Err(e) = conn.submit(Op::send(buf)) {
-                    eprintln!("echo server: {:?}: cannot echo: {}", conn.token(), e.error);
-                    conn.close();
-                    return;
-                }
-                self.echoed += 1;
-                self.post_recv(conn);
+        // Send completions need nothing; errors are flushes when the connection closes, and the
+        // reactor closes it on real errors.
+        if let (OpCode::Recv, Ok(_)) = (c.opcode, c.result) {
+            let buf = c.buf.expect("pool receive");
+            if let Err(e) = conn.submit(Op::send(buf)) {
+                eprintln!("echo server: {:?}: cannot echo: {}", conn.token(), e.error);
+                conn.close();
+                return;
             }
-            // Send completions need nothing; errors are flushes when the connection closes, and
-            // the reactor closes it on real errors.
-            _ => {}
+            self.echoed += 1;
+            self.post_recv(conn);
         }
     }
 
@@ -285,6 +282,8 @@ impl ConnectionHandler for EchoClient {
                 }
                 self.maybe_send(conn);
             }
+            // A flush or a cancel is the consequence of a close, whose reason on_closed reports.
+            (_, Err(OpError::Wc(WcStatus::WrFlushErr) | OpError::Cancelled)) => {}
             (op, Err(e)) => {
                 if self.seq < self.count {
                     self.fail(conn, format!("{op:?} of message {} failed: {e}", self.seq));
@@ -312,7 +311,8 @@ impl ConnectionHandler for EchoClient {
         }
         let mut r = self.results.borrow_mut();
         if let Some(f) = self.failed.take() {
-            r.failures.push(format!("connection {}: {f}", self.index));
+            let why = if reason.is_clean() { String::new() } else { format!(" ({reason})") };
+            r.failures.push(format!("connection {}: {f}{why}", self.index));
         } else if self.seq < self.count {
             r.failures.push(format!(
                 "connection {}: closed after {} of {} messages: {reason}",

@@ -308,11 +308,7 @@ impl ConnectionHandler for PingClient {
                 conn.submit(Op::recv(buf)).expect("client post receive");
                 self.send_next(conn);
             }
-            (op, Err(e)) => {
-                if self.seq < self.count {
-                    self.fail(conn, format!("{op:?} failed: {e}"));
-                }
-            }
+            (op, Err(e)) if self.seq < self.count => self.fail(conn, format!("{op:?} failed: {e}")),
             _ => {}
         }
     }
