@@ -2,7 +2,10 @@
 // pkg-config file into an error that says what to install.
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    for (lib, pkg) in [("libibverbs", "libibverbs-dev"), ("librdmacm", "librdmacm-dev")] {
+    for (lib, pkg) in [
+        ("libibverbs", "libibverbs-dev"),
+        ("librdmacm", "librdmacm-dev"),
+    ] {
         let ok = std::process::Command::new("pkg-config")
             .args(["--exists", lib])
             .status()
