@@ -203,9 +203,7 @@ fn cmd_demo(args: &[String]) -> Result<u8> {
         let addr = host::rdma_addr()?;
         let bins = project::build()?;
         let bin = host::bin_dir(&bins)?;
-        eprintln!(
-            "xtask: this host has an active RDMA device: running the demo here (RDMA_ADDR={addr})"
-        );
+        eprintln!("xtask: using this host's RDMA device: running the demo here (RDMA_ADDR={addr})");
         let mut cmd = std::process::Command::new("sh");
         cmd.arg("-c")
             .arg(&script)

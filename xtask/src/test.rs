@@ -349,7 +349,7 @@ fn host_rdma_tests(bins: &project::Binaries, opts: &Options) -> Result<Vec<Row>>
     let bin = host::bin_dir(bins)?;
     let tmp = util::xtask_dir().join("host-tmp");
     util::create_dir_all(&tmp)?;
-    eprintln!("xtask: this host has an active RDMA device: running the integration tests here (RDMA_ADDR={addr})");
+    eprintln!("xtask: using this host's RDMA device: running the integration tests here (RDMA_ADDR={addr})");
     let mut rows = Vec::new();
     for b in &bins.tests {
         eprintln!(
