@@ -169,7 +169,7 @@ fn run_in_vm(
     let timeout = Duration::from_secs(o.timeout.unwrap_or(600));
     let boot = vm::Boot {
         kernel: &kernel.image,
-        initrd: &initrd,
+        initrd: initrd.path(),
         nonce: &nonce,
         timeout,
         verbose: o.verbose,

@@ -260,7 +260,7 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
     );
     let boot = Boot {
         kernel: &kernel.image,
-        initrd: &initrd,
+        initrd: initrd.path(),
         nonce: &nonce,
         timeout,
         verbose: opts.verbose,
