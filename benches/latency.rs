@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use rdma_reactor::{
-    Completion, Config, ConnectInfo, ConnectOptions, ConnectRequest, ConnectionHandler, Conn, Ctx, Decision,
+    Completion, Config, Conn, ConnectInfo, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision,
     ListenerHandler, Op, OpCode, Reactor, Token,
 };
 

@@ -228,8 +228,25 @@ fn add_base(a: &mut Archive) -> Result<()> {
     initramfs::add_busybox(a, &taken)
 }
 
-/// Packs the initramfs for one boot; returns its path (`target/xtask/vm/initramfs.cpio`).
-pub fn pack(kernel: &Kernel, bins: &Binaries, guest: &Guest) -> Result<PathBuf> {
+/// A packed initramfs file, removed when dropped (each boot has its own, so runs in parallel
+/// do not trip over each other).
+pub struct Initrd(PathBuf);
+
+impl Initrd {
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Initrd {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Packs the initramfs for one boot (`target/xtask/vm/initramfs-NONCE.cpio`).
+pub fn pack(kernel: &Kernel, bins: &Binaries, guest: &Guest) -> Result<Initrd> {
     let mut a = Archive::new();
     add_base(&mut a)?;
     let modules = initramfs::add_modules(&mut a, kernel, MODULES, OPTIONAL_MODULES, "xtask/modules")?;
@@ -240,11 +257,11 @@ pub fn pack(kernel: &Kernel, bins: &Binaries, guest: &Guest) -> Result<PathBuf> 
     }
     a.data("init", init_script(guest, &names), 0o755)?;
     a.data("xtask/cmd.sh", guest.script.clone(), 0o755)?;
-    write(&a, "initramfs.cpio")
+    write(&a, &format!("initramfs-{}.cpio", guest.nonce)).map(Initrd)
 }
 
 /// A minimal initramfs (busybox only) that reports exit 0 at once: the KVM probe boots it.
-pub fn pack_probe(nonce: &str) -> Result<PathBuf> {
+pub fn pack_probe(nonce: &str) -> Result<Initrd> {
     let mut a = Archive::new();
     initramfs::usr_links(&mut a)?;
     for d in ["proc", "sys", "dev"] {
@@ -254,7 +271,7 @@ pub fn pack_probe(nonce: &str) -> Result<PathBuf> {
     initramfs::add_busybox(&mut a, &[])?;
     let m = marker_prefix(nonce);
     a.data("init", format!("#!/bin/sh\necho \"{m}start@@\"\necho \"{m}exit=0@@\"\npoweroff -f\nsleep 30\n"), 0o755)?;
-    write(&a, "probe.cpio")
+    write(&a, &format!("probe-{nonce}.cpio")).map(Initrd)
 }
 
 fn write(a: &Archive, name: &str) -> Result<PathBuf> {

@@ -39,9 +39,10 @@ pub fn rdma_addr() -> Result<String> {
     match std::env::var("RDMA_ADDR") {
         Ok(a) if !a.trim().is_empty() => Ok(a),
         _ => Err(Error::new(
-            "this host has an active RDMA device, so the tests run here, and they need RDMA_ADDR: \
-             set it to the IP address of the RDMA-capable interface (e.g. RDMA_ADDR=192.0.2.10), \
-             or set RDMA_REACTOR_HOST_RDMA=0 to use the VM",
+            "the RDMA binaries run on this host (it has an active RDMA port, or \
+             RDMA_REACTOR_HOST_RDMA=1), and they need RDMA_ADDR: set it to the IP address of the \
+             RDMA-capable interface (e.g. RDMA_ADDR=192.0.2.10), or set RDMA_REACTOR_HOST_RDMA=0 \
+             to use the VM",
         )),
     }
 }

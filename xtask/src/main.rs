@@ -142,7 +142,7 @@ fn run_in_vm(kernel: &setup::Kernel, bins: &project::Binaries, script: String, o
     let timeout = Duration::from_secs(o.timeout.unwrap_or(600));
     let boot = vm::Boot {
         kernel: &kernel.image,
-        initrd: &initrd,
+        initrd: initrd.path(),
         nonce: &nonce,
         timeout,
         verbose: o.verbose,
@@ -176,7 +176,7 @@ fn cmd_demo(args: &[String]) -> Result<u8> {
         let addr = host::rdma_addr()?;
         let bins = project::build()?;
         let bin = host::bin_dir(&bins)?;
-        eprintln!("xtask: this host has an active RDMA device: running the demo here (RDMA_ADDR={addr})");
+        eprintln!("xtask: using this host's RDMA device: running the demo here (RDMA_ADDR={addr})");
         let mut cmd = std::process::Command::new("sh");
         cmd.arg("-c").arg(&script).current_dir(util::workspace_root());
         host::env(&mut cmd, &bin, &addr);

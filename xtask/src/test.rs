@@ -126,7 +126,7 @@ impl Row {
 /// `cargo test --profile vm --workspace` on the host, streamed; one row with the summed counts.
 fn host_unit_tests() -> Result<Row> {
     let mut cmd = project::host_test_command();
-    eprintln!("xtask: host tests: {}", util::describe(&cmd));
+    eprintln!("xtask: host tests: cargo test --profile {} --workspace --no-fail-fast", project::PROFILE);
     let start = Instant::now();
     let mut child = cmd
         .stdin(Stdio::null())
@@ -236,7 +236,7 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
     );
     let boot = Boot {
         kernel: &kernel.image,
-        initrd: &initrd,
+        initrd: initrd.path(),
         nonce: &nonce,
         timeout,
         verbose: opts.verbose,
@@ -244,23 +244,27 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
         report_boot: true,
     };
     let mut rows: Vec<Row> = Vec::new();
-    let mut current: Option<(String, Vec<u8>)> = None;
+    let mut current: Option<(String, Vec<u8>, Instant)> = None;
     let stdout = std::io::stdout();
     let result = vm::run(&boot, &mut |ev| match ev {
         Event::Output(t) => {
             let mut o = stdout.lock();
             let _ = o.write_all(t);
             let _ = o.flush();
-            if let Some((_, buf)) = current.as_mut() {
+            if let Some((_, buf, _)) = current.as_mut() {
                 buf.extend_from_slice(t);
             }
         }
         Event::Marker(m) => {
             if let Some(name) = m.strip_prefix("begin ") {
                 eprintln!("xtask: [vm] {name} --include-ignored --test-threads=1");
-                current = Some((name.to_string(), Vec::new()));
-            } else if let Some((name, rc, killed, secs)) = parse_end(m) {
-                let output = current.take().filter(|(n, _)| *n == name).map(|(_, b)| b).unwrap_or_default();
+                current = Some((name.to_string(), Vec::new(), Instant::now()));
+            } else if let Some((name, rc, killed, vm_secs)) = parse_end(m) {
+                let (output, secs) = current
+                    .take()
+                    .filter(|(n, _, _)| *n == name)
+                    .map(|(_, b, t)| (b, t.elapsed().as_secs_f64()))
+                    .unwrap_or((Vec::new(), vm_secs));
                 if killed {
                     eprintln!("xtask: [vm] {name}: killed by the {} s watchdog", opts.per_binary.as_secs());
                 }
@@ -288,7 +292,7 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
     // A binary that never reported counts as failed.
     for b in tests {
         if !rows.iter().any(|r| r.name == b.name) {
-            let running = current.as_ref().is_some_and(|(n, _)| *n == b.name);
+            let running = current.as_ref().is_some_and(|(n, _, _)| *n == b.name);
             rows.push(Row {
                 place: "vm",
                 name: b.name.clone(),
@@ -308,7 +312,7 @@ fn host_rdma_tests(bins: &project::Binaries, opts: &Options) -> Result<Vec<Row>>
     let bin = host::bin_dir(bins)?;
     let tmp = util::xtask_dir().join("host-tmp");
     util::create_dir_all(&tmp)?;
-    eprintln!("xtask: this host has an active RDMA device: running the integration tests here (RDMA_ADDR={addr})");
+    eprintln!("xtask: using this host's RDMA device: running the integration tests here (RDMA_ADDR={addr})");
     let mut rows = Vec::new();
     for b in &bins.tests {
         eprintln!("xtask: [host] {} --include-ignored --test-threads=1", b.name);

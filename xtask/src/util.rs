@@ -141,10 +141,14 @@ pub fn is_root() -> bool {
         .is_some_and(|euid| euid == "0")
 }
 
-/// The workspace root (the directory holding the root Cargo.toml).
+/// The workspace root (the directory holding the root Cargo.toml): from `CARGO_MANIFEST_DIR`
+/// as `cargo run` sets it, else as it was when xtask was built.
 pub fn workspace_root() -> PathBuf {
-    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest_dir.parent().unwrap_or(manifest_dir).to_path_buf()
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.join("Cargo.toml").is_file())
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest_dir.parent().map_or(manifest_dir.clone(), Path::to_path_buf)
 }
 
 /// Cargo's target directory (honours `CARGO_TARGET_DIR`).

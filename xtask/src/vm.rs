@@ -20,7 +20,7 @@ use crate::util::{self, Error, Result};
 /// Memory of the VM, MiB.
 const MEMORY_MIB: u32 = 2048;
 /// How long a KVM probe boot may take before KVM is judged not to work.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(12);
 
 /// How qemu executes the guest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -405,7 +405,7 @@ pub fn choose_accel(kernel: &Kernel) -> Result<Accel> {
     let initrd = guest::pack_probe(&nonce)?;
     let boot = Boot {
         kernel: &kernel.image,
-        initrd: &initrd,
+        initrd: initrd.path(),
         nonce: &nonce,
         timeout: PROBE_TIMEOUT,
         verbose: false,
