@@ -1,63 +1,44 @@
-//! The test bed itself: an RDMA device and the rdma_cm event channel are there.
+//! The test bed itself: an RDMA device is there, and the rdma_cm event channel opens
+//! non-blocking and close-on-exec, through the library's own API.
 //!
-//! These talk to `rdma_sys` directly; they will move onto the library's own API once it has one.
-//! They need an RDMA device, so they are ignored by a plain `cargo test`; `cargo xtask test`
+//! These need an RDMA device, so they are ignored by a plain `cargo test`; `cargo xtask test`
 //! runs them in the Soft-RoCE VM (device `rxe0`), or on a host with a real device (set
 //! `RDMA_DEV` to its name there).
 
-use std::ffi::CStr;
-use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+
+use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+use rdma_reactor::sys::cm::EventChannel;
+use rdma_reactor::{PortState, Reactor};
 
 /// The device the test bed provides: `$RDMA_DEV`, else the VM's `rxe0`.
 fn expected_device() -> String {
     std::env::var("RDMA_DEV").unwrap_or_else(|_| "rxe0".to_string())
 }
 
-/// The names of the RDMA devices libibverbs sees.
-fn device_names() -> io::Result<Vec<String>> {
-    let mut num: libc::c_int = 0;
-    // SAFETY: `num` is a valid out-pointer for the call's duration; the returned list is only
-    // read below and freed exactly once.
-    let list = unsafe { rdma_sys::ibv_get_device_list(&mut num) };
-    if list.is_null() {
-        return Err(io::Error::last_os_error());
-    }
-    let count = usize::try_from(num).unwrap_or(0);
-    let mut names = Vec::with_capacity(count);
-    for i in 0..count {
-        // SAFETY: `list` holds `num` valid device pointers (then a NULL), alive until it is freed.
-        let dev = unsafe { *list.add(i) };
-        assert!(!dev.is_null(), "device {i} of {count} is NULL");
-        // SAFETY: `dev` is a live device of the list; the name is a NUL-terminated string owned
-        // by the device, copied out before the list is freed.
-        let name = unsafe { CStr::from_ptr(rdma_sys::ibv_get_device_name(dev)) };
-        names.push(name.to_string_lossy().into_owned());
-    }
-    // SAFETY: `list` came from ibv_get_device_list and is not used after this.
-    unsafe { rdma_sys::ibv_free_device_list(list) };
-    Ok(names)
-}
-
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
-fn lists_the_rdma_device() {
-    let names = device_names().expect("ibv_get_device_list failed");
+fn lists_the_rdma_device_with_an_active_port() {
+    let devices = rdma_reactor::devices().expect("list RDMA devices");
     let want = expected_device();
-    assert!(names.contains(&want), "RDMA device {want} not found; libibverbs lists {names:?}");
+    let dev = devices.iter().find(|d| d.name == want);
+    let dev = dev.unwrap_or_else(|| panic!("RDMA device {want} not found; devices: {devices:?}"));
+    assert!(dev.max_qp > 0 && dev.max_cqe > 0, "{dev:?}");
+    assert!(dev.ports.iter().any(|p| p.state == PortState::Active), "no active port: {dev:?}");
 }
 
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
-fn opens_and_closes_the_rdma_cm_event_channel() {
-    // SAFETY: no arguments; the result is checked for NULL before use.
-    let channel = unsafe { rdma_sys::rdma_create_event_channel() };
-    assert!(!channel.is_null(), "rdma_create_event_channel failed: {}", io::Error::last_os_error());
-    // SAFETY: `channel` is non-NULL and points to the channel librdmacm just created.
-    let fd = unsafe { (*channel).fd };
-    assert!(fd >= 0, "the event channel has no fd ({fd})");
-    // SAFETY: F_GETFD only queries the descriptor's flags.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
-    assert_ne!(flags, -1, "the event channel's fd {fd} is not open");
-    // SAFETY: `channel` came from rdma_create_event_channel, has no ids, and is not used after.
-    unsafe { rdma_sys::rdma_destroy_event_channel(channel) };
+fn the_rdma_cm_event_channel_is_nonblocking_and_cloexec() {
+    let chan = EventChannel::new().expect("rdma_create_event_channel");
+    let fd = chan.as_fd();
+    assert!(fd.as_raw_fd() >= 0, "the event channel has no fd ({fd:?})");
+    let fl = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL).expect("F_GETFL"));
+    assert!(fl.contains(OFlag::O_NONBLOCK), "O_NONBLOCK is not set: {fl:?}");
+    let fdfl = FdFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFD).expect("F_GETFD"));
+    assert!(fdfl.contains(FdFlag::FD_CLOEXEC), "FD_CLOEXEC is not set: {fdfl:?}");
+    // No event is pending on a fresh channel: EAGAIN is "no event", not an error.
+    assert!(chan.get_event().expect("get_event").is_none());
+    // A reactor opens its own channel the same way.
+    drop(Reactor::new(Default::default()).expect("reactor"));
 }
