@@ -5,6 +5,7 @@
 
 pub mod conn;
 pub mod error;
+pub mod flow;
 pub mod handler;
 pub mod op;
 pub mod reactor;
@@ -15,9 +16,9 @@ pub mod wire;
 pub use conn::CloseReason;
 pub use error::{Error, Result};
 pub use handler::{ConnectRequest, ConnectionHandler, Decision, ListenerHandler};
-pub use op::{Completion, Op, OpCode, OpError, RawBuf, WcStatus};
+pub use op::{Completion, Op, OpCode, OpError, RawBuf, RemoteAccess, RemoteSlice, WcStatus};
 pub use reactor::{Config, Conn, ConnectOptions, Ctx, Reactor, Stats, SubmitError, Timeouts};
 pub use sys::device::{devices, DeviceInfo, LinkLayer, PortInfo, PortState};
-pub use sys::pool::{Buf, PoolConfig};
+pub use sys::pool::{Buf, Exposed, PoolConfig};
 pub use token::Token;
 pub use wire::{ConnectInfo, RejectCode, RejectReason};

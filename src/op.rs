@@ -78,6 +78,80 @@ pub enum OpCode {
     Send,
     /// A posted receive.
     Recv,
+    /// An RDMA WRITE into the peer's exposed memory.
+    Write,
+    /// An RDMA WRITE with immediate: also consumes one of the peer's receives, which completes
+    /// with [`Completion::remote_write`] set.
+    WriteImm,
+    /// An RDMA READ from the peer's exposed memory.
+    Read,
+}
+
+impl OpCode {
+    /// True for operations on the send queue (everything but receives).
+    pub fn on_send_queue(self) -> bool {
+        self != OpCode::Recv
+    }
+
+    /// True when the operation consumes one of the peer's receives.
+    pub fn consumes_peer_receive(self) -> bool {
+        matches!(self, OpCode::Send | OpCode::WriteImm)
+    }
+}
+
+bitflags::bitflags! {
+    /// What a peer may do to memory exposed with [`Conn::expose`](crate::Conn::expose).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct RemoteAccess: u8 {
+        /// The peer may RDMA READ it.
+        const READ = 1;
+        /// The peer may RDMA WRITE it.
+        const WRITE = 2;
+    }
+}
+
+/// A window of a peer's exposed memory: where an RDMA WRITE or READ goes.
+///
+/// It travels between peers as 16 bytes ([`RemoteSlice::encode`]), in a message or in the
+/// connect information's user bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteSlice {
+    /// Address in the peer's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+    /// The peer's remote key.
+    pub rkey: u32,
+}
+
+impl RemoteSlice {
+    /// Length of the encoding.
+    pub const ENCODED_LEN: usize = 16;
+
+    /// `len` bytes at `offset` into this window, if they fit.
+    pub fn slice(&self, offset: u32, len: u32) -> Option<RemoteSlice> {
+        let end = offset.checked_add(len)?;
+        (end <= self.len).then(|| RemoteSlice { addr: self.addr + u64::from(offset), len, rkey: self.rkey })
+    }
+
+    /// Network byte order: address, length, key.
+    pub fn encode(&self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&self.addr.to_be_bytes());
+        out[8..12].copy_from_slice(&self.len.to_be_bytes());
+        out[12..].copy_from_slice(&self.rkey.to_be_bytes());
+        out
+    }
+
+    /// Decodes the first 16 bytes; `None` if fewer.
+    pub fn decode(b: &[u8]) -> Option<RemoteSlice> {
+        let b: &[u8; 16] = b.get(..16)?.try_into().ok()?;
+        Some(RemoteSlice {
+            addr: u64::from_be_bytes(b[..8].try_into().ok()?),
+            len: u32::from_be_bytes(b[8..12].try_into().ok()?),
+            rkey: u32::from_be_bytes(b[12..].try_into().ok()?),
+        })
+    }
 }
 
 /// Why an operation did not succeed.
@@ -119,6 +193,9 @@ pub struct RawBuf {
 pub(crate) enum Body {
     Send(Buf),
     Recv(Buf),
+    Write(Buf, RemoteSlice),
+    WriteImm(Buf, RemoteSlice),
+    Read(Buf, RemoteSlice),
     RawSend(RawBuf),
     RawRecv(RawBuf),
 }
@@ -147,6 +224,23 @@ impl Op {
         Op { body: Body::Recv(buf), user_data: 0 }
     }
 
+    /// Writes the first `buf.len()` bytes into the peer's memory at `remote` (which must be at
+    /// least that long). The buffer comes back in the completion.
+    pub fn write(buf: Buf, remote: RemoteSlice) -> Op {
+        Op { body: Body::Write(buf, remote), user_data: 0 }
+    }
+
+    /// Like [`Op::write`], and also consumes one of the peer's receives, which completes with
+    /// [`Completion::remote_write`] set: the peer learns the data is there.
+    pub fn write_imm(buf: Buf, remote: RemoteSlice) -> Op {
+        Op { body: Body::WriteImm(buf, remote), user_data: 0 }
+    }
+
+    /// Reads `remote.len` bytes of the peer's memory into `buf` (its length is set to them).
+    pub fn read(buf: Buf, remote: RemoteSlice) -> Op {
+        Op { body: Body::Read(buf, remote), user_data: 0 }
+    }
+
     /// Sends caller-registered memory. Only [`Conn::submit_raw`](crate::Conn::submit_raw)
     /// accepts it.
     pub fn raw_send(buf: RawBuf) -> Op {
@@ -170,6 +264,9 @@ impl Op {
         match self.body {
             Body::Send(_) | Body::RawSend(_) => OpCode::Send,
             Body::Recv(_) | Body::RawRecv(_) => OpCode::Recv,
+            Body::Write(..) => OpCode::Write,
+            Body::WriteImm(..) => OpCode::WriteImm,
+            Body::Read(..) => OpCode::Read,
         }
     }
 
@@ -189,8 +286,11 @@ pub struct Completion {
     /// Bytes transferred (for a receive, the message length), or why it failed.
     pub result: Result<u32, OpError>,
     /// The pool buffer of the submission, given back. For a successful receive its length is
-    /// the message length.
+    /// the message length; for a successful READ, the bytes read.
     pub buf: Option<Buf>,
+    /// For a receive: it was consumed by the peer's RDMA WRITE with immediate, so the data
+    /// (`result` bytes) is in the exposed memory the peer wrote, not in `buf`.
+    pub remote_write: bool,
 }
 
 impl Completion {

@@ -30,6 +30,8 @@ pub enum Kind {
     Op = 5,
     /// A user timer.
     Timer = 6,
+    /// A completion queue.
+    Cq = 7,
 }
 
 impl Kind {
@@ -41,6 +43,7 @@ impl Kind {
             4 => Kind::Conn,
             5 => Kind::Op,
             6 => Kind::Timer,
+            7 => Kind::Cq,
             _ => return None,
         })
     }
@@ -185,7 +188,7 @@ mod tests {
 
     #[test]
     fn pack_unpack_round_trips() {
-        for kind in [Kind::CmChannel, Kind::CompChannel, Kind::Listener, Kind::Conn, Kind::Op, Kind::Timer] {
+        for kind in [Kind::CmChannel, Kind::CompChannel, Kind::Listener, Kind::Conn, Kind::Op, Kind::Timer, Kind::Cq] {
             for (index, generation) in [(0, 1), (7, 2), (u32::MAX, MAX_GENERATION), (12345, 999)] {
                 let t = Token::new(kind, index, generation);
                 let back = Token::from_u64(t.as_u64()).expect("valid token");

@@ -9,7 +9,8 @@
 //!  5      1   header length  bytes from offset 0 to the user bytes (>= 20; longer headers are
 //!                            extensions a version-1 reader skips)
 //!  6      1   user length    bytes of opaque user data after the header
-//!  7      1   flags          reserved, 0
+//!  7      1   flags          bit 0: the sender uses receive-credit flow control
+//!                            (`crate::flow`); other bits reserved, 0
 //!  8      4   message size   largest message the sender will send or can receive
 //! 12      4   message count  messages the sender intends to send (0: not stated)
 //! 16      2   receive depth  receives the sender keeps posted (its initial credit to the peer)
@@ -51,6 +52,8 @@ pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
 pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
 /// Largest user payload in a connect request.
 pub const MAX_CONNECT_USER_DATA: usize = MAX_CONNECT_PRIVATE_DATA - CONNECT_HEADER_LEN;
+/// Connect-information flag: the sender uses receive-credit flow control.
+pub const FLAG_FLOW_CONTROL: u8 = 1;
 /// Length of the reject header before its text.
 const REJECT_HEADER_LEN: usize = 7;
 
@@ -116,8 +119,11 @@ pub struct ConnectInfo {
     pub msg_size: u32,
     /// Messages the sender intends to send; 0 when not stated.
     pub msg_count: u32,
-    /// Receives the sender keeps posted: its initial credit to the peer.
+    /// Receives the sender has posted: its initial credit to the peer (0 for a side that
+    /// receives nothing, e.g. one that only issues RDMA WRITEs and READs).
     pub recv_depth: u16,
+    /// The sender uses receive-credit flow control (both sides must, for it to apply).
+    pub flow_control: bool,
     /// Opaque application bytes.
     pub user: Vec<u8>,
 }
@@ -142,7 +148,7 @@ impl ConnectInfo {
         out.push(VERSION);
         out.push(CONNECT_HEADER_LEN as u8);
         out.push(self.user.len() as u8);
-        out.push(0);
+        out.push(if self.flow_control { FLAG_FLOW_CONTROL } else { 0 });
         out.extend_from_slice(&self.msg_size.to_be_bytes());
         out.extend_from_slice(&self.msg_count.to_be_bytes());
         out.extend_from_slice(&self.recv_depth.to_be_bytes());
@@ -181,20 +187,18 @@ impl ConnectInfo {
         if data.len() < need {
             return Err(WireError::Truncated { need, have: data.len() });
         }
-        if data[7] != 0 || be_u16(data, 18) != 0 {
+        if data[7] & !FLAG_FLOW_CONTROL != 0 || be_u16(data, 18) != 0 {
             return Err(WireError::ReservedNotZero);
         }
         let info = ConnectInfo {
             msg_size: be_u32(data, 8),
             msg_count: be_u32(data, 12),
             recv_depth: be_u16(data, 16),
+            flow_control: data[7] & FLAG_FLOW_CONTROL != 0,
             user: data[header_len as usize..need].to_vec(),
         };
         if info.msg_size == 0 {
             return Err(WireError::BadField { field: "message size", value: 0 });
-        }
-        if info.recv_depth == 0 {
-            return Err(WireError::BadField { field: "receive depth", value: 0 });
         }
         Ok(Some(info))
     }
@@ -308,7 +312,7 @@ mod tests {
     use super::*;
 
     fn sample() -> ConnectInfo {
-        ConnectInfo { msg_size: 4096, msg_count: 10_000, recv_depth: 16, user: b"hello".to_vec() }
+        ConnectInfo { msg_size: 4096, msg_count: 10_000, recv_depth: 16, flow_control: true, user: b"hello".to_vec() }
     }
 
     #[test]
@@ -325,6 +329,7 @@ mod tests {
         assert_eq!(bytes[4], 1);
         assert_eq!(bytes[5], 20);
         assert_eq!(bytes[6], 5);
+        assert_eq!(bytes[7], FLAG_FLOW_CONTROL);
         assert_eq!(&bytes[8..12], &[0, 0, 0x10, 0]);
         assert_eq!(&bytes[12..16], &[0, 0, 0x27, 0x10]);
         assert_eq!(&bytes[16..18], &[0, 16]);
@@ -344,6 +349,12 @@ mod tests {
     fn absent_private_data_means_defaults() {
         assert_eq!(ConnectInfo::decode(&[]).unwrap(), None);
         assert_eq!(ConnectInfo::decode(&[0; MAX_CONNECT_PRIVATE_DATA]).unwrap(), None);
+    }
+
+    #[test]
+    fn zero_receive_depth_is_valid() {
+        let info = ConnectInfo { recv_depth: 0, ..sample() };
+        assert_eq!(ConnectInfo::decode(&info.encode(MAX_CONNECT_PRIVATE_DATA).unwrap()).unwrap(), Some(info));
     }
 
     #[test]
@@ -389,7 +400,7 @@ mod tests {
             (
                 {
                     let mut b = good.clone();
-                    b[7] = 1;
+                    b[7] = 2;
                     b
                 },
                 WireError::ReservedNotZero,
@@ -409,14 +420,6 @@ mod tests {
                     b
                 },
                 WireError::BadField { field: "message size", value: 0 },
-            ),
-            (
-                {
-                    let mut b = good.clone();
-                    b[16..18].fill(0);
-                    b
-                },
-                WireError::BadField { field: "receive depth", value: 0 },
             ),
         ];
         for (bytes, want) in cases {

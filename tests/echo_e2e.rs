@@ -147,9 +147,15 @@ fn malformed_connect_header_is_rejected_with_a_reason() {
         (b"XXXXgarbage that is not a header".to_vec(), "bad magic"),
         (
             {
-                let mut h = rdma_reactor::ConnectInfo { msg_size: 64, msg_count: 1, recv_depth: 1, user: vec![] }
-                    .encode(56)
-                    .unwrap();
+                let mut h = rdma_reactor::ConnectInfo {
+                    msg_size: 64,
+                    msg_count: 1,
+                    recv_depth: 1,
+                    flow_control: false,
+                    user: vec![],
+                }
+                .encode(56)
+                .unwrap();
                 h[4] = 9;
                 h
             },
@@ -157,14 +163,19 @@ fn malformed_connect_header_is_rejected_with_a_reason() {
         ),
         (
             {
-                let mut h = rdma_reactor::ConnectInfo { msg_size: 64, msg_count: 1, recv_depth: 1, user: vec![] }
-                    .encode(56)
-                    .unwrap();
-                h[16] = 0;
-                h[17] = 0;
+                let mut h = rdma_reactor::ConnectInfo {
+                    msg_size: 64,
+                    msg_count: 1,
+                    recv_depth: 1,
+                    flow_control: false,
+                    user: vec![],
+                }
+                .encode(56)
+                .unwrap();
+                h[8..12].fill(0);
                 h
             },
-            "bad receive depth 0",
+            "bad message size 0",
         ),
     ];
     let mut results = Vec::new();

@@ -74,9 +74,9 @@ impl<'a> Ctx<'a> {
     /// Submits an operation on any connection. See [`Conn::submit`].
     pub fn submit_to(&mut self, token: Token, op: Op) -> std::result::Result<(), SubmitError> {
         if op.is_raw() {
-            return Err(SubmitError { error: Error::Config("raw operations go through submit_raw".into()), op });
+            return Err(SubmitError::new(Error::Config("raw operations go through submit_raw".into()), op));
         }
-        self.core.submit(token, op).map_err(|(error, op)| SubmitError { error, op })
+        self.core.submit(token, op)
     }
 
     /// A buffer of `len` bytes from the pool of the device `token`'s connection is on.
@@ -115,9 +115,15 @@ impl<'a> Ctx<'a> {
 #[derive(Debug)]
 pub struct SubmitError {
     /// Why.
-    pub error: Error,
+    pub error: Box<Error>,
     /// The operation, with its buffer.
-    pub op: Op,
+    pub op: Box<Op>,
+}
+
+impl SubmitError {
+    pub(super) fn new(error: Error, op: Op) -> SubmitError {
+        SubmitError { error: Box::new(error), op: Box::new(op) }
+    }
 }
 
 impl std::fmt::Display for SubmitError {
@@ -208,7 +214,7 @@ impl<'a> Conn<'a> {
     #[allow(unsafe_code)] // Only declares the contract; the body is safe code.
     pub unsafe fn submit_raw(&mut self, op: Op) -> std::result::Result<(), SubmitError> {
         let t = self.token;
-        self.ctx.core.submit(t, op).map_err(|(error, op)| SubmitError { error, op })
+        self.ctx.core.submit(t, op)
     }
 
     /// Starts closing this connection (disconnect, drain outstanding operations, destroy).

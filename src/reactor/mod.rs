@@ -20,7 +20,9 @@
 //!    only now: every CM event of the tick has been acked.
 
 pub(crate) mod ack;
+mod cq;
 mod ctx;
+mod post;
 mod stats;
 mod timer;
 
@@ -37,13 +39,15 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 
 use crate::conn::{Action, Agent, Client, CloseReason, CmEventKind, Input, Listener, ListenerAction, State, Step};
 use crate::error::{Error, Result};
+use crate::flow::{Flow, MIN_DEPTH};
 use crate::handler::{ConnectRequest, ConnectionHandler, Decision, ListenerHandler};
-use crate::op::{Body, Completion, OpCode, OpError, RawBuf};
+use crate::op::{Completion, OpCode, OpError, RawBuf, RemoteSlice};
 use crate::sys::cm::{CmEvent, CmId, ConnParam, EventChannel};
 use crate::sys::pool::{Buf, Pool, PoolConfig};
-use crate::sys::verbs::{CompChannel, Cq, DeviceRef, Pd, QpCaps, RecvWr, SendWr, WorkCompletion, POLL_BATCH};
+use crate::sys::verbs::{CompChannel, DeviceRef, Pd, QpCaps, WorkCompletion};
 use crate::token::{GenSlab, Kind, Token};
 use crate::wire::{ConnectInfo, RejectCode, RejectReason, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
+use cq::CqEntry;
 use timer::Timers;
 
 /// Deadlines of the connection-manager steps.
@@ -102,6 +106,16 @@ pub struct Config {
     pub max_inline: u32,
     /// Completion events counted per CQ before one `ibv_ack_cq_events` call.
     pub cq_ack_batch: u32,
+    /// `Some(entries)`: every connection on a device shares one CQ of that many entries
+    /// (room is accounted so it never overruns); `None`: one CQ per connection, sized for its
+    /// queue pair.
+    pub shared_cq: Option<u32>,
+    /// One send in this many asks for a completion (and the last of each chain); the others
+    /// are reported when the signaled one after them completes.
+    pub signal_every: u32,
+    /// Offer receive-credit flow control to peers (it applies when both sides offer it and
+    /// both keep at least 3 receives posted).
+    pub flow_control: bool,
     /// Completions reaped from one CQ per tick before the others get a turn.
     pub poll_budget: usize,
     /// Connection-manager deadlines.
@@ -122,6 +136,9 @@ impl Default for Config {
             recv_depth: 64,
             max_inline: 64,
             cq_ack_batch: 64,
+            shared_cq: None,
+            signal_every: 16,
+            flow_control: true,
             poll_budget: 256,
             timeouts: Timeouts::default(),
             retry_count: 7,
@@ -177,15 +194,22 @@ struct ConnEntry {
     role: Role,
     handler: Option<Box<dyn ConnectionHandler>>,
     device: Option<usize>,
-    cq: Option<Rc<Cq>>,
-    armed: bool,
-    hot: bool,
+    /// The CQ (in `Core::cqs`) of the queue pair, once created.
+    cq: Option<Token>,
     dirty: bool,
+    waiting_room: bool,
     caps: QpCaps,
     pending_send: VecDeque<Token>,
     pending_recv: VecDeque<Token>,
+    /// Send-queue operations posted and not completed, in posting order.
+    sq: VecDeque<Token>,
+    unsignaled: u32,
     out_send: u32,
     out_recv: u32,
+    /// Credit state, when both sides use flow control.
+    flow: Option<Flow>,
+    /// The connect information went out: receives posted from now on grant credits.
+    info_sent: bool,
     deadline: Option<(u64, Step)>,
     peer_info: Option<ConnectInfo>,
     local_info: ConnectInfo,
@@ -202,14 +226,17 @@ impl ConnEntry {
             handler: Some(handler),
             device: None,
             cq: None,
-            armed: false,
-            hot: false,
             dirty: false,
+            waiting_room: false,
             caps: QpCaps { max_send_wr: 0, max_recv_wr: 0, max_inline_data: 0 },
             pending_send: VecDeque::new(),
             pending_recv: VecDeque::new(),
+            sq: VecDeque::new(),
+            unsignaled: 0,
             out_send: 0,
             out_recv: 0,
+            flow: None,
+            info_sent: false,
             deadline: None,
             peer_info: None,
             local_info: ConnectInfo::default(),
@@ -222,7 +249,9 @@ impl ConnEntry {
     /// True when operations may be posted: the queue pair exists and the connection is being
     /// set up or is established.
     fn can_post(&self) -> bool {
-        self.cq.is_some() && matches!(self.role.state(), State::Accepting | State::Connecting | State::Established)
+        self.cq.is_some()
+            && self.id.is_some()
+            && matches!(self.role.state(), State::Accepting | State::Connecting | State::Established)
     }
 
     fn can_submit(&self) -> bool {
@@ -247,9 +276,17 @@ struct OpEntry {
     opcode: OpCode,
     buf: Option<Buf>,
     raw: Option<RawBuf>,
+    remote: Option<RemoteSlice>,
+    /// A credit-only send of the runtime's own: its completion reaches no handler.
+    control: bool,
+    /// A receive posted again after a credit-only message consumed it.
+    after_control: bool,
+    /// On the device (holds a CQ reservation); false while queued.
+    posted: bool,
 }
 
 impl OpEntry {
+    /// Local address, length and key of the work request.
     fn sge(&self) -> (u64, u32, u32) {
         match (&self.buf, &self.raw) {
             (Some(b), _) => {
@@ -269,6 +306,8 @@ struct UserTimer {
 
 struct Device {
     dev: DeviceRef,
+    /// The device's shared CQ, in `Config::shared_cq` mode.
+    shared_cq: Option<Token>,
     // Field order is drop order: the pool's regions before the channel and the PD.
     pool: Pool,
     chan: Rc<CompChannel>,
@@ -282,12 +321,13 @@ enum TimerTarget {
 }
 
 /// Everything a callback may touch through its context. Field order is drop order:
-/// connections (queue pairs, ids, CQs) before the operations' buffers, before the listeners,
-/// before the devices (pools, completion channels, PDs), before the CM channel.
+/// connections (queue pairs, ids) before the operations' buffers, before the CQs, before the
+/// listeners, before the devices (pools, completion channels, PDs), before the CM channel.
 pub(crate) struct Core {
     graveyard: Vec<CmId>,
     conns: GenSlab<ConnEntry>,
     ops: GenSlab<OpEntry>,
+    cqs: GenSlab<CqEntry>,
     listeners: GenSlab<ListenerEntry>,
     user_timers: GenSlab<UserTimer>,
     devices: Vec<Device>,
@@ -297,9 +337,10 @@ pub(crate) struct Core {
     timers: Timers<TimerTarget>,
     closing: Vec<Token>,
     closing_listeners: Vec<Token>,
+    /// CQs to poll this tick.
     hot: Vec<Token>,
     dirty: Vec<Token>,
-    /// Connections whose CQ has un-acked events.
+    /// CQs with un-acked events.
     evented: Vec<Token>,
     stop: bool,
     stats: Stats,
@@ -348,6 +389,7 @@ impl Reactor {
                 graveyard: Vec::new(),
                 conns: GenSlab::new(Kind::Conn),
                 ops: GenSlab::new(Kind::Op),
+                cqs: GenSlab::new(Kind::Cq),
                 listeners: GenSlab::new(Kind::Listener),
                 user_timers: GenSlab::new(Kind::Timer),
                 devices: Vec::new(),
@@ -601,15 +643,27 @@ impl Core {
             return self.reject_accepted(t, RejectCode::Refused, "closed by the application");
         }
         self.flush_conn(t);
+        let flow_offer = self.cfg.flow_control;
         let c = self.conns.get_mut(t).expect("live");
+        let depth = c.out_recv.min(u16::MAX as u32);
+        let peer = c.peer_info.as_ref();
+        let flow = flow_offer
+            && depth >= MIN_DEPTH
+            && peer.is_some_and(|p| p.flow_control && u32::from(p.recv_depth) >= MIN_DEPTH);
+        if flow {
+            let peer_depth = u32::from(peer.expect("checked").recv_depth);
+            c.flow = Some(Flow::new(peer_depth, depth));
+        }
         let local = ConnectInfo {
             msg_size: self.cfg.pool.max_chunk() as u32,
             msg_count: 0,
-            recv_depth: c.caps.max_recv_wr.min(u16::MAX as u32) as u16,
+            recv_depth: depth as u16,
+            flow_control: flow,
             user: Vec::new(),
         };
         let bytes = local.encode(MAX_ACCEPT_PRIVATE_DATA).unwrap_or_default();
         c.local_info = local;
+        c.info_sent = true;
         let (initiator, responder) = ev.conn_resources();
         let param = ConnParam {
             private_data: &bytes,
@@ -642,7 +696,13 @@ impl Core {
                 let c = self.conns.get_mut(t).expect("checked by caller");
                 if matches!(c.role, Role::Client(_)) {
                     match ConnectInfo::decode(&ev.private_data()) {
-                        Ok(info) => c.peer_info = info,
+                        Ok(info) => {
+                            let depth = u32::from(c.local_info.recv_depth);
+                            if let Some(p) = info.as_ref().filter(|p| p.flow_control && c.local_info.flow_control) {
+                                c.flow = Some(Flow::new(u32::from(p.recv_depth), depth));
+                            }
+                            c.peer_info = info;
+                        }
                         Err(e) => bad_accept = Some(format!("bad accept information from the server: {e}")),
                     }
                 }
@@ -736,8 +796,11 @@ impl Core {
             return None; // Closed by the handler in on_ready.
         }
         self.flush_conn(t);
+        let flow_offer = self.cfg.flow_control;
         let c = self.conns.get_mut(t)?;
-        c.local_info.recv_depth = c.caps.max_recv_wr.min(u16::MAX as u32) as u16;
+        c.local_info.recv_depth = c.out_recv.min(u16::MAX as u32) as u16;
+        c.local_info.flow_control = flow_offer && c.out_recv >= MIN_DEPTH;
+        c.info_sent = true;
         let bytes = match (&c.raw_private_data, c.local_info.encode(MAX_CONNECT_PRIVATE_DATA)) {
             (Some(raw), _) => raw.clone(),
             (None, Ok(b)) => b,
@@ -756,7 +819,8 @@ impl Core {
         None
     }
 
-    /// Creates the device resources if needed, the connection's CQ (armed) and queue pair.
+    /// Creates the device resources if needed, the connection's CQ (its own, or the
+    /// device's shared one) and queue pair.
     fn setup_qp(&mut self, t: Token) -> Result<()> {
         let dev = {
             let c = self.conns.get(t).ok_or(Error::StaleToken(t.as_u64()))?;
@@ -764,24 +828,34 @@ impl Core {
             id.device().ok_or_else(|| Error::NoDevice("the id is not bound to a device".into()))?
         };
         let d = self.device(dev)?;
-        let cfg = &self.cfg;
-        let entries = cfg.send_depth + cfg.recv_depth;
-        let ctx = format!("connection {t:?}");
-        let device = &self.devices[d];
-        let cq = Cq::new(dev, &device.chan, entries, t.as_u64(), cfg.cq_ack_batch)
-            .map_err(|e| Error::verb("ibv_create_cq", ctx.clone(), e))?;
-        cq.req_notify().map_err(|e| Error::verb("ibv_req_notify_cq", ctx.clone(), e))?;
-        self.stats.cq_arms += 1;
-        let want = QpCaps { max_send_wr: cfg.send_depth, max_recv_wr: cfg.recv_depth, max_inline_data: cfg.max_inline };
-        let pd = device.pd.clone();
+        let ct = match self.devices[d].shared_cq {
+            Some(ct) => ct,
+            None => self.new_cq(d, dev, self.cfg.send_depth + self.cfg.recv_depth, false)?,
+        };
+        let want = QpCaps {
+            max_send_wr: self.cfg.send_depth,
+            max_recv_wr: self.cfg.recv_depth,
+            max_inline_data: self.cfg.max_inline,
+        };
+        let pd = self.devices[d].pd.clone();
+        let cq = self.cqs.get(ct).expect("live").cq.clone();
+        let shared = self.devices[d].shared_cq.is_some();
         let c = self.conns.get_mut(t).expect("checked above");
         let id = c.id.as_mut().expect("checked above");
-        let caps = id.create_qp(&pd, &cq, &cq, want).map_err(|e| Error::verb("rdma_create_qp", ctx, e))?;
-        c.caps = caps;
-        c.cq = Some(cq);
-        c.armed = true;
-        c.device = Some(d);
-        Ok(())
+        match id.create_qp(&pd, &cq, &cq, want) {
+            Ok(caps) => {
+                c.caps = caps;
+                c.cq = Some(ct);
+                c.device = Some(d);
+                Ok(())
+            }
+            Err(e) => {
+                if !shared {
+                    self.cqs.remove(ct);
+                }
+                Err(Error::verb("rdma_create_qp", format!("connection {t:?}"), e))
+            }
+        }
     }
 
     /// The index of the device's resources, created on first use.
@@ -795,283 +869,12 @@ impl Core {
         let index = self.devices.len();
         let token = Token::new(Kind::CompChannel, index as u32, 1);
         self.epoll.add(&*chan, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
-        self.devices.push(Device { dev, pool, chan, pd });
+        self.devices.push(Device { dev, shared_cq: None, pool, chan, pd });
+        if let Some(entries) = self.cfg.shared_cq {
+            let ct = self.new_cq(index, dev, entries, true)?;
+            self.devices[index].shared_cq = Some(ct);
+        }
         Ok(index)
-    }
-
-    // ----- completions ----------------------------------------------------------------------
-
-    fn drain_comp(&mut self, d: usize) -> usize {
-        let Some(chan) = self.devices.get(d).map(|d| d.chan.clone()) else { return 0 };
-        let mut n = 0;
-        loop {
-            let ev = match chan.get_event() {
-                Ok(Some(ev)) => ev,
-                Ok(None) => break,
-                Err(e) if e.raw_os_error() == Some(nix::libc::EINTR) => continue,
-                // EIO after device removal: nothing more will come on this channel.
-                Err(_) => break,
-            };
-            n += 1;
-            self.stats.cq_events += 1;
-            let live = Token::from_u64(ev.context).and_then(|t| self.conns.get_mut(t).map(|c| (t, c)));
-            match live {
-                Some((t, c)) if c.cq.is_some() => {
-                    let cq = c.cq.as_ref().expect("checked");
-                    if cq.unacked() == 0 {
-                        self.evented.push(t);
-                    }
-                    cq.note_event();
-                    c.armed = false;
-                    if !c.hot {
-                        c.hot = true;
-                        self.hot.push(t);
-                    }
-                }
-                _ => chan.ack_orphan(ev),
-            }
-        }
-        n
-    }
-
-    fn poll_hot(&mut self) -> usize {
-        let hot = std::mem::take(&mut self.hot);
-        let mut total = 0;
-        let mut wcs = [WorkCompletion::default(); POLL_BATCH];
-        for t in hot {
-            let Some(c) = self.conns.get_mut(t) else { continue };
-            c.hot = false;
-            let Some(cq) = c.cq.clone() else { continue };
-            let mut budget = self.cfg.poll_budget;
-            let mut found = 0;
-            loop {
-                let want = budget.min(POLL_BATCH);
-                let n = cq.poll(&mut wcs[..want]).unwrap_or(0);
-                self.stats.cq_polls += 1;
-                for wc in &wcs[..n] {
-                    self.complete(t, *wc);
-                }
-                found += n;
-                budget -= n;
-                let Some(c) = self.conns.get_mut(t) else { break };
-                if n < want {
-                    // Empty: arm, then poll once more for a completion that raced the arm.
-                    if !c.armed {
-                        if cq.req_notify().is_ok() {
-                            c.armed = true;
-                        }
-                        self.stats.cq_arms += 1;
-                        continue;
-                    }
-                    break;
-                }
-                if budget == 0 {
-                    self.stats.budget_exhausted += 1;
-                    if !c.hot {
-                        c.hot = true;
-                        self.hot.push(t);
-                    }
-                    break;
-                }
-            }
-            if found == 0 {
-                self.stats.spurious_cq_events += 1;
-            }
-            total += found;
-        }
-        total
-    }
-
-    fn complete(&mut self, t: Token, wc: WorkCompletion) {
-        self.stats.completions += 1;
-        let op = Token::from_u64(wc.wr_id).and_then(|o| self.ops.remove(o));
-        let Some(op) = op.filter(|o| o.conn == t) else {
-            self.stats.stale_completions += 1;
-            return;
-        };
-        if let Some(c) = self.conns.get_mut(t) {
-            match op.opcode {
-                OpCode::Send => c.out_send = c.out_send.saturating_sub(1),
-                OpCode::Recv => c.out_recv = c.out_recv.saturating_sub(1),
-            }
-            if !c.pending_send.is_empty() || !c.pending_recv.is_empty() {
-                self.mark_dirty(t);
-            }
-        }
-        let completion = build_completion(op, &wc);
-        self.with_conn(t, |h, conn| h.on_completion(conn, completion));
-        if wc.status != crate::op::WcStatus::Success {
-            self.feed(t, Input::WorkError(wc.status));
-        } else if self.drained(t) {
-            self.feed(t, Input::Drained);
-        }
-    }
-
-    /// Acks the events of every CQ whose count reached the batch threshold. A CQ below it
-    /// stays listed; a destroyed CQ acked its own count.
-    fn flush_acks(&mut self) {
-        let mut keep = Vec::new();
-        for t in std::mem::take(&mut self.evented) {
-            if let Some(cq) = self.conns.get(t).and_then(|c| c.cq.as_ref()) {
-                let n = cq.ack_due();
-                if n > 0 {
-                    self.stats.cq_ack_calls += 1;
-                    self.stats.cq_events_acked += u64::from(n);
-                }
-                if cq.unacked() > 0 {
-                    keep.push(t);
-                }
-            }
-        }
-        self.evented = keep;
-    }
-
-    // ----- posting --------------------------------------------------------------------------
-
-    fn mark_dirty(&mut self, t: Token) {
-        if let Some(c) = self.conns.get_mut(t) {
-            if !c.dirty {
-                c.dirty = true;
-                self.dirty.push(t);
-            }
-        }
-    }
-
-    pub(crate) fn submit(&mut self, t: Token, op: crate::op::Op) -> std::result::Result<(), (Error, crate::op::Op)> {
-        let Some(c) = self.conns.get(t) else { return Err((Error::StaleToken(t.as_u64()), op)) };
-        if !c.can_submit() {
-            let what = format!("connection {t:?} is {:?}", c.role.state());
-            return Err((Error::NotConnected(what), op));
-        }
-        let pool = &self.devices[c.device.expect("a connection with a CQ has a device")].pool;
-        let len = match &op.body {
-            Body::Send(b) | Body::Recv(b) => {
-                if !pool.owns(b) {
-                    return Err((Error::Config("the buffer belongs to another device's pool".into()), op));
-                }
-                b.len()
-            }
-            Body::RawSend(r) | Body::RawRecv(r) => r.len as usize,
-        };
-        if op.opcode() == OpCode::Send {
-            if let Some(max) = c.peer_info.as_ref().map(|i| i.msg_size as usize) {
-                if len > max {
-                    return Err((Error::TooLarge { len, max }, op));
-                }
-            }
-        }
-        let opcode = op.opcode();
-        let (buf, raw) = match op.body {
-            Body::Send(b) | Body::Recv(b) => (Some(b), None),
-            Body::RawSend(r) | Body::RawRecv(r) => (None, Some(r)),
-        };
-        let ot = self.ops.insert(OpEntry { conn: t, user_data: op.user_data, opcode, buf, raw });
-        let c = self.conns.get_mut(t).expect("checked");
-        match opcode {
-            OpCode::Send => c.pending_send.push_back(ot),
-            OpCode::Recv => c.pending_recv.push_back(ot),
-        }
-        self.mark_dirty(t);
-        Ok(())
-    }
-
-    fn flush_posts(&mut self) {
-        for t in std::mem::take(&mut self.dirty) {
-            self.flush_conn(t);
-        }
-    }
-
-    /// Posts a connection's queued operations, as many as its queues have room for: one chain
-    /// per direction (one doorbell each).
-    fn flush_conn(&mut self, t: Token) {
-        let Some(c) = self.conns.get_mut(t) else { return };
-        c.dirty = false;
-        if !c.can_post() {
-            return;
-        }
-        let mut failed: Vec<(Token, i32)> = Vec::new();
-
-        let room = c.caps.max_recv_wr.saturating_sub(c.out_recv) as usize;
-        let take: Vec<Token> = (0..room.min(c.pending_recv.len())).filter_map(|_| c.pending_recv.pop_front()).collect();
-        if !take.is_empty() {
-            let wrs: Vec<RecvWr> = take
-                .iter()
-                .filter_map(|ot| self.ops.get(*ot).map(|o| (ot, o.sge())))
-                .map(|(ot, (addr, len, lkey))| RecvWr { wr_id: ot.as_u64(), addr, len, lkey })
-                .collect();
-            let c = self.conns.get_mut(t).expect("live");
-            let r = c.id.as_ref().expect("live id").post_recv(&wrs);
-            self.stats.post_recv_calls += 1;
-            let posted = match r {
-                Ok(()) => wrs.len(),
-                Err(e) => {
-                    let rest = &take[e.posted..];
-                    if e.error.raw_os_error() == Some(nix::libc::ENOMEM) {
-                        for ot in rest.iter().rev() {
-                            c.pending_recv.push_front(*ot);
-                        }
-                    } else {
-                        let errno = e.error.raw_os_error().unwrap_or(0);
-                        failed.extend(rest.iter().map(|ot| (*ot, errno)));
-                    }
-                    e.posted
-                }
-            };
-            c.out_recv += posted as u32;
-            self.stats.wrs_posted += posted as u64;
-        }
-
-        let c = self.conns.get_mut(t).expect("live");
-        let room = c.caps.max_send_wr.saturating_sub(c.out_send) as usize;
-        let inline_max = c.caps.max_inline_data;
-        let take: Vec<Token> = (0..room.min(c.pending_send.len())).filter_map(|_| c.pending_send.pop_front()).collect();
-        if !take.is_empty() {
-            let wrs: Vec<SendWr> = take
-                .iter()
-                .filter_map(|ot| self.ops.get(*ot).map(|o| (ot, o.sge())))
-                .map(|(ot, (addr, len, lkey))| SendWr {
-                    wr_id: ot.as_u64(),
-                    addr,
-                    len,
-                    lkey,
-                    signaled: true,
-                    inline: len > 0 && len <= inline_max,
-                })
-                .collect();
-            let c = self.conns.get_mut(t).expect("live");
-            let r = c.id.as_ref().expect("live id").post_send(&wrs);
-            self.stats.post_send_calls += 1;
-            let posted = match r {
-                Ok(()) => wrs.len(),
-                Err(e) => {
-                    let rest = &take[e.posted..];
-                    if e.error.raw_os_error() == Some(nix::libc::ENOMEM) {
-                        for ot in rest.iter().rev() {
-                            c.pending_send.push_front(*ot);
-                        }
-                    } else {
-                        let errno = e.error.raw_os_error().unwrap_or(0);
-                        failed.extend(rest.iter().map(|ot| (*ot, errno)));
-                    }
-                    e.posted
-                }
-            };
-            c.out_send += posted as u32;
-            self.stats.wrs_posted += posted as u64;
-        }
-
-        for (ot, errno) in failed {
-            if let Some(op) = self.ops.remove(ot) {
-                let completion = Completion {
-                    user_data: op.user_data,
-                    opcode: op.opcode,
-                    result: Err(OpError::Post(errno)),
-                    buf: op.buf,
-                };
-                self.with_conn(t, |h, conn| h.on_completion(conn, completion));
-            }
-            self.feed(t, Input::WorkError(crate::op::WcStatus::LocQpOpErr));
-        }
     }
 
     // ----- timers ---------------------------------------------------------------------------
@@ -1140,52 +943,41 @@ impl Core {
         n
     }
 
-    /// Destroys one closed connection: queue pair and id first, then the completions still
-    /// in its CQ are reaped, then the CQ (acks flushed), then its never-posted operations are
-    /// cancelled, then the handler hears `on_closed`.
+    /// Destroys one closed connection, in rdma-core's order:
+    /// 1. the queue pair and the id (`rdma_destroy_qp`, `rdma_destroy_id`; the tick's CM events
+    ///    are all acked);
+    /// 2. its CQ is drained, so every completion it produced reaches its handler (a shared CQ
+    ///    delivers other connections' completions too);
+    /// 3. operations that never completed are cancelled (their buffers are safe to hand back:
+    ///    the queue pair is gone) and their CQ room given back;
+    /// 4. its own CQ, if it has one, is destroyed (counted events acked first);
+    /// 5. the handler hears `on_closed`; the connection's timers are cancelled.
     fn destroy_conn(&mut self, t: Token) {
+        let Some(c) = self.conns.get_mut(t) else { return };
+        let id = c.id.take();
+        let ct = c.cq;
+        drop(id);
+        if let Some(ct) = ct {
+            self.poll_cq(ct, usize::MAX);
+        }
+        let completions = self.cancel_ops(t, ct);
         let Some(mut c) = self.conns.remove(t) else { return };
         self.stats.closed += 1;
         self.user_timers.retain(|timer| timer.owner != t);
         let reason = c.close_reason.take().unwrap_or(CloseReason::Local);
         let mut handler = c.handler.take();
-        // rdma_destroy_qp, then rdma_destroy_id: all of the tick's CM events are acked.
-        drop(c.id.take());
-        let mut completions = Vec::new();
-        if let Some(cq) = c.cq.take() {
-            let mut wcs = [WorkCompletion::default(); POLL_BATCH];
-            loop {
-                let n = cq.poll(&mut wcs).unwrap_or(0);
-                for wc in &wcs[..n] {
-                    let op = Token::from_u64(wc.wr_id).and_then(|o| self.ops.remove(o));
-                    if let Some(op) = op.filter(|o| o.conn == t) {
-                        completions.push(build_completion(op, wc));
+        if let Some(ct) = ct {
+            if let Some(e) = self.cqs.get_mut(ct) {
+                e.waiting.retain(|w| *w != t);
+                if !e.shared {
+                    let unacked = e.cq.unacked();
+                    if unacked > 0 {
+                        self.stats.cq_ack_calls += 1;
+                        self.stats.cq_events_acked += u64::from(unacked);
                     }
+                    // Drop acks the counted events, then ibv_destroy_cq.
+                    self.cqs.remove(ct);
                 }
-                if n < POLL_BATCH {
-                    break;
-                }
-            }
-            let acked = cq.unacked();
-            if acked > 0 {
-                self.stats.cq_ack_calls += 1;
-                self.stats.cq_events_acked += u64::from(acked);
-            }
-            // Drop acks the counted events, then ibv_destroy_cq.
-            drop(cq);
-        }
-        // Operations the device never completed (the queue pair is gone, so their buffers are
-        // no longer in use) and operations never posted.
-        let rest: Vec<Token> =
-            self.ops.tokens().into_iter().filter(|o| self.ops.get(*o).is_some_and(|e| e.conn == t)).collect();
-        for o in rest {
-            if let Some(op) = self.ops.remove(o) {
-                completions.push(Completion {
-                    user_data: op.user_data,
-                    opcode: op.opcode,
-                    result: Err(OpError::Cancelled),
-                    buf: op.buf,
-                });
             }
         }
         drop(c);
@@ -1280,7 +1072,13 @@ impl Core {
         if msg_size as usize > self.cfg.pool.max_chunk() {
             return Err(Error::TooLarge { len: msg_size as usize, max: self.cfg.pool.max_chunk() });
         }
-        let local_info = ConnectInfo { msg_size, msg_count: opts.msg_count, recv_depth: 1, user: opts.user_data };
+        let local_info = ConnectInfo {
+            msg_size,
+            msg_count: opts.msg_count,
+            recv_depth: 1,
+            flow_control: false,
+            user: opts.user_data,
+        };
         local_info.encode(MAX_CONNECT_PRIVATE_DATA)?;
         if opts.raw_private_data.as_ref().is_some_and(|r| r.len() > MAX_CONNECT_PRIVATE_DATA) {
             return Err(Error::Config(format!("raw private data is limited to {MAX_CONNECT_PRIVATE_DATA} bytes")));
@@ -1338,14 +1136,14 @@ fn build_completion(op: OpEntry, wc: &WorkCompletion) -> Completion {
         match op.opcode {
             OpCode::Recv => Ok(wc.byte_len),
             // A send's byte_len is undefined in the completion; report what was posted.
-            OpCode::Send => Ok(op.sge().1),
+            _ => Ok(op.sge().1),
         }
     } else {
         Err(OpError::Wc(wc.status))
     };
     let mut buf = op.buf;
     if let (Some(b), OpCode::Recv, Ok(n)) = (buf.as_mut(), op.opcode, &result) {
-        let _ = b.set_len(*n as usize);
+        let _ = b.set_len(if wc.remote_write { 0 } else { *n as usize });
     }
-    Completion { user_data: op.user_data, opcode: op.opcode, result, buf }
+    Completion { user_data: op.user_data, opcode: op.opcode, result, buf, remote_write: wc.remote_write }
 }

@@ -21,6 +21,7 @@ use std::rc::Rc;
 
 use super::verbs::{Access, Mr, Pd};
 use crate::error::{Error, Result};
+use crate::op::{RemoteAccess, RemoteSlice};
 
 /// Pool sizing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -329,5 +330,103 @@ impl Drop for Buf {
         if inner.clusters[slot].as_ref().is_some_and(|c| Rc::ptr_eq(c, &self.cluster)) {
             inner.free[slot].push(self.chunk);
         }
+    }
+}
+
+impl Buf {
+    /// Exposes this chunk to peers with exactly `access`: registers a memory region over the
+    /// chunk alone, with local write and the remote rights asked for, nothing wider.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for an empty `access`; [`Error::Verb`] when `ibv_reg_mr` fails.
+    pub fn expose(self, access: RemoteAccess) -> Result<Exposed> {
+        if access.is_empty() {
+            return Err(Error::Config("exposing memory needs READ, WRITE or both".into()));
+        }
+        let mut flags = Access::LOCAL_WRITE;
+        if access.contains(RemoteAccess::READ) {
+            flags |= Access::REMOTE_READ;
+        }
+        if access.contains(RemoteAccess::WRITE) {
+            flags |= Access::REMOTE_WRITE;
+        }
+        let pd = self.class.borrow().pd.clone();
+        // SAFETY: the chunk stays allocated while `Exposed` holds this Buf, and `Exposed`
+        // declares the region before the Buf, so the region is deregistered first.
+        let mr = unsafe { Mr::register(&pd, self.base(), self.cap, flags) }
+            .map_err(|e| Error::verb("ibv_reg_mr", format!("exposing {} bytes ({access:?})", self.cap), e))?;
+        Ok(Exposed { mr, buf: self, access })
+    }
+}
+
+/// A pool chunk peers may read or write (an RDMA READ or WRITE target), through its own
+/// memory region with exactly the rights it was exposed with.
+///
+/// Peers may write it at any time, so it hands out no references into it: [`read_at`] and
+/// [`write_at`] copy. Dropping it (or [`into_buf`]) deregisters the region first, so the key
+/// stops working before the chunk is reused.
+///
+/// [`read_at`]: Exposed::read_at
+/// [`write_at`]: Exposed::write_at
+/// [`into_buf`]: Exposed::into_buf
+pub struct Exposed {
+    // Field order is drop order: the region goes before the chunk.
+    mr: Mr,
+    buf: Buf,
+    access: RemoteAccess,
+}
+
+impl fmt::Debug for Exposed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Exposed").field("remote", &self.remote()).field("access", &self.access).finish()
+    }
+}
+
+impl Exposed {
+    /// The descriptor a peer needs: address, length (the chunk's capacity) and remote key.
+    pub fn remote(&self) -> RemoteSlice {
+        RemoteSlice { addr: self.buf.addr(), len: self.buf.cap as u32, rkey: self.mr.rkey() }
+    }
+
+    /// The rights peers have.
+    pub fn access(&self) -> RemoteAccess {
+        self.access
+    }
+
+    /// Bytes the region covers.
+    pub fn capacity(&self) -> usize {
+        self.buf.cap
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.buf.cap => Ok(()),
+            _ => Err(Error::TooLarge { len: offset.saturating_add(len), max: self.buf.cap }),
+        }
+    }
+
+    /// Copies `dst.len()` bytes at `offset` out of the region.
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.check(offset, dst.len())?;
+        // SAFETY: in bounds (checked); the chunk is alive while self holds it; a raw copy makes
+        // no reference to memory a peer may be writing.
+        unsafe { std::ptr::copy_nonoverlapping(self.buf.base().add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Copies `src` into the region at `offset`.
+    pub fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        self.check(offset, src.len())?;
+        // SAFETY: as in read_at.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.buf.base().add(offset), src.len()) };
+        Ok(())
+    }
+
+    /// Revokes the peers' access (deregisters the region) and gives the chunk back.
+    pub fn into_buf(self) -> Buf {
+        let Exposed { mr, buf, .. } = self;
+        drop(mr);
+        buf
     }
 }

@@ -152,6 +152,8 @@ pub struct WorkCompletion {
     pub byte_len: u32,
     /// Immediate data, host order, when the completion carries it.
     pub imm: Option<u32>,
+    /// A receive consumed by an RDMA WRITE with immediate.
+    pub remote_write: bool,
 }
 
 fn wc_status(v: ffi::ibv_wc_status::Type) -> WcStatus {
@@ -200,7 +202,7 @@ pub struct Cq {
 
 impl Default for WorkCompletion {
     fn default() -> Self {
-        WorkCompletion { wr_id: 0, status: WcStatus::Success, byte_len: 0, imm: None }
+        WorkCompletion { wr_id: 0, status: WcStatus::Success, byte_len: 0, imm: None, remote_write: false }
     }
 }
 
@@ -225,6 +227,12 @@ impl Cq {
 
     pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_cq {
         self.raw.as_ptr()
+    }
+
+    /// Sets the context `ibv_get_cq_event` returns for this CQ (our token).
+    pub fn set_context(&self, context: u64) {
+        // SAFETY: self.raw is live; cq_context is an opaque field the library only copies out.
+        unsafe { (*self.raw.as_ptr()).cq_context = context as usize as *mut _ };
     }
 
     /// Entries the device granted.
@@ -295,6 +303,7 @@ impl Cq {
                 byte_len: wc.byte_len,
                 // SAFETY: imm_data is the active member when IBV_WC_WITH_IMM is set.
                 imm: with_imm.then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
+                remote_write: status == WcStatus::Success && wc.opcode == ffi::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
             };
         }
         Ok(got)
@@ -364,11 +373,28 @@ impl Drop for Mr {
     }
 }
 
+/// The operation of a send-queue work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOp {
+    /// `IBV_WR_SEND`.
+    Send,
+    /// `IBV_WR_SEND_WITH_IMM`.
+    SendImm(u32),
+    /// `IBV_WR_RDMA_WRITE` to `(remote_addr, rkey)`.
+    Write(u64, u32),
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM`.
+    WriteImm(u64, u32, u32),
+    /// `IBV_WR_RDMA_READ` from `(remote_addr, rkey)`.
+    Read(u64, u32),
+}
+
 /// One send work request to post.
 #[derive(Clone, Copy, Debug)]
 pub struct SendWr {
     /// Our work request id.
     pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
     /// Local address.
     pub addr: u64,
     /// Length in bytes.
@@ -422,8 +448,23 @@ impl CmId {
         for (i, (w, raw)) in wrs.iter().zip(chain.iter_mut()).enumerate() {
             raw.wr_id = w.wr_id;
             raw.sg_list = &mut sges[i];
-            raw.num_sge = 1;
-            raw.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
+            raw.num_sge = if w.len == 0 { 0 } else { 1 };
+            let (opcode, imm, remote) = match w.op {
+                SendOp::Send => (ffi::ibv_wr_opcode::IBV_WR_SEND, None, None),
+                SendOp::SendImm(imm) => (ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, Some(imm), None),
+                SendOp::Write(a, k) => (ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE, None, Some((a, k))),
+                SendOp::WriteImm(a, k, imm) => {
+                    (ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, Some(imm), Some((a, k)))
+                }
+                SendOp::Read(a, k) => (ffi::ibv_wr_opcode::IBV_WR_RDMA_READ, None, Some((a, k))),
+            };
+            raw.opcode = opcode;
+            if let Some(imm) = imm {
+                raw.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            }
+            if let Some((remote_addr, rkey)) = remote {
+                raw.wr.rdma = ffi::rdma_t { remote_addr, rkey };
+            }
             let mut flags = 0;
             if w.signaled {
                 flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
