@@ -118,7 +118,6 @@ mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 mount -t tmpfs -o mode=1777 tmpfs /tmp
 # Pass the command's output through unchanged (no CR before LF).
 stty -onlcr 2>/dev/null
-dmesg -n 3
 hostname rxe-vm
 for m in {mods}; do
     out=$(insmod /xtask/modules/$m.ko 2>&1) || fail "insmod $m: $out"
