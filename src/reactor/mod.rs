@@ -762,6 +762,9 @@ impl Core {
             Action::Connect => return self.client_connect(t),
             Action::Established => {
                 self.stats.established += 1;
+                // Sends submitted before ESTABLISHED (a peer's first message can complete a
+                // receive before the event arrives) go out now.
+                self.mark_dirty(t);
                 self.with_conn(t, |h, conn| h.on_established(conn));
             }
             Action::Disconnect => {
@@ -838,22 +841,37 @@ impl Core {
             max_inline_data: self.cfg.max_inline,
         };
         let pd = self.devices[d].pd.clone();
-        let cq = self.cqs.get(ct).expect("live").cq.clone();
         let shared = self.devices[d].shared_cq.is_some();
+        let e = self.cqs.get_mut(ct).expect("live");
+        if !e.room.admit(self.cfg.recv_depth) {
+            let (cap, used) = (e.room.capacity(), e.room.reserved());
+            return Err(Error::Config(format!(
+                "the shared CQ has no room for {} more receives ({used} of {cap} entries committed)",
+                self.cfg.recv_depth
+            )));
+        }
+        let cq = e.cq.clone();
         let c = self.conns.get_mut(t).expect("checked above");
         let id = c.id.as_mut().expect("checked above");
         match id.create_qp(&pd, &cq, &cq, want) {
-            Ok(caps) => {
-                c.caps = caps;
+            Ok(granted) => {
+                // Post no more than was committed on the CQ, even if the device granted more.
+                c.caps = QpCaps {
+                    max_send_wr: granted.max_send_wr.min(want.max_send_wr),
+                    max_recv_wr: granted.max_recv_wr.min(want.max_recv_wr),
+                    max_inline_data: granted.max_inline_data,
+                };
                 c.cq = Some(ct);
                 c.device = Some(d);
                 Ok(())
             }
-            Err(e) => {
-                if !shared {
+            Err(err) => {
+                if shared {
+                    self.cqs.get_mut(ct).expect("live").room.leave(self.cfg.recv_depth);
+                } else {
                     self.cqs.remove(ct);
                 }
-                Err(Error::verb("rdma_create_qp", format!("connection {t:?}"), e))
+                Err(Error::verb("rdma_create_qp", format!("connection {t:?}"), err))
             }
         }
     }
@@ -969,6 +987,7 @@ impl Core {
         if let Some(ct) = ct {
             if let Some(e) = self.cqs.get_mut(ct) {
                 e.waiting.retain(|w| *w != t);
+                e.room.leave(c.caps.max_recv_wr);
                 if !e.shared {
                     let unacked = e.cq.unacked();
                     if unacked > 0 {

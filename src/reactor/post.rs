@@ -112,13 +112,14 @@ impl Core {
             return;
         }
         let Some(ct) = c.cq else { return };
-        self.post_recvs(t, ct);
+        self.post_recvs(t);
         if self.conns.get(t).is_some_and(|c| matches!(c.role.state(), State::Established)) {
             self.post_sends(t, ct);
         }
     }
 
     fn wait_for_room(&mut self, t: Token, ct: Token) {
+        self.stats.cq_room_waits += 1;
         let Some(c) = self.conns.get_mut(t) else { return };
         if !c.waiting_room {
             c.waiting_room = true;
@@ -128,18 +129,10 @@ impl Core {
         }
     }
 
-    fn post_recvs(&mut self, t: Token, ct: Token) {
+    fn post_recvs(&mut self, t: Token) {
         let c = self.conns.get_mut(t).expect("live");
-        let want = (c.pending_recv.len() as u32).min(c.caps.max_recv_wr.saturating_sub(c.out_recv));
-        if want == 0 {
-            return;
-        }
-        let e = self.cqs.get_mut(ct).expect("a connection's CQ lives as long as it");
-        let granted = e.room.reserve_recv(want);
-        e.peak = e.peak.max(e.room.reserved());
-        if granted < want {
-            self.wait_for_room(t, ct);
-        }
+        // Receives were admitted on the CQ with the queue pair: up to max_recv_wr have room.
+        let granted = (c.pending_recv.len() as u32).min(c.caps.max_recv_wr.saturating_sub(c.out_recv));
         if granted == 0 {
             return;
         }
@@ -175,9 +168,6 @@ impl Core {
             self.mark_dirty(t);
         }
         if let Err(e) = r {
-            if let Some(cq) = self.cqs.get_mut(ct) {
-                cq.room.release_recv((take.len() - posted) as u32);
-            }
             self.fail_unposted(t, &take[posted..], e.error.raw_os_error().unwrap_or(0));
         }
     }
@@ -262,7 +252,7 @@ impl Core {
             }
         }
         let e = self.cqs.get_mut(ct).expect("live");
-        e.peak = e.peak.max(e.room.reserved());
+        self.stats.cq_peak_reserved = self.stats.cq_peak_reserved.max(u64::from(e.room.reserved()));
         if short_of_room {
             self.wait_for_room(t, ct);
         }

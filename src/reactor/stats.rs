@@ -30,6 +30,10 @@ pub struct Stats {
     pub stale_completions: u64,
     /// Ticks in which a CQ hit the poll budget and was left for the next tick.
     pub budget_exhausted: u64,
+    /// Times a connection had sends ready but its CQ had no room left for them.
+    pub cq_room_waits: u64,
+    /// Most CQ entries ever committed or reserved on one CQ at once (never above its size).
+    pub cq_peak_reserved: u64,
     /// `ibv_post_send` calls.
     pub post_send_calls: u64,
     /// `ibv_post_recv` calls.

@@ -1,0 +1,553 @@
+//! Streams messages one way as fast as flow control allows, many connections from one thread.
+//!
+//! ```text
+//! blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet]
+//! blast client --connect ADDR:PORT --size BYTES --count N [--clients K] [--op send|write]
+//!              [--verify] [--window N]
+//! ```
+//!
+//! With `--op send` every message is a SEND into one of the server's posted receives. With
+//! `--op write` the server exposes a ring of `depth` slots (REMOTE_WRITE only) and sends its
+//! descriptor; each message is an RDMA WRITE with immediate into slot `seq % depth`, whose
+//! immediate consumes one receive so the server learns the slot is full. Either way the sender
+//! never has more messages in flight than the server has receives posted: receive credits
+//! (see the crate's `flow` module), so there are no RNR retries and nothing is lost.
+
+mod common;
+
+use std::cell::RefCell;
+use std::process::exit;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use common::{check_pattern, fill_pattern, Args};
+use rdma_reactor::{
+    CloseReason, Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision, Exposed,
+    ListenerHandler, Op, OpCode, OpError, Reactor, RejectCode, RejectReason, RemoteAccess, RemoteSlice, Token,
+    WcStatus,
+};
+
+const USAGE: &str = "\
+usage: blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet]
+       blast client --connect ADDR:PORT --size BYTES --count N [--clients K]
+                    [--op send|write] [--verify] [--window N]
+
+server: receives from any number of clients at once, from one thread.
+  --bind ADDR:PORT   address of an RDMA device to listen on
+  --verify           check every byte of every message
+  --depth N          receives posted per connection: the credit window (default 16, minimum 3)
+  --exit-after N     exit after N connections have closed (default: run until killed)
+  --quiet            no per-connection lines
+client: streams N messages of BYTES on each of K connections.
+  --connect ADDR:PORT
+  --size BYTES       message size (suffixes K, M); with --op write at most 1M / server depth
+  --count N          messages per connection
+  --clients K        connections from one reactor (default 1)
+  --op send|write    SEND, or RDMA WRITE with immediate into the server's ring (default send)
+  --verify           fill every message with a checkable pattern
+  --window N         messages submitted ahead per connection (default 64)";
+
+/// Connect-information user bytes: magic, op, client id.
+const USER_MAGIC: &[u8; 4] = b"BLST";
+
+fn main() {
+    let mut argv = std::env::args().skip(1);
+    match argv.next().as_deref() {
+        Some("server") => server(Args::parse(argv, &["verify", "quiet"], USAGE)),
+        Some("client") => client(Args::parse(argv, &["verify"], USAGE)),
+        Some("--help") | Some("-h") => println!("{USAGE}"),
+        _ => common::fail(USAGE, "the first argument is `server` or `client`"),
+    }
+}
+
+fn die(msg: &str) -> ! {
+    eprintln!("blast: {msg}");
+    exit(1)
+}
+
+fn rate(bytes: u64, msgs: u64, secs: f64) -> String {
+    let secs = secs.max(1e-9);
+    format!("{:.1} MB/s, {:.0} messages/s", bytes as f64 / secs / 1e6, msgs as f64 / secs)
+}
+
+fn cpu_seconds() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(u) => {
+            let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+            t(u.user_time()) + t(u.system_time())
+        }
+        Err(_) => 0.0,
+    }
+}
+
+// ----- server -------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Totals {
+    msgs: u64,
+    bytes: u64,
+    /// Bytes since the last per-second line.
+    window_bytes: u64,
+    window_msgs: u64,
+    closed: u64,
+    failed: u64,
+    active: u64,
+    exit_after: u64,
+}
+
+struct BlastListener {
+    depth: u32,
+    verify: bool,
+    quiet: bool,
+    totals: Rc<RefCell<Totals>>,
+    ticking: bool,
+    last_tick: Instant,
+}
+
+impl ListenerHandler for BlastListener {
+    fn on_connect_request(&mut self, ctx: &mut Ctx<'_>, req: &ConnectRequest) -> Decision {
+        let Some(info) = req.info.as_ref() else {
+            return Decision::Reject(RejectReason::new(RejectCode::Unsupported, "blast needs a blast client"));
+        };
+        let user = &info.user;
+        if user.len() < 13 || &user[..4] != USER_MAGIC {
+            return Decision::Reject(RejectReason::new(RejectCode::Unsupported, "not a blast client"));
+        }
+        let write = user[4] == 1;
+        let client_id = u64::from_be_bytes(user[5..13].try_into().expect("8 bytes"));
+        let size = info.msg_size as usize;
+        let depth = if write { self.depth.min((1 << 20) / size.max(1) as u32) } else { self.depth };
+        if depth < 3 {
+            let text = format!("message size {size} leaves fewer than 3 ring slots");
+            return Decision::Reject(RejectReason::new(RejectCode::Unsupported, text));
+        }
+        if !self.ticking {
+            self.ticking = true;
+            self.last_tick = Instant::now();
+            let _ = ctx.set_timer(Duration::from_secs(1), 0);
+        }
+        self.totals.borrow_mut().active += 1;
+        Decision::Accept(Box::new(BlastAgent {
+            depth,
+            size,
+            write,
+            client_id,
+            verify: self.verify,
+            quiet: self.quiet,
+            ring: None,
+            seq: 0,
+            bytes: 0,
+            started: None,
+            error: None,
+            totals: self.totals.clone(),
+        }))
+    }
+
+    fn on_refused(&mut self, _ctx: &mut Ctx<'_>, peer: Option<std::net::SocketAddr>, reason: &RejectReason) {
+        eprintln!("blast server: refused {}: {reason}", peer.map_or("?".into(), |p| p.to_string()));
+    }
+
+    fn on_timer(&mut self, ctx: &mut Ctx<'_>, _user_data: u64) {
+        let mut t = self.totals.borrow_mut();
+        let secs = self.last_tick.elapsed().as_secs_f64();
+        self.last_tick = Instant::now();
+        if t.window_msgs > 0 {
+            println!("blast server: {} ({} connections)", rate(t.window_bytes, t.window_msgs, secs), t.active);
+        }
+        t.window_bytes = 0;
+        t.window_msgs = 0;
+        if t.active > 0 {
+            let _ = ctx.set_timer(Duration::from_secs(1), 0);
+        } else {
+            self.ticking = false;
+        }
+    }
+}
+
+struct BlastAgent {
+    depth: u32,
+    size: usize,
+    write: bool,
+    client_id: u64,
+    verify: bool,
+    quiet: bool,
+    ring: Option<Exposed>,
+    seq: u64,
+    bytes: u64,
+    started: Option<Instant>,
+    error: Option<String>,
+    totals: Rc<RefCell<Totals>>,
+}
+
+impl BlastAgent {
+    fn fail(&mut self, conn: &mut Conn<'_>, what: String) {
+        self.error.get_or_insert(what);
+        conn.close();
+    }
+}
+
+impl ConnectionHandler for BlastAgent {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        // With --op write the data lands in the ring; receives only carry the immediates.
+        let recv_size = if self.write { 64 } else { self.size };
+        for _ in 0..self.depth {
+            match conn.alloc(recv_size) {
+                Ok(b) => {
+                    if let Err(e) = conn.submit(Op::recv(b)) {
+                        return self.fail(conn, format!("post receive: {}", e.error));
+                    }
+                }
+                Err(e) => return self.fail(conn, format!("receive buffer: {e}")),
+            }
+        }
+    }
+
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        self.started = Some(Instant::now());
+        if !self.write {
+            return;
+        }
+        let ring = match conn.alloc(self.depth as usize * self.size).and_then(|b| b.expose(RemoteAccess::WRITE)) {
+            Ok(r) => r,
+            Err(e) => return self.fail(conn, format!("ring: {e}")),
+        };
+        let descriptor = ring.remote().slice(0, self.depth * self.size as u32).expect("the ring fits its chunk");
+        self.ring = Some(ring);
+        let mut msg = match conn.alloc(RemoteSlice::ENCODED_LEN) {
+            Ok(b) => b,
+            Err(e) => return self.fail(conn, format!("descriptor buffer: {e}")),
+        };
+        msg.fill_from(&descriptor.encode()).expect("16 bytes fit");
+        if let Err(e) = conn.submit(Op::send(msg)) {
+            self.fail(conn, format!("send the ring descriptor: {}", e.error));
+        }
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        match (c.opcode, c.result) {
+            (OpCode::Recv, Ok(n)) => {
+                let buf = c.buf.expect("pool receive");
+                if n as usize != self.size {
+                    return self.fail(conn, format!("message {}: {n} bytes, expected {}", self.seq, self.size));
+                }
+                if self.verify {
+                    let bad = if c.remote_write {
+                        let slot = (self.seq % u64::from(self.depth)) as usize * self.size;
+                        let mut data = vec![0u8; self.size];
+                        let ring = self.ring.as_ref().expect("write mode has a ring");
+                        ring.read_at(slot, &mut data).expect("slot in the ring");
+                        check_pattern(&data, self.client_id, self.seq)
+                    } else {
+                        check_pattern(buf.as_slice(), self.client_id, self.seq)
+                    };
+                    if let Some(at) = bad {
+                        return self.fail(conn, format!("message {}: byte {at} differs", self.seq));
+                    }
+                }
+                self.seq += 1;
+                self.bytes += u64::from(n);
+                {
+                    let mut t = self.totals.borrow_mut();
+                    t.msgs += 1;
+                    t.bytes += u64::from(n);
+                    t.window_msgs += 1;
+                    t.window_bytes += u64::from(n);
+                }
+                if let Err(e) = conn.submit(Op::recv(buf)) {
+                    self.fail(conn, format!("post receive: {}", e.error));
+                }
+            }
+            (_, Err(OpError::Wc(WcStatus::WrFlushErr) | OpError::Cancelled)) => {}
+            (op, Err(e)) => self.fail(conn, format!("{op:?} failed: {e}")),
+            (_, Ok(_)) => {}
+        }
+    }
+
+    fn on_closed(&mut self, ctx: &mut Ctx<'_>, token: Token, reason: CloseReason) {
+        let secs = self.started.map_or(0.0, |s| s.elapsed().as_secs_f64());
+        let mut t = self.totals.borrow_mut();
+        t.closed += 1;
+        t.active = t.active.saturating_sub(1);
+        let failed = self.error.is_some() || !reason.is_clean();
+        if failed {
+            t.failed += 1;
+        }
+        if !self.quiet || failed {
+            let verified = if self.verify { ", every byte verified" } else { "" };
+            let err = self.error.as_ref().map_or(String::new(), |e| format!(", FAILED: {e}"));
+            println!(
+                "blast server: {token:?} client {}: {} messages, {} bytes, {}{verified} ({reason}){err}",
+                self.client_id,
+                self.seq,
+                self.bytes,
+                rate(self.bytes, self.seq, secs)
+            );
+        }
+        if t.exit_after > 0 && t.closed >= t.exit_after {
+            println!(
+                "blast server: total {} messages, {} bytes, {} connections, {} failed",
+                t.msgs, t.bytes, t.closed, t.failed
+            );
+            ctx.stop();
+        }
+    }
+}
+
+fn server(args: Args) {
+    args.finish(&["bind", "depth", "exit-after"]);
+    let bind = args.addr("bind");
+    let depth: u32 = args.get("depth", 16);
+    if depth < 3 {
+        common::fail(USAGE, "--depth must be at least 3 (flow control needs a reserve)");
+    }
+    let totals = Rc::new(RefCell::new(Totals { exit_after: args.get("exit-after", 0), ..Totals::default() }));
+    let cfg = Config { recv_depth: depth, send_depth: 16, ..Config::default() };
+    let mut reactor = Reactor::new(cfg).unwrap_or_else(|e| die(&format!("cannot start: {e}")));
+    let listener = BlastListener {
+        depth,
+        verify: args.switch("verify"),
+        quiet: args.switch("quiet"),
+        totals: totals.clone(),
+        ticking: false,
+        last_tick: Instant::now(),
+    };
+    reactor.listen(bind, listener).unwrap_or_else(|e| die(&format!("cannot listen on {bind}: {e}")));
+    println!("blast server: listening on {bind} (pid {})", std::process::id());
+    if let Err(e) = reactor.run() {
+        die(&format!("reactor failed: {e}"));
+    }
+    let t = totals.borrow();
+    if t.failed > 0 {
+        exit(1);
+    }
+}
+
+// ----- client -------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct ClientTotals {
+    msgs: u64,
+    bytes: u64,
+    done: u64,
+    failures: Vec<String>,
+}
+
+struct BlastClient {
+    id: u64,
+    size: usize,
+    count: u64,
+    write: bool,
+    verify: bool,
+    window: u64,
+    submitted: u64,
+    completed: u64,
+    ring: Option<RemoteSlice>,
+    depth: u64,
+    error: Option<String>,
+    totals: Rc<RefCell<ClientTotals>>,
+}
+
+impl BlastClient {
+    fn fail(&mut self, conn: &mut Conn<'_>, what: String) {
+        self.error.get_or_insert(what);
+        conn.close();
+    }
+
+    fn pump(&mut self, conn: &mut Conn<'_>) {
+        if self.write && self.ring.is_none() {
+            return; // Waiting for the server's ring descriptor.
+        }
+        while self.submitted < self.count && self.submitted - self.completed < self.window {
+            let seq = self.submitted;
+            let mut buf = match conn.alloc(self.size) {
+                Ok(b) => b,
+                Err(e) => return self.fail(conn, format!("buffer: {e}")),
+            };
+            if self.verify {
+                fill_pattern(buf.as_mut_slice(), self.id, seq);
+            }
+            let op = match self.ring {
+                Some(ring) => {
+                    let slot = (seq % self.depth) as u32 * self.size as u32;
+                    let dst = ring.slice(slot, self.size as u32).expect("slot inside the ring");
+                    Op::write_imm(buf, dst)
+                }
+                None => Op::send(buf),
+            };
+            if let Err(e) = conn.submit(op.user_data(seq)) {
+                return self.fail(conn, format!("submit message {seq}: {}", e.error));
+            }
+            self.submitted += 1;
+        }
+    }
+}
+
+impl ConnectionHandler for BlastClient {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        // Receives for the server's credit-only messages (and, with --op write, its ring
+        // descriptor): flow control needs at least 3.
+        for _ in 0..4 {
+            match conn.alloc(64) {
+                Ok(b) => {
+                    let _ = conn.submit(Op::recv(b));
+                }
+                Err(e) => return self.fail(conn, format!("receive buffer: {e}")),
+            }
+        }
+    }
+
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        if let Some(info) = conn.peer_info() {
+            self.depth = u64::from(info.recv_depth);
+        }
+        if !conn.peer_info().is_some_and(|i| i.flow_control) {
+            return self.fail(conn, "the server does not use flow control".into());
+        }
+        if self.count == 0 {
+            return conn.close();
+        }
+        self.pump(conn);
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        match (c.opcode, c.result) {
+            (OpCode::Recv, Ok(n)) => {
+                let buf = c.buf.expect("pool receive");
+                if self.write && self.ring.is_none() {
+                    match RemoteSlice::decode(&buf.as_slice()[..n as usize]) {
+                        Some(r) if u64::from(r.len) >= self.depth * self.size as u64 => self.ring = Some(r),
+                        _ => return self.fail(conn, "bad ring descriptor from the server".into()),
+                    }
+                }
+                let _ = conn.submit(Op::recv(buf));
+                self.pump(conn);
+            }
+            (OpCode::Send | OpCode::WriteImm, Ok(n)) => {
+                self.completed += 1;
+                {
+                    let mut t = self.totals.borrow_mut();
+                    t.msgs += 1;
+                    t.bytes += u64::from(n);
+                }
+                drop(c.buf);
+                if self.completed == self.count {
+                    return conn.close();
+                }
+                self.pump(conn);
+            }
+            (_, Err(OpError::Wc(WcStatus::WrFlushErr) | OpError::Cancelled)) => {}
+            (op, Err(e)) => self.fail(conn, format!("{op:?} failed: {e}")),
+            (_, Ok(_)) => {}
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        let mut t = self.totals.borrow_mut();
+        if let Some(e) = self.error.take() {
+            t.failures.push(format!("connection {}: {e} ({reason})", self.id));
+        } else if self.completed < self.count {
+            let what =
+                format!("connection {}: closed after {} of {} messages: {reason}", self.id, self.completed, self.count);
+            t.failures.push(what);
+        } else {
+            t.done += 1;
+        }
+    }
+}
+
+fn client(args: Args) {
+    args.finish(&["connect", "size", "count", "clients", "op", "window"]);
+    let dst = args.addr("connect");
+    let size = args.size("size", 0);
+    if !(1..=1024 * 1024).contains(&size) {
+        common::fail(USAGE, "--size must be 1 to 1M bytes");
+    }
+    let count: u64 = args.get("count", 0);
+    let clients: u64 = args.get("clients", 1);
+    let window: u64 = args.get("window", 64);
+    let write = match args.get("op", "send".to_string()).as_str() {
+        "send" => false,
+        "write" => true,
+        other => common::fail(USAGE, &format!("--op {other:?}: send or write")),
+    };
+    if clients == 0 || window == 0 {
+        common::fail(USAGE, "--clients and --window must be at least 1");
+    }
+    let verify = args.switch("verify");
+    let cfg = Config { send_depth: 64.max(window as u32).min(1024), recv_depth: 4, ..Config::default() };
+    let mut reactor = Reactor::new(cfg).unwrap_or_else(|e| die(&format!("cannot start: {e}")));
+    let totals = Rc::new(RefCell::new(ClientTotals::default()));
+    // Ids unique across client processes, so a server can tell its connections apart.
+    let base = u64::from(std::process::id()) << 20;
+    for i in 0..clients {
+        let id = base + i;
+        let mut user = USER_MAGIC.to_vec();
+        user.push(u8::from(write));
+        user.extend_from_slice(&id.to_be_bytes());
+        let handler = BlastClient {
+            id,
+            size,
+            count,
+            write,
+            verify,
+            window,
+            submitted: 0,
+            completed: 0,
+            ring: None,
+            depth: 1,
+            error: None,
+            totals: totals.clone(),
+        };
+        let opts =
+            ConnectOptions { msg_size: size as u32, msg_count: count as u32, user_data: user, ..Default::default() };
+        if let Err(e) = reactor.connect(dst, opts, handler) {
+            die(&format!("cannot connect to {dst}: {e}"));
+        }
+    }
+    let start = Instant::now();
+    let cpu0 = cpu_seconds();
+    let mut last = (Instant::now(), 0u64, 0u64);
+    while !reactor.is_idle() {
+        if let Err(e) = reactor.run_once(Some(Duration::from_millis(250))) {
+            die(&format!("reactor failed: {e}"));
+        }
+        if last.0.elapsed() >= Duration::from_secs(1) {
+            let t = totals.borrow();
+            let secs = last.0.elapsed().as_secs_f64();
+            println!("blast client: {}", rate(t.bytes - last.2, t.msgs - last.1, secs));
+            last = (Instant::now(), t.msgs, t.bytes);
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
+    let t = totals.borrow();
+    let op = if write { "RDMA WRITE with immediate" } else { "SEND" };
+    println!(
+        "blast client: {} messages of {size} bytes ({} bytes) by {op} over {clients} connection(s) in {secs:.3} s: {}",
+        t.msgs,
+        t.bytes,
+        rate(t.bytes, t.msgs, secs)
+    );
+    if t.msgs > 0 {
+        println!("blast client: CPU time {:.2} us per message", cpu * 1e6 / t.msgs as f64);
+    }
+    let stats = reactor.stats();
+    println!(
+        "blast client: {} posts for {} work requests, {} completion events, {} acks",
+        stats.post_send_calls + stats.post_recv_calls,
+        stats.wrs_posted,
+        stats.cq_events,
+        stats.cq_ack_calls
+    );
+    if !t.failures.is_empty() {
+        for f in &t.failures {
+            eprintln!("blast client: FAILED {f}");
+        }
+        exit(1);
+    }
+    if t.done != clients || t.msgs != clients * count {
+        eprintln!("blast client: FAILED {} of {clients} connections completed, {} messages", t.done, t.msgs);
+        exit(1);
+    }
+}
