@@ -130,6 +130,7 @@ impl ListenerHandler for BlastListener {
         self.totals.borrow_mut().active += 1;
         Decision::Accept(Box::new(BlastAgent {
             depth,
+            expected: u64::from(info.msg_count),
             size,
             write,
             client_id,
@@ -167,6 +168,8 @@ impl ListenerHandler for BlastListener {
 
 struct BlastAgent {
     depth: u32,
+    /// Messages the client said it would send (0: not stated).
+    expected: u64,
     size: usize,
     write: bool,
     client_id: u64,
@@ -269,6 +272,9 @@ impl ConnectionHandler for BlastAgent {
         let mut t = self.totals.borrow_mut();
         t.closed += 1;
         t.active = t.active.saturating_sub(1);
+        if self.error.is_none() && self.expected > 0 && self.seq != self.expected {
+            self.error = Some(format!("received {} of the {} messages announced", self.seq, self.expected));
+        }
         let failed = self.error.is_some() || !reason.is_clean();
         if failed {
             t.failed += 1;

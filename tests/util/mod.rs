@@ -317,3 +317,43 @@ impl ConnectionHandler for PingClient {
         self.result.borrow_mut().closed = Some(reason);
     }
 }
+
+/// rxe's per-port counters (`rdma statistic show link DEV/1`), by name.
+pub fn link_counters() -> std::collections::HashMap<String, u64> {
+    let dev = std::env::var("RDMA_DEV").unwrap_or_else(|_| "rxe0".to_string());
+    let out = Command::new("rdma")
+        .args(["statistic", "show", "link", &format!("{dev}/1")])
+        .output()
+        .expect("run rdma statistic show link");
+    assert!(out.status.success(), "rdma statistic: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let words: Vec<&str> = text.split_whitespace().collect();
+    words.windows(2).filter_map(|w| w[1].parse::<u64>().ok().map(|v| (w[0].to_string(), v))).collect()
+}
+
+/// Runs a program to completion with a time limit; returns (success, stdout + stderr).
+pub fn run_output(program: impl AsRef<std::ffi::OsStr>, args: &[&str], limit: Duration) -> (bool, String) {
+    let child = Command::new(program.as_ref())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", program.as_ref()));
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(out)) => {
+            let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            (out.status.success(), text)
+        }
+        Ok(Err(e)) => panic!("waiting for {:?}: {e}", program.as_ref()),
+        Err(_) => {
+            let _ = Command::new("kill").arg(pid.to_string()).status();
+            panic!("{:?} {args:?} did not finish within {limit:?}", program.as_ref());
+        }
+    }
+}
