@@ -210,9 +210,12 @@ impl ConnectionHandler for EchoAgent {
 
     fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
         if let (OpCode::Recv, Ok(_)) = (c.opcode, c.result) {
-            conn.submit(Op::send(c.buf.expect("buffer"))).expect("echo");
-            let buf = conn.alloc(self.size).expect("agent receive buffer");
-            conn.submit(Op::recv(buf)).expect("agent post receive");
+            // Both are refused once the connection is closing (the peer left right after its
+            // last message); the buffers then just go back to the pool.
+            if conn.submit(Op::send(c.buf.expect("buffer"))).is_ok() {
+                let buf = conn.alloc(self.size).expect("agent receive buffer");
+                let _ = conn.submit(Op::recv(buf));
+            }
         }
     }
 
