@@ -60,11 +60,6 @@ fn main() {
     }
 }
 
-fn die(msg: &str) -> ! {
-    eprintln!("blast: {msg}");
-    exit(1)
-}
-
 fn rate(bytes: u64, msgs: u64, secs: f64) -> String {
     let secs = secs.max(1e-9);
     format!("{:.1} MB/s, {:.0} messages/s", bytes as f64 / secs / 1e6, msgs as f64 / secs)
@@ -309,7 +304,7 @@ fn server(args: Args) {
     }
     let totals = Rc::new(RefCell::new(Totals { exit_after: args.get("exit-after", 0), ..Totals::default() }));
     let cfg = Config { recv_depth: depth, send_depth: 16, ..Config::default() };
-    let mut reactor = Reactor::new(cfg).unwrap_or_else(|e| die(&format!("cannot start: {e}")));
+    let mut reactor = Reactor::new(cfg).unwrap_or_else(|e| common::die("blast", &format!("cannot start: {e}")));
     let listener = BlastListener {
         depth,
         verify: args.switch("verify"),
@@ -318,10 +313,10 @@ fn server(args: Args) {
         ticking: false,
         last_tick: Instant::now(),
     };
-    reactor.listen(bind, listener).unwrap_or_else(|e| die(&format!("cannot listen on {bind}: {e}")));
+    reactor.listen(bind, listener).unwrap_or_else(|e| common::die("blast", &format!("cannot listen on {bind}: {e}")));
     println!("blast server: listening on {bind} (pid {})", std::process::id());
     if let Err(e) = reactor.run() {
-        die(&format!("reactor failed: {e}"));
+        common::die("blast", &format!("reactor failed: {e}"));
     }
     let t = totals.borrow();
     if t.failed > 0 {
@@ -482,7 +477,7 @@ fn client(args: Args) {
     }
     let verify = args.switch("verify");
     let cfg = Config { send_depth: 64.max(window as u32).min(1024), recv_depth: 4, ..Config::default() };
-    let mut reactor = Reactor::new(cfg).unwrap_or_else(|e| die(&format!("cannot start: {e}")));
+    let mut reactor = Reactor::new(cfg).unwrap_or_else(|e| common::die("blast", &format!("cannot start: {e}")));
     let totals = Rc::new(RefCell::new(ClientTotals::default()));
     // Ids unique across client processes, so a server can tell its connections apart.
     let base = u64::from(std::process::id()) << 20;
@@ -508,7 +503,7 @@ fn client(args: Args) {
         let opts =
             ConnectOptions { msg_size: size as u32, msg_count: count as u32, user_data: user, ..Default::default() };
         if let Err(e) = reactor.connect(dst, opts, handler) {
-            die(&format!("cannot connect to {dst}: {e}"));
+            common::die("blast", &format!("cannot connect to {dst}: {e}"));
         }
     }
     let start = Instant::now();
@@ -516,7 +511,7 @@ fn client(args: Args) {
     let mut last = (Instant::now(), 0u64, 0u64);
     while !reactor.is_idle() {
         if let Err(e) = reactor.run_once(Some(Duration::from_millis(250))) {
-            die(&format!("reactor failed: {e}"));
+            common::die("blast", &format!("reactor failed: {e}"));
         }
         if last.0.elapsed() >= Duration::from_secs(1) {
             let t = totals.borrow();

@@ -161,13 +161,13 @@ fn server(args: Args) {
         exit_after: args.get("exit-after", 0),
     }));
     let cfg = Config { recv_depth: depth.max(16), ..Config::default() };
-    let mut reactor = Reactor::new(cfg).unwrap_or_else(|e| die(&format!("cannot start: {e}")));
+    let mut reactor = Reactor::new(cfg).unwrap_or_else(|e| common::die("echo", &format!("cannot start: {e}")));
     reactor
         .listen(bind, EchoListener { depth, stats: stats.clone() })
-        .unwrap_or_else(|e| die(&format!("cannot listen on {bind}: {e}")));
+        .unwrap_or_else(|e| common::die("echo", &format!("cannot listen on {bind}: {e}")));
     println!("echo server: listening on {bind} (pid {})", std::process::id());
     if let Err(e) = reactor.run() {
-        die(&format!("reactor failed: {e}"));
+        common::die("echo", &format!("reactor failed: {e}"));
     }
 }
 
@@ -339,7 +339,7 @@ fn client(args: Args) {
     let verify = args.switch("verify");
     let stall = Duration::from_secs(args.get("stall-timeout", 20));
     let cfg = Config { send_depth: 4, recv_depth: 4, ..Config::default() };
-    let mut reactor = Reactor::new(cfg).unwrap_or_else(|e| die(&format!("cannot start: {e}")));
+    let mut reactor = Reactor::new(cfg).unwrap_or_else(|e| common::die("echo", &format!("cannot start: {e}")));
     let results = Rc::new(RefCell::new(Results::default()));
     for index in 0..clients {
         let handler = EchoClient {
@@ -358,14 +358,14 @@ fn client(args: Args) {
         };
         let opts = ConnectOptions { msg_size: size as u32, msg_count: count as u32, ..Default::default() };
         if let Err(e) = reactor.connect(dst, opts, handler) {
-            die(&format!("cannot connect to {dst}: {e}"));
+            common::die("echo", &format!("cannot connect to {dst}: {e}"));
         }
     }
     let start = Instant::now();
     let mut last_report = Instant::now();
     while !reactor.is_idle() {
         if let Err(e) = reactor.run_once(Some(Duration::from_millis(500))) {
-            die(&format!("reactor failed: {e}"));
+            common::die("echo", &format!("reactor failed: {e}"));
         }
         if last_report.elapsed() >= Duration::from_secs(2) {
             last_report = Instant::now();
@@ -411,9 +411,4 @@ fn client(args: Args) {
         eprintln!("echo client: FAILED only {} of {clients} connections completed", r.completed);
         exit(1);
     }
-}
-
-fn die(msg: &str) -> ! {
-    eprintln!("echo: {msg}");
-    exit(1)
 }

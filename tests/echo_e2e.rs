@@ -143,40 +143,17 @@ fn malformed_connect_header_is_rejected_with_a_reason() {
     let server = addr();
     let agents_closed = Rc::new(RefCell::new(Vec::new()));
     reactor.listen(server, EchoListener { depth: 1, agents_closed: agents_closed.clone() }).expect("listen");
+    // A valid header with one corruption.
+    let corrupt = |f: fn(&mut Vec<u8>)| {
+        let info = rdma_reactor::ConnectInfo { msg_size: 64, msg_count: 1, recv_depth: 1, ..Default::default() };
+        let mut h = info.encode(56).expect("encode");
+        f(&mut h);
+        h
+    };
     let cases: Vec<(Vec<u8>, &str)> = vec![
         (b"XXXXgarbage that is not a header".to_vec(), "bad magic"),
-        (
-            {
-                let mut h = rdma_reactor::ConnectInfo {
-                    msg_size: 64,
-                    msg_count: 1,
-                    recv_depth: 1,
-                    flow_control: false,
-                    user: vec![],
-                }
-                .encode(56)
-                .unwrap();
-                h[4] = 9;
-                h
-            },
-            "unsupported version 9",
-        ),
-        (
-            {
-                let mut h = rdma_reactor::ConnectInfo {
-                    msg_size: 64,
-                    msg_count: 1,
-                    recv_depth: 1,
-                    flow_control: false,
-                    user: vec![],
-                }
-                .encode(56)
-                .unwrap();
-                h[8..12].fill(0);
-                h
-            },
-            "bad message size 0",
-        ),
+        (corrupt(|h| h[4] = 9), "unsupported version 9"),
+        (corrupt(|h| h[8..12].fill(0)), "bad message size 0"),
     ];
     let mut results = Vec::new();
     for (i, (raw, _)) in cases.iter().enumerate() {

@@ -97,6 +97,12 @@ pub fn parse_size(v: &str) -> Option<usize> {
     num.parse::<usize>().ok()?.checked_mul(mul)
 }
 
+/// Prints `program: msg` and exits 1 (a failure at run time, not a usage error).
+pub fn die(program: &str, msg: &str) -> ! {
+    eprintln!("{program}: {msg}");
+    exit(1)
+}
+
 /// Prints the error and the usage, exits 2.
 pub fn fail(usage: &str, msg: &str) -> ! {
     eprintln!("error: {msg}\n\n{usage}");
