@@ -23,7 +23,7 @@ wait $server 2>/dev/null
 /// The blast example: a server, then a client streaming 64 KiB messages at it.
 pub const BLAST: &str = r#"
 echo "== blast: server on $RDMA_ADDR:7472; client: 2000 x 65536 B, verified"
-"$BIN"/blast server --bind "$RDMA_ADDR:7472" &
+"$BIN"/blast server --bind "$RDMA_ADDR:7472" --verify &
 server=$!
 sleep 1
 "$BIN"/blast client --connect "$RDMA_ADDR:7472" --size 65536 --count 2000 --verify
