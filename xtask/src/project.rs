@@ -26,12 +26,15 @@ pub struct Binaries {
     pub examples: Vec<Binary>,
     /// `tests/*.rs` (not the library's unit-test executable).
     pub tests: Vec<Binary>,
+    /// `benches/*.rs`: packed into `$BIN` so they can run in the VM (`"$BIN"/latency --bench`),
+    /// never run by `cargo xtask test`.
+    pub benches: Vec<Binary>,
 }
 
 impl Binaries {
-    /// Examples and tests together.
+    /// Examples, tests and benches together.
     pub fn all(&self) -> impl Iterator<Item = &Binary> {
-        self.examples.iter().chain(&self.tests)
+        self.examples.iter().chain(&self.tests).chain(&self.benches)
     }
 }
 
@@ -95,12 +98,15 @@ pub fn build() -> Result<Binaries> {
         Vec::new()
     };
     let tests = artifacts(&cargo_json(&["test", "--no-run"])?, &manifest, "test")?;
-    for t in &tests {
-        if examples.iter().any(|e| e.name == t.name) {
-            bail!("an example and an integration test are both called `{}`: $BIN can hold only one", t.name);
-        }
+    let has_benches = std::fs::read_dir(util::workspace_root().join("benches")).is_ok();
+    let benches =
+        if has_benches { artifacts(&cargo_json(&["bench", "--no-run"])?, &manifest, "bench")? } else { Vec::new() };
+    let mut names: Vec<&str> = examples.iter().chain(&tests).chain(&benches).map(|b| b.name.as_str()).collect();
+    names.sort_unstable();
+    if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+        bail!("two of the examples, integration tests and benches are called `{}`: $BIN can hold only one", w[0]);
     }
-    Ok(Binaries { examples, tests })
+    Ok(Binaries { examples, tests, benches })
 }
 
 /// Makes a directory of symlinks NAME -> executable (the host's `$BIN`).
