@@ -34,6 +34,7 @@ fn pingpong_every_size_in_one_reactor() {
         assert_eq!(r.error, None, "size {size}");
         assert_eq!(r.echoed, *count, "size {size}: every message echoed");
         assert_eq!(r.verified_bytes, *count * *size as u64, "size {size}: every byte verified");
+        assert_eq!(r.cancelled, 1, "size {size}: the receive submitted after close came back cancelled");
         assert_eq!(r.closed, Some(CloseReason::Local), "size {size}");
     }
     run_until(&mut reactor, Duration::from_secs(30), || agents_closed.borrow().len() == plan.len());

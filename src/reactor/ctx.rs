@@ -190,14 +190,14 @@ impl<'a> Conn<'a> {
     /// with the tick's other operations on this queue pair, and completes exactly once through
     /// [`on_completion`](ConnectionHandler::on_completion).
     ///
-    /// Operations may be submitted from [`on_ready`](ConnectionHandler::on_ready) until the
-    /// connection starts closing.
+    /// Operations are accepted from [`on_ready`](ConnectionHandler::on_ready) until the
+    /// connection is closed. Once it is closing they are not posted any more and complete with
+    /// [`OpError::Cancelled`](crate::OpError::Cancelled), their buffer handed back.
     ///
     /// # Errors
     ///
-    /// The connection is not in a state that takes operations, the buffer belongs to another
-    /// device, or a send is larger than the peer accepts. The operation comes back in the
-    /// error.
+    /// The connection has no queue pair yet or is gone, the buffer belongs to another device,
+    /// or a send is larger than the peer accepts. The operation comes back in the error.
     pub fn submit(&mut self, op: Op) -> std::result::Result<(), SubmitError> {
         let t = self.token;
         self.ctx.submit_to(t, op)

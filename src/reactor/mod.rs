@@ -254,12 +254,12 @@ impl ConnEntry {
             && matches!(self.role.state(), State::Accepting | State::Connecting | State::Established)
     }
 
+    /// True when operations are accepted: from the queue pair's creation until the connection
+    /// is closed. On a closing connection they are never posted and complete with
+    /// `OpError::Cancelled` (a receive re-posted as the peer disconnects is a normal race, not
+    /// an error).
     fn can_submit(&self) -> bool {
-        self.cq.is_some()
-            && matches!(
-                self.role.state(),
-                State::ResolvingRoute | State::Accepting | State::Connecting | State::Established
-            )
+        self.cq.is_some() && !self.role.state().is_closed()
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use rdma_reactor::{
     Buf, CloseReason, Completion, Conn, ConnectRequest, ConnectionHandler, Ctx, Decision, ListenerHandler, Op, OpCode,
-    Reactor, Token,
+    OpError, Reactor, Token,
 };
 
 /// The reason RDMA tests are ignored on a host without a device.
@@ -229,6 +229,8 @@ impl ConnectionHandler for EchoAgent {
 pub struct PingResult {
     pub echoed: u64,
     pub verified_bytes: u64,
+    /// Operations that completed `Cancelled` (the receive submitted after closing).
+    pub cancelled: u64,
     pub closed: Option<CloseReason>,
     pub error: Option<String>,
 }
@@ -306,10 +308,17 @@ impl ConnectionHandler for PingClient {
                 self.waiting_echo = false;
                 if self.seq == self.count {
                     conn.close();
+                    // A submission on a closing connection is accepted and comes back
+                    // cancelled, with its buffer, before on_closed.
+                    conn.submit(Op::recv(buf)).expect("submit after close is accepted");
                     return;
                 }
                 conn.submit(Op::recv(buf)).expect("client post receive");
                 self.send_next(conn);
+            }
+            (OpCode::Recv, Err(OpError::Cancelled)) if self.seq == self.count => {
+                assert!(c.buf.is_some(), "the buffer comes back");
+                self.result.borrow_mut().cancelled += 1;
             }
             (op, Err(e)) if self.seq < self.count => self.fail(conn, format!("{op:?} failed: {e}")),
             _ => {}
