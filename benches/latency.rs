@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use rdma_reactor::{
-    Completion, Config, Conn, ConnectInfo, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision,
-    ListenerHandler, Op, OpCode, Reactor, Token,
+    Completion, Conn, ConnectInfo, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision, ListenerHandler,
+    Op, OpCode, Reactor, Token,
 };
 
 fn host(c: &mut Criterion) {
@@ -99,7 +99,7 @@ fn rdma(c: &mut Criterion) {
         return;
     };
     let addr: SocketAddr = format!("{ip}:7600").parse().expect("RDMA_ADDR is an IP address");
-    let mut reactor = Reactor::new(Config::default()).expect("reactor");
+    let mut reactor = Reactor::new().expect("reactor");
     reactor.listen(addr, Echo).expect("listen");
     let shared = Rc::new(RefCell::new(Shared::default()));
     let opts = ConnectOptions { msg_size: 64, ..Default::default() };

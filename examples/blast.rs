@@ -306,7 +306,7 @@ fn server(args: Args) {
     }
     let totals = Rc::new(RefCell::new(Totals { exit_after: args.get("exit-after", 0), ..Totals::default() }));
     let cfg = Config { recv_depth: depth, send_depth: 16, ..Config::default() };
-    let mut reactor = Reactor::new(cfg).unwrap_or_else(|e| common::die("blast", &format!("cannot start: {e}")));
+    let mut reactor = Reactor::with_config(cfg).unwrap_or_else(|e| common::die("blast", &format!("cannot start: {e}")));
     let listener = BlastListener {
         depth,
         verify: args.switch("verify"),
@@ -479,7 +479,7 @@ fn client(args: Args) {
     }
     let verify = args.switch("verify");
     let cfg = Config { send_depth: 64.max(window as u32).min(1024), recv_depth: 4, ..Config::default() };
-    let mut reactor = Reactor::new(cfg).unwrap_or_else(|e| common::die("blast", &format!("cannot start: {e}")));
+    let mut reactor = Reactor::with_config(cfg).unwrap_or_else(|e| common::die("blast", &format!("cannot start: {e}")));
     let totals = Rc::new(RefCell::new(ClientTotals::default()));
     // Ids unique across client processes, so a server can tell its connections apart.
     let base = u64::from(std::process::id()) << 20;

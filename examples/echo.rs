@@ -161,7 +161,7 @@ fn server(args: Args) {
         exit_after: args.get("exit-after", 0),
     }));
     let cfg = Config { recv_depth: depth.max(16), ..Config::default() };
-    let mut reactor = Reactor::new(cfg).unwrap_or_else(|e| common::die("echo", &format!("cannot start: {e}")));
+    let mut reactor = Reactor::with_config(cfg).unwrap_or_else(|e| common::die("echo", &format!("cannot start: {e}")));
     reactor
         .listen(bind, EchoListener { depth, stats: stats.clone() })
         .unwrap_or_else(|e| common::die("echo", &format!("cannot listen on {bind}: {e}")));
@@ -339,7 +339,7 @@ fn client(args: Args) {
     let verify = args.switch("verify");
     let stall = Duration::from_secs(args.get("stall-timeout", 20));
     let cfg = Config { send_depth: 4, recv_depth: 4, ..Config::default() };
-    let mut reactor = Reactor::new(cfg).unwrap_or_else(|e| common::die("echo", &format!("cannot start: {e}")));
+    let mut reactor = Reactor::with_config(cfg).unwrap_or_else(|e| common::die("echo", &format!("cannot start: {e}")));
     let results = Rc::new(RefCell::new(Results::default()));
     for index in 0..clients {
         let handler = EchoClient {

@@ -47,7 +47,7 @@
 //! }
 //!
 //! fn main() -> rdma_reactor::Result<()> {
-//!     let mut reactor = Reactor::new(Config::default())?;
+//!     let mut reactor = Reactor::new()?;
 //!     reactor.listen("198.18.0.1:7471".parse().unwrap(), Server)?;
 //!     reactor.run() // One thread serves every connection.
 //! }

@@ -163,10 +163,11 @@ impl ConnectionHandler for Burst {
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn two_hundred_connections_share_one_cq_without_overrun() {
     let server_addr = addr();
-    let mut server = Reactor::new(Config { recv_depth: 8, send_depth: 8, ..Config::default() }).expect("server");
+    let mut server =
+        Reactor::with_config(Config { recv_depth: 8, send_depth: 8, ..Config::default() }).expect("server");
     server.listen(server_addr, Sink).expect("listen");
     let cfg = Config { shared_cq: Some(1024), recv_depth: 3, send_depth: 16, ..Config::default() };
-    let mut clients = Reactor::new(cfg).expect("clients");
+    let mut clients = Reactor::with_config(cfg).expect("clients");
     let counts = Rc::new(RefCell::new(Counts::default()));
     for _ in 0..200 {
         let h = Burst { count: 16, done: 0, counts: counts.clone() };
@@ -300,7 +301,7 @@ impl ConnectionHandler for Reader {
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn read_returns_exact_bytes_and_bad_keys_fail_alone() {
-    let mut reactor = Reactor::new(Config::default()).expect("reactor");
+    let mut reactor = Reactor::new().expect("reactor");
     let server = addr();
     reactor.listen(server, Exposer).expect("listen");
     let pp_server = addr();

@@ -16,7 +16,7 @@ use util::*;
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn pingpong_every_size_in_one_reactor() {
-    let mut reactor = Reactor::new(Config::default()).expect("reactor");
+    let mut reactor = Reactor::new().expect("reactor");
     let server = addr();
     let agents_closed = Rc::new(RefCell::new(Vec::new()));
     reactor.listen(server, EchoListener { depth: 8, agents_closed: agents_closed.clone() }).expect("listen");
@@ -62,7 +62,8 @@ fn server_process_serves_64_clients_and_returns_to_baseline() {
     assert_eq!(baseline.qp, 0, "{baseline:?}");
     assert!(baseline.cm_id >= 1, "the listener's id is counted: {baseline:?}");
 
-    let mut reactor = Reactor::new(Config { send_depth: 4, recv_depth: 4, ..Config::default() }).expect("reactor");
+    let mut reactor =
+        Reactor::with_config(Config { send_depth: 4, recv_depth: 4, ..Config::default() }).expect("reactor");
     let mut results = Vec::new();
     for i in 0..64 {
         let (client, result) = PingClient::new(i, 256, 50);
@@ -140,7 +141,7 @@ fn echo_client_against_plain_rdma_server() {
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn malformed_connect_header_is_rejected_with_a_reason() {
-    let mut reactor = Reactor::new(Config::default()).expect("reactor");
+    let mut reactor = Reactor::new().expect("reactor");
     let server = addr();
     let agents_closed = Rc::new(RefCell::new(Vec::new()));
     reactor.listen(server, EchoListener { depth: 1, agents_closed: agents_closed.clone() }).expect("listen");

@@ -371,9 +371,23 @@ fn os(call: &'static str) -> impl FnOnce(Errno) -> Error {
 }
 
 impl Reactor {
-    /// A reactor with the given configuration: creates the epoll instance and the shared,
+    /// A reactor with the default configuration: creates the epoll instance and the shared,
     /// non-blocking rdma_cm event channel.
-    pub fn new(cfg: Config) -> Result<Reactor> {
+    ///
+    /// # Errors
+    ///
+    /// `epoll_create1` or `rdma_create_event_channel` failed (no RDMA stack: librdmacm cannot
+    /// open `/dev/infiniband/rdma_cm`).
+    pub fn new() -> Result<Reactor> {
+        Reactor::with_config(Config::default())
+    }
+
+    /// A reactor with the given configuration. See [`Reactor::new`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Reactor::new`], and [`Error::Config`] for a depth or budget of zero.
+    pub fn with_config(cfg: Config) -> Result<Reactor> {
         if cfg.send_depth == 0 || cfg.recv_depth == 0 {
             return Err(Error::Config("send and receive depth must be at least 1".into()));
         }
