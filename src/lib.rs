@@ -9,7 +9,7 @@
 //!
 //! ```no_run
 //! use rdma_reactor::{
-//!     Completion, Config, ConnectRequest, ConnectionHandler, Conn, Ctx, Decision, ListenerHandler, Op, OpCode,
+//!     Completion, ConnectRequest, ConnectionHandler, Conn, Ctx, Decision, ListenerHandler, Op, OpCode,
 //!     Reactor,
 //! };
 //!
