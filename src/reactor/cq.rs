@@ -17,6 +17,8 @@
 use std::collections::VecDeque;
 use std::rc::Rc;
 
+use smallvec::SmallVec;
+
 use super::{build_completion, Core};
 use crate::conn::Input;
 use crate::error::{Error, Result};
@@ -234,7 +236,8 @@ impl Core {
             self.stats.stale_completions += 1;
             return;
         };
-        let mut done: Vec<(Token, WorkCompletion)> = Vec::new();
+        // Usually one operation, or a few unsignaled ones before it: no allocation per completion.
+        let mut done: SmallVec<[(Token, WorkCompletion); 8]> = SmallVec::new();
         if opcode.on_send_queue() {
             // Unsignaled work requests posted before this one completed with it, in order.
             let Some(c) = self.conns.get_mut(t) else { return };

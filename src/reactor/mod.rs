@@ -215,7 +215,6 @@ struct ConnEntry {
     local_info: ConnectInfo,
     raw_private_data: Option<Vec<u8>>,
     close_reason: Option<CloseReason>,
-    dst: Option<SocketAddr>,
 }
 
 impl ConnEntry {
@@ -242,7 +241,6 @@ impl ConnEntry {
             local_info: ConnectInfo::default(),
             raw_private_data: None,
             close_reason: None,
-            dst: None,
         }
     }
 
@@ -581,10 +579,16 @@ impl Core {
     /// Rejects the id a connect request created and queues it for destruction.
     fn refuse_child(&mut self, ev: &CmEvent, reason: RejectReason) {
         if let Some(child) = ev.take_child(&self.cm, 0) {
-            let _ = child.reject(&reason.encode());
-            self.stats.rejected += 1;
-            self.graveyard.push(child);
+            self.reject_child(child, &reason);
         }
+    }
+
+    /// Rejects a connect request's new id with `reason`; the id is destroyed at the end of the
+    /// tick, after its CONNECT_REQUEST is acked.
+    fn reject_child(&mut self, child: CmId, reason: &RejectReason) {
+        let _ = child.reject(&reason.encode());
+        self.stats.rejected += 1;
+        self.graveyard.push(child);
     }
 
     fn on_listener_event(&mut self, t: Token, ev: &CmEvent) {
@@ -608,9 +612,7 @@ impl Core {
         let Some(child) = ev.take_child(&self.cm, 0) else { return };
         let peer = child.peer_addr();
         let refuse = |core: &mut Core, child: CmId, reason: RejectReason| {
-            let _ = child.reject(&reason.encode());
-            core.stats.rejected += 1;
-            core.graveyard.push(child);
+            core.reject_child(child, &reason);
             core.with_listener(lt, |h, ctx| h.on_refused(ctx, peer, &reason));
         };
         let info = match ConnectInfo::decode(&ev.private_data()) {
@@ -629,11 +631,7 @@ impl Core {
         self.with_listener(lt, |h, ctx| decision = Some(h.on_connect_request(ctx, &req)));
         match decision {
             None => refuse(self, child, RejectReason::new(RejectCode::Refused, "listener closed")),
-            Some(Decision::Reject(reason)) => {
-                let _ = child.reject(&reason.encode());
-                self.stats.rejected += 1;
-                self.graveyard.push(child);
-            }
+            Some(Decision::Reject(reason)) => self.reject_child(child, &reason),
             Some(Decision::Accept(handler)) => self.accept(child, req.info, handler, ev),
         }
     }
@@ -1131,7 +1129,6 @@ impl Core {
                 c.id = Some(id);
                 c.local_info = local_info;
                 c.raw_private_data = opts.raw_private_data;
-                c.dst = Some(dst);
                 self.apply(t, first);
                 Ok(t)
             }

@@ -50,14 +50,8 @@ impl Core {
         if let Some(max) = limit.filter(|max| len > *max) {
             return Err(SubmitError::new(Error::TooLarge { len, max }, op));
         }
+        let opcode = op.opcode();
         let Op { body, user_data } = op;
-        let opcode = match &body {
-            Body::Send(_) | Body::RawSend(_) => OpCode::Send,
-            Body::Recv(_) | Body::RawRecv(_) => OpCode::Recv,
-            Body::Write(..) => OpCode::Write,
-            Body::WriteImm(..) => OpCode::WriteImm,
-            Body::Read(..) => OpCode::Read,
-        };
         let (buf, raw, remote) = match body {
             Body::Send(b) | Body::Recv(b) => (Some(b), None, None),
             Body::Write(b, r) | Body::WriteImm(b, r) => (Some(b), None, Some(r)),
@@ -136,7 +130,6 @@ impl Core {
         if granted == 0 {
             return;
         }
-        let c = self.conns.get_mut(t).expect("live");
         let take: Vec<Token> = c.pending_recv.drain(..granted as usize).collect();
         let wrs: Vec<RecvWr> = take
             .iter()
@@ -163,9 +156,6 @@ impl Core {
                     flow.on_repost(op.after_control);
                 }
             }
-        }
-        if c.flow.as_ref().is_some_and(|f| f.wants_control()) {
-            self.mark_dirty(t);
         }
         if let Err(e) = r {
             self.fail_unposted(t, &take[posted..], e.error.raw_os_error().unwrap_or(0));
