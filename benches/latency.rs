@@ -26,7 +26,7 @@ fn host(c: &mut Criterion) {
     c.bench_function("wire/decode_connect_info_56B", |b| b.iter(|| ConnectInfo::decode(black_box(&bytes))));
     c.bench_function("token/from_u64", |b| {
         let raw = (4u64 << 56) | (7 << 32) | 12345;
-        b.iter(|| Token::from_u64(black_box(raw)).map(|t| t.index()))
+        b.iter(|| Token::from_u64(black_box(raw)).map(Token::as_u64))
     });
 }
 
@@ -114,9 +114,9 @@ fn rdma(c: &mut Criterion) {
     group.bench_function("pingpong_64B", |b| {
         b.iter_custom(|iters| {
             shared.borrow_mut().remaining = iters;
-            let buf = reactor.ctx().alloc_for(client, 64).expect("buffer");
+            let buf = reactor.ctx().alloc(client, 64).expect("buffer");
             let start = Instant::now();
-            reactor.ctx().submit_to(client, Op::send(buf)).expect("send");
+            reactor.ctx().submit(client, Op::send(buf)).expect("send");
             while shared.borrow().remaining > 0 {
                 reactor.run_once(Some(Duration::from_millis(100))).expect("tick");
             }

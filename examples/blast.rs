@@ -198,7 +198,7 @@ impl ConnectionHandler for BlastAgent {
                         return self.fail(conn, format!("post receive: {}", e.error));
                     }
                 }
-                Err(e) => return self.fail(conn, format!("receive buffer: {e}")),
+                Err(e) => return self.fail(conn, format!("receive buffer: {}", common::report(&e))),
             }
         }
     }
@@ -210,13 +210,13 @@ impl ConnectionHandler for BlastAgent {
         }
         let ring = match conn.alloc(self.depth as usize * self.size).and_then(|b| b.expose(RemoteAccess::WRITE)) {
             Ok(r) => r,
-            Err(e) => return self.fail(conn, format!("ring: {e}")),
+            Err(e) => return self.fail(conn, format!("ring: {}", common::report(&e))),
         };
         let descriptor = ring.remote().slice(0, self.depth * self.size as u32).expect("the ring fits its chunk");
         self.ring = Some(ring);
         let mut msg = match conn.alloc(RemoteSlice::ENCODED_LEN) {
             Ok(b) => b,
-            Err(e) => return self.fail(conn, format!("descriptor buffer: {e}")),
+            Err(e) => return self.fail(conn, format!("descriptor buffer: {}", common::report(&e))),
         };
         msg.fill_from(&descriptor.encode()).expect("16 bytes fit");
         if let Err(e) = conn.submit(Op::send(msg)) {
@@ -259,7 +259,7 @@ impl ConnectionHandler for BlastAgent {
                 }
             }
             (_, Err(OpError::Wc(WcStatus::WrFlushErr) | OpError::Cancelled)) => {}
-            (op, Err(e)) => self.fail(conn, format!("{op:?} failed: {e}")),
+            (op, Err(e)) => self.fail(conn, format!("{op:?} failed: {}", common::report(&e))),
             (_, Ok(_)) => {}
         }
     }
@@ -306,7 +306,8 @@ fn server(args: Args) {
     }
     let totals = Rc::new(RefCell::new(Totals { exit_after: args.get("exit-after", 0), ..Totals::default() }));
     let cfg = Config { recv_depth: depth, send_depth: 16, ..Config::default() };
-    let mut reactor = Reactor::with_config(cfg).unwrap_or_else(|e| common::die("blast", &format!("cannot start: {e}")));
+    let mut reactor = Reactor::with_config(cfg)
+        .unwrap_or_else(|e| common::die("blast", &format!("cannot start: {}", common::report(&e))));
     let listener = BlastListener {
         depth,
         verify: args.switch("verify"),
@@ -315,10 +316,12 @@ fn server(args: Args) {
         ticking: false,
         last_tick: Instant::now(),
     };
-    reactor.listen(bind, listener).unwrap_or_else(|e| common::die("blast", &format!("cannot listen on {bind}: {e}")));
+    reactor
+        .listen(bind, listener)
+        .unwrap_or_else(|e| common::die("blast", &format!("cannot listen on {bind}: {}", common::report(&e))));
     println!("blast server: listening on {bind} (pid {})", std::process::id());
     if let Err(e) = reactor.run() {
-        common::die("blast", &format!("reactor failed: {e}"));
+        common::die("blast", &format!("reactor failed: {}", common::report(&e)));
     }
     let t = totals.borrow();
     if t.failed > 0 {
@@ -365,7 +368,7 @@ impl BlastClient {
             let seq = self.submitted;
             let mut buf = match conn.alloc(self.size) {
                 Ok(b) => b,
-                Err(e) => return self.fail(conn, format!("buffer: {e}")),
+                Err(e) => return self.fail(conn, format!("buffer: {}", common::report(&e))),
             };
             if self.verify {
                 fill_pattern(buf.as_mut_slice(), self.id, seq);
@@ -395,7 +398,7 @@ impl ConnectionHandler for BlastClient {
                 Ok(b) => {
                     let _ = conn.submit(Op::recv(b));
                 }
-                Err(e) => return self.fail(conn, format!("receive buffer: {e}")),
+                Err(e) => return self.fail(conn, format!("receive buffer: {}", common::report(&e))),
             }
         }
     }
@@ -440,7 +443,7 @@ impl ConnectionHandler for BlastClient {
                 self.pump(conn);
             }
             (_, Err(OpError::Wc(WcStatus::WrFlushErr) | OpError::Cancelled)) => {}
-            (op, Err(e)) => self.fail(conn, format!("{op:?} failed: {e}")),
+            (op, Err(e)) => self.fail(conn, format!("{op:?} failed: {}", common::report(&e))),
             (_, Ok(_)) => {}
         }
     }
@@ -479,7 +482,8 @@ fn client(args: Args) {
     }
     let verify = args.switch("verify");
     let cfg = Config { send_depth: 64.max(window as u32).min(1024), recv_depth: 4, ..Config::default() };
-    let mut reactor = Reactor::with_config(cfg).unwrap_or_else(|e| common::die("blast", &format!("cannot start: {e}")));
+    let mut reactor = Reactor::with_config(cfg)
+        .unwrap_or_else(|e| common::die("blast", &format!("cannot start: {}", common::report(&e))));
     let totals = Rc::new(RefCell::new(ClientTotals::default()));
     // Ids unique across client processes, so a server can tell its connections apart.
     let base = u64::from(std::process::id()) << 20;
@@ -505,7 +509,7 @@ fn client(args: Args) {
         let opts =
             ConnectOptions { msg_size: size as u32, msg_count: count as u32, user_data: user, ..Default::default() };
         if let Err(e) = reactor.connect(dst, opts, handler) {
-            common::die("blast", &format!("cannot connect to {dst}: {e}"));
+            common::die("blast", &format!("cannot connect to {dst}: {}", common::report(&e)));
         }
     }
     let start = Instant::now();
@@ -513,7 +517,7 @@ fn client(args: Args) {
     let mut last = (Instant::now(), 0u64, 0u64);
     while !reactor.is_idle() {
         if let Err(e) = reactor.run_once(Some(Duration::from_millis(250))) {
-            common::die("blast", &format!("reactor failed: {e}"));
+            common::die("blast", &format!("reactor failed: {}", common::report(&e)));
         }
         if last.0.elapsed() >= Duration::from_secs(1) {
             let t = totals.borrow();

@@ -161,13 +161,14 @@ fn server(args: Args) {
         exit_after: args.get("exit-after", 0),
     }));
     let cfg = Config { recv_depth: depth.max(16), ..Config::default() };
-    let mut reactor = Reactor::with_config(cfg).unwrap_or_else(|e| common::die("echo", &format!("cannot start: {e}")));
+    let mut reactor = Reactor::with_config(cfg)
+        .unwrap_or_else(|e| common::die("echo", &format!("cannot start: {}", common::report(&e))));
     reactor
         .listen(bind, EchoListener { depth, stats: stats.clone() })
-        .unwrap_or_else(|e| common::die("echo", &format!("cannot listen on {bind}: {e}")));
+        .unwrap_or_else(|e| common::die("echo", &format!("cannot listen on {bind}: {}", common::report(&e))));
     println!("echo server: listening on {bind} (pid {})", std::process::id());
     if let Err(e) = reactor.run() {
-        common::die("echo", &format!("reactor failed: {e}"));
+        common::die("echo", &format!("reactor failed: {}", common::report(&e)));
     }
 }
 
@@ -234,7 +235,7 @@ impl ConnectionHandler for EchoClient {
                     self.fail(conn, msg);
                 }
             }
-            (Err(e), _) | (_, Err(e)) => self.fail(conn, format!("buffers: {e}")),
+            (Err(e), _) | (_, Err(e)) => self.fail(conn, format!("buffers: {}", common::report(&e))),
         }
     }
 
@@ -244,7 +245,7 @@ impl ConnectionHandler for EchoClient {
                 return self.fail(conn, format!("the server takes messages up to {max} bytes, not {}", self.size));
             }
         }
-        let _ = conn.set_timer(self.stall, 0);
+        let _ = conn.ctx().set_timer(self.stall, 0);
         if self.count == 0 {
             conn.close();
             return;
@@ -302,7 +303,7 @@ impl ConnectionHandler for EchoClient {
             return self.fail(conn, msg);
         }
         self.seen_at_last_check = self.seq;
-        let _ = conn.set_timer(self.stall, 0);
+        let _ = conn.ctx().set_timer(self.stall, 0);
     }
 
     fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
@@ -339,7 +340,8 @@ fn client(args: Args) {
     let verify = args.switch("verify");
     let stall = Duration::from_secs(args.get("stall-timeout", 20));
     let cfg = Config { send_depth: 4, recv_depth: 4, ..Config::default() };
-    let mut reactor = Reactor::with_config(cfg).unwrap_or_else(|e| common::die("echo", &format!("cannot start: {e}")));
+    let mut reactor = Reactor::with_config(cfg)
+        .unwrap_or_else(|e| common::die("echo", &format!("cannot start: {}", common::report(&e))));
     let results = Rc::new(RefCell::new(Results::default()));
     for index in 0..clients {
         let handler = EchoClient {
@@ -358,14 +360,14 @@ fn client(args: Args) {
         };
         let opts = ConnectOptions { msg_size: size as u32, msg_count: count as u32, ..Default::default() };
         if let Err(e) = reactor.connect(dst, opts, handler) {
-            common::die("echo", &format!("cannot connect to {dst}: {e}"));
+            common::die("echo", &format!("cannot connect to {dst}: {}", common::report(&e)));
         }
     }
     let start = Instant::now();
     let mut last_report = Instant::now();
     while !reactor.is_idle() {
         if let Err(e) = reactor.run_once(Some(Duration::from_millis(500))) {
-            common::die("echo", &format!("reactor failed: {e}"));
+            common::die("echo", &format!("reactor failed: {}", common::report(&e)));
         }
         if last_report.elapsed() >= Duration::from_secs(2) {
             last_report = Instant::now();

@@ -3,8 +3,8 @@
 use std::fmt;
 use std::io;
 
-use crate::conn::CloseReason;
-use crate::wire::WireError;
+use crate::proto::conn::CloseReason;
+use crate::proto::wire::WireError;
 
 /// Result with the crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -13,6 +13,17 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///
 /// Verb failures carry the name of the verb and the OS error it returned; semantic failures
 /// (pool exhausted, wrong state, malformed peer data) have variants of their own.
+///
+/// `Display` prints this error's own message; the cause (the OS error, the wire error) is its
+/// [`source`](std::error::Error::source), so a report that walks the chain (as `anyhow`'s
+/// `{:#}` does) prints each cause once:
+///
+/// ```
+/// use std::error::Error as _;
+/// let e = rdma_reactor::Error::Os { call: "epoll_wait", source: std::io::Error::from_raw_os_error(9) };
+/// assert_eq!(e.to_string(), "epoll_wait failed");
+/// assert!(e.source().unwrap().to_string().starts_with("Bad file descriptor"));
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
@@ -66,6 +77,19 @@ impl Error {
         Error::Verb { verb, context: context.into(), source }
     }
 
+    /// This error and its causes on one line (`a: b: c`), for text that travels on without the
+    /// error value (a close reason, a reject reason).
+    pub(crate) fn chain(&self) -> String {
+        let mut out = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            out.push_str(": ");
+            out.push_str(&c.to_string());
+            cause = c.source();
+        }
+        out
+    }
+
     /// The OS error behind this error, if there is one.
     pub fn os_error(&self) -> Option<&io::Error> {
         match self {
@@ -78,14 +102,14 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Verb { verb, context, source } => {
+            Error::Verb { verb, context, .. } => {
                 if context.is_empty() {
-                    write!(f, "{verb} failed: {source}")
+                    write!(f, "{verb} failed")
                 } else {
-                    write!(f, "{verb} failed ({context}): {source}")
+                    write!(f, "{verb} failed ({context})")
                 }
             }
-            Error::Os { call, source } => write!(f, "{call} failed: {source}"),
+            Error::Os { call, .. } => write!(f, "{call} failed"),
             Error::NoDevice(what) => write!(f, "no RDMA device: {what}"),
             Error::PoolExhausted { max_bytes } => {
                 write!(f, "registered buffer pool exhausted (maximum {max_bytes} bytes)")
@@ -95,7 +119,7 @@ impl fmt::Display for Error {
             }
             Error::NotConnected(what) => write!(f, "not connected: {what}"),
             Error::StaleToken(t) => write!(f, "token {t:#x} names no live object"),
-            Error::Wire(e) => write!(f, "bad connect information: {e}"),
+            Error::Wire(_) => f.write_str("bad connect information"),
             Error::Closed(reason) => write!(f, "connection closed: {reason}"),
             Error::BadAddress(a) => write!(f, "bad address: {a}"),
             Error::Config(what) => write!(f, "bad configuration: {what}"),
@@ -116,5 +140,22 @@ impl std::error::Error for Error {
 impl From<WireError> for Error {
     fn from(e: WireError) -> Self {
         Error::Wire(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_leaves_the_cause_to_source_and_chain_has_each_once() {
+        let e = Error::verb("rdma_bind_addr", "listener on 10.0.0.1:1", io::Error::from_raw_os_error(19));
+        assert_eq!(e.to_string(), "rdma_bind_addr failed (listener on 10.0.0.1:1)");
+        let chain = e.chain();
+        assert!(chain.starts_with("rdma_bind_addr failed (listener on 10.0.0.1:1): No such device"), "{chain}");
+        assert_eq!(chain.matches("No such device").count(), 1);
+        let w = Error::Wire(WireError::BadMagic(7));
+        assert_eq!(w.to_string(), "bad connect information");
+        assert!(w.chain().starts_with("bad connect information: "), "{}", w.chain());
     }
 }

@@ -53,28 +53,33 @@
 //! }
 //! ```
 //!
-//! See `ARCHITECTURE.md` for the design: the tick, the CQ protocol, flow control, CQ room
-//! accounting and the teardown order.
+//! See `ARCHITECTURE.md` for the design: the layers, the tick, the CQ protocol and the teardown
+//! order.
 #![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 #![warn(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc, unsafe_op_in_unsafe_fn)]
 
-pub mod conn;
-pub mod error;
-pub mod flow;
-pub mod handler;
-pub mod op;
-pub mod reactor;
-pub mod sys;
-pub mod token;
-pub mod wire;
+mod error;
+mod proto;
+mod reactor;
+mod sys;
 
-pub use conn::CloseReason;
 pub use error::{Error, Result};
-pub use handler::{ConnectRequest, ConnectionHandler, Decision, ListenerHandler};
-pub use op::{Completion, Op, OpCode, OpError, RawBuf, RemoteAccess, RemoteSlice, WcStatus};
-pub use reactor::{Config, Conn, ConnectOptions, Ctx, Reactor, Stats, SubmitError, Timeouts};
+pub use proto::conn::{CloseReason, State, Step};
+pub use proto::op::{OpCode, OpError, RemoteAccess, WcStatus};
+pub use proto::token::Token;
+pub use proto::wire::{ConnectInfo, RejectCode, RejectReason, RemoteSlice, WireError};
+pub use reactor::{
+    Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision, ListenerHandler, Op,
+    RawBuf, Reactor, Stats, SubmitError, Timeouts,
+};
 pub use sys::device::{devices, DeviceInfo, LinkLayer, PortInfo, PortState};
 pub use sys::pool::{Buf, Exposed, PoolConfig};
-pub use token::Token;
-pub use wire::{ConnectInfo, RejectCode, RejectReason};
+
+/// The FFI layer is private: nothing outside this crate can reach an rdma-core object.
+///
+/// ```compile_fail
+/// use rdma_reactor::sys::cm::EventChannel;
+/// ```
+#[cfg(doctest)]
+pub struct SysIsPrivate;

@@ -103,6 +103,19 @@ pub fn die(program: &str, msg: &str) -> ! {
     exit(1)
 }
 
+/// An error and its causes on one line (`a: b: c`): the crate's errors leave their cause to
+/// `source()`.
+pub fn report(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}
+
 /// Prints the error and the usage, exits 2.
 pub fn fail(usage: &str, msg: &str) -> ! {
     eprintln!("error: {msg}\n\n{usage}");

@@ -3,14 +3,12 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::{ConnectOptions, Core, Stats};
-use crate::conn::State;
+use super::{ConnectOptions, ConnectionHandler, Core, ListenerHandler, Op, Stats};
 use crate::error::{Error, Result};
-use crate::handler::{ConnectionHandler, ListenerHandler};
-use crate::op::Op;
+use crate::proto::conn::State;
+use crate::proto::token::{ConnKey, Key, Token};
+use crate::proto::wire::ConnectInfo;
 use crate::sys::pool::Buf;
-use crate::token::Token;
-use crate::wire::ConnectInfo;
 
 /// The reactor's command API, as seen from a callback (or from [`Reactor::ctx`]).
 ///
@@ -71,17 +69,30 @@ impl<'a> Ctx<'a> {
         self.core.close(token);
     }
 
-    /// Submits an operation on any connection. See [`Conn::submit`].
-    pub fn submit_to(&mut self, token: Token, op: Op) -> std::result::Result<(), SubmitError> {
+    /// Submits an operation on the connection `token` names. See [`Conn::submit`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Conn::submit`], and [`Error::StaleToken`] for a token that names no live connection.
+    pub fn submit(&mut self, token: Token, op: Op) -> std::result::Result<(), SubmitError> {
         if op.is_raw() {
-            return Err(SubmitError::new(Error::Config("raw operations go through submit_raw".into()), op));
+            return Err(SubmitError::new(Error::Config("raw operations go through Conn::submit_raw".into()), op));
         }
-        self.core.submit(token, op)
+        match ConnKey::of(token) {
+            Some(t) => self.core.submit(t, op),
+            None => Err(SubmitError::new(Error::StaleToken(token.as_u64()), op)),
+        }
     }
 
-    /// A buffer of `len` bytes from the pool of the device `token`'s connection is on.
-    pub fn alloc_for(&mut self, token: Token, len: usize) -> Result<Buf> {
-        self.core.alloc(token, len)
+    /// A buffer of `len` bytes from the pool of the device the connection `token` names is on.
+    /// See [`Conn::alloc`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Conn::alloc`], and [`Error::StaleToken`] for a token that names no connection.
+    pub fn alloc(&mut self, token: Token, len: usize) -> Result<Buf> {
+        let t = ConnKey::of(token).ok_or(Error::StaleToken(token.as_u64()))?;
+        self.core.alloc(t, len)
     }
 
     /// Calls the current listener's or connection's `on_timer` with `user_data` after
@@ -89,20 +100,21 @@ impl<'a> Ctx<'a> {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] outside a callback (a timer needs an owner).
+    /// [`Error::Config`] outside a callback (a timer needs an owner), or for a delay too large to
+    /// represent.
     pub fn set_timer(&mut self, delay: Duration, user_data: u64) -> Result<Token> {
         let owner = self.owner.ok_or_else(|| Error::Config("set_timer needs a callback's context".into()))?;
-        Ok(self.core.set_timer(owner, delay, user_data))
+        self.core.set_timer(owner, delay, user_data)
     }
 
     /// Cancels a timer; a fired or stale one is ignored.
     pub fn cancel_timer(&mut self, timer: Token) {
-        self.core.user_timers.remove(timer);
+        self.core.cancel_timer(timer);
     }
 
     /// Reactor statistics.
     pub fn stats(&self) -> Stats {
-        self.core.stats
+        self.core.stats()
     }
 
     /// Live connections.
@@ -126,52 +138,46 @@ impl SubmitError {
     }
 }
 
+/// Transparent: displays as the [`Error`] it carries, whose cause is its source.
 impl std::fmt::Display for SubmitError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "submit failed: {}", self.error)
+        self.error.fmt(f)
     }
 }
 
 impl std::error::Error for SubmitError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.error)
+        std::error::Error::source(&*self.error)
     }
 }
 
-/// The context of one connection's callback: the connection's own commands, plus the whole
-/// [`Ctx`] through `Deref`.
+/// The context of one connection's callback: the connection's own commands, and the reactor's
+/// through [`Conn::ctx`].
 pub struct Conn<'a> {
     ctx: Ctx<'a>,
-    token: Token,
+    key: ConnKey,
 }
 
 impl std::fmt::Debug for Conn<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Conn").field("token", &self.token).finish()
-    }
-}
-
-impl<'a> std::ops::Deref for Conn<'a> {
-    type Target = Ctx<'a>;
-    fn deref(&self) -> &Ctx<'a> {
-        &self.ctx
-    }
-}
-
-impl std::ops::DerefMut for Conn<'_> {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.ctx
+        f.debug_struct("Conn").field("token", &self.key.token()).finish()
     }
 }
 
 impl<'a> Conn<'a> {
-    pub(super) fn new(core: &'a mut Core, token: Token) -> Self {
-        Conn { ctx: Ctx::new(core, Some(token)), token }
+    pub(super) fn new(core: &'a mut Core, key: ConnKey) -> Self {
+        Conn { ctx: Ctx::new(core, Some(key.token())), key }
     }
 
     /// This connection's token.
     pub fn token(&self) -> Token {
-        self.token
+        self.key.token()
+    }
+
+    /// The reactor's command API: listen, connect, close or submit on other objects, timers
+    /// (owned by this connection), statistics, stop.
+    pub fn ctx(&mut self) -> &mut Ctx<'a> {
+        &mut self.ctx
     }
 
     /// A buffer of `len` bytes (capacity: the smallest pool class that holds them) from this
@@ -183,7 +189,7 @@ impl<'a> Conn<'a> {
     /// its maximum; [`Error::NotConnected`] before the connection has a device (before
     /// [`on_ready`](ConnectionHandler::on_ready)).
     pub fn alloc(&mut self, len: usize) -> Result<Buf> {
-        self.ctx.core.alloc(self.token, len)
+        self.ctx.core.alloc(self.key, len)
     }
 
     /// Submits an operation on this connection. It is posted at the end of the tick, chained
@@ -199,8 +205,7 @@ impl<'a> Conn<'a> {
     /// The connection has no queue pair yet or is gone, the buffer belongs to another device,
     /// or a send is larger than the peer accepts. The operation comes back in the error.
     pub fn submit(&mut self, op: Op) -> std::result::Result<(), SubmitError> {
-        let t = self.token;
-        self.ctx.submit_to(t, op)
+        self.ctx.submit(self.key.token(), op)
     }
 
     /// Submits an operation on caller-registered memory ([`Op::raw_send`], [`Op::raw_recv`]).
@@ -211,55 +216,57 @@ impl<'a> Conn<'a> {
     /// the `lkey` given, and must stay allocated, registered and untouched by the caller until
     /// the operation's completion reaches `on_completion` (for a receive, the device writes it
     /// until then).
+    ///
+    /// # Errors
+    ///
+    /// As [`Conn::submit`].
     #[allow(unsafe_code)] // Only declares the contract; the body is safe code.
     pub unsafe fn submit_raw(&mut self, op: Op) -> std::result::Result<(), SubmitError> {
-        let t = self.token;
-        self.ctx.core.submit(t, op)
+        self.ctx.core.submit(self.key, op)
     }
 
     /// Starts closing this connection (disconnect, drain outstanding operations, destroy).
     pub fn close(&mut self) {
-        let t = self.token;
-        self.ctx.core.close(t);
+        self.ctx.core.close(self.key.token());
     }
 
     /// The connection's state, or `None` once it is destroyed.
     pub fn state(&self) -> Option<State> {
-        self.ctx.core.conns.get(self.token).map(|c| c.role.state().clone())
+        self.ctx.core.conns.get(self.key).map(|c| c.role.state().clone())
     }
 
     /// What the peer sent when connecting or accepting; `None` for a peer that sent none.
     pub fn peer_info(&self) -> Option<&ConnectInfo> {
-        self.ctx.core.conns.get(self.token).and_then(|c| c.peer_info.as_ref())
+        self.ctx.core.conns.get(self.key).and_then(|c| c.infos.peer.as_ref())
     }
 
     /// What this side sent.
     pub fn local_info(&self) -> Option<&ConnectInfo> {
-        self.ctx.core.conns.get(self.token).map(|c| &c.local_info)
+        self.ctx.core.conns.get(self.key).map(|c| &c.infos.local)
     }
 
     /// The peer's address.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
-        self.ctx.core.conns.get(self.token).and_then(|c| c.id.as_ref()).and_then(|id| id.peer_addr())
+        self.ctx.core.conns.get(self.key).and_then(|c| c.ep.id()).and_then(|id| id.peer_addr())
     }
 
     /// The local address.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.ctx.core.conns.get(self.token).and_then(|c| c.id.as_ref()).and_then(|id| id.local_addr())
+        self.ctx.core.conns.get(self.key).and_then(|c| c.ep.id()).and_then(|id| id.local_addr())
     }
 
     /// Send and receive work requests posted and not yet completed.
     pub fn outstanding(&self) -> (u32, u32) {
-        self.ctx.core.conns.get(self.token).map_or((0, 0), |c| (c.out_send, c.out_recv))
+        self.ctx.core.conns.get(self.key).map_or((0, 0), |c| (c.sq.outstanding(), c.rq.outstanding()))
     }
 
     /// Receive work requests this connection's queue pair holds at most.
     pub fn recv_capacity(&self) -> u32 {
-        self.ctx.core.conns.get(self.token).map_or(0, |c| c.caps.max_recv_wr)
+        self.ctx.core.conns.get(self.key).map_or(0, |c| c.rq.capacity())
     }
 
     /// Send work requests this connection's queue pair holds at most.
     pub fn send_capacity(&self) -> u32 {
-        self.ctx.core.conns.get(self.token).map_or(0, |c| c.caps.max_send_wr)
+        self.ctx.core.conns.get(self.key).map_or(0, |c| c.sq.capacity())
     }
 }

@@ -48,4 +48,7 @@ pub struct Stats {
     pub established: u64,
     /// Connections closed.
     pub closed: u64,
+    /// Bytes of memory the buffer pools have registered now, over all devices (a gauge, not a
+    /// counter).
+    pub registered_bytes: u64,
 }

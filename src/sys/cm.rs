@@ -11,9 +11,9 @@ use std::rc::Rc;
 use nix::libc;
 use rdma_sys as ffi;
 
-use super::verbs::{Cq, DeviceRef, Pd, QpCaps};
+use super::device::DeviceRef;
 use super::{cvt, cvt_ptr, nonblock, set_nonblocking};
-use crate::conn::CmEventKind;
+use crate::proto::conn::CmEventKind;
 
 /// The shared rdma_cm event channel, its fd non-blocking from creation.
 #[derive(Debug)]
@@ -42,7 +42,7 @@ impl EventChannel {
         let mut ev: *mut ffi::rdma_cm_event = ptr::null_mut();
         // SAFETY: self.raw is live; ev is a valid out-pointer.
         let r = nonblock(cvt(unsafe { ffi::rdma_get_cm_event(self.raw.as_ptr(), &mut ev) }))?;
-        Ok(r.and_then(|_| NonNull::new(ev)).map(|raw| CmEvent { raw }))
+        Ok(r.and_then(|_| NonNull::new(ev)).map(|raw| CmEvent { raw, child_taken: false }))
     }
 }
 
@@ -67,8 +67,10 @@ impl Drop for EventChannel {
 /// **Invariant:** a `CmEvent` never outlives the tick that read it, and the id it names is
 /// destroyed only after it is dropped (`rdma_destroy_id` blocks until its events are acked).
 #[derive(Debug)]
-pub struct CmEvent {
+pub(crate) struct CmEvent {
     raw: NonNull<ffi::rdma_cm_event>,
+    /// The new id of a CONNECT_REQUEST has been given an owner.
+    child_taken: bool,
 }
 
 impl CmEvent {
@@ -146,15 +148,18 @@ impl CmEvent {
         (conn.initiator_depth, conn.responder_resources)
     }
 
-    /// Takes ownership of the new id a CONNECT_REQUEST created.
+    /// Takes ownership of the new id a CONNECT_REQUEST created; `None` for any other event,
+    /// and on every call after the first, so the id never has two owners.
     ///
-    /// The returned id must be dropped only after this event (the reactor's graveyard does so).
-    pub fn take_child(&self, chan: &Rc<EventChannel>, context: u64) -> Option<CmId> {
-        if self.kind() != CmEventKind::ConnectRequest {
+    /// The returned id must be dropped only after this event is acked (the reactor destroys
+    /// ids at the end of the tick).
+    pub(crate) fn take_child(&mut self, chan: &Rc<EventChannel>, context: u64) -> Option<CmId> {
+        if self.kind() != CmEventKind::ConnectRequest || self.child_taken {
             return None;
         }
         let raw = NonNull::new(self.ev().id)?;
-        let id = CmId { raw, qp: false, qp_parents: None, _chan: chan.clone() };
+        self.child_taken = true;
+        let id = CmId { raw, _chan: chan.clone() };
         id.set_context(context);
         Some(id)
     }
@@ -198,16 +203,13 @@ impl ConnParam<'_> {
     }
 }
 
-/// An owned rdma_cm id on the shared channel, with its queue pair once created.
+/// An owned rdma_cm id on the shared channel.
 ///
-/// Drop destroys the QP (`rdma_destroy_qp`), then the id, then (as fields) the CQs and PD the
-/// QP used, then releases the channel: the order rdma-core requires.
+/// Drop destroys the id, then releases the channel. An id with a queue pair is owned by a
+/// [`Qp`](super::qp::Qp), which destroys the queue pair first.
 #[derive(Debug)]
-pub struct CmId {
+pub(crate) struct CmId {
     raw: NonNull<ffi::rdma_cm_id>,
-    qp: bool,
-    /// The CQs (send, recv) and PD the QP was created on. Dropped after the QP and the id.
-    qp_parents: Option<(Rc<Cq>, Rc<Cq>, Rc<Pd>)>,
     _chan: Rc<EventChannel>,
 }
 
@@ -284,10 +286,10 @@ impl CmId {
             )
         })?;
         let raw = cvt_ptr(raw)?;
-        Ok(CmId { raw, qp: false, qp_parents: None, _chan: chan.clone() })
+        Ok(CmId { raw, _chan: chan.clone() })
     }
 
-    fn id(&self) -> *mut ffi::rdma_cm_id {
+    pub(super) fn id(&self) -> *mut ffi::rdma_cm_id {
         self.raw.as_ptr()
     }
 
@@ -326,74 +328,10 @@ impl CmId {
         cvt(unsafe { ffi::rdma_resolve_route(self.id(), timeout_ms) }).map(drop)
     }
 
-    /// The verbs context the id is bound to, as an opaque key (0 when unbound).
-    pub fn device_key(&self) -> usize {
-        // SAFETY: self.raw is live.
-        unsafe { (*self.id()).verbs as usize }
-    }
-
     /// The device the id is bound to, once bound or resolved.
     pub fn device(&self) -> Option<DeviceRef> {
         // SAFETY: self.raw is live.
         DeviceRef::from_raw(unsafe { (*self.id()).verbs })
-    }
-
-    /// The port the id is bound to.
-    pub fn port_num(&self) -> u8 {
-        // SAFETY: self.raw is live.
-        unsafe { (*self.id()).port_num }
-    }
-
-    /// Creates the id's RC queue pair on `pd`, `send_cq` and `recv_cq`. Returns the capacities
-    /// the device granted.
-    pub fn create_qp(&mut self, pd: &Rc<Pd>, send_cq: &Rc<Cq>, recv_cq: &Rc<Cq>, caps: QpCaps) -> io::Result<QpCaps> {
-        if self.qp {
-            return Err(io::Error::new(io::ErrorKind::AlreadyExists, "the id already has a queue pair"));
-        }
-        let mut attr = ffi::ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq: send_cq.as_ptr(),
-            recv_cq: recv_cq.as_ptr(),
-            srq: ptr::null_mut(),
-            cap: ffi::ibv_qp_cap {
-                max_send_wr: caps.max_send_wr,
-                max_recv_wr: caps.max_recv_wr,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: caps.max_inline_data,
-            },
-            qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
-            sq_sig_all: 0,
-        };
-        // SAFETY: self.raw is live; pd and CQs are live and stored below so they outlive the QP.
-        cvt(unsafe { ffi::rdma_create_qp(self.id(), pd.as_ptr(), &mut attr) })?;
-        self.qp = true;
-        self.qp_parents = Some((send_cq.clone(), recv_cq.clone(), pd.clone()));
-        Ok(QpCaps {
-            max_send_wr: attr.cap.max_send_wr,
-            max_recv_wr: attr.cap.max_recv_wr,
-            max_inline_data: attr.cap.max_inline_data,
-        })
-    }
-
-    /// The raw QP, for posting. NULL before `create_qp`.
-    pub(crate) fn qp(&self) -> *mut ffi::ibv_qp {
-        if !self.qp {
-            return ptr::null_mut();
-        }
-        // SAFETY: self.raw is live.
-        unsafe { (*self.id()).qp }
-    }
-
-    /// The QP number, 0 before `create_qp`.
-    pub fn qp_num(&self) -> u32 {
-        let qp = self.qp();
-        if qp.is_null() {
-            0
-        } else {
-            // SAFETY: qp is live while self lives.
-            unsafe { (*qp).qp_num }
-        }
     }
 
     /// `rdma_connect`.
@@ -442,13 +380,34 @@ impl CmId {
 
 impl Drop for CmId {
     fn drop(&mut self) {
-        if self.qp {
-            // SAFETY: the QP was created by rdma_create_qp on this id and is destroyed once.
-            unsafe { ffi::rdma_destroy_qp(self.id()) };
-        }
         // SAFETY: self.raw is owned and live; every event naming it was acked (the reactor
         // drops ids only at the end of a tick, after the tick's events).
         let _ = unsafe { ffi::rdma_destroy_id(self.id()) };
-        // qp_parents (CQs, PD) and the channel drop after this, as fields.
+        // The channel drops after this, as a field.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::{AsFd, AsRawFd};
+
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+
+    use super::EventChannel;
+
+    #[test]
+    #[ignore = "needs an RDMA device: cargo xtask test"]
+    fn the_event_channel_is_nonblocking_and_cloexec() {
+        let chan = EventChannel::new().expect("rdma_create_event_channel");
+        let fd = chan.as_fd();
+        assert!(fd.as_raw_fd() >= 0, "the event channel has no fd ({fd:?})");
+        let fl = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL).expect("F_GETFL"));
+        assert!(fl.contains(OFlag::O_NONBLOCK), "O_NONBLOCK is not set: {fl:?}");
+        let fdfl = FdFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFD).expect("F_GETFD"));
+        assert!(fdfl.contains(FdFlag::FD_CLOEXEC), "FD_CLOEXEC is not set: {fdfl:?}");
+        // No event is pending on a fresh channel: EAGAIN is "no event", not an error.
+        assert!(chan.get_event().expect("get_event").is_none());
+        // A reactor opens its own channel the same way.
+        drop(crate::Reactor::new().expect("reactor"));
     }
 }

@@ -3,6 +3,7 @@
 
 use std::io;
 use std::mem::MaybeUninit;
+use std::ptr::NonNull;
 
 use rdma_sys as ffi;
 
@@ -119,7 +120,7 @@ fn port_state(s: ffi::ibv_port_state::Type) -> PortState {
 }
 
 /// Opened context, closed on drop.
-struct Ctx(std::ptr::NonNull<ffi::ibv_context>);
+struct Ctx(NonNull<ffi::ibv_context>);
 
 impl Drop for Ctx {
     fn drop(&mut self) {
@@ -213,4 +214,19 @@ fn query(dev: *mut ffi::ibv_device) -> io::Result<DeviceInfo> {
         max_srq: attr.max_srq,
         ports,
     })
+}
+
+/// A device context owned by librdmacm (it stays open for the life of the process once an id
+/// is bound to it). Copyable, never closed by this crate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DeviceRef(NonNull<ffi::ibv_context>);
+
+impl DeviceRef {
+    pub(crate) fn from_raw(ctx: *mut ffi::ibv_context) -> Option<DeviceRef> {
+        NonNull::new(ctx).map(DeviceRef)
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_context {
+        self.0.as_ptr()
+    }
 }

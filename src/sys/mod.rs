@@ -1,4 +1,10 @@
-//! The FFI boundary: the only module that names `rdma_sys`.
+//! The FFI boundary: the only module that names `rdma_sys`. Private to the crate.
+//!
+//! One file per rdma-core object family: `cm.rs` (event channel, CM ids and events), `device.rs`
+//! (device list, device contexts), `pd.rs`, `mr.rs`, `cq.rs` (completion channels and CQs, with
+//! `ack.rs`'s batched ack counter), `qp.rs` (queue pairs on CM ids, posting) and `pool.rs` (the
+//! registered buffer pool). Layering: this module imports the pure core (`crate::proto`,
+//! `crate::error`) and never `crate::reactor`.
 //!
 //! **Architecture invariant:** every raw pointer from rdma-core has exactly one owner here that
 //! frees it in `Drop`, and parents are fields of their children (a queue pair's owner holds its
@@ -11,20 +17,20 @@
 //! an error.
 #![allow(unsafe_code)]
 
-pub mod cm;
-pub mod device;
-pub mod pool;
-pub mod verbs;
+pub(crate) mod ack;
+pub(crate) mod cm;
+pub(crate) mod cq;
+pub(crate) mod device;
+pub(crate) mod mr;
+pub(crate) mod pd;
+pub(crate) mod pool;
+pub(crate) mod qp;
 
 use std::io;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::ptr::NonNull;
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
-
-/// The raw bindings, for what this crate does not wrap. Pointers taken from this crate's
-/// objects stay valid only while those objects live; never destroy them yourself.
-pub use rdma_sys as ffi;
 
 /// `-1` and errno.
 pub(crate) fn cvt(ret: i32) -> io::Result<i32> {

@@ -19,9 +19,11 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::rc::Rc;
 
-use super::verbs::{Access, Mr, Pd};
+use super::mr::{Access, Mr};
+use super::pd::Pd;
 use crate::error::{Error, Result};
-use crate::op::{RemoteAccess, RemoteSlice};
+use crate::proto::op::RemoteAccess;
+use crate::proto::wire::RemoteSlice;
 
 /// Pool sizing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -143,16 +145,6 @@ impl Pool {
     /// The largest chunk size.
     pub fn max_chunk(&self) -> usize {
         self.classes.last().map_or(0, |c| c.borrow().chunk_size)
-    }
-
-    /// Chunks handed out and not yet returned.
-    pub fn in_use(&self) -> usize {
-        self.classes.iter().map(|c| c.borrow().in_use).sum()
-    }
-
-    /// Registered clusters.
-    pub fn clusters(&self) -> usize {
-        self.classes.iter().map(|c| c.borrow().clusters.iter().filter(|c| c.is_some()).count()).sum()
     }
 
     /// Bytes registered.

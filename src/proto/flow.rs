@@ -22,6 +22,8 @@
 //! plus the receives we owe equal our depth. A peer blocked at one credit means we owe
 //! `depth - 1`.
 
+use super::wire::ConnectInfo;
+
 /// Smallest receive depth that can use flow control (see the module docs).
 pub const MIN_DEPTH: u32 = 3;
 
@@ -70,6 +72,7 @@ impl Flow {
     }
 
     /// Peer receives we may still consume.
+    #[cfg(test)]
     pub fn credits(&self) -> u32 {
         self.credits
     }
@@ -131,9 +134,31 @@ impl Flow {
     }
 }
 
+/// Decides whether a connection uses flow control, the same way on both sides: it does when
+/// this side offers it and keeps `depth` receives posted, the peer's connect information offers
+/// it too, and both depths are at least [`MIN_DEPTH`]. Returns the connection's credit state.
+pub fn negotiate(offer: bool, depth: u32, peer: Option<&ConnectInfo>) -> Option<Flow> {
+    let peer = peer.filter(|p| p.flow_control)?;
+    let peer_depth = u32::from(peer.recv_depth);
+    (offer && depth >= MIN_DEPTH && peer_depth >= MIN_DEPTH).then(|| Flow::new(peer_depth, depth))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn negotiation_needs_both_offers_and_both_depths() {
+        let peer = |flow_control, recv_depth| ConnectInfo { flow_control, recv_depth, ..ConnectInfo::default() };
+        let on = negotiate(true, 8, Some(&peer(true, 16))).expect("both offer, both deep enough");
+        assert_eq!((on.credits(), on.owed()), (16, 0), "the peer's depth is our first credit");
+        assert_eq!(negotiate(false, 8, Some(&peer(true, 16))), None, "we do not offer");
+        assert_eq!(negotiate(true, 8, Some(&peer(false, 16))), None, "the peer does not offer");
+        assert_eq!(negotiate(true, 8, None), None, "a peer without connect information");
+        assert_eq!(negotiate(true, MIN_DEPTH - 1, Some(&peer(true, 16))), None, "our depth too small");
+        assert_eq!(negotiate(true, 8, Some(&peer(true, MIN_DEPTH as u16 - 1))), None, "the peer's too small");
+        assert!(negotiate(true, MIN_DEPTH, Some(&peer(true, MIN_DEPTH as u16))).is_some(), "the minimum works");
+    }
     use std::collections::VecDeque;
 
     #[test]

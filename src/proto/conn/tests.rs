@@ -18,8 +18,8 @@ use std::fmt;
 
 use super::{Action as A, Actions, Agent, Client, CloseReason, CmEventKind as K, Input, Listener, ListenerAction};
 use super::{State, Step};
-use crate::op::WcStatus;
-use crate::wire::{RejectCode, RejectReason};
+use crate::proto::op::WcStatus;
+use crate::proto::wire::{RejectCode, RejectReason};
 
 /// A non-zero event status, to see that it is carried through unchanged.
 const ST: i32 = -110;
@@ -1362,6 +1362,14 @@ fn listener_close_once() {
     assert_eq!(l.close(), ListenerAction::Closed(CloseReason::Local));
     assert!(l.is_closed());
     assert_eq!(l.close(), ListenerAction::None);
+}
+
+#[test]
+fn listener_shutdown_closes_once_with_its_reason() {
+    let mut l = Listener::new();
+    assert_eq!(l.close_for(CloseReason::Shutdown), ListenerAction::Closed(CloseReason::Shutdown));
+    assert_eq!(l.close(), ListenerAction::None);
+    assert_eq!(l.close_for(CloseReason::Shutdown), ListenerAction::None);
 }
 
 #[test]

@@ -1,7 +1,9 @@
-//! Tokens: one `u64` that names a reactor object everywhere the kernel hands a value back.
+//! Tokens: a `u64` that names a reactor object wherever the kernel hands a value back.
 //!
-//! The same value goes into `epoll_event.u64`, `rdma_cm_id->context` and the high bits of a
-//! work request's `wr_id`. It packs a kind, a slab index and a generation:
+//! Each object's own token goes where its events come back: a channel's into
+//! `epoll_event.u64`, a listener's or connection's into `rdma_cm_id->context`, a CQ's into its
+//! CQ context, an operation's into its work request's `wr_id`. A token packs a kind, a slab
+//! index and a generation:
 //!
 //! ```text
 //! 63      56 55                  32 31                               0
@@ -17,7 +19,7 @@
 /// What kind of object a token names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// The shared rdma_cm event channel.
     CmChannel = 1,
     /// A device's completion channel.
@@ -52,7 +54,11 @@ impl Kind {
 /// Largest generation; generations wrap from here back to 1.
 pub(crate) const MAX_GENERATION: u32 = (1 << 24) - 1;
 
-/// A packed `{kind, generation, index}` name for a reactor object. See the module docs.
+/// The name of a listener, a connection or a timer, as callbacks and commands use it.
+///
+/// Inside it packs `{kind, generation, index}`; a token of a closed object stays stale forever
+/// (its slot's generation moves on), so commands given one are ignored or refused, never
+/// applied to another object.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Token(u64);
 
@@ -78,18 +84,18 @@ impl Token {
     }
 
     /// The object kind.
-    pub fn kind(self) -> Kind {
+    pub(crate) fn kind(self) -> Kind {
         // from_u64 and new only produce known kinds.
         Kind::from_u8((self.0 >> 56) as u8).unwrap_or(Kind::Op)
     }
 
     /// The slab index.
-    pub fn index(self) -> u32 {
+    pub(crate) fn index(self) -> u32 {
         self.0 as u32
     }
 
     /// The generation.
-    pub fn generation(self) -> u32 {
+    pub(crate) fn generation(self) -> u32 {
         ((self.0 >> 32) as u32) & MAX_GENERATION
     }
 }
@@ -109,22 +115,75 @@ pub(crate) fn next_generation(g: u32) -> u32 {
     }
 }
 
-/// A slab whose entries carry a generation, so tokens for freed slots are detected.
+/// A key into one [`GenSlab`]: a token of one kind, typed by what it indexes, so a connection
+/// key cannot be used as an operation key.
+pub(crate) trait Key: Copy + Eq + std::fmt::Debug {
+    /// The kind of token this key wraps.
+    const KIND: Kind;
+    /// Wraps a token already known to be of [`Key::KIND`].
+    fn wrap(token: Token) -> Self;
+    /// The token.
+    fn token(self) -> Token;
+    /// Wraps `token` if it is of this key's kind.
+    fn of(token: Token) -> Option<Self> {
+        (token.kind() == Self::KIND).then(|| Self::wrap(token))
+    }
+}
+
+macro_rules! keys {
+    ($($(#[$doc:meta])* $name:ident => $kind:ident;)*) => {$(
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub(crate) struct $name(Token);
+
+        impl Key for $name {
+            const KIND: Kind = Kind::$kind;
+            fn wrap(token: Token) -> Self {
+                debug_assert_eq!(token.kind(), Kind::$kind);
+                $name(token)
+            }
+            fn token(self) -> Token {
+                self.0
+            }
+        }
+    )*};
+}
+
+keys! {
+    /// A connection (agent or client).
+    ConnKey => Conn;
+    /// A listener.
+    ListenerKey => Listener;
+    /// A submitted operation (its `wr_id`).
+    OpKey => Op;
+    /// A completion queue (its CQ context).
+    CqKey => Cq;
+    /// A user timer.
+    TimerKey => Timer;
+}
+
+/// A slab whose entries carry a generation, so keys of freed slots are detected.
 #[derive(Debug)]
-pub(crate) struct GenSlab<T> {
+pub(crate) struct GenSlab<K: Key, T> {
     entries: slab::Slab<(u32, T)>,
     /// Generation last used at each index (kept after removal so reuse bumps it).
     gens: Vec<u32>,
-    kind: Kind,
+    _key: std::marker::PhantomData<K>,
 }
 
-impl<T> GenSlab<T> {
-    pub(crate) fn new(kind: Kind) -> Self {
-        GenSlab { entries: slab::Slab::new(), gens: Vec::new(), kind }
+impl<K: Key, T> Default for GenSlab<K, T> {
+    fn default() -> Self {
+        GenSlab { entries: slab::Slab::new(), gens: Vec::new(), _key: std::marker::PhantomData }
+    }
+}
+
+impl<K: Key, T> GenSlab<K, T> {
+    pub(crate) fn new() -> Self {
+        Self::default()
     }
 
-    /// Inserts a value built from its own token.
-    pub(crate) fn insert_with(&mut self, f: impl FnOnce(Token) -> T) -> Token {
+    /// Inserts a value built from its own key.
+    pub(crate) fn insert_with(&mut self, f: impl FnOnce(K) -> T) -> K {
         let entry = self.entries.vacant_entry();
         let index = entry.key();
         if self.gens.len() <= index {
@@ -132,19 +191,17 @@ impl<T> GenSlab<T> {
         }
         let generation = next_generation(self.gens[index]);
         self.gens[index] = generation;
-        let token = Token::new(self.kind, index as u32, generation);
-        entry.insert((generation, f(token)));
-        token
+        let key = K::wrap(Token::new(K::KIND, index as u32, generation));
+        entry.insert((generation, f(key)));
+        key
     }
 
-    pub(crate) fn insert(&mut self, value: T) -> Token {
+    pub(crate) fn insert(&mut self, value: T) -> K {
         self.insert_with(|_| value)
     }
 
-    fn check(&self, token: Token) -> Option<usize> {
-        if token.kind() != self.kind {
-            return None;
-        }
+    fn check(&self, key: K) -> Option<usize> {
+        let token = key.token();
         let index = token.index() as usize;
         match self.entries.get(index) {
             Some((g, _)) if *g == token.generation() => Some(index),
@@ -152,20 +209,25 @@ impl<T> GenSlab<T> {
         }
     }
 
-    pub(crate) fn get(&self, token: Token) -> Option<&T> {
-        self.check(token).map(|i| &self.entries[i].1)
+    pub(crate) fn get(&self, key: K) -> Option<&T> {
+        self.check(key).map(|i| &self.entries[i].1)
     }
 
-    pub(crate) fn get_mut(&mut self, token: Token) -> Option<&mut T> {
-        self.check(token).map(|i| &mut self.entries[i].1)
+    pub(crate) fn get_mut(&mut self, key: K) -> Option<&mut T> {
+        self.check(key).map(|i| &mut self.entries[i].1)
     }
 
-    pub(crate) fn remove(&mut self, token: Token) -> Option<T> {
-        self.check(token).map(|i| self.entries.remove(i).1)
+    pub(crate) fn remove(&mut self, key: K) -> Option<T> {
+        self.check(key).map(|i| self.entries.remove(i).1)
     }
 
-    pub(crate) fn contains(&self, token: Token) -> bool {
-        self.check(token).is_some()
+    pub(crate) fn contains(&self, key: K) -> bool {
+        self.check(key).is_some()
+    }
+
+    /// The key of a live entry named by a raw token, if it is one.
+    pub(crate) fn key_of(&self, token: Token) -> Option<K> {
+        K::of(token).filter(|k| self.contains(*k))
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -177,8 +239,8 @@ impl<T> GenSlab<T> {
         self.entries.retain(|_, (_, v)| keep(v));
     }
 
-    pub(crate) fn tokens(&self) -> Vec<Token> {
-        self.entries.iter().map(|(i, (g, _))| Token::new(self.kind, i as u32, *g)).collect()
+    pub(crate) fn keys(&self) -> Vec<K> {
+        self.entries.iter().map(|(i, (g, _))| K::wrap(Token::new(K::KIND, i as u32, *g))).collect()
     }
 }
 
@@ -218,12 +280,12 @@ mod tests {
 
     #[test]
     fn stale_token_never_reaches_reused_slot() {
-        let mut s = GenSlab::new(Kind::Conn);
+        let mut s: GenSlab<ConnKey, _> = GenSlab::new();
         let a = s.insert("a");
         assert_eq!(s.get(a), Some(&"a"));
         assert_eq!(s.remove(a), Some("a"));
         let b = s.insert("b");
-        assert_eq!(a.index(), b.index(), "slot is reused");
+        assert_eq!(a.token().index(), b.token().index(), "slot is reused");
         assert_ne!(a, b);
         assert_eq!(s.get(a), None, "old token is stale");
         assert_eq!(s.get(b), Some(&"b"));
@@ -233,31 +295,33 @@ mod tests {
 
     #[test]
     fn wrong_kind_is_rejected() {
-        let mut s = GenSlab::new(Kind::Conn);
+        let mut s: GenSlab<ConnKey, _> = GenSlab::new();
         let a = s.insert(1);
-        let forged = Token::new(Kind::Listener, a.index(), a.generation());
-        assert_eq!(s.get(forged), None);
+        let forged = Token::new(Kind::Listener, a.token().index(), a.token().generation());
+        assert_eq!(s.key_of(forged), None, "a listener token is no connection key");
+        assert_eq!(s.key_of(a.token()), Some(a));
+        assert_eq!(OpKey::of(a.token()), None);
     }
 
     #[test]
     fn retain_removes_and_stales_tokens() {
-        let mut s = GenSlab::new(Kind::Timer);
+        let mut s: GenSlab<TimerKey, _> = GenSlab::new();
         let a = s.insert(1);
         let b = s.insert(2);
         s.retain(|v| *v != 1);
         assert_eq!(s.get(a), None);
         assert_eq!(s.get(b), Some(&2));
         let c = s.insert(3);
-        assert_eq!(c.index(), a.index());
+        assert_eq!(c.token().index(), a.token().index());
         assert_eq!(s.get(a), None, "the reused slot has a new generation");
     }
 
     #[test]
     fn insert_with_sees_own_token() {
-        let mut s = GenSlab::new(Kind::Timer);
+        let mut s: GenSlab<TimerKey, _> = GenSlab::new();
         let t = s.insert_with(|t| t);
         assert_eq!(s.get(t), Some(&t));
-        assert_eq!(s.tokens(), vec![t]);
+        assert_eq!(s.keys(), vec![t]);
         assert_eq!(s.len(), 1);
     }
 }

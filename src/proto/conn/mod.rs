@@ -22,8 +22,8 @@ use std::fmt;
 
 use smallvec::SmallVec;
 
-use crate::op::WcStatus;
-use crate::wire::RejectReason;
+use crate::proto::op::WcStatus;
+use crate::proto::wire::RejectReason;
 
 /// An rdma_cm event type, as a closed Rust enum with an `Unknown` arm for values this crate
 /// does not know (never a transmute of the C value).

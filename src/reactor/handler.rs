@@ -1,16 +1,15 @@
 //! The callback API: one trait for listeners, one for connections (agents and clients).
 //!
-//! Callbacks receive a context ([`Ctx`] or [`Conn`]), a command buffer over the reactor, never
-//! the reactor itself: closing a connection, posting or connecting from inside a callback is
-//! safe, and anything it destroys is destroyed at the end of the tick.
+//! Callbacks receive a context ([`Ctx`] or [`Conn`]) over the reactor, never the reactor
+//! itself: closing a connection, posting or connecting from inside a callback is safe; posts
+//! go out and closed objects are destroyed at the end of the tick.
 
 use std::net::SocketAddr;
 
-use crate::conn::CloseReason;
-use crate::op::Completion;
-use crate::reactor::{Conn, Ctx};
-use crate::token::Token;
-use crate::wire::{ConnectInfo, RejectReason};
+use super::{Completion, Conn, Ctx};
+use crate::proto::conn::CloseReason;
+use crate::proto::token::Token;
+use crate::proto::wire::{ConnectInfo, RejectReason};
 
 /// A connect request, as shown to [`ListenerHandler::on_connect_request`].
 #[derive(Clone, Debug)]
@@ -67,7 +66,8 @@ pub trait ListenerHandler {
 /// [`on_established`](Self::on_established), then completions, then exactly one
 /// [`on_closed`](Self::on_closed). A connection that fails before it is established gets
 /// `on_closed` with the reason (rejected, unreachable, timeout, ...). Every submitted
-/// operation completes exactly once, before `on_closed`.
+/// operation completes exactly once, before `on_closed`, also when the reactor is shut down or
+/// dropped.
 pub trait ConnectionHandler {
     /// The queue pair exists and the connection is about to be accepted or connected: post the
     /// first receives here, so the peer's first message finds one.
@@ -83,7 +83,7 @@ pub trait ConnectionHandler {
     /// An operation completed (successfully, in error, flushed by a close, or cancelled).
     fn on_completion(&mut self, conn: &mut Conn<'_>, completion: Completion);
 
-    /// A timer set with [`Conn::set_timer`] fired.
+    /// A timer set with [`Ctx::set_timer`] (through [`Conn::ctx`]) fired.
     fn on_timer(&mut self, conn: &mut Conn<'_>, user_data: u64) {
         let _ = (conn, user_data);
     }

@@ -50,8 +50,6 @@ pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
 pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
 /// Private data a reject can carry on IB and RoCE.
 pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
-/// Largest user payload in a connect request.
-pub const MAX_CONNECT_USER_DATA: usize = MAX_CONNECT_PRIVATE_DATA - CONNECT_HEADER_LEN;
 /// Connect-information flag: the sender uses receive-credit flow control.
 pub const FLAG_FLOW_CONTROL: u8 = 1;
 /// Length of the reject header before its text.
@@ -307,6 +305,50 @@ impl fmt::Display for RejectReason {
     }
 }
 
+/// A window of a peer's exposed memory: where an RDMA WRITE or READ goes.
+///
+/// It travels between peers as 16 bytes ([`RemoteSlice::encode`]), in a message or in the
+/// connect information's user bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteSlice {
+    /// Address in the peer's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+    /// The peer's remote key.
+    pub rkey: u32,
+}
+
+impl RemoteSlice {
+    /// Length of the encoding.
+    pub const ENCODED_LEN: usize = 16;
+
+    /// `len` bytes at `offset` into this window, if they fit.
+    pub fn slice(&self, offset: u32, len: u32) -> Option<RemoteSlice> {
+        let end = offset.checked_add(len)?;
+        (end <= self.len).then(|| RemoteSlice { addr: self.addr + u64::from(offset), len, rkey: self.rkey })
+    }
+
+    /// Network byte order: address, length, key.
+    pub fn encode(&self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&self.addr.to_be_bytes());
+        out[8..12].copy_from_slice(&self.len.to_be_bytes());
+        out[12..].copy_from_slice(&self.rkey.to_be_bytes());
+        out
+    }
+
+    /// Decodes the first 16 bytes; `None` if fewer.
+    pub fn decode(b: &[u8]) -> Option<RemoteSlice> {
+        let b: &[u8; 16] = b.get(..16)?.try_into().ok()?;
+        Some(RemoteSlice {
+            addr: u64::from_be_bytes(b[..8].try_into().ok()?),
+            len: u32::from_be_bytes(b[8..12].try_into().ok()?),
+            rkey: u32::from_be_bytes(b[12..].try_into().ok()?),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -431,7 +473,7 @@ mod tests {
     #[test]
     fn user_data_limit_is_enforced_on_encode() {
         let mut info = sample();
-        info.user = vec![7; MAX_CONNECT_USER_DATA];
+        info.user = vec![7; MAX_CONNECT_PRIVATE_DATA - CONNECT_HEADER_LEN];
         assert!(info.encode(MAX_CONNECT_PRIVATE_DATA).is_ok());
         info.user.push(7);
         assert_eq!(info.encode(MAX_CONNECT_PRIVATE_DATA), Err(WireError::UserDataTooLong { len: 37, max: 36 }));

@@ -34,6 +34,7 @@ impl Listener {
     }
 
     /// True once closed.
+    #[cfg(test)]
     pub fn is_closed(&self) -> bool {
         self.closed
     }
@@ -56,11 +57,17 @@ impl Listener {
     }
 
     /// The user closed the listener.
+    #[cfg(test)]
     pub fn close(&mut self) -> ListenerAction {
+        self.close_for(super::CloseReason::Local)
+    }
+
+    /// The reactor closes the listener, for `reason` (a shutdown).
+    pub fn close_for(&mut self, reason: super::CloseReason) -> ListenerAction {
         if self.closed {
             return ListenerAction::None;
         }
         self.closed = true;
-        ListenerAction::Closed(super::CloseReason::Local)
+        ListenerAction::Closed(reason)
     }
 }

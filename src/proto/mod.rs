@@ -1,0 +1,15 @@
+//! The pure core: everything that decides, nothing that does I/O.
+//!
+//! Tokens ([`token`]), the wire formats carried in private data and messages ([`wire`]),
+//! receive-credit flow control ([`flow`]), the listener/agent/client state machines ([`conn`])
+//! and the data path's plain vocabulary ([`op`]: operation kinds, completion statuses).
+//!
+//! **Architecture invariant:** nothing here names `crate::sys`, `crate::reactor` or an FFI
+//! type, performs I/O or can fail with an OS error; all of it is unit-tested on a host without
+//! RDMA. `.ci/layers` checks the imports.
+
+pub(crate) mod conn;
+pub(crate) mod flow;
+pub(crate) mod op;
+pub(crate) mod token;
+pub(crate) mod wire;

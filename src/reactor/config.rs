@@ -1,0 +1,140 @@
+//! Configuration: the reactor's ([`Config`], [`Timeouts`]) and one client connection's
+//! ([`ConnectOptions`]).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::proto::conn::Step;
+use crate::sys::pool::PoolConfig;
+
+/// Deadlines of the connection-manager steps, and of shutdown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// `rdma_resolve_addr` (also passed to the kernel).
+    pub resolve_addr: Duration,
+    /// `rdma_resolve_route` (also passed to the kernel).
+    pub resolve_route: Duration,
+    /// From `rdma_connect` to ESTABLISHED.
+    pub connect: Duration,
+    /// From `rdma_accept` to ESTABLISHED.
+    pub accept: Duration,
+    /// From our `rdma_disconnect` to DISCONNECTED.
+    pub disconnect: Duration,
+    /// From DISCONNECTED until every outstanding work request has completed.
+    pub drain: Duration,
+    /// How long dropping the [`Reactor`](crate::Reactor) lets connections close cleanly before
+    /// it closes the rest at once (see [`Reactor::shutdown`](crate::Reactor::shutdown)).
+    pub shutdown: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            resolve_addr: Duration::from_secs(5),
+            resolve_route: Duration::from_secs(5),
+            connect: Duration::from_secs(20),
+            accept: Duration::from_secs(20),
+            disconnect: Duration::from_secs(5),
+            drain: Duration::from_secs(5),
+            shutdown: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Timeouts {
+    pub(crate) fn of(&self, step: Step) -> Duration {
+        match step {
+            Step::ResolveAddr => self.resolve_addr,
+            Step::ResolveRoute => self.resolve_route,
+            Step::Connect => self.connect,
+            Step::Accept => self.accept,
+            Step::Disconnect => self.disconnect,
+            Step::Drain => self.drain,
+        }
+    }
+}
+
+/// Reactor configuration. `Config::default()` suits most uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// The registered buffer pool of each device (chunk size = largest pool message).
+    pub pool: PoolConfig,
+    /// Send work requests each queue pair may have outstanding.
+    pub send_depth: u32,
+    /// Receive work requests each queue pair may have outstanding.
+    pub recv_depth: u32,
+    /// Largest send copied inline into the work request.
+    pub max_inline: u32,
+    /// Completion events counted per CQ before one `ibv_ack_cq_events` call.
+    pub cq_ack_batch: u32,
+    /// `Some(entries)`: every connection on a device shares one CQ of that many entries
+    /// (room is accounted so it never overruns); `None`: one CQ per connection, sized for its
+    /// queue pair.
+    pub shared_cq: Option<u32>,
+    /// One send in this many asks for a completion (and the last of each chain); the others
+    /// are reported when the signaled one after them completes.
+    pub signal_every: u32,
+    /// Offer receive-credit flow control to peers (it applies when both sides offer it and
+    /// both keep at least 3 receives posted).
+    pub flow_control: bool,
+    /// Completions reaped from one CQ per tick before the others get a turn.
+    pub poll_budget: usize,
+    /// Connection-manager deadlines.
+    pub timeouts: Timeouts,
+    /// Transport retries on each connection (0..=7).
+    pub retry_count: u8,
+    /// Receiver-not-ready retries (0..=6 finite; 7 retries forever).
+    pub rnr_retry_count: u8,
+    /// Listen backlog.
+    pub backlog: i32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            pool: PoolConfig::default(),
+            send_depth: 64,
+            recv_depth: 64,
+            max_inline: 64,
+            cq_ack_batch: 64,
+            shared_cq: None,
+            signal_every: 16,
+            flow_control: true,
+            poll_budget: 256,
+            timeouts: Timeouts::default(),
+            retry_count: 7,
+            rnr_retry_count: 6,
+            backlog: 1024,
+        }
+    }
+}
+
+impl Config {
+    /// Checks the values a reactor cannot work with.
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.send_depth == 0 || self.recv_depth == 0 {
+            return Err(Error::Config("send and receive depth must be at least 1".into()));
+        }
+        if self.poll_budget == 0 {
+            return Err(Error::Config("poll budget must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Options of one client connection.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConnectOptions {
+    /// Local address to bind (none: the kernel picks by route).
+    pub src: Option<SocketAddr>,
+    /// Largest message this client sends or receives (0: the pool's chunk size).
+    pub msg_size: u32,
+    /// Messages this client intends to send (0: not stated).
+    pub msg_count: u32,
+    /// Opaque bytes for the server (at most 36).
+    pub user_data: Vec<u8>,
+    /// Sends these bytes as the connect private data instead of the connect information (at
+    /// most 56). For interoperability and fault tests: a server of this crate validates them.
+    pub raw_private_data: Option<Vec<u8>>,
+}

@@ -1,0 +1,82 @@
+//! Driving the pure state machines: feeding a connection's machine its inputs and carrying out
+//! the actions it returns.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use super::setup::millis;
+use super::timers::TimerTarget;
+use super::Core;
+use crate::proto::conn::{Action, Actions, Input};
+use crate::proto::token::ConnKey;
+
+impl Core {
+    /// Feeds an input to a connection's state machine and carries out the actions, including
+    /// inputs those actions produce (a verb that failed) and `Drained` once a draining
+    /// connection has nothing outstanding.
+    pub(super) fn feed(&mut self, t: ConnKey, input: Input) {
+        let mut queue = VecDeque::from([input]);
+        while let Some(input) = queue.pop_front() {
+            let Some(c) = self.conns.get_mut(t) else { return };
+            let actions = c.role.on_input(input);
+            for a in actions {
+                if let Some(next) = self.act(t, a) {
+                    queue.push_back(next);
+                }
+            }
+            if queue.is_empty() && self.conns.get(t).is_some_and(|c| c.drained()) {
+                queue.push_back(Input::Drained);
+            }
+        }
+    }
+
+    /// Carries out actions a machine returned outside [`Core::feed`] (its first ones).
+    pub(super) fn apply(&mut self, t: ConnKey, actions: Actions) {
+        for a in actions {
+            if let Some(next) = self.act(t, a) {
+                self.feed(t, next);
+            }
+        }
+    }
+
+    fn act(&mut self, t: ConnKey, action: Action) -> Option<Input> {
+        let timeouts = self.cfg.timeouts;
+        match action {
+            Action::ResolveRoute => {
+                let c = self.conns.get(t)?;
+                if let Err(e) = c.ep.id()?.resolve_route(millis(timeouts.resolve_route)) {
+                    return Some(Input::SetupFailed(format!("rdma_resolve_route: {e}")));
+                }
+            }
+            Action::Connect => return self.client_connect(t),
+            Action::Established => {
+                self.stats.established += 1;
+                // Sends submitted before ESTABLISHED (a peer's first message can complete a
+                // receive before the event arrives) go out now.
+                self.mark_dirty(t);
+                self.with_conn(t, |h, conn| h.on_established(conn));
+            }
+            Action::Disconnect => {
+                if let Some(id) = self.conns.get(t).and_then(|c| c.ep.id()) {
+                    // EINVAL (already disconnected) is success; any other failure still ends
+                    // in DISCONNECTED or the disconnect deadline.
+                    let _ = id.disconnect();
+                }
+            }
+            Action::SetDeadline(step) => {
+                let at = Instant::now().checked_add(timeouts.of(step))?;
+                let key = self.timers.schedule(at, TimerTarget::Deadline(t));
+                self.conns.get_mut(t)?.deadline = Some((key, step));
+            }
+            Action::ClearDeadline => self.conns.get_mut(t)?.deadline = None,
+            Action::Closed(reason) => {
+                let c = self.conns.get_mut(t)?;
+                if c.close_reason.is_none() {
+                    c.close_reason = Some(reason);
+                    self.closing.push(t);
+                }
+            }
+        }
+        None
+    }
+}

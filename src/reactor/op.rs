@@ -1,0 +1,205 @@
+//! The io_uring-style data path: submissions ([`Op`]) and their [`Completion`]s.
+//!
+//! An operation is submitted with a caller-chosen `u64` user_data and completes later, exactly
+//! once, with that user_data, a result and (for pool buffers) the buffer back. Operations
+//! submitted during a tick are posted to the device as one chain per queue pair at the end of
+//! the tick (one doorbell), not one verb call each.
+
+use crate::proto::op::{OpCode, OpError};
+use crate::proto::token::ConnKey;
+use crate::proto::wire::RemoteSlice;
+use crate::sys::pool::Buf;
+
+/// Memory registered by the caller, for [`Op::raw_send`] and [`Op::raw_recv`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawBuf {
+    /// Start address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+    /// The local key of the memory region that covers `addr..addr+len`.
+    pub lkey: u32,
+}
+
+#[derive(Debug)]
+pub(crate) enum Body {
+    Send(Buf),
+    Recv(Buf),
+    Write(Buf, RemoteSlice),
+    WriteImm(Buf, RemoteSlice),
+    Read(Buf, RemoteSlice),
+    RawSend(RawBuf),
+    RawRecv(RawBuf),
+}
+
+/// One submission: what to do, and the user_data its completion will carry.
+///
+/// Build with [`Op::send`] or [`Op::recv`] and submit with
+/// [`Conn::submit`](crate::Conn::submit).
+#[derive(Debug)]
+#[must_use = "an Op does nothing until it is submitted"]
+pub struct Op {
+    pub(crate) body: Body,
+    pub(crate) user_data: u64,
+}
+
+impl Op {
+    /// Sends the first `buf.len()` bytes of a pool buffer. The buffer comes back in the
+    /// completion.
+    pub fn send(buf: Buf) -> Op {
+        Op { body: Body::Send(buf), user_data: 0 }
+    }
+
+    /// Posts a pool buffer (its whole capacity) to receive one message. The buffer comes back in
+    /// the completion with its length set to the bytes received.
+    pub fn recv(buf: Buf) -> Op {
+        Op { body: Body::Recv(buf), user_data: 0 }
+    }
+
+    /// Writes the first `buf.len()` bytes into the peer's memory at `remote` (which must be at
+    /// least that long). The buffer comes back in the completion.
+    pub fn write(buf: Buf, remote: RemoteSlice) -> Op {
+        Op { body: Body::Write(buf, remote), user_data: 0 }
+    }
+
+    /// Like [`Op::write`], and also consumes one of the peer's receives, which completes with
+    /// [`Completion::remote_write`] set: the peer learns the data is there.
+    pub fn write_imm(buf: Buf, remote: RemoteSlice) -> Op {
+        Op { body: Body::WriteImm(buf, remote), user_data: 0 }
+    }
+
+    /// Reads `remote.len` bytes of the peer's memory into `buf` (its length is set to them).
+    pub fn read(buf: Buf, remote: RemoteSlice) -> Op {
+        Op { body: Body::Read(buf, remote), user_data: 0 }
+    }
+
+    /// Sends caller-registered memory. Only [`Conn::submit_raw`](crate::Conn::submit_raw)
+    /// accepts it.
+    pub fn raw_send(buf: RawBuf) -> Op {
+        Op { body: Body::RawSend(buf), user_data: 0 }
+    }
+
+    /// Receives into caller-registered memory. Only
+    /// [`Conn::submit_raw`](crate::Conn::submit_raw) accepts it.
+    pub fn raw_recv(buf: RawBuf) -> Op {
+        Op { body: Body::RawRecv(buf), user_data: 0 }
+    }
+
+    /// Sets the user_data the completion carries.
+    pub fn user_data(mut self, user_data: u64) -> Op {
+        self.user_data = user_data;
+        self
+    }
+
+    /// The operation's kind.
+    pub fn opcode(&self) -> OpCode {
+        match self.body {
+            Body::Send(_) | Body::RawSend(_) => OpCode::Send,
+            Body::Recv(_) | Body::RawRecv(_) => OpCode::Recv,
+            Body::Write(..) => OpCode::Write,
+            Body::WriteImm(..) => OpCode::WriteImm,
+            Body::Read(..) => OpCode::Read,
+        }
+    }
+
+    pub(crate) fn is_raw(&self) -> bool {
+        matches!(self.body, Body::RawSend(_) | Body::RawRecv(_))
+    }
+}
+
+/// The result of one submitted operation.
+#[derive(Debug)]
+pub struct Completion {
+    /// The user_data given at submission.
+    pub user_data: u64,
+    /// The operation's kind (taken from the submission, never from the device's completion,
+    /// whose opcode is undefined on error).
+    pub opcode: OpCode,
+    /// Bytes transferred (for a receive, the message length), or why it failed.
+    pub result: Result<u32, OpError>,
+    /// The pool buffer of the submission, given back. For a successful receive its length is
+    /// the message length; for a successful READ, the bytes read.
+    pub buf: Option<Buf>,
+    /// For a receive: it was consumed by the peer's RDMA WRITE with immediate, so the data
+    /// (`result` bytes) is in the exposed memory the peer wrote, not in `buf`.
+    pub remote_write: bool,
+}
+
+impl Completion {
+    /// True when the operation succeeded.
+    pub fn is_ok(&self) -> bool {
+        self.result.is_ok()
+    }
+}
+
+/// A submitted operation while the reactor holds it: from submission to its completion.
+pub(crate) struct OpEntry {
+    pub(crate) conn: ConnKey,
+    pub(crate) user_data: u64,
+    pub(crate) opcode: OpCode,
+    pub(crate) buf: Option<Buf>,
+    pub(crate) raw: Option<RawBuf>,
+    pub(crate) remote: Option<RemoteSlice>,
+    /// A credit-only send of the runtime's own: its completion reaches no handler.
+    pub(crate) control: bool,
+    /// A receive posted again after a credit-only message consumed it.
+    pub(crate) after_control: bool,
+    /// On the device (holds a CQ reservation); false while queued.
+    pub(crate) posted: bool,
+}
+
+impl OpEntry {
+    /// The entry of a submitted operation, not yet posted.
+    pub(crate) fn new(conn: ConnKey, op: Op) -> OpEntry {
+        let opcode = op.opcode();
+        let Op { body, user_data } = op;
+        let (buf, raw, remote) = match body {
+            Body::Send(b) | Body::Recv(b) => (Some(b), None, None),
+            Body::Write(b, r) | Body::WriteImm(b, r) => (Some(b), None, Some(r)),
+            Body::Read(mut b, r) => {
+                // The device writes `r.len` bytes; submission checked they fit the capacity.
+                let _ = b.set_len(r.len as usize);
+                (Some(b), None, Some(r))
+            }
+            Body::RawSend(r) | Body::RawRecv(r) => (None, Some(r), None),
+        };
+        OpEntry { conn, user_data, opcode, buf, raw, remote, control: false, after_control: false, posted: false }
+    }
+
+    /// The entry of a credit-only message: a zero-length send.
+    pub(crate) fn control(conn: ConnKey) -> OpEntry {
+        OpEntry {
+            conn,
+            user_data: 0,
+            opcode: OpCode::Send,
+            buf: None,
+            raw: None,
+            remote: None,
+            control: true,
+            after_control: false,
+            posted: false,
+        }
+    }
+
+    /// Local address, length and key of the work request.
+    pub(crate) fn sge(&self) -> (u64, u32, u32) {
+        match (&self.buf, &self.raw) {
+            (Some(b), _) => {
+                let len = if self.opcode == OpCode::Recv { b.capacity() } else { b.len() };
+                (b.addr(), len as u32, b.lkey())
+            }
+            (None, Some(r)) => (r.addr, r.len, r.lkey),
+            (None, None) => (0, 0, 0),
+        }
+    }
+
+    /// The completion the handler sees: `result`, with the buffer handed back (a successful
+    /// receive's length set to the bytes received).
+    pub(crate) fn into_completion(self, result: Result<u32, OpError>, remote_write: bool) -> Completion {
+        let mut buf = self.buf;
+        if let (Some(b), OpCode::Recv, Ok(n)) = (buf.as_mut(), self.opcode, &result) {
+            let _ = b.set_len(if remote_write { 0 } else { *n as usize });
+        }
+        Completion { user_data: self.user_data, opcode: self.opcode, result, buf, remote_write }
+    }
+}

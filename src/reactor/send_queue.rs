@@ -1,0 +1,439 @@
+//! A connection's send and receive queues, pure: what may be posted now, given the queue pair's
+//! slots, the CQ's room and the peer's credits. No FFI; the posting itself is `post.rs`.
+//!
+//! A send-queue operation leaves [`SendQueue`]'s pending queue only when:
+//! - the send queue has a slot;
+//! - its CQ has room for its completion ([`CqRoom`]);
+//! - for an operation that consumes a peer receive under flow control, the peer granted a
+//!   credit ([`Flow`]).
+//!
+//! The queue is strictly FIFO: an operation waiting for credit holds back the ones behind it,
+//! so operations reach the peer in submission order. When credits are owed and no data message
+//! carries them, the plan adds a credit-only message ([`Flow::wants_control`]).
+//!
+//! Signaling is selective: one work request in `signal_every` asks for a completion, and so
+//! does the last of each chain. A signaled completion means the unsignaled requests before it
+//! are complete too (RC completes in order); [`SendQueue::complete`] hands them back in order
+//! and frees their CQ entries with its own.
+
+use std::collections::VecDeque;
+
+use smallvec::SmallVec;
+
+use super::cq_room::CqRoom;
+use crate::proto::flow::Flow;
+use crate::proto::token::OpKey;
+
+/// One send work request the plan says to post now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Planned {
+    /// The operation (for a credit-only message, the one the plan's caller made for it).
+    pub(crate) op: OpKey,
+    /// Immediate data (host order) under flow control: the credits it grants.
+    pub(crate) imm: Option<u32>,
+    /// Asks for a completion.
+    pub(crate) signaled: bool,
+}
+
+/// What may be posted on one connection's send queue now.
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
+    /// The chain to post, in order.
+    pub(crate) wrs: SmallVec<[Planned; 16]>,
+    /// Something could not go for lack of CQ room: the connection waits for room.
+    pub(crate) short_of_room: bool,
+}
+
+/// The send side of one connection: pending operations, posted ones, signaling and credits.
+#[derive(Debug)]
+pub(crate) struct SendQueue {
+    /// Submitted, not yet posted, in submission order, with "consumes a peer receive".
+    pending: VecDeque<(OpKey, bool)>,
+    /// Posted and not yet completed, in posting order.
+    posted: VecDeque<OpKey>,
+    /// Unsignaled requests posted since the last signaled one.
+    unsignaled: u32,
+    /// Send work requests the queue pair holds.
+    capacity: u32,
+    signal_every: u32,
+    /// Credit state, when both sides use flow control.
+    flow: Option<Flow>,
+}
+
+impl SendQueue {
+    /// An empty queue; `capacity` is set when the queue pair exists.
+    pub(crate) fn new(signal_every: u32) -> SendQueue {
+        SendQueue {
+            pending: VecDeque::new(),
+            posted: VecDeque::new(),
+            unsignaled: 0,
+            capacity: 0,
+            signal_every: signal_every.max(1),
+            flow: None,
+        }
+    }
+
+    /// Sets the send work requests the queue pair holds.
+    pub(crate) fn set_capacity(&mut self, capacity: u32) {
+        self.capacity = capacity;
+    }
+
+    /// The send work requests the queue pair holds.
+    pub(crate) fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Turns flow control on with this credit state.
+    pub(crate) fn set_flow(&mut self, flow: Option<Flow>) {
+        self.flow = flow;
+    }
+
+    /// The credit state, when flow control is on.
+    pub(crate) fn flow_mut(&mut self) -> Option<&mut Flow> {
+        self.flow.as_mut()
+    }
+
+    /// Queues an operation; `consumes` when it uses one of the peer's receives (a send or a
+    /// write with immediate).
+    pub(crate) fn push(&mut self, op: OpKey, consumes: bool) {
+        self.pending.push_back((op, consumes));
+    }
+
+    /// Posted requests not yet completed.
+    pub(crate) fn outstanding(&self) -> u32 {
+        self.posted.len() as u32
+    }
+
+    /// True when a plan could post something now or later: operations are pending or credits
+    /// are owed.
+    pub(crate) fn wants_post(&self) -> bool {
+        !self.pending.is_empty() || self.flow.as_ref().is_some_and(Flow::wants_control)
+    }
+
+    /// Plans the chain to post now. Reserves CQ room and spends credits for every request in it;
+    /// `new_control` makes the operation of a credit-only message when one is due. The caller
+    /// posts the chain and reports with [`SendQueue::posted`].
+    pub(crate) fn plan(&mut self, room: &mut CqRoom, new_control: impl FnOnce() -> OpKey) -> Plan {
+        let mut plan = Plan::default();
+        let slots = self.capacity.saturating_sub(self.outstanding()) as usize;
+        while plan.wrs.len() < slots {
+            let Some(&(op, consumes)) = self.pending.front() else { break };
+            let flow = self.flow.as_mut().filter(|_| consumes);
+            if flow.as_ref().is_some_and(|f| !f.can_send_data()) {
+                break;
+            }
+            if room.reserve_send(1) == 0 {
+                plan.short_of_room = true;
+                break;
+            }
+            let imm = flow.map(|f| f.send_data().encode());
+            self.pending.pop_front();
+            plan.wrs.push(Planned { op, imm, signaled: false });
+        }
+        if plan.wrs.len() < slots {
+            if let Some(flow) = self.flow.as_mut().filter(|f| f.wants_control()) {
+                if room.reserve_send(1) == 1 {
+                    let imm = Some(flow.send_control().encode());
+                    plan.wrs.push(Planned { op: new_control(), imm, signaled: false });
+                } else {
+                    plan.short_of_room = true;
+                }
+            }
+        }
+        let last = plan.wrs.len().saturating_sub(1);
+        for (i, w) in plan.wrs.iter_mut().enumerate() {
+            self.unsignaled += 1;
+            if self.unsignaled >= self.signal_every || i == last {
+                w.signaled = true;
+                self.unsignaled = 0;
+            }
+        }
+        plan
+    }
+
+    /// The device took the first `n` requests of `plan`. The rest never reached it: their CQ
+    /// room is given back and their operations returned (in order) to be failed.
+    pub(crate) fn posted(&mut self, plan: &Plan, n: usize, room: &mut CqRoom) -> SmallVec<[OpKey; 8]> {
+        self.posted.extend(plan.wrs[..n].iter().map(|w| w.op));
+        let rest = &plan.wrs[n..];
+        room.release_send(rest.len() as u32);
+        rest.iter().map(|w| w.op).collect()
+    }
+
+    /// A send-queue completion for `op`. Returns the operations it completes, in order: the
+    /// unsignaled ones posted before it, then `op` itself; their CQ entries are given back.
+    /// Empty when `op` is not outstanding (a completion already accounted for).
+    pub(crate) fn complete(&mut self, op: OpKey, room: &mut CqRoom) -> SmallVec<[OpKey; 8]> {
+        let Some(at) = self.posted.iter().position(|o| *o == op) else { return SmallVec::new() };
+        let done: SmallVec<[OpKey; 8]> = self.posted.drain(..=at).collect();
+        room.release_send(done.len() as u32);
+        done
+    }
+
+    /// Empties the queue for teardown (the queue pair is gone): gives back the CQ room of the
+    /// posted requests and returns every operation, posted first.
+    pub(crate) fn clear(&mut self, room: Option<&mut CqRoom>) -> Vec<OpKey> {
+        if let Some(room) = room {
+            room.release_send(self.outstanding());
+        }
+        let posted = self.posted.drain(..);
+        posted.chain(self.pending.drain(..).map(|(op, _)| op)).collect()
+    }
+}
+
+/// The receive side of one connection: pending receives and how many are posted.
+#[derive(Debug, Default)]
+pub(crate) struct RecvQueue {
+    pending: VecDeque<OpKey>,
+    outstanding: u32,
+    capacity: u32,
+}
+
+impl RecvQueue {
+    /// Sets the receive work requests the queue pair holds.
+    pub(crate) fn set_capacity(&mut self, capacity: u32) {
+        self.capacity = capacity;
+    }
+
+    /// The receive work requests the queue pair holds.
+    pub(crate) fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Queues a receive at the back.
+    pub(crate) fn push(&mut self, op: OpKey) {
+        self.pending.push_back(op);
+    }
+
+    /// Queues a receive at the front (one a credit-only message used, posted again first).
+    pub(crate) fn push_front(&mut self, op: OpKey) {
+        self.pending.push_front(op);
+    }
+
+    /// Posted receives not yet completed.
+    pub(crate) fn outstanding(&self) -> u32 {
+        self.outstanding
+    }
+
+    /// True when receives wait to be posted.
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Takes the receives that fit in the queue pair now. Their CQ room was committed when the
+    /// queue pair was created. Report with [`RecvQueue::posted`].
+    pub(crate) fn plan(&mut self) -> SmallVec<[OpKey; 16]> {
+        let n = (self.pending.len() as u32).min(self.capacity.saturating_sub(self.outstanding));
+        self.pending.drain(..n as usize).collect()
+    }
+
+    /// The device took `n` of the planned receives.
+    pub(crate) fn posted(&mut self, n: usize) {
+        self.outstanding += n as u32;
+    }
+
+    /// A receive completed.
+    pub(crate) fn complete(&mut self) {
+        self.outstanding = self.outstanding.saturating_sub(1);
+    }
+
+    /// Empties the queue for teardown; returns the pending receives (the posted ones are the
+    /// caller's to find).
+    pub(crate) fn clear(&mut self) -> Vec<OpKey> {
+        self.outstanding = 0;
+        self.pending.drain(..).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::flow::{negotiate, Imm};
+    use crate::proto::token::GenSlab;
+    use crate::proto::wire::ConnectInfo;
+
+    fn keys(n: usize) -> Vec<OpKey> {
+        let mut slab: GenSlab<OpKey, ()> = GenSlab::new();
+        (0..n).map(|_| slab.insert(())).collect()
+    }
+
+    fn flow(peer_depth: u16, depth: u32) -> Option<Flow> {
+        let peer = ConnectInfo { flow_control: true, recv_depth: peer_depth, ..ConnectInfo::default() };
+        negotiate(true, depth, Some(&peer))
+    }
+
+    fn ops(plan: &Plan) -> Vec<OpKey> {
+        plan.wrs.iter().map(|w| w.op).collect()
+    }
+
+    #[test]
+    fn fifo_order_holds_behind_a_credit_blocked_op() {
+        let k = keys(6);
+        let mut q = SendQueue::new(16);
+        q.set_capacity(16);
+        // The peer granted 3 credits; one is spent: one data message may go, one credit stays in
+        // reserve.
+        q.set_flow(flow(3, 8));
+        q.flow_mut().unwrap().send_data();
+        let mut room = CqRoom::new(64, 16);
+        // A write (no credit needed), two sends, then another write.
+        q.push(k[0], false);
+        q.push(k[1], true);
+        q.push(k[2], true);
+        q.push(k[3], false);
+        let plan = q.plan(&mut room, || unreachable!("nothing is owed"));
+        assert_eq!(ops(&plan), vec![k[0], k[1]], "the second send waits for credit, and the write behind it");
+        assert!(!plan.short_of_room);
+        assert!(plan.wrs[1].imm.is_some(), "a flow-controlled send carries its grant");
+        assert_eq!(q.posted(&plan, 2, &mut room).len(), 0);
+        // Nothing moves until credit arrives, and then in order.
+        assert!(q.plan(&mut room, || unreachable!()).wrs.is_empty());
+        q.flow_mut().unwrap().on_receive(Imm { grant: 2, control: false });
+        let plan = q.plan(&mut room, || unreachable!());
+        assert_eq!(ops(&plan), vec![k[2], k[3]]);
+    }
+
+    #[test]
+    fn the_last_of_each_chain_is_signaled_and_one_in_n() {
+        let k = keys(10);
+        let mut q = SendQueue::new(4);
+        q.set_capacity(16);
+        let mut room = CqRoom::new(64, 16);
+        for op in &k {
+            q.push(*op, true);
+        }
+        let plan = q.plan(&mut room, || unreachable!());
+        let signaled: Vec<bool> = plan.wrs.iter().map(|w| w.signaled).collect();
+        let mut want = vec![false; 10];
+        for i in [3, 7, 9] {
+            want[i] = true;
+        }
+        assert_eq!(signaled, want, "every 4th and the last");
+        assert!(plan.wrs.iter().all(|w| w.imm.is_none()), "no flow control: no immediate");
+    }
+
+    #[test]
+    fn a_signaled_completion_frees_its_unsignaled_predecessors() {
+        let k = keys(5);
+        let mut q = SendQueue::new(16);
+        q.set_capacity(16);
+        let mut room = CqRoom::new(32, 8);
+        for op in &k {
+            q.push(*op, false);
+        }
+        let plan = q.plan(&mut room, || unreachable!());
+        assert_eq!(room.reserved(), 5, "one CQ entry per request, unsignaled ones too");
+        q.posted(&plan, 5, &mut room);
+        assert_eq!(q.outstanding(), 5);
+        let done = q.complete(k[4], &mut room);
+        assert_eq!(done.to_vec(), k, "in posting order, the signaled one last");
+        assert_eq!(room.reserved(), 0, "their entries are free");
+        assert_eq!(q.outstanding(), 0);
+        assert!(q.complete(k[4], &mut room).is_empty(), "a second completion for it is ignored");
+    }
+
+    #[test]
+    fn a_flush_completes_each_request_on_its_own() {
+        let k = keys(3);
+        let mut q = SendQueue::new(16);
+        q.set_capacity(16);
+        let mut room = CqRoom::new(32, 8);
+        for op in &k {
+            q.push(*op, false);
+        }
+        let plan = q.plan(&mut room, || unreachable!());
+        q.posted(&plan, 3, &mut room);
+        for (i, op) in k.iter().enumerate() {
+            assert_eq!(q.complete(*op, &mut room).to_vec(), vec![*op]);
+            assert_eq!(room.reserved(), 2 - i as u32);
+        }
+    }
+
+    #[test]
+    fn a_credit_only_message_goes_out_exactly_when_owed() {
+        let k = keys(2);
+        let mut q = SendQueue::new(16);
+        q.set_capacity(16);
+        // Depth 8 on our side: a credit-only message is due once 4 receives re-posted after data
+        // messages are owed (half the depth).
+        q.set_flow(flow(8, 8));
+        let mut room = CqRoom::new(64, 16);
+        for owed in 1..=4 {
+            q.flow_mut().unwrap().on_repost(false);
+            let plan = q.plan(&mut room, || k[0]);
+            if owed < 4 {
+                assert!(plan.wrs.is_empty(), "{owed} owed: not yet");
+                assert!(!q.wants_post());
+            } else {
+                assert_eq!(ops(&plan), vec![k[0]], "4 owed: one credit-only message");
+                let imm = Imm::decode(plan.wrs[0].imm.unwrap());
+                assert_eq!(imm, Imm { grant: 4, control: true });
+                assert!(plan.wrs[0].signaled, "the last of its chain");
+            }
+        }
+        assert!(!q.wants_post(), "nothing owed after the grant");
+        // Owed credits ride on a data message instead when there is one.
+        for _ in 0..4 {
+            q.flow_mut().unwrap().on_repost(false);
+        }
+        q.push(k[1], true);
+        let plan = q.plan(&mut room, || unreachable!("the data message carries the grant"));
+        assert_eq!(ops(&plan), vec![k[1]]);
+        assert_eq!(Imm::decode(plan.wrs[0].imm.unwrap()), Imm { grant: 4, control: false });
+    }
+
+    #[test]
+    fn without_cq_room_nothing_goes_and_the_connection_waits() {
+        let k = keys(3);
+        let mut q = SendQueue::new(16);
+        q.set_capacity(16);
+        let mut room = CqRoom::new(4, 2);
+        assert!(room.admit(2));
+        for op in &k {
+            q.push(*op, false);
+        }
+        let plan = q.plan(&mut room, || unreachable!());
+        assert_eq!(ops(&plan), vec![k[0], k[1]]);
+        assert!(plan.short_of_room);
+        // The device refuses the second: its room comes back and it is returned for failing.
+        let failed = q.posted(&plan, 1, &mut room);
+        assert_eq!(failed.to_vec(), vec![k[1]]);
+        assert_eq!(room.reserved(), 2 + 1);
+    }
+
+    #[test]
+    fn slots_bound_the_chain_and_clear_returns_everything() {
+        let k = keys(5);
+        let mut q = SendQueue::new(16);
+        q.set_capacity(3);
+        let mut room = CqRoom::new(64, 16);
+        for op in &k {
+            q.push(*op, false);
+        }
+        let plan = q.plan(&mut room, || unreachable!());
+        assert_eq!(ops(&plan), k[..3].to_vec(), "three send slots");
+        q.posted(&plan, 3, &mut room);
+        assert!(q.plan(&mut room, || unreachable!()).wrs.is_empty(), "no slot left");
+        assert_eq!(q.clear(Some(&mut room)), k, "posted first, then pending");
+        assert_eq!(room.reserved(), 0);
+    }
+
+    #[test]
+    fn receives_fill_the_queue_pair_and_no_more() {
+        let k = keys(5);
+        let mut r = RecvQueue::default();
+        r.set_capacity(3);
+        for op in &k {
+            r.push(*op);
+        }
+        let first = r.plan();
+        assert_eq!(first.to_vec(), k[..3].to_vec());
+        r.posted(2);
+        assert_eq!(r.outstanding(), 2);
+        assert_eq!(r.plan().to_vec(), vec![k[3]], "one slot left");
+        r.posted(1);
+        r.complete();
+        r.push_front(k[0]);
+        assert_eq!(r.plan().to_vec(), vec![k[0]], "a re-posted receive goes first");
+    }
+}

@@ -1,0 +1,418 @@
+//! Connection setup: rdma_cm event dispatch, listening, accepting, connecting, queue pairs and
+//! per-device resources.
+
+use std::net::SocketAddr;
+
+use nix::sys::epoll::{EpollEvent, EpollFlags};
+
+use super::{
+    os, ConnEntry, ConnectOptions, ConnectRequest, ConnectionHandler, Core, Decision, Device, Endpoint, ListenerEntry,
+    ListenerHandler, Placement, Role,
+};
+use crate::error::{Error, Result};
+use crate::proto::conn::{Agent, Client, CmEventKind, Input, Listener, ListenerAction};
+use crate::proto::flow::{negotiate, MIN_DEPTH};
+use crate::proto::token::{ConnKey, Key, Kind, ListenerKey, Token};
+use crate::proto::wire::{ConnectInfo, RejectCode, RejectReason, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
+use crate::sys::cm::{CmEvent, CmId, ConnParam};
+use crate::sys::cq::CompChannel;
+use crate::sys::device::DeviceRef;
+use crate::sys::pd::Pd;
+use crate::sys::pool::Pool;
+use crate::sys::qp::{Qp, QpCaps};
+
+/// RDMA READ/atomic depth requested and granted on every connection.
+const RD_ATOM: u8 = 4;
+
+impl Core {
+    // ----- commands (called through Ctx) ----------------------------------------------------
+
+    pub(crate) fn listen(&mut self, addr: SocketAddr, handler: Box<dyn ListenerHandler>) -> Result<Token> {
+        self.refuse_when_shutting_down()?;
+        let t = self.listeners.insert(ListenerEntry {
+            id: None,
+            sm: Listener::new(),
+            handler: Some(handler),
+            close_reason: None,
+        });
+        let what = format!("listener on {addr}");
+        let setup = (|| {
+            let id =
+                CmId::new(&self.cm, t.token().as_u64()).map_err(|e| Error::verb("rdma_create_id", what.clone(), e))?;
+            id.bind(&addr).map_err(|e| Error::verb("rdma_bind_addr", what.clone(), e))?;
+            // Bound to an address of one device: create its resources now, so the first
+            // connection does not pay for them and a quiet server's resource count is stable.
+            if let Some(dev) = id.device() {
+                self.device(dev)?;
+            }
+            id.listen(self.cfg.backlog).map_err(|e| Error::verb("rdma_listen", what.clone(), e))?;
+            Ok(id)
+        })();
+        match setup {
+            Ok(id) => {
+                self.listeners.get_mut(t).expect("inserted").id = Some(id);
+                Ok(t.token())
+            }
+            Err(e) => {
+                self.listeners.remove(t);
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn connect(
+        &mut self,
+        dst: SocketAddr,
+        opts: ConnectOptions,
+        handler: Box<dyn ConnectionHandler>,
+    ) -> Result<Token> {
+        self.refuse_when_shutting_down()?;
+        let (client, first) = Client::resolving();
+        let max = self.cfg.pool.max_chunk();
+        let msg_size = if opts.msg_size == 0 { max as u32 } else { opts.msg_size };
+        if msg_size as usize > max {
+            return Err(Error::TooLarge { len: msg_size as usize, max });
+        }
+        let local = ConnectInfo {
+            msg_size,
+            msg_count: opts.msg_count,
+            recv_depth: 1,
+            flow_control: false,
+            user: opts.user_data,
+        };
+        local.encode(MAX_CONNECT_PRIVATE_DATA)?;
+        if opts.raw_private_data.as_ref().is_some_and(|r| r.len() > MAX_CONNECT_PRIVATE_DATA) {
+            return Err(Error::Config(format!("raw private data is limited to {MAX_CONNECT_PRIVATE_DATA} bytes")));
+        }
+        let entry = ConnEntry::new(Role::Client(client), handler, self.cfg.signal_every, local);
+        let t = self.conns.insert(entry);
+        let what = format!("client to {dst}");
+        let ms = millis(self.cfg.timeouts.resolve_addr);
+        let setup = (|| {
+            let id =
+                CmId::new(&self.cm, t.token().as_u64()).map_err(|e| Error::verb("rdma_create_id", what.clone(), e))?;
+            id.resolve_addr(opts.src.as_ref(), &dst, ms)
+                .map_err(|e| Error::verb("rdma_resolve_addr", what.clone(), e))?;
+            Ok(id)
+        })();
+        match setup {
+            Ok(id) => {
+                let c = self.conns.get_mut(t).expect("inserted");
+                c.ep = Endpoint::Id(id);
+                c.infos.raw_private_data = opts.raw_private_data;
+                self.apply(t, first);
+                Ok(t.token())
+            }
+            Err(e) => {
+                self.conns.remove(t);
+                Err(e)
+            }
+        }
+    }
+
+    fn refuse_when_shutting_down(&self) -> Result<()> {
+        if self.shutting_down {
+            return Err(Error::NotConnected("the reactor is shutting down".into()));
+        }
+        Ok(())
+    }
+
+    // ----- rdma_cm events -------------------------------------------------------------------
+
+    pub(super) fn drain_cm(&mut self) -> Result<usize> {
+        let mut n = 0;
+        loop {
+            let mut ev = match self.cm.get_event() {
+                Ok(Some(ev)) => ev,
+                Ok(None) => break,
+                Err(e) if e.raw_os_error() == Some(nix::libc::EINTR) => continue,
+                Err(e) => return Err(Error::verb("rdma_get_cm_event", "shared event channel", e)),
+            };
+            n += 1;
+            self.stats.cm_events += 1;
+            self.on_cm_event(&mut ev);
+            // The event is acked here, before the next is read; ids it names are destroyed
+            // only at the end of the tick.
+            drop(ev);
+        }
+        Ok(n)
+    }
+
+    fn on_cm_event(&mut self, ev: &mut CmEvent) {
+        let token = Token::from_u64(ev.context());
+        if let Some(t) = token.and_then(|t| self.listeners.key_of(t)) {
+            return self.on_listener_event(t, ev);
+        }
+        if let Some(t) = token.and_then(|t| self.conns.key_of(t)) {
+            return self.on_conn_event(t, ev);
+        }
+        self.stats.stale_cm_events += 1;
+        self.refuse_child(ev, "listener closed");
+    }
+
+    /// Rejects the id a connect request created, if `ev` is one, and queues it for
+    /// destruction.
+    fn refuse_child(&mut self, ev: &mut CmEvent, why: &str) {
+        if let Some(child) = ev.take_child(&self.cm, 0) {
+            self.reject_child(child, &RejectReason::new(RejectCode::Refused, why));
+        }
+    }
+
+    /// Rejects a connect request's new id with `reason`; the id is destroyed at the end of the
+    /// tick, after its CONNECT_REQUEST is acked.
+    fn reject_child(&mut self, child: CmId, reason: &RejectReason) {
+        let _ = child.reject(&reason.encode());
+        self.stats.rejected += 1;
+        self.graveyard.push(child);
+    }
+
+    fn on_listener_event(&mut self, t: ListenerKey, ev: &mut CmEvent) {
+        let Some(l) = self.listeners.get_mut(t) else { return };
+        match l.sm.on_cm(ev.kind(), ev.status()) {
+            ListenerAction::Incoming => self.incoming(t, ev),
+            ListenerAction::Report(what) => self.with_listener(t, |h, ctx| h.on_error(ctx, &what)),
+            ListenerAction::Closed(reason) => {
+                l.close_reason = Some(reason);
+                self.closing_listeners.push(t);
+            }
+            ListenerAction::None => self.refuse_child(ev, "listener closed"),
+        }
+    }
+
+    fn incoming(&mut self, lt: ListenerKey, ev: &mut CmEvent) {
+        let Some(child) = ev.take_child(&self.cm, 0) else { return };
+        let peer = child.peer_addr();
+        let refuse = |core: &mut Core, child: CmId, reason: RejectReason| {
+            core.reject_child(child, &reason);
+            core.with_listener(lt, |h, ctx| h.on_refused(ctx, peer, &reason));
+        };
+        let info = match ConnectInfo::decode(&ev.private_data()) {
+            Ok(info) => info,
+            Err(e) => return refuse(self, child, RejectReason::new(RejectCode::BadConnectInfo, e.to_string())),
+        };
+        if let Some(i) = &info {
+            let max = self.cfg.pool.max_chunk();
+            if i.msg_size as usize > max {
+                let text = format!("message size {} exceeds the server's maximum {max}", i.msg_size);
+                return refuse(self, child, RejectReason::new(RejectCode::Unsupported, text));
+            }
+        }
+        let req = ConnectRequest { listener: lt.token(), peer, info };
+        let mut decision = None;
+        self.with_listener(lt, |h, ctx| decision = Some(h.on_connect_request(ctx, &req)));
+        match decision {
+            None => refuse(self, child, RejectReason::new(RejectCode::Refused, "listener closed")),
+            Some(Decision::Reject(reason)) => self.reject_child(child, &reason),
+            Some(Decision::Accept(handler)) => self.accept(child, req.info, handler, ev),
+        }
+    }
+
+    fn accept(&mut self, child: CmId, info: Option<ConnectInfo>, handler: Box<dyn ConnectionHandler>, ev: &CmEvent) {
+        let (agent, first) = Agent::accepting();
+        let entry = ConnEntry::new(Role::Agent(agent), handler, self.cfg.signal_every, ConnectInfo::default());
+        let t = self.conns.insert(entry);
+        child.set_context(t.token().as_u64());
+        let c = self.conns.get_mut(t).expect("just inserted");
+        c.infos.peer = info;
+        c.ep = Endpoint::Id(child);
+        self.apply(t, first);
+        let depth = match self.ready(t) {
+            Ok(Some(depth)) => depth,
+            Ok(None) => return self.reject_accepted(t, RejectCode::Refused, "closed by the application"),
+            Err(e) => {
+                self.reject_accepted(t, RejectCode::NoResources, &e.chain());
+                return self.feed(t, Input::SetupFailed(e.chain()));
+            }
+        };
+        let flow_offer = self.cfg.flow_control;
+        let c = self.conns.get_mut(t).expect("live");
+        let flow = negotiate(flow_offer, depth, c.infos.peer.as_ref());
+        let local = ConnectInfo {
+            msg_size: self.cfg.pool.max_chunk() as u32,
+            msg_count: 0,
+            recv_depth: depth as u16,
+            flow_control: flow.is_some(),
+            user: Vec::new(),
+        };
+        c.sq.set_flow(flow);
+        let bytes = local.encode(MAX_ACCEPT_PRIVATE_DATA).unwrap_or_default();
+        c.infos.local = local;
+        c.infos.sent = true;
+        let (initiator, responder) = ev.conn_resources();
+        let param = self.conn_param(&bytes, initiator.min(RD_ATOM), responder.min(RD_ATOM));
+        let c = self.conns.get(t).expect("live");
+        match c.ep.id().expect("live id").accept(&param) {
+            Ok(()) => self.stats.accepted += 1,
+            Err(e) => self.feed(t, Input::SetupFailed(format!("rdma_accept: {e}"))),
+        }
+    }
+
+    fn reject_accepted(&mut self, t: ConnKey, code: RejectCode, text: &str) {
+        if let Some(id) = self.conns.get(t).and_then(|c| c.ep.id()) {
+            let _ = id.reject(&RejectReason::new(code, text).encode());
+            self.stats.rejected += 1;
+        }
+    }
+
+    fn on_conn_event(&mut self, t: ConnKey, ev: &CmEvent) {
+        let kind = ev.kind();
+        let status = ev.status();
+        let mut bad_accept = None;
+        let input = match kind {
+            CmEventKind::Rejected => Input::Rejected { status, reason: RejectReason::decode(&ev.private_data()) },
+            CmEventKind::Established => {
+                let c = self.conns.get_mut(t).expect("checked by caller");
+                if matches!(c.role, Role::Client(_)) {
+                    match ConnectInfo::decode(&ev.private_data()) {
+                        Ok(info) => {
+                            let local = &c.infos.local;
+                            let flow = negotiate(local.flow_control, u32::from(local.recv_depth), info.as_ref());
+                            c.sq.set_flow(flow);
+                            c.infos.peer = info;
+                        }
+                        Err(e) => bad_accept = Some(format!("bad accept information from the server: {e}")),
+                    }
+                }
+                Input::Cm(kind, status)
+            }
+            _ => Input::Cm(kind, status),
+        };
+        self.feed(t, input);
+        if let Some(what) = bad_accept {
+            self.feed(t, Input::SetupFailed(what));
+        }
+    }
+
+    /// The client's `Action::Connect`: queue pair, first receives, `rdma_connect`.
+    pub(super) fn client_connect(&mut self, t: ConnKey) -> Option<Input> {
+        let depth = match self.ready(t) {
+            Ok(Some(depth)) => depth,
+            Ok(None) => return None,
+            Err(e) => return Some(Input::SetupFailed(e.chain())),
+        };
+        let flow_offer = self.cfg.flow_control;
+        let c = self.conns.get_mut(t)?;
+        c.infos.local.recv_depth = depth.min(u32::from(u16::MAX)) as u16;
+        c.infos.local.flow_control = flow_offer && depth >= MIN_DEPTH;
+        c.infos.sent = true;
+        let bytes = match (&c.infos.raw_private_data, c.infos.local.encode(MAX_CONNECT_PRIVATE_DATA)) {
+            (Some(raw), _) => raw.clone(),
+            (None, Ok(b)) => b,
+            (None, Err(e)) => return Some(Input::SetupFailed(format!("connect information: {e}"))),
+        };
+        let param = self.conn_param(&bytes, RD_ATOM, RD_ATOM);
+        if let Err(e) = self.conns.get(t)?.ep.id()?.connect(&param) {
+            return Some(Input::SetupFailed(format!("rdma_connect: {e}")));
+        }
+        None
+    }
+
+    /// What accept and connect share: creates the queue pair, lets the handler post its first
+    /// receives ([`ConnectionHandler::on_ready`]) and posts them. Returns the receive depth
+    /// now posted (the first credit offered to the peer), or `None` when the handler closed
+    /// the connection.
+    fn ready(&mut self, t: ConnKey) -> Result<Option<u32>> {
+        self.setup_qp(t)?;
+        self.with_conn(t, |h, conn| h.on_ready(conn));
+        if !self.conns.get(t).is_some_and(ConnEntry::can_post) {
+            return Ok(None);
+        }
+        self.flush_conn(t);
+        Ok(self.conns.get(t).map(|c| c.rq.outstanding().min(u32::from(u16::MAX))))
+    }
+
+    fn conn_param<'a>(&self, private_data: &'a [u8], responder: u8, initiator: u8) -> ConnParam<'a> {
+        ConnParam {
+            private_data,
+            responder_resources: responder,
+            initiator_depth: initiator,
+            retry_count: self.cfg.retry_count,
+            rnr_retry_count: self.cfg.rnr_retry_count,
+        }
+    }
+
+    /// Creates the device resources if needed, the connection's CQ (its own, or the device's
+    /// shared one) and queue pair.
+    fn setup_qp(&mut self, t: ConnKey) -> Result<()> {
+        let dev = {
+            let c = self.conns.get(t).ok_or(Error::StaleToken(t.token().as_u64()))?;
+            let id = c.ep.id().ok_or_else(|| Error::NotConnected("no id".into()))?;
+            id.device().ok_or_else(|| Error::NoDevice("the id is not bound to a device".into()))?
+        };
+        let d = self.device(dev)?;
+        let shared = self.devices[d].shared_cq;
+        let ct = match shared {
+            Some(ct) => ct,
+            None => self.new_cq(d, self.cfg.send_depth.saturating_add(self.cfg.recv_depth), false)?,
+        };
+        let want = QpCaps {
+            max_send_wr: self.cfg.send_depth,
+            max_recv_wr: self.cfg.recv_depth,
+            max_inline_data: self.cfg.max_inline,
+        };
+        let pd = self.devices[d].pd.clone();
+        let e = self.cqs.get_mut(ct).expect("live");
+        if !e.room.admit(want.max_recv_wr) {
+            let (cap, used) = (e.room.capacity(), e.room.reserved());
+            return Err(Error::Config(format!(
+                "the shared CQ has no room for {} more receives ({used} of {cap} entries committed)",
+                want.max_recv_wr
+            )));
+        }
+        let cq = e.cq.clone();
+        let c = self.conns.get_mut(t).expect("checked above");
+        let Endpoint::Id(id) = std::mem::replace(&mut c.ep, Endpoint::None) else {
+            unreachable!("checked above: the connection has an id and no queue pair")
+        };
+        match Qp::create(id, &pd, &cq, &cq, want) {
+            Ok(qp) => {
+                // Post no more than was committed on the CQ, even if the device granted more.
+                let granted = qp.caps();
+                c.sq.set_capacity(granted.max_send_wr.min(want.max_send_wr));
+                c.rq.set_capacity(granted.max_recv_wr.min(want.max_recv_wr));
+                c.ep = Endpoint::Qp(qp);
+                c.placed = Some(Placement { device: d, cq: ct, max_inline: granted.max_inline_data });
+                Ok(())
+            }
+            Err((id, err)) => {
+                c.ep = Endpoint::Id(id);
+                if shared.is_some() {
+                    self.cqs.get_mut(ct).expect("live").room.leave(want.max_recv_wr);
+                } else {
+                    self.cqs.remove(ct);
+                }
+                Err(Error::verb("rdma_create_qp", format!("connection {:?}", t.token()), err))
+            }
+        }
+    }
+
+    /// The index of the device's resources, created on first use.
+    fn device(&mut self, dev: DeviceRef) -> Result<usize> {
+        if let Some(i) = self.devices.iter().position(|d| d.dev == dev) {
+            return Ok(i);
+        }
+        let pd = Pd::new(dev).map_err(|e| Error::verb("ibv_alloc_pd", "", e))?;
+        let chan = CompChannel::new(dev).map_err(|e| Error::verb("ibv_create_comp_channel", "", e))?;
+        let pool = Pool::new(&pd, &self.cfg.pool)?;
+        let index = self.devices.len();
+        let token = Token::new(Kind::CompChannel, index as u32, 1);
+        self.epoll.add(&*chan, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
+        self.devices.push(Device { dev, shared_cq: None, pool, chan, pd });
+        if let Some(entries) = self.cfg.shared_cq {
+            let ct = self.new_cq(index, entries, true)?;
+            self.devices[index].shared_cq = Some(ct);
+        }
+        Ok(index)
+    }
+
+    pub(crate) fn alloc(&mut self, t: ConnKey, len: usize) -> Result<crate::Buf> {
+        let c = self.conns.get(t).ok_or(Error::StaleToken(t.token().as_u64()))?;
+        let p = c.placed.ok_or_else(|| Error::NotConnected(format!("connection {:?} has no device yet", t.token())))?;
+        self.devices[p.device].pool.alloc(len)
+    }
+}
+
+/// A duration in whole milliseconds for rdma_cm, saturating.
+pub(super) fn millis(d: std::time::Duration) -> i32 {
+    d.as_millis().min(i32::MAX as u128) as i32
+}

@@ -1,0 +1,167 @@
+//! Teardown: closing, destroying what closed at the end of the tick, cancelling what never
+//! completed, and shutting the whole reactor down.
+//!
+//! A connection is destroyed in rdma-core's order (`destroy_conn`):
+//! 1. the queue pair and the id (`rdma_destroy_qp`, `rdma_destroy_id`; the tick's CM events
+//!    are all acked);
+//! 2. its CQ is drained, so every completion it produced reaches its handler (a shared CQ
+//!    delivers other connections' completions too);
+//! 3. operations that never completed are cancelled (their buffers are safe to hand back: the
+//!    queue pair is gone) and their CQ room given back;
+//! 4. its own CQ, if it has one, is destroyed (counted events acked first);
+//! 5. its timers are cancelled, then the handler hears the cancelled completions and
+//!    `on_closed`.
+
+use std::time::{Duration, Instant};
+
+use super::{Conn, Core, Ctx, Endpoint};
+use crate::proto::conn::{CloseReason, Input, ListenerAction};
+use crate::proto::op::OpError;
+use crate::proto::token::{ConnKey, CqKey, Key, ListenerKey, Token};
+use crate::reactor::Completion;
+
+impl Core {
+    /// Closes a connection (through its state machine) or a listener; a stale token is ignored.
+    pub(crate) fn close(&mut self, t: Token) {
+        if let Some(k) = self.conns.key_of(t) {
+            self.feed(k, Input::Close);
+        } else if let Some(k) = self.listeners.key_of(t) {
+            self.close_listener(k, CloseReason::Local);
+        }
+    }
+
+    fn close_listener(&mut self, t: ListenerKey, reason: CloseReason) {
+        let Some(l) = self.listeners.get_mut(t) else { return };
+        if let ListenerAction::Closed(reason) = l.sm.close_for(reason) {
+            l.close_reason = Some(reason);
+            self.closing_listeners.push(t);
+        }
+    }
+
+    /// Destroys what closed during the tick. Returns the number of objects destroyed.
+    pub(super) fn reap(&mut self) -> usize {
+        let mut n = 0;
+        loop {
+            let conns = std::mem::take(&mut self.closing);
+            let listeners = std::mem::take(&mut self.closing_listeners);
+            if conns.is_empty() && listeners.is_empty() {
+                break;
+            }
+            for t in conns {
+                n += 1;
+                self.destroy_conn(t);
+            }
+            for t in listeners {
+                n += 1;
+                self.destroy_listener(t);
+            }
+        }
+        self.graveyard.clear();
+        if n > 0 {
+            for d in &self.devices {
+                d.pool.trim();
+            }
+        }
+        n
+    }
+
+    /// Destroys one closed connection, in the order the module docs give.
+    fn destroy_conn(&mut self, t: ConnKey) {
+        let Some(c) = self.conns.get_mut(t) else { return };
+        let cq = c.placed.map(|p| p.cq);
+        drop(std::mem::replace(&mut c.ep, Endpoint::None));
+        if let Some(cq) = cq {
+            self.poll_cq(cq, usize::MAX);
+        }
+        let completions = self.cancel_ops(t, cq);
+        let Some(mut c) = self.conns.remove(t) else { return };
+        self.stats.closed += 1;
+        self.user_timers.retain(|timer| timer.owner != t.token());
+        let reason = c.close_reason.take().unwrap_or(CloseReason::Local);
+        let handler = c.handler.take();
+        if let Some(cq) = cq {
+            if let Some(e) = self.cqs.get_mut(cq) {
+                e.waiting.retain(|w| *w != t);
+                e.room.leave(c.rq.capacity());
+                if !e.shared {
+                    let unacked = e.cq.unacked();
+                    if unacked > 0 {
+                        self.stats.cq_ack_calls += 1;
+                        self.stats.cq_events_acked += u64::from(unacked);
+                    }
+                    // Drop acks the counted events, then ibv_destroy_cq.
+                    self.cqs.remove(cq);
+                }
+            }
+        }
+        drop(c);
+        if let Some(mut h) = handler {
+            for completion in completions {
+                let mut conn = Conn::new(self, t);
+                h.on_completion(&mut conn, completion);
+            }
+            let mut ctx = Ctx::new(self, None);
+            h.on_closed(&mut ctx, t.token(), reason);
+        }
+    }
+
+    fn destroy_listener(&mut self, t: ListenerKey) {
+        let Some(mut l) = self.listeners.remove(t) else { return };
+        self.user_timers.retain(|timer| timer.owner != t.token());
+        let reason = l.close_reason.take().unwrap_or(CloseReason::Local);
+        drop(l.id.take());
+        if let Some(mut h) = l.handler.take() {
+            let mut ctx = Ctx::new(self, None);
+            h.on_closed(&mut ctx, reason);
+        }
+    }
+
+    /// Completions for a connection's operations that will never complete on the device: its
+    /// queue pair is destroyed and its CQ drained. Gives back their CQ reservations.
+    fn cancel_ops(&mut self, t: ConnKey, cq: Option<CqKey>) -> Vec<Completion> {
+        if let Some(c) = self.conns.get_mut(t) {
+            let room = cq.and_then(|cq| self.cqs.get_mut(cq)).map(|e| &mut e.room);
+            c.sq.clear(room);
+            c.rq.clear();
+        }
+        let mine: Vec<_> =
+            self.ops.keys().into_iter().filter(|o| self.ops.get(*o).is_some_and(|e| e.conn == t)).collect();
+        let mut out = Vec::new();
+        for o in mine {
+            let Some(op) = self.ops.remove(o) else { continue };
+            if !op.control {
+                out.push(op.into_completion(Err(OpError::Cancelled), false));
+            }
+        }
+        out
+    }
+
+    /// See [`Reactor::shutdown`](super::Reactor::shutdown).
+    pub(super) fn shutdown(&mut self, grace: Duration) {
+        self.shutting_down = true;
+        for t in self.listeners.keys() {
+            self.close_listener(t, CloseReason::Shutdown);
+        }
+        for t in self.conns.keys() {
+            self.feed(t, Input::Shutdown);
+        }
+        // Let connections close cleanly: DISCONNECTED, flushes, drain.
+        let deadline = Instant::now().checked_add(grace);
+        while self.conns.len() > 0 || !self.closing_listeners.is_empty() {
+            let left = deadline.map_or(grace, |d| d.saturating_duration_since(Instant::now()));
+            if left.is_zero() || self.tick(Some(left)).is_err() {
+                break;
+            }
+        }
+        // Close the rest at once.
+        for t in self.conns.keys() {
+            if let Some(c) = self.conns.get_mut(t) {
+                c.close_reason.get_or_insert(CloseReason::Shutdown);
+            }
+            self.destroy_conn(t);
+        }
+        self.reap();
+        self.user_timers.retain(|_| false);
+        self.shutting_down = false;
+    }
+}

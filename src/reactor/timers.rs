@@ -1,0 +1,169 @@
+//! Deadlines and user timers on the reactor's loop: a min-heap feeding epoll's timeout.
+//!
+//! Cancelling is lazy: a connection keeps the key of the deadline it expects and a user timer
+//! lives in `Core::user_timers`; a heap entry whose deadline key no longer matches, or whose
+//! timer is gone, is dropped when it surfaces. A closed object's timers are removed before its
+//! handler hears `on_closed`.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::{Duration, Instant};
+
+use super::Core;
+use crate::error::{Error, Result};
+use crate::proto::conn::Input;
+use crate::proto::token::{ConnKey, Key, Kind, ListenerKey, TimerKey, Token};
+
+/// What a heap entry fires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum TimerTarget {
+    /// A connection's connection-manager deadline.
+    Deadline(ConnKey),
+    /// A user timer.
+    User(TimerKey),
+}
+
+/// A timer set by a callback: whose `on_timer` to call, with what.
+pub(super) struct UserTimer {
+    pub(super) owner: Token,
+    pub(super) user_data: u64,
+}
+
+impl Core {
+    /// Fires every expired deadline and timer; returns how many fired.
+    pub(super) fn fire_timers(&mut self) -> usize {
+        let due = self.timers.expired(Instant::now());
+        let mut n = 0;
+        for (key, target) in due {
+            match target {
+                TimerTarget::Deadline(t) => {
+                    let Some(c) = self.conns.get_mut(t) else { continue };
+                    if let Some((k, step)) = c.deadline {
+                        if k == key {
+                            c.deadline = None;
+                            n += 1;
+                            self.feed(t, Input::Timeout(step));
+                        }
+                    }
+                }
+                TimerTarget::User(tt) => {
+                    let Some(timer) = self.user_timers.remove(tt) else { continue };
+                    n += 1;
+                    let (owner, user_data) = (timer.owner, timer.user_data);
+                    if let Some(c) = ConnKey::of(owner) {
+                        self.with_conn(c, |h, conn| h.on_timer(conn, user_data));
+                    } else if let Some(l) = ListenerKey::of(owner) {
+                        self.with_listener(l, |h, ctx| h.on_timer(ctx, user_data));
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    /// Schedules `owner`'s `on_timer(user_data)` after `delay`.
+    pub(crate) fn set_timer(&mut self, owner: Token, delay: Duration, user_data: u64) -> Result<Token> {
+        debug_assert!(matches!(owner.kind(), Kind::Conn | Kind::Listener));
+        let at = Instant::now()
+            .checked_add(delay)
+            .ok_or_else(|| Error::Config(format!("a timer delay of {delay:?} is out of range")))?;
+        let tt = self.user_timers.insert(UserTimer { owner, user_data });
+        self.timers.schedule(at, TimerTarget::User(tt));
+        Ok(tt.token())
+    }
+
+    /// Cancels a user timer; a fired or stale one is ignored.
+    pub(crate) fn cancel_timer(&mut self, timer: Token) {
+        if let Some(t) = TimerKey::of(timer) {
+            self.user_timers.remove(t);
+        }
+    }
+}
+
+/// A timer heap over targets of type `T`.
+#[derive(Debug)]
+pub(super) struct Timers<T: Ord> {
+    heap: BinaryHeap<Reverse<(Instant, u64, T)>>,
+    seq: u64,
+}
+
+impl<T: Ord + Copy> Default for Timers<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Ord + Copy> Timers<T> {
+    /// An empty heap.
+    pub fn new() -> Self {
+        Timers { heap: BinaryHeap::new(), seq: 0 }
+    }
+
+    /// Schedules `target` at `at`; returns the entry's unique key.
+    pub fn schedule(&mut self, at: Instant, target: T) -> u64 {
+        self.seq += 1;
+        self.heap.push(Reverse((at, self.seq, target)));
+        self.seq
+    }
+
+    /// The earliest deadline, if any.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.heap.peek().map(|Reverse((at, _, _))| *at)
+    }
+
+    /// Time until the earliest deadline (zero if past), if any.
+    pub fn next_timeout(&self, now: Instant) -> Option<Duration> {
+        self.next_deadline().map(|at| at.saturating_duration_since(now))
+    }
+
+    /// Pops every entry due at `now`, earliest first, as `(key, target)`.
+    pub fn expired(&mut self, now: Instant) -> Vec<(u64, T)> {
+        let mut out = Vec::new();
+        while let Some(Reverse((at, _, _))) = self.heap.peek() {
+            if *at > now {
+                break;
+            }
+            let Reverse((_, key, target)) = self.heap.pop().expect("peeked");
+            out.push((key, target));
+        }
+        out
+    }
+
+    /// Entries in the heap, cancelled ones included.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.heap.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expire_in_deadline_order() {
+        let t0 = Instant::now();
+        let mut t = Timers::new();
+        let c = t.schedule(t0 + Duration::from_millis(30), 'c');
+        let a = t.schedule(t0 + Duration::from_millis(10), 'a');
+        let b = t.schedule(t0 + Duration::from_millis(20), 'b');
+        assert_eq!(t.next_timeout(t0), Some(Duration::from_millis(10)));
+        assert_eq!(t.expired(t0 + Duration::from_millis(5)), vec![]);
+        assert_eq!(t.expired(t0 + Duration::from_millis(25)), vec![(a, 'a'), (b, 'b')]);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.expired(t0 + Duration::from_secs(1)), vec![(c, 'c')]);
+        assert_eq!(t.len(), 0);
+        assert_eq!(t.next_timeout(t0), None);
+    }
+
+    #[test]
+    fn past_deadline_gives_zero_timeout_and_keys_are_unique() {
+        let t0 = Instant::now();
+        let mut t = Timers::new();
+        let k1 = t.schedule(t0, 1);
+        let k2 = t.schedule(t0, 1);
+        assert_ne!(k1, k2);
+        assert_eq!(t.next_timeout(t0 + Duration::from_secs(1)), Some(Duration::ZERO));
+        assert_eq!(t.expired(t0).len(), 2);
+    }
+}

@@ -1,0 +1,261 @@
+//! Queue pairs: creation on a CM id, and posting work requests.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::ptr;
+use std::rc::Rc;
+
+use rdma_sys as ffi;
+use smallvec::SmallVec;
+
+use super::cm::CmId;
+use super::cq::Cq;
+use super::pd::Pd;
+use super::{cvt, cvt_nz};
+
+/// Capacities of a queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send work requests that may be outstanding.
+    pub max_send_wr: u32,
+    /// Receive work requests that may be outstanding.
+    pub max_recv_wr: u32,
+    /// Largest inline send.
+    pub max_inline_data: u32,
+}
+
+/// The operation of a send-queue work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOp {
+    /// `IBV_WR_SEND`.
+    Send,
+    /// `IBV_WR_SEND_WITH_IMM`.
+    SendImm(u32),
+    /// `IBV_WR_RDMA_WRITE` to `(remote_addr, rkey)`.
+    Write(u64, u32),
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM`.
+    WriteImm(u64, u32, u32),
+    /// `IBV_WR_RDMA_READ` from `(remote_addr, rkey)`.
+    Read(u64, u32),
+}
+
+/// One send work request to post.
+#[derive(Clone, Copy, Debug)]
+pub struct SendWr {
+    /// Our work request id.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
+    /// Local address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+    /// Local key.
+    pub lkey: u32,
+    /// Ask for a completion.
+    pub signaled: bool,
+    /// Copy the payload into the work request.
+    pub inline: bool,
+}
+
+/// One receive work request to post.
+#[derive(Clone, Copy, Debug)]
+pub struct RecvWr {
+    /// Our work request id.
+    pub wr_id: u64,
+    /// Local address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+    /// Local key.
+    pub lkey: u32,
+}
+
+/// A post that failed part-way: the first `posted` requests went to the device.
+#[derive(Debug)]
+pub struct PostError {
+    /// Requests posted before the failing one.
+    pub posted: usize,
+    /// The error.
+    pub error: io::Error,
+}
+
+/// An RC queue pair created on a CM id (`rdma_create_qp`). It owns the id.
+///
+/// Drop destroys the queue pair (`rdma_destroy_qp`), then, as fields in this order, the id
+/// (`rdma_destroy_id`), the CQs and the PD it was created on: the order rdma-core requires.
+#[derive(Debug)]
+pub(crate) struct Qp {
+    id: CmId,
+    _send_cq: Rc<Cq>,
+    _recv_cq: Rc<Cq>,
+    _pd: Rc<Pd>,
+    caps: QpCaps,
+}
+
+impl Qp {
+    /// Creates `id`'s queue pair on `pd`, `send_cq` and `recv_cq`; on failure the id comes
+    /// back with the error.
+    pub(crate) fn create(
+        id: CmId,
+        pd: &Rc<Pd>,
+        send_cq: &Rc<Cq>,
+        recv_cq: &Rc<Cq>,
+        want: QpCaps,
+    ) -> Result<Qp, (CmId, io::Error)> {
+        let mut attr = ffi::ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq: send_cq.as_ptr(),
+            recv_cq: recv_cq.as_ptr(),
+            srq: ptr::null_mut(),
+            cap: ffi::ibv_qp_cap {
+                max_send_wr: want.max_send_wr,
+                max_recv_wr: want.max_recv_wr,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: want.max_inline_data,
+            },
+            qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
+            sq_sig_all: 0,
+        };
+        // SAFETY: the id is live and has no QP (a Qp owns its id, so this is the only create);
+        // pd and the CQs are live and kept as fields, so they outlive the QP.
+        if let Err(e) = cvt(unsafe { ffi::rdma_create_qp(id.id(), pd.as_ptr(), &mut attr) }) {
+            return Err((id, e));
+        }
+        let caps = QpCaps {
+            max_send_wr: attr.cap.max_send_wr,
+            max_recv_wr: attr.cap.max_recv_wr,
+            max_inline_data: attr.cap.max_inline_data,
+        };
+        Ok(Qp { id, _send_cq: send_cq.clone(), _recv_cq: recv_cq.clone(), _pd: pd.clone(), caps })
+    }
+
+    /// The CM id the queue pair belongs to.
+    pub(crate) fn id(&self) -> &CmId {
+        &self.id
+    }
+
+    /// The capacities the device granted.
+    pub(crate) fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    fn raw(&self) -> *mut ffi::ibv_qp {
+        // SAFETY: the id is live and its QP was created in Qp::create.
+        unsafe { (*self.id.id()).qp }
+    }
+
+    /// Posts `wrs` as one chain (one doorbell).
+    ///
+    /// # Safety
+    ///
+    /// Every request names memory (`addr`, `len`) inside a memory region of this queue pair's
+    /// PD with key `lkey`, and that memory stays allocated, registered and unused by anything
+    /// else until the request's completion is reaped (or, unsignaled, a later one's), or the
+    /// queue pair is destroyed. A READ's memory is written by the device.
+    pub(crate) unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let mut sges: SmallVec<[ffi::ibv_sge; 16]> =
+            wrs.iter().map(|w| ffi::ibv_sge { addr: w.addr, length: w.len, lkey: w.lkey }).collect();
+        // SAFETY: ibv_send_wr is plain old data (integers, pointers, unions thereof); zero is a
+        // valid value for every field.
+        let mut chain: SmallVec<[ffi::ibv_send_wr; 16]> = wrs.iter().map(|_| unsafe { std::mem::zeroed() }).collect();
+        for ((w, raw), sge) in wrs.iter().zip(chain.iter_mut()).zip(sges.iter_mut()) {
+            raw.wr_id = w.wr_id;
+            raw.sg_list = sge;
+            raw.num_sge = if w.len == 0 { 0 } else { 1 };
+            let (opcode, imm, remote) = match w.op {
+                SendOp::Send => (ffi::ibv_wr_opcode::IBV_WR_SEND, None, None),
+                SendOp::SendImm(imm) => (ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, Some(imm), None),
+                SendOp::Write(a, k) => (ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE, None, Some((a, k))),
+                SendOp::WriteImm(a, k, imm) => {
+                    (ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, Some(imm), Some((a, k)))
+                }
+                SendOp::Read(a, k) => (ffi::ibv_wr_opcode::IBV_WR_RDMA_READ, None, Some((a, k))),
+            };
+            raw.opcode = opcode;
+            if let Some(imm) = imm {
+                raw.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            }
+            if let Some((remote_addr, rkey)) = remote {
+                raw.wr.rdma = ffi::rdma_t { remote_addr, rkey };
+            }
+            let mut flags = 0;
+            if w.signaled {
+                flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            }
+            if w.inline {
+                flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+            }
+            raw.send_flags = flags;
+        }
+        link(&mut chain, |wr, next| wr.next = next);
+        let base = chain.as_mut_ptr();
+        let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
+        // SAFETY: the QP is live while self lives; the chain and its SGEs are valid for the
+        // call; the memory they name is the caller's to keep valid (this fn's contract).
+        let r = cvt_nz(unsafe { ffi::ibv_post_send(self.raw(), base, &mut bad) });
+        r.map_err(|error| PostError { posted: failed_index(bad, base, wrs.len()), error })
+    }
+
+    /// Posts `wrs` as one chain (one doorbell).
+    ///
+    /// # Safety
+    ///
+    /// As [`Qp::post_send`]; the device writes the memory until the completion.
+    pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let mut sges: SmallVec<[ffi::ibv_sge; 16]> =
+            wrs.iter().map(|w| ffi::ibv_sge { addr: w.addr, length: w.len, lkey: w.lkey }).collect();
+        let mut chain: SmallVec<[ffi::ibv_recv_wr; 16]> = wrs
+            .iter()
+            .zip(sges.iter_mut())
+            .map(|(w, sge)| ffi::ibv_recv_wr { wr_id: w.wr_id, next: ptr::null_mut(), sg_list: sge, num_sge: 1 })
+            .collect();
+        link(&mut chain, |wr, next| wr.next = next);
+        let base = chain.as_mut_ptr();
+        let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
+        // SAFETY: as in post_send.
+        let r = cvt_nz(unsafe { ffi::ibv_post_recv(self.raw(), base, &mut bad) });
+        r.map_err(|error| PostError { posted: failed_index(bad, base, wrs.len()), error })
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: the QP was created by rdma_create_qp on this id and is destroyed once, here;
+        // the id, CQs and PD are fields and drop after this.
+        unsafe { ffi::rdma_destroy_qp(self.id.id()) };
+    }
+}
+
+/// Links a chain of work requests through their `next` pointers (the last one's stays NULL).
+fn link<T>(chain: &mut [T], set_next: impl Fn(&mut T, *mut T)) {
+    let base = chain.as_mut_ptr();
+    for i in 1..chain.len() {
+        // SAFETY: i < len, so base + i - 1 and base + i name elements of the chain, which is
+        // borrowed mutably for the whole loop and reached only through base.
+        unsafe { set_next(&mut *base.add(i - 1), base.add(i)) };
+    }
+}
+
+/// Index of the failing request `bad` in a chain at `base` of `len`; 0 when unknown (then
+/// nothing is assumed posted).
+fn failed_index<T>(bad: *mut T, base: *mut T, len: usize) -> usize {
+    let (bad, base) = (bad as usize, base as usize);
+    let size = std::mem::size_of::<T>().max(1);
+    if bad < base {
+        return 0;
+    }
+    let i = (bad - base) / size;
+    if i < len {
+        i
+    } else {
+        0
+    }
+}
