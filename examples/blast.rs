@@ -1,9 +1,9 @@
 //! Streams messages one way as fast as flow control allows, many connections from one thread.
 //!
 //! ```text
-//! blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet]
+//! blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet] [--spin-us N]
 //! blast client --connect ADDR:PORT --size BYTES --count N [--clients K] [--op send|write]
-//!              [--verify] [--window N]
+//!              [--verify] [--window N] [--spin-us N]
 //! ```
 //!
 //! With `--op send` every message is a SEND into one of the server's posted receives. With
@@ -29,8 +29,9 @@ use rdma_reactor::{
 
 const USAGE: &str = "\
 usage: blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet]
+                    [--spin-us N]
        blast client --connect ADDR:PORT --size BYTES --count N [--clients K]
-                    [--op send|write] [--verify] [--window N]
+                    [--op send|write] [--verify] [--window N] [--spin-us N]
 
 server: receives from any number of clients at once, from one thread.
   --bind ADDR:PORT   address of an RDMA device to listen on
@@ -38,6 +39,7 @@ server: receives from any number of clients at once, from one thread.
   --depth N          receives posted per connection: the credit window (default 16, minimum 3)
   --exit-after N     exit after N connections have closed (default: run until killed)
   --quiet            no per-connection lines
+  --spin-us N        (both) poll for N microseconds after work before sleeping (default 0)
 client: streams N messages of BYTES on each of K connections.
   --connect ADDR:PORT
   --size BYTES       message size (suffixes K, M); with --op write at most 1M / server depth
@@ -298,14 +300,14 @@ impl ConnectionHandler for BlastAgent {
 }
 
 fn server(args: Args) {
-    args.finish(&["bind", "depth", "exit-after"]);
+    args.finish(&["bind", "depth", "exit-after", "spin-us"]);
     let bind = args.addr("bind");
     let depth: u32 = args.get("depth", 16);
     if depth < 3 {
         common::fail(USAGE, "--depth must be at least 3 (flow control needs a reserve)");
     }
     let totals = Rc::new(RefCell::new(Totals { exit_after: args.get("exit-after", 0), ..Totals::default() }));
-    let cfg = Config { recv_depth: depth, send_depth: 16, ..Config::default() };
+    let cfg = Config { recv_depth: depth, send_depth: 16, spin: args.spin(), ..Config::default() };
     let mut reactor = Reactor::with_config(cfg)
         .unwrap_or_else(|e| common::die("blast", &format!("cannot start: {}", common::report(&e))));
     let listener = BlastListener {
@@ -463,7 +465,7 @@ impl ConnectionHandler for BlastClient {
 }
 
 fn client(args: Args) {
-    args.finish(&["connect", "size", "count", "clients", "op", "window"]);
+    args.finish(&["connect", "size", "count", "clients", "op", "window", "spin-us"]);
     let dst = args.addr("connect");
     let size = args.size("size", 0);
     if !(1..=1024 * 1024).contains(&size) {
@@ -481,7 +483,8 @@ fn client(args: Args) {
         common::fail(USAGE, "--clients and --window must be at least 1");
     }
     let verify = args.switch("verify");
-    let cfg = Config { send_depth: 64.max(window as u32).min(1024), recv_depth: 4, ..Config::default() };
+    let cfg =
+        Config { send_depth: 64.max(window as u32).min(1024), recv_depth: 4, spin: args.spin(), ..Config::default() };
     let mut reactor = Reactor::with_config(cfg)
         .unwrap_or_else(|e| common::die("blast", &format!("cannot start: {}", common::report(&e))));
     let totals = Rc::new(RefCell::new(ClientTotals::default()));

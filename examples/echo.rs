@@ -1,9 +1,9 @@
 //! Ping-pong over RDMA send/receive, many connections from one thread.
 //!
 //! ```text
-//! echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet]
+//! echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
 //! echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
-//!             [--stall-timeout SECS]
+//!             [--stall-timeout SECS] [--spin-us N]
 //! ```
 //!
 //! The server echoes every message it receives on every connection; it also serves plain
@@ -26,15 +26,17 @@ use rdma_reactor::{
 };
 
 const USAGE: &str = "\
-usage: echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet]
+usage: echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
        echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
-                   [--stall-timeout SECS]
+                   [--stall-timeout SECS] [--spin-us N]
 
 server: echoes every message on every connection, from one thread.
   --bind ADDR:PORT     address of an RDMA device to listen on
   --depth N            receives kept posted per connection (default 16)
   --exit-after N       exit after N connections have closed (default: run until killed)
   --quiet              no per-connection lines
+  --spin-us N          (both) poll for N microseconds after work before sleeping (default 0:
+                       event mode)
 client: ping-pongs messages and reports round-trip latency.
   --connect ADDR:PORT  the server
   --size BYTES         message size, 1 to 1M (suffixes K, M)
@@ -148,7 +150,7 @@ impl ConnectionHandler for EchoAgent {
 }
 
 fn server(args: Args) {
-    args.finish(&["bind", "depth", "exit-after"]);
+    args.finish(&["bind", "depth", "exit-after", "spin-us"]);
     let bind = args.addr("bind");
     let depth: u32 = args.get("depth", 16);
     if depth == 0 {
@@ -160,7 +162,7 @@ fn server(args: Args) {
         quiet: args.switch("quiet"),
         exit_after: args.get("exit-after", 0),
     }));
-    let cfg = Config { recv_depth: depth.max(16), ..Config::default() };
+    let cfg = Config { recv_depth: depth.max(16), spin: args.spin(), ..Config::default() };
     let mut reactor = Reactor::with_config(cfg)
         .unwrap_or_else(|e| common::die("echo", &format!("cannot start: {}", common::report(&e))));
     reactor
@@ -326,7 +328,7 @@ impl ConnectionHandler for EchoClient {
 }
 
 fn client(args: Args) {
-    args.finish(&["connect", "size", "count", "clients", "stall-timeout"]);
+    args.finish(&["connect", "size", "count", "clients", "stall-timeout", "spin-us"]);
     let dst = args.addr("connect");
     let size = args.size("size", 0);
     if !(1..=1024 * 1024).contains(&size) {
@@ -339,7 +341,7 @@ fn client(args: Args) {
     }
     let verify = args.switch("verify");
     let stall = Duration::from_secs(args.get("stall-timeout", 20));
-    let cfg = Config { send_depth: 4, recv_depth: 4, ..Config::default() };
+    let cfg = Config { send_depth: 4, recv_depth: 4, spin: args.spin(), ..Config::default() };
     let mut reactor = Reactor::with_config(cfg)
         .unwrap_or_else(|e| common::die("echo", &format!("cannot start: {}", common::report(&e))));
     let results = Rc::new(RefCell::new(Results::default()));
@@ -380,13 +382,27 @@ fn client(args: Args) {
         }
     }
     let elapsed = start.elapsed();
+    let stats = reactor.stats();
     if std::env::var_os("ECHO_STATS").is_some() {
-        eprintln!("echo client: {:?}", reactor.stats());
+        eprintln!("echo client: {stats:?}");
     }
     let r = results.borrow();
     let mut lat = r.latencies.clone();
     lat.sort_unstable();
     let msgs = lat.len() as u64;
+    if msgs > 0 {
+        let per = |n: u64| n as f64 / msgs as f64;
+        println!(
+            "calls per round trip (client): epoll_wait {:.2}, channel reads {:.2}, CQ arms {:.2}, \
+             post_send {:.2}, post_recv {:.2}, CQ events {:.2}",
+            per(stats.wakeups),
+            per(stats.channel_reads),
+            per(stats.cq_arms),
+            per(stats.post_send_calls),
+            per(stats.post_recv_calls),
+            per(stats.cq_events)
+        );
+    }
     println!(
         "echo client: {msgs} round trips of {size} bytes over {clients} connection(s) in {:.3} s{}",
         elapsed.as_secs_f64(),

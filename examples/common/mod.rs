@@ -58,6 +58,11 @@ impl Args {
         }
     }
 
+    /// `--spin-us N`: spin-then-sleep polling for N microseconds after work (0: event mode).
+    pub fn spin(&self) -> std::time::Duration {
+        std::time::Duration::from_micros(self.get("spin-us", 0))
+    }
+
     /// A required socket address (`host:port`).
     pub fn addr(&self, name: &str) -> SocketAddr {
         let Some(v) = self.values.get(name) else { fail(self.usage, &format!("--{name} ADDR:PORT is required")) };

@@ -80,6 +80,13 @@ pub struct Config {
     pub flow_control: bool,
     /// Completions reaped from one CQ per tick before the others get a turn.
     pub poll_budget: usize,
+    /// Spin-then-sleep polling. Zero (the default) is pure event mode: a CQ found empty is
+    /// re-armed and the reactor sleeps in `epoll_wait`. Otherwise, for this long after the last
+    /// tick that did work, the reactor does not sleep: it polls its emptied CQs directly (left
+    /// unarmed, so they raise no events) and checks its channels without blocking; when the
+    /// time runs out it arms them, polls once more and sleeps. An idle reactor uses no CPU once
+    /// the spin time has passed.
+    pub spin: Duration,
     /// Connection-manager deadlines.
     pub timeouts: Timeouts,
     /// Transport retries on each connection (0..=7).
@@ -102,6 +109,7 @@ impl Default for Config {
             signal_every: 16,
             flow_control: true,
             poll_budget: 256,
+            spin: Duration::ZERO,
             timeouts: Timeouts::default(),
             retry_count: 7,
             rnr_retry_count: 6,

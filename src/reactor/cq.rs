@@ -18,12 +18,17 @@ use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, Key, OpKey, Token};
 use crate::sys::cq::{Cq, WorkCompletion, POLL_BATCH};
 
+/// Completion events read per readiness at most in a busy tick.
+const MAX_READS: u32 = 1024;
+
 /// One CQ and its protocol state.
 pub(super) struct CqEntry {
     pub(super) cq: Rc<Cq>,
     pub(super) armed: bool,
     pub(super) hot: bool,
     pub(super) evented: bool,
+    /// Listed in `Core::spinning`: emptied and left unarmed while the reactor spins.
+    pub(super) spinning: bool,
     pub(super) shared: bool,
     pub(super) room: CqRoom,
     /// Connections that could not post for lack of room, in order.
@@ -46,6 +51,7 @@ impl Core {
             armed: true,
             hot: false,
             evented: false,
+            spinning: false,
             shared,
             room: CqRoom::new(capacity, send_floor),
             waiting: VecDeque::new(),
@@ -56,12 +62,19 @@ impl Core {
         Ok(t)
     }
 
-    /// Reads every event of device `d`'s completion channel, counts each on its CQ and marks
+    /// Reads the events of device `d`'s completion channel, counts each on its CQ and marks
     /// the CQ hot.
-    pub(super) fn drain_comp(&mut self, d: usize) -> usize {
+    ///
+    /// The channel is registered level-triggered, so reading fewer events than are pending
+    /// loses none: the next `epoll_wait` reports the channel again. A tick that woke from
+    /// sleep reads one event (a wakeup is usually for one completion, and a second read would
+    /// only find `EAGAIN`); a busy tick, one that did not sleep, reads until `EAGAIN`.
+    pub(super) fn drain_comp(&mut self, d: usize, all: bool) -> usize {
         let Some(chan) = self.devices.get(d).map(|d| d.chan.clone()) else { return 0 };
+        let limit = if all { MAX_READS } else { 1 };
         let mut n = 0;
-        loop {
+        while n < limit {
+            self.stats.channel_reads += 1;
             let ev = match chan.get_event() {
                 Ok(Some(ev)) => ev,
                 Ok(None) => break,
@@ -89,7 +102,7 @@ impl Core {
                 self.hot.push(t);
             }
         }
-        n
+        n as usize
     }
 
     /// Polls every hot CQ under its budget.
@@ -126,6 +139,14 @@ impl Core {
             left -= n;
             let Some(e) = self.cqs.get_mut(t) else { break };
             if n < want {
+                if !e.armed && self.spin_on {
+                    // Spinning: leave it unarmed and poll it again next tick.
+                    if !e.spinning {
+                        e.spinning = true;
+                        self.spinning.push(t);
+                    }
+                    break;
+                }
                 if !e.armed {
                     if e.cq.req_notify().is_ok() {
                         e.armed = true;
@@ -146,6 +167,20 @@ impl Core {
         }
         self.wake_waiting(t);
         found
+    }
+
+    /// Polls the CQs left unarmed by spinning. With `keep_spinning` false (the spin time is
+    /// over) each is armed and polled once more, so the reactor can sleep.
+    pub(super) fn poll_spinning(&mut self, keep_spinning: bool) -> usize {
+        self.spin_on = keep_spinning;
+        let mut n = 0;
+        for t in std::mem::take(&mut self.spinning) {
+            let Some(e) = self.cqs.get_mut(t) else { continue };
+            e.spinning = false;
+            n += self.poll_cq(t, self.cfg.poll_budget);
+        }
+        self.stats.spin_polls += 1;
+        n
     }
 
     /// Marks the connections waiting for room on CQ `t` for posting again.
@@ -177,8 +212,9 @@ impl Core {
             let (Some(c), Some(e)) = (self.conns.get_mut(t), self.cqs.get_mut(ct)) else { return };
             c.sq.complete(ot, &mut e.room)
         } else {
-            if let Some(c) = self.conns.get_mut(t) {
-                c.rq.complete();
+            if !self.conns.get_mut(t).is_some_and(|c| c.rq.complete(ot)) {
+                self.stats.stale_completions += 1;
+                return;
             }
             SmallVec::from_slice(&[ot])
         };

@@ -4,14 +4,16 @@
 //!
 //! # One tick ([`Reactor::run_once`])
 //!
+//! 0. Spinning (`Config::spin`, for that long after the last tick that did work): poll the
+//!    CQs left unarmed directly; once the spin time is over, arm them and poll once more.
 //! 1. `epoll_wait` (level-triggered), with a timeout of zero when work is pending (a CQ left
-//!    over budget, posts queued by a callback, objects to destroy), else until the next
-//!    deadline.
+//!    over budget, posts queued by a callback, objects to destroy, spinning), else until the
+//!    next deadline. While spinning it runs only every few ticks.
 //! 2. CM channel readable: read every event until `EAGAIN`; each goes to its object's state
 //!    machine (by the token in `id->context`) and is acked before the next is read
 //!    (`setup.rs`).
-//! 3. Completion channel readable: read every event until `EAGAIN`, count it on its CQ (acks
-//!    are batched), mark the CQ hot (`cq.rs`).
+//! 3. Completion channel readable: read its events (one after a sleep, all in a busy tick),
+//!    count each on its CQ (acks are batched), mark the CQ hot (`cq.rs`).
 //! 4. Poll hot CQs in batches under a per-CQ budget. A CQ found empty is re-armed with
 //!    `ibv_req_notify_cq` and polled once more, so a completion that raced the arm is not
 //!    stranded. A CQ that used its budget stays hot for the next tick.
@@ -235,6 +237,14 @@ pub(crate) struct Core {
     dirty: Vec<ConnKey>,
     /// CQs with un-acked events.
     evented: Vec<CqKey>,
+    /// CQs emptied and left unarmed while spinning (`Config::spin`).
+    spinning: Vec<CqKey>,
+    /// The reactor spins (does not arm emptied CQs, does not sleep) until then.
+    spin_until: Option<Instant>,
+    /// Spinning in this tick.
+    spin_on: bool,
+    /// Spinning ticks since the last `epoll_wait`.
+    spin_skipped: u32,
     stop: bool,
     /// Set by shutdown: no new listener or connection.
     shutting_down: bool,
@@ -264,6 +274,9 @@ impl std::fmt::Debug for Reactor {
             .finish()
     }
 }
+
+/// While spinning, `epoll_wait` (without blocking) runs once in this many ticks plus one.
+const SPIN_WAIT_EVERY: u32 = 7;
 
 fn os(call: &'static str) -> impl FnOnce(Errno) -> Error {
     move |e| Error::Os { call, source: e.into() }
@@ -310,6 +323,10 @@ impl Reactor {
                 hot: Vec::new(),
                 dirty: Vec::new(),
                 evented: Vec::new(),
+                spinning: Vec::new(),
+                spin_until: None,
+                spin_on: false,
+                spin_skipped: 0,
                 stop: false,
                 shutting_down: false,
                 stats: Stats::default(),
@@ -433,7 +450,17 @@ impl Core {
 
     fn tick(&mut self, timeout: Option<Duration>) -> Result<usize> {
         let now = Instant::now();
-        let busy = !self.hot.is_empty()
+        let spin = !self.cfg.spin.is_zero() && self.spin_until.is_some_and(|until| now < until);
+        let mut work = 0;
+        if !self.spinning.is_empty() {
+            // Spinning: poll the unarmed CQs. Spin time over: arm them (and poll once more)
+            // before sleeping.
+            work += self.poll_spinning(spin);
+        }
+        self.spin_on = spin;
+        let busy = spin
+            || work > 0
+            || !self.hot.is_empty()
             || !self.dirty.is_empty()
             || !self.closing.is_empty()
             || !self.closing_listeners.is_empty();
@@ -450,17 +477,28 @@ impl Core {
             }
         };
         let mut events = [EpollEvent::empty(); 32];
-        let n = match self.epoll.wait(&mut events, epoll_timeout) {
-            Ok(n) => n,
-            Err(Errno::EINTR) => 0,
-            Err(e) => return Err(os("epoll_wait")(e)),
+        // While spinning, the unarmed CQs are polled directly; the channels (CM events, armed
+        // CQs) are looked at every few ticks, which saves a system call per spin.
+        let skip_wait = spin && self.spin_skipped < SPIN_WAIT_EVERY;
+        let n = if skip_wait {
+            self.spin_skipped += 1;
+            0
+        } else {
+            self.spin_skipped = 0;
+            let n = match self.epoll.wait(&mut events, epoll_timeout) {
+                Ok(n) => n,
+                Err(Errno::EINTR) => 0,
+                Err(e) => return Err(os("epoll_wait")(e)),
+            };
+            self.stats.wakeups += 1;
+            n
         };
-        self.stats.wakeups += 1;
-        let mut work = 0;
         for ev in &events[..n] {
             match Token::from_u64(ev.data()) {
                 Some(t) if t.kind() == Kind::CmChannel => work += self.drain_cm()?,
-                Some(t) if t.kind() == Kind::CompChannel => work += self.drain_comp(t.index() as usize),
+                Some(t) if t.kind() == Kind::CompChannel => {
+                    work += self.drain_comp(t.index() as usize, wait == Some(Duration::ZERO))
+                }
                 _ => {}
             }
         }
@@ -471,6 +509,9 @@ impl Core {
         work += self.reap();
         if n > 0 && work == 0 {
             self.stats.spurious_wakeups += 1;
+        }
+        if work > 0 && !self.cfg.spin.is_zero() {
+            self.spin_until = Instant::now().checked_add(self.cfg.spin);
         }
         Ok(work)
     }

@@ -121,7 +121,7 @@ impl Core {
         self.stats.post_recv_calls += 1;
         let n = r.as_ref().map_or_else(|e| e.posted, |()| wrs.len());
         self.stats.wrs_posted += n as u64;
-        c.rq.posted(n);
+        c.rq.posted(&keys, n);
         for k in &keys[..n] {
             let op = self.ops.get_mut(*k).expect("queued op");
             op.posted = true;

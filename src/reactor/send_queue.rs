@@ -181,11 +181,12 @@ impl SendQueue {
     }
 }
 
-/// The receive side of one connection: pending receives and how many are posted.
+/// The receive side of one connection: pending receives and the posted ones, which an RC
+/// queue pair completes in posting order.
 #[derive(Debug, Default)]
 pub(crate) struct RecvQueue {
     pending: VecDeque<OpKey>,
-    outstanding: u32,
+    posted: VecDeque<OpKey>,
     capacity: u32,
 }
 
@@ -212,7 +213,7 @@ impl RecvQueue {
 
     /// Posted receives not yet completed.
     pub(crate) fn outstanding(&self) -> u32 {
-        self.outstanding
+        self.posted.len() as u32
     }
 
     /// True when receives wait to be posted.
@@ -223,25 +224,36 @@ impl RecvQueue {
     /// Takes the receives that fit in the queue pair now. Their CQ room was committed when the
     /// queue pair was created. Report with [`RecvQueue::posted`].
     pub(crate) fn plan(&mut self) -> SmallVec<[OpKey; 16]> {
-        let n = (self.pending.len() as u32).min(self.capacity.saturating_sub(self.outstanding));
+        let n = (self.pending.len() as u32).min(self.capacity.saturating_sub(self.outstanding()));
         self.pending.drain(..n as usize).collect()
     }
 
-    /// The device took `n` of the planned receives.
-    pub(crate) fn posted(&mut self, n: usize) {
-        self.outstanding += n as u32;
+    /// The device took the first `n` of the planned receives `planned`.
+    pub(crate) fn posted(&mut self, planned: &[OpKey], n: usize) {
+        self.posted.extend(&planned[..n]);
     }
 
-    /// A receive completed.
-    pub(crate) fn complete(&mut self) {
-        self.outstanding = self.outstanding.saturating_sub(1);
+    /// A receive completed: `op`, normally the oldest posted one. False when `op` is not
+    /// outstanding (a completion already accounted for).
+    pub(crate) fn complete(&mut self, op: OpKey) -> bool {
+        if self.posted.front() == Some(&op) {
+            self.posted.pop_front();
+            return true;
+        }
+        // Not in order (not expected on RC): still account for it exactly once.
+        match self.posted.iter().position(|o| *o == op) {
+            Some(at) => {
+                self.posted.remove(at);
+                true
+            }
+            None => false,
+        }
     }
 
-    /// Empties the queue for teardown; returns the pending receives (the posted ones are the
-    /// caller's to find).
+    /// Empties the queue for teardown; returns every receive, posted first.
     pub(crate) fn clear(&mut self) -> Vec<OpKey> {
-        self.outstanding = 0;
-        self.pending.drain(..).collect()
+        let posted = self.posted.drain(..);
+        posted.chain(self.pending.drain(..)).collect()
     }
 }
 
@@ -428,12 +440,17 @@ mod tests {
         }
         let first = r.plan();
         assert_eq!(first.to_vec(), k[..3].to_vec());
-        r.posted(2);
+        // The device took two; the third was refused (the caller fails it).
+        r.posted(&first, 2);
         assert_eq!(r.outstanding(), 2);
-        assert_eq!(r.plan().to_vec(), vec![k[3]], "one slot left");
-        r.posted(1);
-        r.complete();
-        r.push_front(k[0]);
-        assert_eq!(r.plan().to_vec(), vec![k[0]], "a re-posted receive goes first");
+        let second = r.plan();
+        assert_eq!(second.to_vec(), vec![k[3]], "one slot left");
+        r.posted(&second, 1);
+        assert!(r.complete(k[0]));
+        assert!(!r.complete(k[0]), "completed once");
+        let fresh = keys(6)[5];
+        r.push_front(fresh);
+        assert_eq!(r.plan().to_vec(), vec![fresh], "a re-posted receive goes first");
+        assert_eq!(r.clear(), vec![k[1], k[3], k[4]], "posted first, then pending");
     }
 }

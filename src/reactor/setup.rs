@@ -122,6 +122,7 @@ impl Core {
     pub(super) fn drain_cm(&mut self) -> Result<usize> {
         let mut n = 0;
         loop {
+            self.stats.channel_reads += 1;
             let mut ev = match self.cm.get_event() {
                 Ok(Some(ev)) => ev,
                 Ok(None) => break,

@@ -6,6 +6,9 @@
 pub struct Stats {
     /// `epoll_wait` returns.
     pub wakeups: u64,
+    /// Reads of the rdma_cm and completion channels (`rdma_get_cm_event`, `ibv_get_cq_event`),
+    /// the ones that found nothing (`EAGAIN`) included.
+    pub channel_reads: u64,
     /// Wakeups that found nothing to do.
     pub spurious_wakeups: u64,
     /// rdma_cm events read (and acked).
@@ -22,6 +25,8 @@ pub struct Stats {
     pub cq_events_acked: u64,
     /// `ibv_req_notify_cq` calls.
     pub cq_arms: u64,
+    /// Ticks that polled CQs left unarmed by spinning (`Config::spin`).
+    pub spin_polls: u64,
     /// `ibv_poll_cq` calls.
     pub cq_polls: u64,
     /// Work completions reaped.

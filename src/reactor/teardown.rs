@@ -117,16 +117,14 @@ impl Core {
     }
 
     /// Completions for a connection's operations that will never complete on the device: its
-    /// queue pair is destroyed and its CQ drained. Gives back their CQ reservations.
+    /// queue pair is destroyed and its CQ drained. Gives back their CQ reservations. Costs the
+    /// connection's own operations, not every live one: its queues hold them all.
     fn cancel_ops(&mut self, t: ConnKey, cq: Option<CqKey>) -> Vec<Completion> {
-        if let Some(c) = self.conns.get_mut(t) {
-            let room = cq.and_then(|cq| self.cqs.get_mut(cq)).map(|e| &mut e.room);
-            c.sq.clear(room);
-            c.rq.clear();
-        }
-        let mine: Vec<_> =
-            self.ops.keys().into_iter().filter(|o| self.ops.get(*o).is_some_and(|e| e.conn == t)).collect();
-        let mut out = Vec::new();
+        let Some(c) = self.conns.get_mut(t) else { return Vec::new() };
+        let room = cq.and_then(|cq| self.cqs.get_mut(cq)).map(|e| &mut e.room);
+        let mut mine = c.sq.clear(room);
+        mine.extend(c.rq.clear());
+        let mut out = Vec::with_capacity(mine.len());
         for o in mine {
             let Some(op) = self.ops.remove(o) else { continue };
             if !op.control {
