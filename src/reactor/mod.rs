@@ -50,6 +50,13 @@ mod teardown;
 mod timers;
 
 pub use config::{Config, ConnectOptions, Timeouts};
+
+/// The pure parts `crate::bench_internals` drives.
+#[cfg(feature = "bench-internals")]
+pub(crate) mod bench {
+    pub(crate) use super::cq_room::CqRoom;
+    pub(crate) use super::send_queue::{RecvQueue, SendQueue};
+}
 pub use ctx::{Conn, Ctx, SubmitError};
 pub use handler::{ConnectRequest, ConnectionHandler, Decision, ListenerHandler};
 pub use op::{Completion, Op, RawBuf};

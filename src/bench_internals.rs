@@ -1,0 +1,64 @@
+//! Hidden and unstable, behind the `bench-internals` feature: the reactor's pure per-operation
+//! bookkeeping, for the host benchmark `benches/dispatch.rs`. Not part of the API.
+
+use crate::proto::flow::negotiate;
+use crate::proto::token::{GenSlab, Key, OpKey, Token};
+use crate::proto::wire::ConnectInfo;
+use crate::reactor::bench::{CqRoom, RecvQueue, SendQueue};
+
+/// One connection's queues, its CQ room and an operation table, driven without a device.
+#[derive(Debug)]
+pub struct Dispatch {
+    ops: GenSlab<OpKey, u64>,
+    sq: SendQueue,
+    rq: RecvQueue,
+    room: CqRoom,
+}
+
+impl Dispatch {
+    /// A connection with receive-credit flow control on, both depths `depth`.
+    pub fn new(depth: u32) -> Dispatch {
+        let mut sq = SendQueue::new(16);
+        sq.set_capacity(depth);
+        let peer = ConnectInfo { flow_control: true, recv_depth: depth as u16, ..ConnectInfo::default() };
+        sq.set_flow(negotiate(true, depth, Some(&peer)));
+        let mut rq = RecvQueue::default();
+        rq.set_capacity(depth);
+        let mut room = CqRoom::new(4 * depth, depth);
+        room.admit(depth);
+        Dispatch { ops: GenSlab::new(), sq, rq, room }
+    }
+
+    /// The bookkeeping of one ping-pong on one side: a receive is submitted and posted, its
+    /// completion found by `wr_id`, accounted and removed; a send likewise, with its credit, CQ
+    /// room and signaling. Returns a value that depends on all of it.
+    pub fn round(&mut self, user_data: u64) -> u64 {
+        let r = self.ops.insert(user_data);
+        self.rq.push(r);
+        let planned = self.rq.plan();
+        self.rq.posted(&planned, planned.len());
+        let found = self.find(r.token().as_u64());
+        let recv_ok = self.rq.complete(found);
+        let mut sum = self.ops.remove(found).unwrap_or(0);
+        if let Some(flow) = self.sq.flow_mut() {
+            flow.on_repost(false);
+            flow.on_receive(crate::proto::flow::Imm { grant: 1, control: false });
+        }
+        let s = self.ops.insert(user_data ^ 1);
+        self.sq.push(s, true);
+        let ops = &mut self.ops;
+        let plan = self.sq.plan(&mut self.room, || ops.insert(0));
+        self.sq.posted(&plan, plan.wrs.len(), &mut self.room);
+        for w in plan.wrs.iter().filter(|w| w.signaled) {
+            let found = self.find(w.op.token().as_u64());
+            for done in self.sq.complete(found, &mut self.room) {
+                sum = sum.wrapping_add(self.ops.remove(done).unwrap_or(0));
+            }
+        }
+        sum.wrapping_add(u64::from(recv_ok))
+    }
+
+    fn find(&self, wr_id: u64) -> OpKey {
+        Token::from_u64(wr_id).and_then(|t| self.ops.key_of(t)).expect("a live operation")
+    }
+}
