@@ -18,6 +18,15 @@ use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, Key, OpKey, Token};
 use crate::sys::cq::{Cq, WorkCompletion, POLL_BATCH};
 
+/// Gives a drained work list's buffer back to `list` if that is still empty, so the lists the
+/// tick walks do not allocate every tick.
+pub(super) fn reuse<T>(list: &mut Vec<T>, mut drained: Vec<T>) {
+    debug_assert!(drained.is_empty());
+    if list.is_empty() && drained.capacity() > list.capacity() {
+        std::mem::swap(list, &mut drained);
+    }
+}
+
 /// Completion events read per readiness at most in a busy tick.
 const MAX_READS: u32 = 1024;
 
@@ -108,7 +117,8 @@ impl Core {
     /// Polls every hot CQ under its budget.
     pub(super) fn poll_hot(&mut self) -> usize {
         let mut total = 0;
-        for t in std::mem::take(&mut self.hot) {
+        let mut hot = std::mem::take(&mut self.hot);
+        for t in hot.drain(..) {
             let Some(e) = self.cqs.get_mut(t) else { continue };
             e.hot = false;
             let found = self.poll_cq(t, self.cfg.poll_budget);
@@ -117,6 +127,7 @@ impl Core {
             }
             total += found;
         }
+        reuse(&mut self.hot, hot);
         total
     }
 
@@ -174,11 +185,13 @@ impl Core {
     pub(super) fn poll_spinning(&mut self, keep_spinning: bool) -> usize {
         self.spin_on = keep_spinning;
         let mut n = 0;
-        for t in std::mem::take(&mut self.spinning) {
+        let mut spinning = std::mem::take(&mut self.spinning);
+        for t in spinning.drain(..) {
             let Some(e) = self.cqs.get_mut(t) else { continue };
             e.spinning = false;
             n += self.poll_cq(t, self.cfg.poll_budget);
         }
+        reuse(&mut self.spinning, spinning);
         self.stats.spin_polls += 1;
         n
     }
@@ -281,8 +294,8 @@ impl Core {
     /// Acks the events of every CQ whose count reached the batch threshold. A CQ below it
     /// stays listed; a destroyed CQ acked its own count.
     pub(super) fn flush_acks(&mut self) {
-        let mut keep = Vec::new();
-        for t in std::mem::take(&mut self.evented) {
+        let mut evented = std::mem::take(&mut self.evented);
+        for t in evented.drain(..) {
             let Some(e) = self.cqs.get_mut(t) else { continue };
             let n = e.cq.ack_due();
             if n > 0 {
@@ -290,11 +303,11 @@ impl Core {
                 self.stats.cq_events_acked += u64::from(n);
             }
             if e.cq.unacked() > 0 {
-                keep.push(t);
+                self.evented.push(t);
             } else {
                 e.evented = false;
             }
         }
-        self.evented = keep;
+        reuse(&mut self.evented, evented);
     }
 }

@@ -1,7 +1,7 @@
 //! Driving the pure state machines: feeding a connection's machine its inputs and carrying out
 //! the actions it returns.
 
-use std::collections::VecDeque;
+use smallvec::SmallVec;
 use std::time::Instant;
 
 use super::setup::millis;
@@ -15,17 +15,20 @@ impl Core {
     /// inputs those actions produce (a verb that failed) and `Drained` once a draining
     /// connection has nothing outstanding.
     pub(super) fn feed(&mut self, t: ConnKey, input: Input) {
-        let mut queue = VecDeque::from([input]);
-        while let Some(input) = queue.pop_front() {
+        // Rarely more than one input: an action's failure, or Drained after the last one.
+        let mut queue: SmallVec<[Input; 2]> = SmallVec::new();
+        queue.push(input);
+        while !queue.is_empty() {
+            let input = queue.remove(0);
             let Some(c) = self.conns.get_mut(t) else { return };
             let actions = c.role.on_input(input);
             for a in actions {
                 if let Some(next) = self.act(t, a) {
-                    queue.push_back(next);
+                    queue.push(next);
                 }
             }
             if queue.is_empty() && self.conns.get(t).is_some_and(|c| c.drained()) {
-                queue.push_back(Input::Drained);
+                queue.push(Input::Drained);
             }
         }
     }

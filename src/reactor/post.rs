@@ -71,9 +71,11 @@ impl Core {
     }
 
     pub(super) fn flush_posts(&mut self) {
-        for t in std::mem::take(&mut self.dirty) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        for t in dirty.drain(..) {
             self.flush_conn(t);
         }
+        super::cq::reuse(&mut self.dirty, dirty);
     }
 
     /// Posts a connection's queued operations, as many as may go now.
