@@ -27,12 +27,15 @@ pub(super) fn reuse<T>(list: &mut Vec<T>, mut drained: Vec<T>) {
     }
 }
 
-/// Completion events read per readiness at most in a busy tick.
+/// Completion events read per readiness at most.
 const MAX_READS: u32 = 1024;
 
 /// One CQ and its protocol state.
 pub(super) struct CqEntry {
     pub(super) cq: Rc<Cq>,
+    /// Index of its device in `Core::devices`.
+    pub(super) device: usize,
+    /// Armed for one event (counted in its device's `armed`).
     pub(super) armed: bool,
     pub(super) hot: bool,
     pub(super) evented: bool,
@@ -57,6 +60,7 @@ impl Core {
         let send_floor = if shared { capacity / 4 } else { self.cfg.send_depth.min(capacity) };
         let entry = CqEntry {
             cq,
+            device: d,
             armed: true,
             hot: false,
             evented: false,
@@ -66,6 +70,7 @@ impl Core {
             waiting: VecDeque::new(),
         };
         let t = self.cqs.insert(entry);
+        self.devices[d].armed += 1;
         // The context names the entry; events are read later on this thread, never before.
         self.cqs.get(t).expect("inserted").cq.set_context(t.token().as_u64());
         Ok(t)
@@ -74,13 +79,14 @@ impl Core {
     /// Reads the events of device `d`'s completion channel, counts each on its CQ and marks
     /// the CQ hot.
     ///
-    /// The channel is registered level-triggered, so reading fewer events than are pending
-    /// loses none: the next `epoll_wait` reports the channel again. A tick that woke from
-    /// sleep reads one event (a wakeup is usually for one completion, and a second read would
-    /// only find `EAGAIN`); a busy tick, one that did not sleep, reads until `EAGAIN`.
-    pub(super) fn drain_comp(&mut self, d: usize, all: bool) -> usize {
-        let Some(chan) = self.devices.get(d).map(|d| d.chan.clone()) else { return 0 };
-        let limit = if all { MAX_READS } else { 1 };
+    /// An armed CQ raises at most one event, so no more events can be pending than the device
+    /// has armed CQs: the reactor reads that many at most and stops there without the read
+    /// that would only find `EAGAIN` (one connection's ping-pong: one read per event). The
+    /// channel is registered level-triggered, so should more be pending, the next
+    /// `epoll_wait` reports it again.
+    pub(super) fn drain_comp(&mut self, d: usize) -> usize {
+        let Some((chan, armed)) = self.devices.get(d).map(|d| (d.chan.clone(), d.armed)) else { return 0 };
+        let limit = armed.clamp(1, MAX_READS);
         let mut n = 0;
         while n < limit {
             self.stats.channel_reads += 1;
@@ -101,7 +107,10 @@ impl Core {
             if !e.cq.count(ev) {
                 continue;
             }
-            e.armed = false;
+            if e.armed {
+                e.armed = false;
+                self.devices[e.device].armed -= 1;
+            }
             if !e.evented {
                 e.evented = true;
                 self.evented.push(t);
@@ -161,6 +170,7 @@ impl Core {
                 if !e.armed {
                     if e.cq.req_notify().is_ok() {
                         e.armed = true;
+                        self.devices[e.device].armed += 1;
                     }
                     self.stats.cq_arms += 1;
                     continue;
@@ -178,6 +188,15 @@ impl Core {
         }
         self.wake_waiting(t);
         found
+    }
+
+    /// Destroys a CQ entry (its `Drop` acks its counted events, then `ibv_destroy_cq`).
+    pub(super) fn remove_cq(&mut self, t: CqKey) {
+        if let Some(e) = self.cqs.remove(t) {
+            if e.armed {
+                self.devices[e.device].armed -= 1;
+            }
+        }
     }
 
     /// Polls the CQs left unarmed by spinning. With `keep_spinning` false (the spin time is

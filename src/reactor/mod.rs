@@ -12,8 +12,9 @@
 //! 2. CM channel readable: read every event until `EAGAIN`; each goes to its object's state
 //!    machine (by the token in `id->context`) and is acked before the next is read
 //!    (`setup.rs`).
-//! 3. Completion channel readable: read its events (one after a sleep, all in a busy tick),
-//!    count each on its CQ (acks are batched), mark the CQ hot (`cq.rs`).
+//! 3. Completion channel readable: read its events (at most as many as the device has armed
+//!    CQs, since each raises one), count each on its CQ (acks are batched), mark the CQ hot
+//!    (`cq.rs`).
 //! 4. Poll hot CQs in batches under a per-CQ budget. A CQ found empty is re-armed with
 //!    `ibv_req_notify_cq` and polled once more, so a completion that raced the arm is not
 //!    stranded. A CQ that used its budget stays hot for the next tick.
@@ -213,6 +214,9 @@ struct ListenerEntry {
 
 struct Device {
     dev: DeviceRef,
+    /// CQs of this device armed for an event: at most this many events can be pending on its
+    /// channel.
+    armed: u32,
     /// The device's shared CQ, in `Config::shared_cq` mode.
     shared_cq: Option<CqKey>,
     // Field order is drop order: the pool's regions before the channel and the PD.
@@ -503,9 +507,7 @@ impl Core {
         for ev in &events[..n] {
             match Token::from_u64(ev.data()) {
                 Some(t) if t.kind() == Kind::CmChannel => work += self.drain_cm()?,
-                Some(t) if t.kind() == Kind::CompChannel => {
-                    work += self.drain_comp(t.index() as usize, wait == Some(Duration::ZERO))
-                }
+                Some(t) if t.kind() == Kind::CompChannel => work += self.drain_comp(t.index() as usize),
                 _ => {}
             }
         }

@@ -380,7 +380,7 @@ impl Core {
                 if shared.is_some() {
                     self.cqs.get_mut(ct).expect("live").room.leave(want.max_recv_wr);
                 } else {
-                    self.cqs.remove(ct);
+                    self.remove_cq(ct);
                 }
                 Err(Error::verb("rdma_create_qp", format!("connection {:?}", t.token()), err))
             }
@@ -398,7 +398,7 @@ impl Core {
         let index = self.devices.len();
         let token = Token::new(Kind::CompChannel, index as u32, 1);
         self.epoll.add(&*chan, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
-        self.devices.push(Device { dev, shared_cq: None, pool, chan, pd });
+        self.devices.push(Device { dev, armed: 0, shared_cq: None, pool, chan, pd });
         if let Some(entries) = self.cfg.shared_cq {
             let ct = self.new_cq(index, entries, true)?;
             self.devices[index].shared_cq = Some(ct);

@@ -90,7 +90,7 @@ impl Core {
                         self.stats.cq_events_acked += u64::from(unacked);
                     }
                     // Drop acks the counted events, then ibv_destroy_cq.
-                    self.cqs.remove(cq);
+                    self.remove_cq(cq);
                 }
             }
         }
