@@ -274,6 +274,16 @@ mod tests {
         negotiate(true, depth, Some(&peer))
     }
 
+    /// A queue of 16 slots with `ops` pushed.
+    fn filled(signal_every: u32, ops: &[OpKey], consumes: bool) -> SendQueue {
+        let mut q = SendQueue::new(signal_every);
+        q.set_capacity(16);
+        for op in ops {
+            q.push(*op, consumes);
+        }
+        q
+    }
+
     fn ops(plan: &Plan) -> Vec<OpKey> {
         plan.wrs.iter().map(|w| w.op).collect()
     }
@@ -308,12 +318,8 @@ mod tests {
     #[test]
     fn the_last_of_each_chain_is_signaled_and_one_in_n() {
         let k = keys(10);
-        let mut q = SendQueue::new(4);
-        q.set_capacity(16);
+        let mut q = filled(4, &k, true);
         let mut room = CqRoom::new(64, 16);
-        for op in &k {
-            q.push(*op, true);
-        }
         let plan = q.plan(&mut room, || unreachable!());
         let signaled: Vec<bool> = plan.wrs.iter().map(|w| w.signaled).collect();
         let mut want = vec![false; 10];
@@ -327,12 +333,8 @@ mod tests {
     #[test]
     fn a_signaled_completion_frees_its_unsignaled_predecessors() {
         let k = keys(5);
-        let mut q = SendQueue::new(16);
-        q.set_capacity(16);
+        let mut q = filled(16, &k, false);
         let mut room = CqRoom::new(32, 8);
-        for op in &k {
-            q.push(*op, false);
-        }
         let plan = q.plan(&mut room, || unreachable!());
         assert_eq!(room.reserved(), 5, "one CQ entry per request, unsignaled ones too");
         q.posted(&plan, 5, &mut room);
@@ -347,12 +349,8 @@ mod tests {
     #[test]
     fn a_flush_completes_each_request_on_its_own() {
         let k = keys(3);
-        let mut q = SendQueue::new(16);
-        q.set_capacity(16);
+        let mut q = filled(16, &k, false);
         let mut room = CqRoom::new(32, 8);
-        for op in &k {
-            q.push(*op, false);
-        }
         let plan = q.plan(&mut room, || unreachable!());
         q.posted(&plan, 3, &mut room);
         for (i, op) in k.iter().enumerate() {
