@@ -26,6 +26,9 @@ pub struct Binaries {
     pub examples: Vec<Binary>,
     /// `tests/*.rs` (not the library's unit-test executable).
     pub tests: Vec<Binary>,
+    /// The library's unit-test executable, as `rdma_reactor-lib`: its `#[ignore]`d tests need
+    /// an RDMA device (the pure ones run on the host).
+    pub lib_tests: Option<Binary>,
     /// `benches/*.rs`: packed into `$BIN` so they can run in the VM (`"$BIN"/latency --bench`),
     /// never run by `cargo xtask test`.
     pub benches: Vec<Binary>,
@@ -34,7 +37,15 @@ pub struct Binaries {
 impl Binaries {
     /// Examples, tests and benches together.
     pub fn all(&self) -> impl Iterator<Item = &Binary> {
-        self.examples.iter().chain(&self.tests).chain(&self.benches)
+        self.examples.iter().chain(&self.tests).chain(&self.lib_tests).chain(&self.benches)
+    }
+
+    /// The test executables to run with an RDMA device, with the libtest filter for each: the
+    /// library's own tests `--ignored` (only those that need the device), the integration
+    /// tests `--include-ignored`.
+    pub fn rdma_tests(&self) -> Vec<(&Binary, &'static str)> {
+        let lib = self.lib_tests.iter().map(|b| (b, "--ignored"));
+        lib.chain(self.tests.iter().map(|b| (b, "--include-ignored"))).collect()
     }
 }
 
@@ -97,16 +108,22 @@ pub fn build() -> Result<Binaries> {
     } else {
         Vec::new()
     };
-    let tests = artifacts(&cargo_json(&["test", "--no-run"])?, &manifest, "test")?;
+    let test_json = cargo_json(&["test", "--no-run"])?;
+    let tests = artifacts(&test_json, &manifest, "test")?;
+    let lib_tests = artifacts(&test_json, &manifest, "lib")?
+        .into_iter()
+        .next()
+        .map(|b| Binary { name: format!("{}-lib", b.name), path: b.path });
     let has_benches = std::fs::read_dir(util::workspace_root().join("benches")).is_ok();
     let benches =
         if has_benches { artifacts(&cargo_json(&["bench", "--no-run"])?, &manifest, "bench")? } else { Vec::new() };
-    let mut names: Vec<&str> = examples.iter().chain(&tests).chain(&benches).map(|b| b.name.as_str()).collect();
+    let mut names: Vec<&str> =
+        examples.iter().chain(&tests).chain(&lib_tests).chain(&benches).map(|b| b.name.as_str()).collect();
     names.sort_unstable();
     if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
         bail!("two of the examples, integration tests and benches are called `{}`: $BIN can hold only one", w[0]);
     }
-    Ok(Binaries { examples, tests, benches })
+    Ok(Binaries { examples, tests, lib_tests, benches })
 }
 
 /// Makes a directory of symlinks NAME -> executable (the host's `$BIN`).

@@ -168,8 +168,9 @@ fn host_unit_tests() -> Result<Row> {
     })
 }
 
-/// The in-VM runner: each binary under busybox `timeout`, between begin/end markers.
-fn runner_script(nonce: &str, tests: &[Binary], per_binary: Duration) -> String {
+/// The in-VM runner: each binary, with its filter, under busybox `timeout`, between begin/end
+/// markers.
+fn runner_script(nonce: &str, tests: &[(&Binary, &str)], per_binary: Duration) -> String {
     let t = per_binary.as_secs().max(1);
     let begin = guest::echo_marker(nonce, "begin $name");
     let end = guest::echo_marker(nonce, "end $name rc=$rc killed=$killed secs=$secs");
@@ -178,10 +179,11 @@ fn runner_script(nonce: &str, tests: &[Binary], per_binary: Duration) -> String 
 T={t}
 run_test() {{
     name=$1
+    filter=$2
     {begin}
     cd /tmp
     start=$(date +%s)
-    timeout -s KILL $T "$BIN/$name" --include-ignored --test-threads=1 2>&1
+    timeout -s KILL $T "$BIN/$name" $filter --test-threads=1 2>&1
     rc=$?
     secs=$(( $(date +%s) - start ))
     killed=0
@@ -190,8 +192,8 @@ run_test() {{
 }}
 "#
     );
-    for b in tests {
-        let _ = writeln!(s, "run_test {}", shell_quote(&b.name));
+    for (b, filter) in tests {
+        let _ = writeln!(s, "run_test {} {filter}", shell_quote(&b.name));
     }
     s.push_str("exit 0\n");
     s
@@ -220,8 +222,8 @@ fn last_result(output: &[u8]) -> Option<Counts> {
 
 fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) -> Result<Vec<Row>> {
     let nonce = vm::nonce();
-    let tests = &bins.tests;
-    let script = runner_script(&nonce, tests, opts.per_binary);
+    let tests = bins.rdma_tests();
+    let script = runner_script(&nonce, &tests, opts.per_binary);
     let initrd = guest::pack(kernel, bins, &Guest { nonce: &nonce, script, env: &[] })?;
     let accel = vm::choose_accel(kernel)?;
     let timeout = opts
@@ -257,7 +259,8 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
         }
         Event::Marker(m) => {
             if let Some(name) = m.strip_prefix("begin ") {
-                eprintln!("xtask: [vm] {name} --include-ignored --test-threads=1");
+                let filter = tests.iter().find(|(b, _)| b.name == name).map_or("", |(_, f)| *f);
+                eprintln!("xtask: [vm] {name} {filter} --test-threads=1");
                 current = Some((name.to_string(), Vec::new(), Instant::now()));
             } else if let Some((name, rc, killed, vm_secs)) = parse_end(m) {
                 let (output, secs) = current
@@ -290,7 +293,7 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
         eprintln!("xtask: error: {p}");
     }
     // A binary that never reported counts as failed.
-    for b in tests {
+    for (b, _) in &tests {
         if !rows.iter().any(|r| r.name == b.name) {
             let running = current.as_ref().is_some_and(|(n, _, _)| *n == b.name);
             rows.push(Row {
@@ -314,10 +317,10 @@ fn host_rdma_tests(bins: &project::Binaries, opts: &Options) -> Result<Vec<Row>>
     util::create_dir_all(&tmp)?;
     eprintln!("xtask: using this host's RDMA device: running the integration tests here (RDMA_ADDR={addr})");
     let mut rows = Vec::new();
-    for b in &bins.tests {
-        eprintln!("xtask: [host] {} --include-ignored --test-threads=1", b.name);
+    for (b, filter) in bins.rdma_tests() {
+        eprintln!("xtask: [host] {} {filter} --test-threads=1", b.name);
         let mut cmd = std::process::Command::new(&b.path);
-        cmd.args(["--include-ignored", "--test-threads=1"]).current_dir(&tmp);
+        cmd.args([filter, "--test-threads=1"]).current_dir(&tmp);
         host::env(&mut cmd, &bin, &addr);
         let mut counts = None;
         let w = host::run_watched(&mut cmd, opts.per_binary, &mut |l| {
@@ -354,8 +357,8 @@ pub fn run(opts: &Options) -> Result<i32> {
     }
     let mut rows = vec![host_unit_tests()?];
     let bins = project::build()?;
-    if bins.tests.is_empty() {
-        eprintln!("xtask: the root crate has no integration tests (tests/*.rs): nothing to run with RDMA");
+    if bins.rdma_tests().is_empty() {
+        eprintln!("xtask: the root crate has no tests that need RDMA: nothing to run with RDMA");
     } else if let Some(kernel) = &kernel {
         rows.extend(vm_tests(kernel, &bins, opts)?);
     } else {
@@ -416,10 +419,11 @@ mod tests {
     #[test]
     fn runner_runs_each_binary_under_timeout() {
         let t = |n: &str| Binary { name: n.into(), path: "/x".into() };
-        let s = runner_script("n", &[t("testbed"), t("other")], Duration::from_secs(300));
+        let (lib, testbed) = (t("rdma_reactor-lib"), t("testbed"));
+        let s = runner_script("n", &[(&lib, "--ignored"), (&testbed, "--include-ignored")], Duration::from_secs(300));
         assert!(s.contains("T=300\n"));
-        assert!(s.contains("timeout -s KILL $T \"$BIN/$name\" --include-ignored --test-threads=1"));
-        assert!(s.contains("run_test testbed\nrun_test other\nexit 0\n"));
+        assert!(s.contains("timeout -s KILL $T \"$BIN/$name\" $filter --test-threads=1"));
+        assert!(s.contains("run_test rdma_reactor-lib --ignored\nrun_test testbed --include-ignored\nexit 0\n"));
         assert!(s.contains("echo \"@@xtask-n:end $name rc=$rc killed=$killed secs=$secs@@\""));
     }
 }
