@@ -3,7 +3,7 @@
 //! ```text
 //! echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
 //! echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
-//!             [--stall-timeout SECS] [--spin-us N]
+//!             [--stall-timeout SECS] [--spin-us N] [--hold-ms N]
 //! ```
 //!
 //! The server echoes every message it receives on every connection; it also serves plain
@@ -28,7 +28,7 @@ use rdma_reactor::{
 const USAGE: &str = "\
 usage: echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
        echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
-                   [--stall-timeout SECS] [--spin-us N]
+                   [--stall-timeout SECS] [--spin-us N] [--hold-ms N]
 
 server: echoes every message on every connection, from one thread.
   --bind ADDR:PORT     address of an RDMA device to listen on
@@ -43,7 +43,8 @@ client: ping-pongs messages and reports round-trip latency.
   --count N            messages per connection
   --verify             check every echoed byte
   --clients K          connections from one reactor (default 1)
-  --stall-timeout SECS fail a connection that gets no echo for this long (default 20)";
+  --stall-timeout SECS fail a connection that gets no echo for this long (default 20)
+  --hold-ms N          keep each connection open and idle N ms after its round trips";
 
 fn main() {
     let mut argv = std::env::args().skip(1);
@@ -195,10 +196,22 @@ struct EchoClient {
     failed: Option<String>,
     stall: Duration,
     seen_at_last_check: u64,
+    /// Keep the connection open, idle, this long after its last round trip.
+    hold: Duration,
     results: Rc<RefCell<Results>>,
 }
 
+/// The user_data of the timer that ends a held connection (the stall timer's is 0).
+const HOLD_TIMER: u64 = 1;
+
 impl EchoClient {
+    /// The round trips are done: close now, or after `--hold-ms`.
+    fn finish(&mut self, conn: &mut Conn<'_>) {
+        if self.hold.is_zero() || conn.ctx().set_timer(self.hold, HOLD_TIMER).is_err() {
+            conn.close();
+        }
+    }
+
     fn fail(&mut self, conn: &mut Conn<'_>, msg: String) {
         if self.failed.is_none() {
             self.failed = Some(msg);
@@ -249,8 +262,7 @@ impl ConnectionHandler for EchoClient {
         }
         let _ = conn.ctx().set_timer(self.stall, 0);
         if self.count == 0 {
-            conn.close();
-            return;
+            return self.finish(conn);
         }
         self.maybe_send(conn);
     }
@@ -276,8 +288,7 @@ impl ConnectionHandler for EchoClient {
                 self.seq += 1;
                 self.echo_pending = false;
                 if self.seq >= self.count {
-                    conn.close();
-                    return;
+                    return self.finish(conn);
                 }
                 if let Err(e) = conn.submit(Op::recv(buf)) {
                     let msg = format!("post receive: {}", e.error);
@@ -296,7 +307,10 @@ impl ConnectionHandler for EchoClient {
         }
     }
 
-    fn on_timer(&mut self, conn: &mut Conn<'_>, _user_data: u64) {
+    fn on_timer(&mut self, conn: &mut Conn<'_>, user_data: u64) {
+        if user_data == HOLD_TIMER {
+            return conn.close();
+        }
         if self.seq >= self.count {
             return;
         }
@@ -328,7 +342,7 @@ impl ConnectionHandler for EchoClient {
 }
 
 fn client(args: Args) {
-    args.finish(&["connect", "size", "count", "clients", "stall-timeout", "spin-us"]);
+    args.finish(&["connect", "size", "count", "clients", "stall-timeout", "spin-us", "hold-ms"]);
     let dst = args.addr("connect");
     let size = args.size("size", 0);
     if !(1..=1024 * 1024).contains(&size) {
@@ -358,6 +372,7 @@ fn client(args: Args) {
             failed: None,
             stall,
             seen_at_last_check: 0,
+            hold: Duration::from_millis(args.get("hold-ms", 0)),
             results: results.clone(),
         };
         let opts = ConnectOptions { msg_size: size as u32, msg_count: count as u32, ..Default::default() };

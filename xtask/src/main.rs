@@ -1,7 +1,8 @@
 //! `cargo xtask`: the rdma-reactor test bed (a Soft-RoCE VM under qemu).
 //!
-//! Commands: `setup`, `vm`, `test`, `demo`; see [`USAGE`].
+//! Commands: `setup`, `vm`, `test`, `demo`, `bench`; see [`USAGE`].
 
+mod bench;
 mod demo;
 mod guest;
 mod host;
@@ -34,6 +35,10 @@ commands:
                              (or here, when this host has an active RDMA device)
   demo [options]             run the echo and blast examples, server and client (rping
                              until they exist), in the VM or on this host's RDMA device
+  bench [--compare] [--rounds N]
+                             the criterion benchmarks (benches/latency.rs) in the VM; with
+                             --compare: echo and blast against perftest and cmtime in ONE VM
+                             boot, interleaved over N rounds (default 3), as a table of ratios
   help                       this text
 
 options:
@@ -64,6 +69,8 @@ struct Opts {
     test_timeout: Option<u64>,
     env: Vec<(String, String)>,
     verbose: bool,
+    compare: bool,
+    rounds: Option<u32>,
     rest: Vec<String>,
 }
 
@@ -113,6 +120,14 @@ fn parse_opts(command: &str, args: &[String], takes_rest: bool) -> Result<Opts> 
                 o.env.push((k.to_string(), v.to_string()));
             }
             "--verbose" | "-v" => o.verbose = true,
+            "--compare" if command == "bench" => o.compare = true,
+            "--rounds" if command == "bench" => {
+                let v = value().unwrap_or_default();
+                o.rounds = match v.parse::<u32>() {
+                    Ok(n) if n > 0 => Some(n),
+                    _ => return Err(Error::new(format!("bench: --rounds {v:?}: expected a positive number"))),
+                };
+            }
             _ if takes_rest && !arg.starts_with('-') => {
                 o.rest = args[i..].to_vec();
                 break;
@@ -136,6 +151,17 @@ fn cmd_vm(args: &[String]) -> Result<u8> {
 
 /// Boots the VM with `script` as its command, streaming its output; returns the exit status.
 fn run_in_vm(kernel: &setup::Kernel, bins: &project::Binaries, script: String, o: &Opts) -> Result<u8> {
+    run_in_vm_capture(kernel, bins, script, o, &mut Vec::new())
+}
+
+/// As [`run_in_vm`], also keeping the output in `captured`.
+fn run_in_vm_capture(
+    kernel: &setup::Kernel,
+    bins: &project::Binaries,
+    script: String,
+    o: &Opts,
+    captured: &mut Vec<u8>,
+) -> Result<u8> {
     let nonce = vm::nonce();
     let initrd = guest::pack(kernel, bins, &guest::Guest { nonce: &nonce, script, env: &o.env })?;
     let accel = vm::choose_accel(kernel)?;
@@ -152,6 +178,7 @@ fn run_in_vm(kernel: &setup::Kernel, bins: &project::Binaries, script: String, o
     let stdout = std::io::stdout();
     let outcome = vm::run(&boot, &mut |ev| {
         if let vm::Event::Output(t) = ev {
+            captured.extend_from_slice(t);
             let mut out = stdout.lock();
             let _ = out.write_all(t);
             let _ = out.flush();
@@ -192,6 +219,36 @@ fn cmd_demo(args: &[String]) -> Result<u8> {
     run_in_vm(&kernel, &bins, script, &o)
 }
 
+fn cmd_bench(args: &[String]) -> Result<u8> {
+    let mut o = parse_opts("bench", args, false)?;
+    let kernel = setup::ensure(false)?;
+    let bins = project::build()?;
+    if !o.compare {
+        o.timeout = o.timeout.or(Some(1800));
+        return run_in_vm(&kernel, &bins, "cd /tmp && \"$BIN\"/latency --bench\n".into(), &o);
+    }
+    let rounds = o.rounds.unwrap_or(3);
+    o.timeout = o.timeout.or(Some(600 + 600 * u64::from(rounds)));
+    let started = std::time::Instant::now();
+    let mut output = Vec::new();
+    let code = run_in_vm_capture(&kernel, &bins, bench::compare_script(rounds), &o, &mut output)?;
+    let text = String::from_utf8_lossy(&output);
+    let (table, complete) = bench::table(&bench::parse(&text), rounds);
+    let machine = text.lines().find_map(|l| l.trim().strip_prefix("@@ machine ")).unwrap_or("?").to_string();
+    println!(
+        "\n`cargo xtask bench --compare --rounds {rounds}`: one VM boot, {rounds} interleaved rounds, {:.0} s; \
+         guest {machine}; accel {}\n",
+        started.elapsed().as_secs_f64(),
+        vm::choose_accel(&kernel).map(|a| format!("{a:?}")).unwrap_or_else(|_| "?".into())
+    );
+    println!("{table}");
+    if code != 0 || !complete {
+        eprintln!("xtask: bench --compare: a measurement failed (see `failed` above, and the output before it)");
+        return Ok(if code != 0 { code } else { 1 });
+    }
+    Ok(0)
+}
+
 fn cmd_test(args: &[String]) -> Result<u8> {
     let o = parse_opts("test", args, false)?;
     let opts = test::Options {
@@ -219,6 +276,7 @@ fn main() -> ExitCode {
         "vm" => cmd_vm(rest),
         "test" => cmd_test(rest),
         "demo" => cmd_demo(rest),
+        "bench" => cmd_bench(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(0)

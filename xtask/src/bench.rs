@@ -1,0 +1,364 @@
+//! `cargo xtask bench`: the criterion benchmarks in the VM; `--compare`: our examples against
+//! perftest and cmtime in ONE VM boot, interleaved over rounds, as one table of ratios.
+//!
+//! THE PLACE TO EDIT what is compared: [`ROWS`] (what each row means and its target) and the
+//! guest script in [`compare_script`] (how each figure is measured). The guest prints one line
+//! per measurement, `@@ row=ID round=N ours=X theirs=Y cpu=Z`, which [`parse`] reads.
+
+use std::fmt::Write as _;
+
+/// Counts per measurement: bounded, the VM is emulated.
+pub const N_LAT: u32 = 2000;
+/// Messages of the 64 B rate rows.
+pub const N_RATE: u32 = 20000;
+/// Messages of the 64 KiB throughput rows.
+pub const N_BW: u32 = 2000;
+/// Connections of the setup row.
+pub const N_CONN: u32 = 1000;
+
+/// Which way is better for a row's ratio (ours / theirs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Better {
+    /// A time: at most `target` times theirs.
+    Lower,
+    /// A rate: at least `target` times theirs.
+    Higher,
+    /// No comparison: ours alone, at most `target` (a CPU share).
+    Absolute,
+}
+
+/// One row of the table.
+#[derive(Clone, Copy, Debug)]
+pub struct Row {
+    pub id: &'static str,
+    pub what: &'static str,
+    pub unit: &'static str,
+    pub better: Better,
+    pub target: f64,
+}
+
+/// The rows, in table order.
+pub const ROWS: &[Row] = &[
+    Row {
+        id: "echo64_spin",
+        what: "64 B round trip, spin (echo p50 vs 2 x busy `ib_send_lat` typical)",
+        unit: "us",
+        better: Better::Lower,
+        target: 1.1,
+    },
+    Row {
+        id: "echo64_event",
+        what: "64 B round trip, event mode (echo p50 vs 2 x `ib_send_lat -e` typical)",
+        unit: "us",
+        better: Better::Lower,
+        target: 1.0,
+    },
+    Row {
+        id: "echo4k_event",
+        what: "4 KiB round trip, event mode (vs 2 x `ib_send_lat -e -s 4096`)",
+        unit: "us",
+        better: Better::Lower,
+        target: 1.0,
+    },
+    Row {
+        id: "blast64_rate",
+        what: "64 B message rate (blast vs `ib_send_bw -s 64`)",
+        unit: "msg/s",
+        better: Better::Higher,
+        target: 0.9,
+    },
+    Row {
+        id: "blast64k_send",
+        what: "64 KiB SEND throughput (blast vs `ib_send_bw -s 65536`)",
+        unit: "MB/s",
+        better: Better::Higher,
+        target: 0.95,
+    },
+    Row {
+        id: "blast64k_write",
+        what: "64 KiB RDMA WRITE throughput (blast --op write vs `ib_write_bw -s 65536`)",
+        unit: "MB/s",
+        better: Better::Higher,
+        target: 0.95,
+    },
+    Row {
+        id: "conn1000",
+        what: "1000 connections set up, one round trip each, closed (echo vs `cmtime -c 1000`)",
+        unit: "s",
+        better: Better::Lower,
+        target: 1.2,
+    },
+    Row {
+        id: "idle100_event",
+        what: "idle echo server holding 100 connections, event mode (share of a core)",
+        unit: "%",
+        better: Better::Absolute,
+        target: 1.0,
+    },
+    Row {
+        id: "idle100_spin",
+        what: "idle echo server holding 100 connections, --spin-us 1000, after the spin (share)",
+        unit: "%",
+        better: Better::Absolute,
+        target: 1.0,
+    },
+];
+
+/// The guest script of `--compare`: `rounds` rounds, each measuring every row, ours then
+/// theirs.
+pub fn compare_script(rounds: u32) -> String {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"# cargo xtask bench --compare (xtask/src/bench.rs)
+A=$RDMA_ADDR
+port=7500
+echo "@@ machine nproc=$(nproc) kernel=$(uname -r)"
+cpu_ticks() {{ awk '{{print $14 + $15}}' /proc/$1/stat; }}
+# `time -p` output of a command on fd 2 -> "user+sys" seconds.
+cpu_of() {{ awk '/^user/{{u=$2}} /^sys/{{s=$2}} END{{print u + s}}'; }}
+real_of() {{ awk '/^real/{{print $2}}'; }}
+ptyp() {{ awk '/#bytes/{{getline; print $5; exit}}'; }}   # ib_*_lat: t_typical
+pbw() {{ awk '/#bytes/{{getline; print $4; exit}}'; }}    # ib_*_bw: BW average[MB/sec]
+prate() {{ awk '/#bytes/{{getline; printf "%.0f", $5 * 1000000; exit}}'; }}  # MsgRate[Mpps]
+server() {{ # NAME ARGS...: starts our server on a fresh port
+    port=$((port + 1)); name=$1; shift
+    "$BIN"/$name server --bind $A:$port --quiet "$@" >/dev/null 2>&1 &
+    srv=$!; sleep 1
+}}
+stop() {{ kill $srv 2>/dev/null; wait $srv 2>/dev/null; }}
+echo_lat() {{ # ROW ROUND SIZE SPIN PERFTEST-ARGS
+    server echo --spin-us $4
+    out=$( ( time -p "$BIN"/echo client --connect $A:$port --size $3 --count {N_LAT} --spin-us $4 ) 2>&1 )
+    stop
+    ours=$(echo "$out" | sed -n 's/.*p50 \([0-9.]*\) us.*/\1/p')
+    cpu=$(echo "$out" | cpu_of | awk '{{printf "%.1f", $1 * 1000000 / {N_LAT}}}')
+    ib_send_lat $5 -s $3 -n {N_LAT} >/dev/null 2>&1 & p=$!; sleep 1
+    half=$(ib_send_lat $5 -s $3 -n {N_LAT} $A 2>&1 | ptyp); wait $p
+    theirs=$(awk "BEGIN{{print 2 * $half}}")
+    echo "@@ row=$1 round=$2 ours=$ours theirs=$theirs cpu=$cpu"
+}}
+blast_bw() {{ # ROW ROUND SIZE COUNT OP PERFTEST FIELD(rate|bw)
+    server blast --exit-after 1
+    out=$("$BIN"/blast client --connect $A:$port --size $3 --count $4 --op $5 2>&1)
+    wait $srv 2>/dev/null
+    line=$(echo "$out" | grep 'messages of')
+    if [ $7 = rate ]; then ours=$(echo "$line" | sed -n 's/.* \([0-9]*\) messages\/s$/\1/p'); else ours=$(echo "$line" | sed -n 's/.*: \([0-9.]*\) MB\/s, .*/\1/p'); fi
+    cpu=$(echo "$out" | sed -n 's/.*CPU time \([0-9.]*\) us per message.*/\1/p')
+    $6 -s $3 -n $4 >/dev/null 2>&1 & p=$!; sleep 1
+    if [ $7 = rate ]; then theirs=$($6 -s $3 -n $4 $A 2>&1 | prate); else theirs=$($6 -s $3 -n $4 $A 2>&1 | pbw); fi
+    wait $p
+    # perftest's MB/sec is 2^20 bytes per second; blast's MB/s is 10^6.
+    [ $7 = bw ] && theirs=$(awk "BEGIN{{printf \"%.1f\", $theirs * 1.048576}}")
+    echo "@@ row=$1 round=$2 ours=$ours theirs=$theirs cpu=$cpu"
+}}
+conns() {{ # ROUND
+    server echo
+    out=$( ( time -p "$BIN"/echo client --connect $A:$port --size 64 --count 1 --clients {N_CONN} ) 2>&1 )
+    stop
+    ours=$(echo "$out" | real_of)
+    cpu=$(echo "$out" | cpu_of | awk '{{printf "%.1f", $1 * 1000000 / {N_CONN}}}')
+    cmtime -b $A -c {N_CONN} >/dev/null 2>&1 & p=$!; sleep 1
+    theirs=$( ( time -p cmtime -s $A -c {N_CONN} >/dev/null 2>&1 ) 2>&1 | real_of ); wait $p
+    echo "@@ row=conn1000 round=$1 ours=$ours theirs=$theirs cpu=$cpu"
+}}
+idle() {{ # ROW ROUND SPIN
+    server echo --spin-us $3
+    "$BIN"/echo client --connect $A:$port --size 64 --count 1 --clients 100 --hold-ms 9000 >/dev/null 2>&1 & c=$!
+    sleep 5   # connected, one round trip each, now idle (and past any spin time)
+    t0=$(cpu_ticks $srv); sleep 3; t1=$(cpu_ticks $srv)
+    wait $c; stop
+    ours=$(awk "BEGIN{{printf \"%.2f\", ($t1 - $t0) / 3}}")   # ticks of 10 ms over 3 s = percent
+    echo "@@ row=$1 round=$2 ours=$ours theirs=- cpu=-"
+}}
+"#
+    );
+    for r in 1..=rounds {
+        let _ = write!(
+            s,
+            r#"echo "== round {r} of {rounds}"
+echo_lat echo64_spin {r} 64 1000 ""
+echo_lat echo64_event {r} 64 0 -e
+echo_lat echo4k_event {r} 4096 0 -e
+blast_bw blast64_rate {r} 64 {N_RATE} send ib_send_bw rate
+blast_bw blast64k_send {r} 65536 {N_BW} send ib_send_bw bw
+blast_bw blast64k_write {r} 65536 {N_BW} write ib_write_bw bw
+conns {r}
+idle idle100_event {r} 0
+idle idle100_spin {r} 1000
+"#
+        );
+    }
+    s.push_str("echo \"== done\"\n");
+    s
+}
+
+/// One measurement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub row: String,
+    pub round: u32,
+    pub ours: Option<f64>,
+    pub theirs: Option<f64>,
+    pub cpu_us: Option<f64>,
+}
+
+/// Reads the `@@ row=...` lines of the guest's output.
+pub fn parse(output: &str) -> Vec<Sample> {
+    output
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("@@ row="))
+        .filter_map(|rest| {
+            let mut fields = rest.split_whitespace();
+            let row = fields.next()?.to_string();
+            let mut s = Sample { row, round: 0, ours: None, theirs: None, cpu_us: None };
+            for kv in fields {
+                let (k, v) = kv.split_once('=')?;
+                let num = v.parse::<f64>().ok().filter(|x| x.is_finite());
+                match k {
+                    "round" => s.round = v.parse().ok()?,
+                    "ours" => s.ours = num,
+                    "theirs" => s.theirs = num,
+                    "cpu" => s.cpu_us = num,
+                    _ => {}
+                }
+            }
+            Some(s)
+        })
+        .collect()
+}
+
+/// The median of `v` (sorted inside), `None` when empty.
+pub fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+}
+
+/// The Markdown table, and whether every row has all its rounds.
+pub fn table(samples: &[Sample], rounds: u32) -> (String, bool) {
+    let mut out = String::from(
+        "| figure | ours (median) | theirs (median) | ratio median | ratio min-max | our CPU per msg | target | met |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    let mut complete = true;
+    for row in ROWS {
+        let got: Vec<&Sample> = samples.iter().filter(|s| s.row == row.id).collect();
+        let ok: Vec<&&Sample> =
+            got.iter().filter(|s| s.ours.is_some() && (row.better == Better::Absolute || s.theirs.is_some())).collect();
+        if ok.len() < rounds as usize {
+            complete = false;
+        }
+        let mut ours: Vec<f64> = ok.iter().filter_map(|s| s.ours).collect();
+        let mut theirs: Vec<f64> = ok.iter().filter_map(|s| s.theirs).collect();
+        let mut ratios: Vec<f64> =
+            ok.iter().filter_map(|s| Some(s.ours? / s.theirs?)).filter(|r| r.is_finite()).collect();
+        let mut cpu: Vec<f64> = ok.iter().filter_map(|s| s.cpu_us).collect();
+        let fmt = |x: Option<f64>, unit: &str| x.map_or("failed".to_string(), |x| format!("{x:.1} {unit}"));
+        let (ratio, spread, met) = match row.better {
+            Better::Absolute => {
+                let m = median(&mut ours);
+                ("-".to_string(), "-".to_string(), m.map(|m| m < row.target))
+            }
+            _ => {
+                let m = median(&mut ratios);
+                let lo = ratios.iter().copied().reduce(f64::min);
+                let hi = ratios.iter().copied().reduce(f64::max);
+                let met = m.map(|m| if row.better == Better::Lower { m <= row.target } else { m >= row.target });
+                let spread = match (lo, hi) {
+                    (Some(lo), Some(hi)) => format!("{lo:.2}-{hi:.2}x"),
+                    _ => "-".into(),
+                };
+                (m.map_or("failed".into(), |m| format!("{m:.2}x")), spread, met)
+            }
+        };
+        let target = match row.better {
+            Better::Lower => format!("<= {:.2}x", row.target),
+            Better::Higher => format!(">= {:.2}x", row.target),
+            Better::Absolute => format!("< {} {}", row.target, row.unit),
+        };
+        let theirs = if row.better == Better::Absolute { "-".to_string() } else { fmt(median(&mut theirs), row.unit) };
+        let cpu = median(&mut cpu).map_or("-".to_string(), |c| format!("{c:.1} us"));
+        let met = match met {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "failed",
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            row.what,
+            fmt(median(&mut ours), row.unit),
+            theirs,
+            ratio,
+            spread,
+            cpu,
+            target,
+            met
+        );
+    }
+    (out, complete)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sample_lines_and_ignores_the_rest() {
+        let out = "xtask noise\n@@ machine nproc=2 kernel=6.1\n\
+                   @@ row=echo64_event round=1 ours=361.2 theirs=253.0 cpu=12.5\n\
+                   @@ row=idle100_event round=2 ours=0.00 theirs=- cpu=-\n\
+                   @@ row=blast64_rate round=1 ours= theirs=24910 cpu=30.6\n";
+        let s = parse(out);
+        assert_eq!(s.len(), 3);
+        assert_eq!(
+            s[0],
+            Sample { row: "echo64_event".into(), round: 1, ours: Some(361.2), theirs: Some(253.0), cpu_us: Some(12.5) }
+        );
+        assert_eq!((s[1].ours, s[1].theirs, s[1].cpu_us), (Some(0.0), None, None));
+        assert_eq!(s[2].ours, None, "an empty figure is a failed measurement");
+    }
+
+    #[test]
+    fn medians_and_the_table_mark_targets_and_failures() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(&mut []), None);
+        let mut samples = Vec::new();
+        for (round, ours) in [(1, 300.0), (2, 200.0), (3, 250.0)] {
+            samples.push(Sample {
+                row: "echo64_event".into(),
+                round,
+                ours: Some(ours),
+                theirs: Some(250.0),
+                cpu_us: Some(10.0),
+            });
+        }
+        samples.push(Sample { row: "idle100_event".into(), round: 1, ours: Some(0.3), theirs: None, cpu_us: None });
+        let (t, complete) = table(&samples, 3);
+        assert!(!complete, "most rows have no samples");
+        let echo = t.lines().find(|l| l.contains("event mode (echo")).expect("row");
+        assert!(echo.contains("| 1.00x | 0.80-1.20x |"), "{echo}");
+        assert!(echo.ends_with("| <= 1.00x | yes |"), "{echo}");
+        let idle = t.lines().find(|l| l.contains("idle echo server holding 100 connections, event")).expect("row");
+        assert!(idle.contains("0.3 %") && idle.ends_with("| < 1 % | yes |"), "{idle}");
+        let rate = t.lines().find(|l| l.contains("64 B message rate")).expect("row");
+        assert!(rate.ends_with("| failed |"), "{rate}");
+    }
+
+    #[test]
+    fn the_script_runs_every_row_every_round() {
+        let s = compare_script(3);
+        for r in 1..=3 {
+            for row in ROWS {
+                let call = if row.id == "conn1000" { format!("\nconns {r}\n") } else { format!(" {} {r} ", row.id) };
+                assert!(s.contains(&call), "round {r}: {}", row.id);
+            }
+        }
+        assert!(!s.contains(" echo64_event 4 "), "three rounds only");
+    }
+}
