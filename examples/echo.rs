@@ -190,7 +190,8 @@ struct EchoClient {
     count: u64,
     verify: bool,
     seq: u64,
-    sent_at: Option<Instant>,
+    /// Counter ticks (`common::Clock`) when the pending message was submitted.
+    sent_at: Option<u64>,
     send_buf: Option<Buf>,
     echo_pending: bool,
     failed: Option<String>,
@@ -228,7 +229,7 @@ impl EchoClient {
         if self.verify {
             fill_pattern(buf.as_mut_slice(), self.index, self.seq);
         }
-        self.sent_at = Some(Instant::now());
+        self.sent_at = Some(common::Clock::ticks());
         self.echo_pending = true;
         if let Err(e) = conn.submit(Op::send(buf).user_data(self.seq)) {
             let msg = format!("send {}: {}", self.seq, e.error);
@@ -274,7 +275,7 @@ impl ConnectionHandler for EchoClient {
                 self.maybe_send(conn);
             }
             (OpCode::Recv, Ok(n)) => {
-                let rtt = self.sent_at.take().map_or(0, |t| t.elapsed().as_nanos() as u64);
+                let rtt = self.sent_at.take().map_or(0, |t| common::Clock::ticks().wrapping_sub(t));
                 let buf = c.buf.expect("pool receive");
                 if n as usize != self.size {
                     return self.fail(conn, format!("message {}: echo of {n} bytes, sent {}", self.seq, self.size));
@@ -381,28 +382,28 @@ fn client(args: Args) {
         }
     }
     let start = Instant::now();
-    let mut last_report = Instant::now();
+    let mut clock = common::Clock::new();
+    let mut last_report = 0;
     while !reactor.is_idle() {
         if let Err(e) = reactor.run_once(Some(Duration::from_millis(500))) {
             common::die("echo", &format!("reactor failed: {}", common::report(&e)));
         }
-        if last_report.elapsed() >= Duration::from_secs(2) {
-            last_report = Instant::now();
+        // The counter, not the system clock: this runs every tick.
+        let now = clock.elapsed_ns();
+        if now.saturating_sub(last_report) >= 2_000_000_000 {
+            last_report = now;
             let done = results.borrow().latencies.len();
-            eprintln!(
-                "echo client: {done} of {} round trips after {:.1} s",
-                count * clients,
-                start.elapsed().as_secs_f64()
-            );
+            eprintln!("echo client: {done} of {} round trips after {:.1} s", count * clients, now as f64 / 1e9);
         }
     }
     let elapsed = start.elapsed();
+    clock.calibrate();
     let stats = reactor.stats();
     if std::env::var_os("ECHO_STATS").is_some() {
         eprintln!("echo client: {stats:?}");
     }
     let r = results.borrow();
-    let mut lat = r.latencies.clone();
+    let mut lat: Vec<u64> = r.latencies.iter().map(|&ticks| clock.ns(ticks)).collect();
     lat.sort_unstable();
     let msgs = lat.len() as u64;
     if msgs > 0 {

@@ -254,8 +254,10 @@ pub(crate) struct Core {
     spin_until: Option<Instant>,
     /// Spinning in this tick.
     spin_on: bool,
-    /// Spinning ticks since the last `epoll_wait`.
+    /// Spinning ticks since the last full one (`epoll_wait`, clock, timers).
     spin_skipped: u32,
+    /// A spinning tick since the last full one did work: the spin time restarts.
+    spun_work: bool,
     stop: bool,
     /// Set by shutdown: no new listener or connection.
     shutting_down: bool,
@@ -286,8 +288,9 @@ impl std::fmt::Debug for Reactor {
     }
 }
 
-/// While spinning, `epoll_wait` (without blocking) runs once in this many ticks plus one.
-const SPIN_WAIT_EVERY: u32 = 7;
+/// While spinning, one tick in this many plus one is a full one: `epoll_wait` (without
+/// blocking), the clock and the timers; the others only poll and post.
+const SPIN_WAIT_EVERY: u32 = 63;
 
 fn os(call: &'static str) -> impl FnOnce(Errno) -> Error {
     move |e| Error::Os { call, source: e.into() }
@@ -338,6 +341,7 @@ impl Reactor {
                 spin_until: None,
                 spin_on: false,
                 spin_skipped: 0,
+                spun_work: false,
                 stop: false,
                 shutting_down: false,
                 stats: Stats::default(),
@@ -460,8 +464,18 @@ impl Core {
     }
 
     fn tick(&mut self, timeout: Option<Duration>) -> Result<usize> {
-        let now = Instant::now();
-        let spin = !self.cfg.spin.is_zero() && self.spin_until.is_some_and(|until| now < until);
+        if self.spin_on && self.spin_skipped < SPIN_WAIT_EVERY {
+            return Ok(self.spin_tick());
+        }
+        self.spin_skipped = 0;
+        let spin_cfg = !self.cfg.spin.is_zero();
+        // The clock can be a system call (an emulated HPET in the test VM): read it only when a
+        // timer or the spin time needs it.
+        let now = (spin_cfg || self.timers.next_deadline().is_some()).then(Instant::now);
+        if let (true, Some(now)) = (std::mem::take(&mut self.spun_work), now) {
+            self.spin_until = now.checked_add(self.cfg.spin);
+        }
+        let spin = spin_cfg && now.zip(self.spin_until).is_some_and(|(now, until)| now < until);
         let mut work = 0;
         if !self.spinning.is_empty() {
             // Spinning: poll the unarmed CQs. Spin time over: arm them (and poll once more)
@@ -476,7 +490,7 @@ impl Core {
             || !self.closing.is_empty()
             || !self.closing_listeners.is_empty();
         let mut wait = if busy { Some(Duration::ZERO) } else { timeout };
-        if let Some(t) = self.timers.next_timeout(now) {
+        if let Some(t) = now.and_then(|now| self.timers.next_timeout(now)) {
             wait = Some(wait.map_or(t, |w| w.min(t)));
         }
         let epoll_timeout = match wait {
@@ -488,22 +502,12 @@ impl Core {
             }
         };
         let mut events = [EpollEvent::empty(); 32];
-        // While spinning, the unarmed CQs are polled directly; the channels (CM events, armed
-        // CQs) are looked at every few ticks, which saves a system call per spin.
-        let skip_wait = spin && self.spin_skipped < SPIN_WAIT_EVERY;
-        let n = if skip_wait {
-            self.spin_skipped += 1;
-            0
-        } else {
-            self.spin_skipped = 0;
-            let n = match self.epoll.wait(&mut events, epoll_timeout) {
-                Ok(n) => n,
-                Err(Errno::EINTR) => 0,
-                Err(e) => return Err(os("epoll_wait")(e)),
-            };
-            self.stats.wakeups += 1;
-            n
+        let n = match self.epoll.wait(&mut events, epoll_timeout) {
+            Ok(n) => n,
+            Err(Errno::EINTR) => 0,
+            Err(e) => return Err(os("epoll_wait")(e)),
         };
+        self.stats.wakeups += 1;
         for ev in &events[..n] {
             match Token::from_u64(ev.data()) {
                 Some(t) if t.kind() == Kind::CmChannel => work += self.drain_cm()?,
@@ -519,10 +523,26 @@ impl Core {
         if n > 0 && work == 0 {
             self.stats.spurious_wakeups += 1;
         }
-        if work > 0 && !self.cfg.spin.is_zero() {
-            self.spin_until = Instant::now().checked_add(self.cfg.spin);
+        if work > 0 && spin_cfg {
+            // After a sleep the tick's start is stale: the spin time runs from now.
+            let now = if wait == Some(Duration::ZERO) { now } else { None };
+            self.spin_until = now.unwrap_or_else(Instant::now).checked_add(self.cfg.spin);
         }
         Ok(work)
+    }
+
+    /// A tick while spinning between two full ones: poll the unarmed and hot CQs, post, ack and
+    /// destroy; no `epoll_wait`, no clock, no timers (the next full tick, at most
+    /// `SPIN_WAIT_EVERY` ticks away, does those).
+    fn spin_tick(&mut self) -> usize {
+        self.spin_skipped += 1;
+        let mut work = self.poll_spinning(true);
+        work += self.poll_hot();
+        self.flush_posts();
+        self.flush_acks();
+        work += self.reap();
+        self.spun_work |= work > 0;
+        work
     }
 
     // ----- handler calls --------------------------------------------------------------------

@@ -32,6 +32,9 @@ pub(super) struct UserTimer {
 impl Core {
     /// Fires every expired deadline and timer; returns how many fired.
     pub(super) fn fire_timers(&mut self) -> usize {
+        if self.timers.next_deadline().is_none() {
+            return 0;
+        }
         let due = self.timers.expired(Instant::now());
         let mut n = 0;
         for (key, target) in due {

@@ -113,6 +113,8 @@ pub fn compare_script(rounds: u32) -> String {
         r#"# cargo xtask bench --compare (xtask/src/bench.rs)
 A=$RDMA_ADDR
 port=7500
+# Every program runs under a watchdog: a hung measurement fails its row, never the run.
+T="timeout 300"
 echo "@@ machine nproc=$(nproc) kernel=$(uname -r)"
 cpu_ticks() {{ awk '{{print $14 + $15}}' /proc/$1/stat; }}
 # `time -p` output of a command on fd 2 -> "user+sys" seconds.
@@ -123,30 +125,30 @@ pbw() {{ awk '/#bytes/{{getline; print $4; exit}}'; }}    # ib_*_bw: BW average[
 prate() {{ awk '/#bytes/{{getline; printf "%.0f", $5 * 1000000; exit}}'; }}  # MsgRate[Mpps]
 server() {{ # NAME ARGS...: starts our server on a fresh port
     port=$((port + 1)); name=$1; shift
-    "$BIN"/$name server --bind $A:$port --quiet "$@" >/dev/null 2>&1 &
+    $T "$BIN"/$name server --bind $A:$port --quiet "$@" >/dev/null 2>&1 &
     srv=$!; sleep 1
 }}
 stop() {{ kill $srv 2>/dev/null; wait $srv 2>/dev/null; }}
 echo_lat() {{ # ROW ROUND SIZE SPIN PERFTEST-ARGS
     server echo --spin-us $4
-    out=$( ( time -p "$BIN"/echo client --connect $A:$port --size $3 --count {N_LAT} --spin-us $4 ) 2>&1 )
+    out=$( ( time -p $T "$BIN"/echo client --connect $A:$port --size $3 --count {N_LAT} --spin-us $4 ) 2>&1 )
     stop
     ours=$(echo "$out" | sed -n 's/.*p50 \([0-9.]*\) us.*/\1/p')
     cpu=$(echo "$out" | cpu_of | awk '{{printf "%.1f", $1 * 1000000 / {N_LAT}}}')
-    ib_send_lat $5 -s $3 -n {N_LAT} >/dev/null 2>&1 & p=$!; sleep 1
-    half=$(ib_send_lat $5 -s $3 -n {N_LAT} $A 2>&1 | ptyp); wait $p
+    $T ib_send_lat $5 -s $3 -n {N_LAT} >/dev/null 2>&1 & p=$!; sleep 1
+    half=$($T ib_send_lat $5 -s $3 -n {N_LAT} $A 2>&1 | ptyp); wait $p
     theirs=$(awk "BEGIN{{print 2 * $half}}")
     echo "@@ row=$1 round=$2 ours=$ours theirs=$theirs cpu=$cpu"
 }}
 blast_bw() {{ # ROW ROUND SIZE COUNT OP PERFTEST FIELD(rate|bw)
     server blast --exit-after 1
-    out=$("$BIN"/blast client --connect $A:$port --size $3 --count $4 --op $5 2>&1)
+    out=$($T "$BIN"/blast client --connect $A:$port --size $3 --count $4 --op $5 2>&1)
     wait $srv 2>/dev/null
     line=$(echo "$out" | grep 'messages of')
     if [ $7 = rate ]; then ours=$(echo "$line" | sed -n 's/.* \([0-9]*\) messages\/s$/\1/p'); else ours=$(echo "$line" | sed -n 's/.*: \([0-9.]*\) MB\/s, .*/\1/p'); fi
     cpu=$(echo "$out" | sed -n 's/.*CPU time \([0-9.]*\) us per message.*/\1/p')
-    $6 -s $3 -n $4 >/dev/null 2>&1 & p=$!; sleep 1
-    if [ $7 = rate ]; then theirs=$($6 -s $3 -n $4 $A 2>&1 | prate); else theirs=$($6 -s $3 -n $4 $A 2>&1 | pbw); fi
+    $T $6 -s $3 -n $4 >/dev/null 2>&1 & p=$!; sleep 1
+    if [ $7 = rate ]; then theirs=$($T $6 -s $3 -n $4 $A 2>&1 | prate); else theirs=$($T $6 -s $3 -n $4 $A 2>&1 | pbw); fi
     wait $p
     # perftest's MB/sec is 2^20 bytes per second; blast's MB/s is 10^6.
     [ $7 = bw ] && theirs=$(awk "BEGIN{{printf \"%.1f\", $theirs * 1.048576}}")
@@ -154,17 +156,19 @@ blast_bw() {{ # ROW ROUND SIZE COUNT OP PERFTEST FIELD(rate|bw)
 }}
 conns() {{ # ROUND
     server echo
-    out=$( ( time -p "$BIN"/echo client --connect $A:$port --size 64 --count 1 --clients {N_CONN} ) 2>&1 )
+    out=$( ( time -p $T "$BIN"/echo client --connect $A:$port --size 64 --count 1 --clients {N_CONN} ) 2>&1 )
     stop
     ours=$(echo "$out" | real_of)
     cpu=$(echo "$out" | cpu_of | awk '{{printf "%.1f", $1 * 1000000 / {N_CONN}}}')
-    cmtime -b $A -c {N_CONN} >/dev/null 2>&1 & p=$!; sleep 1
-    theirs=$( ( time -p cmtime -s $A -c {N_CONN} >/dev/null 2>&1 ) 2>&1 | real_of ); wait $p
+    $T cmtime -b $A -c {N_CONN} >/dev/null 2>&1 & p=$!; sleep 1
+    # (time is a program here, not a shell keyword: its report goes to the subshell's stderr.)
+    theirs=$( ( time -p $T cmtime -s $A -c {N_CONN} ) 2>&1 >/dev/null | real_of )
+    kill $p 2>/dev/null; wait $p 2>/dev/null   # cmtime's server does not exit by itself
     echo "@@ row=conn1000 round=$1 ours=$ours theirs=$theirs cpu=$cpu"
 }}
 idle() {{ # ROW ROUND SPIN
     server echo --spin-us $3
-    "$BIN"/echo client --connect $A:$port --size 64 --count 1 --clients 100 --hold-ms 9000 >/dev/null 2>&1 & c=$!
+    $T "$BIN"/echo client --connect $A:$port --size 64 --count 1 --clients 100 --hold-ms 9000 >/dev/null 2>&1 & c=$!
     sleep 5   # connected, one round trip each, now idle (and past any spin time)
     t0=$(cpu_ticks $srv); sleep 3; t1=$(cpu_ticks $srv)
     wait $c; stop
