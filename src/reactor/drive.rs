@@ -2,7 +2,6 @@
 //! the actions it returns.
 
 use smallvec::SmallVec;
-use std::time::Instant;
 
 use super::setup::millis;
 use super::timers::TimerTarget;
@@ -67,7 +66,7 @@ impl Core {
                 }
             }
             Action::SetDeadline(step) => {
-                let at = Instant::now().checked_add(timeouts.of(step))?;
+                let at = self.read_clock().checked_add(timeouts.of(step))?;
                 let key = self.timers.schedule(at, TimerTarget::Deadline(t));
                 self.conns.get_mut(t)?.deadline = Some((key, step));
             }

@@ -258,6 +258,8 @@ pub(crate) struct Core {
     spin_skipped: u32,
     /// A spinning tick since the last full one did work: the spin time restarts.
     spun_work: bool,
+    /// The clock as read after the last `epoll_wait` that needed it (for timers or spinning).
+    clock: Instant,
     stop: bool,
     /// Set by shutdown: no new listener or connection.
     shutting_down: bool,
@@ -342,6 +344,7 @@ impl Reactor {
                 spin_on: false,
                 spin_skipped: 0,
                 spun_work: false,
+                clock: Instant::now(),
                 stop: false,
                 shutting_down: false,
                 stats: Stats::default(),
@@ -469,13 +472,15 @@ impl Core {
         }
         self.spin_skipped = 0;
         let spin_cfg = !self.cfg.spin.is_zero();
-        // The clock can be a system call (an emulated HPET in the test VM): read it only when a
-        // timer or the spin time needs it.
-        let now = (spin_cfg || self.timers.next_deadline().is_some()).then(Instant::now);
-        if let (true, Some(now)) = (std::mem::take(&mut self.spun_work), now) {
+        // The clock can be a system call (an emulated HPET in the test VM): it is read only
+        // when a timer or the spin time needs it, before the wait, and after it again only if
+        // the wait could block.
+        let clocked = spin_cfg || self.timers.next_deadline().is_some();
+        let now = if clocked { self.read_clock() } else { self.clock };
+        if std::mem::take(&mut self.spun_work) {
             self.spin_until = now.checked_add(self.cfg.spin);
         }
-        let spin = spin_cfg && now.zip(self.spin_until).is_some_and(|(now, until)| now < until);
+        let spin = spin_cfg && self.spin_until.is_some_and(|until| now < until);
         let mut work = 0;
         if !self.spinning.is_empty() {
             // Spinning: poll the unarmed CQs. Spin time over: arm them (and poll once more)
@@ -490,7 +495,7 @@ impl Core {
             || !self.closing.is_empty()
             || !self.closing_listeners.is_empty();
         let mut wait = if busy { Some(Duration::ZERO) } else { timeout };
-        if let Some(t) = now.and_then(|now| self.timers.next_timeout(now)) {
+        if let Some(t) = self.timers.next_timeout(now) {
             wait = Some(wait.map_or(t, |w| w.min(t)));
         }
         let epoll_timeout = match wait {
@@ -508,6 +513,9 @@ impl Core {
             Err(e) => return Err(os("epoll_wait")(e)),
         };
         self.stats.wakeups += 1;
+        if clocked && wait != Some(Duration::ZERO) {
+            self.read_clock();
+        }
         for ev in &events[..n] {
             match Token::from_u64(ev.data()) {
                 Some(t) if t.kind() == Kind::CmChannel => work += self.drain_cm()?,
@@ -516,7 +524,7 @@ impl Core {
             }
         }
         work += self.poll_hot();
-        work += self.fire_timers();
+        work += self.fire_timers(self.clock);
         self.flush_posts();
         self.flush_acks();
         work += self.reap();
@@ -524,9 +532,7 @@ impl Core {
             self.stats.spurious_wakeups += 1;
         }
         if work > 0 && spin_cfg {
-            // After a sleep the tick's start is stale: the spin time runs from now.
-            let now = if wait == Some(Duration::ZERO) { now } else { None };
-            self.spin_until = now.unwrap_or_else(Instant::now).checked_add(self.cfg.spin);
+            self.spin_until = self.clock.checked_add(self.cfg.spin);
         }
         Ok(work)
     }

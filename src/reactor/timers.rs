@@ -30,12 +30,12 @@ pub(super) struct UserTimer {
 }
 
 impl Core {
-    /// Fires every expired deadline and timer; returns how many fired.
-    pub(super) fn fire_timers(&mut self) -> usize {
+    /// Fires every deadline and timer expired at `now`; returns how many fired.
+    pub(super) fn fire_timers(&mut self, now: Instant) -> usize {
         if self.timers.next_deadline().is_none() {
             return 0;
         }
-        let due = self.timers.expired(Instant::now());
+        let due = self.timers.expired(now);
         let mut n = 0;
         for (key, target) in due {
             match target {
@@ -67,12 +67,19 @@ impl Core {
     /// Schedules `owner`'s `on_timer(user_data)` after `delay`.
     pub(crate) fn set_timer(&mut self, owner: Token, delay: Duration, user_data: u64) -> Result<Token> {
         debug_assert!(matches!(owner.kind(), Kind::Conn | Kind::Listener));
-        let at = Instant::now()
+        let at = self
+            .read_clock()
             .checked_add(delay)
             .ok_or_else(|| Error::Config(format!("a timer delay of {delay:?} is out of range")))?;
         let tt = self.user_timers.insert(UserTimer { owner, user_data });
         self.timers.schedule(at, TimerTarget::User(tt));
         Ok(tt.token())
+    }
+
+    /// Reads the clock and keeps the reading for the next tick's wait (see `Core::tick`).
+    pub(super) fn read_clock(&mut self) -> Instant {
+        self.clock = Instant::now();
+        self.clock
     }
 
     /// Cancels a user timer; a fired or stale one is ignored.
