@@ -159,8 +159,9 @@ impl Core {
             left -= n;
             let Some(e) = self.cqs.get_mut(t) else { break };
             if n < want {
-                if !e.armed && self.spin_on {
-                    // Spinning: leave it unarmed and poll it again next tick.
+                if !e.armed && !self.arm_now {
+                    // Leave it unarmed: it is armed after the tick's posts (or, spinning,
+                    // polled again next tick).
                     if !e.spinning {
                         e.spinning = true;
                         self.spinning.push(t);
@@ -199,10 +200,11 @@ impl Core {
         }
     }
 
-    /// Polls the CQs left unarmed by spinning. With `keep_spinning` false (the spin time is
-    /// over) each is armed and polled once more, so the reactor can sleep.
+    /// Polls the CQs left unarmed (emptied during the tick, or spinning). With
+    /// `keep_spinning` false each is polled, armed and polled once more, so the reactor can
+    /// sleep.
     pub(super) fn poll_spinning(&mut self, keep_spinning: bool) -> usize {
-        self.spin_on = keep_spinning;
+        self.arm_now = !keep_spinning;
         let mut n = 0;
         let mut spinning = std::mem::take(&mut self.spinning);
         for t in spinning.drain(..) {
@@ -211,7 +213,10 @@ impl Core {
             n += self.poll_cq(t, self.cfg.poll_budget);
         }
         reuse(&mut self.spinning, spinning);
-        self.stats.spin_polls += 1;
+        self.arm_now = false;
+        if keep_spinning {
+            self.stats.spin_polls += 1;
+        }
         n
     }
 

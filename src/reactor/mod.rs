@@ -15,12 +15,14 @@
 //! 3. Completion channel readable: read its events (at most as many as the device has armed
 //!    CQs, since each raises one), count each on its CQ (acks are batched), mark the CQ hot
 //!    (`cq.rs`).
-//! 4. Poll hot CQs in batches under a per-CQ budget. A CQ found empty is re-armed with
-//!    `ibv_req_notify_cq` and polled once more, so a completion that raced the arm is not
-//!    stranded. A CQ that used its budget stays hot for the next tick.
+//! 4. Poll hot CQs in batches under a per-CQ budget. A CQ found empty stays unarmed for now;
+//!    a CQ that used its budget stays hot for the next tick.
 //! 5. Fire expired deadlines and timers (`timers.rs`).
 //! 6. Post the operations submitted during the tick: one chain per queue pair and direction
-//!    (`post.rs`, planned by `send_queue.rs`).
+//!    (`post.rs`, planned by `send_queue.rs`). Then poll the CQs emptied in step 4 once more
+//!    (a send whose ACK came back during its post completes now, not after a wakeup), arm
+//!    them with `ibv_req_notify_cq` and poll again, so a completion that raced the arm is not
+//!    stranded (unless spinning, which leaves them unarmed).
 //! 7. Ack CQ events whose count reached the batch threshold.
 //! 8. Destroy what closed during the tick (`teardown.rs`), and only now: every CM event of the
 //!    tick has been acked.
@@ -248,12 +250,15 @@ pub(crate) struct Core {
     dirty: Vec<ConnKey>,
     /// CQs with un-acked events.
     evented: Vec<CqKey>,
-    /// CQs emptied and left unarmed while spinning (`Config::spin`).
+    /// CQs emptied and left unarmed: until the end of the tick (armed after its posts), or
+    /// while spinning (`Config::spin`).
     spinning: Vec<CqKey>,
     /// The reactor spins (does not arm emptied CQs, does not sleep) until then.
     spin_until: Option<Instant>,
     /// Spinning in this tick.
     spin_on: bool,
+    /// `poll_cq` arms a CQ it finds empty at once (else it leaves it in `spinning`).
+    arm_now: bool,
     /// Spinning ticks since the last full one (`epoll_wait`, clock, timers).
     spin_skipped: u32,
     /// A spinning tick since the last full one did work: the spin time restarts.
@@ -342,6 +347,7 @@ impl Reactor {
                 spinning: Vec::new(),
                 spin_until: None,
                 spin_on: false,
+                arm_now: false,
                 spin_skipped: 0,
                 spun_work: false,
                 clock: Instant::now(),
@@ -526,6 +532,12 @@ impl Core {
         work += self.poll_hot();
         work += self.fire_timers(self.clock);
         self.flush_posts();
+        if !spin && !self.spinning.is_empty() {
+            // Arm what the tick emptied only after its posts: a send that completes at once
+            // (its ACK came back while it was posted) is reaped now, not after another wakeup.
+            work += self.poll_spinning(false);
+            self.flush_posts();
+        }
         self.flush_acks();
         work += self.reap();
         if n > 0 && work == 0 {
