@@ -42,6 +42,9 @@ struct Ledger {
     /// Closes heard, by connection.
     closes: HashMap<Token, Vec<CloseReason>>,
     listener_closes: Vec<CloseReason>,
+    /// Whether `listen` and `connect`, tried from the listener's `on_closed` (during the
+    /// shutdown), were refused.
+    refused_while_closing: Vec<(bool, bool)>,
     /// Clients whose first message came back.
     echoed: usize,
 }
@@ -77,8 +80,14 @@ impl ListenerHandler for Server {
         Decision::Accept(Box::new(Side { ledger: self.0.clone(), client: false }))
     }
 
-    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, reason: CloseReason) {
-        self.0.borrow_mut().listener_closes.push(reason);
+    fn on_closed(&mut self, ctx: &mut Ctx<'_>, reason: CloseReason) {
+        // Shutting down: neither a new listener nor a new connection is taken.
+        let listen = ctx.listen(addr(), Server(Rc::new(RefCell::new(Ledger::default())))).is_err();
+        let side = Side { ledger: Rc::new(RefCell::new(Ledger::default())), client: true };
+        let connect = ctx.connect(addr(), ConnectOptions::default(), side).is_err();
+        let mut ledger = self.0.borrow_mut();
+        ledger.listener_closes.push(reason);
+        ledger.refused_while_closing.push((listen, connect));
     }
 }
 
@@ -171,6 +180,7 @@ fn check(ledger: &Ledger, queued: &[u64], what: &str) {
         assert_eq!(reasons, &vec![CloseReason::Shutdown], "{what}: {t:?} heard on_closed once, for the shutdown");
     }
     assert_eq!(ledger.listener_closes, vec![CloseReason::Shutdown], "{what}: the listener closed once");
+    assert_eq!(ledger.refused_while_closing, vec![(true, true)], "{what}: listen and connect refused while closing");
     println!(
         "{what}: {} operations completed once each ({:?}), {} connections and 1 listener closed with Shutdown",
         ledger.ops.len(),
@@ -209,5 +219,6 @@ fn shutdown_completes_everything_and_the_reactor_is_idle() {
     reactor.listen(second, Server(again.clone())).expect("listen after shutdown");
     drop(reactor);
     assert_eq!(again.borrow().listener_closes, vec![CloseReason::Shutdown]);
+    assert_eq!(again.borrow().refused_while_closing, vec![(true, true)]);
     assert_eq!(res_counts(pid), baseline, "kernel objects back to the baseline");
 }

@@ -171,5 +171,8 @@ mod tests {
         let examples = artifacts(&out, Path::new(m), "example").unwrap();
         assert_eq!(examples.len(), 1);
         assert_eq!(examples[0].name, "echo");
+        // The lib's unit-test executable; the plain lib build (no executable) is skipped.
+        let lib = artifacts(&out, Path::new(m), "lib").unwrap();
+        assert_eq!(lib, vec![Binary { name: "rdma_reactor".into(), path: "/w/target/vm/deps/rdma_reactor-aa".into() }]);
     }
 }

@@ -1,5 +1,6 @@
-//! `cargo xtask test`: the host's unit tests, then every integration-test binary of the root
-//! crate in one VM boot (or on this host when it has an active RDMA device).
+//! `cargo xtask test`: the host's unit tests, then the root crate's tests that need RDMA (the
+//! library's ignored unit tests and every integration-test binary) in one VM boot (or on this
+//! host when it has an active RDMA device).
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
@@ -175,7 +176,7 @@ fn runner_script(nonce: &str, tests: &[(&Binary, &str)], per_binary: Duration) -
     let begin = guest::echo_marker(nonce, "begin $name");
     let end = guest::echo_marker(nonce, "end $name rc=$rc killed=$killed secs=$secs");
     let mut s = format!(
-        r#"# cargo xtask test: every integration-test binary, one at a time, with a watchdog.
+        r#"# cargo xtask test: every test binary, one at a time, with a watchdog.
 T={t}
 run_test() {{
     name=$1
@@ -230,7 +231,7 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
         .vm_timeout
         .unwrap_or(Duration::from_secs(180) + (opts.per_binary + Duration::from_secs(5)) * tests.len() as u32);
     eprintln!(
-        "xtask: running {} integration-test binar{} in the VM (watchdog {} s each, VM timeout {} s)",
+        "xtask: running {} test binar{} in the VM (watchdog {} s each, VM timeout {} s)",
         tests.len(),
         if tests.len() == 1 { "y" } else { "ies" },
         opts.per_binary.as_secs(),
@@ -315,7 +316,7 @@ fn host_rdma_tests(bins: &project::Binaries, opts: &Options) -> Result<Vec<Row>>
     let bin = host::bin_dir(bins)?;
     let tmp = util::xtask_dir().join("host-tmp");
     util::create_dir_all(&tmp)?;
-    eprintln!("xtask: using this host's RDMA device: running the integration tests here (RDMA_ADDR={addr})");
+    eprintln!("xtask: using this host's RDMA device: running the RDMA tests here (RDMA_ADDR={addr})");
     let mut rows = Vec::new();
     for (b, filter) in bins.rdma_tests() {
         eprintln!("xtask: [host] {} {filter} --test-threads=1", b.name);
