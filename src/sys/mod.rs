@@ -4,7 +4,7 @@
 //! (device list, device contexts), `pd.rs`, `mr.rs`, `cq.rs` (completion channels and CQs, with
 //! `ack.rs`'s batched ack counter), `qp.rs` (queue pairs on CM ids, posting) and `pool.rs` (the
 //! registered buffer pool). Layering: this module imports the pure core (`crate::proto`,
-//! `crate::error`) and never `crate::reactor`.
+//! `crate::error`) and never the reactor layer above it.
 //!
 //! **Architecture invariant:** every raw pointer from rdma-core has exactly one owner here that
 //! frees it in `Drop`, and parents are fields of their children (a queue pair's owner holds its
