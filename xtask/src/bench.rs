@@ -145,8 +145,11 @@ echo_lat() {{ # ROW ROUND SIZE SPIN PERFTEST-ARGS
     echo "@@ row=$1 round=$2 ours=$ours theirs=$theirs cpu=$cpu"
 }}
 blast_bw() {{ # ROW ROUND SIZE COUNT OP PERFTEST FIELD(rate|bw)
-    server blast --exit-after 1
-    out=$($T "$BIN"/blast client --connect $A:$port --size $3 --count $4 --op $5 2>&1)
+    # Queues as deep as perftest's (tx depth 128; it posts 512 receives): the server keeps 128
+    # receives posted (its credit window; a WRITE ring is capped at 1 MiB), the client keeps
+    # 128 messages in flight.
+    server blast --exit-after 1 --depth 128
+    out=$($T "$BIN"/blast client --connect $A:$port --size $3 --count $4 --op $5 --window 128 2>&1)
     wait $srv 2>/dev/null
     line=$(echo "$out" | grep 'messages of')
     if [ $7 = rate ]; then ours=$(echo "$line" | sed -n 's/.* \([0-9]*\) messages\/s$/\1/p'); else ours=$(echo "$line" | sed -n 's/.*: \([0-9.]*\) MB\/s, .*/\1/p'); fi
