@@ -13,14 +13,24 @@
 //!   send a credit-only message. (If both sides spent their last credit on data, each would be
 //!   waiting for the other's grant.)
 //! - **No echo.** A credit-only message is sent when the receives owed to the peer include one
-//!   re-posted after a data message and reach `threshold`, or when they reach `depth - 1`, the
-//!   point where the peer may be blocked. Credits owed only for the peer's own credit-only
-//!   messages would otherwise be returned one for one, forever. With `depth >= 3`,
-//!   `depth - 1 >= 2`, so credit-only traffic dies out.
+//!   re-posted after a data message and reach `threshold`, or when the peer may be blocked:
+//!   the credits we granted and it has not yet used (its credits plus its messages in flight)
+//!   are at most one. Credits owed only for the peer's own credit-only messages would otherwise
+//!   be returned one for one, forever.
 //!
-//! Conservation makes the second rule sufficient. With nothing in flight, the peer's credits
-//! plus the receives we owe equal our depth. A peer blocked at one credit means we owe
-//! `depth - 1`.
+//! Why the second rule is the right one: a receiver need not re-post every receive it
+//! consumes. An application may keep any `K` receives posted, with `MIN_DEPTH <= K <= depth`
+//! (it applies back-pressure by posting fewer). The peer can send data while it holds two
+//! credits, so it is blocked exactly when the unused grants are at most one, whatever `K` is;
+//! tracking those grants (`granted`) sees that directly. (An earlier rule waited for
+//! `depth - 1` owed receives, which only a receiver re-posting everything reaches: one keeping
+//! 4 of 8 posted stalled its peer after 7 messages, for ever.)
+//!
+//! Why credit-only traffic dies out: right after a credit-only message we have granted every
+//! receive we have posted, at least `MIN_DEPTH = 3`. The peer's credit-only messages consume
+//! one each, so we send the next one only after the peer sent at least two since our last; and
+//! the same holds for the peer. Two sides that each wait for two of the other's cannot keep
+//! answering each other.
 
 use super::wire::ConnectInfo;
 
@@ -58,9 +68,11 @@ impl Imm {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Flow {
     credits: u32,
+    /// Receives granted to the peer and not yet consumed by a message of its (its credits plus
+    /// its messages in flight, as far as we know).
+    granted: u32,
     owed_data: u32,
     owed_ctrl: u32,
-    depth: u32,
     threshold: u32,
 }
 
@@ -68,7 +80,7 @@ impl Flow {
     /// A flow whose peer granted `peer_depth` receives at connect time and to which we
     /// granted `depth` (at least [`MIN_DEPTH`]; the caller checks).
     pub fn new(peer_depth: u32, depth: u32) -> Flow {
-        Flow { credits: peer_depth, owed_data: 0, owed_ctrl: 0, depth, threshold: (depth / 2).max(1) }
+        Flow { credits: peer_depth, granted: depth, owed_data: 0, owed_ctrl: 0, threshold: (depth / 2).max(1) }
     }
 
     /// Peer receives we may still consume.
@@ -97,9 +109,7 @@ impl Flow {
     /// True when a credit-only message should go out now.
     pub fn wants_control(&self) -> bool {
         let owed = self.owed();
-        self.credits >= 1
-            && owed > 0
-            && ((self.owed_data > 0 && owed >= self.threshold) || owed >= self.depth.saturating_sub(1))
+        self.credits >= 1 && owed > 0 && ((self.owed_data > 0 && owed >= self.threshold) || self.granted <= 1)
     }
 
     /// Spends a credit on a credit-only message; returns its immediate.
@@ -115,11 +125,13 @@ impl Flow {
         let from_data = self.owed_data.min(owed);
         self.owed_data -= from_data;
         self.owed_ctrl -= owed - from_data;
+        self.granted = self.granted.saturating_add(owed);
         owed
     }
 
-    /// A message arrived carrying `imm`.
+    /// A message arrived carrying `imm` (it consumed one of the receives we granted).
     pub fn on_receive(&mut self, imm: Imm) {
+        self.granted = self.granted.saturating_sub(1);
         self.credits = self.credits.saturating_add(imm.grant);
     }
 
@@ -195,39 +207,74 @@ mod tests {
         assert_eq!(f.owed(), 0);
     }
 
+    /// A message of the peer arrives and its receive is posted again.
+    fn consume_and_repost(f: &mut Flow, control: bool) {
+        f.on_receive(Imm { grant: 0, control });
+        f.on_repost(control);
+    }
+
     #[test]
     fn control_only_for_data_or_a_blocked_peer() {
         let mut f = Flow::new(4, 4);
-        f.on_repost(true);
+        consume_and_repost(&mut f, true);
         assert!(!f.wants_control(), "one credit for the peer's own control message is not returned alone");
-        f.on_repost(true);
+        consume_and_repost(&mut f, true);
         assert!(!f.wants_control());
-        f.on_repost(true);
-        assert!(f.wants_control(), "depth - 1 owed: the peer may be blocked");
+        consume_and_repost(&mut f, true);
+        assert!(f.wants_control(), "one grant left unused: the peer may be blocked");
         let mut g = Flow::new(4, 4);
-        g.on_repost(false);
+        consume_and_repost(&mut g, false);
         assert!(!g.wants_control(), "below the threshold");
-        g.on_repost(false);
+        consume_and_repost(&mut g, false);
         assert!(g.wants_control());
         assert_eq!(g.send_control(), Imm { grant: 2, control: true });
         assert!(!g.wants_control());
     }
 
-    /// Two sides exchanging messages over a simulated in-order link, receives re-posted as soon
-    /// as a message is consumed. The invariants: no message ever arrives with no receive posted
-    /// (the zero-RNR guarantee), no deadlock while data is queued, and credit-only traffic dies
-    /// out once data stops.
-    fn simulate(depth_a: u32, depth_b: u32, send_a: u32, send_b: u32, seed: u64) {
+    /// Defect 4 of the fault issue: a receiver keeping 4 of its 8 receives posted. The sender
+    /// spends 7 credits (one is its reserve); the receiver re-posts 3 of the 7 consumed
+    /// receives, which is below the data threshold (4) and far from `depth - 1`. The old rule
+    /// sent no grant, and the sender waited for ever at one credit.
+    #[test]
+    fn a_receiver_keeping_few_receives_posted_still_grants() {
+        let mut f = Flow::new(8, 8);
+        for _ in 0..7 {
+            f.on_receive(Imm { grant: 0, control: false });
+        }
+        for _ in 0..3 {
+            f.on_repost(false);
+        }
+        assert!(f.wants_control(), "the peer holds one credit and cannot send data: grant what is posted");
+        assert_eq!(f.send_control(), Imm { grant: 3, control: true });
+        assert!(!f.wants_control());
+    }
+
+    /// Two sides exchanging messages over a simulated in-order link. Each side posts `depth`
+    /// receives at connect time and then keeps `keep` of them posted: a consumed receive is
+    /// posted again (at a random later step) only while fewer than `keep` are posted; a receive
+    /// a credit-only message consumed is always posted again (the runtime does that, unseen).
+    /// The invariants: no message ever arrives with no receive posted (the zero-RNR guarantee),
+    /// no deadlock while data is queued, and credit-only traffic dies out once data stops.
+    fn simulate(depth: [u32; 2], keep: [u32; 2], send: [u32; 2], seed: u64) {
         struct Side {
             flow: Flow,
             posted: u32,
+            keep: u32,
+            /// Consumed by data, not posted again yet.
+            to_repost: u32,
             to_send: u32,
             delivered: u32,
         }
-        let mut sides = [
-            Side { flow: Flow::new(depth_b, depth_a), posted: depth_a, to_send: send_a, delivered: 0 },
-            Side { flow: Flow::new(depth_a, depth_b), posted: depth_b, to_send: send_b, delivered: 0 },
-        ];
+        let side = |i: usize| Side {
+            flow: Flow::new(depth[1 - i], depth[i]),
+            posted: depth[i],
+            keep: keep[i],
+            to_repost: 0,
+            to_send: send[i],
+            delivered: 0,
+        };
+        let mut sides = [side(0), side(1)];
+        let (send_a, send_b) = (send[0], send[1]);
         // Messages in flight towards side i, and messages received but not yet processed.
         let mut wire: [VecDeque<Imm>; 2] = [VecDeque::new(), VecDeque::new()];
         let mut unprocessed: [VecDeque<Imm>; 2] = [VecDeque::new(), VecDeque::new()];
@@ -241,7 +288,7 @@ mod tests {
             let i = (rng % 2) as usize;
             let j = 1 - i;
             let mut progressed = false;
-            match (rng >> 8) % 3 {
+            match (rng >> 8) % 4 {
                 // Side i sends data or a control message.
                 0 => {
                     if sides[i].to_send > 0 && sides[i].flow.can_send_data() {
@@ -265,26 +312,39 @@ mod tests {
                         progressed = true;
                     }
                 }
-                // Side i processes one received message and re-posts its receive.
-                _ => {
+                // Side i processes one received message; a credit-only one's receive is
+                // posted again at once.
+                2 => {
                     if let Some(imm) = unprocessed[i].pop_front() {
                         sides[i].flow.on_receive(imm);
-                        if !imm.control {
+                        if imm.control {
+                            sides[i].posted += 1;
+                            sides[i].flow.on_repost(true);
+                        } else {
                             sides[i].delivered += 1;
+                            sides[i].to_repost += 1;
                         }
-                        sides[i].posted += 1;
-                        sides[i].flow.on_repost(imm.control);
+                        progressed = true;
+                    }
+                }
+                // Side i posts a consumed receive again, if it keeps fewer than `keep` posted.
+                _ => {
+                    let s = &mut sides[i];
+                    if s.to_repost > 0 && s.posted < s.keep {
+                        s.to_repost -= 1;
+                        s.posted += 1;
+                        s.flow.on_repost(false);
                         progressed = true;
                     }
                 }
             }
             idle_rounds = if progressed { 0 } else { idle_rounds + 1 };
-            if idle_rounds > 64 {
+            if idle_rounds > 2000 {
                 break;
             }
         }
-        assert_eq!(sides[1].delivered, send_a, "every message from A delivered (depths {depth_a}/{depth_b})");
-        assert_eq!(sides[0].delivered, send_b, "every message from B delivered (depths {depth_a}/{depth_b})");
+        assert_eq!(sides[1].delivered, send_a, "every message from A delivered (depths {depth:?}, kept {keep:?})");
+        assert_eq!(sides[0].delivered, send_b, "every message from B delivered (depths {depth:?}, kept {keep:?})");
         assert!(wire.iter().all(|w| w.is_empty()) && unprocessed.iter().all(|u| u.is_empty()), "quiescent");
         let data = send_a + send_b;
         assert!(controls <= data + 4, "credit-only traffic is bounded: {controls} for {data} data messages");
@@ -297,9 +357,32 @@ mod tests {
             for depth_b in MIN_DEPTH..8 {
                 for (sa, sb) in [(500, 0), (0, 500), (300, 300), (1, 1), (0, 0)] {
                     seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-                    simulate(depth_a, depth_b, sa, sb, seed);
+                    simulate([depth_a, depth_b], [depth_a, depth_b], [sa, sb], seed);
                 }
             }
+        }
+    }
+
+    /// Receivers that keep any `K` of their `depth` receives posted (`MIN_DEPTH <= K <= depth`),
+    /// including the two cases the fault issue names: depth 8 keeping 4, depth 64 keeping 32.
+    #[test]
+    fn receivers_keeping_any_k_posted_never_stall() {
+        let mut seed = 0x0dd_ba11_5eed_0001u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed
+        };
+        for depth in [3, 4, 5, 8, 16] {
+            for keep in MIN_DEPTH..=depth {
+                for (sa, sb) in [(300, 0), (0, 300), (200, 200)] {
+                    simulate([depth, depth], [keep, keep], [sa, sb], next());
+                    simulate([depth, 8], [keep, 8], [sa, sb], next());
+                }
+            }
+        }
+        for keep in [3, 4, 16, 31, 32, 33, 63, 64] {
+            simulate([64, 64], [keep, keep], [2000, 0], next());
+            simulate([64, 64], [keep, 64], [1000, 1000], next());
         }
     }
 }

@@ -277,11 +277,12 @@ impl Core {
         if op.opcode == OpCode::Recv && wc.status == WcStatus::Success {
             if let Some(c) = self.conns.get_mut(t) {
                 if let Some(flow) = c.sq.flow_mut() {
-                    let imm = wc.imm.map(Imm::decode);
-                    if let Some(imm) = imm {
-                        flow.on_receive(imm);
-                    }
-                    if imm.is_some_and(|i| i.control) {
+                    // Every message consumed a receive we granted; one without immediate data
+                    // (a peer breaking the protocol) grants nothing.
+                    let imm = wc.imm.map_or(Imm { grant: 0, control: false }, Imm::decode);
+                    flow.on_receive(imm);
+                    let grant_due = flow.wants_control();
+                    if imm.control {
                         // A credit-only message used this receive: post it again, unseen.
                         let mut again = op;
                         again.after_control = true;
@@ -292,6 +293,10 @@ impl Core {
                         }
                         self.mark_dirty(t);
                         return;
+                    }
+                    if grant_due {
+                        // The peer may be blocked at its last credit.
+                        self.mark_dirty(t);
                     }
                 }
             }
