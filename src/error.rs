@@ -69,6 +69,13 @@ pub enum Error {
     BadAddress(String),
     /// A configuration value is out of range.
     Config(String),
+    /// A limit of [`Config`](crate::Config) was reached.
+    Limit {
+        /// Which one, e.g. `"max_connections"`.
+        what: &'static str,
+        /// Its value.
+        limit: usize,
+    },
 }
 
 impl Error {
@@ -123,6 +130,7 @@ impl fmt::Display for Error {
             Error::Closed(reason) => write!(f, "connection closed: {reason}"),
             Error::BadAddress(a) => write!(f, "bad address: {a}"),
             Error::Config(what) => write!(f, "bad configuration: {what}"),
+            Error::Limit { what, limit } => write!(f, "limit reached: {what} = {limit} (raise it in Config)"),
         }
     }
 }

@@ -326,7 +326,9 @@ impl RemoteSlice {
     /// `len` bytes at `offset` into this window, if they fit.
     pub fn slice(&self, offset: u32, len: u32) -> Option<RemoteSlice> {
         let end = offset.checked_add(len)?;
-        (end <= self.len).then(|| RemoteSlice { addr: self.addr + u64::from(offset), len, rkey: self.rkey })
+        // A peer chose `addr`: near the top of the address space the sum must not wrap.
+        let addr = self.addr.checked_add(u64::from(offset))?;
+        (end <= self.len).then_some(RemoteSlice { addr, len, rkey: self.rkey })
     }
 
     /// Network byte order: address, length, key.
@@ -352,6 +354,16 @@ impl RemoteSlice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Fault issue, defect 9: a peer-supplied address near the top of the address space made
+    /// `addr + offset` overflow (a panic in a debug build).
+    #[test]
+    fn a_slice_past_the_top_of_the_address_space_is_none() {
+        let w = RemoteSlice { addr: u64::MAX - 10, len: 100, rkey: 7 };
+        assert_eq!(w.slice(50, 10), None);
+        assert_eq!(w.slice(10, 10), Some(RemoteSlice { addr: u64::MAX, len: 10, rkey: 7 }));
+        assert_eq!(w.slice(0, 101), None, "past the window's end");
+    }
 
     fn sample() -> ConnectInfo {
         ConnectInfo { msg_size: 4096, msg_count: 10_000, recv_depth: 16, flow_control: true, user: b"hello".to_vec() }

@@ -95,6 +95,15 @@ pub struct Config {
     pub rnr_retry_count: u8,
     /// Listen backlog.
     pub backlog: i32,
+    /// Most live connections (agents and clients, in any state). A connect request beyond it
+    /// is rejected with [`RejectCode::NoResources`](crate::RejectCode::NoResources) and
+    /// reported to the listener's `on_refused`; [`Ctx::connect`](crate::Ctx::connect) beyond
+    /// it fails with [`Error::Limit`].
+    pub max_connections: usize,
+    /// Most accepted connections not yet established (waiting for the client's RTU). A
+    /// connect request beyond it is rejected like one beyond `max_connections`: a flood of
+    /// half-open connections cannot take every queue pair.
+    pub max_pending_accepts: usize,
 }
 
 impl Default for Config {
@@ -114,6 +123,8 @@ impl Default for Config {
             retry_count: 7,
             rnr_retry_count: 6,
             backlog: 1024,
+            max_connections: 65_536,
+            max_pending_accepts: 1024,
         }
     }
 }

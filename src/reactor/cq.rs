@@ -221,7 +221,7 @@ impl Core {
     }
 
     /// Marks the connections waiting for room on CQ `t` for posting again.
-    fn wake_waiting(&mut self, t: CqKey) {
+    pub(super) fn wake_waiting(&mut self, t: CqKey) {
         let Some(e) = self.cqs.get_mut(t) else { return };
         if e.waiting.is_empty() || e.room.is_full() {
             return;

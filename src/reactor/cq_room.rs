@@ -29,7 +29,9 @@ impl CqRoom {
 
     /// Commits `depth` entries to a new connection's receives, if they fit.
     pub(crate) fn admit(&mut self, depth: u32) -> bool {
-        let fits = self.recv_committed + depth + self.send_floor.max(self.send_reserved) <= self.capacity;
+        let need =
+            u64::from(self.recv_committed) + u64::from(depth) + u64::from(self.send_floor.max(self.send_reserved));
+        let fits = need <= u64::from(self.capacity);
         if fits {
             self.recv_committed += depth;
         }
@@ -73,6 +75,15 @@ impl CqRoom {
 #[cfg(test)]
 mod tests {
     use super::CqRoom;
+
+    /// Fault issue, defect 9: a huge depth overflowed the sum (a panic in a debug build).
+    #[test]
+    fn admission_of_a_huge_depth_is_refused_not_a_panic() {
+        let mut r = CqRoom::new(u32::MAX, 16);
+        assert!(r.admit(u32::MAX - 100));
+        assert!(!r.admit(u32::MAX), "does not fit, and does not overflow");
+        assert!(!r.admit(200));
+    }
 
     #[test]
     fn admission_keeps_the_send_floor() {

@@ -6,7 +6,7 @@ use smallvec::SmallVec;
 use super::setup::millis;
 use super::timers::TimerTarget;
 use super::Core;
-use crate::proto::conn::{Action, Actions, Input};
+use crate::proto::conn::{Action, Actions, Input, State};
 use crate::proto::token::ConnKey;
 
 impl Core {
@@ -20,7 +20,11 @@ impl Core {
         while !queue.is_empty() {
             let input = queue.remove(0);
             let Some(c) = self.conns.get_mut(t) else { return };
+            let was_accepting = matches!(c.role.state(), State::Accepting);
             let actions = c.role.on_input(input);
+            if was_accepting && !matches!(c.role.state(), State::Accepting) {
+                self.accepting = self.accepting.saturating_sub(1);
+            }
             for a in actions {
                 if let Some(next) = self.act(t, a) {
                     queue.push(next);

@@ -26,7 +26,10 @@ pub struct ConnectRequest {
 /// The answer to a connect request.
 #[allow(missing_debug_implementations)]
 pub enum Decision {
-    /// Accept; the handler serves the new connection (the agent).
+    /// Accept; the handler serves the new connection (the agent). If the reactor then has no
+    /// resources for it (no room on the shared CQ, no queue pair), the request is rejected with
+    /// [`RejectCode::NoResources`](crate::RejectCode::NoResources), the listener hears
+    /// [`ListenerHandler::on_refused`], and the handler is dropped without a callback.
     Accept(Box<dyn ConnectionHandler>),
     /// Reject with a reason the client can read.
     Reject(RejectReason),
@@ -38,8 +41,9 @@ pub trait ListenerHandler {
     /// rejected by the reactor and reported through [`on_refused`](Self::on_refused).
     fn on_connect_request(&mut self, ctx: &mut Ctx<'_>, req: &ConnectRequest) -> Decision;
 
-    /// The reactor rejected a request on its own (malformed connect information, or no
-    /// resources for it).
+    /// The reactor rejected a request on its own: malformed connect information, a message
+    /// size above the pool's, a limit of [`Config`](crate::Config) reached
+    /// (`max_connections`, `max_pending_accepts`), or no resources for an accepted one.
     fn on_refused(&mut self, ctx: &mut Ctx<'_>, peer: Option<SocketAddr>, reason: &RejectReason) {
         let _ = (ctx, peer, reason);
     }

@@ -166,6 +166,8 @@ struct ConnEntry {
     /// Listed in its CQ's `waiting`: short of CQ room.
     waiting_room: bool,
     deadline: Option<(u64, Step)>,
+    /// User timers set by this connection's callbacks (some may have fired or been cancelled).
+    timers: Vec<TimerKey>,
     infos: Infos,
     close_reason: Option<CloseReason>,
 }
@@ -182,6 +184,7 @@ impl ConnEntry {
             dirty: false,
             waiting_room: false,
             deadline: None,
+            timers: Vec::new(),
             infos: Infos { local, peer: None, raw_private_data: None, sent: false },
             close_reason: None,
         }
@@ -268,6 +271,9 @@ pub(crate) struct Core {
     stop: bool,
     /// Set by shutdown: no new listener or connection.
     shutting_down: bool,
+    /// Agents in the accepting state (accepted, not yet established), for
+    /// `Config::max_pending_accepts`.
+    accepting: usize,
     stats: Stats,
 }
 
@@ -353,6 +359,7 @@ impl Reactor {
                 clock: Instant::now(),
                 stop: false,
                 shutting_down: false,
+                accepting: 0,
                 stats: Stats::default(),
             },
         })

@@ -166,6 +166,8 @@ impl Core {
             let failed = c.sq.posted(&plan, n, &mut e.room);
             if let Err(e) = r {
                 self.fail_unposted(t, &failed, e.error.raw_os_error().unwrap_or(0));
+                // The refused requests gave their CQ room back.
+                self.wake_waiting(placed.cq);
             }
         }
         if plan.short_of_room {

@@ -67,6 +67,9 @@ impl Core {
         handler: Box<dyn ConnectionHandler>,
     ) -> Result<Token> {
         self.refuse_when_shutting_down()?;
+        if self.conns.len() >= self.cfg.max_connections {
+            return Err(Error::Limit { what: "max_connections", limit: self.cfg.max_connections });
+        }
         let (client, first) = Client::resolving();
         let max = self.cfg.pool.max_chunk();
         let msg_size = if opts.msg_size == 0 { max as u32 } else { opts.msg_size };
@@ -108,6 +111,18 @@ impl Core {
                 Err(e)
             }
         }
+    }
+
+    /// Why a connect request must be refused now, if a limit of `Config` is reached.
+    fn over_limit(&self) -> Option<String> {
+        let cfg = &self.cfg;
+        if self.conns.len() >= cfg.max_connections {
+            return Some(format!("connection limit reached (max_connections = {})", cfg.max_connections));
+        }
+        if self.accepting >= cfg.max_pending_accepts {
+            return Some(format!("too many pending accepts (max_pending_accepts = {})", cfg.max_pending_accepts));
+        }
+        None
     }
 
     fn refuse_when_shutting_down(&self) -> Result<()> {
@@ -198,28 +213,53 @@ impl Core {
                 return refuse(self, child, RejectReason::new(RejectCode::Unsupported, text));
             }
         }
+        if let Some(text) = self.over_limit() {
+            return refuse(self, child, RejectReason::new(RejectCode::NoResources, text));
+        }
         let req = ConnectRequest { listener: lt.token(), peer, info };
         let mut decision = None;
         self.with_listener(lt, |h, ctx| decision = Some(h.on_connect_request(ctx, &req)));
         match decision {
             None => refuse(self, child, RejectReason::new(RejectCode::Refused, "listener closed")),
             Some(Decision::Reject(reason)) => self.reject_child(child, &reason),
-            Some(Decision::Accept(handler)) => self.accept(child, req.info, handler, ev),
+            Some(Decision::Accept(handler)) => self.accept(lt, child, req.info, handler, ev),
         }
     }
 
-    fn accept(&mut self, child: CmId, info: Option<ConnectInfo>, handler: Box<dyn ConnectionHandler>, ev: &CmEvent) {
+    fn accept(
+        &mut self,
+        lt: ListenerKey,
+        child: CmId,
+        info: Option<ConnectInfo>,
+        handler: Box<dyn ConnectionHandler>,
+        ev: &CmEvent,
+    ) {
+        let peer = child.peer_addr();
         let (agent, first) = Agent::accepting();
         let entry = ConnEntry::new(Role::Agent(agent), handler, self.cfg.signal_every, ConnectInfo::default());
         let t = self.conns.insert(entry);
+        self.accepting += 1;
         child.set_context(t.token().as_u64());
         let c = self.conns.get_mut(t).expect("just inserted");
         c.infos.peer = info;
         c.ep = Endpoint::Id(child);
         self.apply(t, first);
+        if let Err(e) = self.setup_qp(t) {
+            // No resources for it (the shared CQ's room, a queue pair, the device's PD or
+            // pool): the handler was told nothing yet, so this is the listener's refusal, as
+            // `ListenerHandler::on_refused` documents. The handler is dropped unused.
+            let reason = RejectReason::new(RejectCode::NoResources, e.chain());
+            if let Some(c) = self.conns.remove(t) {
+                self.accepting = self.accepting.saturating_sub(1);
+                if let Endpoint::Id(id) = c.ep {
+                    self.reject_child(id, &reason);
+                }
+            }
+            return self.with_listener(lt, |h, ctx| h.on_refused(ctx, peer, &reason));
+        }
         let depth = match self.ready(t) {
             Ok(Some(depth)) => depth,
-            Ok(None) => return self.reject_accepted(t, RejectCode::Refused, "closed by the application"),
+            Ok(None) => return self.reject_accepted(t, RejectCode::Refused, "closed before it was accepted"),
             Err(e) => {
                 self.reject_accepted(t, RejectCode::NoResources, &e.chain());
                 return self.feed(t, Input::SetupFailed(e.chain()));
@@ -258,7 +298,6 @@ impl Core {
     fn on_conn_event(&mut self, t: ConnKey, ev: &CmEvent) {
         let kind = ev.kind();
         let status = ev.status();
-        let mut bad_accept = None;
         let input = match kind {
             CmEventKind::Rejected => Input::Rejected { status, reason: RejectReason::decode(&ev.private_data()) },
             CmEventKind::Established => {
@@ -271,7 +310,12 @@ impl Core {
                             c.sq.set_flow(flow);
                             c.infos.peer = info;
                         }
-                        Err(e) => bad_accept = Some(format!("bad accept information from the server: {e}")),
+                        // Refused before `on_established`: the handler hears one `on_closed`
+                        // naming what was wrong, never a connection it cannot use.
+                        Err(e) => {
+                            return self
+                                .feed(t, Input::SetupFailed(format!("bad accept information from the server: {e}")))
+                        }
                     }
                 }
                 Input::Cm(kind, status)
@@ -279,13 +323,13 @@ impl Core {
             _ => Input::Cm(kind, status),
         };
         self.feed(t, input);
-        if let Some(what) = bad_accept {
-            self.feed(t, Input::SetupFailed(what));
-        }
     }
 
     /// The client's `Action::Connect`: queue pair, first receives, `rdma_connect`.
     pub(super) fn client_connect(&mut self, t: ConnKey) -> Option<Input> {
+        if let Err(e) = self.setup_qp(t) {
+            return Some(Input::SetupFailed(e.chain()));
+        }
         let depth = match self.ready(t) {
             Ok(Some(depth)) => depth,
             Ok(None) => return None,
@@ -308,17 +352,21 @@ impl Core {
         None
     }
 
-    /// What accept and connect share: creates the queue pair, lets the handler post its first
+    /// What accept and connect share once the queue pair exists: lets the handler post its first
     /// receives ([`ConnectionHandler::on_ready`]) and posts them. Returns the receive depth
     /// now posted (the first credit offered to the peer), or `None` when the handler closed
     /// the connection.
     fn ready(&mut self, t: ConnKey) -> Result<Option<u32>> {
-        self.setup_qp(t)?;
         self.with_conn(t, |h, conn| h.on_ready(conn));
         if !self.conns.get(t).is_some_and(ConnEntry::can_post) {
             return Ok(None);
         }
         self.flush_conn(t);
+        // A failed post of the first receives closes the connection: then neither
+        // `rdma_accept` nor `rdma_connect` runs.
+        if !self.conns.get(t).is_some_and(ConnEntry::can_post) {
+            return Ok(None);
+        }
         Ok(self.conns.get(t).map(|c| c.rq.outstanding().min(u32::from(u16::MAX))))
     }
 
@@ -400,8 +448,17 @@ impl Core {
         self.epoll.add(&*chan, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
         self.devices.push(Device { dev, armed: 0, shared_cq: None, pool, chan, pd });
         if let Some(entries) = self.cfg.shared_cq {
-            let ct = self.new_cq(index, entries, true)?;
-            self.devices[index].shared_cq = Some(ct);
+            match self.new_cq(index, entries, true) {
+                Ok(ct) => self.devices[index].shared_cq = Some(ct),
+                Err(e) => {
+                    // Without its shared CQ the device is not usable as configured: forget it,
+                    // so the next connection tries again (and fails the same way) rather than
+                    // getting a CQ of its own.
+                    let d = self.devices.pop().expect("pushed above");
+                    let _ = self.epoll.delete(&*d.chan);
+                    return Err(e);
+                }
+            }
         }
         Ok(index)
     }

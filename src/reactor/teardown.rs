@@ -15,7 +15,7 @@
 use std::time::{Duration, Instant};
 
 use super::{Conn, Core, Ctx, Endpoint};
-use crate::proto::conn::{CloseReason, Input, ListenerAction};
+use crate::proto::conn::{CloseReason, Input, ListenerAction, State};
 use crate::proto::op::OpError;
 use crate::proto::token::{ConnKey, CqKey, Key, ListenerKey, Token};
 use crate::reactor::Completion;
@@ -75,15 +75,25 @@ impl Core {
         }
         let completions = self.cancel_ops(t, cq);
         let Some(mut c) = self.conns.remove(t) else { return };
+        if matches!(c.role.state(), State::Accepting) {
+            // Destroyed without leaving the state (a forced close at the end of a shutdown).
+            self.accepting = self.accepting.saturating_sub(1);
+        }
         self.stats.closed += 1;
-        self.user_timers.retain(|timer| timer.owner != t.token());
+        for k in c.timers.drain(..) {
+            self.user_timers.remove(k);
+        }
         let reason = c.close_reason.take().unwrap_or(CloseReason::Local);
         let handler = c.handler.take();
         if let Some(cq) = cq {
             if let Some(e) = self.cqs.get_mut(cq) {
                 e.waiting.retain(|w| *w != t);
                 e.room.leave(c.rq.capacity());
-                if !e.shared {
+                if e.shared {
+                    // Its receive entries, and the sends cancelled above, are free again: a
+                    // connection waiting for room must not wait for a poll that may never come.
+                    self.wake_waiting(cq);
+                } else {
                     let unacked = e.cq.unacked();
                     if unacked > 0 {
                         self.stats.cq_ack_calls += 1;

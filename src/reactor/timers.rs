@@ -3,7 +3,8 @@
 //! Cancelling is lazy: a connection keeps the key of the deadline it expects and a user timer
 //! lives in `Core::user_timers`; a heap entry whose deadline key no longer matches, or whose
 //! timer is gone, is dropped when it surfaces. A closed object's timers are removed before its
-//! handler hears `on_closed`.
+//! handler hears `on_closed`: a connection's are listed in its entry (`ConnEntry::timers`),
+//! so closing it costs its own timers, never a walk over every live one.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -73,6 +74,15 @@ impl Core {
             .ok_or_else(|| Error::Config(format!("a timer delay of {delay:?} is out of range")))?;
         let tt = self.user_timers.insert(UserTimer { owner, user_data });
         self.timers.schedule(at, TimerTarget::User(tt));
+        if let Some(c) = ConnKey::of(owner).and_then(|c| self.conns.get_mut(c)) {
+            // Indexed by connection, so its close costs its own timers, not every live one.
+            // Fired and cancelled ones are pruned whenever the list doubles.
+            if c.timers.len() == c.timers.capacity() && c.timers.len() >= 4 {
+                let live = &self.user_timers;
+                c.timers.retain(|k| live.get(*k).is_some());
+            }
+            c.timers.push(tt);
+        }
         Ok(tt.token())
     }
 

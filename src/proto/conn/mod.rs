@@ -331,6 +331,12 @@ impl Phase {
                 *state = State::Draining(CloseReason::Peer);
                 acts([Action::Disconnect, Action::SetDeadline(Step::Drain)])
             }
+            (State::Established, Input::Cm(K::Unreachable, s)) => {
+                // The peer stopped answering: disconnect (flushing what is posted) and say so.
+                *state = State::Disconnecting(CloseReason::Unreachable(s));
+                acts([Action::Disconnect, Action::SetDeadline(Step::Disconnect)])
+            }
+            (State::Disconnecting(_) | State::Draining(_), Input::Cm(K::Unreachable, _)) => Actions::new(),
             (State::Established, Input::Cm(K::AddrChange | K::TimewaitExit, _)) => Actions::new(),
             (State::Established, Input::Drained | Input::Timeout(_)) => Actions::new(),
 

@@ -349,6 +349,9 @@ fn spec(state: &State, input: &Input) -> Want {
             Go(S::Draining(r.clone()), vec![A::ClearDeadline, A::SetDeadline(Step::Drain)])
         }
         (S::Draining(_), Input::Cm(K::Disconnected, _)) => Ignore,
+        // The peer stopped answering (RC retries or a CM timeout): a reason the user can read.
+        (S::Established, Input::Cm(K::Unreachable, s)) => disconnect(CloseReason::Unreachable(*s)),
+        (S::Disconnecting(_) | S::Draining(_), Input::Cm(K::Unreachable, _)) => Ignore,
         (_, Input::Cm(..) | Input::Rejected { .. }) => Protocol,
 
         // Only the armed deadline counts; any other one is stale.
@@ -845,6 +848,22 @@ both!(
     rejected_after_established,
     protocol_error_while_closing_closes_at_once,
 );
+
+/// Fault issue, defect 9: UNREACHABLE on an established connection was "Protocol".
+fn unreachable_while_established_is_unreachable<M: Machine>() {
+    let m = established::<M>();
+    let m = check(
+        m,
+        [Input::Cm(K::Unreachable, ST)],
+        State::Disconnecting(CloseReason::Unreachable(ST)),
+        &[A::Disconnect, A::SetDeadline(Step::Disconnect)],
+    );
+    let (m, acts) = feed_all(m, [Input::Cm(K::Unreachable, ST)]);
+    assert!(acts.is_empty(), "a second one while disconnecting is ignored");
+    let inputs = [cm(K::Disconnected), Input::Drained];
+    check(m, inputs, State::Closed, &closed(CloseReason::Unreachable(ST)));
+}
+both!(unreachable_while_established_is_unreachable);
 
 #[test]
 fn client_addr_resolved_after_established() {
