@@ -1,0 +1,241 @@
+//! Faults and limits on a real RDMA device (`../FAULTS.md` lists every case and its test):
+//! what the user's callbacks see when a limit is reached or the device refuses a resource,
+//! that the other connections keep working, and that the kernel objects return to baseline.
+//!
+//! Server and clients are two reactors on the test's thread, ticked in turn.
+
+mod util;
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use rdma_reactor::{
+    CloseReason, Config, ConnectOptions, ConnectRequest, Ctx, Decision, Error, ListenerHandler, Reactor, RejectCode,
+    RejectReason,
+};
+use util::*;
+
+const SIZE: usize = 64;
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn owner_id() -> u32 {
+    nix::unistd::gettid().as_raw() as u32
+}
+
+/// Ticks every reactor in turn until `done()`; panics after `limit` (never hangs).
+fn pump(reactors: &mut [&mut Reactor], limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "condition not met after {limit:?}: {reactors:?}");
+        for r in reactors.iter_mut() {
+            r.run_once(Some(Duration::from_millis(1))).expect("run_once");
+        }
+    }
+}
+
+/// What the listener heard.
+#[derive(Default)]
+struct Heard {
+    accepted: usize,
+    refused: Vec<RejectReason>,
+    agents_closed: Rc<RefCell<Vec<CloseReason>>>,
+}
+
+/// Accepts every request with an echo agent and records refusals.
+struct Recording(Rc<RefCell<Heard>>);
+
+impl ListenerHandler for Recording {
+    fn on_connect_request(&mut self, ctx: &mut Ctx<'_>, req: &ConnectRequest) -> Decision {
+        let closed = self.0.borrow().agents_closed.clone();
+        self.0.borrow_mut().accepted += 1;
+        EchoListener { depth: 4, agents_closed: closed }.on_connect_request(ctx, req)
+    }
+
+    fn on_refused(&mut self, _ctx: &mut Ctx<'_>, _peer: Option<SocketAddr>, reason: &RejectReason) {
+        self.0.borrow_mut().refused.push(reason.clone());
+    }
+}
+
+fn server(cfg: Config) -> (Reactor, SocketAddr, Rc<RefCell<Heard>>) {
+    let mut r = Reactor::with_config(cfg).expect("server reactor");
+    let a = addr();
+    let heard = Rc::new(RefCell::new(Heard::default()));
+    r.listen(a, Recording(heard.clone())).expect("listen");
+    (r, a, heard)
+}
+
+type Ping = Rc<RefCell<PingResult>>;
+
+/// Starts a ping-pong client of `count` verified messages.
+fn ping(client: &mut Reactor, a: SocketAddr, id: u64, count: u64) -> Ping {
+    let (c, result) = PingClient::new(id, SIZE, count);
+    let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+    client.connect(a, opts, c).expect("connect");
+    result
+}
+
+fn closed(p: &Ping) -> bool {
+    p.borrow().closed.is_some()
+}
+
+/// The reject reason a refused client heard.
+fn rejected_with(p: &Ping) -> RejectReason {
+    match p.borrow().closed.clone() {
+        Some(CloseReason::Rejected { reason: Some(r), .. }) => r,
+        other => panic!("expected a rejection with a reason, got {other:?}"),
+    }
+}
+
+fn assert_served(p: &Ping, count: u64) {
+    let r = p.borrow();
+    assert_eq!(r.error, None);
+    assert_eq!(r.echoed, count, "every message echoed and verified");
+    assert_eq!(r.closed, Some(CloseReason::Local));
+}
+
+fn assert_baseline() {
+    let zero = ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 };
+    assert_eq!(res_counts(owner_id()), zero, "every kernel object of this test destroyed");
+}
+
+/// Catalogue case 7: `max_connections` refuses the request beyond it with a reason the client
+/// and the listener can read; the connections within it keep working; a slot freed by a close
+/// is usable again; a client reactor at its limit refuses `connect` with `Error::Limit`.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn max_connections_refuses_beyond_the_limit_and_frees_on_close() {
+    {
+        let (mut srv, a, heard) = server(Config { max_connections: 2, ..Config::default() });
+        let mut cli = Reactor::new().expect("client reactor");
+        // Two connections hold both slots: they ping-pong until closed.
+        let mut held = Vec::new();
+        for i in 0..2 {
+            let (c, result) = PingClient::new(i, SIZE, u64::MAX);
+            let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+            held.push((cli.connect(a, opts, c).expect("connect"), result));
+        }
+        pump(&mut [&mut srv, &mut cli], LIMIT, || held.iter().all(|(_, p)| p.borrow().echoed >= 1));
+
+        let third = ping(&mut cli, a, 10, 1);
+        pump(&mut [&mut srv, &mut cli], LIMIT, || closed(&third));
+        let r = rejected_with(&third);
+        assert_eq!(r.code, RejectCode::NoResources);
+        assert!(r.text.contains("max_connections = 2"), "the reason names the limit: {r}");
+        assert_eq!(heard.borrow().refused.len(), 1, "the listener heard the refusal");
+        assert_eq!(heard.borrow().accepted, 2, "the refused request never reached on_connect_request");
+
+        // The two held connections kept working meanwhile.
+        let before: Vec<u64> = held.iter().map(|(_, p)| p.borrow().echoed).collect();
+        pump(&mut [&mut srv, &mut cli], LIMIT, || {
+            held.iter().zip(&before).all(|((_, p), b)| p.borrow().echoed >= b + 10)
+        });
+        assert!(held.iter().all(|(_, p)| p.borrow().error.is_none()));
+
+        // Closing one frees its slot once its agent is destroyed.
+        cli.ctx().close(held[0].0);
+        pump(&mut [&mut srv, &mut cli], LIMIT, || heard.borrow().agents_closed.borrow().len() == 1);
+        let fourth = ping(&mut cli, a, 11, 3);
+        pump(&mut [&mut srv, &mut cli], LIMIT, || closed(&fourth));
+        assert_served(&fourth, 3);
+        assert_eq!(heard.borrow().refused.len(), 1);
+
+        // The client side: a reactor at its limit refuses to start another connection.
+        let mut one = Reactor::with_config(Config { max_connections: 1, ..Config::default() }).expect("reactor");
+        let first = ping(&mut one, a, 20, 1);
+        let (c, _) = PingClient::new(21, SIZE, 1);
+        match one.connect(a, ConnectOptions::default(), c) {
+            Err(Error::Limit { what: "max_connections", limit: 1 }) => {}
+            other => panic!("expected Error::Limit, got {other:?}"),
+        }
+        pump(&mut [&mut srv, &mut one], LIMIT, || closed(&first));
+        assert_served(&first, 1);
+    }
+    assert_baseline();
+}
+
+/// Catalogue case 8: `max_pending_accepts` bounds connections accepted but not yet
+/// established. At zero every request is refused, with the reason; at one, clients that come
+/// one after another are all served (the count goes down when each is established).
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn max_pending_accepts_refuses_and_counts_down() {
+    {
+        let (mut srv, a, heard) = server(Config { max_pending_accepts: 0, ..Config::default() });
+        let mut cli = Reactor::new().expect("client reactor");
+        let p = ping(&mut cli, a, 1, 1);
+        pump(&mut [&mut srv, &mut cli], LIMIT, || closed(&p));
+        let r = rejected_with(&p);
+        assert_eq!(r.code, RejectCode::NoResources);
+        assert!(r.text.contains("max_pending_accepts = 0"), "{r}");
+        assert_eq!(heard.borrow().refused.len(), 1);
+        assert_eq!(heard.borrow().accepted, 0);
+
+        let (mut srv1, a1, heard1) = server(Config { max_pending_accepts: 1, ..Config::default() });
+        for i in 0..3 {
+            let p = ping(&mut cli, a1, 10 + i, 2);
+            pump(&mut [&mut srv1, &mut cli], LIMIT, || closed(&p));
+            assert_served(&p, 2);
+        }
+        assert_eq!(heard1.borrow().refused.len(), 0, "one at a time never exceeds one pending accept");
+    }
+    assert_baseline();
+}
+
+/// Defect 9 (shared-CQ admission): an accepted connection the shared CQ has no room for is the
+/// listener's refusal (`on_refused`, NoResources naming the CQ), and its handler hears nothing;
+/// the admitted connection is served.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn shared_cq_admission_refusal_reaches_on_refused() {
+    {
+        // 100 entries, a send floor of 25: one connection's 64 receives fit, a second's do not.
+        let (mut srv, a, heard) = server(Config { shared_cq: Some(100), ..Config::default() });
+        let mut cli = Reactor::new().expect("client reactor");
+        let first = ping(&mut cli, a, 1, 3);
+        pump(&mut [&mut srv, &mut cli], LIMIT, || first.borrow().echoed >= 1);
+        let second = ping(&mut cli, a, 2, 3);
+        pump(&mut [&mut srv, &mut cli], LIMIT, || closed(&first) && closed(&second));
+        assert_served(&first, 3);
+        let r = rejected_with(&second);
+        assert_eq!(r.code, RejectCode::NoResources);
+        assert!(r.text.contains("shared CQ has no room"), "{r}");
+        let h = heard.borrow();
+        assert_eq!(h.accepted, 2, "the application accepted both");
+        assert_eq!(h.refused.len(), 1, "the reactor refused the second, and told the listener");
+        pump(&mut [&mut srv, &mut cli], LIMIT, || h.agents_closed.borrow().len() == 1);
+        assert_eq!(*h.agents_closed.borrow(), vec![CloseReason::Peer], "only the served agent hears on_closed");
+    }
+    assert_baseline();
+}
+
+/// Defect 9 (shared CQ creation): a shared CQ the device cannot create fails every connection
+/// the same way (and a listener bound to the device at `listen`); none silently gets a CQ of
+/// its own.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_shared_cq_that_cannot_be_created_fails_every_connection() {
+    {
+        let bad = Config { shared_cq: Some(1 << 24), ..Config::default() };
+        let mut r = Reactor::with_config(bad.clone()).expect("reactor");
+        match r.listen(addr(), Recording(Rc::default())) {
+            Err(e @ Error::Verb { verb: "ibv_create_cq", .. }) => assert!(e.to_string().contains("16777216 entries")),
+            other => panic!("expected ibv_create_cq to fail, got {other:?}"),
+        }
+        let (mut srv, a, heard) = server(Config::default());
+        let mut cli = Reactor::with_config(bad).expect("client reactor");
+        for i in 0..2 {
+            let p = ping(&mut cli, a, i, 1);
+            pump(&mut [&mut srv, &mut cli], LIMIT, || closed(&p));
+            let reason = p.borrow().closed.clone();
+            match reason {
+                Some(CloseReason::Setup(what)) => assert!(what.contains("ibv_create_cq"), "connection {i}: {what}"),
+                other => panic!("connection {i}: expected a setup failure naming ibv_create_cq, got {other:?}"),
+            }
+        }
+        assert_eq!(cli.stats().registered_bytes, 0, "no device resources kept for a device that failed");
+        assert_eq!(heard.borrow().accepted, 0);
+    }
+    assert_baseline();
+}
