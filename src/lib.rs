@@ -68,7 +68,7 @@ mod reactor;
 mod sys;
 
 pub use error::{Error, Result};
-pub use proto::conn::{CloseReason, State, Step};
+pub use proto::conn::{AsyncEventKind, CloseReason, State, Step};
 pub use proto::op::{OpCode, OpError, RemoteAccess, WcStatus};
 pub use proto::token::Token;
 pub use proto::wire::{ConnectInfo, RejectCode, RejectReason, RemoteSlice, WireError};

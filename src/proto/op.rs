@@ -115,6 +115,10 @@ pub enum OpError {
     Cancelled,
     /// `ibv_post_send` or `ibv_post_recv` refused it with this errno.
     Post(i32),
+    /// It was posted, but its connection ended without the device reporting its outcome
+    /// (its completion queue or device failed, the drain timed out, or a later request of
+    /// the same chain was refused): it may or may not have run.
+    Unconfirmed,
 }
 
 impl fmt::Display for OpError {
@@ -123,6 +127,7 @@ impl fmt::Display for OpError {
             OpError::Wc(s) => write!(f, "{s}"),
             OpError::Cancelled => f.write_str("cancelled: the connection closed before it was posted"),
             OpError::Post(errno) => write!(f, "post failed: {}", std::io::Error::from_raw_os_error(*errno)),
+            OpError::Unconfirmed => f.write_str("unconfirmed: posted, but the connection ended before it completed"),
         }
     }
 }

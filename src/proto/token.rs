@@ -34,6 +34,8 @@ pub(crate) enum Kind {
     Timer = 6,
     /// A completion queue.
     Cq = 7,
+    /// A device's asynchronous-event fd.
+    Device = 8,
 }
 
 impl Kind {
@@ -46,6 +48,7 @@ impl Kind {
             5 => Kind::Op,
             6 => Kind::Timer,
             7 => Kind::Cq,
+            8 => Kind::Device,
             _ => return None,
         })
     }
@@ -239,6 +242,11 @@ impl<K: Key, T> GenSlab<K, T> {
         self.entries.retain(|_, (_, v)| keep(v));
     }
 
+    /// Every live entry with its key.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (K, &T)> {
+        self.entries.iter().map(|(i, (g, v))| (K::wrap(Token::new(K::KIND, i as u32, *g)), v))
+    }
+
     pub(crate) fn keys(&self) -> Vec<K> {
         self.entries.iter().map(|(i, (g, _))| K::wrap(Token::new(K::KIND, i as u32, *g))).collect()
     }
@@ -250,7 +258,16 @@ mod tests {
 
     #[test]
     fn pack_unpack_round_trips() {
-        for kind in [Kind::CmChannel, Kind::CompChannel, Kind::Listener, Kind::Conn, Kind::Op, Kind::Timer, Kind::Cq] {
+        for kind in [
+            Kind::CmChannel,
+            Kind::CompChannel,
+            Kind::Listener,
+            Kind::Conn,
+            Kind::Op,
+            Kind::Timer,
+            Kind::Cq,
+            Kind::Device,
+        ] {
             for (index, generation) in [(0, 1), (7, 2), (u32::MAX, MAX_GENERATION), (12345, 999)] {
                 let t = Token::new(kind, index, generation);
                 let back = Token::from_u64(t.as_u64()).expect("valid token");

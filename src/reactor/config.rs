@@ -89,8 +89,23 @@ pub struct Config {
     pub spin: Duration,
     /// Connection-manager deadlines.
     pub timeouts: Timeouts,
-    /// Transport retries on each connection (0..=7).
+    /// Transport retries on each connection (0..=7): how many times a request the peer does
+    /// not acknowledge is sent again before it fails with `RetryExcErr`.
     pub retry_count: u8,
+    /// The RC ACK timeout: how long a request waits for the peer's acknowledgement before it
+    /// is sent again (`RDMA_OPTION_ID_ACK_TIMEOUT`, rounded up to 4.096 µs × 2^t, t in
+    /// 1..=31). `None` keeps the kernel's (on RoCE about 1-2 s: the packet lifetime).
+    /// A peer that stops answering fails a request after about
+    /// `ack_timeout × (retry_count + 1)`.
+    pub ack_timeout: Option<Duration>,
+    /// Keepalive: while established, every this often a connection posts a zero-length RDMA
+    /// WRITE (no data, no receive or credit of the peer consumed; the peer's device
+    /// acknowledges it), so a peer host that vanished without a disconnect is noticed even on
+    /// an idle connection: the probe fails with `RetryExcErr` after about
+    /// `ack_timeout × (retry_count + 1)` and the connection closes with
+    /// [`CloseReason::WorkError`](crate::CloseReason::WorkError). `None` (the default): no
+    /// probes.
+    pub keepalive: Option<Duration>,
     /// Receiver-not-ready retries (0..=6 finite; 7 retries forever).
     pub rnr_retry_count: u8,
     /// Listen backlog.
@@ -121,6 +136,8 @@ impl Default for Config {
             spin: Duration::ZERO,
             timeouts: Timeouts::default(),
             retry_count: 7,
+            ack_timeout: None,
+            keepalive: None,
             rnr_retry_count: 6,
             backlog: 1024,
             max_connections: 65_536,
@@ -137,6 +154,12 @@ impl Config {
         }
         if self.poll_budget == 0 {
             return Err(Error::Config("poll budget must be at least 1".into()));
+        }
+        if self.retry_count > 7 {
+            return Err(Error::Config(format!("retry_count {} is above 7", self.retry_count)));
+        }
+        if self.keepalive.is_some_and(|k| k.is_zero()) {
+            return Err(Error::Config("a keepalive interval must not be zero".into()));
         }
         Ok(())
     }

@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use super::cq_room::CqRoom;
 use super::Core;
 use crate::error::{Error, Result};
-use crate::proto::conn::Input;
+use crate::proto::conn::{CloseReason, Input};
 use crate::proto::flow::Imm;
 use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, Key, OpKey, Token};
@@ -42,6 +42,8 @@ pub(super) struct CqEntry {
     /// Listed in `Core::spinning`: emptied and left unarmed while the reactor spins.
     pub(super) spinning: bool,
     pub(super) shared: bool,
+    /// Overrun, or a poll or arm failed: never polled or armed again (`Core::fail_cq`).
+    pub(super) failed: bool,
     pub(super) room: CqRoom,
     /// Connections that could not post for lack of room, in order.
     pub(super) waiting: VecDeque<ConnKey>,
@@ -66,6 +68,7 @@ impl Core {
             evented: false,
             spinning: false,
             shared,
+            failed: false,
             room: CqRoom::new(capacity, send_floor),
             waiting: VecDeque::new(),
         };
@@ -85,7 +88,9 @@ impl Core {
     /// channel is registered level-triggered, so should more be pending, the next
     /// `epoll_wait` reports it again.
     pub(super) fn drain_comp(&mut self, d: usize) -> usize {
-        let Some((chan, armed)) = self.devices.get(d).map(|d| (d.chan.clone(), d.armed)) else { return 0 };
+        let Some((chan, armed)) = self.devices.get(d).filter(|d| !d.lost).map(|d| (d.chan.clone(), d.armed)) else {
+            return 0;
+        };
         let limit = armed.clamp(1, MAX_READS);
         let mut n = 0;
         while n < limit {
@@ -94,8 +99,12 @@ impl Core {
                 Ok(Some(ev)) => ev,
                 Ok(None) => break,
                 Err(e) if e.raw_os_error() == Some(nix::libc::EINTR) => continue,
-                // EIO after device removal: nothing more will come on this channel.
-                Err(_) => break,
+                // EIO after the device was disassociated: nothing more will come on this
+                // channel, and left in the epoll set it would wake every wait.
+                Err(_) => {
+                    self.device_lost(d, CloseReason::DeviceRemoval);
+                    break;
+                }
             };
             n += 1;
             self.stats.cq_events += 1;
@@ -144,20 +153,29 @@ impl Core {
     /// reaped. An empty CQ is re-armed and polled once more (the arm/poll race); a CQ that used
     /// its budget stays hot for the next tick.
     pub(super) fn poll_cq(&mut self, t: CqKey, budget: usize) -> usize {
-        let Some(cq) = self.cqs.get(t).map(|e| e.cq.clone()) else { return 0 };
+        let Some(cq) = self.cqs.get(t).filter(|e| !e.failed).map(|e| e.cq.clone()) else { return 0 };
         let mut wcs = [WorkCompletion::default(); POLL_BATCH];
         let mut left = budget;
         let mut found = 0;
         loop {
             let want = left.min(POLL_BATCH);
-            let n = cq.poll(&mut wcs[..want]).unwrap_or(0);
             self.stats.cq_polls += 1;
+            let n = match cq.poll(&mut wcs[..want]) {
+                Ok(n) => n,
+                Err(e) => {
+                    // Its completions cannot be reaped: waiting for them would hang its
+                    // connections with operations outstanding.
+                    let errno = e.raw_os_error().unwrap_or(nix::libc::EIO);
+                    self.fail_cq(t, CloseReason::CqFailed { call: "ibv_poll_cq", errno });
+                    break;
+                }
+            };
             for wc in &wcs[..n] {
                 self.complete(t, *wc);
             }
             found += n;
             left -= n;
-            let Some(e) = self.cqs.get_mut(t) else { break };
+            let Some(e) = self.cqs.get_mut(t).filter(|e| !e.failed) else { break };
             if n < want {
                 if !e.armed && !self.arm_now {
                     // Leave it unarmed: it is armed after the tick's posts (or, spinning,
@@ -169,11 +187,17 @@ impl Core {
                     break;
                 }
                 if !e.armed {
-                    if e.cq.req_notify().is_ok() {
-                        e.armed = true;
-                        self.devices[e.device].armed += 1;
-                    }
                     self.stats.cq_arms += 1;
+                    if let Err(err) = e.cq.req_notify() {
+                        // Unarmed, it would raise no event: its connections would wait
+                        // forever (and retrying here would spin the tick).
+                        let errno = err.raw_os_error().unwrap_or(nix::libc::EIO);
+                        self.fail_cq(t, CloseReason::CqFailed { call: "ibv_req_notify_cq", errno });
+                        break;
+                    }
+                    e.armed = true;
+                    let d = e.device;
+                    self.devices[d].armed += 1;
                     continue;
                 }
                 break;
@@ -194,8 +218,8 @@ impl Core {
     /// Destroys a CQ entry (its `Drop` acks its counted events, then `ibv_destroy_cq`).
     pub(super) fn remove_cq(&mut self, t: CqKey) {
         if let Some(e) = self.cqs.remove(t) {
-            if e.armed {
-                self.devices[e.device].armed -= 1;
+            if let Some(d) = self.devices.get_mut(e.device).filter(|_| e.armed) {
+                d.armed -= 1;
             }
         }
     }

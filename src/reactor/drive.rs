@@ -60,6 +60,9 @@ impl Core {
                 // Sends submitted before ESTABLISHED (a peer's first message can complete a
                 // receive before the event arrives) go out now.
                 self.mark_dirty(t);
+                if let Some(interval) = self.cfg.keepalive {
+                    self.schedule_keepalive(t, interval);
+                }
                 self.with_conn(t, |h, conn| h.on_established(conn));
             }
             Action::Disconnect => {

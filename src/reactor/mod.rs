@@ -42,6 +42,7 @@ mod config;
 mod cq;
 mod cq_room;
 mod ctx;
+mod device;
 mod drive;
 mod handler;
 mod op;
@@ -83,6 +84,7 @@ use crate::sys::pd::Pd;
 use crate::sys::pool::Pool;
 use crate::sys::qp::Qp;
 use cq::CqEntry;
+use device::Devices;
 use op::OpEntry;
 use send_queue::{RecvQueue, SendQueue};
 use timers::{TimerTarget, Timers, UserTimer};
@@ -206,7 +208,7 @@ impl ConnEntry {
 
     /// True when the connection is draining and nothing is outstanding.
     fn drained(&self) -> bool {
-        self.role.state().is_draining() && self.sq.outstanding() == 0 && self.rq.outstanding() == 0
+        self.role.state().is_draining() && self.sq.awaited() == 0 && self.rq.outstanding() == 0
     }
 }
 
@@ -219,11 +221,15 @@ struct ListenerEntry {
 
 struct Device {
     dev: DeviceRef,
+    /// The device in libibverbs' list (`DeviceRef::identity`), to tell when it has left it.
+    identity: usize,
     /// CQs of this device armed for an event: at most this many events can be pending on its
     /// channel.
     armed: u32,
     /// The device's shared CQ, in `Config::shared_cq` mode.
     shared_cq: Option<CqKey>,
+    /// Removed or failed: out of the epoll set, released once nothing uses it (`device.rs`).
+    lost: bool,
     // Field order is drop order: the pool's regions before the channel and the PD.
     pool: Pool,
     chan: Rc<CompChannel>,
@@ -241,7 +247,13 @@ pub(crate) struct Core {
     cqs: GenSlab<CqKey, CqEntry>,
     listeners: GenSlab<ListenerKey, ListenerEntry>,
     user_timers: GenSlab<TimerKey, UserTimer>,
-    devices: Vec<Device>,
+    devices: Devices,
+    /// Lost devices whose resources are not released yet.
+    lost_devices: Vec<usize>,
+    /// Released devices librdmacm has not closed yet: (identity, tries).
+    forgetting: Vec<(usize, u32)>,
+    /// Failed shared CQs, destroyed once no connection uses them.
+    retired_cqs: Vec<CqKey>,
     epoll: Epoll,
     cm: Rc<EventChannel>,
     cfg: Config,
@@ -340,7 +352,10 @@ impl Reactor {
                 cqs: GenSlab::new(),
                 listeners: GenSlab::new(),
                 user_timers: GenSlab::new(),
-                devices: Vec::new(),
+                devices: Devices::default(),
+                lost_devices: Vec::new(),
+                forgetting: Vec::new(),
+                retired_cqs: Vec::new(),
                 epoll,
                 cm,
                 cfg,
@@ -532,7 +547,16 @@ impl Core {
         for ev in &events[..n] {
             match Token::from_u64(ev.data()) {
                 Some(t) if t.kind() == Kind::CmChannel => work += self.drain_cm()?,
-                Some(t) if t.kind() == Kind::CompChannel => work += self.drain_comp(t.index() as usize),
+                Some(t) if t.kind() == Kind::CompChannel => {
+                    if ev.events().intersects(EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP) {
+                        // A disassociated device: its channel reports an error on every wait.
+                        self.device_lost(t.index() as usize, CloseReason::DeviceRemoval);
+                        work += 1;
+                    } else {
+                        work += self.drain_comp(t.index() as usize);
+                    }
+                }
+                Some(t) if t.kind() == Kind::Device => work += self.drain_async(t.index() as usize),
                 _ => {}
             }
         }

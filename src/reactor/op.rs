@@ -181,6 +181,13 @@ impl OpEntry {
         }
     }
 
+    /// A keepalive probe: a zero-length RDMA WRITE, which names no memory on either side
+    /// (a zero-length request's key and address are not checked) and consumes nothing of the
+    /// peer's; the peer's device acknowledges it.
+    pub(crate) fn probe(conn: ConnKey) -> OpEntry {
+        OpEntry { opcode: OpCode::Write, ..OpEntry::control(conn) }
+    }
+
     /// Local address, length and key of the work request.
     pub(crate) fn sge(&self) -> (u64, u32, u32) {
         match (&self.buf, &self.raw) {

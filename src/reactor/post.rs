@@ -61,6 +61,27 @@ impl Core {
         Ok(())
     }
 
+    /// Connection `t`'s keepalive probe is due (`Config::keepalive`): queues one and schedules
+    /// the next. Returns 1 when one was queued.
+    pub(super) fn keepalive(&mut self, t: ConnKey) -> usize {
+        let Some(interval) = self.cfg.keepalive else { return 0 };
+        if !self.conns.get(t).is_some_and(|c| c.role.state().is_established()) {
+            return 0;
+        }
+        let ot = self.ops.insert(OpEntry::probe(t));
+        self.conns.get_mut(t).expect("checked").sq.push(ot, false);
+        self.mark_dirty(t);
+        self.stats.keepalives += 1;
+        self.schedule_keepalive(t, interval);
+        1
+    }
+
+    pub(super) fn schedule_keepalive(&mut self, t: ConnKey, interval: std::time::Duration) {
+        if let Some(at) = self.read_clock().checked_add(interval) {
+            self.timers.schedule(at, super::timers::TimerTarget::Keepalive(t));
+        }
+    }
+
     pub(super) fn mark_dirty(&mut self, t: ConnKey) {
         if let Some(c) = self.conns.get_mut(t) {
             if !c.dirty {

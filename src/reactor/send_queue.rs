@@ -53,6 +53,9 @@ pub(crate) struct SendQueue {
     posted: VecDeque<OpKey>,
     /// Unsignaled requests posted since the last signaled one.
     unsignaled: u32,
+    /// The last requests of `posted` that may never be reported: unsignaled, and the signaled
+    /// request after them was refused by the device (see [`SendQueue::posted`]).
+    unreported: u32,
     /// Send work requests the queue pair holds.
     capacity: u32,
     signal_every: u32,
@@ -67,6 +70,7 @@ impl SendQueue {
             pending: VecDeque::new(),
             posted: VecDeque::new(),
             unsignaled: 0,
+            unreported: 0,
             capacity: 0,
             signal_every: signal_every.max(1),
             flow: None,
@@ -102,6 +106,12 @@ impl SendQueue {
     /// Posted requests not yet completed.
     pub(crate) fn outstanding(&self) -> u32 {
         self.posted.len() as u32
+    }
+
+    /// Posted requests whose completion is awaited (what draining waits for): all but the
+    /// unsignaled ones a refused post left with no signaled request after them.
+    pub(crate) fn awaited(&self) -> u32 {
+        self.outstanding() - self.unreported
     }
 
     /// True when a plan could post something now or later: operations are pending or credits
@@ -153,8 +163,18 @@ impl SendQueue {
 
     /// The device took the first `n` requests of `plan`. The rest never reached it: their CQ
     /// room is given back and their operations returned (in order) to be failed.
+    ///
+    /// When the device refused part of the chain, the unsignaled requests it took after the
+    /// last signaled one will be reported only if they had not run when the queue pair is
+    /// flushed: they stay outstanding (their memory is held until the queue pair is
+    /// destroyed) but are no longer awaited ([`SendQueue::awaited`]).
     pub(crate) fn posted(&mut self, plan: &Plan, n: usize, room: &mut CqRoom) -> SmallVec<[OpKey; 8]> {
         self.posted.extend(plan.wrs[..n].iter().map(|w| w.op));
+        if n < plan.wrs.len() {
+            let taken = &plan.wrs[..n];
+            self.unreported = taken.iter().rev().take_while(|w| !w.signaled).count() as u32;
+            self.unsignaled = 0;
+        }
         let rest = &plan.wrs[n..];
         room.release_send(rest.len() as u32);
         rest.iter().map(|w| w.op).collect()
@@ -166,6 +186,7 @@ impl SendQueue {
     pub(crate) fn complete(&mut self, op: OpKey, room: &mut CqRoom) -> SmallVec<[OpKey; 8]> {
         let Some(at) = self.posted.iter().position(|o| *o == op) else { return SmallVec::new() };
         let done: SmallVec<[OpKey; 8]> = self.posted.drain(..=at).collect();
+        self.unreported = self.unreported.min(self.posted.len() as u32);
         room.release_send(done.len() as u32);
         done
     }
@@ -176,6 +197,7 @@ impl SendQueue {
         if let Some(room) = room {
             room.release_send(self.outstanding());
         }
+        self.unreported = 0;
         let posted = self.posted.drain(..);
         posted.chain(self.pending.drain(..).map(|(op, _)| op)).collect()
     }
@@ -344,6 +366,33 @@ mod tests {
         assert_eq!(room.reserved(), 0, "their entries are free");
         assert_eq!(q.outstanding(), 0);
         assert!(q.complete(k[4], &mut room).is_empty(), "a second completion for it is ignored");
+    }
+
+    #[test]
+    fn a_chain_refused_part_way_awaits_no_completion_that_cannot_come() {
+        // Five unsignaled requests, then the signaled last one; the device takes three and
+        // refuses the fourth. The three went out unsignaled: if they ran, no completion will
+        // ever name them, so draining must not wait for them (it waited for its full
+        // timeout, then reported them as never posted).
+        let k = keys(6);
+        let mut q = filled(16, &k, false);
+        let mut room = CqRoom::new(32, 8);
+        let plan = q.plan(&mut room, || unreachable!());
+        assert!(plan.wrs[..5].iter().all(|w| !w.signaled) && plan.wrs[5].signaled);
+        let failed = q.posted(&plan, 3, &mut room);
+        assert_eq!(failed.to_vec(), k[3..].to_vec(), "refused, to be failed");
+        assert_eq!(q.outstanding(), 3, "they still hold their slots and memory until the QP is gone");
+        assert_eq!(q.awaited(), 0, "but no completion is awaited for them");
+        // Had they not run yet, the queue pair's flush reports them after all.
+        assert_eq!(q.complete(k[1], &mut room).to_vec(), k[..2].to_vec());
+        assert_eq!((q.outstanding(), q.awaited()), (1, 0));
+        // A prefix that ends with a signaled request is awaited as usual.
+        let k = keys(4);
+        let mut q = filled(2, &k, false);
+        let plan = q.plan(&mut room, || unreachable!());
+        assert!(plan.wrs[1].signaled && !plan.wrs[2].signaled);
+        q.posted(&plan, 3, &mut room);
+        assert_eq!((q.outstanding(), q.awaited()), (3, 2), "the third alone has no completion coming");
     }
 
     #[test]

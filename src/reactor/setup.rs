@@ -3,22 +3,16 @@
 
 use std::net::SocketAddr;
 
-use nix::sys::epoll::{EpollEvent, EpollFlags};
-
 use super::{
-    os, ConnEntry, ConnectOptions, ConnectRequest, ConnectionHandler, Core, Decision, Device, Endpoint, ListenerEntry,
+    ConnEntry, ConnectOptions, ConnectRequest, ConnectionHandler, Core, Decision, Endpoint, ListenerEntry,
     ListenerHandler, Placement, Role,
 };
 use crate::error::{Error, Result};
-use crate::proto::conn::{Agent, Client, CmEventKind, Input, Listener, ListenerAction};
+use crate::proto::conn::{Agent, Client, CloseReason, CmEventKind, Input, Listener, ListenerAction};
 use crate::proto::flow::{negotiate, MIN_DEPTH};
-use crate::proto::token::{ConnKey, Key, Kind, ListenerKey, Token};
+use crate::proto::token::{ConnKey, Key, ListenerKey, Token};
 use crate::proto::wire::{ConnectInfo, RejectCode, RejectReason, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
 use crate::sys::cm::{CmEvent, CmId, ConnParam};
-use crate::sys::cq::CompChannel;
-use crate::sys::device::DeviceRef;
-use crate::sys::pd::Pd;
-use crate::sys::pool::Pool;
 use crate::sys::qp::{Qp, QpCaps};
 
 /// RDMA READ/atomic depth requested and granted on every connection.
@@ -183,6 +177,12 @@ impl Core {
     }
 
     fn on_listener_event(&mut self, t: ListenerKey, ev: &mut CmEvent) {
+        if ev.kind() == CmEventKind::DeviceRemoval {
+            let dev = self.listeners.get(t).and_then(|l| l.id.as_ref()).and_then(|id| id.device());
+            if let Some(d) = dev.and_then(|dev| self.devices.index_of(dev)) {
+                self.device_lost(d, CloseReason::DeviceRemoval);
+            }
+        }
         let Some(l) = self.listeners.get_mut(t) else { return };
         match l.sm.on_cm(ev.kind(), ev.status()) {
             ListenerAction::Incoming => self.incoming(t, ev),
@@ -297,6 +297,12 @@ impl Core {
 
     fn on_conn_event(&mut self, t: ConnKey, ev: &CmEvent) {
         let kind = ev.kind();
+        if kind == CmEventKind::DeviceRemoval {
+            let dev = self.conns.get(t).and_then(|c| c.ep.id()).and_then(|id| id.device());
+            if let Some(d) = dev.and_then(|dev| self.devices.index_of(dev)) {
+                self.device_lost(d, CloseReason::DeviceRemoval);
+            }
+        }
         let status = ev.status();
         let input = match kind {
             CmEventKind::Rejected => Input::Rejected { status, reason: RejectReason::decode(&ev.private_data()) },
@@ -389,9 +395,9 @@ impl Core {
             id.device().ok_or_else(|| Error::NoDevice("the id is not bound to a device".into()))?
         };
         let d = self.device(dev)?;
-        let shared = self.devices[d].shared_cq;
+        let shared = self.cfg.shared_cq;
         let ct = match shared {
-            Some(ct) => ct,
+            Some(entries) => self.shared_cq(d, entries)?,
             None => self.new_cq(d, self.cfg.send_depth.saturating_add(self.cfg.recv_depth), false)?,
         };
         let want = QpCaps {
@@ -413,6 +419,18 @@ impl Core {
         let Endpoint::Id(id) = std::mem::replace(&mut c.ep, Endpoint::None) else {
             unreachable!("checked above: the connection has an id and no queue pair")
         };
+        if let Some(exponent) = self.cfg.ack_timeout.map(ack_timeout_exponent) {
+            // Before rdma_connect/rdma_accept, which move the queue pair to RTS with it.
+            if let Err(e) = id.set_ack_timeout(exponent) {
+                c.ep = Endpoint::Id(id);
+                if shared.is_none() {
+                    self.remove_cq(ct);
+                } else {
+                    self.cqs.get_mut(ct).expect("live").room.leave(want.max_recv_wr);
+                }
+                return Err(Error::verb("rdma_set_option", "RDMA_OPTION_ID_ACK_TIMEOUT", e));
+            }
+        }
         match Qp::create(id, &pd, &cq, &cq, want) {
             Ok(qp) => {
                 // Post no more than was committed on the CQ, even if the device granted more.
@@ -435,39 +453,19 @@ impl Core {
         }
     }
 
-    /// The index of the device's resources, created on first use.
-    fn device(&mut self, dev: DeviceRef) -> Result<usize> {
-        if let Some(i) = self.devices.iter().position(|d| d.dev == dev) {
-            return Ok(i);
-        }
-        let pd = Pd::new(dev).map_err(|e| Error::verb("ibv_alloc_pd", "", e))?;
-        let chan = CompChannel::new(dev).map_err(|e| Error::verb("ibv_create_comp_channel", "", e))?;
-        let pool = Pool::new(&pd, &self.cfg.pool)?;
-        let index = self.devices.len();
-        let token = Token::new(Kind::CompChannel, index as u32, 1);
-        self.epoll.add(&*chan, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
-        self.devices.push(Device { dev, armed: 0, shared_cq: None, pool, chan, pd });
-        if let Some(entries) = self.cfg.shared_cq {
-            match self.new_cq(index, entries, true) {
-                Ok(ct) => self.devices[index].shared_cq = Some(ct),
-                Err(e) => {
-                    // Without its shared CQ the device is not usable as configured: forget it,
-                    // so the next connection tries again (and fails the same way) rather than
-                    // getting a CQ of its own.
-                    let d = self.devices.pop().expect("pushed above");
-                    let _ = self.epoll.delete(&*d.chan);
-                    return Err(e);
-                }
-            }
-        }
-        Ok(index)
-    }
-
     pub(crate) fn alloc(&mut self, t: ConnKey, len: usize) -> Result<crate::Buf> {
         let c = self.conns.get(t).ok_or(Error::StaleToken(t.token().as_u64()))?;
         let p = c.placed.ok_or_else(|| Error::NotConnected(format!("connection {:?} has no device yet", t.token())))?;
         self.devices[p.device].pool.alloc(len)
     }
+}
+
+/// The RC ACK timeout exponent `t` (4.096 µs × 2^t) for at least `d`, within the 5-bit field
+/// (1..=31; 0 would turn retransmission off, so it is never used).
+pub(super) fn ack_timeout_exponent(d: std::time::Duration) -> u8 {
+    let units = d.as_nanos().div_ceil(4096).max(2);
+    let t = 128 - (units - 1).leading_zeros();
+    t.clamp(1, 31) as u8
 }
 
 /// A duration in whole milliseconds for rdma_cm, saturating.

@@ -53,6 +53,16 @@ pub struct Stats {
     pub established: u64,
     /// Connections closed.
     pub closed: u64,
+    /// Asynchronous device events read (and acked).
+    pub async_events: u64,
+    /// Asynchronous events naming a queue pair or CQ this reactor does not have.
+    pub stale_async_events: u64,
+    /// Devices lost (removed, failed, or their fds dead).
+    pub devices_lost: u64,
+    /// Lost devices whose resources were released.
+    pub devices_released: u64,
+    /// Keepalive probes posted (`Config::keepalive`).
+    pub keepalives: u64,
     /// Bytes of memory the buffer pools have registered now, over all devices (a gauge, not a
     /// counter).
     pub registered_bytes: u64,

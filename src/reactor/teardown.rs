@@ -30,7 +30,7 @@ impl Core {
         }
     }
 
-    fn close_listener(&mut self, t: ListenerKey, reason: CloseReason) {
+    pub(super) fn close_listener(&mut self, t: ListenerKey, reason: CloseReason) {
         let Some(l) = self.listeners.get_mut(t) else { return };
         if let ListenerAction::Closed(reason) = l.sm.close_for(reason) {
             l.close_reason = Some(reason);
@@ -58,9 +58,13 @@ impl Core {
         }
         self.graveyard.clear();
         if n > 0 {
-            for d in &self.devices {
+            for d in self.devices.iter() {
                 d.pool.trim();
             }
+            self.reap_retired_cqs();
+        }
+        if !self.lost_devices.is_empty() {
+            self.release_lost_devices();
         }
         n
     }
@@ -138,7 +142,10 @@ impl Core {
         for o in mine {
             let Some(op) = self.ops.remove(o) else { continue };
             if !op.control {
-                out.push(op.into_completion(Err(OpError::Cancelled), false));
+                // Posted with no completion seen (its CQ failed, or the drain timed out):
+                // it may or may not have run. Never posted: cancelled.
+                let err = if op.posted { OpError::Unconfirmed } else { OpError::Cancelled };
+                out.push(op.into_completion(Err(err), false));
             }
         }
         out

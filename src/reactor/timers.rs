@@ -22,6 +22,10 @@ pub(super) enum TimerTarget {
     Deadline(ConnKey),
     /// A user timer.
     User(TimerKey),
+    /// Retry letting librdmacm forget released devices (`device.rs`).
+    ForgetDevices,
+    /// A connection's keepalive probe is due.
+    Keepalive(ConnKey),
 }
 
 /// A timer set by a callback: whose `on_timer` to call, with what.
@@ -50,6 +54,8 @@ impl Core {
                         }
                     }
                 }
+                TimerTarget::ForgetDevices => self.forget_devices(),
+                TimerTarget::Keepalive(t) => n += self.keepalive(t),
                 TimerTarget::User(tt) => {
                     let Some(timer) = self.user_timers.remove(tt) else { continue };
                     n += 1;

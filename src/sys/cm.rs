@@ -334,6 +334,27 @@ impl CmId {
         DeviceRef::from_raw(unsafe { (*self.id()).verbs })
     }
 
+    /// The port the id is bound to (0 before it is bound to a device).
+    pub fn port(&self) -> u8 {
+        // SAFETY: self.id is live until Drop.
+        unsafe { (*self.id()).port_num }
+    }
+
+    /// Sets the RC ACK timeout of the id's queue pair (`RDMA_OPTION_ID_ACK_TIMEOUT`): the
+    /// exponent `t` of 4.096 µs × 2^t. Takes effect when the queue pair is connected, so set
+    /// it before `rdma_connect` or `rdma_accept`.
+    pub fn set_ack_timeout(&self, exponent: u8) -> io::Result<()> {
+        // From rdma_cma.h: RDMA_OPTION_ID = 0, RDMA_OPTION_ID_ACK_TIMEOUT = 3 (uint8_t).
+        const RDMA_OPTION_ID: i32 = 0;
+        const RDMA_OPTION_ID_ACK_TIMEOUT: i32 = 3;
+        let mut v = exponent;
+        // SAFETY: self.id is live; v is a valid u8 for the call's duration.
+        cvt(unsafe {
+            ffi::rdma_set_option(self.id(), RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, (&mut v as *mut u8).cast(), 1)
+        })
+        .map(drop)
+    }
+
     /// `rdma_connect`.
     pub fn connect(&self, param: &ConnParam<'_>) -> io::Result<()> {
         let mut p = param.raw();

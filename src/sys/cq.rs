@@ -165,6 +165,11 @@ impl Cq {
         Ok(Rc::new(Cq { raw, acks: Cell::new(AckCounter::new(ack_batch)), entries: granted, _chan: chan.clone() }))
     }
 
+    /// The CQ's address, as asynchronous events name it (compared, never followed).
+    pub(crate) fn identity(&self) -> usize {
+        self.raw.as_ptr() as usize
+    }
+
     pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_cq {
         self.raw.as_ptr()
     }

@@ -3,11 +3,13 @@
 
 use std::io;
 use std::mem::MaybeUninit;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::ptr::NonNull;
 
 use rdma_sys as ffi;
 
-use super::{c_str, cvt_nz, cvt_ptr};
+use super::{c_str, cvt, cvt_nz, cvt_ptr, nonblock, set_nonblocking};
+use crate::proto::conn::AsyncEventKind;
 
 /// A port's state (`enum ibv_port_state`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -228,5 +230,169 @@ impl DeviceRef {
 
     pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_context {
         self.0.as_ptr()
+    }
+
+    /// The device's identity in libibverbs' device list (its `ibv_device` address), kept as a
+    /// number to compare with later lists, never dereferenced.
+    pub(crate) fn identity(&self) -> usize {
+        // SAFETY: the context is live (see DeviceRef).
+        unsafe { (*self.0.as_ptr()).device as usize }
+    }
+}
+
+/// True while the device named by `identity` ([`DeviceRef::identity`]) is in libibverbs'
+/// device list; a removed device drops out of it once the kernel unregistered its verbs
+/// node.
+pub(crate) fn device_listed(identity: usize) -> bool {
+    let mut n = 0;
+    // SAFETY: n is a valid out-pointer.
+    let Ok(raw) = cvt_ptr(unsafe { ffi::ibv_get_device_list(&mut n) }) else { return true };
+    let list = List(raw.as_ptr(), n.max(0) as usize);
+    // SAFETY: the list holds n device pointers.
+    (0..list.1).any(|i| unsafe { *list.0.add(i) } as usize == identity)
+}
+
+/// What an asynchronous event is about: the CQ, queue pair or SRQ it names (by address, as
+/// `Cq::identity` and `Qp::identity` give them: the device's event fd is shared by every
+/// reactor of the process, so a context value alone could name another reactor's object),
+/// a port, or the whole device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AsyncElement {
+    /// A completion queue.
+    Cq(usize),
+    /// A queue pair.
+    Qp(usize),
+    /// A shared receive queue.
+    Srq(usize),
+    /// A port, by number.
+    Port(u8),
+    /// The device (or something this crate does not create, such as a work queue).
+    Device,
+}
+
+/// One asynchronous event, acked (`ibv_ack_async_event`) when dropped. A CQ or queue pair it
+/// names cannot be destroyed before then (libibverbs waits), so its address names a live
+/// object until the event is dropped.
+pub(crate) struct AsyncEvent {
+    raw: ffi::ibv_async_event,
+    /// The event type.
+    pub kind: AsyncEventKind,
+    /// What it is about.
+    pub element: AsyncElement,
+}
+
+impl std::fmt::Debug for AsyncEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncEvent").field("kind", &self.kind).field("element", &self.element).finish()
+    }
+}
+
+impl Drop for AsyncEvent {
+    fn drop(&mut self) {
+        // SAFETY: raw was filled by ibv_get_async_event and is acked once, here.
+        unsafe { ffi::ibv_ack_async_event(&mut self.raw) };
+    }
+}
+
+fn async_kind(v: u32) -> AsyncEventKind {
+    use AsyncEventKind as K;
+    match v {
+        0 => K::CqErr,
+        1 => K::QpFatal,
+        2 => K::QpReqErr,
+        3 => K::QpAccessErr,
+        4 => K::CommEst,
+        5 => K::SqDrained,
+        6 => K::PathMig,
+        7 => K::PathMigErr,
+        8 => K::DeviceFatal,
+        9 => K::PortActive,
+        10 => K::PortErr,
+        11 => K::LidChange,
+        12 => K::PkeyChange,
+        13 => K::SmChange,
+        14 => K::SrqErr,
+        15 => K::SrqLimitReached,
+        16 => K::QpLastWqeReached,
+        17 => K::ClientReregister,
+        18 => K::GidChange,
+        19 => K::WqFatal,
+        other => K::Unknown(other),
+    }
+}
+
+impl DeviceRef {
+    fn async_raw_fd(&self) -> RawFd {
+        // SAFETY: the context is live (see DeviceRef).
+        unsafe { (*self.0.as_ptr()).async_fd }
+    }
+
+    /// The device's asynchronous-event fd, to register with epoll (owned by the context,
+    /// which librdmacm owns).
+    pub(crate) fn async_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the fd belongs to the context, which is open while this DeviceRef is used.
+        unsafe { BorrowedFd::borrow_raw(self.async_raw_fd()) }
+    }
+
+    /// Makes the asynchronous-event fd non-blocking, so [`DeviceRef::get_async_event`] never
+    /// waits. librdmacm never reads this fd itself.
+    pub(crate) fn set_async_nonblocking(&self) -> io::Result<()> {
+        set_nonblocking(self.async_raw_fd())
+    }
+
+    /// The next asynchronous event, or `None` when none is pending.
+    pub(crate) fn get_async_event(&self) -> io::Result<Option<AsyncEvent>> {
+        let mut raw = MaybeUninit::<ffi::ibv_async_event>::zeroed();
+        // SAFETY: the context is live; raw is a valid out-pointer.
+        let got = nonblock(cvt(unsafe { ffi::ibv_get_async_event(self.0.as_ptr(), raw.as_mut_ptr()) }))?;
+        if got.is_none() {
+            return Ok(None);
+        }
+        let p = raw.as_ptr();
+        // Read the type as the integer it is: rdma-sys declares it a Rust enum, and a value
+        // newer than the bindings must not become an invalid enum.
+        // SAFETY: the field is initialised by ibv_get_async_event and is 4 bytes (repr(u32)).
+        let kind = async_kind(unsafe { std::ptr::addr_of!((*p).event_type).cast::<u32>().read() });
+        use AsyncEventKind as K;
+        // SAFETY: the union member read is the one the event type selects (verbs.h).
+        let element = unsafe {
+            match kind {
+                K::CqErr => AsyncElement::Cq((*p).element.cq as usize),
+                K::QpFatal
+                | K::QpReqErr
+                | K::QpAccessErr
+                | K::CommEst
+                | K::SqDrained
+                | K::PathMig
+                | K::PathMigErr
+                | K::QpLastWqeReached => AsyncElement::Qp((*p).element.qp as usize),
+                K::SrqErr | K::SrqLimitReached => AsyncElement::Srq((*p).element.srq as usize),
+                K::PortActive
+                | K::PortErr
+                | K::LidChange
+                | K::PkeyChange
+                | K::SmChange
+                | K::ClientReregister
+                | K::GidChange => AsyncElement::Port((*p).element.port_num.clamp(0, 255) as u8),
+                _ => AsyncElement::Device,
+            }
+        };
+        // SAFETY: fully initialised by ibv_get_async_event.
+        Ok(Some(AsyncEvent { raw: unsafe { raw.assume_init() }, kind, element }))
+    }
+}
+
+/// Lets librdmacm forget devices that were removed: its device list is synchronised with
+/// the kernel's, and a removed device that nothing holds any more has its context closed
+/// (which the kernel waits for before it finishes the removal, on drivers without
+/// disassociation). librdmacm skips the synchronisation while no device at all is left.
+pub(crate) fn forget_removed_devices() {
+    let mut n = 0;
+    // SAFETY: n is a valid out-pointer; the list is freed at once. Taking and freeing it
+    // changes no reference count in the end.
+    let list = unsafe { ffi::rdma_get_devices(&mut n) };
+    if !list.is_null() {
+        // SAFETY: returned by rdma_get_devices, freed once.
+        unsafe { ffi::rdma_free_devices(list) };
     }
 }

@@ -131,6 +131,12 @@ impl Qp {
         Ok(Qp { id, _send_cq: send_cq.clone(), _recv_cq: recv_cq.clone(), _pd: pd.clone(), caps })
     }
 
+    /// The queue pair's address, as asynchronous events name it (compared, never followed).
+    pub(crate) fn identity(&self) -> usize {
+        // SAFETY: the id is live and has this queue pair.
+        unsafe { (*self.id.id()).qp as usize }
+    }
+
     /// The CM id the queue pair belongs to.
     pub(crate) fn id(&self) -> &CmId {
         &self.id

@@ -313,7 +313,11 @@ impl ConnectionHandler for PingClient {
                     conn.submit(Op::recv(buf)).expect("submit after close is accepted");
                     return;
                 }
-                conn.submit(Op::recv(buf)).expect("client post receive");
+                if let Err(e) = conn.submit(Op::recv(buf)) {
+                    // Refused only on a connection already closed under us (a device removal
+                    // delivers the completions drained from its CQ just before on_closed).
+                    return self.fail(conn, format!("post receive: {}", e.error));
+                }
                 self.send_next(conn);
             }
             (OpCode::Recv, Err(OpError::Cancelled)) if self.seq == self.count => {

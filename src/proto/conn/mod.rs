@@ -66,6 +66,71 @@ pub enum CmEventKind {
     Unknown(u32),
 }
 
+/// An asynchronous event of a device (`enum ibv_event_type`), as a closed Rust enum with an
+/// `Unknown` arm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AsyncEventKind {
+    /// `IBV_EVENT_CQ_ERR`: a completion queue overran; it cannot be used any more.
+    CqErr,
+    /// `IBV_EVENT_QP_FATAL`: a queue pair hit an error it cannot report in a completion.
+    QpFatal,
+    /// `IBV_EVENT_QP_REQ_ERR`: the queue pair's peer sent an invalid request.
+    QpReqErr,
+    /// `IBV_EVENT_QP_ACCESS_ERR`: a local access violation on the queue pair.
+    QpAccessErr,
+    /// `IBV_EVENT_COMM_EST`: a message arrived before the connection was established.
+    CommEst,
+    /// `IBV_EVENT_SQ_DRAINED`.
+    SqDrained,
+    /// `IBV_EVENT_PATH_MIG`.
+    PathMig,
+    /// `IBV_EVENT_PATH_MIG_ERR`.
+    PathMigErr,
+    /// `IBV_EVENT_DEVICE_FATAL`: the device failed; nothing on it works any more.
+    DeviceFatal,
+    /// `IBV_EVENT_PORT_ACTIVE`: a port came (back) up.
+    PortActive,
+    /// `IBV_EVENT_PORT_ERR`: a port went down (its link is gone).
+    PortErr,
+    /// `IBV_EVENT_LID_CHANGE`.
+    LidChange,
+    /// `IBV_EVENT_PKEY_CHANGE`.
+    PkeyChange,
+    /// `IBV_EVENT_SM_CHANGE`.
+    SmChange,
+    /// `IBV_EVENT_SRQ_ERR`.
+    SrqErr,
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`.
+    SrqLimitReached,
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED`.
+    QpLastWqeReached,
+    /// `IBV_EVENT_CLIENT_REREGISTER`.
+    ClientReregister,
+    /// `IBV_EVENT_GID_CHANGE`.
+    GidChange,
+    /// `IBV_EVENT_WQ_FATAL`.
+    WqFatal,
+    /// A value this crate does not know.
+    Unknown(u32),
+}
+
+impl fmt::Display for AsyncEventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AsyncEventKind::CqErr => "completion queue overrun (CQ_ERR)",
+            AsyncEventKind::QpFatal => "queue pair fatal error (QP_FATAL)",
+            AsyncEventKind::QpReqErr => "invalid request from the peer (QP_REQ_ERR)",
+            AsyncEventKind::QpAccessErr => "local access violation (QP_ACCESS_ERR)",
+            AsyncEventKind::DeviceFatal => "device fatal error (DEVICE_FATAL)",
+            AsyncEventKind::PortErr => "port down (PORT_ERR)",
+            AsyncEventKind::PortActive => "port active (PORT_ACTIVE)",
+            AsyncEventKind::Unknown(v) => return write!(f, "unknown asynchronous event {v}"),
+            other => return write!(f, "{other:?}"),
+        })
+    }
+}
+
 /// A connection-manager step that has a deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Step {
@@ -126,6 +191,17 @@ pub enum CloseReason {
     DeviceRemoval,
     /// A work request failed; the queue pair is in the error state.
     WorkError(WcStatus),
+    /// The device reported an asynchronous event that ends the connection (a fatal error of
+    /// its queue pair or completion queue, its port going down, the device failing).
+    AsyncEvent(AsyncEventKind),
+    /// A verb on the connection's completion queue failed (`call` with `errno`): its
+    /// completions can no longer be reaped, so it was closed at once.
+    CqFailed {
+        /// The verb: `ibv_poll_cq` or `ibv_req_notify_cq`.
+        call: &'static str,
+        /// The error it returned.
+        errno: i32,
+    },
     /// An event arrived in an order the protocol does not allow.
     Protocol(String),
     /// Setting the connection up failed locally (queue pair, memory, a verb).
@@ -159,7 +235,12 @@ impl fmt::Display for CloseReason {
             CloseReason::Unreachable(s) => write!(f, "peer unreachable (status {s})"),
             CloseReason::Timeout(step) => write!(f, "{step} timed out"),
             CloseReason::DeviceRemoval => f.write_str("RDMA device removed"),
+            CloseReason::WorkError(WcStatus::RetryExcErr) => {
+                f.write_str("work request failed: the peer did not acknowledge (RetryExcErr)")
+            }
             CloseReason::WorkError(s) => write!(f, "work request failed: {s}"),
+            CloseReason::AsyncEvent(k) => write!(f, "the device reported {k}"),
+            CloseReason::CqFailed { call, errno } => write!(f, "{call} failed (errno {errno})"),
             CloseReason::Protocol(what) => write!(f, "protocol error: {what}"),
             CloseReason::Setup(what) => write!(f, "setup failed: {what}"),
             CloseReason::Shutdown => f.write_str("reactor shut down"),
@@ -191,6 +272,13 @@ pub enum Input {
     SetupFailed(String),
     /// The reactor is shutting down.
     Shutdown,
+    /// A failure that ends the connection but lets it close cleanly (like `WorkError`): a
+    /// queue pair's asynchronous error event. Established: disconnect first; before that:
+    /// closed at once; already closing: ignored.
+    Fault(CloseReason),
+    /// A failure after which nothing of the connection can be trusted (its completion queue
+    /// or device failed): closed at once in any state, without waiting for its completions.
+    Abort(CloseReason),
 }
 
 /// What the reactor must do for a connection.
@@ -289,6 +377,7 @@ impl Phase {
             Input::SetupFailed(what) => Phase::close_early(state, CloseReason::Setup(what.clone())),
             Input::WorkError(s) => Phase::close_early(state, CloseReason::WorkError(*s)),
             Input::Cm(CmEventKind::DeviceRemoval, _) => Phase::close_early(state, CloseReason::DeviceRemoval),
+            Input::Fault(reason) | Input::Abort(reason) => Phase::close_early(state, reason.clone()),
             // Neither needs an answer before establishment.
             Input::Cm(CmEventKind::AddrChange | CmEventKind::TimewaitExit, _) => Actions::new(),
             Input::Drained => Actions::new(),
@@ -324,6 +413,15 @@ impl Phase {
             (State::Established, Input::WorkError(s)) => {
                 *state = State::Disconnecting(CloseReason::WorkError(s));
                 acts([Action::Disconnect, Action::SetDeadline(Step::Disconnect)])
+            }
+            (State::Established, Input::Fault(reason)) => {
+                *state = State::Disconnecting(reason);
+                acts([Action::Disconnect, Action::SetDeadline(Step::Disconnect)])
+            }
+            (State::Disconnecting(_) | State::Draining(_), Input::Fault(_)) => Actions::new(),
+            (_, Input::Abort(reason)) => {
+                *state = State::Closed;
+                acts([Action::ClearDeadline, Action::Closed(reason)])
             }
             (State::Established, Input::Cm(K::Disconnected, _)) => {
                 // The peer's DREQ: disconnect too, so our queue pair moves to error and every

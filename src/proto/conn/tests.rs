@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use std::fmt;
 
 use super::{Action as A, Actions, Agent, Client, CloseReason, CmEventKind as K, Input, Listener, ListenerAction};
-use super::{State, Step};
+use super::{AsyncEventKind, State, Step};
 use crate::proto::op::WcStatus;
 use crate::proto::wire::{RejectCode, RejectReason};
 
@@ -250,6 +250,9 @@ fn alphabet() -> Vec<Input> {
     v.push(Input::WorkError(WcStatus::RetryExcErr));
     v.push(Input::WorkError(WcStatus::Unknown(77)));
     v.push(Input::SetupFailed("create qp: ENOMEM".into()));
+    v.push(Input::Fault(CloseReason::AsyncEvent(AsyncEventKind::QpFatal)));
+    v.push(Input::Abort(CloseReason::AsyncEvent(AsyncEventKind::CqErr)));
+    v.push(Input::Abort(CloseReason::CqFailed { call: "ibv_poll_cq", errno: 5 }));
     v
 }
 
@@ -264,6 +267,8 @@ fn input_ordinal(i: &Input) -> usize {
         Input::Drained => 5,
         Input::SetupFailed(_) => 6,
         Input::Shutdown => 7,
+        Input::Fault(_) => 8,
+        Input::Abort(_) => 9,
     }
 }
 
@@ -275,7 +280,7 @@ fn alphabet_covers_every_variant() {
     let mut steps = [false; 6];
     all_steps().into_iter().for_each(|s| steps[step_ordinal(s)] = true);
     assert!(steps.iter().all(|&b| b), "all_steps misses a Step");
-    let mut inputs = [false; 8];
+    let mut inputs = [false; 10];
     alphabet().iter().for_each(|i| inputs[input_ordinal(i)] = true);
     assert!(inputs.iter().all(|&b| b), "alphabet misses an Input variant");
 }
@@ -321,6 +326,8 @@ fn spec(state: &State, input: &Input) -> Want {
 
         (_, Input::Cm(K::AddrChange | K::TimewaitExit, _)) => Ignore,
         (_, Input::Cm(K::DeviceRemoval, _)) => close(CloseReason::DeviceRemoval),
+        // Nothing of the connection can be trusted: closed at once, whatever its state.
+        (_, Input::Abort(r)) => close(r.clone()),
         (S::ResolvingAddr, Input::Cm(K::AddrResolved, _)) => {
             Go(S::ResolvingRoute, vec![A::ClearDeadline, A::ResolveRoute, A::SetDeadline(Step::ResolveRoute)])
         }
@@ -364,6 +371,9 @@ fn spec(state: &State, input: &Input) -> Want {
         (_, Input::Shutdown) if early => close(CloseReason::Shutdown),
         (_, Input::WorkError(w)) if early => close(CloseReason::WorkError(*w)),
         (_, Input::SetupFailed(what)) if early => close(CloseReason::Setup(what.clone())),
+        (_, Input::Fault(r)) if early => close(r.clone()),
+        (S::Established, Input::Fault(r)) => disconnect(r.clone()),
+        (_, Input::Fault(_)) if closing => Ignore,
         (S::Established, Input::Close) => disconnect(CloseReason::Local),
         (S::Established, Input::Shutdown) => disconnect(CloseReason::Shutdown),
         (S::Established, Input::WorkError(w)) => disconnect(CloseReason::WorkError(*w)),
@@ -496,7 +506,9 @@ impl Tracker {
             return Err("established without the Established action".into());
         }
         if let (State::Draining(r) | State::Disconnecting(r), Some(A::Closed(got))) = (before, actions.last()) {
-            let forced = matches!(input, Input::Cm(..) | Input::Rejected { .. });
+            // A CM event (device removal) or an abort (a failed CQ or device) ends the
+            // connection at once for its own reason.
+            let forced = matches!(input, Input::Cm(..) | Input::Rejected { .. } | Input::Abort(_));
             if got != r && !forced {
                 return Err(format!("closed with {got:?}, not the original {r:?}"));
             }
@@ -1477,7 +1489,19 @@ fn close_reason_cleanliness_and_display() {
         (CloseReason::ConnectError(ST), false, "connect failed (status -110)"),
         (CloseReason::Unreachable(ST), false, "peer unreachable (status -110)"),
         (CloseReason::DeviceRemoval, false, "RDMA device removed"),
-        (CloseReason::WorkError(WcStatus::RetryExcErr), false, "work request failed: RetryExcErr"),
+        (
+            CloseReason::WorkError(WcStatus::RetryExcErr),
+            false,
+            "work request failed: the peer did not acknowledge (RetryExcErr)",
+        ),
+        (CloseReason::WorkError(WcStatus::RemAccessErr), false, "work request failed: RemAccessErr"),
+        (CloseReason::AsyncEvent(AsyncEventKind::PortErr), false, "the device reported port down (PORT_ERR)"),
+        (
+            CloseReason::AsyncEvent(AsyncEventKind::Unknown(99)),
+            false,
+            "the device reported unknown asynchronous event 99",
+        ),
+        (CloseReason::CqFailed { call: "ibv_poll_cq", errno: 5 }, false, "ibv_poll_cq failed (errno 5)"),
         (CloseReason::Protocol("x".into()), false, "protocol error: x"),
     ];
     for (reason, clean, text) in cases {

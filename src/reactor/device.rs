@@ -1,0 +1,375 @@
+//! Devices: their resources (PD, registered pool, completion channel, shared CQ), their
+//! asynchronous events, and their loss.
+//!
+//! A device's resources are created when the first listener or connection binds to it. Its
+//! completion channel and asynchronous-event fd are in the epoll set, both non-blocking.
+//!
+//! **Asynchronous events** are read until `EAGAIN`, acked at once (what they name is copied
+//! out first), and each becomes the close of exactly the connections it affects:
+//! - a queue pair's error (QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR, PATH_MIG_ERR): that
+//!   connection, as a `Fault` (it disconnects and drains like a work error);
+//! - CQ_ERR: every connection on that CQ, as an `Abort` (its completions are lost, so nothing
+//!   is waited for), and the CQ is never polled again;
+//! - PORT_ERR: every connection placed on that port, as a `Fault`;
+//! - DEVICE_FATAL: every connection on the device, as an `Abort`, and the device is lost.
+//!
+//! The rest (PORT_ACTIVE, COMM_EST, ...) are counted and otherwise ignored.
+//!
+//! A device's event fd belongs to its context, which librdmacm opens once per process: with
+//! several reactors in one process, the one that reads an event acts on it, and an event
+//! naming a queue pair or CQ of another reactor is counted (`Stats::stale_async_events`)
+//! and lost to that reactor. Objects are matched by address, never by a context value that
+//! another reactor could also have issued.
+//!
+//! **A lost device** (DEVICE_REMOVAL on any of its ids, DEVICE_FATAL, or an error reading one
+//! of its fds, which a disassociated device reports as `EIO` on every read) leaves the epoll
+//! set at once, so a dead fd cannot wake the loop; its connections and listeners close with
+//! the reason the user sees. Once none is left (end of a tick), its resources are destroyed
+//! in order: the shared CQ, then the pool's regions, the completion channel and the PD, in
+//! the same tick as its last rdma_cm ids. librdmacm (which owns the context) closes the
+//! context when it next synchronises its device list with no id left on it, which the reactor
+//! asks for until the device has left libibverbs' list; the kernel's removal waits for that
+//! close on drivers without disassociation (rxe up to at least Linux 6.1). librdmacm skips the
+//! synchronisation while no device at all is left, so with a single device the removal
+//! completes only when the process exits. A device that comes back is a new entry; indexes
+//! are never reused.
+//!
+//! Known limit: librdmacm may close a removed device's context as soon as its last id is
+//! destroyed and any thread of the process synchronises the list. The reactor destroys its
+//! resources on the device in the tick that destroys its last ids, with no librdmacm call in
+//! between; another thread's call in that window (several reactors on several threads)
+//! could close the context first.
+
+use std::time::Duration;
+
+use nix::sys::epoll::{EpollEvent, EpollFlags};
+
+use super::timers::TimerTarget;
+use super::{os, Core, Device};
+use crate::error::{Error, Result};
+use crate::proto::conn::{AsyncEventKind, CloseReason, Input};
+use crate::proto::token::{ConnKey, CqKey, Kind, Token};
+use crate::sys::cq::CompChannel;
+use crate::sys::device::{self, AsyncElement, DeviceRef};
+use crate::sys::pd::Pd;
+use crate::sys::pool::Pool;
+
+/// How often a lost device's release is retried, and for how long.
+const RELEASE_EVERY: Duration = Duration::from_millis(50);
+const RELEASE_TRIES: u32 = 400;
+
+/// The devices in use, by index. An index is never reused: a released device leaves `None`.
+#[derive(Default)]
+pub(super) struct Devices(Vec<Option<Device>>);
+
+impl Devices {
+    pub(super) fn get(&self, d: usize) -> Option<&Device> {
+        self.0.get(d).and_then(Option::as_ref)
+    }
+
+    pub(super) fn get_mut(&mut self, d: usize) -> Option<&mut Device> {
+        self.0.get_mut(d).and_then(Option::as_mut)
+    }
+
+    /// The live devices.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Device> {
+        self.0.iter().flatten()
+    }
+
+    /// Live devices.
+    pub(super) fn len(&self) -> usize {
+        self.iter().count()
+    }
+
+    /// The index of `dev`'s entry, if it has one that is not lost.
+    fn find(&self, dev: DeviceRef) -> Option<usize> {
+        self.0.iter().position(|d| d.as_ref().is_some_and(|d| d.dev == dev && !d.lost))
+    }
+
+    /// The index of `dev`'s entry, lost or not.
+    pub(super) fn index_of(&self, dev: DeviceRef) -> Option<usize> {
+        self.0.iter().position(|d| d.as_ref().is_some_and(|d| d.dev == dev))
+    }
+}
+
+impl std::ops::Index<usize> for Devices {
+    type Output = Device;
+
+    fn index(&self, d: usize) -> &Device {
+        self.get(d).expect("a device outlives its connections and CQs")
+    }
+}
+
+impl std::ops::IndexMut<usize> for Devices {
+    fn index_mut(&mut self, d: usize) -> &mut Device {
+        self.get_mut(d).expect("a device outlives its connections and CQs")
+    }
+}
+
+impl Core {
+    /// The index of the device's resources, created on first use.
+    pub(super) fn device(&mut self, dev: DeviceRef) -> Result<usize> {
+        if let Some(i) = self.devices.find(dev) {
+            return Ok(i);
+        }
+        if self.devices.index_of(dev).is_some() {
+            return Err(Error::NoDevice("the RDMA device was removed".into()));
+        }
+        let pd = Pd::new(dev).map_err(|e| Error::verb("ibv_alloc_pd", "", e))?;
+        let chan = CompChannel::new(dev).map_err(|e| Error::verb("ibv_create_comp_channel", "", e))?;
+        dev.set_async_nonblocking().map_err(|e| Error::verb("fcntl", "the device's async event fd", e))?;
+        let pool = Pool::new(&pd, &self.cfg.pool)?;
+        let index = self.devices.0.len();
+        let token = Token::new(Kind::CompChannel, index as u32, 1);
+        self.epoll.add(&*chan, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
+        let token = Token::new(Kind::Device, index as u32, 1);
+        if let Err(e) = self.epoll.add(dev.async_fd(), EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())) {
+            let _ = self.epoll.delete(&*chan);
+            return Err(os("epoll_ctl")(e));
+        }
+        self.devices.0.push(Some(Device {
+            dev,
+            identity: dev.identity(),
+            armed: 0,
+            shared_cq: None,
+            lost: false,
+            pool,
+            chan,
+            pd,
+        }));
+        if let Some(entries) = self.cfg.shared_cq {
+            match self.new_cq(index, entries, true) {
+                Ok(ct) => self.devices[index].shared_cq = Some(ct),
+                Err(e) => {
+                    // Without its shared CQ the device is not usable as configured: forget it,
+                    // so the next connection tries again (and fails the same way) rather than
+                    // getting a CQ of its own.
+                    self.unregister(index);
+                    self.devices.0[index] = None;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(index)
+    }
+
+    /// Takes a device's fds out of the epoll set.
+    fn unregister(&mut self, d: usize) {
+        if let Some(dev) = self.devices.get(d) {
+            let _ = self.epoll.delete(&*dev.chan);
+            let _ = self.epoll.delete(dev.dev.async_fd());
+        }
+    }
+
+    /// Reads device `d`'s asynchronous events until none is pending; each is acked, then
+    /// turned into the close of what it affects (module docs).
+    pub(super) fn drain_async(&mut self, d: usize) -> usize {
+        let Some(dev) = self.devices.get(d).filter(|x| !x.lost).map(|x| x.dev) else { return 0 };
+        let mut n = 0;
+        loop {
+            let ev = match dev.get_async_event() {
+                Ok(Some(ev)) => ev,
+                Ok(None) => break,
+                Err(e) if e.raw_os_error() == Some(nix::libc::EINTR) => continue,
+                Err(_) => {
+                    // EIO: the device was disassociated; nothing more will come.
+                    self.device_lost(d, CloseReason::DeviceRemoval);
+                    break;
+                }
+            };
+            let (kind, element) = (ev.kind, ev.element);
+            // Acked before anything it names can be destroyed (that happens at the end of
+            // the tick at the earliest).
+            drop(ev);
+            n += 1;
+            self.stats.async_events += 1;
+            self.on_async(d, kind, element);
+        }
+        n
+    }
+
+    fn on_async(&mut self, d: usize, kind: AsyncEventKind, element: AsyncElement) {
+        use AsyncEventKind as K;
+        let reason = CloseReason::AsyncEvent(kind);
+        match (kind, element) {
+            (K::QpFatal | K::QpReqErr | K::QpAccessErr | K::PathMigErr, AsyncElement::Qp(qp)) => {
+                let found = self.conns.iter().find(|(_, c)| c.ep.qp().is_some_and(|q| q.identity() == qp));
+                let found = found.map(|(t, _)| t);
+                match found {
+                    Some(t) => self.feed(t, Input::Fault(reason)),
+                    None => self.stats.stale_async_events += 1,
+                }
+            }
+            (K::CqErr, AsyncElement::Cq(cq)) => {
+                let found = self.cqs.iter().find(|(_, e)| e.cq.identity() == cq).map(|(ct, _)| ct);
+                match found {
+                    Some(ct) => self.fail_cq(ct, reason),
+                    None => self.stats.stale_async_events += 1,
+                }
+            }
+            (K::PortErr, AsyncElement::Port(port)) => {
+                let on_port: Vec<ConnKey> = self
+                    .conns
+                    .iter()
+                    .filter(|(_, c)| {
+                        c.placed.is_some_and(|p| p.device == d) && c.ep.id().is_some_and(|id| id.port() == port)
+                    })
+                    .map(|(k, _)| k)
+                    .collect();
+                for t in on_port {
+                    self.feed(t, Input::Fault(reason.clone()));
+                }
+            }
+            (K::DeviceFatal, _) => self.device_lost(d, reason),
+            _ => {}
+        }
+    }
+
+    /// CQ `ct` cannot be used any more (overrun, or a poll or arm failed): every connection
+    /// on it closes at once with `reason`, and it is never polled or armed again. A failed
+    /// shared CQ is replaced for later connections and destroyed when its last one is gone.
+    pub(super) fn fail_cq(&mut self, ct: CqKey, reason: CloseReason) {
+        let Some(e) = self.cqs.get_mut(ct) else { return };
+        if e.failed {
+            return;
+        }
+        e.failed = true;
+        let (d, shared) = (e.device, e.shared);
+        if shared {
+            if let Some(dev) = self.devices.get_mut(d) {
+                if dev.shared_cq == Some(ct) {
+                    dev.shared_cq = None;
+                    self.retired_cqs.push(ct);
+                }
+            }
+        }
+        let on_cq: Vec<ConnKey> =
+            self.conns.iter().filter(|(_, c)| c.placed.is_some_and(|p| p.cq == ct)).map(|(k, _)| k).collect();
+        for t in on_cq {
+            self.feed(t, Input::Abort(reason.clone()));
+        }
+    }
+
+    /// Device `d` is gone or unusable: its fds leave the epoll set now, every connection and
+    /// listener on it closes with `reason`, and its resources are released once nothing uses
+    /// them (`release_lost_devices`).
+    pub(super) fn device_lost(&mut self, d: usize, reason: CloseReason) {
+        let Some(dev) = self.devices.get_mut(d) else { return };
+        if dev.lost {
+            return;
+        }
+        dev.lost = true;
+        let devref = dev.dev;
+        self.unregister(d);
+        self.stats.devices_lost += 1;
+        let on_device: Vec<ConnKey> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.placed.map(|p| p.device == d).unwrap_or_else(|| c.ep.id().and_then(|id| id.device()) == Some(devref))
+            })
+            .map(|(k, _)| k)
+            .collect();
+        for t in on_device {
+            self.feed(t, Input::Abort(reason.clone()));
+        }
+        let listeners: Vec<_> = self
+            .listeners
+            .iter()
+            .filter(|(_, l)| l.id.as_ref().and_then(|id| id.device()) == Some(devref))
+            .map(|(k, _)| k)
+            .collect();
+        for t in listeners {
+            self.close_listener(t, reason.clone());
+        }
+        self.lost_devices.push(d);
+    }
+
+    /// Destroys the resources of lost devices nothing uses any more (called at the end of a
+    /// tick, after the closed connections and listeners were destroyed), then asks librdmacm
+    /// to let go of their contexts (retried on a timer until the device has left the list).
+    pub(super) fn release_lost_devices(&mut self) {
+        let mut i = 0;
+        while i < self.lost_devices.len() {
+            let d = self.lost_devices[i];
+            let Some(dev) = self.devices.get(d) else {
+                self.lost_devices.swap_remove(i);
+                continue;
+            };
+            let devref = dev.dev;
+            let used =
+                self.conns.iter().any(|(_, c)| {
+                    c.placed.is_some_and(|p| p.device == d) || c.ep.id().and_then(|id| id.device()) == Some(devref)
+                }) || self.listeners.iter().any(|(_, l)| l.id.as_ref().and_then(|id| id.device()) == Some(devref))
+                    || self.cqs.iter().any(|(_, e)| e.device == d && !e.shared);
+            if used {
+                i += 1;
+                continue;
+            }
+            self.lost_devices.swap_remove(i);
+            let shared: Vec<CqKey> = self.cqs.iter().filter(|(_, e)| e.device == d).map(|(k, _)| k).collect();
+            for ct in shared {
+                self.retired_cqs.retain(|r| *r != ct);
+                self.remove_cq(ct);
+            }
+            let dev = self.devices.0[d].take().expect("checked above");
+            let identity = dev.identity;
+            // Pool regions, completion channel, PD, then librdmacm's reference (field order).
+            drop(dev);
+            self.stats.devices_released += 1;
+            self.forgetting.push((identity, 0));
+            self.schedule_forget();
+        }
+    }
+
+    fn schedule_forget(&mut self) {
+        if let Some(at) = self.read_clock().checked_add(RELEASE_EVERY) {
+            self.timers.schedule(at, TimerTarget::ForgetDevices);
+        }
+    }
+
+    /// Asks librdmacm to synchronise its device list once a released device has left
+    /// libibverbs' list, so it closes that device's context; retried for a while.
+    pub(super) fn forget_devices(&mut self) {
+        let mut sync = false;
+        self.forgetting.retain_mut(|(identity, tries)| {
+            *tries += 1;
+            if !device::device_listed(*identity) {
+                sync = true;
+                return false;
+            }
+            *tries < RELEASE_TRIES
+        });
+        if sync {
+            device::forget_removed_devices();
+        }
+        if !self.forgetting.is_empty() {
+            self.schedule_forget();
+        }
+    }
+
+    /// A shared CQ that failed and whose connections are all gone is destroyed.
+    pub(super) fn reap_retired_cqs(&mut self) {
+        if self.retired_cqs.is_empty() {
+            return;
+        }
+        let retired = std::mem::take(&mut self.retired_cqs);
+        for ct in retired {
+            if self.conns.iter().any(|(_, c)| c.placed.is_some_and(|p| p.cq == ct)) {
+                self.retired_cqs.push(ct);
+            } else {
+                self.remove_cq(ct);
+            }
+        }
+    }
+
+    /// The shared CQ of device `d`, created again if the last one failed.
+    pub(super) fn shared_cq(&mut self, d: usize, entries: u32) -> Result<CqKey> {
+        if let Some(ct) = self.devices[d].shared_cq {
+            return Ok(ct);
+        }
+        let ct = self.new_cq(d, entries, true)?;
+        self.devices[d].shared_cq = Some(ct);
+        Ok(ct)
+    }
+}
