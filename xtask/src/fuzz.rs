@@ -8,7 +8,7 @@
 //! keeps them off build scripts, which have no libFuzzer to link). The targets are safe Rust,
 //! so AddressSanitizer would add little; debug assertions and overflow checks are on.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -203,15 +203,13 @@ pub fn run(bin_dir: &Path, target: &Target, limits: Limits, corpus: &Path, verbo
     let mut o = Outcome::default();
     let mut failing = false;
     let reader = BufReader::new(child.stderr.take().expect("piped stderr"));
-    let err = std::io::stderr();
     for line in reader.split(b'\n') {
         let line = String::from_utf8_lossy(&line.context(|| format!("reading {}'s output", target.name))?).into_owned();
         parse_line(&line, &mut o);
         failing |= line.contains("panicked at") || line.contains("==ERROR") || line.contains("deadly signal");
         let milestone = line.contains("INITED ") || line.contains("DONE ") || line.starts_with("Done ");
         if verbose || failing || milestone || line.contains("Test unit written") {
-            let mut e = err.lock();
-            let _ = writeln!(e, "  {line}");
+            eprintln!("  {line}");
         }
     }
     let status = child.wait().context(|| format!("waiting for {}", target.name))?;
@@ -284,6 +282,29 @@ mod tests {
         assert_eq!(o.rate(), Some(200000), "under a second: runs over the wall time");
         parse_line("artifact_prefix='x/'; Test unit written to x/crash-ba91", &mut o);
         assert_eq!(o.crash.as_deref(), Some("x/crash-ba91"));
+    }
+
+    /// A stand-in for a target binary that fails the way a libfuzzer-sys target does.
+    #[test]
+    fn a_failing_target_is_a_failure_with_its_input() {
+        let dir = std::env::temp_dir().join(format!("xtask-fuzz-test-{}", std::process::id()));
+        util::create_dir_all(&dir).unwrap();
+        let target = Target { name: "xtask-test-failing-target", max_len: 8, bounded_runs: 1 };
+        let script = "#!/bin/sh\n\
+            echo '#2\tINITED cov: 5 ft: 6 corp: 1/1b exec/s: 0 rss: 27Mb' >&2\n\
+            echo \"thread '<unnamed>' panicked at src/proto/fuzz.rs:1:1:\" >&2\n\
+            echo '==1== ERROR: libFuzzer: deadly signal' >&2\n\
+            echo \"artifact_prefix='a/'; Test unit written to a/crash-0123\" >&2\n\
+            exit 77\n";
+        let bin = dir.join(target.name);
+        std::fs::write(&bin, script).unwrap();
+        std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let o = run(&dir, &target, Limits { runs: Some(1), ..Limits::default() }, &dir.join("corpus"), false).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(build_dir().join("artifacts").join(target.name));
+        assert!(!o.ok);
+        assert_eq!(o.status, Some(77));
+        assert_eq!((o.cov, o.crash.as_deref()), (Some(5), Some("a/crash-0123")));
     }
 
     #[test]
