@@ -388,11 +388,14 @@ fn input(b: &mut Bytes<'_>) -> Input {
 
 /// A client or an agent, its tracker and its `Closed` actions so far.
 struct Life {
-    role: Role,
-    client: Client,
-    agent: Agent,
+    machine: Machine,
     tracker: Tracker,
     closes: usize,
+}
+
+enum Machine {
+    Client(Client),
+    Agent(Agent),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -403,25 +406,39 @@ enum Role {
 
 impl Life {
     fn new(role: Role) -> Life {
-        let (client, first_c) = Client::resolving();
-        let (agent, first_a) = Agent::accepting();
-        let first = if role == Role::Client { first_c } else { first_a };
-        Life { role, client, agent, tracker: Tracker::new(&first), closes: 0 }
+        let (machine, first) = match role {
+            Role::Client => {
+                let (m, first) = Client::resolving();
+                (Machine::Client(m), first)
+            }
+            Role::Agent => {
+                let (m, first) = Agent::accepting();
+                (Machine::Agent(m), first)
+            }
+        };
+        Life { machine, tracker: Tracker::new(&first), closes: 0 }
+    }
+
+    fn role(&self) -> Role {
+        match self.machine {
+            Machine::Client(_) => Role::Client,
+            Machine::Agent(_) => Role::Agent,
+        }
     }
 
     fn state(&self) -> &State {
-        match self.role {
-            Role::Client => self.client.state(),
-            Role::Agent => self.agent.state(),
+        match &self.machine {
+            Machine::Client(m) => m.state(),
+            Machine::Agent(m) => m.state(),
         }
     }
 
     /// Feeds `input` and checks the transition; panics with the history on a violation.
     fn feed(&mut self, input: &Input, history: &[Input]) {
         let before = self.state().clone();
-        let actions = match self.role {
-            Role::Client => self.client.on_input(input.clone()),
-            Role::Agent => self.agent.on_input(input.clone()),
+        let actions = match &mut self.machine {
+            Machine::Client(m) => m.on_input(input.clone()),
+            Machine::Agent(m) => m.on_input(input.clone()),
         }
         .into_vec();
         let after = self.state().clone();
@@ -432,12 +449,12 @@ impl Life {
             self.tracker
                 .step(&before, input, &actions, &after)
                 .err()
-                .or_else(|| legal(self.role, &before, &actions).err())
+                .or_else(|| legal(self.role(), &before, &actions).err())
         };
         if let Some(p) = problem {
             panic!(
                 "{:?}: {p}\n  history: {history:?}\n  input: {input:?} while {before:?}\n  got: {after:?} with {actions:?}",
-                self.role
+                self.role()
             );
         }
         self.closes += actions.iter().filter(|a| matches!(a, Action::Closed(_))).count();
@@ -452,13 +469,13 @@ impl Life {
             if self.state().is_closed() {
                 break;
             }
-            let step = self.tracker.armed.unwrap_or_else(|| panic!("{:?}: open with no deadline armed", self.role));
+            let step = self.tracker.armed.unwrap_or_else(|| panic!("{:?}: open with no deadline armed", self.role()));
             let input = Input::Timeout(step);
             self.feed(&input, history);
             history.push(input);
         }
-        assert!(self.state().is_closed(), "{:?}: still {:?} after {history:?}", self.role, self.state());
-        assert_eq!(self.closes, 1, "{:?}: Closed actions in one life, after {history:?}", self.role);
+        assert!(self.state().is_closed(), "{:?}: still {:?} after {history:?}", self.role(), self.state());
+        assert_eq!(self.closes, 1, "{:?}: Closed actions in one life, after {history:?}", self.role());
     }
 }
 
