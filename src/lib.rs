@@ -63,6 +63,9 @@
 #[doc(hidden)]
 pub mod bench_internals;
 mod error;
+#[cfg(feature = "fuzz-internals")]
+#[doc(hidden)]
+pub mod fuzz_internals;
 mod proto;
 mod reactor;
 mod sys;

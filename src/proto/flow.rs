@@ -84,7 +84,7 @@ impl Flow {
     }
 
     /// Peer receives we may still consume.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzz-internals"))]
     pub fn credits(&self) -> u32 {
         self.credits
     }

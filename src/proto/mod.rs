@@ -10,6 +10,8 @@
 
 pub(crate) mod conn;
 pub(crate) mod flow;
+#[cfg(any(test, feature = "fuzz-internals"))]
+pub(crate) mod fuzz;
 pub(crate) mod op;
 pub(crate) mod token;
 pub(crate) mod wire;

@@ -136,7 +136,13 @@ fn be_u16(b: &[u8], at: usize) -> u16 {
 
 impl ConnectInfo {
     /// Encodes into at most `max` bytes (the transport's private-data limit).
+    ///
+    /// Fails as [`decode`](Self::decode) would on the result: a message size of 0 is a
+    /// `BadField`; user bytes that do not fit are `UserDataTooLong`.
     pub fn encode(&self, max: usize) -> Result<Vec<u8>, WireError> {
+        if self.msg_size == 0 {
+            return Err(WireError::BadField { field: "message size", value: 0 });
+        }
         let room = max.saturating_sub(CONNECT_HEADER_LEN).min(u8::MAX as usize);
         if self.user.len() > room {
             return Err(WireError::UserDataTooLong { len: self.user.len(), max: room });
@@ -480,6 +486,17 @@ mod tests {
             assert_eq!(ConnectInfo::decode(&bytes), Err(want.clone()), "input {bytes:?}");
             assert!(!want.to_string().is_empty());
         }
+    }
+
+    /// Found by the `connect_info` fuzz target: a message size of 0 encoded to a header that
+    /// `decode` (and so the peer) rejects with `BadField`; encoding now refuses it the same way.
+    #[test]
+    fn what_encode_accepts_decode_accepts() {
+        let zero = ConnectInfo { msg_size: 0, ..sample() };
+        assert_eq!(zero.encode(MAX_CONNECT_PRIVATE_DATA), Err(WireError::BadField { field: "message size", value: 0 }));
+        assert!(ConnectInfo::default().encode(MAX_ACCEPT_PRIVATE_DATA).is_err(), "the default states no message size");
+        let one = ConnectInfo { msg_size: 1, ..ConnectInfo::default() };
+        assert_eq!(ConnectInfo::decode(&one.encode(MAX_CONNECT_PRIVATE_DATA).unwrap()), Ok(Some(one)));
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! `cargo xtask`: the rdma-reactor test bed (a Soft-RoCE VM under qemu).
 //!
-//! Commands: `setup`, `vm`, `test`, `demo`, `bench`; see [`USAGE`].
+//! Commands: `setup`, `vm`, `test`, `demo`, `bench`, `fuzz`; see [`USAGE`].
 
 mod bench;
 mod demo;
+mod fuzz;
 mod guest;
 mod host;
 mod initramfs;
@@ -39,6 +40,12 @@ commands:
                              the criterion benchmarks (benches/latency.rs) in the VM; with
                              --compare: echo and blast against perftest and cmtime in ONE VM
                              boot, interleaved over N rounds (default 3), as a table of ratios
+  fuzz [--runs N] [--time SECS] [--seed N] [TARGET...]
+                             the coverage-guided fuzz targets of fuzz/ (libFuzzer, stable
+                             toolchain): connect_info, state_machines, flow (default: all),
+                             one after the other, N runs each (default 10000000) or SECS
+                             each; the corpus grows in target/fuzz/corpus/TARGET, a failing
+                             input lands in target/fuzz/artifacts/TARGET/
   help                       this text
 
 options:
@@ -46,7 +53,8 @@ options:
                              test: the VM's overall limit (default 180 + watchdogs)
   --test-timeout SECS        test: watchdog per test binary (default 300)
   --env KEY=VALUE            vm: set a variable for CMD (repeatable)
-  --verbose                  vm, test, demo: show the VM's whole console, boot included
+  --verbose                  vm, test, demo: show the VM's whole console, boot included;
+                             fuzz: all of libFuzzer's output
 
 in the VM: $BIN holds the project's examples and test binaries by name (on PATH; call
 \"$BIN\"/echo, sh has a builtin echo); $RDMA_ADDR=198.18.0.1 is rxe0's address;
@@ -71,6 +79,9 @@ struct Opts {
     verbose: bool,
     compare: bool,
     rounds: Option<u32>,
+    runs: Option<u64>,
+    time: Option<u64>,
+    seed: Option<u64>,
     rest: Vec<String>,
 }
 
@@ -127,6 +138,18 @@ fn parse_opts(command: &str, args: &[String], takes_rest: bool) -> Result<Opts> 
                     Ok(n) if n > 0 => Some(n),
                     _ => return Err(Error::new(format!("bench: --rounds {v:?}: expected a positive number"))),
                 };
+            }
+            "--runs" | "--time" | "--seed" if command == "fuzz" => {
+                let v = value().unwrap_or_default();
+                let n = match v.parse::<u64>() {
+                    Ok(n) if n > 0 => n,
+                    _ => return Err(Error::new(format!("fuzz: {name} {v:?}: expected a positive number"))),
+                };
+                match name {
+                    "--runs" => o.runs = Some(n),
+                    "--time" => o.time = Some(n),
+                    _ => o.seed = Some(n),
+                }
             }
             _ if takes_rest && !arg.starts_with('-') => {
                 o.rest = args[i..].to_vec();
@@ -259,6 +282,26 @@ fn cmd_test(args: &[String]) -> Result<u8> {
     Ok(u8::try_from(test::run(&opts)?).unwrap_or(1))
 }
 
+fn cmd_fuzz(args: &[String]) -> Result<u8> {
+    let o = parse_opts("fuzz", args, true)?;
+    let targets = fuzz::select(&o.rest)?;
+    let limits =
+        fuzz::Limits { runs: o.runs.or(o.time.is_none().then_some(fuzz::DEFAULT_RUNS)), secs: o.time, seed: o.seed };
+    let bins = fuzz::build()?;
+    let mut results = Vec::new();
+    for t in &targets {
+        results.push((t.name, fuzz::run(&bins, t, limits, &fuzz::work_corpus(t), o.verbose)?));
+    }
+    println!();
+    println!("xtask: fuzz results (libFuzzer, coverage-guided)");
+    for (name, r) in &results {
+        println!("  {name:<16} {} [{:.0} s]{}", r.summary(), r.secs, if r.ok { "" } else { "  <-- FAILED" });
+    }
+    let failed = results.iter().filter(|(_, r)| !r.ok).count();
+    println!("{} passed, {failed} failed", results.len() - failed);
+    Ok(if failed == 0 { 0 } else { 1 })
+}
+
 fn cmd_setup(args: &[String]) -> Result<u8> {
     parse_opts("setup", args, false)?;
     setup::ensure(true)?;
@@ -277,6 +320,7 @@ fn main() -> ExitCode {
         "test" => cmd_test(rest),
         "demo" => cmd_demo(rest),
         "bench" => cmd_bench(rest),
+        "fuzz" => cmd_fuzz(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(0)
@@ -332,5 +376,15 @@ mod tests {
         assert!(parse_opts("test", &v(&["extra"]), false).is_err());
         assert!(parse_opts("demo", &v(&["--test-timeout", "3"]), false).is_err());
         assert_eq!(parse_opts("test", &v(&["--test-timeout", "30"]), false).unwrap().test_timeout, Some(30));
+        assert!(parse_opts("test", &v(&["--runs", "3"]), false).is_err());
+        assert!(parse_opts("fuzz", &v(&["--runs", "0"]), true).is_err());
+    }
+
+    #[test]
+    fn fuzz_options_and_targets() {
+        let o = parse_opts("fuzz", &v(&["--runs", "1000", "--seed=7", "flow", "state_machines"]), true).unwrap();
+        assert_eq!((o.runs, o.time, o.seed), (Some(1000), None, Some(7)));
+        assert_eq!(o.rest, v(&["flow", "state_machines"]));
+        assert_eq!(parse_opts("fuzz", &v(&["--time", "60"]), true).unwrap().time, Some(60));
     }
 }

@@ -1,12 +1,13 @@
-//! `cargo xtask test`: the host's unit tests, then the root crate's tests that need RDMA (the
-//! library's ignored unit tests and every integration-test binary) in one VM boot (or on this
-//! host when it has an active RDMA device).
+//! `cargo xtask test`: the host's unit tests and a short run of each fuzz target, then the root
+//! crate's tests that need RDMA (the library's ignored unit tests and every integration-test
+//! binary) in one VM boot (or on this host when it has an active RDMA device).
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::fuzz;
 use crate::guest::{self, Guest};
 use crate::host;
 use crate::project::{self, Binary};
@@ -167,6 +168,38 @@ fn host_unit_tests() -> Result<Row> {
         note: None,
         secs: Some(start.elapsed().as_secs_f64()),
     })
+}
+
+/// A short, seeded run of each fuzz target (coverage-guided, `fuzz::TARGETS`' bounded runs from
+/// the seed corpus): one row each, one test passed or failed.
+fn fuzz_rows() -> Vec<Row> {
+    let row = |name: String, ok: bool, status: Option<i32>, note: String, secs: Option<f64>| Row {
+        place: "host",
+        name,
+        counts: Some(Counts { passed: u64::from(ok), failed: u64::from(!ok), ignored: 0 }),
+        status,
+        killed: false,
+        note: Some(note),
+        secs,
+    };
+    let bins = match fuzz::build() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            return vec![row("fuzz targets".into(), false, None, "the fuzz crate did not build".into(), None)];
+        }
+    };
+    fuzz::TARGETS
+        .iter()
+        .map(|t| {
+            let limits = fuzz::Limits { runs: Some(t.bounded_runs), secs: Some(fuzz::BOUNDED_SECS), seed: Some(1) };
+            let name = format!("fuzz {}", t.name);
+            match fuzz::scratch_corpus(t).and_then(|c| fuzz::run(&bins, t, limits, &c, false)) {
+                Ok(o) => row(name, o.ok, o.status, o.summary(), Some(o.secs)),
+                Err(e) => row(name, false, None, e.to_string(), None),
+            }
+        })
+        .collect()
 }
 
 /// The in-VM runner: each binary, with its filter, under busybox `timeout`, between begin/end
@@ -357,6 +390,7 @@ pub fn run(opts: &Options) -> Result<i32> {
         host::rdma_addr()?;
     }
     let mut rows = vec![host_unit_tests()?];
+    rows.extend(fuzz_rows());
     let bins = project::build()?;
     if bins.rdma_tests().is_empty() {
         eprintln!("xtask: the root crate has no tests that need RDMA: nothing to run with RDMA");

@@ -474,5 +474,7 @@ impl Phase {
     }
 }
 
+#[cfg(any(test, feature = "fuzz-internals"))]
+pub(crate) mod spec;
 #[cfg(test)]
 mod tests;

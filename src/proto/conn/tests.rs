@@ -5,17 +5,18 @@
 //! Layout:
 //! * `check` and friends: a tiny data-driven harness (inputs in, final state and the last
 //!   input's actions out), behind many small tests.
-//! * `spec`: the documented outcome of any input in any state, written independently of the
-//!   machines. `every_input_in_every_reachable_state_matches_spec` explores every state the
-//!   machines can reach (breadth-first over the whole input alphabet) and compares each
-//!   transition with it.
-//! * `Tracker`: life-long invariants (one `Closed`, one `Established`, deadlines never leaked,
-//!   stale timeouts ignored, armed timeouts honoured), checked both exhaustively and over
-//!   thousands of pseudo-random sequences.
+//! * `spec` (in `spec.rs`, shared with the `state_machines` fuzz target): the documented
+//!   outcome of any input in any state, written independently of the machines.
+//!   `every_input_in_every_reachable_state_matches_spec` explores every state the machines can
+//!   reach (breadth-first over the whole input alphabet) and compares each transition with it.
+//! * `Tracker` (in `spec.rs`): life-long invariants (one `Closed`, one `Established`, deadlines
+//!   never leaked, stale timeouts ignored, armed timeouts honoured), checked both exhaustively
+//!   and over thousands of pseudo-random sequences.
 
 use std::collections::VecDeque;
 use std::fmt;
 
+use super::spec::{closed, expected, proto, Tracker};
 use super::{Action as A, Actions, Agent, Client, CloseReason, CmEventKind as K, Input, Listener, ListenerAction};
 use super::{AsyncEventKind, State, Step};
 use crate::proto::op::WcStatus;
@@ -132,16 +133,6 @@ fn paths<M: Machine>() -> Vec<(&'static str, Vec<Input>)> {
         ("closed by device removal", after(&[cm(K::DeviceRemoval)])),
     ]);
     v
-}
-
-/// The Protocol reason the machines build for `input` arriving in `state`.
-fn proto(state: &State, input: &Input) -> CloseReason {
-    CloseReason::Protocol(format!("unexpected {input:?} while {}", state.name()))
-}
-
-/// Early close: what every pre-establishment failure looks like.
-fn closed(reason: CloseReason) -> [A; 2] {
-    [A::ClearDeadline, A::Closed(reason)]
 }
 
 fn refused() -> RejectReason {
@@ -286,119 +277,15 @@ fn alphabet_covers_every_variant() {
 }
 
 // ------------------------------------------------------------------------------------------
-// The specification: what any input does in any state
+// The specification (`spec.rs`): what any input does in any state
 // ------------------------------------------------------------------------------------------
-
-/// The deadline that must be armed while in `state`.
-fn armed_in(state: &State) -> Option<Step> {
-    match state {
-        State::ResolvingAddr => Some(Step::ResolveAddr),
-        State::ResolvingRoute => Some(Step::ResolveRoute),
-        State::Connecting => Some(Step::Connect),
-        State::Accepting => Some(Step::Accept),
-        State::Established | State::Closed => None,
-        State::Disconnecting(_) => Some(Step::Disconnect),
-        State::Draining(_) => Some(Step::Drain),
-    }
-}
-
-#[derive(Debug)]
-enum Want {
-    /// No actions, state unchanged.
-    Ignore,
-    /// `CloseReason::Protocol`: closed at once before establishment (and while closing),
-    /// disconnect first when established.
-    Protocol,
-    /// This state and these actions.
-    Go(State, Vec<A>),
-}
-
-/// The documented outcome of `input` in `state` (independent of the machines' code).
-fn spec(state: &State, input: &Input) -> Want {
-    use State as S;
-    use Want::{Go, Ignore, Protocol};
-    let close = |r: CloseReason| Go(S::Closed, closed(r).to_vec());
-    let disconnect = |r: CloseReason| Go(S::Disconnecting(r), vec![A::Disconnect, A::SetDeadline(Step::Disconnect)]);
-    let early = matches!(state, S::ResolvingAddr | S::ResolvingRoute | S::Connecting | S::Accepting);
-    let closing = matches!(state, S::Disconnecting(_) | S::Draining(_));
-    match (state, input) {
-        (S::Closed, _) => Ignore,
-
-        (_, Input::Cm(K::AddrChange | K::TimewaitExit, _)) => Ignore,
-        (_, Input::Cm(K::DeviceRemoval, _)) => close(CloseReason::DeviceRemoval),
-        // Nothing of the connection can be trusted: closed at once, whatever its state.
-        (_, Input::Abort(r)) => close(r.clone()),
-        (S::ResolvingAddr, Input::Cm(K::AddrResolved, _)) => {
-            Go(S::ResolvingRoute, vec![A::ClearDeadline, A::ResolveRoute, A::SetDeadline(Step::ResolveRoute)])
-        }
-        (S::ResolvingAddr, Input::Cm(K::AddrError, s)) => close(CloseReason::AddrError(*s)),
-        (S::ResolvingRoute, Input::Cm(K::RouteResolved, _)) => {
-            Go(S::Connecting, vec![A::ClearDeadline, A::Connect, A::SetDeadline(Step::Connect)])
-        }
-        (S::ResolvingRoute, Input::Cm(K::RouteError, s)) => close(CloseReason::RouteError(*s)),
-        (S::Connecting | S::Accepting, Input::Cm(K::Established, _)) => {
-            Go(S::Established, vec![A::ClearDeadline, A::Established])
-        }
-        (S::Connecting | S::Accepting, Input::Cm(K::Rejected, s)) => {
-            close(CloseReason::Rejected { status: *s, reason: None })
-        }
-        (S::Connecting | S::Accepting, Input::Rejected { status, reason }) => {
-            close(CloseReason::Rejected { status: *status, reason: reason.clone() })
-        }
-        (S::Connecting | S::Accepting, Input::Cm(K::ConnectError, s)) => close(CloseReason::ConnectError(*s)),
-        (S::Connecting | S::Accepting, Input::Cm(K::Unreachable, s)) => close(CloseReason::Unreachable(*s)),
-        // The client went away between our accept and its RTU.
-        (S::Accepting, Input::Cm(K::Disconnected, _)) => close(CloseReason::Peer),
-        (S::Established, Input::Cm(K::Disconnected, _)) => {
-            Go(S::Draining(CloseReason::Peer), vec![A::Disconnect, A::SetDeadline(Step::Drain)])
-        }
-        (S::Disconnecting(r), Input::Cm(K::Disconnected, _)) => {
-            Go(S::Draining(r.clone()), vec![A::ClearDeadline, A::SetDeadline(Step::Drain)])
-        }
-        (S::Draining(_), Input::Cm(K::Disconnected, _)) => Ignore,
-        // The peer stopped answering (RC retries or a CM timeout): a reason the user can read.
-        (S::Established, Input::Cm(K::Unreachable, s)) => disconnect(CloseReason::Unreachable(*s)),
-        (S::Disconnecting(_) | S::Draining(_), Input::Cm(K::Unreachable, _)) => Ignore,
-        (_, Input::Cm(..) | Input::Rejected { .. }) => Protocol,
-
-        // Only the armed deadline counts; any other one is stale.
-        (_, Input::Timeout(t)) if armed_in(state) != Some(*t) => Ignore,
-        (S::Disconnecting(r), Input::Timeout(_)) => Go(S::Draining(r.clone()), vec![A::SetDeadline(Step::Drain)]),
-        (S::Draining(r), Input::Timeout(_) | Input::Drained) => close(r.clone()),
-        (_, Input::Timeout(t)) => close(CloseReason::Timeout(*t)),
-
-        (_, Input::Close) if early => close(CloseReason::Local),
-        (_, Input::Shutdown) if early => close(CloseReason::Shutdown),
-        (_, Input::WorkError(w)) if early => close(CloseReason::WorkError(*w)),
-        (_, Input::SetupFailed(what)) if early => close(CloseReason::Setup(what.clone())),
-        (_, Input::Fault(r)) if early => close(r.clone()),
-        (S::Established, Input::Fault(r)) => disconnect(r.clone()),
-        (_, Input::Fault(_)) if closing => Ignore,
-        (S::Established, Input::Close) => disconnect(CloseReason::Local),
-        (S::Established, Input::Shutdown) => disconnect(CloseReason::Shutdown),
-        (S::Established, Input::WorkError(w)) => disconnect(CloseReason::WorkError(*w)),
-        // The machine asks for no verb while established, so this "cannot happen".
-        (S::Established, Input::SetupFailed(_)) => Protocol,
-        (_, Input::Close | Input::Shutdown | Input::WorkError(_) | Input::SetupFailed(_)) if closing => Ignore,
-
-        (_, Input::Drained) => Ignore,
-        (_, input) => unreachable!("spec has no rule for {input:?} while {state:?}"),
-    }
-}
 
 /// Asserts that feeding `input` to `m` does what `spec` says; returns the actions.
 #[track_caller]
 fn assert_spec<M: Machine>(m: &mut M, input: &Input, ctx: &dyn fmt::Display) -> Vec<A> {
     let before = m.st().clone();
     let got = m.feed(input.clone()).into_vec();
-    let (state, actions) = match spec(&before, input) {
-        Want::Ignore => (before.clone(), vec![]),
-        Want::Go(s, a) => (s, a),
-        Want::Protocol if before.is_established() => {
-            (State::Disconnecting(proto(&before, input)), vec![A::Disconnect, A::SetDeadline(Step::Disconnect)])
-        }
-        Want::Protocol => (State::Closed, closed(proto(&before, input)).to_vec()),
-    };
+    let (state, actions) = expected(&before, input);
     assert_eq!(
         (m.st(), &got),
         (&state, &actions),
@@ -409,113 +296,8 @@ fn assert_spec<M: Machine>(m: &mut M, input: &Input, ctx: &dyn fmt::Display) -> 
 }
 
 // ------------------------------------------------------------------------------------------
-// Life-long invariants
+// Life-long invariants (`Tracker`, in `spec.rs`)
 // ------------------------------------------------------------------------------------------
-
-/// What has happened so far on one connection, for invariants that span inputs.
-#[derive(Clone, Debug, Default, PartialEq)]
-struct Tracker {
-    armed: Option<Step>,
-    closed: bool,
-    established: bool,
-    disconnects: u8,
-    resolve_routes: u8,
-    connects: u8,
-}
-
-impl Tracker {
-    fn new(first: &[A]) -> Tracker {
-        let mut t = Tracker::default();
-        for a in first {
-            match a {
-                A::SetDeadline(s) => t.armed = Some(*s),
-                other => panic!("unexpected first action {other:?}"),
-            }
-        }
-        t
-    }
-
-    /// Checks one transition; `Err` names the broken invariant.
-    fn step(&mut self, before: &State, input: &Input, actions: &[A], after: &State) -> Result<(), String> {
-        if self.closed && !actions.is_empty() {
-            return Err(format!("actions {actions:?} after Closed"));
-        }
-        if self.closed && !after.is_closed() {
-            return Err(format!("left Closed for {after:?}"));
-        }
-        if actions.is_empty() != (before == after) {
-            return Err(format!("state {before:?} -> {after:?} with actions {actions:?}"));
-        }
-        if let Input::Timeout(t) = input {
-            if self.armed != Some(*t) && !actions.is_empty() {
-                return Err(format!("stale {input:?} (armed {:?}) acted: {actions:?}", self.armed));
-            }
-            if self.armed == Some(*t) && actions.is_empty() {
-                return Err(format!("the armed deadline {t:?} expired and nothing happened"));
-            }
-        }
-        let closes = actions.iter().filter(|a| matches!(a, A::Closed(_))).count();
-        if closes > 1 {
-            return Err(format!("{closes} Closed in one batch: {actions:?}"));
-        }
-        if closes == 1 && !matches!(actions.last(), Some(A::Closed(_))) {
-            return Err(format!("Closed is not the last action: {actions:?}"));
-        }
-        if (closes == 1) != (after.is_closed() && !before.is_closed()) {
-            return Err(format!("Closed emitted: {}, but {before:?} -> {after:?}", closes == 1));
-        }
-        for a in actions {
-            match a {
-                A::SetDeadline(s) => self.armed = Some(*s),
-                A::ClearDeadline => self.armed = None,
-                A::Closed(_) => {
-                    if self.armed.is_some() {
-                        return Err(format!("Closed with deadline {:?} still armed: {actions:?}", self.armed));
-                    }
-                    self.closed = true;
-                }
-                A::Established => {
-                    if self.established {
-                        return Err("Established twice".into());
-                    }
-                    if !after.is_established() {
-                        return Err(format!("Established action but state {after:?}"));
-                    }
-                    self.established = true;
-                }
-                A::Disconnect => {
-                    self.disconnects += 1;
-                    if self.disconnects > 1 {
-                        return Err("Disconnect twice".into());
-                    }
-                    if !before.is_established() {
-                        return Err(format!("Disconnect while {before:?}"));
-                    }
-                }
-                A::ResolveRoute => self.resolve_routes += 1,
-                A::Connect => self.connects += 1,
-            }
-        }
-        if self.resolve_routes > 1 || self.connects > 1 {
-            return Err("ResolveRoute or Connect twice".into());
-        }
-        if self.armed != armed_in(after) {
-            return Err(format!("deadline {:?} armed while {after:?} (should be {:?})", self.armed, armed_in(after)));
-        }
-        if after.is_established() && !self.established {
-            return Err("established without the Established action".into());
-        }
-        if let (State::Draining(r) | State::Disconnecting(r), Some(A::Closed(got))) = (before, actions.last()) {
-            // A CM event (device removal) or an abort (a failed CQ or device) ends the
-            // connection at once for its own reason.
-            let forced = matches!(input, Input::Cm(..) | Input::Rejected { .. } | Input::Abort(_));
-            if got != r && !forced {
-                return Err(format!("closed with {got:?}, not the original {r:?}"));
-            }
-        }
-        Ok(())
-    }
-}
 
 /// Feeds `input`, checks the tracker's invariants; panics with the whole history on failure.
 fn tracked<M: Machine>(m: &mut M, t: &mut Tracker, input: &Input, history: &[Input]) {
