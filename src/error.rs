@@ -69,6 +69,18 @@ pub enum Error {
     BadAddress(String),
     /// A configuration value is out of range.
     Config(String),
+    /// Registering memory failed for lack of locked memory: the process may pin at most
+    /// `limit` bytes (`RLIMIT_MEMLOCK`), and `asked` more were needed.
+    Memlock {
+        /// Bytes the registration asked to pin.
+        asked: usize,
+        /// The soft `RLIMIT_MEMLOCK` in bytes (`None`: unlimited or unknown).
+        limit: Option<u64>,
+        /// What was being registered.
+        context: String,
+        /// The OS error `ibv_reg_mr` reported (`ENOMEM`).
+        source: io::Error,
+    },
     /// A limit of [`Config`](crate::Config) was reached.
     Limit {
         /// Which one, e.g. `"max_connections"`.
@@ -131,6 +143,16 @@ impl fmt::Display for Error {
             Error::BadAddress(a) => write!(f, "bad address: {a}"),
             Error::Config(what) => write!(f, "bad configuration: {what}"),
             Error::Limit { what, limit } => write!(f, "limit reached: {what} = {limit} (raise it in Config)"),
+            Error::Memlock { asked, limit, context, .. } => {
+                let limit = limit.map_or("unlimited".to_string(), |l| format!("{l} bytes"));
+                write!(
+                    f,
+                    "ibv_reg_mr could not pin {asked} bytes ({context}): the locked-memory limit \
+                     RLIMIT_MEMLOCK is {limit}; raise it (`ulimit -l`, systemd's LimitMEMLOCK=, \
+                     /etc/security/limits.conf) or configure a smaller pool (PoolConfig::cluster_bytes, \
+                     PoolConfig::max_bytes)"
+                )
+            }
         }
     }
 }
@@ -138,7 +160,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Verb { source, .. } | Error::Os { source, .. } => Some(source),
+            Error::Verb { source, .. } | Error::Os { source, .. } | Error::Memlock { source, .. } => Some(source),
             Error::Wire(e) => Some(e),
             _ => None,
         }
@@ -165,5 +187,19 @@ mod tests {
         let w = Error::Wire(WireError::BadMagic(7));
         assert_eq!(w.to_string(), "bad connect information");
         assert!(w.chain().starts_with("bad connect information: "), "{}", w.chain());
+    }
+
+    #[test]
+    fn memlock_names_the_limit_the_bytes_and_how_to_raise_it() {
+        let e = Error::Memlock {
+            asked: 4 << 20,
+            limit: Some(65536),
+            context: "pool cluster".into(),
+            source: io::Error::from_raw_os_error(12),
+        };
+        let text = e.to_string();
+        for needle in ["RLIMIT_MEMLOCK", "4194304 bytes", "65536 bytes", "ulimit -l", "LimitMEMLOCK", "smaller pool"] {
+            assert!(text.contains(needle), "{needle:?} missing from {text}");
+        }
     }
 }

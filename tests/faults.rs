@@ -239,3 +239,55 @@ fn a_shared_cq_that_cannot_be_created_fails_every_connection() {
     }
     assert_baseline();
 }
+
+/// Catalogue case 22: an unprivileged server whose locked-memory limit is below one pool
+/// cluster (4 MiB) fails to listen with an error naming RLIMIT_MEMLOCK, the bytes asked
+/// for, the limit, and how to raise it; nothing is left behind (the process exits).
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn memlock_too_low_names_the_limit_and_how_to_raise_it() {
+    let bind = addr().to_string();
+    let out = std::process::Command::new("runas")
+        .env("RUNAS_MEMLOCK", "1024")
+        .args(["rdmauser", bin("echo").to_str().expect("utf-8 path"), "server", "--bind", &bind, "--exit-after", "1"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("runas echo server");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("echo server as rdmauser with memlock 1024 KiB: {}", stderr.trim());
+    assert!(!out.status.success(), "the server must fail: {stderr}");
+    for needle in ["RLIMIT_MEMLOCK", "4194304 bytes", "1048576 bytes", "ulimit -l", "LimitMEMLOCK", "smaller pool"] {
+        assert!(stderr.contains(needle), "{needle:?} missing from the server's error: {stderr}");
+    }
+}
+
+/// An address with no RDMA device behind it: a client connecting through a netdev that has no
+/// RDMA device (a dummy `d2` without rxe) hears `AddrError` whose text says so; nothing is
+/// left behind.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn connect_through_a_netdev_without_rdma_says_so() {
+    let run = |args: &[&str]| std::process::Command::new("ip").args(args).status().is_ok_and(|s| s.success());
+    assert!(run(&["link", "add", "d2", "type", "dummy"]), "ip link add d2");
+    struct Del;
+    impl Drop for Del {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ip").args(["link", "delete", "d2"]).status();
+        }
+    }
+    let _del = Del;
+    assert!(run(&["addr", "add", "198.18.2.1/24", "dev", "d2"]) && run(&["link", "set", "d2", "up"]));
+    {
+        let mut r = Reactor::new().expect("reactor");
+        let p = ping(&mut r, "198.18.2.2:7000".parse().unwrap(), 1, 1);
+        pump(&mut [&mut r], LIMIT, || closed(&p));
+        let reason = p.borrow().closed.clone().expect("closed");
+        println!("connect via a netdev without RDMA: {reason}");
+        assert!(
+            matches!(reason, CloseReason::AddrError(_) | CloseReason::Timeout(_)),
+            "connect via a netdev without RDMA: {reason:?}"
+        );
+        assert!(reason.to_string().contains("RDMA device") || matches!(reason, CloseReason::Timeout(_)), "{reason}");
+    }
+    assert_baseline();
+}

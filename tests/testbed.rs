@@ -23,3 +23,23 @@ fn lists_the_rdma_device_with_an_active_port() {
     assert!(dev.max_qp > 0 && dev.max_cqe > 0, "{dev:?}");
     assert!(dev.ports.iter().any(|p| p.state == PortState::Active), "no active port: {dev:?}");
 }
+
+/// "No RDMA device" is an error a user can act on. Runs everywhere: on a machine without the
+/// RDMA stack (a plain `cargo test` here) `Reactor::new` fails with `Error::NoDevice` saying
+/// what is missing and how to get a device; where `/dev/infiniband/rdma_cm` exists (the VM) it
+/// succeeds.
+#[test]
+fn without_an_rdma_stack_the_error_says_what_is_missing() {
+    let stack = std::path::Path::new("/dev/infiniband/rdma_cm").exists();
+    match (stack, rdma_reactor::Reactor::new()) {
+        (true, r) => assert!(r.is_ok(), "the RDMA stack is there: {:?}", r.err()),
+        (false, Ok(_)) => panic!("a reactor without /dev/infiniband/rdma_cm"),
+        (false, Err(e)) => {
+            let text = e.to_string();
+            assert!(matches!(e, rdma_reactor::Error::NoDevice(_)), "{e:?}");
+            for needle in ["no RDMA device", "/dev/infiniband/rdma_cm", "rdma link", "modprobe rdma_rxe"] {
+                assert!(text.contains(needle), "{needle:?} missing from: {text}");
+            }
+        }
+    }
+}

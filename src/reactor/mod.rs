@@ -341,7 +341,17 @@ impl Reactor {
     pub fn with_config(cfg: Config) -> Result<Reactor> {
         cfg.validate()?;
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(os("epoll_create1"))?;
-        let cm = EventChannel::new().map_err(|e| Error::verb("rdma_create_event_channel", "", e))?;
+        let cm = EventChannel::new().map_err(|e| match e.raw_os_error() {
+            // librdmacm's answers when there is no RDMA stack or no device at all.
+            Some(nix::libc::ENODEV | nix::libc::ENOENT | nix::libc::EPERM | nix::libc::ENOSYS) => {
+                Error::NoDevice(format!(
+                    "rdma_create_event_channel: {e}: no RDMA device, or the kernel's RDMA stack is not \
+                 loaded (/dev/infiniband/rdma_cm; `rdma link` lists devices; for Soft-RoCE: \
+                 modprobe rdma_rxe, then rdma link add rxe0 type rxe netdev IFACE)"
+                ))
+            }
+            _ => Error::verb("rdma_create_event_channel", "", e),
+        })?;
         let token = Token::new(Kind::CmChannel, 0, 1);
         epoll.add(&*cm, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
         Ok(Reactor {

@@ -94,3 +94,17 @@ pub(crate) unsafe fn c_str(p: *const std::os::raw::c_char) -> String {
     // SAFETY: non-null and NUL-terminated per this function's contract.
     unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
+
+/// The error of a failed `ibv_reg_mr` of `bytes` bytes: `ENOMEM` with a locked-memory limit
+/// below what the registration needs is [`Error::Memlock`](crate::Error::Memlock), naming the
+/// limit; anything else is a plain verb error.
+pub(crate) fn reg_error(bytes: usize, context: String, e: io::Error) -> crate::Error {
+    use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
+    if e.raw_os_error() == Some(nix::libc::ENOMEM) {
+        let limit = getrlimit(Resource::RLIMIT_MEMLOCK).ok().map(|(soft, _)| soft).filter(|l| *l != RLIM_INFINITY);
+        if limit.is_some() {
+            return crate::Error::Memlock { asked: bytes, limit, context, source: e };
+        }
+    }
+    crate::Error::verb("ibv_reg_mr", context, e)
+}

@@ -217,7 +217,7 @@ impl Class {
         // SAFETY: mem is kept in the same Cluster as the region and is dropped after it (field
         // order), so the memory outlives the registration and never moves.
         let mr = unsafe { Mr::register(&self.pd, mem.ptr.as_ptr(), cluster_bytes, Access::LOCAL_WRITE) }
-            .map_err(|e| Error::verb("ibv_reg_mr", format!("pool cluster of {cluster_bytes} bytes"), e))?;
+            .map_err(|e| super::reg_error(cluster_bytes, format!("pool cluster of {cluster_bytes} bytes"), e))?;
         self.registered.set(self.registered.get() + cluster_bytes);
         let cluster = Rc::new(Cluster { mr, mem });
         let chunks: Vec<u32> = (0..self.per_cluster as u32).rev().collect();
@@ -347,7 +347,7 @@ impl Buf {
         // SAFETY: the chunk stays allocated while `Exposed` holds this Buf, and `Exposed`
         // declares the region before the Buf, so the region is deregistered first.
         let mr = unsafe { Mr::register(&pd, self.base(), self.cap, flags) }
-            .map_err(|e| Error::verb("ibv_reg_mr", format!("exposing {} bytes ({access:?})", self.cap), e))?;
+            .map_err(|e| super::reg_error(self.cap, format!("exposing {} bytes ({access:?})", self.cap), e))?;
         Ok(Exposed { mr, buf: self, access })
     }
 }

@@ -229,10 +229,10 @@ impl fmt::Display for CloseReason {
                 f.write_str("rejected: nothing listens on that port (status 8)")
             }
             CloseReason::Rejected { status, reason: None } => write!(f, "rejected (status {status})"),
-            CloseReason::AddrError(s) => write!(f, "address resolution failed (status {s})"),
-            CloseReason::RouteError(s) => write!(f, "route resolution failed (status {s})"),
+            CloseReason::AddrError(s) => write!(f, "address resolution failed (status {s}{})", errno_hint(*s)),
+            CloseReason::RouteError(s) => write!(f, "route resolution failed (status {s}{})", errno_hint(*s)),
             CloseReason::ConnectError(s) => write!(f, "connect failed (status {s})"),
-            CloseReason::Unreachable(s) => write!(f, "peer unreachable (status {s})"),
+            CloseReason::Unreachable(s) => write!(f, "peer unreachable (status {s}{})", errno_hint(*s)),
             CloseReason::Timeout(step) => write!(f, "{step} timed out"),
             CloseReason::DeviceRemoval => f.write_str("RDMA device removed"),
             CloseReason::WorkError(WcStatus::RetryExcErr) => {
@@ -245,6 +245,18 @@ impl fmt::Display for CloseReason {
             CloseReason::Setup(what) => write!(f, "setup failed: {what}"),
             CloseReason::Shutdown => f.write_str("reactor shut down"),
         }
+    }
+}
+
+/// What a negative rdma_cm event status means, for the statuses a user can act on.
+fn errno_hint(status: i32) -> &'static str {
+    match status {
+        -19 => ": no RDMA device behind that address or on the route to it",
+        -110 => ": timed out",
+        -101 => ": network unreachable",
+        -113 => ": no route to the host",
+        -111 => ": connection refused",
+        _ => "",
     }
 }
 

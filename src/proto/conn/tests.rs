@@ -1266,10 +1266,15 @@ fn close_reason_cleanliness_and_display() {
         (CloseReason::Peer, true, "peer disconnected"),
         (CloseReason::Shutdown, true, "reactor shut down"),
         (CloseReason::Rejected { status: 28, reason: None }, false, "rejected (status 28)"),
-        (CloseReason::AddrError(ST), false, "address resolution failed (status -110)"),
-        (CloseReason::RouteError(ST), false, "route resolution failed (status -110)"),
+        (CloseReason::AddrError(ST), false, "address resolution failed (status -110: timed out)"),
+        (
+            CloseReason::AddrError(-19),
+            false,
+            "address resolution failed (status -19: no RDMA device behind that address or on the route to it)",
+        ),
+        (CloseReason::RouteError(ST), false, "route resolution failed (status -110: timed out)"),
         (CloseReason::ConnectError(ST), false, "connect failed (status -110)"),
-        (CloseReason::Unreachable(ST), false, "peer unreachable (status -110)"),
+        (CloseReason::Unreachable(ST), false, "peer unreachable (status -110: timed out)"),
         (CloseReason::DeviceRemoval, false, "RDMA device removed"),
         (
             CloseReason::WorkError(WcStatus::RetryExcErr),
