@@ -1,0 +1,393 @@
+//! Dying, broken and hostile peers (FAULTS.md, cases 9, 11, 12, 15, 16, 33, 37): each costs one
+//! connection and nothing else. Every test keeps a well-behaved client running on the same
+//! server and checks its messages are still echoed and verified, checks the exact close
+//! reasons the callbacks see, and checks that the kernel objects of this test's thread are
+//! back to zero at the end. The peers are `echo` processes killed with SIGKILL, or in-process
+//! clients that break the protocol on purpose.
+
+mod util;
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use rdma_reactor::{
+    CloseReason, Completion, Config, Conn, ConnectInfo, ConnectOptions, ConnectionHandler, Ctx, Op, OpCode, OpError,
+    Reactor, Token, WcStatus,
+};
+use util::*;
+
+const SIZE: usize = 64;
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn owner_id() -> u32 {
+    nix::unistd::gettid().as_raw() as u32
+}
+
+/// Ticks every reactor in turn until `done()`; panics after `limit` (never hangs).
+fn pump(reactors: &mut [&mut Reactor], limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not done after {limit:?}: {reactors:?}");
+        for r in reactors.iter_mut() {
+            r.run_once(Some(Duration::from_millis(5))).expect("run_once");
+        }
+    }
+}
+
+struct Server {
+    addr: SocketAddr,
+    agents_closed: Rc<RefCell<Vec<CloseReason>>>,
+}
+
+fn listen(r: &mut Reactor, depth: u32) -> Server {
+    let addr = addr();
+    let agents_closed = Rc::new(RefCell::new(Vec::new()));
+    r.listen(addr, EchoListener { depth, agents_closed: agents_closed.clone() }).expect("listen");
+    Server { addr, agents_closed }
+}
+
+type Ping = Rc<RefCell<PingResult>>;
+
+fn ping(r: &mut Reactor, a: SocketAddr, id: u64, count: u64) -> Ping {
+    let (c, result) = PingClient::new(id, SIZE, count);
+    let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+    r.connect(a, opts, c).expect("connect");
+    result
+}
+
+/// The well-behaved client is still served: `more` further verified echoes after now.
+fn still_served(reactors: &mut [&mut Reactor], good: &Ping, more: u64) {
+    let want = good.borrow().echoed + more;
+    pump(reactors, LIMIT, "the good client keeps being served", || {
+        good.borrow().echoed >= want || good.borrow().closed.is_some()
+    });
+    let g = good.borrow();
+    assert!(g.echoed >= want && g.error.is_none() && g.closed.is_none(), "the good client: {g:?}");
+}
+
+fn assert_baseline() {
+    let zero = ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 };
+    assert_eq!(res_counts(owner_id()), zero, "every kernel object of this test destroyed");
+}
+
+/// An `echo client` process: `size`-byte messages, `count` of them, then idle for `hold_ms`.
+fn echo_client(a: SocketAddr, size: usize, count: u64, hold_ms: u64) -> Proc {
+    let (a, size, count, hold) = (a.to_string(), size.to_string(), count.to_string(), hold_ms.to_string());
+    let args = ["client", "--connect", &a, "--size", &size, "--count", &count, "--verify", "--hold-ms", &hold];
+    Proc::spawn("echo client", bin("echo"), &args)
+}
+
+fn kill9(p: &mut Proc) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.0.id() as i32), nix::sys::signal::Signal::SIGKILL)
+        .expect("kill -9");
+    let _ = p.0.wait();
+}
+
+/// Case 11: a peer process killed while its connection is idle. Its kernel sends a DREQ: the
+/// agent closes with `Peer`, promptly; the good client is untouched.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn peer_killed_while_idle_closes_its_agent_with_peer() {
+    {
+        let mut r = Reactor::new().expect("reactor");
+        let s = listen(&mut r, 4);
+        let good = ping(&mut r, s.addr, 1, u64::MAX);
+        let mut victim = echo_client(s.addr, SIZE, 5, 600_000);
+        let deadline = Instant::now() + LIMIT;
+        while r.stats().established < 2 {
+            assert!(Instant::now() < deadline, "the echo client never connected");
+            r.run_once(Some(Duration::from_millis(5))).expect("run_once");
+        }
+        // Its 5 round trips take a moment; then it sits idle.
+        let idle = Instant::now() + Duration::from_millis(500);
+        pump(&mut [&mut r], LIMIT, "idle", || Instant::now() >= idle);
+        let killed = Instant::now();
+        kill9(&mut victim);
+        pump(&mut [&mut r], LIMIT, "the agent closed", || !s.agents_closed.borrow().is_empty());
+        println!("agent of the killed idle peer closed after {:?}", killed.elapsed());
+        assert_eq!(*s.agents_closed.borrow(), vec![CloseReason::Peer]);
+        still_served(&mut [&mut r], &good, 20);
+    }
+    assert_baseline();
+}
+
+/// Case 12: a peer process killed under load (4 KiB ping-pong at full rate). The agent
+/// closes with `Peer`, or with the work error its last posted request got; never a protocol
+/// error; the good client is untouched.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn peer_killed_under_load_costs_one_connection() {
+    {
+        let mut r = Reactor::new().expect("reactor");
+        let s = listen(&mut r, 8);
+        let good = ping(&mut r, s.addr, 1, u64::MAX);
+        let mut victim = echo_client(s.addr, 4096, 1_000_000, 0);
+        let deadline = Instant::now() + LIMIT;
+        while r.stats().established < 2 || r.stats().completions < 2_000 {
+            assert!(Instant::now() < deadline, "no traffic from the echo client: {:?}", r.stats());
+            r.run_once(Some(Duration::from_millis(5))).expect("run_once");
+        }
+        kill9(&mut victim);
+        pump(&mut [&mut r], LIMIT, "the agent closed", || !s.agents_closed.borrow().is_empty());
+        let closed = s.agents_closed.borrow().clone();
+        assert!(
+            matches!(closed.as_slice(), [CloseReason::Peer] | [CloseReason::WorkError(_)]),
+            "the agent of the killed peer: {closed:?}"
+        );
+        still_served(&mut [&mut r], &good, 20);
+    }
+    assert_baseline();
+}
+
+/// Case 37 (the other side of it): the server process is killed; our clients hear it as
+/// `Peer` (its kernel's DREQ) or a work error, each once, and leave nothing behind.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn server_killed_its_clients_close_and_leave_nothing() {
+    {
+        let a = addr();
+        let mut server = Proc::spawn("echo server", bin("echo"), &["server", "--bind", &a.to_string(), "--quiet"]);
+        std::thread::sleep(Duration::from_millis(500));
+        let mut r = Reactor::new().expect("reactor");
+        let clients: Vec<Ping> = (0..4).map(|i| ping(&mut r, a, i, u64::MAX)).collect();
+        pump(&mut [&mut r], LIMIT, "clients served", || clients.iter().all(|c| c.borrow().echoed >= 20));
+        kill9(&mut server);
+        pump(&mut [&mut r], LIMIT, "clients closed", || clients.iter().all(|c| c.borrow().closed.is_some()));
+        for c in &clients {
+            let c = c.borrow();
+            assert!(
+                matches!(c.closed, Some(CloseReason::Peer) | Some(CloseReason::WorkError(_))),
+                "a client of the killed server: {c:?}"
+            );
+        }
+        run_until_idle(&mut r, LIMIT);
+    }
+    assert_baseline();
+}
+
+/// Case 9: a client killed and replaced at once, ten times: every new one is served (the
+/// server keeps no half-open state), and the server hears each killed one close.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn fast_reconnect_after_crash_is_served() {
+    {
+        let mut r = Reactor::new().expect("reactor");
+        let s = listen(&mut r, 4);
+        for round in 1..=10u64 {
+            let mut victim = echo_client(s.addr, SIZE, 1_000_000, 0);
+            let deadline = Instant::now() + LIMIT;
+            while r.stats().established < 2 * round - 1 {
+                assert!(Instant::now() < deadline, "round {round}: the victim never connected");
+                r.run_once(Some(Duration::from_millis(5))).expect("run_once");
+            }
+            kill9(&mut victim);
+            let mut next = echo_client(s.addr, SIZE, 5, 0);
+            let mut status = None;
+            pump(&mut [&mut r], LIMIT, "the next client finished", || {
+                status = status.or_else(|| next.0.try_wait().expect("try_wait"));
+                status.is_some()
+            });
+            assert!(status.is_some_and(|s| s.success()), "round {round}: the next client failed: {status:?}");
+        }
+        pump(&mut [&mut r], LIMIT, "every agent closed", || s.agents_closed.borrow().len() == 20);
+        let closed = s.agents_closed.borrow();
+        assert!(closed.iter().all(|c| matches!(c, CloseReason::Peer | CloseReason::WorkError(_))), "{closed:?}");
+    }
+    assert_baseline();
+}
+
+/// What the hostile client saw.
+#[derive(Debug, Default)]
+struct Hostile {
+    /// Submissions the library refused.
+    refused: Vec<String>,
+    errors: Vec<OpError>,
+    closed: Option<CloseReason>,
+}
+
+/// Sends `count` messages of `size` bytes as soon as it is established, at most `window`
+/// outstanding, whatever the server's receives or credits.
+struct Flooder {
+    size: usize,
+    count: u32,
+    sent: u32,
+    window: u32,
+    outstanding: u32,
+    seen: Rc<RefCell<Hostile>>,
+}
+
+impl Flooder {
+    fn send_more(&mut self, conn: &mut Conn<'_>) {
+        while self.sent < self.count && self.outstanding < self.window {
+            let mut buf = match conn.alloc(self.size) {
+                Ok(b) => b,
+                Err(e) => return self.seen.borrow_mut().refused.push(e.to_string()),
+            };
+            buf.as_mut_slice().fill(0xAB);
+            if let Err(e) = conn.submit(Op::send(buf)) {
+                return self.seen.borrow_mut().refused.push(e.error.to_string());
+            }
+            self.sent += 1;
+            self.outstanding += 1;
+        }
+    }
+}
+
+impl ConnectionHandler for Flooder {
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        self.send_more(conn);
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        if c.opcode == OpCode::Send {
+            self.outstanding -= 1;
+        }
+        match c.result {
+            Ok(_) => self.send_more(conn),
+            Err(e) => self.seen.borrow_mut().errors.push(e),
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        self.seen.borrow_mut().closed = Some(reason);
+    }
+}
+
+/// Case 15: a client that promised 64-byte messages sends 8 KiB into the server's receives
+/// (64 bytes asked for: one 4 KiB pool chunk each). Its send fails with a work error (`RemInvReqErr` when the responder NAKs it,
+/// `RetryExcErr` when it drops it: the flooder uses a short ACK timeout and 2 retries) and
+/// only its connection closes; the server's agent, if it noticed, closes with a work error
+/// too; the good client is untouched.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn send_larger_than_the_posted_receive_fails_that_connection_alone() {
+    {
+        let mut r = Reactor::new().expect("reactor");
+        let s = listen(&mut r, 4);
+        let good = ping(&mut r, s.addr, 1, u64::MAX);
+        pump(&mut [&mut r], LIMIT, "good client served", || good.borrow().echoed >= 10);
+        let cfg = Config { ack_timeout: Some(Duration::from_millis(20)), retry_count: 2, ..Config::default() };
+        let mut h = Reactor::with_config(cfg).expect("flooder reactor");
+        let seen = Rc::new(RefCell::new(Hostile::default()));
+        let flooder = Flooder { size: 8192, count: 1, sent: 0, window: 1, outstanding: 0, seen: seen.clone() };
+        // It tells the server 64 bytes (so the agent posts 4 KiB receives), then sends 8 KiB:
+        // the server's own advertised maximum (a pool chunk) lets the submission through.
+        let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+        h.connect(s.addr, opts, flooder).expect("connect");
+        let deadline = Instant::now() + LIMIT;
+        while seen.borrow().closed.is_none() {
+            assert!(Instant::now() < deadline, "the oversized send: {:?} {:?} {:?}", seen.borrow(), h.stats(), r);
+            r.run_once(Some(Duration::from_millis(5))).expect("run_once");
+            h.run_once(Some(Duration::from_millis(5))).expect("run_once");
+        }
+        let settle = Instant::now() + Duration::from_secs(2);
+        pump(&mut [&mut r, &mut h], LIMIT, "settle", || Instant::now() >= settle);
+        let seen = seen.borrow();
+        println!("oversized send: the sender saw {seen:?}; the agent closed: {:?}", s.agents_closed.borrow());
+        assert!(
+            matches!(
+                seen.errors.as_slice(),
+                [OpError::Wc(WcStatus::RemOpErr | WcStatus::RemInvReqErr | WcStatus::RetryExcErr)]
+            ),
+            "{seen:?}"
+        );
+        assert!(matches!(seen.closed, Some(CloseReason::WorkError(_) | CloseReason::Peer)), "{seen:?}");
+        pump(&mut [&mut r, &mut h], LIMIT, "the agent closed", || !s.agents_closed.borrow().is_empty());
+        let agents = s.agents_closed.borrow().clone();
+        assert!(matches!(agents.as_slice(), [CloseReason::WorkError(_)]), "{agents:?}");
+        still_served(&mut [&mut r, &mut h], &good, 20);
+    }
+    assert_baseline();
+}
+
+/// Case 16, hostile: a client that offers flow control in its connect information, then
+/// ignores credits, floods sends and posts no receive of its own. The server (4 receives
+/// kept posted) serves it as far as its receives allow; its echoes find no receive at the
+/// flooder, so the agent closes with a work error (`RnrRetryExcErr`) and the flooder's
+/// remaining sends flush or are cancelled. Only the flooder suffers; the good client is
+/// untouched.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn sends_without_credit_cost_only_the_sender() {
+    {
+        let mut r = Reactor::new().expect("server reactor");
+        let s = listen(&mut r, 4);
+        let good = ping(&mut r, s.addr, 1, u64::MAX);
+        pump(&mut [&mut r], LIMIT, "good client served", || good.borrow().echoed >= 10);
+        // The flooder's own reactor has flow control off; its connect information says on.
+        let cfg = Config { flow_control: false, ..Config::default() };
+        let mut h = Reactor::with_config(cfg).expect("flooder reactor");
+        let claim = ConnectInfo { msg_size: SIZE as u32, recv_depth: 64, flow_control: true, ..ConnectInfo::default() };
+        let raw = claim.encode(56).expect("encode");
+        let opts = ConnectOptions { msg_size: SIZE as u32, raw_private_data: Some(raw), ..ConnectOptions::default() };
+        let seen = Rc::new(RefCell::new(Hostile::default()));
+        let flooder = Flooder { size: SIZE, count: 2_000, sent: 0, window: 64, outstanding: 0, seen: seen.clone() };
+        let ft = h.connect(s.addr, opts, flooder).expect("connect");
+        pump(&mut [&mut r, &mut h], LIMIT, "the flood ended", || {
+            let s = seen.borrow();
+            s.closed.is_some() || s.errors.len() + 64 >= 2_000
+        });
+        h.ctx().close(ft);
+        pump(&mut [&mut r, &mut h], LIMIT, "the flooder closed", || seen.borrow().closed.is_some());
+        let seen = seen.borrow();
+        println!("flooder: {} errors, closed {:?}", seen.errors.len(), seen.closed);
+        pump(&mut [&mut r, &mut h], LIMIT, "the flooder's agent closed", || !s.agents_closed.borrow().is_empty());
+        let agents = s.agents_closed.borrow().clone();
+        println!("the flooder's agent closed with {agents:?}");
+        assert!(
+            seen.errors.iter().all(|e| matches!(
+                e,
+                OpError::Wc(WcStatus::RnrRetryExcErr | WcStatus::WrFlushErr) | OpError::Cancelled
+            )),
+            "{seen:?}"
+        );
+        assert!(matches!(agents.as_slice(), [CloseReason::WorkError(_)]), "{agents:?}");
+        still_served(&mut [&mut r], &good, 20);
+    }
+    assert_baseline();
+}
+
+/// Case 33: both sides close in the same tick. Each hears `on_closed` exactly once, with a
+/// clean reason.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn simultaneous_close_is_heard_once_on_each_side() {
+    struct Closer(Rc<RefCell<Vec<CloseReason>>>);
+    impl ConnectionHandler for Closer {
+        fn on_established(&mut self, conn: &mut Conn<'_>) {
+            conn.close();
+        }
+        fn on_completion(&mut self, _conn: &mut Conn<'_>, _c: Completion) {}
+        fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+            self.0.borrow_mut().push(reason);
+        }
+    }
+    struct Both(Rc<RefCell<Vec<CloseReason>>>);
+    impl rdma_reactor::ListenerHandler for Both {
+        fn on_connect_request(
+            &mut self,
+            _ctx: &mut Ctx<'_>,
+            _req: &rdma_reactor::ConnectRequest,
+        ) -> rdma_reactor::Decision {
+            rdma_reactor::Decision::Accept(Box::new(Closer(self.0.clone())))
+        }
+    }
+    {
+        let mut r = Reactor::new().expect("reactor");
+        let a = addr();
+        let closed = Rc::new(RefCell::new(Vec::new()));
+        let l = r.listen(a, Both(closed.clone())).expect("listen");
+        for _ in 0..8 {
+            r.connect(a, ConnectOptions::default(), Closer(closed.clone())).expect("connect");
+        }
+        pump(&mut [&mut r], LIMIT, "every close heard", || closed.borrow().len() >= 16);
+        r.ctx().close(l);
+        run_until_idle(&mut r, LIMIT);
+        let closed = closed.borrow();
+        assert_eq!(closed.len(), 16, "one on_closed per side: {closed:?}");
+        assert!(closed.iter().all(|c| matches!(c, CloseReason::Local | CloseReason::Peer)), "{closed:?}");
+    }
+    assert_baseline();
+}
