@@ -40,6 +40,9 @@ server: receives from any number of clients at once, from one thread.
   --exit-after N     exit after N connections have closed (default: run until killed)
   --quiet            no per-connection lines
   --spin-us N        (both) poll for N microseconds after work before sleeping (default 0)
+  --keepalive-ms N   (both) probe an idle connection every N ms (default: off)
+  --ack-timeout-ms N (both) RC ACK timeout (default: the kernel's)
+  --retry-count N    (both) transport retries, 0 to 7 (default 7)
 client: streams N messages of BYTES on each of K connections.
   --connect ADDR:PORT
   --size BYTES       message size (suffixes K, M); with --op write at most 1M / server depth
@@ -300,14 +303,14 @@ impl ConnectionHandler for BlastAgent {
 }
 
 fn server(args: Args) {
-    args.finish(&["bind", "depth", "exit-after", "spin-us"]);
+    args.finish(&[&["bind", "depth", "exit-after", "spin-us"][..], &Args::LIVENESS[..]].concat());
     let bind = args.addr("bind");
     let depth: u32 = args.get("depth", 16);
     if depth < 3 {
         common::fail(USAGE, "--depth must be at least 3 (flow control needs a reserve)");
     }
     let totals = Rc::new(RefCell::new(Totals { exit_after: args.get("exit-after", 0), ..Totals::default() }));
-    let cfg = Config { recv_depth: depth, send_depth: 16, spin: args.spin(), ..Config::default() };
+    let cfg = args.liveness(Config { recv_depth: depth, send_depth: 16, spin: args.spin(), ..Config::default() });
     let mut reactor = Reactor::with_config(cfg)
         .unwrap_or_else(|e| common::die("blast", &format!("cannot start: {}", common::report(&e))));
     let listener = BlastListener {
@@ -465,7 +468,9 @@ impl ConnectionHandler for BlastClient {
 }
 
 fn client(args: Args) {
-    args.finish(&["connect", "size", "count", "clients", "op", "window", "spin-us"]);
+    args.finish(
+        &[&["connect", "size", "count", "clients", "op", "window", "spin-us"][..], &Args::LIVENESS[..]].concat(),
+    );
     let dst = args.addr("connect");
     let size = args.size("size", 0);
     if !(1..=1024 * 1024).contains(&size) {
@@ -483,8 +488,12 @@ fn client(args: Args) {
         common::fail(USAGE, "--clients and --window must be at least 1");
     }
     let verify = args.switch("verify");
-    let cfg =
-        Config { send_depth: 64.max(window as u32).min(1024), recv_depth: 4, spin: args.spin(), ..Config::default() };
+    let cfg = args.liveness(Config {
+        send_depth: 64.max(window as u32).min(1024),
+        recv_depth: 4,
+        spin: args.spin(),
+        ..Config::default()
+    });
     let mut reactor = Reactor::with_config(cfg)
         .unwrap_or_else(|e| common::die("blast", &format!("cannot start: {}", common::report(&e))));
     let totals = Rc::new(RefCell::new(ClientTotals::default()));

@@ -37,6 +37,10 @@ server: echoes every message on every connection, from one thread.
   --quiet              no per-connection lines
   --spin-us N          (both) poll for N microseconds after work before sleeping (default 0:
                        event mode)
+  --keepalive-ms N     (both) probe an idle connection every N ms (zero-length RDMA WRITE), so
+                       a peer host that vanished is noticed (default: off)
+  --ack-timeout-ms N   (both) RC ACK timeout (default: the kernel's, about 1-2 s on RoCE)
+  --retry-count N      (both) transport retries, 0 to 7 (default 7)
 client: ping-pongs messages and reports round-trip latency.
   --connect ADDR:PORT  the server
   --size BYTES         message size, 1 to 1M (suffixes K, M)
@@ -151,7 +155,7 @@ impl ConnectionHandler for EchoAgent {
 }
 
 fn server(args: Args) {
-    args.finish(&["bind", "depth", "exit-after", "spin-us"]);
+    args.finish(&[&["bind", "depth", "exit-after", "spin-us"][..], &Args::LIVENESS[..]].concat());
     let bind = args.addr("bind");
     let depth: u32 = args.get("depth", 16);
     if depth == 0 {
@@ -163,7 +167,7 @@ fn server(args: Args) {
         quiet: args.switch("quiet"),
         exit_after: args.get("exit-after", 0),
     }));
-    let cfg = Config { recv_depth: depth.max(16), spin: args.spin(), ..Config::default() };
+    let cfg = args.liveness(Config { recv_depth: depth.max(16), spin: args.spin(), ..Config::default() });
     let mut reactor = Reactor::with_config(cfg)
         .unwrap_or_else(|e| common::die("echo", &format!("cannot start: {}", common::report(&e))));
     reactor
@@ -343,7 +347,10 @@ impl ConnectionHandler for EchoClient {
 }
 
 fn client(args: Args) {
-    args.finish(&["connect", "size", "count", "clients", "stall-timeout", "spin-us", "hold-ms"]);
+    args.finish(
+        &[&["connect", "size", "count", "clients", "stall-timeout", "spin-us", "hold-ms"][..], &Args::LIVENESS[..]]
+            .concat(),
+    );
     let dst = args.addr("connect");
     let size = args.size("size", 0);
     if !(1..=1024 * 1024).contains(&size) {
@@ -356,7 +363,7 @@ fn client(args: Args) {
     }
     let verify = args.switch("verify");
     let stall = Duration::from_secs(args.get("stall-timeout", 20));
-    let cfg = Config { send_depth: 4, recv_depth: 4, spin: args.spin(), ..Config::default() };
+    let cfg = args.liveness(Config { send_depth: 4, recv_depth: 4, spin: args.spin(), ..Config::default() });
     let mut reactor = Reactor::with_config(cfg)
         .unwrap_or_else(|e| common::die("echo", &format!("cannot start: {}", common::report(&e))));
     let results = Rc::new(RefCell::new(Results::default()));

@@ -288,3 +288,59 @@ fn connect_through_a_netdev_without_rdma_says_so() {
     }
     assert_baseline();
 }
+
+/// Keepalive and ACK timeout (dead-peer detection, `Config::keepalive`,
+/// `Config::ack_timeout`): an idle connection with a 50 ms keepalive posts a probe every
+/// interval, each acknowledged by the peer's device without the peer's application seeing
+/// anything; the connection stays up and closes cleanly. (A peer that vanished is the
+/// two-VM case 13.)
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn keepalive_probes_an_idle_connection_without_disturbing_it() {
+    {
+        let cfg = Config {
+            keepalive: Some(Duration::from_millis(50)),
+            ack_timeout: Some(Duration::from_millis(20)),
+            retry_count: 3,
+            ..Config::default()
+        };
+        let (mut srv, a, heard) = server(Config::default());
+        let mut cli = Reactor::with_config(cfg).expect("client reactor");
+        // An idle client: one receive posted, nothing sent.
+        struct Idle(Rc<RefCell<Option<CloseReason>>>);
+        impl rdma_reactor::ConnectionHandler for Idle {
+            fn on_ready(&mut self, conn: &mut rdma_reactor::Conn<'_>) {
+                let buf = conn.alloc(SIZE).expect("buffer");
+                conn.submit(rdma_reactor::Op::recv(buf)).expect("receive");
+            }
+            fn on_completion(&mut self, _conn: &mut rdma_reactor::Conn<'_>, _c: rdma_reactor::Completion) {}
+            fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _t: rdma_reactor::Token, reason: CloseReason) {
+                *self.0.borrow_mut() = Some(reason);
+            }
+        }
+        let closed = Rc::new(RefCell::new(None));
+        let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+        let t = cli.connect(a, opts, Idle(closed.clone())).expect("connect");
+        let deadline = Instant::now() + LIMIT;
+        while cli.stats().established == 0 {
+            assert!(Instant::now() < deadline, "not established: {cli:?}");
+            srv.run_once(Some(Duration::from_millis(1))).expect("run_once");
+            cli.run_once(Some(Duration::from_millis(1))).expect("run_once");
+        }
+        let before = cli.stats();
+        let until = Instant::now() + Duration::from_secs(1);
+        pump(&mut [&mut srv, &mut cli], LIMIT, || Instant::now() >= until);
+        let after = cli.stats();
+        let probes = after.keepalives - before.keepalives;
+        println!("keepalive: {probes} probes in 1 s at 50 ms, {} completions", after.completions - before.completions);
+        assert!(probes >= 5, "{probes} probes in 1 s at a 50 ms interval");
+        assert!(after.completions > before.completions, "the probes completed (signaled)");
+        assert_eq!(*closed.borrow(), None, "the idle connection stays up");
+        assert!(heard.borrow().agents_closed.borrow().is_empty(), "the server saw nothing but a connection");
+        cli.ctx().close(t);
+        pump(&mut [&mut srv, &mut cli], LIMIT, || closed.borrow().is_some());
+        assert_eq!(*closed.borrow(), Some(CloseReason::Local));
+        srv.shutdown(Duration::from_secs(1));
+    }
+    assert_baseline();
+}

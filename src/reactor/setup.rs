@@ -472,3 +472,23 @@ pub(super) fn ack_timeout_exponent(d: std::time::Duration) -> u8 {
 pub(super) fn millis(d: std::time::Duration) -> i32 {
     d.as_millis().min(i32::MAX as u128) as i32
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::ack_timeout_exponent;
+
+    #[test]
+    fn the_ack_timeout_exponent_is_the_smallest_that_covers_the_duration() {
+        let covers = |t: u8, d: Duration| Duration::from_nanos(4096u64 << t) >= d;
+        for d in [1, 8, 9, 1_000, 20_000, 1_073_742, 2_000_000, 10_000_000].map(Duration::from_micros) {
+            let t = ack_timeout_exponent(d);
+            assert!(covers(t, d), "{d:?}: 4.096 us << {t} is shorter");
+            assert!(t == 1 || !covers(t - 1, d), "{d:?}: {t} is not the smallest");
+        }
+        // Never 0 (no retransmission at all), never above the 5-bit field.
+        assert_eq!(ack_timeout_exponent(Duration::ZERO), 1);
+        assert_eq!(ack_timeout_exponent(Duration::from_secs(1 << 20)), 31);
+    }
+}
