@@ -42,7 +42,7 @@ server: receives from any number of clients at once, from one thread.
   --spin-us N        (both) poll for N microseconds after work before sleeping (default 0)
   --keepalive-ms N   (both) probe an idle connection every N ms (default: off)
   --ack-timeout-ms N (both) RC ACK timeout (default: the kernel's)
-  --retry-count N    (both) transport retries, 0 to 7 (default 7)
+  --retry-count N    (both) transport retries, 0 to 7 (default 6)
 client: streams N messages of BYTES on each of K connections.
   --connect ADDR:PORT
   --size BYTES       message size (suffixes K, M); with --op write at most 1M / server depth

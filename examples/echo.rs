@@ -40,7 +40,7 @@ server: echoes every message on every connection, from one thread.
   --keepalive-ms N     (both) probe an idle connection every N ms (zero-length RDMA WRITE), so
                        a peer host that vanished is noticed (default: off)
   --ack-timeout-ms N   (both) RC ACK timeout (default: the kernel's, about 1-2 s on RoCE)
-  --retry-count N      (both) transport retries, 0 to 7 (default 7)
+  --retry-count N      (both) transport retries, 0 to 7 (default 6; rxe retries 7 forever)
 client: ping-pongs messages and reports round-trip latency.
   --connect ADDR:PORT  the server
   --size BYTES         message size, 1 to 1M (suffixes K, M)

@@ -90,7 +90,8 @@ pub struct Config {
     /// Connection-manager deadlines.
     pub timeouts: Timeouts,
     /// Transport retries on each connection (0..=7): how many times a request the peer does
-    /// not acknowledge is sent again before it fails with `RetryExcErr`.
+    /// not acknowledge is sent again before it fails with `RetryExcErr`. The default is 6:
+    /// Soft-RoCE (rxe) takes 7 to mean "retry forever", so a dead peer would never be noticed.
     pub retry_count: u8,
     /// The RC ACK timeout: how long a request waits for the peer's acknowledgement before it
     /// is sent again (`RDMA_OPTION_ID_ACK_TIMEOUT`, rounded up to 4.096 µs × 2^t, t in
@@ -135,7 +136,7 @@ impl Default for Config {
             poll_budget: 256,
             spin: Duration::ZERO,
             timeouts: Timeouts::default(),
-            retry_count: 7,
+            retry_count: 6,
             ack_timeout: None,
             keepalive: None,
             rnr_retry_count: 6,

@@ -27,6 +27,15 @@
 //! 8. Destroy what closed during the tick (`teardown.rs`), and only now: every CM event of the
 //!    tick has been acked.
 //!
+//! # Panics in callbacks
+//!
+//! A panic in a user callback is caught at the callback's boundary (`Core::with_conn`,
+//! `Core::with_listener`, `Core::deliver`), the handler stays with its object, and the tick
+//! runs to its end (the rest of the polled batch, timers, posts, acks, destruction), so the
+//! reactor stays consistent and nothing is lost; then the first panic of the tick resumes out
+//! of `run_once` (the reactor does not swallow it). Dropping the reactor discards a panic
+//! caught during its shutdown.
+//!
 //! Commands called from callbacks run at once (`connect`, `listen`, `alloc`, a close's
 //! `rdma_disconnect`); only posting (step 6) and destruction (step 8) wait for the end of the
 //! tick.
@@ -67,6 +76,7 @@ pub use op::{Completion, Op, RawBuf};
 pub use stats::Stats;
 
 use std::net::SocketAddr;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -283,6 +293,8 @@ pub(crate) struct Core {
     stop: bool,
     /// Set by shutdown: no new listener or connection.
     shutting_down: bool,
+    /// The first panic of a user callback in this tick, resumed at its end.
+    panic: Option<Box<dyn std::any::Any + Send>>,
     /// Agents in the accepting state (accepted, not yet established), for
     /// `Config::max_pending_accepts`.
     accepting: usize,
@@ -385,6 +397,7 @@ impl Reactor {
                 stop: false,
                 shutting_down: false,
                 accepting: 0,
+                panic: None,
                 stats: Stats::default(),
             },
         })
@@ -464,8 +477,17 @@ impl Reactor {
     ///
     /// Only failures of the loop itself (epoll, the CM channel); a connection's failure closes
     /// that connection and is reported to its handler.
+    ///
+    /// # Panics
+    ///
+    /// Resumes the first panic a callback raised during the tick, once the tick has finished
+    /// (see "Panics in callbacks" in `ARCHITECTURE.md`): the reactor stays usable.
     pub fn run_once(&mut self, timeout: Option<Duration>) -> Result<usize> {
-        self.core.tick(timeout)
+        let r = self.core.tick(timeout);
+        if let Some(panic) = self.core.panic.take() {
+            resume_unwind(panic);
+        }
+        r
     }
 
     /// Closes everything, keeping the callback contract: every listener hears
@@ -479,8 +501,15 @@ impl Reactor {
     /// meanwhile.
     ///
     /// Afterwards the reactor is idle and can be used again.
+    ///
+    /// # Panics
+    ///
+    /// Resumes the first panic a callback raised meanwhile, once everything is closed.
     pub fn shutdown(&mut self, grace: Duration) {
         self.core.shutdown(grace);
+        if let Some(panic) = self.core.panic.take() {
+            resume_unwind(panic);
+        }
     }
 }
 
@@ -491,6 +520,9 @@ impl Drop for Reactor {
         // order (see Core).
         let grace = self.core.cfg.timeouts.shutdown;
         self.core.shutdown(grace);
+        // A callback's panic during the shutdown of a dropped reactor has nowhere to go
+        // (resuming it here could abort the process): it is discarded.
+        self.core.panic = None;
     }
 }
 
@@ -608,25 +640,44 @@ impl Core {
 
     /// Calls a connection's handler with a context. The handler is taken out of its entry for
     /// the call, so the context can reach every other object mutably.
+    ///
+    /// A panic in the handler is resumed after the handler is back in its entry, so the
+    /// connection keeps its handler (see "Panics in callbacks" in the module docs).
     fn with_conn(&mut self, t: ConnKey, f: impl FnOnce(&mut dyn ConnectionHandler, &mut Conn<'_>)) {
         let Some(mut h) = self.conns.get_mut(t).and_then(|c| c.handler.take()) else { return };
-        {
+        let r = catch_unwind(AssertUnwindSafe(|| {
             let mut conn = Conn::new(self, t);
             f(&mut *h, &mut conn);
-        }
+        }));
         if let Some(c) = self.conns.get_mut(t) {
             c.handler = Some(h);
         }
+        self.caught(r);
     }
 
     fn with_listener(&mut self, t: ListenerKey, f: impl FnOnce(&mut dyn ListenerHandler, &mut Ctx<'_>)) {
         let Some(mut h) = self.listeners.get_mut(t).and_then(|l| l.handler.take()) else { return };
-        {
+        let r = catch_unwind(AssertUnwindSafe(|| {
             let mut ctx = Ctx::new(self, Some(t.token()));
             f(&mut *h, &mut ctx);
-        }
+        }));
         if let Some(l) = self.listeners.get_mut(t) {
             l.handler = Some(h);
+        }
+        self.caught(r);
+    }
+
+    /// Calls a callback outside any entry (a destroyed object's handler, a user function),
+    /// catching its panic for the end of the tick.
+    fn deliver(&mut self, f: impl FnOnce(&mut Core)) {
+        let r = catch_unwind(AssertUnwindSafe(|| f(self)));
+        self.caught(r);
+    }
+
+    /// Keeps the first panic of the tick; it resumes at the end of `run_once`.
+    fn caught(&mut self, r: std::thread::Result<()>) {
+        if let Err(panic) = r {
+            self.panic.get_or_insert(panic);
         }
     }
 }

@@ -110,12 +110,12 @@ impl Core {
         }
         drop(c);
         if let Some(mut h) = handler {
+            // Each call catches its own panic (resumed at the end of the tick), so every
+            // completion and `on_closed` are delivered.
             for completion in completions {
-                let mut conn = Conn::new(self, t);
-                h.on_completion(&mut conn, completion);
+                self.deliver(|core| h.on_completion(&mut Conn::new(core, t), completion));
             }
-            let mut ctx = Ctx::new(self, None);
-            h.on_closed(&mut ctx, t.token(), reason);
+            self.deliver(|core| h.on_closed(&mut Ctx::new(core, None), t.token(), reason));
         }
     }
 
@@ -125,8 +125,7 @@ impl Core {
         let reason = l.close_reason.take().unwrap_or(CloseReason::Local);
         drop(l.id.take());
         if let Some(mut h) = l.handler.take() {
-            let mut ctx = Ctx::new(self, None);
-            h.on_closed(&mut ctx, reason);
+            self.deliver(|core| h.on_closed(&mut Ctx::new(core, None), reason));
         }
     }
 

@@ -43,32 +43,41 @@ impl Core {
         let due = self.timers.expired(now);
         let mut n = 0;
         for (key, target) in due {
-            match target {
-                TimerTarget::Deadline(t) => {
-                    let Some(c) = self.conns.get_mut(t) else { continue };
-                    if let Some((k, step)) = c.deadline {
-                        if k == key {
-                            c.deadline = None;
-                            n += 1;
-                            self.feed(t, Input::Timeout(step));
-                        }
-                    }
-                }
-                TimerTarget::ForgetDevices => self.forget_devices(),
-                TimerTarget::Keepalive(t) => n += self.keepalive(t),
-                TimerTarget::User(tt) => {
-                    let Some(timer) = self.user_timers.remove(tt) else { continue };
-                    n += 1;
-                    let (owner, user_data) = (timer.owner, timer.user_data);
-                    if let Some(c) = ConnKey::of(owner) {
-                        self.with_conn(c, |h, conn| h.on_timer(conn, user_data));
-                    } else if let Some(l) = ListenerKey::of(owner) {
-                        self.with_listener(l, |h, ctx| h.on_timer(ctx, user_data));
-                    }
-                }
-            }
+            n += self.fire(key, target);
         }
         n
+    }
+
+    /// Fires one expired heap entry; returns 1 if it did something.
+    fn fire(&mut self, key: u64, target: TimerTarget) -> usize {
+        match target {
+            TimerTarget::Deadline(t) => {
+                let Some(c) = self.conns.get_mut(t) else { return 0 };
+                match c.deadline {
+                    Some((k, step)) if k == key => {
+                        c.deadline = None;
+                        self.feed(t, Input::Timeout(step));
+                        1
+                    }
+                    _ => 0,
+                }
+            }
+            TimerTarget::ForgetDevices => {
+                self.forget_devices();
+                0
+            }
+            TimerTarget::Keepalive(t) => self.keepalive(t),
+            TimerTarget::User(tt) => {
+                let Some(timer) = self.user_timers.remove(tt) else { return 0 };
+                let (owner, user_data) = (timer.owner, timer.user_data);
+                if let Some(c) = ConnKey::of(owner) {
+                    self.with_conn(c, |h, conn| h.on_timer(conn, user_data));
+                } else if let Some(l) = ListenerKey::of(owner) {
+                    self.with_listener(l, |h, ctx| h.on_timer(ctx, user_data));
+                }
+                1
+            }
+        }
     }
 
     /// Schedules `owner`'s `on_timer(user_data)` after `delay`.
