@@ -225,7 +225,7 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
     let nonce = vm::nonce();
     let tests = bins.rdma_tests();
     let script = runner_script(&nonce, &tests, opts.per_binary);
-    let initrd = guest::pack(kernel, bins, &Guest { nonce: &nonce, script, env: &[] })?;
+    let initrd = guest::pack(kernel, bins, &Guest { nonce: &nonce, script, env: &[], link: None })?;
     let accel = vm::choose_accel(kernel)?;
     let timeout = opts
         .vm_timeout
@@ -245,11 +245,19 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
         verbose: opts.verbose,
         accel,
         report_boot: true,
+        label: "",
+        nic: None,
+        stop: None,
     };
     let mut rows: Vec<Row> = Vec::new();
     let mut current: Option<(String, Vec<u8>, Instant)> = None;
     let stdout = std::io::stdout();
     let result = vm::run(&boot, &mut |ev| match ev {
+        Event::Console(t) => {
+            let mut o = stdout.lock();
+            let _ = o.write_all(t);
+            let _ = o.flush();
+        }
         Event::Output(t) => {
             let mut o = stdout.lock();
             let _ = o.write_all(t);
@@ -288,6 +296,7 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
         Ok(Outcome::Exited(0)) => None,
         Ok(Outcome::Exited(code)) => Some(format!("the in-VM runner exited with status {code}")),
         Ok(Outcome::TimedOut) => Some(format!("the VM was killed at the {} s VM timeout", timeout.as_secs())),
+        Ok(Outcome::Stopped) => Some("the VM was stopped".into()),
         Err(e) => Some(e.to_string()),
     };
     if let Some(p) = &problem {
