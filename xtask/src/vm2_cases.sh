@@ -157,7 +157,7 @@ two_vm() {
     if [ $rc -eq 0 ] && grep -q "^test result: ok\. 1 passed" "$log"; then
         report "$name" pass "$results"
     else
-        why=$(grep -m1 -A2 "panicked at" "$log" | tail -n 1)
+        why=$(grep -m1 -A1 "panicked at" "$log" | tail -n 1)
         [ $rc -eq 137 ] && why="killed after 180 s"
         report "$name" fail "exit status $rc: ${why:-see the log}${results:+; $results}"
     fi
