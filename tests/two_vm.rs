@@ -10,7 +10,8 @@
 //! The streaming side uses `retry_count` 6 (`$TWO_VM_RETRY` overrides): rxe takes 7, the
 //! library's default, as "retry for ever" (rxe_comp.c: `if (qp->comp.retry_cnt != 7)
 //! qp->comp.retry_cnt--;`), so with 7 a connection to a dead peer never fails on Soft-RoCE.
-//! Each half prints `RESULT ...` lines, which the cases script quotes.
+//! Flow control is off (`$TWO_VM_FLOW=1` turns it on), see [`reactor`]. Each half prints
+//! `RESULT ...` lines, which the cases script quotes.
 
 use std::cell::RefCell;
 use std::net::{IpAddr, SocketAddr};
@@ -196,12 +197,13 @@ fn log(what: &str) {
     println!("[{}] {what}", up.split_whitespace().next().unwrap_or("?"));
 }
 
-/// A reactor for both roles, with flow control off: a sender that waits for credits has
-/// nothing in flight, so nothing to retry, and would never learn that the peer is gone (that
-/// needs a keepalive); and a receiver would send credits into a link that is down.
+/// A reactor for both roles, with flow control off (`$TWO_VM_FLOW=1` turns it on): a sender
+/// that waits for credits has nothing in flight, so nothing to retry, and would never learn
+/// that the peer is gone (that needs a keepalive); and a receiver would send credits into a
+/// link that is down.
 fn reactor(retry: u8) -> Reactor {
-    let cfg =
-        Config { send_depth: 64, recv_depth: RECV_DEPTH, retry_count: retry, flow_control: false, ..Config::default() };
+    let flow_control = std::env::var("TWO_VM_FLOW").is_ok_and(|v| v == "1");
+    let cfg = Config { send_depth: 64, recv_depth: RECV_DEPTH, retry_count: retry, flow_control, ..Config::default() };
     Reactor::with_config(cfg).expect("reactor")
 }
 

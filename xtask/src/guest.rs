@@ -479,5 +479,25 @@ mod tests {
         assert!(s.contains("echo \"@@xtask-n1:exit=$?@@\""));
         assert!(s.contains("export A='x y'\n"));
         assert!(s.contains("for m in dummy; do"));
+        // The single VM: rxe0 on the dummy d0, nothing of the link.
+        assert!(s.contains("hostname rxe-vm\n"));
+        assert!(s.contains("ip link add d0 type dummy"));
+        assert!(s.contains("RDMA_ADDR=198.18.0.1 RDMA_DEV=rxe0 RDMA_NETDEV=d0"));
+        assert!(!s.contains("PEER_ADDR") && !s.contains("httpd"));
+    }
+
+    #[test]
+    fn a_linked_vm_uses_its_nic_and_serves_signals() {
+        let link = Link { name: "B", addr: LINK_VMS[1].1, peer: LINK_VMS[0].1 };
+        let g = Guest { nonce: "n2", script: String::new(), env: &[], link: Some(link) };
+        let s = init_script(&g, &["virtio_net".into()]);
+        assert!(s.contains("RDMA_ADDR=198.18.0.2 "));
+        assert!(s.contains("export RDMA_NETDEV=$nic PEER_ADDR=198.18.0.1 VM_NAME=B"));
+        assert!(s.contains("ip addr add 198.18.0.2/24 dev $nic"));
+        assert!(s.contains("rdma link add rxe0 type rxe netdev $nic"));
+        assert!(s.contains("httpd -p 198.18.0.2:7999 -h /run/peer"));
+        assert!(s.contains("hostname vm-b\n") && !s.contains("hostname rxe-vm"));
+        assert!(!s.contains("type dummy"));
+        assert!(link_command_script(&["tc qdisc show".into()]).starts_with(". /xtask/iproute2.sh\n"));
     }
 }

@@ -574,6 +574,20 @@ mod tests {
     }
 
     #[test]
+    fn the_link_uses_the_loopback_only() {
+        let nic = Nic { local_port: 4000, remote_port: 4001, mac: "52:54:00:18:00:01".into() };
+        let args = nic.qemu_args();
+        assert_eq!(
+            args[1],
+            "dgram,id=link0,local.type=inet,local.host=127.0.0.1,local.port=4000,\
+             remote.type=inet,remote.host=127.0.0.1,remote.port=4001"
+        );
+        assert_eq!(args[3], "virtio-net-pci,netdev=link0,mac=52:54:00:18:00:01,romfile=");
+        let (a, b) = free_udp_ports().unwrap();
+        assert!(a != 0 && b != 0 && a != b);
+    }
+
+    #[test]
     fn near_misses_stay_text() {
         assert_eq!(split(&["@@x-1:broken\nline\n"]), ["@@x-1:broken\nline\n"]);
         assert_eq!(split(&["@@x-2:start@@\n"]), ["@@x-2:start@@\n"]);
