@@ -32,6 +32,14 @@ commands:
                              exits with CMD's status (124: timeout; 125: xtask failed).
                              Several words run as a command with exactly these arguments;
                              one word runs as a sh command line (`sh -c WORD`)
+  vm2 [options] -- CMD_A [ARGS...] -- CMD_B [ARGS...]
+                             boot two VMs, A and B, joined by a virtual Ethernet link, and run
+                             CMD_A in A and CMD_B in B (each as `vm` runs its command; CMD_A
+                             cannot contain a `--` word); streams both consoles (`A| `, `B| `);
+                             exits non-zero when either fails (the first failure's status;
+                             124: timeout; 125: xtask or the VM failed)
+  vm2 --cases [NAME...]      the two-VM cases (blast-loss, blast-delay, link-down-up,
+                             peer-link-down, peer-killed) in one linked pair, as a table
   test [options]             host unit tests, then every tests/*.rs binary in one VM boot
                              (or here, when this host has an active RDMA device), then the
                              two-VM cases in one linked pair (`vm2 --cases`)
@@ -362,6 +370,18 @@ mod tests {
         assert_eq!(o.rest, v(&["sh", "-c", "exit 7"]));
         let o = parse_opts("vm", &v(&["--", "--timeout", "1"]), true).unwrap();
         assert_eq!(o.rest, v(&["--timeout", "1"]));
+    }
+
+    #[test]
+    fn vm2_options_and_two_commands() {
+        let o = parse_opts("vm2", &v(&["--timeout", "30", "--env", "X=1", "--", "a", "--", "b", "c"]), true).unwrap();
+        assert_eq!((o.timeout, o.env.len(), o.cases), (Some(30), 1, false));
+        let (a, b) = vm2::split_commands(&o.rest).unwrap();
+        assert_eq!((a, b), (v(&["a"]), v(&["b", "c"])));
+        let o = parse_opts("vm2", &v(&["--cases", "link-down-up"]), true).unwrap();
+        assert!(o.cases);
+        assert_eq!(o.rest, v(&["link-down-up"]));
+        assert!(parse_opts("vm", &v(&["--cases"]), true).is_err());
     }
 
     #[test]
