@@ -10,6 +10,12 @@
 //! - `runas USER CMD [ARGS...]` (`/usr/local/bin/runas`): runs CMD as USER (`rdmauser`, uid and
 //!   gid 1000, home `/home/rdmauser`) with memlock limited to `$RUNAS_MEMLOCK` KiB (default 8192,
 //!   or `unlimited`).
+//!
+//! A VM of a linked pair (`cargo xtask vm2`, [`Link`]) differs in its network: instead of `d0`
+//! its rxe0 sits on a virtio NIC (its address `$RDMA_ADDR`, the peer's `$PEER_ADDR`, in one
+//! /24), `sch_netem` is loaded, and it has the helpers `peer-signal`, `peer-wait`, `peer-sync`
+//! (a busybox httpd on the link serves this VM's signals), `vm-poweroff` and `xtask-mark`
+//! (see [`LINK_HELPERS`]).
 
 use std::path::{Path, PathBuf};
 
@@ -50,6 +56,7 @@ pub const TOOLS: &[&str] = &[
     "ibv_rc_pingpong",
     "rdma",
     "ip",
+    "tc",
 ];
 
 /// Kernel modules loaded at boot, in this order (their dependencies come first).
@@ -57,6 +64,28 @@ pub const TOOLS: &[&str] = &[
 const MODULES: &[&str] = &["crc32_generic", "configfs", "dummy", "ib_uverbs", "rdma_ucm", "rdma_rxe"];
 /// Modules that newer kernels may not have (rxe there uses the crc32 library directly).
 const OPTIONAL_MODULES: &[&str] = &["crc32_generic"];
+/// More modules for a linked VM: its NIC, and netem for `tc qdisc ... netem`.
+const LINK_MODULES: &[&str] = &["virtio_pci", "virtio_net", "sch_netem"];
+
+/// The two VMs of a linked pair, by name, and their addresses (TEST-NET-2, never routed; the
+/// frames travel only between the two qemu processes).
+pub const LINK_VMS: [(&str, &str); 2] = [("A", "198.18.0.1"), ("B", "198.18.0.2")];
+/// The TCP port of a linked VM's signal server (busybox httpd on `$RDMA_ADDR`), which
+/// `peer-wait` on the other VM polls.
+pub const SIGNAL_PORT: u16 = 7999;
+/// Where a linked VM keeps the signals it has set (the signal server's document root).
+const SIGNAL_DIR: &str = "/run/peer";
+
+/// A VM's place on a two-VM link.
+#[derive(Debug, Clone, Copy)]
+pub struct Link<'a> {
+    /// `A` or `B` (`$VM_NAME`).
+    pub name: &'a str,
+    /// Its own address (`$RDMA_ADDR`).
+    pub addr: &'a str,
+    /// The other VM's address (`$PEER_ADDR`).
+    pub peer: &'a str,
+}
 
 /// The prefix of every marker line the guest prints for xtask (followed by `PAYLOAD@@`).
 pub fn marker_prefix(nonce: &str) -> String {
@@ -81,6 +110,16 @@ pub fn command_script(args: &[String]) -> String {
     s
 }
 
+/// The start of a linked VM's `cmd.sh`: busybox's sh runs its own applets in preference to
+/// `PATH`, so `ip` and `tc` would be busybox's (whose `tc` has no netem); these functions make
+/// them iproute2's in the command line. A nested `sh` needs `. /xtask/iproute2.sh` again.
+pub const IPROUTE2_PRELUDE: &str = ". /xtask/iproute2.sh\n";
+
+/// [`command_script`] for a linked VM: [`IPROUTE2_PRELUDE`] first.
+pub fn link_command_script(args: &[String]) -> String {
+    format!("{IPROUTE2_PRELUDE}{}", command_script(args))
+}
+
 /// What a guest boot runs.
 pub struct Guest<'a> {
     /// The unique marker nonce of this boot.
@@ -89,6 +128,45 @@ pub struct Guest<'a> {
     pub script: String,
     /// Extra `KEY=VALUE` environment for the command.
     pub env: &'a [(String, String)],
+    /// `Some`: one of two linked VMs (a virtio NIC instead of the dummy `d0`).
+    pub link: Option<Link<'a>>,
+}
+
+/// The network part of `/init` for the single VM: rxe0 on the dummy netdev `d0`.
+fn dummy_net() -> String {
+    format!(
+        r#"out=$(ip link add {NETDEV} type dummy 2>&1 && ip addr add {RDMA_ADDR}/24 dev {NETDEV} 2>&1 && ip link set {NETDEV} up 2>&1) || fail "netdev {NETDEV}: $out"
+out=$(rdma link add {RXE_DEV} type rxe netdev {NETDEV} 2>&1) || fail "rdma link add {RXE_DEV}: $out"
+"#
+    )
+}
+
+/// The network part of `/init` for a linked VM: rxe0 on the virtio NIC (the one netdev besides
+/// `lo`), the environment naming both ends, and the signal server.
+fn link_net(l: &Link) -> String {
+    let (name, addr, peer) = (l.name, l.addr, l.peer);
+    let host = format!("vm-{}", name.to_ascii_lowercase());
+    format!(
+        r#"hostname {host}
+nic=
+i=0
+while :; do
+    for n in /sys/class/net/*; do
+        n=${{n##*/}}
+        [ "$n" != lo ] && [ -e "/sys/class/net/$n/device" ] && nic=$n && break
+    done
+    [ -n "$nic" ] && break
+    i=$((i + 1))
+    [ $i -gt 200 ] && fail "no NIC for the link appeared: $(ls /sys/class/net)"
+    usleep 50000
+done
+export RDMA_NETDEV=$nic PEER_ADDR={peer} VM_NAME={name}
+out=$(ip addr add {addr}/24 dev $nic 2>&1 && ip link set $nic up 2>&1) || fail "NIC $nic: $out"
+out=$(rdma link add {RXE_DEV} type rxe netdev $nic 2>&1) || fail "rdma link add {RXE_DEV} netdev $nic: $out"
+mkdir -p {SIGNAL_DIR}
+out=$(httpd -p {addr}:{SIGNAL_PORT} -h {SIGNAL_DIR} 2>&1) || fail "httpd (the signal server): $out"
+"#
+    )
 }
 
 fn init_script(g: &Guest, modules: &[String]) -> String {
@@ -98,11 +176,15 @@ fn init_script(g: &Guest, modules: &[String]) -> String {
         env.push_str(&format!("export {k}={}\n", shell_quote(v)));
     }
     let mods = modules.join(" ");
+    let (addr, net, hostname) = match &g.link {
+        None => (RDMA_ADDR, dummy_net(), "hostname rxe-vm\n"),
+        Some(l) => (l.addr, link_net(l), ""),
+    };
     format!(
         r#"#!/bin/sh
 # PID 1 of the rdma-reactor test VM, generated by `cargo xtask`.
 export PATH={BIN_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-export HOME=/root TMPDIR=/tmp BIN={BIN_DIR} RDMA_ADDR={RDMA_ADDR} RDMA_DEV={RXE_DEV} RDMA_NETDEV={NETDEV}
+export HOME=/root TMPDIR=/tmp BIN={BIN_DIR} RDMA_ADDR={addr} RDMA_DEV={RXE_DEV} RDMA_NETDEV={NETDEV}
 export RUST_BACKTRACE=1
 fail() {{
     echo "{m}setup-failed $(echo "$*" | tr '\n' ' ')@@"
@@ -118,15 +200,12 @@ mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 mount -t tmpfs -o mode=1777 tmpfs /tmp
 # Pass the command's output through unchanged (no CR before LF).
 stty -onlcr 2>/dev/null
-hostname rxe-vm
-for m in {mods}; do
+{hostname}for m in {mods}; do
     out=$(insmod /xtask/modules/$m.ko 2>&1) || fail "insmod $m: $out"
 done
 [ -d /sys/kernel/config ] && mount -t configfs configfs /sys/kernel/config 2>/dev/null
 ip link set lo up
-out=$(ip link add {NETDEV} type dummy 2>&1 && ip addr add {RDMA_ADDR}/24 dev {NETDEV} 2>&1 && ip link set {NETDEV} up 2>&1) || fail "netdev {NETDEV}: $out"
-out=$(rdma link add {RXE_DEV} type rxe netdev {NETDEV} 2>&1) || fail "rdma link add {RXE_DEV}: $out"
-i=0
+{net}i=0
 until rdma link show {RXE_DEV}/1 2>/dev/null | grep -q 'state ACTIVE'; do
     i=$((i + 1))
     [ $i -gt 200 ] && fail "{RXE_DEV} did not become ACTIVE: $(rdma link show 2>&1)"
@@ -159,6 +238,88 @@ ulimit -l "${RUNAS_MEMLOCK:-8192}" || exit 125
 # `--` keeps su from taking CMD's options (e.g. `id -u`) as its own.
 exec su -s /bin/sh -c 'exec "$@"' -- "$user" runas "$@"
 "#;
+
+/// The helper commands of a linked VM (in `/usr/local/bin`), by name; `NONCE` in a text stands
+/// for the boot's marker nonce.
+pub const LINK_HELPERS: &[(&str, &str)] = &[
+    (
+        "peer-signal",
+        r#"#!/bin/sh
+# peer-signal NAME [TEXT]: tells the peer VM that NAME happened: `peer-wait NAME` there
+# returns (printing TEXT, default 1). NAME: letters, digits, . _ - (not first).
+case $1 in
+    '' | [._-]* | *[!A-Za-z0-9._-]*) echo "usage: peer-signal NAME [TEXT] (NAME: [A-Za-z0-9._-]+)" >&2; exit 2 ;;
+esac
+printf '%s\n' "${2:-1}" > "/run/peer/.$1" && mv "/run/peer/.$1" "/run/peer/$1"
+"#,
+    ),
+    (
+        "peer-wait",
+        r#"#!/bin/sh
+# peer-wait NAME [SECS]: waits until the peer VM has run `peer-signal NAME` (polling its
+# signal server, an httpd, every 0.2 s), at most SECS seconds (default 60); prints the
+# signal's TEXT. Exit status 0, or 1 on timeout (with a message on stderr).
+case $1 in
+    '' | [._-]* | *[!A-Za-z0-9._-]*) echo "usage: peer-wait NAME [SECS]" >&2; exit 2 ;;
+esac
+secs=${2:-60}
+uptime_s() { read -r u _ < /proc/uptime; echo "${u%%.*}"; }
+end=$(( $(uptime_s) + secs ))
+while :; do
+    # (busybox's static wget crashes; nc speaks enough HTTP/1.0)
+    resp=$(printf 'GET /%s HTTP/1.0\r\n\r\n' "$1" | timeout 5 nc -w 2 "$PEER_ADDR" SIGNAL_PORT 2>/dev/null | tr -d '\r')
+    case $resp in
+        "HTTP/1."?" 200 "*)
+            printf '%s\n' "$resp" | sed '1,/^$/d'
+            exit 0
+            ;;
+    esac
+    if [ "$(uptime_s)" -ge "$end" ]; then
+        echo "peer-wait: the peer ($PEER_ADDR) did not signal $1 within $secs s" >&2
+        exit 1
+    fi
+    usleep 200000
+done
+"#,
+    ),
+    (
+        "peer-sync",
+        r#"#!/bin/sh
+# peer-sync NAME [SECS]: a barrier: signals NAME, then waits (at most SECS, default 60) until
+# the peer has signalled NAME too.
+peer-signal "$1" && peer-wait "$1" "${2:-60}" > /dev/null
+"#,
+    ),
+    (
+        "vm-poweroff",
+        r#"#!/bin/sh
+# vm-poweroff: powers this VM off at once, as if its plug were pulled (no orderly shutdown,
+# nothing more goes out on the link). The command counts as having exited with status 0.
+echo "@@xtask-NONCE:exit=0@@" > /dev/console
+echo o > /proc/sysrq-trigger
+sleep 5
+poweroff -f
+"#,
+    ),
+    (
+        "xtask-mark",
+        r#"#!/bin/sh
+# xtask-mark TEXT...: prints a marker line for xtask on the console (as `case NAME pass|fail
+# DETAIL` for `cargo xtask vm2 --cases`); it is not shown.
+echo "@@xtask-NONCE:$*@@" > /dev/console
+"#,
+    ),
+];
+
+/// `/xtask/iproute2.sh`, which [`IPROUTE2_PRELUDE`] sources.
+fn iproute2_functions() -> Result<String> {
+    let ip = initramfs::guest_path(&host_tool("ip")?)?;
+    let tc = initramfs::guest_path(&host_tool("tc")?)?;
+    Ok(format!(
+        "# busybox sh prefers its own applets to PATH: use iproute2's ip and tc.\n\
+         ip() {{ /{ip} \"$@\"; }}\ntc() {{ /{tc} \"$@\"; }}\n"
+    ))
+}
 
 fn host_tool(name: &str) -> Result<PathBuf> {
     util::which(name).ok_or_else(|| {
@@ -248,11 +409,26 @@ impl Drop for Initrd {
 pub fn pack(kernel: &Kernel, bins: &Binaries, guest: &Guest) -> Result<Initrd> {
     let mut a = Archive::new();
     add_base(&mut a)?;
-    let modules = initramfs::add_modules(&mut a, kernel, MODULES, OPTIONAL_MODULES, "xtask/modules")?;
+    let mut wanted = MODULES.to_vec();
+    if guest.link.is_some() {
+        wanted.extend_from_slice(LINK_MODULES);
+    }
+    let modules = initramfs::add_modules(&mut a, kernel, &wanted, OPTIONAL_MODULES, "xtask/modules")?;
     let names: Vec<String> = modules.iter().map(|f| f.trim_end_matches(".ko").to_string()).collect();
     a.dir(BIN_DIR, 0o755, 0, 0)?;
     for b in bins.all() {
         initramfs::add_with_libs(&mut a, &b.path, Some(&format!("{BIN_DIR}/{}", b.name)))?;
+    }
+    if let Some(l) = &guest.link {
+        a.data("etc/hostname", format!("vm-{}\n", l.name.to_ascii_lowercase()), 0o644)?;
+        let hosts: String = LINK_VMS.iter().map(|(n, ip)| format!("{ip} vm-{}\n", n.to_ascii_lowercase())).collect();
+        a.data("etc/hosts", format!("127.0.0.1 localhost\n{hosts}"), 0o644)?;
+        for (name, text) in LINK_HELPERS {
+            let text = text.replace("NONCE", guest.nonce).replace("SIGNAL_PORT", &SIGNAL_PORT.to_string());
+            a.data(&format!("usr/local/bin/{name}"), text, 0o755)?;
+        }
+        a.data("xtask/iproute2.sh", iproute2_functions()?, 0o644)?;
+        a.data("xtask/cases.sh", crate::vm2::CASES_SCRIPT, 0o755)?;
     }
     a.data("init", init_script(guest, &names), 0o755)?;
     a.data("xtask/cmd.sh", guest.script.clone(), 0o755)?;
@@ -297,11 +473,31 @@ mod tests {
 
     #[test]
     fn init_reports_start_and_exit() {
-        let g = Guest { nonce: "n1", script: String::new(), env: &[("A".into(), "x y".into())] };
+        let g = Guest { nonce: "n1", script: String::new(), env: &[("A".into(), "x y".into())], link: None };
         let s = init_script(&g, &["dummy".into()]);
         assert!(s.contains("echo \"@@xtask-n1:start@@\""));
         assert!(s.contains("echo \"@@xtask-n1:exit=$?@@\""));
         assert!(s.contains("export A='x y'\n"));
         assert!(s.contains("for m in dummy; do"));
+        // The single VM: rxe0 on the dummy d0, nothing of the link.
+        assert!(s.contains("hostname rxe-vm\n"));
+        assert!(s.contains("ip link add d0 type dummy"));
+        assert!(s.contains("RDMA_ADDR=198.18.0.1 RDMA_DEV=rxe0 RDMA_NETDEV=d0"));
+        assert!(!s.contains("PEER_ADDR") && !s.contains("httpd"));
+    }
+
+    #[test]
+    fn a_linked_vm_uses_its_nic_and_serves_signals() {
+        let link = Link { name: "B", addr: LINK_VMS[1].1, peer: LINK_VMS[0].1 };
+        let g = Guest { nonce: "n2", script: String::new(), env: &[], link: Some(link) };
+        let s = init_script(&g, &["virtio_net".into()]);
+        assert!(s.contains("RDMA_ADDR=198.18.0.2 "));
+        assert!(s.contains("export RDMA_NETDEV=$nic PEER_ADDR=198.18.0.1 VM_NAME=B"));
+        assert!(s.contains("ip addr add 198.18.0.2/24 dev $nic"));
+        assert!(s.contains("rdma link add rxe0 type rxe netdev $nic"));
+        assert!(s.contains("httpd -p 198.18.0.2:7999 -h /run/peer"));
+        assert!(s.contains("hostname vm-b\n") && !s.contains("hostname rxe-vm"));
+        assert!(!s.contains("type dummy"));
+        assert!(link_command_script(&["tc qdisc show".into()]).starts_with(". /xtask/iproute2.sh\n"));
     }
 }

@@ -14,6 +14,7 @@ mod setup;
 mod test;
 mod util;
 mod vm;
+mod vm2;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -32,8 +33,17 @@ commands:
                              exits with CMD's status (124: timeout; 125: xtask failed).
                              Several words run as a command with exactly these arguments;
                              one word runs as a sh command line (`sh -c WORD`)
+  vm2 [options] -- CMD_A [ARGS...] -- CMD_B [ARGS...]
+                             boot two VMs, A and B, joined by a virtual Ethernet link, and run
+                             CMD_A in A and CMD_B in B (each as `vm` runs its command; CMD_A
+                             cannot contain a `--` word); streams both consoles (`A| `, `B| `);
+                             exits non-zero when either fails (the first failure's status;
+                             124: timeout; 125: xtask or the VM failed)
+  vm2 --cases [NAME...]      the two-VM cases (blast-loss, blast-delay, link-down-up,
+                             peer-link-down, peer-killed) in one linked pair, as a table
   test [options]             host unit tests, then every tests/*.rs binary in one VM boot
-                             (or here, when this host has an active RDMA device)
+                             (or here, when this host has an active RDMA device), then the
+                             two-VM cases in one linked pair (`vm2 --cases`)
   demo [options]             run the echo and blast examples, server and client (rping
                              until they exist), in the VM or on this host's RDMA device
   bench [--compare] [--rounds N]
@@ -49,17 +59,21 @@ commands:
   help                       this text
 
 options:
-  --timeout SECS             vm, demo: kill the VM after SECS (default 600);
+  --timeout SECS             vm, vm2, demo: kill the VM after SECS (default 600);
                              test: the VM's overall limit (default 180 + watchdogs)
   --test-timeout SECS        test: watchdog per test binary (default 300)
-  --env KEY=VALUE            vm: set a variable for CMD (repeatable)
-  --verbose                  vm, test, demo: show the VM's whole console, boot included;
+  --env KEY=VALUE            vm, vm2: set a variable for CMD (repeatable)
+  --verbose                  vm, vm2, test, demo: show the VM's whole console, boot included;
                              fuzz: all of libFuzzer's output
 
 in the VM: $BIN holds the project's examples and test binaries by name (on PATH; call
 \"$BIN\"/echo, sh has a builtin echo); $RDMA_ADDR=198.18.0.1 is rxe0's address;
 `runas rdmauser CMD [ARGS...]` runs CMD as the unprivileged uid 1000 (memlock
 $RUNAS_MEMLOCK KiB, default 8192); /tmp is a tmpfs; RUST_BACKTRACE=1.
+in vm2's VMs: $VM_NAME is A or B, $RDMA_ADDR 198.18.0.1 (A) or 198.18.0.2 (B), $PEER_ADDR
+the other's, $RDMA_NETDEV the virtio NIC under rxe0; `tc ... netem` works (iproute2's tc);
+`peer-signal NAME` / `peer-wait NAME [SECS]` / `peer-sync NAME [SECS]` coordinate the two
+commands (bounded waits), `vm-poweroff` pulls the VM's plug (counts as exit 0).
 
 environment: RDMA_REACTOR_HOST_RDMA=1|0 forces/forbids using this host's RDMA device
 (then RDMA_ADDR must be set); XTASK_ACCEL=kvm|tcg skips the KVM probe.
@@ -82,6 +96,7 @@ struct Opts {
     runs: Option<u64>,
     time: Option<u64>,
     seed: Option<u64>,
+    cases: bool,
     rest: Vec<String>,
 }
 
@@ -118,15 +133,17 @@ fn parse_opts(command: &str, args: &[String], takes_rest: bool) -> Result<Opts> 
             }
             "--timeout" => o.timeout = Some(secs(name, value().as_ref())?),
             "--test-timeout" if command == "test" => o.test_timeout = Some(secs(name, value().as_ref())?),
-            "--env" if command == "vm" => {
-                let kv = value().ok_or_else(|| Error::new("vm: --env needs KEY=VALUE"))?;
-                let (k, v) =
-                    kv.split_once('=').ok_or_else(|| Error::new(format!("vm: --env {kv:?}: expected KEY=VALUE")))?;
+            "--cases" if command == "vm2" => o.cases = true,
+            "--env" if command == "vm" || command == "vm2" => {
+                let kv = value().ok_or_else(|| Error::new(format!("{command}: --env needs KEY=VALUE")))?;
+                let (k, v) = kv
+                    .split_once('=')
+                    .ok_or_else(|| Error::new(format!("{command}: --env {kv:?}: expected KEY=VALUE")))?;
                 let valid = !k.is_empty()
                     && !k.starts_with(|c: char| c.is_ascii_digit())
                     && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
                 if !valid {
-                    return Err(Error::new(format!("vm: --env {kv:?}: {k:?} is not a variable name")));
+                    return Err(Error::new(format!("{command}: --env {kv:?}: {k:?} is not a variable name")));
                 }
                 o.env.push((k.to_string(), v.to_string()));
             }
@@ -186,7 +203,7 @@ fn run_in_vm_capture(
     captured: &mut Vec<u8>,
 ) -> Result<u8> {
     let nonce = vm::nonce();
-    let initrd = guest::pack(kernel, bins, &guest::Guest { nonce: &nonce, script, env: &o.env })?;
+    let initrd = guest::pack(kernel, bins, &guest::Guest { nonce: &nonce, script, env: &o.env, link: None })?;
     let accel = vm::choose_accel(kernel)?;
     let timeout = Duration::from_secs(o.timeout.unwrap_or(600));
     let boot = vm::Boot {
@@ -197,15 +214,23 @@ fn run_in_vm_capture(
         verbose: o.verbose,
         accel,
         report_boot: true,
+        label: "",
+        nic: None,
+        stop: None,
     };
     let stdout = std::io::stdout();
     let outcome = vm::run(&boot, &mut |ev| {
-        if let vm::Event::Output(t) = ev {
-            captured.extend_from_slice(t);
-            let mut out = stdout.lock();
-            let _ = out.write_all(t);
-            let _ = out.flush();
-        }
+        let t = match ev {
+            vm::Event::Output(t) => {
+                captured.extend_from_slice(t);
+                t
+            }
+            vm::Event::Console(t) => t,
+            vm::Event::Marker(_) => return,
+        };
+        let mut out = stdout.lock();
+        let _ = out.write_all(t);
+        let _ = out.flush();
     })?;
     match outcome {
         vm::Outcome::Exited(code) => Ok(u8::try_from(code).unwrap_or(255)),
@@ -216,7 +241,36 @@ fn run_in_vm_capture(
             );
             Ok(EXIT_TIMEOUT)
         }
+        vm::Outcome::Stopped => Err(Error::new("the VM was stopped")),
     }
+}
+
+fn cmd_vm2(args: &[String]) -> Result<u8> {
+    let o = parse_opts("vm2", args, true)?;
+    let pair = |timeout| vm2::PairOptions { timeout, verbose: o.verbose, env: &o.env };
+    if o.cases {
+        let names = vm2::select_cases(&o.rest)?;
+        let kernel = setup::ensure(false)?;
+        let bins = project::build()?;
+        let started = std::time::Instant::now();
+        let timeout = o.timeout.map_or(vm2::CASES_TIMEOUT, Duration::from_secs);
+        let results = vm2::run_cases(&kernel, &bins, &names, &pair(timeout))?;
+        println!("\nxtask: vm2 cases ({:.0} s)", started.elapsed().as_secs_f64());
+        for r in &results {
+            let secs = r.secs.map_or(String::new(), |s| format!(" [{s:.1} s]"));
+            let verdict = if r.passed { "passed" } else { "FAILED" };
+            println!("  {:<16} {verdict}{secs}: {}", r.name, r.detail);
+        }
+        let failed = results.iter().filter(|r| !r.passed).count();
+        println!("{} passed, {failed} failed", results.len() - failed);
+        return Ok(u8::from(failed > 0));
+    }
+    let (a, b) = vm2::split_commands(&o.rest)?;
+    let kernel = setup::ensure(false)?;
+    let bins = project::build()?;
+    let scripts = [guest::link_command_script(&a), guest::link_command_script(&b)];
+    let run = vm2::run_pair(&kernel, &bins, scripts, &pair(Duration::from_secs(o.timeout.unwrap_or(600))))?;
+    Ok(vm2::summarize(&run.ends))
 }
 
 fn cmd_demo(args: &[String]) -> Result<u8> {
@@ -317,6 +371,7 @@ fn main() -> ExitCode {
     let result = match command.as_str() {
         "setup" => cmd_setup(rest),
         "vm" => cmd_vm(rest),
+        "vm2" => cmd_vm2(rest),
         "test" => cmd_test(rest),
         "demo" => cmd_demo(rest),
         "bench" => cmd_bench(rest),
@@ -335,7 +390,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("xtask: error: {e}");
-            ExitCode::from(if matches!(command.as_str(), "vm" | "demo") { EXIT_XTASK } else { 1 })
+            ExitCode::from(if matches!(command.as_str(), "vm" | "vm2" | "demo") { EXIT_XTASK } else { 1 })
         }
     }
 }
@@ -359,6 +414,18 @@ mod tests {
         assert_eq!(o.rest, v(&["sh", "-c", "exit 7"]));
         let o = parse_opts("vm", &v(&["--", "--timeout", "1"]), true).unwrap();
         assert_eq!(o.rest, v(&["--timeout", "1"]));
+    }
+
+    #[test]
+    fn vm2_options_and_two_commands() {
+        let o = parse_opts("vm2", &v(&["--timeout", "30", "--env", "X=1", "--", "a", "--", "b", "c"]), true).unwrap();
+        assert_eq!((o.timeout, o.env.len(), o.cases), (Some(30), 1, false));
+        let (a, b) = vm2::split_commands(&o.rest).unwrap();
+        assert_eq!((a, b), (v(&["a"]), v(&["b", "c"])));
+        let o = parse_opts("vm2", &v(&["--cases", "link-down-up"]), true).unwrap();
+        assert!(o.cases);
+        assert_eq!(o.rest, v(&["link-down-up"]));
+        assert!(parse_opts("vm", &v(&["--cases"]), true).is_err());
     }
 
     #[test]

@@ -43,11 +43,18 @@ impl Binaries {
     /// The test executables to run with an RDMA device, with the libtest filter for each: the
     /// library's own tests `--ignored` (only those that need the device), the integration
     /// tests `--include-ignored`.
+    ///
+    /// `tests/two_vm.rs` ([`TWO_VM_TESTS`]) is left out: its tests need two linked VMs.
     pub fn rdma_tests(&self) -> Vec<(&Binary, &'static str)> {
         let lib = self.lib_tests.iter().map(|b| (b, "--ignored"));
-        lib.chain(self.tests.iter().map(|b| (b, "--include-ignored"))).collect()
+        let tests = self.tests.iter().filter(|b| b.name != TWO_VM_TESTS);
+        lib.chain(tests.map(|b| (b, "--include-ignored"))).collect()
     }
 }
+
+/// The integration-test binary whose tests run in two linked VMs (`cargo xtask vm2 --cases`),
+/// not in the single VM.
+pub const TWO_VM_TESTS: &str = "two_vm";
 
 /// Which artifacts of which package a cargo JSON stream is searched for.
 fn artifacts(stdout: &str, manifest: &Path, kind: &str) -> Result<Vec<Binary>> {

@@ -1,6 +1,7 @@
 //! `cargo xtask test`: the host's unit tests and a short run of each fuzz target, then the root
 //! crate's tests that need RDMA (the library's ignored unit tests and every integration-test
-//! binary) in one VM boot (or on this host when it has an active RDMA device).
+//! binary) in one VM boot (or on this host when it has an active RDMA device), then the two-VM
+//! cases in one linked pair of VMs (`cargo xtask vm2 --cases`; not on a host with RDMA hardware).
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
@@ -14,6 +15,7 @@ use crate::project::{self, Binary};
 use crate::setup;
 use crate::util::{self, shell_quote, Error, Result};
 use crate::vm::{self, Boot, Event, Outcome};
+use crate::vm2;
 
 /// Options of `cargo xtask test`.
 pub struct Options {
@@ -258,7 +260,7 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
     let nonce = vm::nonce();
     let tests = bins.rdma_tests();
     let script = runner_script(&nonce, &tests, opts.per_binary);
-    let initrd = guest::pack(kernel, bins, &Guest { nonce: &nonce, script, env: &[] })?;
+    let initrd = guest::pack(kernel, bins, &Guest { nonce: &nonce, script, env: &[], link: None })?;
     let accel = vm::choose_accel(kernel)?;
     let timeout = opts
         .vm_timeout
@@ -278,11 +280,19 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
         verbose: opts.verbose,
         accel,
         report_boot: true,
+        label: "",
+        nic: None,
+        stop: None,
     };
     let mut rows: Vec<Row> = Vec::new();
     let mut current: Option<(String, Vec<u8>, Instant)> = None;
     let stdout = std::io::stdout();
     let result = vm::run(&boot, &mut |ev| match ev {
+        Event::Console(t) => {
+            let mut o = stdout.lock();
+            let _ = o.write_all(t);
+            let _ = o.flush();
+        }
         Event::Output(t) => {
             let mut o = stdout.lock();
             let _ = o.write_all(t);
@@ -321,6 +331,7 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
         Ok(Outcome::Exited(0)) => None,
         Ok(Outcome::Exited(code)) => Some(format!("the in-VM runner exited with status {code}")),
         Ok(Outcome::TimedOut) => Some(format!("the VM was killed at the {} s VM timeout", timeout.as_secs())),
+        Ok(Outcome::Stopped) => Some("the VM was stopped".into()),
         Err(e) => Some(e.to_string()),
     };
     if let Some(p) = &problem {
@@ -342,6 +353,42 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
         }
     }
     Ok(rows)
+}
+
+/// The two-VM stage: every case of [`vm2::CASES`] in one linked pair, a row per case.
+fn vm2_cases(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) -> Vec<Row> {
+    eprintln!(
+        "xtask: the two-VM stage: {} cases in one pair of linked VMs (alone: cargo xtask vm2 --cases)",
+        vm2::CASES.len()
+    );
+    let o = vm2::PairOptions { timeout: vm2::CASES_TIMEOUT, verbose: opts.verbose, env: &[] };
+    let start = Instant::now();
+    match vm2::run_cases(kernel, bins, vm2::CASES, &o) {
+        Ok(results) => results
+            .into_iter()
+            .map(|r| Row {
+                place: "vm2",
+                name: r.name,
+                counts: Some(Counts { passed: u64::from(r.passed), failed: u64::from(!r.passed), ignored: 0 }),
+                status: Some(if r.passed { 0 } else { 1 }),
+                killed: false,
+                note: Some(r.detail),
+                secs: r.secs,
+            })
+            .collect(),
+        Err(e) => {
+            eprintln!("xtask: error: the two-VM stage: {e}");
+            vec![Row {
+                place: "vm2",
+                name: "two-VM cases".into(),
+                counts: None,
+                status: None,
+                killed: false,
+                note: Some(e.to_string()),
+                secs: Some(start.elapsed().as_secs_f64()),
+            }]
+        }
+    }
 }
 
 fn host_rdma_tests(bins: &project::Binaries, opts: &Options) -> Result<Vec<Row>> {
@@ -396,8 +443,10 @@ pub fn run(opts: &Options) -> Result<i32> {
         eprintln!("xtask: the root crate has no tests that need RDMA: nothing to run with RDMA");
     } else if let Some(kernel) = &kernel {
         rows.extend(vm_tests(kernel, &bins, opts)?);
+        rows.extend(vm2_cases(kernel, &bins, opts));
     } else {
         rows.extend(host_rdma_tests(&bins, opts)?);
+        eprintln!("xtask: the two-VM stage (cargo xtask vm2 --cases) boots VMs: not run on an RDMA host");
     }
     let passed: u64 = rows.iter().map(|r| r.counts.map_or(0, |c| c.passed)).sum();
     let failed: u64 = rows.iter().map(Row::failed).sum();

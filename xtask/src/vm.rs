@@ -6,9 +6,10 @@
 //! `start` (boot noise) is kept back and shown only when something goes wrong (or with
 //! `--verbose`); output after it is the command's and streams through.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -139,10 +140,12 @@ impl Splitter {
     }
 }
 
-/// What the caller sees of a boot, after `start`.
+/// What the caller sees of a boot.
 pub enum Event<'a> {
-    /// The command's console output.
+    /// The command's console output (after `start`).
     Output(&'a [u8]),
+    /// Console output before `start` (kernel and init messages), only with `verbose`.
+    Console(&'a [u8]),
     /// A marker other than start/exit/setup-failed.
     Marker(&'a str),
 }
@@ -154,6 +157,54 @@ pub enum Outcome {
     Exited(i32),
     /// The timeout struck; qemu was killed.
     TimedOut,
+    /// The caller asked it to stop ([`Boot::stop`]); qemu was killed.
+    Stopped,
+}
+
+/// The host end of a two-VM link: the only host address the link may use (the VMs' own
+/// addresses never leave qemu).
+pub const LINK_HOST: &str = "127.0.0.1";
+
+/// A virtio NIC whose frames qemu carries as UDP datagrams between two ports on
+/// [`LINK_HOST`] (qemu's `dgram` netdev): two VMs with mirrored ports share one Ethernet link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nic {
+    /// The UDP port this VM's qemu receives on.
+    pub local_port: u16,
+    /// The UDP port the peer's qemu receives on.
+    pub remote_port: u16,
+    /// The NIC's MAC address.
+    pub mac: String,
+}
+
+impl Nic {
+    /// qemu's arguments for this NIC.
+    fn qemu_args(&self) -> Vec<String> {
+        vec![
+            "-netdev".into(),
+            format!(
+                "dgram,id=link0,local.type=inet,local.host={LINK_HOST},local.port={},\
+                 remote.type=inet,remote.host={LINK_HOST},remote.port={}",
+                self.local_port, self.remote_port
+            ),
+            "-device".into(),
+            // No option ROM: the kernel is booted directly, nothing PXE-boots.
+            format!("virtio-net-pci,netdev=link0,mac={},romfile=", self.mac),
+        ]
+    }
+}
+
+/// Two free UDP ports on [`LINK_HOST`] (bound, read, released: another program may take them
+/// before qemu does, which makes qemu fail to start with "Address already in use").
+pub fn free_udp_ports() -> Result<(u16, u16)> {
+    let bind = || {
+        std::net::UdpSocket::bind((LINK_HOST, 0))
+            .and_then(|s| Ok((s.local_addr()?.port(), s)))
+            .map_err(|e| Error::new(format!("cannot find a free UDP port on {LINK_HOST}: {e}")))
+    };
+    let (a, _sa) = bind()?;
+    let (b, _sb) = bind()?;
+    Ok((a, b))
 }
 
 /// One boot's parameters.
@@ -172,6 +223,24 @@ pub struct Boot<'a> {
     pub accel: Accel,
     /// Print how long the boot took (qemu start to command start).
     pub report_boot: bool,
+    /// How this VM is named in xtask's messages (`A`, `B`; empty for the single VM).
+    pub label: &'a str,
+    /// A NIC on a link to another VM; `None`: no network device at all (`-nic none`).
+    pub nic: Option<Nic>,
+    /// When set (checked every 100 ms), qemu is killed and the run ends with
+    /// [`Outcome::Stopped`].
+    pub stop: Option<&'a AtomicBool>,
+}
+
+impl Boot<'_> {
+    /// `xtask: ` or `xtask: A: `, the start of this boot's messages.
+    fn who(&self) -> String {
+        if self.label.is_empty() {
+            "xtask: ".into()
+        } else {
+            format!("xtask: {}: ", self.label)
+        }
+    }
 }
 
 enum Msg {
@@ -189,8 +258,12 @@ fn qemu_command(b: &Boot) -> Command {
     let loglevel = if b.verbose { 7 } else { 3 };
     cmd.args(["-smp", "2", "-m", &MEMORY_MIB.to_string()])
         .args(["-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none", "-serial", "stdio"])
-        .args(["-no-reboot", "-nic", "none"])
-        .arg("-kernel")
+        .arg("-no-reboot");
+    match &b.nic {
+        Some(nic) => cmd.args(nic.qemu_args()),
+        None => cmd.args(["-nic", "none"]),
+    };
+    cmd.arg("-kernel")
         .arg(b.kernel)
         .arg("-initrd")
         .arg(b.initrd)
@@ -254,11 +327,18 @@ pub fn run(b: &Boot, on: &mut dyn FnMut(Event)) -> Result<Outcome> {
     let mut setup_failed: Option<String> = None;
     let mut exit_deadline: Option<Instant> = None;
     let deadline = started + b.timeout;
-    let stdout = std::io::stdout();
+    let poll = Duration::from_millis(100);
 
     let outcome = loop {
+        if b.stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            kill(&mut child);
+            break Some(Outcome::Stopped);
+        }
         let now = Instant::now();
-        let until = exit_deadline.map_or(deadline, |d| d.min(deadline));
+        let mut until = exit_deadline.map_or(deadline, |d| d.min(deadline));
+        if b.stop.is_some() {
+            until = until.min(now + poll);
+        }
         if now >= until {
             if exit_deadline.is_some_and(|d| now >= d) {
                 // It reported, but did not power off in time: stop it.
@@ -268,7 +348,7 @@ pub fn run(b: &Boot, on: &mut dyn FnMut(Event)) -> Result<Outcome> {
             kill(&mut child);
             break Some(Outcome::TimedOut);
         }
-        let msg = match rx.recv_timeout(until - now) {
+        let msg = match rx.recv_timeout(until.saturating_duration_since(now)) {
             Ok(m) => m,
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => Msg::OutEof,
@@ -280,15 +360,13 @@ pub fn run(b: &Boot, on: &mut dyn FnMut(Event)) -> Result<Outcome> {
                 break None;
             }
             Msg::Out(data) => {
-                let mut out = stdout.lock();
                 splitter.push(&data, &mut |p| match p {
                     Piece::Text(t) if running && exit.is_none() => {
                         on(Event::Output(t));
                     }
                     Piece::Text(t) => {
                         if b.verbose {
-                            let _ = out.write_all(t);
-                            let _ = out.flush();
+                            on(Event::Console(t));
                         }
                         console.extend_from_slice(t);
                     }
@@ -296,7 +374,8 @@ pub fn run(b: &Boot, on: &mut dyn FnMut(Event)) -> Result<Outcome> {
                         running = true;
                         if b.report_boot {
                             eprintln!(
-                                "xtask: VM boot took {:.1} s ({})",
+                                "{}VM boot took {:.1} s ({})",
+                                b.who(),
                                 started.elapsed().as_secs_f64(),
                                 b.accel.name()
                             );
@@ -310,7 +389,6 @@ pub fn run(b: &Boot, on: &mut dyn FnMut(Event)) -> Result<Outcome> {
                     }
                     Piece::Marker(m) => on(Event::Marker(m)),
                 });
-                let _ = out.flush();
                 if (exit.is_some() || setup_failed.is_some()) && exit_deadline.is_none() {
                     exit_deadline = Some(Instant::now() + Duration::from_secs(10));
                 }
@@ -411,6 +489,9 @@ pub fn choose_accel(kernel: &Kernel) -> Result<Accel> {
         verbose: false,
         accel: Accel::Kvm,
         report_boot: false,
+        label: "",
+        nic: None,
+        stop: None,
     };
     let t = Instant::now();
     let accel = match run(&boot, &mut |_| {}) {
@@ -490,6 +571,20 @@ mod tests {
             }
         });
         assert_eq!(got, b"partial line @x");
+    }
+
+    #[test]
+    fn the_link_uses_the_loopback_only() {
+        let nic = Nic { local_port: 4000, remote_port: 4001, mac: "52:54:00:18:00:01".into() };
+        let args = nic.qemu_args();
+        assert_eq!(
+            args[1],
+            "dgram,id=link0,local.type=inet,local.host=127.0.0.1,local.port=4000,\
+             remote.type=inet,remote.host=127.0.0.1,remote.port=4001"
+        );
+        assert_eq!(args[3], "virtio-net-pci,netdev=link0,mac=52:54:00:18:00:01,romfile=");
+        let (a, b) = free_udp_ports().unwrap();
+        assert!(a != 0 && b != 0 && a != b);
     }
 
     #[test]

@@ -1,0 +1,450 @@
+//! Two linked VMs: a busy connection when the peer's link goes down, goes down and comes back,
+//! or the peer VM dies (catalogue cases 13 and 20).
+//!
+//! Run by `cargo xtask vm2 --cases` (and so by the two-VM stage of `cargo xtask test`): each
+//! test runs in both VMs at the same time, `$VM_NAME` (A or B) picks its half, and the halves
+//! meet through the VMs' `peer-signal` / `peer-wait` helpers (bounded waits). Without
+//! `$PEER_ADDR` (one VM, a host) a test returns at once; `cargo xtask test`'s single-VM stage
+//! leaves this binary out.
+//!
+//! The streaming side uses `retry_count` 6 (`$TWO_VM_RETRY` overrides): rxe takes 7, the
+//! library's default, as "retry for ever" (rxe_comp.c: `if (qp->comp.retry_cnt != 7)
+//! qp->comp.retry_cnt--;`), so with 7 a connection to a dead peer never fails on Soft-RoCE.
+//! Flow control is off (`$TWO_VM_FLOW=1` turns it on), see [`reactor`]. Each half prints
+//! `RESULT ...` lines, which the cases script quotes.
+
+use std::cell::RefCell;
+use std::net::{IpAddr, SocketAddr};
+use std::process::{Command, Stdio};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use rdma_reactor::{
+    CloseReason, Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision,
+    ListenerHandler, Op, OpCode, OpError, Reactor, Token, WcStatus,
+};
+
+const NEEDS_TWO_VMS: &str = "needs two linked VMs: cargo xtask vm2 --cases";
+/// Message size of the streams.
+const SIZE: usize = 64 * 1024;
+/// How long a link stays down: well beyond the retries' end (7 tries took about 20 s under
+/// TCG: if the link came back sooner, the connection would recover).
+const DOWN: Duration = Duration::from_secs(40);
+/// The bound on noticing that the peer is gone.
+const NOTICE: Duration = Duration::from_secs(60);
+/// Receives a sink keeps posted.
+const RECV_DEPTH: u32 = 16;
+/// Sends a stream keeps in flight: half the sink's receives, so it never finds the receiver
+/// without one (flow control is off: see [`reactor`]).
+const WINDOW: u64 = 8;
+
+/// This VM's place on the link.
+struct Vm {
+    name: String,
+    me: IpAddr,
+    peer: IpAddr,
+    netdev: String,
+}
+
+/// The link's ends from the environment, or `None` (after saying so) outside a linked VM.
+fn vm() -> Option<Vm> {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let (Some(name), Some(me), Some(peer), Some(netdev)) =
+        (var("VM_NAME"), var("RDMA_ADDR"), var("PEER_ADDR"), var("RDMA_NETDEV"))
+    else {
+        println!("skipped: {NEEDS_TWO_VMS}");
+        return None;
+    };
+    Some(Vm { name, me: me.parse().expect("RDMA_ADDR"), peer: peer.parse().expect("PEER_ADDR"), netdev })
+}
+
+fn retry_count() -> u8 {
+    std::env::var("TWO_VM_RETRY").ok().and_then(|v| v.parse().ok()).unwrap_or(6)
+}
+
+/// What one side's connections did.
+#[derive(Default)]
+struct Watch {
+    /// Messages received by the sink, all connections.
+    received: u64,
+    /// Sends completed by the streams, all connections.
+    sent: u64,
+    /// Closed connections: which side, messages it moved, why it ended, when.
+    closed: Vec<Closed>,
+}
+
+struct Closed {
+    role: &'static str,
+    messages: u64,
+    why: String,
+    clean: bool,
+    at: Instant,
+}
+
+type Shared = Rc<RefCell<Watch>>;
+
+/// Accepts every connection and receives into 16 posted buffers.
+struct Sink(Shared);
+
+impl ListenerHandler for Sink {
+    fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, _req: &ConnectRequest) -> Decision {
+        Decision::Accept(Box::new(SinkConn { shared: self.0.clone(), messages: 0 }))
+    }
+}
+
+struct SinkConn {
+    shared: Shared,
+    messages: u64,
+}
+
+impl ConnectionHandler for SinkConn {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        for _ in 0..RECV_DEPTH {
+            let buf = conn.alloc(SIZE).expect("receive buffer");
+            conn.submit(Op::recv(buf)).expect("post receive");
+        }
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        if let (OpCode::Recv, Ok(_)) = (c.opcode, &c.result) {
+            self.messages += 1;
+            self.shared.borrow_mut().received += 1;
+            if let Some(buf) = c.buf {
+                let _ = conn.submit(Op::recv(buf));
+            }
+        }
+    }
+
+    fn on_established(&mut self, _conn: &mut Conn<'_>) {
+        log("receiving connection established");
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        let clean = reason.is_clean();
+        log(&format!("receiving connection closed after {} messages: {reason}", self.messages));
+        let c =
+            Closed { role: "receiving", messages: self.messages, why: reason.to_string(), clean, at: Instant::now() };
+        self.shared.borrow_mut().closed.push(c);
+    }
+}
+
+/// Streams `limit` messages ([`WINDOW`] in flight), then closes.
+struct Stream {
+    shared: Shared,
+    limit: u64,
+    submitted: u64,
+    completed: u64,
+    error: Option<String>,
+}
+
+impl Stream {
+    fn new(shared: &Shared, limit: u64) -> Self {
+        Stream { shared: shared.clone(), limit, submitted: 0, completed: 0, error: None }
+    }
+
+    fn pump(&mut self, conn: &mut Conn<'_>) {
+        while self.submitted < self.limit && self.submitted - self.completed < WINDOW {
+            let Ok(mut buf) = conn.alloc(SIZE) else { return };
+            buf.as_mut_slice().fill(self.submitted as u8);
+            if conn.submit(Op::send(buf).user_data(self.submitted)).is_err() {
+                return;
+            }
+            self.submitted += 1;
+        }
+    }
+}
+
+impl ConnectionHandler for Stream {
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        log("sending connection established");
+        self.pump(conn);
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        match (c.opcode, c.result) {
+            (OpCode::Send, Ok(_)) => {
+                self.completed += 1;
+                self.shared.borrow_mut().sent += 1;
+                if self.completed == self.limit {
+                    return conn.close();
+                }
+                self.pump(conn);
+            }
+            (_, Err(OpError::Wc(WcStatus::WrFlushErr) | OpError::Cancelled)) => {}
+            (op, Err(e)) => {
+                self.error.get_or_insert(format!("{op:?} failed: {e}"));
+            }
+            (_, Ok(_)) => {}
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        let clean = reason.is_clean() && self.error.is_none();
+        let why = match self.error.take() {
+            Some(e) => format!("{reason} ({e})"),
+            None => reason.to_string(),
+        };
+        log(&format!("sending connection closed after {} messages: {why}", self.completed));
+        let c = Closed { role: "sending", messages: self.completed, why, clean, at: Instant::now() };
+        self.shared.borrow_mut().closed.push(c);
+    }
+}
+
+/// A line on the test's output with the time since boot (comparable between the halves only
+/// roughly: each VM has its own clock).
+fn log(what: &str) {
+    let up = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
+    println!("[{}] {what}", up.split_whitespace().next().unwrap_or("?"));
+}
+
+/// A reactor for both roles, with flow control off (`$TWO_VM_FLOW=1` turns it on): a sender
+/// that waits for credits has nothing in flight, so nothing to retry, and would never learn
+/// that the peer is gone (that needs a keepalive); and a receiver would send credits into a
+/// link that is down.
+fn reactor(retry: u8) -> Reactor {
+    let flow_control = std::env::var("TWO_VM_FLOW").is_ok_and(|v| v == "1");
+    let cfg = Config { send_depth: 64, recv_depth: RECV_DEPTH, retry_count: retry, flow_control, ..Config::default() };
+    Reactor::with_config(cfg).expect("reactor")
+}
+
+/// Runs the reactor until `done` or `limit`; true when `done`.
+fn run_until(r: &mut Reactor, limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if done() {
+            return true;
+        }
+        r.run_once(Some(Duration::from_millis(50))).expect("run_once");
+    }
+    done()
+}
+
+fn signal(name: &str) {
+    let st = Command::new("peer-signal").arg(name).status().expect("peer-signal");
+    assert!(st.success(), "peer-signal {name}: {st}");
+}
+
+/// Waits for the peer's signal while the reactor keeps serving; true when it came.
+fn wait_serving(r: &mut Reactor, name: &str, limit: Duration) -> bool {
+    let mut child = Command::new("peer-wait")
+        .args([name, &limit.as_secs().to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("peer-wait");
+    loop {
+        if let Some(st) = child.try_wait().expect("peer-wait") {
+            return st.success();
+        }
+        r.run_once(Some(Duration::from_millis(50))).expect("run_once");
+    }
+}
+
+/// Waits for the peer's signal (nothing to serve meanwhile); panics when it does not come.
+fn wait(name: &str, limit: Duration) {
+    let st = Command::new("peer-wait")
+        .args([name, &limit.as_secs().to_string()])
+        .stdout(Stdio::null())
+        .status()
+        .expect("peer-wait");
+    assert!(st.success(), "the peer did not signal {name} within {limit:?}");
+}
+
+fn link(vm: &Vm, state: &str) {
+    let st = Command::new("ip").args(["link", "set", "dev", &vm.netdev, state]).status().expect("ip");
+    assert!(st.success(), "ip link set dev {} {state}: {st}", vm.netdev);
+    log(&format!("{}: link {} {state}", vm.name, vm.netdev));
+}
+
+/// Serves until rxe0's port is ACTIVE again (at most 30 s).
+fn serve_until_active(r: &mut Reactor) -> bool {
+    let end = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < end {
+        let out = Command::new("rdma").args(["link", "show", "rxe0/1"]).output().expect("rdma");
+        if String::from_utf8_lossy(&out.stdout).contains("state ACTIVE") {
+            return true;
+        }
+        run_until(r, Duration::from_millis(200), || false);
+    }
+    false
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
+fn closed_text(w: &Watch, role: &str, since: Instant) -> Vec<String> {
+    w.closed
+        .iter()
+        .filter(|c| c.role == role)
+        .map(|c| {
+            let when = c.at.checked_duration_since(since).map_or("before".into(), secs);
+            format!("{} messages, closed at {when}: {}", c.messages, c.why)
+        })
+        .collect()
+}
+
+/// Case 13a: A streams to B; B's link goes down. A's busy connection must be torn down with a
+/// work error within [`NOTICE`]. What B's receiving side sees is reported.
+#[test]
+#[ignore = "needs two linked VMs: cargo xtask vm2 --cases"]
+fn peer_link_down_sender_gives_up() {
+    let Some(vm) = vm() else { return };
+    let port = 7481;
+    let w = Shared::default();
+    let mut r = reactor(retry_count());
+    if vm.name == "B" {
+        r.listen(SocketAddr::new(vm.me, port), Sink(w.clone())).expect("listen");
+        signal("pld.listening");
+        assert!(wait_serving(&mut r, "pld.down", Duration::from_secs(60)), "A's stream did not start");
+        link(&vm, "down");
+        let t0 = Instant::now();
+        run_until(&mut r, DOWN, || false);
+        link(&vm, "up");
+        let active = serve_until_active(&mut r);
+        signal("pld.up");
+        run_until(&mut r, Duration::from_secs(10), || !w.borrow().closed.is_empty());
+        let seen = closed_text(&w.borrow(), "receiving", t0);
+        println!(
+            "RESULT B's receiving side (link down {}, rxe0 {} after up): {}",
+            secs(DOWN),
+            if active { "ACTIVE" } else { "NOT active" },
+            if seen.is_empty() {
+                format!("never noticed; still open {} after its link went down", secs(t0.elapsed()))
+            } else {
+                seen.join("; ")
+            }
+        );
+        return;
+    }
+    wait("pld.listening", Duration::from_secs(60));
+    r.connect(SocketAddr::new(vm.peer, port), ConnectOptions::default(), Stream::new(&w, u64::MAX)).expect("connect");
+    assert!(run_until(&mut r, Duration::from_secs(30), || w.borrow().sent >= 32), "the stream did not start");
+    let t0 = Instant::now();
+    signal("pld.down");
+    let noticed = run_until(&mut r, NOTICE, || !w.borrow().closed.is_empty());
+    let took = t0.elapsed();
+    let text = closed_text(&w.borrow(), "sending", t0).join("; ");
+    wait("pld.up", DOWN + Duration::from_secs(60));
+    assert!(noticed, "A's busy connection was not torn down within {NOTICE:?} (retry_count {})", retry_count());
+    let c = &w.borrow().closed[0];
+    assert!(!c.clean, "A's busy connection ended cleanly? {}", c.why);
+    println!(
+        "RESULT A's sending side (retry_count {}): torn down {} after B was told to take its link down: {text}",
+        retry_count(),
+        secs(took)
+    );
+}
+
+/// Case 20: B streams to A; A's link goes down for [`DOWN`], then up. B's busy connection must
+/// fail (a work error), and a new connection after the link is back must carry its messages.
+#[test]
+#[ignore = "needs two linked VMs: cargo xtask vm2 --cases"]
+fn link_down_up_busy_fails_new_works() {
+    let Some(vm) = vm() else { return };
+    let port = 7482;
+    let w = Shared::default();
+    let mut r = reactor(retry_count());
+    if vm.name == "A" {
+        r.listen(SocketAddr::new(vm.me, port), Sink(w.clone())).expect("listen");
+        signal("ldu.listening");
+        assert!(wait_serving(&mut r, "ldu.down", Duration::from_secs(60)), "B's stream did not start");
+        link(&vm, "down");
+        let t0 = Instant::now();
+        run_until(&mut r, DOWN, || false);
+        link(&vm, "up");
+        assert!(serve_until_active(&mut r), "rxe0 did not come back ACTIVE within 30 s of the link coming up");
+        signal("ldu.up");
+        let done = wait_serving(&mut r, "ldu.done", Duration::from_secs(120));
+        run_until(&mut r, Duration::from_secs(5), || w.borrow().closed.len() >= 2);
+        let seen = closed_text(&w.borrow(), "receiving", t0);
+        println!(
+            "RESULT A's receiving side: {}",
+            if seen.is_empty() { "no connection closed".into() } else { seen.join("; ") }
+        );
+        assert!(done, "B did not finish");
+        let w = w.borrow();
+        assert!(
+            w.closed.iter().any(|c| c.clean && c.messages == 64),
+            "A's server did not receive the new connection's 64 messages"
+        );
+        return;
+    }
+    wait("ldu.listening", Duration::from_secs(60));
+    r.connect(SocketAddr::new(vm.peer, port), ConnectOptions::default(), Stream::new(&w, u64::MAX)).expect("connect");
+    assert!(run_until(&mut r, Duration::from_secs(30), || w.borrow().sent >= 32), "the stream did not start");
+    let t0 = Instant::now();
+    signal("ldu.down");
+    let failed = run_until(&mut r, DOWN + Duration::from_secs(20), || !w.borrow().closed.is_empty());
+    let took = t0.elapsed();
+    let first = closed_text(&w.borrow(), "sending", t0).join("; ");
+    wait("ldu.up", DOWN + Duration::from_secs(60));
+    let before = w.borrow().closed.len();
+    r.connect(SocketAddr::new(vm.peer, port), ConnectOptions::default(), Stream::new(&w, 64)).expect("connect again");
+    let second_done = run_until(&mut r, Duration::from_secs(60), || w.borrow().closed.len() > before);
+    signal("ldu.done");
+    assert!(failed, "B's busy connection survived A's {DOWN:?} outage (retry_count {})", retry_count());
+    assert!(took < DOWN, "B's busy connection failed only {} after the link went down, when it was back", secs(took));
+    assert!(!w.borrow().closed[0].clean, "B's busy connection ended cleanly? {first}");
+    println!("RESULT B's busy connection failed {} after A was told to take its link down: {first}", secs(took));
+    assert!(second_done, "the new connection did not finish within 60 s");
+    let w = w.borrow();
+    let second = &w.closed[before];
+    assert!(second.clean && second.messages == 64, "the new connection: {} messages, {}", second.messages, second.why);
+    println!("RESULT a new connection after the link came up: 64 messages of {SIZE} bytes, {}", second.why);
+}
+
+/// Case 13b: A and B stream to each other; B's VM powers off at once. A's sending connection
+/// must be torn down within [`NOTICE`]; whether A's receiving side notices (it
+/// sends nothing: flow control is off) is reported.
+#[test]
+#[ignore = "needs two linked VMs: cargo xtask vm2 --cases"]
+fn peer_killed_sender_notices() {
+    let Some(vm) = vm() else { return };
+    let port = 7483;
+    let w = Shared::default();
+    let mut r = reactor(retry_count());
+    r.listen(SocketAddr::new(vm.me, port), Sink(w.clone())).expect("listen");
+    signal("pk.listening");
+    wait("pk.listening", Duration::from_secs(60));
+    r.connect(SocketAddr::new(vm.peer, port), ConnectOptions::default(), Stream::new(&w, u64::MAX)).expect("connect");
+    let both = |w: &Shared| w.borrow().sent >= 32 && w.borrow().received >= 32;
+    assert!(run_until(&mut r, Duration::from_secs(30), || both(&w)), "the streams did not start");
+    if vm.name == "B" {
+        signal("pk.streaming");
+        if wait_serving(&mut r, "pk.die", Duration::from_secs(60)) {
+            println!("B: powering off now");
+            let _ = Command::new("vm-poweroff").status();
+            std::thread::sleep(Duration::from_secs(30));
+        }
+        panic!("A did not say when to power off");
+    }
+    assert!(wait_serving(&mut r, "pk.streaming", Duration::from_secs(60)), "B's stream did not start");
+    let t0 = Instant::now();
+    signal("pk.die");
+    let sent_before = w.borrow().sent;
+    let noticed = run_until(&mut r, NOTICE, || w.borrow().closed.iter().filter(|c| c.role == "sending").count() > 0);
+    let took = t0.elapsed();
+    // Give the receiving side as long again (bounded by NOTICE in all).
+    let rest = NOTICE.saturating_sub(took).min(took + Duration::from_secs(5));
+    run_until(&mut r, rest, || w.borrow().closed.iter().any(|c| c.role == "receiving"));
+    let w = w.borrow();
+    let recv = closed_text(&w, "receiving", t0);
+    println!(
+        "RESULT A's receiving side: {}",
+        if recv.is_empty() {
+            format!("did not notice within {} (it sends nothing: no retries, no keepalive)", secs(t0.elapsed()))
+        } else {
+            recv.join("; ")
+        }
+    );
+    assert!(noticed, "A's sending connection was not torn down within {NOTICE:?} (retry_count {})", retry_count());
+    let c = w.closed.iter().find(|c| c.role == "sending").expect("closed");
+    assert!(!c.clean, "A's sending connection ended cleanly? {}", c.why);
+    println!(
+        "RESULT A's sending side (retry_count {}): torn down {} after B was told to power off ({} sends completed since): {}",
+        retry_count(),
+        secs(took),
+        c.messages.saturating_sub(sent_before),
+        closed_text(&w, "sending", t0).join("; ")
+    );
+}

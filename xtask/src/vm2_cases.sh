@@ -1,0 +1,195 @@
+#!/bin/sh
+# The two-VM cases: `cargo xtask vm2 --cases [NAME...]` runs `sh /xtask/cases.sh [NAME...]` in
+# both VMs of a linked pair, and so does `cargo xtask test` as its two-VM stage.
+#
+# One script for both sides: $VM_NAME (A or B) picks each case's half. The halves meet at
+# peer-sync barriers and peer-signal/peer-wait points, every wait bounded, every program under
+# a bound, so a broken case fails instead of hanging. Each side reports its part with
+# `xtask-mark case NAME pass|fail DETAIL`; a case passes when every report is a pass (and there
+# is at least one). `xtask-mark case-begin NAME` (from A) starts a case's clock.
+#
+# The data comes from the examples: `blast client --verify` fills every message with a pattern
+# that `blast server --verify` checks byte by byte.
+. /xtask/iproute2.sh
+
+ALL="blast-loss blast-delay link-down-up peer-link-down peer-killed"
+# Blast cases: messages of SIZE (each 64 packets at rxe's 1024-byte MTU).
+SIZE=64K
+
+now() { read -r u _ < /proc/uptime; echo "$u"; }              # seconds since boot, 10 ms
+secs_now() { read -r u _ < /proc/uptime; echo "${u%%.*}"; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+say() { echo "== $VM_NAME: $*"; }
+
+report() { # NAME pass|fail DETAIL
+    xtask-mark "case $1 $2 $VM_NAME: $3"
+    say "case $1: $2: $3"
+}
+
+# alive PID: true while PID runs (a zombie, ended but not yet waited for, counts as ended).
+alive() {
+    [ -r "/proc/$1/stat" ] || return 1
+    read -r _ _ st _ < "/proc/$1/stat" 2>/dev/null || return 1
+    [ "$st" != Z ]
+}
+
+# wait_pid PID SECS: waits for PID to end, at most SECS seconds, then kills it; returns its
+# exit status (124 when it had to be killed).
+wait_pid() {
+    _end=$(( $(secs_now) + $2 ))
+    while alive "$1"; do
+        if [ "$(secs_now)" -ge "$_end" ]; then
+            kill -9 "$1" 2>/dev/null
+            wait "$1" 2>/dev/null
+            return 124
+        fi
+        usleep 100000
+    done
+    wait "$1"
+}
+
+# wait_log FILE REGEX SECS: waits until FILE has a line matching REGEX (at most SECS seconds).
+wait_log() {
+    _end=$(( $(secs_now) + $3 ))
+    until grep -q -- "$2" "$1" 2>/dev/null; do
+        [ "$(secs_now)" -ge "$_end" ] && return 1
+        usleep 100000
+    done
+}
+
+# server LOG PORT [ARGS...]: starts a blast server on $RDMA_ADDR:PORT, logging to LOG; sets
+# $server; fails unless it is listening within 20 s.
+server() {
+    _log=$1 _port=$2
+    shift 2
+    "$BIN"/blast server --bind "$RDMA_ADDR:$_port" --verify "$@" > "$_log" 2>&1 &
+    server=$!
+    wait_log "$_log" "listening on" 20
+}
+
+# show LOG WHO: the log, each line prefixed with WHO.
+show() { sed "s/^/[$2] /" "$1"; }
+
+# The client's summary: "4194304 bytes in 1.078 s: 3.9 MB/s".
+client_rate() {
+    sed -n 's/^blast client: [0-9]* messages of [0-9]* bytes (\([0-9]*\) bytes) .* in \([0-9.]* s\): \([0-9.]* MB\/s\).*/\1 bytes in \2: \3/p' "$1"
+}
+
+# Why a client's connection ended: its failure line.
+client_failure() {
+    { grep 'FAILED' "$1" || grep -i -E 'error|failed' "$1"; } | head -n 1 | sed 's/^blast client: //'
+}
+
+# The server's line for a closed connection that matches REGEX.
+server_conn() {
+    grep -E "^blast server: Token.* client [0-9]+: .*$2" "$1" | head -1 | sed 's/^blast server: //'
+}
+
+cleanup() { # kills what a case left running, takes the link up, removes netem
+    for p in $server $client; do
+        kill -9 "$p" 2>/dev/null && wait "$p" 2>/dev/null
+    done
+    server= client=
+    ip link set dev "$RDMA_NETDEV" up 2>/dev/null
+    tc qdisc del dev "$RDMA_NETDEV" root 2>/dev/null
+}
+
+# ---- 1. blast under netem loss or delay, every byte verified ----------------------------
+# blast_netem NAME PORT COUNT NETEM-ARGS...: netem on both VMs' NICs (both directions), A
+# serves, B sends COUNT messages of SIZE; both must finish and every byte must check out.
+blast_netem() {
+    name=$1 port=$2 count=$3
+    shift 3
+    if ! tc qdisc add dev "$RDMA_NETDEV" root netem "$@"; then
+        report "$name" fail "tc qdisc add dev $RDMA_NETDEV root netem $* failed"
+        return
+    fi
+    say "$(tc qdisc show dev "$RDMA_NETDEV")"
+    peer-sync "$name.netem" 60 || { report "$name" fail "the peer did not set up netem"; return; }
+    log=/tmp/$name.log
+    if [ "$VM_NAME" = A ]; then
+        if ! server "$log" "$port" --exit-after 1; then
+            show "$log" server
+            report "$name" fail "the blast server did not start"
+            return
+        fi
+        peer-signal "$name.listening"
+        wait_pid "$server" 90
+        rc=$?
+        server=
+        show "$log" server
+        line=$(server_conn "$log" "every byte verified")
+        if [ $rc -eq 0 ] && [ -n "$line" ] && ! grep -q FAILED "$log"; then
+            report "$name" pass "server: $(echo "$line" | sed 's/^Token([^)]*) client [0-9]*: //')"
+        else
+            report "$name" fail "server exit status $rc: $(tail -n 1 "$log")"
+        fi
+    else
+        if ! peer-wait "$name.listening" 60 > /dev/null; then
+            report "$name" fail "A's server did not come up"
+            return
+        fi
+        timeout -s KILL 90 "$BIN"/blast client --connect "$PEER_ADDR:$port" --size $SIZE --count "$count" \
+            --verify > "$log" 2>&1
+        rc=$?
+        show "$log" client
+        if [ $rc -eq 0 ]; then
+            report "$name" pass "client ($*): $(client_rate "$log")"
+        else
+            report "$name" fail "client exit status $rc: $(client_failure "$log")"
+        fi
+    fi
+}
+
+# ---- 2-4. link down, link down and up, peer killed (catalogue cases 13 and 20) ----------
+# These need a connection whose retries end: tests/two_vm.rs streams with retry_count 6
+# (rxe retries for ever at 7, the library's default, and the examples have no flag for it).
+# Both VMs run the same test at once; its halves meet through peer-signal/peer-wait, and
+# print `RESULT ...` lines, quoted in the report.
+# two_vm NAME TEST: runs TEST of tests/two_vm.rs here; reports its RESULT lines.
+two_vm() {
+    name=$1 test=$2
+    log=/tmp/$name.log
+    timeout -s KILL 180 "$BIN"/two_vm --include-ignored --exact "$test" --nocapture --test-threads=1 > "$log" 2>&1
+    rc=$?
+    show "$log" two_vm
+    results=$(sed -n 's/^RESULT //p' "$log" | tr '\n' ';' | sed 's/;$//; s/;/; /g')
+    if [ $rc -eq 0 ] && grep -q "^test result: ok\. 1 passed" "$log"; then
+        report "$name" pass "$results"
+    else
+        why=$(grep -m1 -A1 "panicked at" "$log" | tail -n 1)
+        [ $rc -eq 137 ] && why="killed after 180 s"
+        report "$name" fail "exit status $rc: ${why:-see the log}${results:+; $results}"
+    fi
+}
+
+run_case() {
+    [ "$VM_NAME" = A ] && xtask-mark "case-begin $1"
+    say "---- case $1"
+    if ! peer-sync "$1.start" 120; then
+        report "$1" fail "the peer did not reach the case's start"
+        return
+    fi
+    case $1 in
+    blast-loss) blast_netem blast-loss 7471 32 loss 1% ;;
+    blast-delay) blast_netem blast-delay 7472 64 delay 5ms ;;
+    link-down-up) two_vm link-down-up link_down_up_busy_fails_new_works ;;
+    peer-link-down) two_vm peer-link-down peer_link_down_sender_gives_up ;;
+    peer-killed) two_vm peer-killed peer_killed_sender_notices ;;
+    esac
+    cleanup
+}
+
+selected=${*:-$ALL}
+for c in $ALL; do
+    case " $selected " in
+    *" $c "*) run_case "$c" ;;
+    esac
+done
+# The end, together (unless B is gone): a VM powers off as soon as its command ends, so stay a
+# moment after the barrier for the peer to see our signal.
+case " $selected " in
+*" peer-killed "*) ;;
+*) peer-sync end 60 && sleep 2 ;;
+esac
+exit 0
