@@ -97,10 +97,11 @@ fn wait_active(limit: Duration) {
     }
 }
 
-/// An echo listener that records its own close.
+/// An echo listener that records its own close and what it is told of the device.
 struct Listener {
     inner: EchoListener,
     closed: Rc<RefCell<Option<CloseReason>>>,
+    errors: Rc<RefCell<Vec<String>>>,
 }
 
 impl ListenerHandler for Listener {
@@ -111,21 +112,27 @@ impl ListenerHandler for Listener {
     fn on_closed(&mut self, _ctx: &mut Ctx<'_>, reason: CloseReason) {
         *self.closed.borrow_mut() = Some(reason);
     }
+
+    fn on_error(&mut self, _ctx: &mut Ctx<'_>, what: &str) {
+        self.errors.borrow_mut().push(what.to_string());
+    }
 }
 
 struct Server {
     addr: SocketAddr,
     agents_closed: Rc<RefCell<Vec<CloseReason>>>,
     closed: Rc<RefCell<Option<CloseReason>>>,
+    errors: Rc<RefCell<Vec<String>>>,
 }
 
 fn listen(r: &mut Reactor) -> Server {
     let addr = addr();
     let agents_closed = Rc::new(RefCell::new(Vec::new()));
     let closed = Rc::new(RefCell::new(None));
+    let errors = Rc::new(RefCell::new(Vec::new()));
     let inner = EchoListener { depth: 8, agents_closed: agents_closed.clone() };
-    r.listen(addr, Listener { inner, closed: closed.clone() }).expect("listen");
-    Server { addr, agents_closed, closed }
+    r.listen(addr, Listener { inner, closed: closed.clone(), errors: errors.clone() }).expect("listen");
+    Server { addr, agents_closed, closed, errors }
 }
 
 fn ping(r: &mut Reactor, a: SocketAddr, id: u64, count: u64) -> Rc<RefCell<PingResult>> {
@@ -196,13 +203,15 @@ fn device_removal_closes_releases_and_comes_back() {
 }
 
 /// Catalogue case 20 in one VM: the port goes down under a busy connection (`ip link set d0
-/// down`). The device reports PORT_ERR on its asynchronous-event fd; both ends of the
-/// connection (one reactor holds listener, agent and client, since the device's event fd is
-/// shared by the reactors of a process) close with `AsyncEvent(PortErr)`; nothing is left
-/// behind; and once the port is up again (PORT_ACTIVE) a new connection works.
+/// down`) and comes back. The device reports PORT_ERR, then PORT_ACTIVE, on its asynchronous
+/// event fd; the listener hears both (`on_error`), and the reactor closes nothing because of
+/// them (a connection fails through its own unacknowledged requests if the outage lasts).
+/// Nothing is left behind. (rdma_cm connects on rxe0 time out after a connection was torn
+/// down while the port was down, on Linux 6.1, until the device is recreated: the test
+/// recreates it, through the reactor's device-loss path, so later tests find it working.)
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
-fn port_down_closes_its_connections_and_up_serves_again() {
+fn port_down_and_up_reach_the_listener() {
     struct Up;
     impl Drop for Up {
         fn drop(&mut self) {
@@ -217,21 +226,17 @@ fn port_down_closes_its_connections_and_up_serves_again() {
         pump(&mut [&mut r], LIMIT, "first echoes", || busy.borrow().echoed >= 20 || busy.borrow().closed.is_some());
         assert!(busy.borrow().echoed >= 20, "{:?}", busy.borrow());
         let before = r.stats().async_events;
-        let _up = Up;
+        let up = Up;
         assert!(run("ip", &["link", "set", "d0", "down"]), "ip link set d0 down");
-        pump(&mut [&mut r], LIMIT, "port down handled", || {
-            busy.borrow().closed.is_some() && !s.agents_closed.borrow().is_empty()
-        });
-        let port_err = CloseReason::AsyncEvent(rdma_reactor::AsyncEventKind::PortErr);
-        assert_eq!(busy.borrow().closed, Some(port_err.clone()), "the client");
-        assert_eq!(*s.agents_closed.borrow(), vec![port_err], "the agent");
-        assert!(r.stats().async_events > before, "PORT_ERR was read");
-        assert_eq!(s.closed.borrow().clone(), None, "the listener stays");
-        drop(_up);
-        // The port is up again. On this kernel (rxe, Linux 6.1) rdma_cm connects on rxe0 then
-        // time out when the port went down under traffic (FAULTS.md, case 20): recreate the
-        // device, through the reactor's own device-loss path, so the tests after this one
-        // have a working rxe0; then a new connection works.
+        pump(&mut [&mut r], LIMIT, "PORT_ERR reported", || !s.errors.borrow().is_empty());
+        assert!(s.errors.borrow()[0].contains("went down (port down (PORT_ERR))"), "{:?}", s.errors.borrow());
+        drop(up);
+        pump(&mut [&mut r], LIMIT, "PORT_ACTIVE reported", || s.errors.borrow().len() >= 2);
+        assert!(s.errors.borrow()[1].contains("PORT_ACTIVE"), "{:?}", s.errors.borrow());
+        assert!(r.stats().async_events >= before + 2, "PORT_ERR and PORT_ACTIVE were read");
+        println!("port down and up: listener heard {:?}; the busy connection: {:?}", s.errors.borrow(), busy.borrow());
+        assert_eq!(*s.closed.borrow(), None, "the listener stays");
+        // Recreate the device (see above), through the reactor's own device-loss path.
         let _second = Restore::new();
         let mut delete = Proc::spawn("rdma link delete rxe0", "rdma", &["link", "delete", "rxe0"]);
         let mut deleted = None;

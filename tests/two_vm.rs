@@ -27,9 +27,14 @@ use rdma_reactor::{
 const NEEDS_TWO_VMS: &str = "needs two linked VMs: cargo xtask vm2 --cases";
 /// Message size of the streams.
 const SIZE: usize = 64 * 1024;
-/// How long a link stays down: well beyond the retries' end (7 tries took about 20 s under
-/// TCG: if the link came back sooner, the connection would recover).
-const DOWN: Duration = Duration::from_secs(40);
+/// How long a link stays down: well beyond the retries' end (7 tries of the 268 ms ACK
+/// timeout below, plus the keepalive: if the link came back sooner, the connection would
+/// recover).
+const DOWN: Duration = Duration::from_secs(12);
+/// The keepalive and ACK timeout of both sides (`Config::keepalive`, `Config::ack_timeout`):
+/// a connection that only receives notices a dead peer through its keepalive probes.
+const KEEPALIVE: Duration = Duration::from_millis(500);
+const ACK_TIMEOUT: Duration = Duration::from_millis(250);
 /// The bound on noticing that the peer is gone.
 const NOTICE: Duration = Duration::from_secs(60);
 /// Receives a sink keeps posted.
@@ -197,13 +202,21 @@ fn log(what: &str) {
     println!("[{}] {what}", up.split_whitespace().next().unwrap_or("?"));
 }
 
-/// A reactor for both roles, with flow control off (`$TWO_VM_FLOW=1` turns it on): a sender
-/// that waits for credits has nothing in flight, so nothing to retry, and would never learn
-/// that the peer is gone (that needs a keepalive); and a receiver would send credits into a
-/// link that is down.
+/// A reactor for both roles, with a keepalive and a short ACK timeout, and flow control off
+/// (`$TWO_VM_FLOW=1` turns it on): without a keepalive, a sender that waits for credits has
+/// nothing in flight, so nothing to retry, and a receiver sends nothing at all; neither would
+/// learn that the peer is gone.
 fn reactor(retry: u8) -> Reactor {
     let flow_control = std::env::var("TWO_VM_FLOW").is_ok_and(|v| v == "1");
-    let cfg = Config { send_depth: 64, recv_depth: RECV_DEPTH, retry_count: retry, flow_control, ..Config::default() };
+    let cfg = Config {
+        send_depth: 64,
+        recv_depth: RECV_DEPTH,
+        retry_count: retry,
+        flow_control,
+        keepalive: Some(KEEPALIVE),
+        ack_timeout: Some(ACK_TIMEOUT),
+        ..Config::default()
+    };
     Reactor::with_config(cfg).expect("reactor")
 }
 
@@ -394,8 +407,8 @@ fn link_down_up_busy_fails_new_works() {
 }
 
 /// Case 13b: A and B stream to each other; B's VM powers off at once. A's sending connection
-/// must be torn down within [`NOTICE`]; whether A's receiving side notices (it
-/// sends nothing: flow control is off) is reported.
+/// must be torn down within [`NOTICE`], and so must its receiving side, which sends nothing
+/// but its keepalive probes.
 #[test]
 #[ignore = "needs two linked VMs: cargo xtask vm2 --cases"]
 fn peer_killed_sender_notices() {
@@ -430,13 +443,10 @@ fn peer_killed_sender_notices() {
     let w = w.borrow();
     let recv = closed_text(&w, "receiving", t0);
     println!(
-        "RESULT A's receiving side: {}",
-        if recv.is_empty() {
-            format!("did not notice within {} (it sends nothing: no retries, no keepalive)", secs(t0.elapsed()))
-        } else {
-            recv.join("; ")
-        }
+        "RESULT A's receiving side (keepalive {KEEPALIVE:?}): {}",
+        if recv.is_empty() { format!("did not notice within {}", secs(t0.elapsed())) } else { recv.join("; ") }
     );
+    assert!(!recv.is_empty(), "A's receiving side did not notice within {}", secs(t0.elapsed()));
     assert!(noticed, "A's sending connection was not torn down within {NOTICE:?} (retry_count {})", retry_count());
     let c = w.closed.iter().find(|c| c.role == "sending").expect("closed");
     assert!(!c.clean, "A's sending connection ended cleanly? {}", c.why);

@@ -10,7 +10,11 @@
 //!   connection, as a `Fault` (it disconnects and drains like a work error);
 //! - CQ_ERR: every connection on that CQ, as an `Abort` (its completions are lost, so nothing
 //!   is waited for), and the CQ is never polled again;
-//! - PORT_ERR: every connection placed on that port, as a `Fault`;
+//! - PORT_ERR and PORT_ACTIVE: reported to the listeners on the device (`on_error`), nothing
+//!   closed: a connection on the port fails through its own unacknowledged requests (RC
+//!   retries, `Config::keepalive`) if the outage lasts, and survives a short one. (Closing
+//!   them at once would send their DREQs through the downed port, which on rxe, Linux 6.1,
+//!   leaves rdma_cm unable to connect on the device until it is recreated.)
 //! - DEVICE_FATAL: every connection on the device, as an `Abort`, and the device is lost.
 //!
 //! The rest (PORT_ACTIVE, COMM_EST, ...) are counted and otherwise ignored.
@@ -207,17 +211,22 @@ impl Core {
                     None => self.stats.stale_async_events += 1,
                 }
             }
-            (K::PortErr, AsyncElement::Port(port)) => {
-                let on_port: Vec<ConnKey> = self
-                    .conns
+            (K::PortErr | K::PortActive, AsyncElement::Port(port)) => {
+                // Reported, not acted on: the port's connections fail through their own
+                // unacknowledged requests (RC retries, the keepalive) if the outage lasts,
+                // and survive a short one. Closing them at once would send their DREQs
+                // through the downed port, which leaves rdma_cm unable to connect on the
+                // device afterwards on rxe (Linux 6.1; FAULTS.md, case 20).
+                let what = if kind == K::PortErr { "went down" } else { "is active again" };
+                let text = format!("port {port} of the RDMA device {what} ({kind})");
+                let listeners: Vec<_> = self
+                    .listeners
                     .iter()
-                    .filter(|(_, c)| {
-                        c.placed.is_some_and(|p| p.device == d) && c.ep.id().is_some_and(|id| id.port() == port)
-                    })
+                    .filter(|(_, l)| l.id.as_ref().and_then(|id| id.device()) == Some(self.devices[d].dev))
                     .map(|(k, _)| k)
                     .collect();
-                for t in on_port {
-                    self.feed(t, Input::Fault(reason.clone()));
+                for t in listeners {
+                    self.with_listener(t, |h, ctx| h.on_error(ctx, &text));
                 }
             }
             (K::DeviceFatal, _) => self.device_lost(d, reason),

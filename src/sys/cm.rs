@@ -334,12 +334,6 @@ impl CmId {
         DeviceRef::from_raw(unsafe { (*self.id()).verbs })
     }
 
-    /// The port the id is bound to (0 before it is bound to a device).
-    pub fn port(&self) -> u8 {
-        // SAFETY: self.id is live until Drop.
-        unsafe { (*self.id()).port_num }
-    }
-
     /// Sets the RC ACK timeout of the id's queue pair (`RDMA_OPTION_ID_ACK_TIMEOUT`): the
     /// exponent `t` of 4.096 µs × 2^t. Takes effect when the queue pair is connected, so set
     /// it before `rdma_connect` or `rdma_accept`.
