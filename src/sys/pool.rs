@@ -18,8 +18,8 @@
 //! owner's bytes (written through [`Buf::fill_from`], by the device for this owner's receive or
 //! READ, or zeroed), and `touched`, the prefix handed out through [`Buf::as_mut_slice`] while
 //! it still held old bytes. Exposing ([`Exposed`], made by `Conn::expose`) zeroes what lies
-//! between `fresh` and the length, and refuses a buffer where old and new bytes cannot be told
-//! apart (`touched > fresh`).
+//! between `fresh` and the length, and refuses a buffer whose exposed bytes mix old and new
+//! ones that cannot be told apart (`touched` past `fresh` within the length).
 //!
 //! Clusters are registered with local write only: no remote rights, no windows. Peers reach
 //! memory only through an [`Exposed`] window: a memory region over exactly the bytes exposed
