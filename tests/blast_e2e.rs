@@ -366,6 +366,8 @@ struct WinServer {
     pins: Vec<rdma_reactor::Buf>,
     /// Whether the chunk the `OwnerPrefix` agent got held another connection's pattern.
     recycled_from: Option<u64>,
+    /// API refusals seen by the agents that went wrong.
+    api_failures: Vec<String>,
     /// Agents closed, by fill.
     closed: Vec<Fill>,
     /// The windows of the agents but A's (whose chunk is to be recycled), kept past their
@@ -412,6 +414,20 @@ impl ConnectionHandler for WinAgent {
             }
         }
         let exposed = expose_read(conn, chunk);
+        // The bind is queued, not done: the chunk cannot be had back yet.
+        let exposed = match exposed.into_buf() {
+            Err(exposed) => exposed,
+            Ok(_) => {
+                self.shared.borrow_mut().api_failures.push("into_buf while the bind is queued succeeded".into());
+                return conn.close();
+            }
+        };
+        // A chunk written in place over its earlier bytes cannot be exposed.
+        let mut mixed = conn.alloc(WIN).expect("buffer");
+        mixed.as_mut_slice()[..16].fill(0x5a);
+        if conn.expose(mixed, RemoteAccess::READ).is_ok() {
+            self.shared.borrow_mut().api_failures.push("a chunk written in place over old bytes was exposed".into());
+        }
         let desc = exposed.remote().slice(0, WIN as u32).expect("the window holds WIN bytes");
         self.exposed = Some(exposed);
         let mut msg = conn.alloc(16).expect("buffer");
@@ -633,7 +649,15 @@ fn an_exposed_window_is_only_its_owners_bytes_and_only_for_its_connection() {
             failures.push(format!("window {:?} still held by the device after its connection closed", w.remote()));
         }
     }
-    drop(kept);
+    for w in kept {
+        let what = format!("{:?}", w.remote());
+        match w.into_buf() {
+            Ok(b) if b.len() == WIN => {}
+            Ok(b) => failures.push(format!("window {what}: into_buf gave {} bytes", b.len())),
+            Err(_) => failures.push(format!("window {what}: into_buf refused after its connection closed")),
+        }
+    }
+    failures.append(&mut shared.borrow_mut().api_failures);
     shared.borrow_mut().pins.clear();
     drop(clients);
     drop(server);
