@@ -7,8 +7,8 @@
 //! ```
 //!
 //! With `--op send` every message is a SEND into one of the server's posted receives. With
-//! `--op write` the server exposes a ring of `depth` slots (REMOTE_WRITE only) and sends its
-//! descriptor; each message is an RDMA WRITE with immediate into slot `seq % depth`, whose
+//! `--op write` the server exposes a ring of `depth` slots (REMOTE_WRITE only, to that
+//! connection alone: `Conn::expose`) and sends its descriptor; each message is an RDMA WRITE with immediate into slot `seq % depth`, whose
 //! immediate consumes one receive so the server learns the slot is full. Either way the sender
 //! never has more messages in flight than the server has receives posted: receive credits
 //! (see the crate's `flow` module), so there are no RNR retries and nothing is lost.
@@ -213,7 +213,8 @@ impl ConnectionHandler for BlastAgent {
         if !self.write {
             return;
         }
-        let ring = match conn.alloc(self.depth as usize * self.size).and_then(|b| b.expose(RemoteAccess::WRITE)) {
+        // Bound to this connection: the ring's rkey is of no use on any other.
+        let ring = match conn.alloc(self.depth as usize * self.size).and_then(|b| conn.expose(b, RemoteAccess::WRITE)) {
             Ok(r) => r,
             Err(e) => return self.fail(conn, format!("ring: {}", common::report(&e))),
         };

@@ -218,7 +218,7 @@ impl ConnectionHandler for ExposerAgent {
     fn on_established(&mut self, conn: &mut Conn<'_>) {
         let mut chunk = conn.alloc(CHUNK).expect("chunk");
         chunk.fill_from(&pattern(CHUNK, 77, 0)).expect("fill");
-        let exposed = chunk.expose(RemoteAccess::READ).expect("expose");
+        let exposed = conn.expose(chunk, RemoteAccess::READ).expect("expose");
         let desc = exposed.remote().slice(0, CHUNK as u32).expect("fits");
         self.exposed = Some(exposed);
         let mut msg = conn.alloc(16).expect("buffer");
@@ -341,4 +341,331 @@ fn read_returns_exact_bytes_and_bad_keys_fail_alone() {
     let p = ping.borrow();
     assert_eq!(p.error, None);
     assert_eq!(p.echoed, 2000, "the other connection kept being served");
+}
+
+// ----- exposure bound to one connection (issue 9, defect 5) ---------------------------------
+
+const WIN: usize = 8192;
+
+/// What a window agent puts in the chunk it exposes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fill {
+    /// The whole window: `pattern(WIN, id, 0)`.
+    Pattern(u64),
+    /// 16 bytes of 0x5a, then the length grown to `WIN` without writing the rest.
+    OwnerPrefix,
+}
+
+/// Shared between the test, the window listener and its agents.
+#[derive(Default)]
+struct WinServer {
+    /// Fills for the next accepted connections, in order.
+    plan: std::collections::VecDeque<Fill>,
+    /// A chunk of the window class kept allocated, so the pool does not trim that cluster and
+    /// a freed window chunk is recycled (LIFO) for the next one.
+    pins: Vec<rdma_reactor::Buf>,
+    /// Whether the chunk the `OwnerPrefix` agent got held another connection's pattern.
+    recycled_from: Option<u64>,
+    /// API refusals seen by the agents that went wrong.
+    api_failures: Vec<String>,
+    /// Agents closed, by fill.
+    closed: Vec<Fill>,
+    /// The windows of the agents but A's (whose chunk is to be recycled), kept past their
+    /// connections.
+    kept: Vec<Exposed>,
+}
+
+struct WinListener(Rc<RefCell<WinServer>>);
+
+impl ListenerHandler for WinListener {
+    fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, _req: &ConnectRequest) -> Decision {
+        let fill = self.0.borrow_mut().plan.pop_front().expect("a fill planned for every connection");
+        Decision::Accept(Box::new(WinAgent { fill, exposed: None, shared: self.0.clone() }))
+    }
+}
+
+struct WinAgent {
+    fill: Fill,
+    exposed: Option<Exposed>,
+    shared: Rc<RefCell<WinServer>>,
+}
+
+impl ConnectionHandler for WinAgent {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        for _ in 0..4 {
+            let b = conn.alloc(64).expect("buffer");
+            conn.submit(Op::recv(b)).expect("recv");
+        }
+    }
+
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        if self.shared.borrow().pins.is_empty() {
+            let pin = conn.alloc(WIN).expect("pin");
+            self.shared.borrow_mut().pins.push(pin);
+        }
+        let mut chunk = conn.alloc(WIN).expect("chunk");
+        match self.fill {
+            Fill::Pattern(id) => chunk.fill_from(&pattern(WIN, id, 0)).expect("fill"),
+            Fill::OwnerPrefix => {
+                let was = (1..4).find(|id| chunk.as_slice()[16..] == pattern(WIN, *id, 0)[16..]);
+                self.shared.borrow_mut().recycled_from = was;
+                chunk.fill_from(&[0x5a; 16]).expect("fill");
+                chunk.set_len(WIN).expect("grow");
+            }
+        }
+        let exposed = expose_read(conn, chunk);
+        // The bind is queued, not done: the chunk cannot be had back yet.
+        let exposed = match exposed.into_buf() {
+            Err(exposed) => exposed,
+            Ok(_) => {
+                self.shared.borrow_mut().api_failures.push("into_buf while the bind is queued succeeded".into());
+                return conn.close();
+            }
+        };
+        // A chunk written in place over its earlier bytes cannot be exposed.
+        let mut mixed = conn.alloc(WIN).expect("buffer");
+        mixed.as_mut_slice()[..16].fill(0x5a);
+        if conn.expose(mixed, RemoteAccess::READ).is_ok() {
+            self.shared.borrow_mut().api_failures.push("a chunk written in place over old bytes was exposed".into());
+        }
+        let desc = exposed.remote().slice(0, WIN as u32).expect("the window holds WIN bytes");
+        self.exposed = Some(exposed);
+        let mut msg = conn.alloc(16).expect("buffer");
+        msg.fill_from(&desc.encode()).expect("16 bytes");
+        conn.submit(Op::send(msg)).expect("send descriptor");
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        if let (OpCode::Recv, Ok(_)) = (c.opcode, c.result) {
+            let _ = conn.submit(Op::recv(c.buf.expect("buffer")));
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, _reason: CloseReason) {
+        let mut shared = self.shared.borrow_mut();
+        shared.closed.push(self.fill);
+        if self.fill != Fill::Pattern(1) {
+            shared.kept.extend(self.exposed.take());
+        }
+    }
+}
+
+/// Exposes `chunk` for READ to the connection's peer.
+fn expose_read(conn: &mut Conn<'_>, chunk: rdma_reactor::Buf) -> Exposed {
+    conn.expose(chunk, RemoteAccess::READ).expect("expose")
+}
+
+/// How a window client uses the descriptor its agent sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WinRole {
+    /// READs its own window and publishes the descriptor.
+    Owner,
+    /// READs the owner's window (the owner's rkey) through its own connection.
+    Thief,
+    /// READs its own window and 4096 bytes past its end.
+    Beyond,
+    /// READs its own window (the `OwnerPrefix` one).
+    Stale,
+}
+
+#[derive(Debug, Default)]
+struct WinResult {
+    reads: Vec<Result<Vec<u8>, OpError>>,
+    closed: Option<CloseReason>,
+}
+
+struct WinClient {
+    role: WinRole,
+    owner_desc: Rc<RefCell<Option<RemoteSlice>>>,
+    result: Rc<RefCell<WinResult>>,
+}
+
+impl ConnectionHandler for WinClient {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        for _ in 0..4 {
+            let b = conn.alloc(64).expect("buffer");
+            conn.submit(Op::recv(b)).expect("recv");
+        }
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        match (c.opcode, c.result) {
+            (OpCode::Recv, Ok(n)) => {
+                let buf = c.buf.expect("buffer");
+                let desc = RemoteSlice::decode(&buf.as_slice()[..n as usize]).expect("descriptor");
+                let target = match self.role {
+                    WinRole::Owner => {
+                        *self.owner_desc.borrow_mut() = Some(desc);
+                        desc
+                    }
+                    WinRole::Thief => self.owner_desc.borrow().expect("the owner's descriptor is known"),
+                    WinRole::Beyond => RemoteSlice { len: desc.len + 4096, ..desc },
+                    WinRole::Stale => desc,
+                };
+                let local = conn.alloc(target.len as usize).expect("buffer");
+                conn.submit(Op::read(local, target)).expect("submit");
+            }
+            (OpCode::Read, result) => {
+                self.result.borrow_mut().reads.push(result.map(|_| c.buf.expect("buffer").as_slice().to_vec()));
+            }
+            _ => {}
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        self.result.borrow_mut().closed = Some(reason);
+    }
+}
+
+/// Issue 9, defect 5: an exposed window shows only what its owner put there, and only to the
+/// connection it was exposed to.
+///
+/// - Client B READs through its own connection with the rkey the server exposed to client A:
+///   the READ fails with a remote access error and only B's connection closes; A's READs
+///   (before and after) return exactly A's bytes.
+/// - A READ 4096 bytes past the end of an exposed window fails the same way.
+/// - A window exposed over a recycled chunk (which held A's pattern) whose owner wrote 16 bytes
+///   and grew the length shows those 16 bytes and zeros, never A's old pattern.
+/// - Afterwards every verbs resource of the process is gone (`rdma res show`): the windows were
+///   released, or their PD and memory regions could not have been.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn an_exposed_window_is_only_its_owners_bytes_and_only_for_its_connection() {
+    // rdma_restrack records the thread that created an object.
+    let pid = nix::unistd::gettid().as_raw() as u32;
+    let baseline = res_counts(pid);
+    let server_addr = addr();
+    let shared = Rc::new(RefCell::new(WinServer::default()));
+    shared.borrow_mut().plan.extend([Fill::Pattern(1), Fill::Pattern(2), Fill::Pattern(3), Fill::OwnerPrefix]);
+    let mut server = Reactor::new().expect("server");
+    server.listen(server_addr, WinListener(shared.clone())).expect("listen");
+    let mut clients = Reactor::new().expect("clients");
+    let owner_desc = Rc::new(RefCell::new(None));
+    let connect = |clients: &mut Reactor, role: WinRole| {
+        let result = Rc::new(RefCell::new(WinResult::default()));
+        let h = WinClient { role, owner_desc: owner_desc.clone(), result: result.clone() };
+        let t = clients.connect(server_addr, ConnectOptions::default(), h).expect("connect");
+        (t, result)
+    };
+    let tick = |server: &mut Reactor, clients: &mut Reactor| {
+        clients.run_once(Some(Duration::from_millis(1))).expect("client tick");
+        server.run_once(Some(Duration::from_millis(1))).expect("server tick");
+    };
+    let limit = Duration::from_secs(120);
+    let start = Instant::now();
+    let wait = |what: &str, tick: &mut dyn FnMut(), done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + limit;
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tick();
+        }
+        println!("{:>8.3} s: {what}", start.elapsed().as_secs_f64());
+    };
+    let settle = |tick: &mut dyn FnMut()| {
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            tick();
+        }
+    };
+    let mut failures = Vec::new();
+
+    // A reads its own window.
+    let (a, ra) = connect(&mut clients, WinRole::Owner);
+    wait("A's read", &mut || tick(&mut server, &mut clients), &|| !ra.borrow().reads.is_empty());
+    // B uses A's rkey through its own connection; D reads past its window's end.
+    let (_b, rb) = connect(&mut clients, WinRole::Thief);
+    let (_d, rd) = connect(&mut clients, WinRole::Beyond);
+    wait("B's and D's reads", &mut || tick(&mut server, &mut clients), &|| {
+        !rb.borrow().reads.is_empty() && !rd.borrow().reads.is_empty()
+    });
+    settle(&mut || tick(&mut server, &mut clients));
+    // A reads again after B's attempt.
+    let desc = owner_desc.borrow().expect("A's descriptor");
+    let buf = clients.ctx().alloc(a, WIN).expect("buffer");
+    clients.ctx().submit(a, Op::read(buf, desc)).expect("A's second read");
+    wait("A's second read", &mut || tick(&mut server, &mut clients), &|| ra.borrow().reads.len() == 2);
+
+    let a_bytes = Ok(pattern(WIN, 1, 0));
+    for (i, r) in ra.borrow().reads.iter().enumerate() {
+        if *r != a_bytes {
+            failures.push(format!("A's read {i} did not return A's bytes: {:?}", r.as_ref().map(|v| &v[..16])));
+        }
+    }
+    if ra.borrow().closed.is_some() {
+        failures.push(format!("A closed: {:?}", ra.borrow().closed));
+    }
+    for (name, r) in [("B (A's rkey on B's connection)", &rb), ("D (past the window's end)", &rd)] {
+        let r = r.borrow();
+        let read = r.reads.first().expect("read done");
+        match read {
+            Err(OpError::Wc(WcStatus::RemAccessErr)) => {}
+            Err(e) => failures.push(format!("{name}: failed with {e}, expected RemAccessErr")),
+            Ok(v) => {
+                let whose = if v[..] == pattern(WIN, 1, 0)[..] { " (A's bytes)" } else { "" };
+                failures.push(format!("{name}: READ succeeded, {} bytes{whose}", v.len()));
+            }
+        }
+        if r.closed != Some(CloseReason::WorkError(WcStatus::RemAccessErr)) {
+            failures.push(format!("{name}: connection closed {:?}, expected WorkError(RemAccessErr)", r.closed));
+        }
+    }
+
+    // A closes; its window's chunk goes back to the pool and is recycled for C's agent.
+    clients.ctx().close(a);
+    wait("A's agent closed", &mut || tick(&mut server, &mut clients), &|| {
+        shared.borrow().closed.contains(&Fill::Pattern(1))
+    });
+    let (_c, rc) = connect(&mut clients, WinRole::Stale);
+    wait("C's read", &mut || tick(&mut server, &mut clients), &|| !rc.borrow().reads.is_empty());
+    let recycled = shared.borrow().recycled_from;
+    println!("C's agent's chunk held the pattern of connection {recycled:?} before it was exposed");
+    assert_eq!(recycled, Some(1), "the test recycles A's chunk for C's window");
+    let mut want = vec![0u8; WIN];
+    want[..16].fill(0x5a);
+    match rc.borrow().reads.first().expect("read done") {
+        Ok(v) if *v == want => {}
+        Ok(v) => {
+            let old = v[16..] == pattern(WIN, 1, 0)[16..];
+            let nonzero = v[16..].iter().filter(|b| **b != 0).count();
+            failures.push(format!(
+                "C's window: prefix {:?}, {nonzero} non-zero bytes past the owner's 16{}",
+                &v[..4],
+                if old { ", A's old pattern" } else { "" }
+            ));
+        }
+        Err(e) => failures.push(format!("C's read failed: {e}")),
+    }
+
+    println!("{:>8.3} s: checked", start.elapsed().as_secs_f64());
+    let during = res_counts(pid);
+    println!("during: {during:?}");
+    assert!(during.mr > baseline.mr && during.qp > baseline.qp, "the counts see this test's objects");
+    clients.shutdown(Duration::from_secs(10));
+    server.shutdown(Duration::from_secs(10));
+    let kept = std::mem::take(&mut shared.borrow_mut().kept);
+    assert_eq!(kept.len(), 3, "B's, D's and C's agents kept their windows past their connections");
+    for w in &kept {
+        if !w.is_released() {
+            failures.push(format!("window {:?} still held by the device after its connection closed", w.remote()));
+        }
+    }
+    for w in kept {
+        let what = format!("{:?}", w.remote());
+        match w.into_buf() {
+            Ok(b) if b.len() == WIN => {}
+            Ok(b) => failures.push(format!("window {what}: into_buf gave {} bytes", b.len())),
+            Err(_) => failures.push(format!("window {what}: into_buf refused after its connection closed")),
+        }
+    }
+    failures.append(&mut shared.borrow_mut().api_failures);
+    shared.borrow_mut().pins.clear();
+    drop(clients);
+    drop(server);
+    println!("{:>8.3} s: reactors dropped", start.elapsed().as_secs_f64());
+    let after = res_counts(pid);
+    println!("baseline {baseline:?}, after {after:?}");
+    if after != baseline {
+        failures.push(format!("verbs resources left: baseline {baseline:?}, after {after:?}"));
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }

@@ -6,9 +6,10 @@ use std::time::Duration;
 use super::{ConnectOptions, ConnectionHandler, Core, ListenerHandler, Op, Stats};
 use crate::error::{Error, Result};
 use crate::proto::conn::State;
+use crate::proto::op::RemoteAccess;
 use crate::proto::token::{ConnKey, Key, Token};
 use crate::proto::wire::ConnectInfo;
-use crate::sys::pool::Buf;
+use crate::sys::pool::{Buf, Exposed};
 
 /// The reactor's command API, as seen from a callback (or from [`Reactor::ctx`]).
 ///
@@ -181,7 +182,8 @@ impl<'a> Conn<'a> {
     }
 
     /// A buffer of `len` bytes (capacity: the smallest pool class that holds them) from this
-    /// connection's device pool. Its contents are whatever the chunk held last.
+    /// connection's device pool. Its contents are whatever the chunk held last (chunks are not
+    /// cleared between uses; [`Conn::expose`] clears what it shows the peer).
     ///
     /// # Errors
     ///
@@ -223,6 +225,32 @@ impl<'a> Conn<'a> {
     #[allow(unsafe_code)] // Only declares the contract; the body is safe code.
     pub unsafe fn submit_raw(&mut self, op: Op) -> std::result::Result<(), SubmitError> {
         self.ctx.core.submit(self.key, op)
+    }
+
+    /// Exposes `buf`'s `len()` bytes to this connection's peer with exactly `access`, for its
+    /// RDMA READs and WRITEs: a type-2 memory window bound to this connection's queue pair.
+    /// Send the peer [`Exposed::remote`].
+    ///
+    /// - The descriptor works on this connection only. A peer using it on another connection
+    ///   (even of this process), or reaching past the window's end, gets a remote access error
+    ///   (and that connection closes).
+    /// - The peer sees only this owner's bytes: bytes the chunk held from an earlier use are
+    ///   zeroed first. Bytes written with [`Buf::fill_from`], received, READ or zeroed are kept.
+    /// - The bind is queued on this connection's send queue like an operation, so it reaches
+    ///   the device before anything submitted after this call (such as the descriptor's send).
+    ///   If it fails, the connection closes with a work error.
+    /// - Dropping the [`Exposed`] (or [`Exposed::into_buf`]) revokes access before the chunk
+    ///   can be reused; so does the end of the connection.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for an empty `access` or buffer, a buffer of another device, or one
+    /// written in place ([`Buf::as_mut_slice`]) while it still held an earlier owner's bytes;
+    /// [`Error::NotConnected`] before [`on_ready`](ConnectionHandler::on_ready) or once closed;
+    /// [`Error::Verb`] when `ibv_alloc_mw` fails (a device without type-2 memory windows). The
+    /// buffer goes back to the pool.
+    pub fn expose(&mut self, buf: Buf, access: RemoteAccess) -> Result<Exposed> {
+        self.ctx.core.expose(self.key, buf, access)
     }
 
     /// Starts closing this connection (disconnect, drain outstanding operations, destroy).

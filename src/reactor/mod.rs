@@ -53,6 +53,7 @@ mod cq_room;
 mod ctx;
 mod device;
 mod drive;
+mod expose;
 mod handler;
 mod op;
 mod post;
@@ -91,7 +92,7 @@ use crate::sys::cm::{CmId, EventChannel};
 use crate::sys::cq::CompChannel;
 use crate::sys::device::DeviceRef;
 use crate::sys::pd::Pd;
-use crate::sys::pool::Pool;
+use crate::sys::pool::{Pool, Windows};
 use crate::sys::qp::Qp;
 use cq::CqEntry;
 use device::Devices;
@@ -166,7 +167,10 @@ struct Placement {
 }
 
 struct ConnEntry {
-    /// Dropped first at destruction (queue pair, then id).
+    /// Memory windows exposed on this connection (`Conn::expose`): deallocated at destruction
+    /// before the queue pair.
+    windows: Windows,
+    /// Dropped right after at destruction (queue pair, then id).
     ep: Endpoint,
     role: Role,
     handler: Option<Box<dyn ConnectionHandler>>,
@@ -187,6 +191,7 @@ struct ConnEntry {
 impl ConnEntry {
     fn new(role: Role, handler: Box<dyn ConnectionHandler>, signal_every: u32, local: ConnectInfo) -> ConnEntry {
         ConnEntry {
+            windows: Windows::default(),
             ep: Endpoint::None,
             role,
             handler: Some(handler),

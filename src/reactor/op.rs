@@ -8,7 +8,9 @@
 use crate::proto::op::{OpCode, OpError};
 use crate::proto::token::ConnKey;
 use crate::proto::wire::RemoteSlice;
-use crate::sys::pool::Buf;
+use crate::sys::pool::{Buf, Window};
+use crate::sys::qp::Bind;
+use std::rc::Rc;
 
 /// Memory registered by the caller, for [`Op::raw_send`] and [`Op::raw_recv`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,8 +142,12 @@ pub(crate) struct OpEntry {
     pub(crate) buf: Option<Buf>,
     pub(crate) raw: Option<RawBuf>,
     pub(crate) remote: Option<RemoteSlice>,
-    /// A credit-only send of the runtime's own: its completion reaches no handler.
+    /// A credit-only send, or a window bind, of the runtime's own: its completion reaches no
+    /// handler.
     pub(crate) control: bool,
+    /// A window bind (`Conn::expose`): holds the window until the bind completes or is
+    /// cancelled, so the memory window outlives its posted bind.
+    pub(crate) bind: Option<Rc<Window>>,
     /// A receive posted again after a credit-only message consumed it.
     pub(crate) after_control: bool,
     /// On the device (holds a CQ reservation); false while queued.
@@ -163,7 +169,18 @@ impl OpEntry {
             }
             Body::RawSend(r) | Body::RawRecv(r) => (None, Some(r), None),
         };
-        OpEntry { conn, user_data, opcode, buf, raw, remote, control: false, after_control: false, posted: false }
+        OpEntry {
+            conn,
+            user_data,
+            opcode,
+            buf,
+            raw,
+            remote,
+            control: false,
+            bind: None,
+            after_control: false,
+            posted: false,
+        }
     }
 
     /// The entry of a credit-only message: a zero-length send.
@@ -176,6 +193,7 @@ impl OpEntry {
             raw: None,
             remote: None,
             control: true,
+            bind: None,
             after_control: false,
             posted: false,
         }
@@ -186,6 +204,16 @@ impl OpEntry {
     /// peer's; the peer's device acknowledges it.
     pub(crate) fn probe(conn: ConnKey) -> OpEntry {
         OpEntry { opcode: OpCode::Write, ..OpEntry::control(conn) }
+    }
+
+    /// The entry of a window bind: no local memory, no peer receive used, no handler told.
+    pub(crate) fn bind(conn: ConnKey, window: Rc<Window>) -> OpEntry {
+        OpEntry { bind: Some(window), ..OpEntry::control(conn) }
+    }
+
+    /// The bind work request of a window bind entry, while its memory window exists.
+    pub(crate) fn bind_wr(&self) -> Option<Bind> {
+        self.bind.as_ref().and_then(|w| w.bind())
     }
 
     /// Local address, length and key of the work request.
@@ -206,6 +234,11 @@ impl OpEntry {
         let mut buf = self.buf;
         if let (Some(b), OpCode::Recv, Ok(n)) = (buf.as_mut(), self.opcode, &result) {
             let _ = b.set_len(if remote_write { 0 } else { *n as usize });
+        }
+        if let (Some(b), OpCode::Recv | OpCode::Read, Ok(_)) = (buf.as_mut(), self.opcode, &result) {
+            // The device wrote these bytes for this owner.
+            let n = b.len();
+            b.written(n);
         }
         Completion { user_data: self.user_data, opcode: self.opcode, result, buf, remote_write }
     }

@@ -176,7 +176,8 @@ impl Core {
             #[allow(unsafe_code)]
             // SAFETY: as for post_recv: every request's memory is held by its OpEntry until it
             // completes or is cancelled after the queue pair is destroyed; a credit-only
-            // message names no memory.
+            // message names no memory; a window bind's entry holds its window, whose chunk its
+            // `Exposed` or the window itself keeps until the memory window is deallocated.
             let r = unsafe { qp.post_send(&wrs) };
             self.stats.post_send_calls += 1;
             let n = r.as_ref().map_or_else(|e| e.posted, |()| wrs.len());
@@ -213,6 +214,9 @@ impl Core {
 
 /// The work request of a planned send-queue operation.
 fn send_wr(op: &OpEntry, w: &Planned, max_inline: u32) -> SendWr {
+    if op.bind.is_some() {
+        return super::expose::bind_wr(op, w);
+    }
     let (addr, len, lkey) = op.sge();
     let (raddr, rkey) = op.remote.map_or((0, 0), |r| (r.addr, r.rkey));
     let send_op = match (op.opcode, w.imm) {

@@ -2,8 +2,8 @@
 //! completed, and shutting the whole reactor down.
 //!
 //! A connection is destroyed in rdma-core's order (`destroy_conn`):
-//! 1. the queue pair and the id (`rdma_destroy_qp`, `rdma_destroy_id`; the tick's CM events
-//!    are all acked);
+//! 1. its memory windows (`Conn::expose`), the queue pair and the id (`rdma_destroy_qp`,
+//!    `rdma_destroy_id`; the tick's CM events are all acked);
 //! 2. its CQ is drained, so every completion it produced reaches its handler (a shared CQ
 //!    delivers other connections' completions too);
 //! 3. operations that never completed are cancelled (their buffers are safe to hand back: the
@@ -73,6 +73,7 @@ impl Core {
     fn destroy_conn(&mut self, t: ConnKey) {
         let Some(c) = self.conns.get_mut(t) else { return };
         let cq = c.placed.map(|p| p.cq);
+        c.windows.release();
         drop(std::mem::replace(&mut c.ep, Endpoint::None));
         if let Some(cq) = cq {
             self.poll_cq(cq, usize::MAX);

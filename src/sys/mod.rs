@@ -1,7 +1,7 @@
 //! The FFI boundary: the only module that names `rdma_sys`. Private to the crate.
 //!
 //! One file per rdma-core object family: `cm.rs` (event channel, CM ids and events), `device.rs`
-//! (device list, device contexts), `pd.rs`, `mr.rs`, `cq.rs` (completion channels and CQs, with
+//! (device list, device contexts), `pd.rs`, `mr.rs`, `mw.rs` (type-2 memory windows), `cq.rs` (completion channels and CQs, with
 //! `ack.rs`'s batched ack counter), `qp.rs` (queue pairs on CM ids, posting) and `pool.rs` (the
 //! registered buffer pool). Layering: this module imports the pure core (`crate::proto`,
 //! `crate::error`) and never the reactor layer above it.
@@ -22,6 +22,7 @@ pub(crate) mod cm;
 pub(crate) mod cq;
 pub(crate) mod device;
 pub(crate) mod mr;
+pub(crate) mod mw;
 pub(crate) mod pd;
 pub(crate) mod pool;
 pub(crate) mod qp;

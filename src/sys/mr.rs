@@ -27,6 +27,9 @@ bitflags::bitflags! {
         const REMOTE_WRITE = ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
         /// Peers may RDMA READ it.
         const REMOTE_READ = ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+        /// Memory windows may be bound over it (a window's rights are its own; this flag
+        /// gives the region's own rkey none).
+        const MW_BIND = ffi::ibv_access_flags::IBV_ACCESS_MW_BIND.0;
     }
 }
 
@@ -49,10 +52,8 @@ impl Mr {
         unsafe { self.raw.as_ref() }.lkey
     }
 
-    /// The remote key.
-    pub fn rkey(&self) -> u32 {
-        // SAFETY: self.raw is live.
-        unsafe { self.raw.as_ref() }.rkey
+    pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_mr {
+        self.raw.as_ptr()
     }
 }
 

@@ -11,6 +11,23 @@
 //! request uses it, the reactor holds the `Buf`, so user code cannot touch the bytes; it comes
 //! back in the completion. A `Buf` keeps its cluster (memory and registration) alive, so a
 //! chunk is never deregistered under a posted request.
+//!
+//! Chunks are recycled without being cleared (no memset on the send and receive path), so a
+//! new `Buf` may hold an earlier owner's bytes (another connection's data). Two watermarks keep
+//! those away from peers' eyes: `fresh`, the prefix of the chunk known to hold only this
+//! owner's bytes (written through [`Buf::fill_from`], by the device for this owner's receive or
+//! READ, or zeroed), and `touched`, the prefix handed out through [`Buf::as_mut_slice`] while
+//! it still held old bytes. Exposing ([`Exposed`], made by `Conn::expose`) zeroes what lies
+//! between `fresh` and the length, and refuses a buffer whose exposed bytes mix old and new
+//! ones that cannot be told apart (`touched` past `fresh` within the length).
+//!
+//! Clusters are registered with local write only: no remote rights, no windows. Peers reach
+//! memory only through an [`Exposed`] window: a memory region over exactly the bytes exposed
+//! (local write and `IBV_ACCESS_MW_BIND`, no remote rights of its own), and a type-2 memory
+//! window over all of it, bound to one connection's queue pair (`mw.rs`). The region is
+//! exactly the window because rxe checks a remote access through a window against the range
+//! of the window's region, not of the window (Linux 6.1 `check_rkey`): a window over a whole
+//! cluster would let its peer read every chunk of it.
 #![allow(unsafe_code)]
 
 use std::alloc::{self, Layout};
@@ -20,7 +37,9 @@ use std::ptr::NonNull;
 use std::rc::Rc;
 
 use super::mr::{Access, Mr};
+use super::mw::{next_rkey, Mw};
 use super::pd::Pd;
+use super::qp::Bind;
 use crate::error::{Error, Result};
 use crate::proto::op::RemoteAccess;
 use crate::proto::wire::RemoteSlice;
@@ -178,6 +197,7 @@ impl Pool {
             chunk,
             len,
             cap,
+            marks: Marks::default(),
             pool: Rc::as_ptr(&self.registered) as usize,
         })
     }
@@ -245,6 +265,44 @@ pub struct Buf {
     chunk: u32,
     len: usize,
     cap: usize,
+    /// Which bytes are this owner's.
+    marks: Marks,
+}
+
+/// Which bytes of a chunk are its current owner's (pure; see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Marks {
+    /// Bytes from the chunk's start that hold only this owner's data or zeros.
+    fresh: usize,
+    /// Bytes from the chunk's start handed out mutably while some of them were not fresh:
+    /// between `fresh` and this, old and new bytes are mixed.
+    touched: usize,
+}
+
+impl Marks {
+    /// The first `n` bytes were written by the owner (or zeroed).
+    fn written(&mut self, n: usize) {
+        self.fresh = self.fresh.max(n);
+    }
+
+    /// The first `len` bytes were handed out mutably.
+    fn lent_mut(&mut self, len: usize) {
+        if self.fresh < len {
+            self.touched = self.touched.max(len);
+        }
+    }
+
+    /// Exposing the first `len` bytes: the range to zero first (bytes an earlier owner may
+    /// have left), or, when some of them are mixed, that mixed range.
+    fn expose(&mut self, len: usize) -> std::result::Result<std::ops::Range<usize>, std::ops::Range<usize>> {
+        let mixed_end = self.touched.min(len);
+        if mixed_end > self.fresh {
+            return Err(self.fresh..mixed_end);
+        }
+        let clear = self.fresh.min(len)..len;
+        self.written(len);
+        Ok(clear)
+    }
 }
 
 impl fmt::Debug for Buf {
@@ -274,7 +332,8 @@ impl Buf {
         self.cap
     }
 
-    /// Sets the data length, up to the capacity (new bytes keep the chunk's old contents).
+    /// Sets the data length, up to the capacity. New bytes keep the chunk's old contents, which
+    /// may be an earlier owner's ([`Conn::expose`](crate::Conn::expose) zeroes them).
     pub fn set_len(&mut self, len: usize) -> Result<()> {
         if len > self.cap {
             return Err(Error::TooLarge { len, max: self.cap });
@@ -286,8 +345,19 @@ impl Buf {
     /// Replaces the contents with `data`.
     pub fn fill_from(&mut self, data: &[u8]) -> Result<()> {
         self.set_len(data.len())?;
-        self.as_mut_slice().copy_from_slice(data);
+        // SAFETY: as in as_mut_slice; data.len() == self.len <= cap, and `data` cannot alias
+        // the chunk (the only references to it come from &self or &mut self).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base(), data.len()) };
+        self.written(data.len());
         Ok(())
+    }
+
+    /// Sets the data (`len()` bytes) to zeros. A buffer written in place through
+    /// [`as_mut_slice`](Buf::as_mut_slice) after this can be exposed.
+    pub fn zero(&mut self) {
+        // SAFETY: as in as_mut_slice; len <= cap.
+        unsafe { std::ptr::write_bytes(self.base(), 0, self.len) };
+        self.written(self.len);
     }
 
     /// The data.
@@ -298,8 +368,11 @@ impl Buf {
         unsafe { std::slice::from_raw_parts(self.base(), self.len) }
     }
 
-    /// The data, mutable.
+    /// The data, mutable. Bytes not written since [`alloc`](crate::Conn::alloc) may hold an
+    /// earlier owner's data; to expose the buffer afterwards, write all of them, or start from
+    /// [`fill_from`](Buf::fill_from) or [`zero`](Buf::zero) (else `Conn::expose` refuses it).
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.marks.lent_mut(self.len);
         // SAFETY: as in as_slice, and &mut self makes this the only reference.
         unsafe { std::slice::from_raw_parts_mut(self.base(), self.len) }
     }
@@ -310,6 +383,26 @@ impl Buf {
 
     pub(crate) fn lkey(&self) -> u32 {
         self.cluster.mr.lkey()
+    }
+
+    /// The first `n` bytes now hold this owner's data (written by it, or by the device for
+    /// its receive or READ).
+    pub(crate) fn written(&mut self, n: usize) {
+        self.marks.written(n.min(self.cap));
+    }
+
+    /// Makes the first `len()` bytes safe to show a peer: zeroes those an earlier owner may
+    /// have left, after checking none of them was handed out mutably.
+    fn clear_for_exposure(&mut self) -> Result<()> {
+        let clear = self.marks.expose(self.len).map_err(|mixed| {
+            Error::Config(format!(
+                "cannot expose a buffer written through as_mut_slice while it held an earlier owner's bytes \
+                 (bytes {mixed:?} may be either): fill it with fill_from, or zero() it before writing in place"
+            ))
+        })?;
+        // SAFETY: as in as_mut_slice; clear.start <= clear.end == len <= cap.
+        unsafe { std::ptr::write_bytes(self.base().add(clear.start), 0, clear.len()) };
+        Ok(())
     }
 }
 
@@ -325,100 +418,273 @@ impl Drop for Buf {
     }
 }
 
-impl Buf {
-    /// Exposes this chunk to peers with exactly `access`: registers a memory region over the
-    /// chunk alone, with local write and the remote rights asked for, nothing wider.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Config`] for an empty `access`; [`Error::Verb`] when `ibv_reg_mr` fails.
-    pub fn expose(self, access: RemoteAccess) -> Result<Exposed> {
-        if access.is_empty() {
-            return Err(Error::Config("exposing memory needs READ, WRITE or both".into()));
-        }
-        let mut flags = Access::LOCAL_WRITE;
-        if access.contains(RemoteAccess::READ) {
-            flags |= Access::REMOTE_READ;
-        }
-        if access.contains(RemoteAccess::WRITE) {
-            flags |= Access::REMOTE_WRITE;
-        }
-        let pd = self.class.borrow().pd.clone();
-        // SAFETY: the chunk stays allocated while `Exposed` holds this Buf, and `Exposed`
-        // declares the region before the Buf, so the region is deregistered first.
-        let mr = unsafe { Mr::register(&pd, self.base(), self.cap, flags) }
-            .map_err(|e| super::reg_error(self.cap, format!("exposing {} bytes ({access:?})", self.cap), e))?;
-        Ok(Exposed { mr, buf: self, access })
+/// A window's shared state: the memory window, and the chunk once its [`Exposed`] is gone
+/// while the bind is still queued or in flight.
+///
+/// Held by the [`Exposed`], by the reactor's bind operation until its completion (or its
+/// cancellation after the queue pair is destroyed), and weakly by the connection
+/// ([`Windows`]), which releases the memory window when it is destroyed.
+pub(crate) struct Window {
+    // Drop order: the memory window is deallocated (peers lose access) and its region
+    // deregistered before the parked chunk goes back to the pool.
+    binding: RefCell<Option<Binding>>,
+    parked: RefCell<Option<Buf>>,
+    bind: Bind,
+}
+
+/// A memory window and the region under it. Field order is drop order: rdma-core refuses to
+/// deregister a region with a window bound to it.
+struct Binding {
+    _mw: Mw,
+    _mr: Mr,
+}
+
+impl Window {
+    /// The bind work request, while the memory window exists.
+    pub(crate) fn bind(&self) -> Option<Bind> {
+        self.binding.borrow().as_ref().map(|_| self.bind)
+    }
+
+    /// Deallocates the memory window and deregisters its region: peers lose access at once.
+    /// Idempotent.
+    fn release(&self) {
+        drop(self.binding.borrow_mut().take());
+    }
+
+    fn is_released(&self) -> bool {
+        self.binding.borrow().is_none()
     }
 }
 
-/// A pool chunk peers may read or write (an RDMA READ or WRITE target), through its own
-/// memory region with exactly the rights it was exposed with.
+/// The windows exposed on one connection, released when it is destroyed, before its queue
+/// pair, even while their [`Exposed`] handles live on.
+///
+/// Before the queue pair: a bound type-2 window holds a reference to its queue pair in rxe,
+/// and destroying the queue pair first makes the kernel wait for it (and warn).
+#[derive(Default)]
+pub(crate) struct Windows(Vec<std::rc::Weak<Window>>);
+
+impl Windows {
+    /// Records a window; forgets those already gone.
+    pub(crate) fn add(&mut self, w: &Rc<Window>) {
+        self.0.retain(|w| w.strong_count() > 0);
+        self.0.push(Rc::downgrade(w));
+    }
+
+    /// Deallocates every window (and its region): the peer loses access to all of them.
+    pub(crate) fn release(&mut self) {
+        for w in self.0.drain(..) {
+            if let Some(w) = w.upgrade() {
+                w.release();
+            }
+        }
+    }
+}
+
+impl Drop for Windows {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Pool memory a peer may read or write (an RDMA READ or WRITE target), made by
+/// [`Conn::expose`](crate::Conn::expose): a type-2 memory window over exactly the buffer's
+/// `len()` bytes (and a memory region of just those bytes under it), with exactly the rights
+/// asked for, bound to that connection's queue pair.
+/// Its [`remote`](Exposed::remote) descriptor works on that connection only: from any other
+/// queue pair, or past the window's end, a peer's request fails with a remote access error.
+///
+/// Exposed bytes hold only what the owner put there: bytes of the chunk's earlier use are
+/// zeroed when it is exposed.
 ///
 /// Peers may write it at any time, so it hands out no references into it: [`read_at`] and
-/// [`write_at`] copy. Dropping it (or [`into_buf`]) deregisters the region first, so the key
-/// stops working before the chunk is reused.
+/// [`write_at`] copy. Dropping it deallocates the memory window before the chunk goes back to
+/// the pool (should its bind still be in flight, when the bind completes). Destroying the
+/// connection deallocates the window (and deregisters its region) too; the `Exposed` then only
+/// holds the chunk.
 ///
 /// [`read_at`]: Exposed::read_at
 /// [`write_at`]: Exposed::write_at
-/// [`into_buf`]: Exposed::into_buf
 pub struct Exposed {
-    // Field order is drop order: the region goes before the chunk.
-    mr: Mr,
-    buf: Buf,
+    /// `Some` until dropped.
+    buf: Option<Buf>,
+    win: Rc<Window>,
+    remote: RemoteSlice,
     access: RemoteAccess,
 }
 
 impl fmt::Debug for Exposed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Exposed").field("remote", &self.remote()).field("access", &self.access).finish()
+        f.debug_struct("Exposed")
+            .field("remote", &self.remote)
+            .field("access", &self.access)
+            .field("released", &self.win.is_released())
+            .finish()
     }
 }
 
 impl Exposed {
-    /// The descriptor a peer needs: address, length (the chunk's capacity) and remote key.
-    pub fn remote(&self) -> RemoteSlice {
-        RemoteSlice { addr: self.buf.addr(), len: self.buf.cap as u32, rkey: self.mr.rkey() }
+    /// A window over `buf`'s `len()` bytes with `access`, not yet bound: clears the bytes an
+    /// earlier owner may have left, registers a region over exactly those bytes and allocates
+    /// the memory window. The reactor posts the returned window's bind on the connection's
+    /// send queue.
+    pub(crate) fn new(mut buf: Buf, access: RemoteAccess) -> Result<(Exposed, Rc<Window>)> {
+        if access.is_empty() {
+            return Err(Error::Config("exposing memory needs READ, WRITE or both".into()));
+        }
+        if buf.is_empty() {
+            return Err(Error::Config("cannot expose an empty buffer".into()));
+        }
+        buf.clear_for_exposure()?;
+        let pd = buf.class.borrow().pd.clone();
+        // SAFETY: the chunk stays allocated while the region lives: the region is released
+        // (with the window, before it) by `Window::release` or the window's drop, and the chunk
+        // is held until then by the `Exposed` or, once that is dropped, by the window itself.
+        let mr = unsafe { Mr::register(&pd, buf.base(), buf.len, Access::LOCAL_WRITE | Access::MW_BIND) }
+            .map_err(|e| super::reg_error(buf.len, format!("exposing {} bytes ({access:?})", buf.len), e))?;
+        let mw =
+            Mw::alloc(&pd).map_err(|e| Error::verb("ibv_alloc_mw", "a type-2 memory window to expose memory", e))?;
+        let mut rights = Access::empty();
+        if access.contains(RemoteAccess::READ) {
+            rights |= Access::REMOTE_READ;
+        }
+        if access.contains(RemoteAccess::WRITE) {
+            rights |= Access::REMOTE_WRITE;
+        }
+        let rkey = next_rkey(mw.rkey());
+        let bind =
+            Bind { mw: mw.as_ptr(), rkey, mr: mr.as_ptr(), addr: buf.addr(), len: buf.len as u64, access: rights };
+        let remote = RemoteSlice { addr: buf.addr(), len: buf.len as u32, rkey };
+        let binding = Binding { _mw: mw, _mr: mr };
+        let win = Rc::new(Window { binding: RefCell::new(Some(binding)), parked: RefCell::new(None), bind });
+        Ok((Exposed { buf: Some(buf), win: win.clone(), remote, access }, win))
     }
 
-    /// The rights peers have.
+    fn buf(&self) -> &Buf {
+        self.buf.as_ref().expect("present until dropped")
+    }
+
+    /// The descriptor the peer needs: address, length (the bytes exposed) and remote key. It
+    /// works only on the connection the memory was exposed to.
+    pub fn remote(&self) -> RemoteSlice {
+        self.remote
+    }
+
+    /// The rights the peer has.
     pub fn access(&self) -> RemoteAccess {
         self.access
     }
 
-    /// Bytes the region covers.
-    pub fn capacity(&self) -> usize {
-        self.buf.cap
+    /// Bytes the window covers: the buffer's `len()` when it was exposed.
+    pub fn len(&self) -> usize {
+        self.remote.len as usize
+    }
+
+    /// Always false: an empty buffer cannot be exposed.
+    pub fn is_empty(&self) -> bool {
+        self.remote.len == 0
+    }
+
+    /// True once the peer's access is gone: the connection was destroyed.
+    pub fn is_released(&self) -> bool {
+        self.win.is_released()
     }
 
     fn check(&self, offset: usize, len: usize) -> Result<()> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.buf.cap => Ok(()),
-            _ => Err(Error::TooLarge { len: offset.saturating_add(len), max: self.buf.cap }),
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(Error::TooLarge { len: offset.saturating_add(len), max: self.len() }),
         }
     }
 
-    /// Copies `dst.len()` bytes at `offset` out of the region.
+    /// Copies `dst.len()` bytes at `offset` out of the window.
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.check(offset, dst.len())?;
         // SAFETY: in bounds (checked); the chunk is alive while self holds it; a raw copy makes
         // no reference to memory a peer may be writing.
-        unsafe { std::ptr::copy_nonoverlapping(self.buf.base().add(offset), dst.as_mut_ptr(), dst.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(self.buf().base().add(offset), dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
 
-    /// Copies `src` into the region at `offset`.
+    /// Copies `src` into the window at `offset`.
     pub fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         self.check(offset, src.len())?;
         // SAFETY: as in read_at.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.buf.base().add(offset), src.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.buf().base().add(offset), src.len()) };
         Ok(())
     }
 
-    /// Revokes the peers' access (deregisters the region) and gives the chunk back.
-    pub fn into_buf(self) -> Buf {
-        let Exposed { mr, buf, .. } = self;
-        drop(mr);
-        buf
+    /// Revokes the peer's access (deallocates the memory window) and gives the buffer back,
+    /// with the window's bytes.
+    ///
+    /// # Errors
+    ///
+    /// The `Exposed` itself, unchanged, while the window's bind is still queued or in flight
+    /// (the tick it was exposed in, or until its completion): the chunk cannot be reused before
+    /// the bind is done. Try again from a later callback, or drop it (then the chunk returns to
+    /// the pool once the bind is done).
+    pub fn into_buf(mut self) -> std::result::Result<Buf, Exposed> {
+        if Rc::strong_count(&self.win) > 1 {
+            return Err(self);
+        }
+        self.win.release();
+        Ok(self.buf.take().expect("present until dropped"))
+    }
+}
+
+impl Drop for Exposed {
+    fn drop(&mut self) {
+        // The chunk waits in the window; when the last holder (this, or the bind operation)
+        // lets go, the window's Drop deallocates the memory window, then frees the chunk.
+        if let Some(buf) = self.buf.take() {
+            *self.win.parked.borrow_mut() = Some(buf);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Marks;
+
+    #[test]
+    fn a_new_chunk_is_zeroed_whole_when_exposed() {
+        let mut m = Marks::default();
+        assert_eq!(m.expose(8192), Ok(0..8192));
+        assert_eq!(m.expose(8192), Ok(8192..8192), "exposed once: nothing left to clear");
+    }
+
+    #[test]
+    fn a_filled_prefix_is_kept_and_the_grown_rest_zeroed() {
+        let mut m = Marks::default();
+        m.written(16);
+        assert_eq!(m.expose(8192), Ok(16..8192));
+    }
+
+    #[test]
+    fn bytes_written_in_place_over_old_ones_are_refused() {
+        let mut m = Marks::default();
+        m.lent_mut(4096);
+        assert_eq!(m.expose(4096), Err(0..4096));
+        assert_eq!(m.expose(16), Err(0..16), "the exposed part is mixed");
+        m.written(16);
+        assert_eq!(m.expose(16), Ok(16..16), "refilled: only the exposed part matters");
+        assert_eq!(m.expose(4096), Err(16..4096));
+    }
+
+    #[test]
+    fn zeroed_or_received_bytes_may_be_written_in_place() {
+        let mut m = Marks::default();
+        m.written(4096); // zero(), a receive or a READ of 4096 bytes
+        m.lent_mut(4096);
+        assert_eq!(m.touched, 0, "lending fresh bytes mixes nothing");
+        assert_eq!(m.expose(8192), Ok(4096..8192));
+    }
+
+    #[test]
+    fn a_later_fill_resolves_a_mixed_range() {
+        let mut m = Marks::default();
+        m.lent_mut(100);
+        m.written(100);
+        assert_eq!(m.expose(200), Ok(100..200));
     }
 }

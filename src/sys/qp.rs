@@ -10,6 +10,7 @@ use smallvec::SmallVec;
 
 use super::cm::CmId;
 use super::cq::Cq;
+use super::mr::Access;
 use super::pd::Pd;
 use super::{cvt, cvt_nz};
 
@@ -37,6 +38,25 @@ pub enum SendOp {
     WriteImm(u64, u32, u32),
     /// `IBV_WR_RDMA_READ` from `(remote_addr, rkey)`.
     Read(u64, u32),
+    /// `IBV_WR_BIND_MW`: binds a type-2 window to this queue pair (no local memory).
+    Bind(Bind),
+}
+
+/// A type-2 memory window binding: the window, the region it lies in, the range and rights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bind {
+    /// The window (`ibv_alloc_mw`, type 2), on this queue pair's PD.
+    pub mw: *mut ffi::ibv_mw,
+    /// The rkey the window gets: its rkey with a new key byte ([`next_rkey`](super::mw::next_rkey)).
+    pub rkey: u32,
+    /// The memory region the range lies in, registered with `IBV_ACCESS_MW_BIND`.
+    pub mr: *mut ffi::ibv_mr,
+    /// Start address of the range.
+    pub addr: u64,
+    /// Length of the range.
+    pub len: u64,
+    /// The rights peers get (remote read and/or write).
+    pub access: Access,
 }
 
 /// One send work request to post.
@@ -159,7 +179,9 @@ impl Qp {
     /// Every request names memory (`addr`, `len`) inside a memory region of this queue pair's
     /// PD with key `lkey`, and that memory stays allocated, registered and unused by anything
     /// else until the request's completion is reaped (or, unsignaled, a later one's), or the
-    /// queue pair is destroyed. A READ's memory is written by the device.
+    /// queue pair is destroyed. A READ's memory is written by the device. A [`SendOp::Bind`]
+    /// names a live window and a live region of this PD that holds the range, and that memory
+    /// stays allocated while the window stays bound (until it is deallocated).
     pub(crate) unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
         if wrs.is_empty() {
             return Ok(());
@@ -181,6 +203,20 @@ impl Qp {
                     (ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, Some(imm), Some((a, k)))
                 }
                 SendOp::Read(a, k) => (ffi::ibv_wr_opcode::IBV_WR_RDMA_READ, None, Some((a, k))),
+                SendOp::Bind(b) => {
+                    raw.num_sge = 0;
+                    raw.bind_mw_tso_union.bind_mw = ffi::bind_mw_t {
+                        mw: b.mw,
+                        rkey: b.rkey,
+                        bind_info: ffi::ibv_mw_bind_info {
+                            mr: b.mr,
+                            addr: b.addr,
+                            length: b.len,
+                            mw_access_flags: b.access.bits(),
+                        },
+                    };
+                    (ffi::ibv_wr_opcode::IBV_WR_BIND_MW, None, None)
+                }
             };
             raw.opcode = opcode;
             if let Some(imm) = imm {

@@ -1,0 +1,55 @@
+//! Exposing pool memory to one connection's peer (`Conn::expose`).
+//!
+//! Each exposure is a type-2 memory window over exactly the buffer's bytes, bound to the
+//! connection's queue pair by an `IBV_WR_BIND_MW` request queued on its send queue like any
+//! operation. The send queue is FIFO, so the bind goes to the device before anything submitted
+//! after `expose` (the message that tells the peer the descriptor, typically): by the time the
+//! peer can know the rkey, the window is bound. The bind's operation entry holds the window
+//! until the bind completes or is cancelled; the connection releases its windows when it is
+//! destroyed (`ConnEntry::windows`), just before its queue pair: in rxe a bound window holds
+//! its queue pair, whose destruction would otherwise wait for it.
+
+use super::op::OpEntry;
+use super::send_queue::Planned;
+use super::Core;
+use crate::error::{Error, Result};
+use crate::proto::op::RemoteAccess;
+use crate::proto::token::{ConnKey, Key};
+use crate::sys::pool::{Buf, Exposed};
+use crate::sys::qp::{SendOp, SendWr};
+
+impl Core {
+    /// See [`Conn::expose`](super::Conn::expose).
+    pub(crate) fn expose(&mut self, t: ConnKey, buf: Buf, access: RemoteAccess) -> Result<Exposed> {
+        let Some(c) = self.conns.get(t) else { return Err(Error::StaleToken(t.token().as_u64())) };
+        let Some(placed) = c.placed.filter(|_| c.can_submit()) else {
+            return Err(Error::NotConnected(format!("connection {:?} is {:?}", t.token(), c.role.state())));
+        };
+        if !self.devices[placed.device].pool.owns(&buf) {
+            return Err(Error::Config("the buffer belongs to another device's pool".into()));
+        }
+        let (exposed, window) = Exposed::new(buf, access)?;
+        let ot = self.ops.insert(OpEntry::bind(t, window.clone()));
+        let c = self.conns.get_mut(t).expect("checked");
+        c.windows.add(&window);
+        c.sq.push(ot, false);
+        self.mark_dirty(t);
+        Ok(exposed)
+    }
+}
+
+/// The work request of a planned window bind.
+pub(super) fn bind_wr(op: &OpEntry, w: &Planned) -> SendWr {
+    // A connection releases its windows only when it is destroyed, and a destroyed connection
+    // posts nothing more: a bind is never planned without its memory window.
+    let bind = op.bind_wr().expect("a queued bind's memory window exists");
+    SendWr {
+        wr_id: w.op.token().as_u64(),
+        op: SendOp::Bind(bind),
+        addr: 0,
+        len: 0,
+        lkey: 0,
+        signaled: w.signaled,
+        inline: false,
+    }
+}
