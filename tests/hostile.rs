@@ -115,12 +115,14 @@ fn peer_killed_while_idle_closes_its_agent_with_peer() {
 
 /// Case 12: a peer process killed under load (4 KiB ping-pong at full rate). The agent
 /// closes with `Peer`, or with the work error its last posted request got; never a protocol
-/// error; the good client is untouched.
+/// error; the good client is untouched. (The server runs a keepalive: an agent waiting for
+/// credits has nothing in flight, so if the dead peer's DREQ is lost only a probe notices.)
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn peer_killed_under_load_costs_one_connection() {
     {
-        let mut r = Reactor::new().expect("reactor");
+        let cfg = Config { keepalive: Some(Duration::from_millis(500)), ..Config::default() };
+        let mut r = Reactor::with_config(cfg).expect("reactor");
         let s = listen(&mut r, 8);
         let good = ping(&mut r, s.addr, 1, u64::MAX);
         let mut victim = echo_client(s.addr, 4096, 1_000_000, 0);
@@ -388,6 +390,199 @@ fn simultaneous_close_is_heard_once_on_each_side() {
         let closed = closed.borrow();
         assert_eq!(closed.len(), 16, "one on_closed per side: {closed:?}");
         assert!(closed.iter().all(|c| matches!(c, CloseReason::Local | CloseReason::Peer)), "{closed:?}");
+    }
+    assert_baseline();
+}
+
+/// Case 4: the client process dies mid-handshake, after its CONNECT_REQUEST reached the
+/// server and before the server accepted (the listener kills it from `on_connect_request`,
+/// then accepts). The accepted agent fails to establish and closes once (rejected,
+/// unreachable, a connect error or the accept deadline), nothing of it is retained, and the
+/// listener keeps serving: a client after it is served.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn client_dying_mid_handshake_costs_nothing() {
+    struct KillThenAccept {
+        victim: Rc<RefCell<Option<Proc>>>,
+        agents_closed: Rc<RefCell<Vec<CloseReason>>>,
+        refused: Rc<RefCell<Vec<String>>>,
+    }
+    impl rdma_reactor::ListenerHandler for KillThenAccept {
+        fn on_connect_request(
+            &mut self,
+            ctx: &mut Ctx<'_>,
+            req: &rdma_reactor::ConnectRequest,
+        ) -> rdma_reactor::Decision {
+            if let Some(mut p) = self.victim.borrow_mut().take() {
+                kill9(&mut p);
+            }
+            EchoListener { depth: 4, agents_closed: self.agents_closed.clone() }.on_connect_request(ctx, req)
+        }
+        fn on_refused(&mut self, _ctx: &mut Ctx<'_>, _peer: Option<SocketAddr>, reason: &rdma_reactor::RejectReason) {
+            self.refused.borrow_mut().push(reason.to_string());
+        }
+    }
+    {
+        let cfg = Config {
+            timeouts: rdma_reactor::Timeouts { accept: Duration::from_secs(5), ..Default::default() },
+            ..Config::default()
+        };
+        let mut r = Reactor::with_config(cfg).expect("reactor");
+        let a = addr();
+        let agents_closed = Rc::new(RefCell::new(Vec::new()));
+        let victim = Rc::new(RefCell::new(None));
+        let refused = Rc::new(RefCell::new(Vec::new()));
+        let l =
+            KillThenAccept { victim: victim.clone(), agents_closed: agents_closed.clone(), refused: refused.clone() };
+        r.listen(a, l).expect("listen");
+        *victim.borrow_mut() = Some(echo_client(a, SIZE, 5, 0));
+        // Either the accept already fails (the listener hears a refusal, the agent's handler
+        // nothing), or the agent fails to establish and closes once.
+        pump(&mut [&mut r], LIMIT, "the accepted agent of the dead client ended", || {
+            !agents_closed.borrow().is_empty() || !refused.borrow().is_empty()
+        });
+        let closed = agents_closed.borrow().clone();
+        println!("a client killed mid-handshake: agent closed {closed:?}, listener refused {:?}", refused.borrow());
+        assert!(
+            matches!(
+                closed.as_slice(),
+                [] | [CloseReason::Rejected { .. }
+                    | CloseReason::Unreachable(_)
+                    | CloseReason::ConnectError(_)
+                    | CloseReason::Peer
+                    | CloseReason::Setup(_)
+                    | CloseReason::Timeout(rdma_reactor::Step::Accept)]
+            ),
+            "{closed:?}"
+        );
+        assert_eq!(closed.len() + refused.borrow().len(), 1, "exactly one outcome");
+        let next = ping(&mut r, a, 2, 10);
+        pump(&mut [&mut r], LIMIT, "the next client", || next.borrow().closed.is_some());
+        let n = next.borrow();
+        assert_eq!((n.echoed, n.error.as_deref(), n.closed.clone()), (10, None, Some(CloseReason::Local)), "{n:?}");
+    }
+    assert_baseline();
+}
+
+/// Cases 28 and 29: closing from inside callbacks. A connection closes itself from its own
+/// completion, closes another connection whose completion may be later in the same batch,
+/// the last one to close closes the listener from its `on_closed` and starts a new connect
+/// from there, which is refused cleanly or served. Every `on_closed` once, no hang, nothing
+/// left behind.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn closing_from_inside_callbacks_is_safe() {
+    #[derive(Default)]
+    struct Book {
+        tokens: Vec<Token>,
+        closed: Vec<(Token, CloseReason)>,
+        listener: Option<Token>,
+        reconnect: Option<Rc<RefCell<PingResult>>>,
+    }
+    type Shared = Rc<RefCell<Book>>;
+    /// Sends one message; on its first completion closes itself and its neighbour.
+    struct Closer {
+        me: usize,
+        book: Shared,
+        addr: SocketAddr,
+    }
+    impl ConnectionHandler for Closer {
+        fn on_ready(&mut self, conn: &mut Conn<'_>) {
+            let buf = conn.alloc(SIZE).expect("buffer");
+            conn.submit(Op::recv(buf)).expect("receive");
+        }
+        fn on_established(&mut self, conn: &mut Conn<'_>) {
+            let mut buf = conn.alloc(SIZE).expect("buffer");
+            buf.fill_from(&[7; SIZE]).expect("fill");
+            conn.submit(Op::send(buf)).expect("send");
+        }
+        fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+            if c.opcode == OpCode::Recv && c.result.is_ok() {
+                conn.close();
+                let other = self.book.borrow().tokens.get(self.me ^ 1).copied();
+                if let Some(other) = other {
+                    conn.ctx().close(other);
+                }
+            }
+        }
+        fn on_closed(&mut self, ctx: &mut Ctx<'_>, token: Token, reason: CloseReason) {
+            let mut b = self.book.borrow_mut();
+            b.closed.push((token, reason));
+            if b.closed.len() == b.tokens.len() {
+                if let Some(l) = b.listener.take() {
+                    ctx.close(l);
+                }
+                // A new connect from inside on_closed: the listener is closing, so it is
+                // refused (or, if the request raced ahead, served).
+                let (c, result) = PingClient::new(99, SIZE, 1);
+                let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+                ctx.connect(self.addr, opts, c).expect("connect from on_closed");
+                b.reconnect = Some(result);
+            }
+        }
+    }
+    {
+        let mut r = Reactor::new().expect("reactor");
+        let s = listen(&mut r, 4);
+        let book: Shared = Rc::default();
+        book.borrow_mut().listener =
+            Some(r.listen(addr(), EchoListener { depth: 1, agents_closed: Rc::default() }).expect("second listener"));
+        for me in 0..8 {
+            let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+            let t = r.connect(s.addr, opts, Closer { me, book: book.clone(), addr: s.addr }).expect("connect");
+            book.borrow_mut().tokens.push(t);
+        }
+        pump(&mut [&mut r], LIMIT, "every closer closed and the reconnect ended", || {
+            let b = book.borrow();
+            b.closed.len() == 8 && b.reconnect.as_ref().is_some_and(|p| p.borrow().closed.is_some())
+        });
+        let b = book.borrow();
+        let mut tokens: Vec<Token> = b.closed.iter().map(|(t, _)| *t).collect();
+        tokens.sort();
+        tokens.dedup();
+        assert_eq!(tokens.len(), 8, "one on_closed per connection: {:?}", b.closed);
+        assert!(b.closed.iter().all(|(_, r)| r.is_clean()), "{:?}", b.closed);
+        let re = b.reconnect.as_ref().expect("reconnect").borrow();
+        assert!(re.error.is_none() && re.closed == Some(CloseReason::Local), "the connect from on_closed: {re:?}");
+        drop(re);
+        drop(b);
+        pump(&mut [&mut r], LIMIT, "agents closed", || s.agents_closed.borrow().len() == 9);
+    }
+    assert_baseline();
+}
+
+/// Case 26: fairness. A `blast` client floods the server with 64 KiB sends over one
+/// connection (a deep window) while a ping-pong client on the same server keeps going; the
+/// server's per-CQ poll budget is small. The ping-pong client completes its round trips
+/// during the flood (it is not starved), and the budget was hit, i.e. the flood was cut into
+/// turns rather than drained in one go.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_flooding_connection_does_not_starve_the_others() {
+    {
+        let cfg = Config { poll_budget: 8, recv_depth: 64, ..Config::default() };
+        let mut r = Reactor::with_config(cfg).expect("reactor");
+        let s = listen(&mut r, 32);
+        let a = s.addr.to_string();
+        let mut flood = Proc::spawn(
+            "blast client",
+            bin("blast"),
+            &["client", "--connect", &a, "--size", "4096", "--count", "100000", "--window", "64"],
+        );
+        let deadline = Instant::now() + LIMIT;
+        while r.stats().completions < 2_000 {
+            assert!(Instant::now() < deadline, "the flood did not start: {:?}", r.stats());
+            r.run_once(Some(Duration::from_millis(5))).expect("run_once");
+        }
+        let good = ping(&mut r, s.addr, 1, 30);
+        pump(&mut [&mut r], LIMIT, "the ping-pong client during the flood", || good.borrow().closed.is_some());
+        let still_flooding = flood.0.try_wait().expect("try_wait").is_none();
+        kill9(&mut flood);
+        let g = good.borrow();
+        println!("during the flood: {g:?}; budget hit {} times", r.stats().budget_exhausted);
+        assert_eq!((g.echoed, g.error.as_deref(), g.closed.clone()), (30, None, Some(CloseReason::Local)));
+        assert!(still_flooding, "the flood ended before the ping-pong client finished: nothing was shown");
+        assert!(r.stats().budget_exhausted > 0, "the poll budget never cut the flood: {:?}", r.stats());
     }
     assert_baseline();
 }

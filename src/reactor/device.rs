@@ -14,7 +14,9 @@
 //!   closed: a connection on the port fails through its own unacknowledged requests (RC
 //!   retries, `Config::keepalive`) if the outage lasts, and survives a short one. (Closing
 //!   them at once would send their DREQs through the downed port, which on rxe, Linux 6.1,
-//!   leaves rdma_cm unable to connect on the device until it is recreated.)
+//!   leaves rdma_cm unable to connect on the device until it is recreated.) While the port
+//!   is down, keepalive probes wait: a probe through a downed port fails at once and would
+//!   tear its connection down in the outage, with the same effect.
 //! - DEVICE_FATAL: every connection on the device, as an `Abort`, and the device is lost.
 //!
 //! The rest (PORT_ACTIVE, COMM_EST, ...) are counted and otherwise ignored.
@@ -137,6 +139,7 @@ impl Core {
             armed: 0,
             shared_cq: None,
             lost: false,
+            port_down: false,
             pool,
             chan,
             pd,
@@ -217,6 +220,7 @@ impl Core {
                 // and survive a short one. Closing them at once would send their DREQs
                 // through the downed port, which leaves rdma_cm unable to connect on the
                 // device afterwards on rxe (Linux 6.1; FAULTS.md, case 20).
+                self.devices[d].port_down = kind == K::PortErr;
                 let what = if kind == K::PortErr { "went down" } else { "is active again" };
                 let text = format!("port {port} of the RDMA device {what} ({kind})");
                 let listeners: Vec<_> = self

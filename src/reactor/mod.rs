@@ -245,6 +245,8 @@ struct Device {
     shared_cq: Option<CqKey>,
     /// Removed or failed: out of the epoll set, released once nothing uses it (`device.rs`).
     lost: bool,
+    /// PORT_ERR seen and no PORT_ACTIVE since: keepalive probes wait (`device.rs`).
+    port_down: bool,
     // Field order is drop order: the pool's regions before the channel and the PD.
     pool: Pool,
     chan: Rc<CompChannel>,

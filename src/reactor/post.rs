@@ -65,7 +65,10 @@ impl Core {
     /// the next. Returns 1 when one was queued.
     pub(super) fn keepalive(&mut self, t: ConnKey) -> usize {
         let Some(interval) = self.cfg.keepalive else { return 0 };
-        if !self.conns.get(t).is_some_and(|c| c.role.state().is_established()) {
+        let Some(c) = self.conns.get(t).filter(|c| c.role.state().is_established()) else { return 0 };
+        if c.placed.and_then(|p| self.devices.get(p.device)).is_some_and(|d| d.port_down) {
+            // Through a downed port a probe fails at once: wait for the port (device.rs).
+            self.schedule_keepalive(t, interval);
             return 0;
         }
         let ot = self.ops.insert(OpEntry::probe(t));
