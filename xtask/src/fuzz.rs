@@ -167,7 +167,8 @@ pub fn build() -> Result<PathBuf> {
 
 /// Runs `target` under `limits`: its corpus is `corpus` (written) plus the seeds in
 /// `fuzz/corpus/NAME` (read); a failing input goes to `target/fuzz/artifacts/NAME/`.
-/// `verbose` shows libFuzzer's whole output, otherwise only its start, end and any failure.
+/// `verbose` shows libFuzzer's whole output, otherwise only its start, its progress at every
+/// power of two runs, its end and any failure.
 pub fn run(bin_dir: &Path, target: &Target, limits: Limits, corpus: &Path, verbose: bool) -> Result<Outcome> {
     let artifacts = build_dir().join("artifacts").join(target.name);
     util::create_dir_all(corpus)?;
@@ -207,7 +208,11 @@ pub fn run(bin_dir: &Path, target: &Target, limits: Limits, corpus: &Path, verbo
         let line = String::from_utf8_lossy(&line.context(|| format!("reading {}'s output", target.name))?).into_owned();
         parse_line(&line, &mut o);
         failing |= line.contains("panicked at") || line.contains("==ERROR") || line.contains("deadly signal");
-        let milestone = line.contains("INITED ") || line.contains("DONE ") || line.starts_with("Done ");
+        // libFuzzer's `pulse` lines come at every power of two runs: progress for long runs.
+        let milestone = line.contains("INITED ")
+            || line.contains("DONE ")
+            || line.starts_with("Done ")
+            || (line.starts_with('#') && line.contains("pulse "));
         if verbose || failing || milestone || line.contains("Test unit written") {
             eprintln!("  {line}");
         }
