@@ -185,6 +185,31 @@ impl Ctx<'_> {
     /// registered fd counts as work for [`Reactor::run`](crate::Reactor::run), which does not
     /// return for idleness while one is registered.
     ///
+    /// A closure needs its parameter types spelled out (they are inferred from `FnMut` bounds
+    /// only, and this one is [`FdHandler`]):
+    ///
+    /// ```no_run
+    /// use rdma_reactor::{Ctx, FdEvent, Interest, Reactor};
+    ///
+    /// let mut reactor = Reactor::new()?;
+    /// let (rx, tx) = std::os::unix::net::UnixDatagram::pair().expect("socketpair");
+    /// rx.set_nonblocking(true).expect("O_NONBLOCK");
+    /// // The callback owns `rx`; the reactor registers its own duplicate of the fd it is given.
+    /// let fd = rx.try_clone().expect("dup");
+    /// let token = reactor.ctx().register_fd(&fd, Interest::READABLE, 42, move |ctx: &mut Ctx<'_>, ev: FdEvent| {
+    ///     let mut buf = [0u8; 64];
+    ///     while let Ok(n) = rx.recv(&mut buf) {
+    ///         println!("{} bytes for {}", n, ev.user_data);
+    ///     }
+    ///     ctx.deregister_fd(ev.token); // Once is enough: run() then returns (idle).
+    /// })?;
+    /// drop(fd);
+    /// tx.send(b"hello").expect("send");
+    /// reactor.run()?;
+    /// # let _ = token;
+    /// # Ok::<(), rdma_reactor::Error>(())
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Os`] naming `fcntl(F_DUPFD_CLOEXEC)` (out of fds) or `epoll_ctl` (for instance
