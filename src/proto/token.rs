@@ -36,6 +36,10 @@ pub(crate) enum Kind {
     Cq = 7,
     /// A device's asynchronous-event fd.
     Device = 8,
+    /// The eventfd of the reactor's cross-thread handle (`Remote`).
+    Remote = 9,
+    /// A file descriptor the application registered.
+    UserFd = 10,
 }
 
 impl Kind {
@@ -49,6 +53,8 @@ impl Kind {
             6 => Kind::Timer,
             7 => Kind::Cq,
             8 => Kind::Device,
+            9 => Kind::Remote,
+            10 => Kind::UserFd,
             _ => return None,
         })
     }
@@ -163,6 +169,8 @@ keys! {
     CqKey => Cq;
     /// A user timer.
     TimerKey => Timer;
+    /// A file descriptor the application registered.
+    FdKey => UserFd;
 }
 
 /// A slab whose entries carry a generation, so keys of freed slots are detected.
@@ -267,6 +275,8 @@ mod tests {
             Kind::Timer,
             Kind::Cq,
             Kind::Device,
+            Kind::Remote,
+            Kind::UserFd,
         ] {
             for (index, generation) in [(0, 1), (7, 2), (u32::MAX, MAX_GENERATION), (12345, 999)] {
                 let t = Token::new(kind, index, generation);

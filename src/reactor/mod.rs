@@ -15,6 +15,9 @@
 //! 3. Completion channel readable: read its events (at most as many as the device has armed
 //!    CQs, since each raises one), count each on its CQ (acks are batched), mark the CQ hot
 //!    (`cq.rs`).
+//!    In the same pass, in epoll's order: a device's event fd (`device.rs`), the [`Remote`]
+//!    eventfd (queued messages to the message handler, a stop request; `remote.rs`), an
+//!    application fd registered with [`Ctx::register_fd`] (its callback; `userfd.rs`).
 //! 4. Poll hot CQs in batches under a per-CQ budget. A CQ found empty stays unarmed for now;
 //!    a CQ that used its budget stays hot for the next tick.
 //! 5. Fire expired deadlines and timers (`timers.rs`).
@@ -45,7 +48,9 @@
 //! `send_queue.rs` and `cq_room.rs` (pure planning of posts and CQ room), `post.rs`
 //! (submission, the FFI post), `cq.rs` (the CQ protocol, completions), `timers.rs`,
 //! `teardown.rs` (close, destroy, cancel, shutdown), `ctx.rs` and `handler.rs` (the callback
-//! API), `op.rs` (operations and completions), `stats.rs`.
+//! API), `op.rs` (operations and completions), `stats.rs`, `remote.rs` (the cross-thread
+//! handle), `userfd.rs` (application fds), `embed.rs` (the epoll fd and `next_timeout` for an
+//! outer loop).
 
 mod config;
 mod cq;
@@ -53,15 +58,18 @@ mod cq_room;
 mod ctx;
 mod device;
 mod drive;
+mod embed;
 mod expose;
 mod handler;
 mod op;
 mod post;
+mod remote;
 mod send_queue;
 mod setup;
 mod stats;
 mod teardown;
 mod timers;
+mod userfd;
 
 pub use config::{Config, ConnectOptions, Timeouts};
 
@@ -74,7 +82,9 @@ pub(crate) mod bench {
 pub use ctx::{Conn, Ctx, SubmitError};
 pub use handler::{ConnectRequest, ConnectionHandler, Decision, ListenerHandler};
 pub use op::{Completion, Op, RawBuf};
+pub use remote::{ReactorGone, Remote};
 pub use stats::Stats;
+pub use userfd::{FdEvent, FdHandler, Interest, Readiness};
 
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -86,7 +96,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 
 use crate::error::{Error, Result};
 use crate::proto::conn::{Actions, Agent, Client, CloseReason, Input, Listener, State, Step};
-use crate::proto::token::{ConnKey, CqKey, GenSlab, Key, Kind, ListenerKey, OpKey, TimerKey, Token};
+use crate::proto::token::{ConnKey, CqKey, FdKey, GenSlab, Key, Kind, ListenerKey, OpKey, TimerKey, Token};
 use crate::proto::wire::ConnectInfo;
 use crate::sys::cm::{CmId, EventChannel};
 use crate::sys::cq::CompChannel;
@@ -97,8 +107,10 @@ use crate::sys::qp::Qp;
 use cq::CqEntry;
 use device::Devices;
 use op::OpEntry;
+use remote::Inbox;
 use send_queue::{RecvQueue, SendQueue};
 use timers::{TimerTarget, Timers, UserTimer};
+use userfd::UserFd;
 
 /// A connection's role: its state machine.
 enum Role {
@@ -271,6 +283,11 @@ pub(crate) struct Core {
     forgetting: Vec<(usize, u32)>,
     /// Failed shared CQs, destroyed once no connection uses them.
     retired_cqs: Vec<CqKey>,
+    /// Application fds in the epoll set (`userfd.rs`).
+    user_fds: GenSlab<FdKey, UserFd>,
+    /// The cross-thread handle's eventfd and message handler (`remote.rs`); marks the handle's
+    /// reactor gone when dropped.
+    inbox: Inbox,
     epoll: Epoll,
     cm: Rc<EventChannel>,
     cfg: Config,
@@ -308,7 +325,9 @@ pub(crate) struct Core {
     stats: Stats,
 }
 
-/// The event loop. Single-threaded: it is neither `Send` nor `Sync`.
+/// The event loop. Single-threaded: it is neither `Send` nor `Sync`; other threads reach it
+/// through a [`Remote`] ([`Reactor::remote`]). Another event loop can wait on its fd
+/// ([`AsFd`](#impl-AsFd-for-Reactor)) and drive it with [`run_once`](Reactor::run_once).
 ///
 /// Dropping it shuts it down ([`Reactor::shutdown`] with [`Timeouts::shutdown`]): every live
 /// connection and listener hears `on_closed` with [`CloseReason::Shutdown`], every submitted
@@ -373,6 +392,7 @@ impl Reactor {
         })?;
         let token = Token::new(Kind::CmChannel, 0, 1);
         epoll.add(&*cm, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
+        let inbox = Inbox::new(&epoll)?;
         Ok(Reactor {
             core: Core {
                 graveyard: Vec::new(),
@@ -385,6 +405,8 @@ impl Reactor {
                 lost_devices: Vec::new(),
                 forgetting: Vec::new(),
                 retired_cqs: Vec::new(),
+                user_fds: GenSlab::new(),
+                inbox,
                 epoll,
                 cm,
                 cfg,
@@ -458,12 +480,13 @@ impl Reactor {
         self.core.listeners.len()
     }
 
-    /// True when nothing is left to wait for: no listener, connection or timer.
+    /// True when nothing is left to wait for: no listener, connection, timer or registered
+    /// fd ([`Ctx::register_fd`]). A [`Remote`] does not count.
     pub fn is_idle(&self) -> bool {
         self.core.is_idle()
     }
 
-    /// Runs ticks until [`Ctx::stop`] is called or the reactor is idle.
+    /// Runs ticks until [`Ctx::stop`] or [`Remote::stop`] is called or the reactor is idle.
     ///
     /// # Errors
     ///
@@ -507,13 +530,15 @@ impl Reactor {
     /// closing for another reason). Callbacks cannot start new listeners or connections
     /// meanwhile.
     ///
-    /// Afterwards the reactor is idle and can be used again.
+    /// Registered fds are deregistered (their handlers dropped without a call). Afterwards the
+    /// reactor is idle and can be used again.
     ///
     /// # Panics
     ///
     /// Resumes the first panic a callback raised meanwhile, once everything is closed.
     pub fn shutdown(&mut self, grace: Duration) {
         self.core.shutdown(grace);
+        self.core.deregister_all_fds();
         if let Some(panic) = self.core.panic.take() {
             resume_unwind(panic);
         }
@@ -540,7 +565,7 @@ impl Core {
     }
 
     fn is_idle(&self) -> bool {
-        self.listeners.len() == 0 && self.conns.len() == 0 && self.user_timers.len() == 0
+        self.listeners.len() == 0 && self.conns.len() == 0 && self.user_timers.len() == 0 && self.user_fds.len() == 0
     }
 
     fn tick(&mut self, timeout: Option<Duration>) -> Result<usize> {
@@ -606,6 +631,8 @@ impl Core {
                     }
                 }
                 Some(t) if t.kind() == Kind::Device => work += self.drain_async(t.index() as usize),
+                Some(t) if t.kind() == Kind::UserFd => work += self.dispatch_fd(t, ev.events()),
+                Some(t) if t.kind() == Kind::Remote => work += self.drain_remote(),
                 _ => {}
             }
         }

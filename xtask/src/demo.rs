@@ -1,9 +1,10 @@
 //! `cargo xtask demo`: the project's main job in one command.
 //!
-//! THE PLACE TO EDIT the demo's command lines: [`ECHO`], [`BLAST`] and [`RPING`] below. Each is
-//! a sh fragment run with `$BIN` (the project's binaries) and `$RDMA_ADDR` set, in the VM or on a
-//! host with an RDMA device. A fragment is used when its example source exists
-//! (`examples/echo.rs`, `examples/blast.rs`); with neither, the rping pair runs instead.
+//! THE PLACE TO EDIT the demo's command lines: [`ECHO`], [`BLAST`], [`EMBED`] and [`RPING`]
+//! below. Each is a sh fragment run with `$BIN` (the project's binaries) and `$RDMA_ADDR` set, in
+//! the VM or on a host with an RDMA device. A fragment is used when its example source exists
+//! (`examples/echo.rs`, `examples/blast.rs`, `examples/embed.rs`); with neither echo nor blast,
+//! the rping pair runs instead.
 
 use crate::project;
 
@@ -33,6 +34,14 @@ wait $server 2>/dev/null
 [ $rc -eq 0 ] || { echo "== blast client failed: exit $rc"; exit $rc; }
 "#;
 
+/// The embed example: the reactor nested in a `poll(2)` loop, serving its own verifying clients.
+pub const EMBED: &str = r#"
+echo "== embed: the reactor nested in a poll(2) loop on $RDMA_ADDR:7473; 4 clients x 1000 x 4096 B, verified"
+"$BIN"/embed --bind "$RDMA_ADDR:7473" --clients 4 --count 1000 --size 4096
+rc=$?
+[ $rc -eq 0 ] || { echo "== embed failed: exit $rc"; exit $rc; }
+"#;
+
 /// Until the examples exist: rdma-core's rping, server and client, 5 verified pings.
 pub const RPING: &str = r#"
 echo "== rping (the echo/blast examples do not exist yet): server and client on $RDMA_ADDR, 5 pings"
@@ -57,6 +66,9 @@ pub fn script() -> String {
     }
     if blast {
         s.push_str(BLAST);
+    }
+    if project::has_example("embed") {
+        s.push_str(EMBED);
     }
     if !echo && !blast {
         s.push_str(RPING);

@@ -1,0 +1,301 @@
+//! The cross-thread handle: [`Remote`] stops a reactor or sends it `u64` messages from any
+//! thread; they reach the message handler on the reactor's thread.
+//!
+//! # Thread model
+//!
+//! The reactor is single-threaded and `!Send`; this handle is the one piece shared between
+//! threads. It is an `Arc` of a non-blocking, close-on-exec eventfd (in the reactor's epoll set
+//! under a `Remote` token) and a `Mutex`-guarded inbox (the queued messages, a stop request,
+//! and whether the reactor still exists). A sender locks the inbox, queues, unlocks, then
+//! writes the eventfd; the reactor takes the lock only when the eventfd is readable: it reads
+//! (resets) the eventfd *first*, then takes the whole queue. A message queued after that read
+//! is followed by a write after it, so the eventfd is readable again and the message is taken
+//! by a later tick: none is stranded. A reactor that nobody sends to never takes the lock, and
+//! its hot path (CQ polling, posting) never touches the handle.
+//!
+//! When the reactor is dropped the inbox is marked closed (by `Inbox`'s `Drop`, a field of
+//! `Core`): from then on [`Remote::send`] and [`Remote::stop`] return [`ReactorGone`]. The
+//! eventfd itself lives as long as the last handle.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+
+use super::{os, Core, Ctx, Reactor};
+use crate::error::Result;
+use crate::proto::token::{Kind, Token};
+
+/// What both sides share.
+#[derive(Debug)]
+struct Shared {
+    efd: EventFd,
+    inbox: Mutex<Queue>,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    messages: VecDeque<u64>,
+    stop: bool,
+    /// The reactor is gone.
+    closed: bool,
+}
+
+impl Shared {
+    /// The queue; a panic in another thread while it held the lock leaves it consistent (every
+    /// critical section is a push, a take or a flag), so poisoning is ignored.
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.inbox.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wake(&self) {
+        // A non-blocking eventfd write fails only with EAGAIN, when the counter is at its
+        // maximum: it is readable already, which is all a wakeup needs.
+        let _ = self.efd.write(1);
+    }
+}
+
+/// A handle to a [`Reactor`] usable from any thread: stops it, or wakes it with a `u64`
+/// message that the handler set with [`Reactor::set_message_handler`] receives on the
+/// reactor's thread.
+///
+/// Cheap to clone (an `Arc`). Messages from one thread arrive in the order sent; messages
+/// sent before [`stop`](Remote::stop) are delivered before [`Reactor::run`] returns. Holding
+/// a `Remote` does not keep the reactor busy: [`Reactor::run`] still returns when it is idle.
+///
+/// ```no_run
+/// let mut reactor = rdma_reactor::Reactor::new()?;
+/// reactor.set_message_handler(|_ctx, msg| println!("message {msg}"));
+/// let remote = reactor.remote();
+/// std::thread::spawn(move || {
+///     remote.send(7).expect("the reactor is alive");
+///     remote.stop().expect("the reactor is alive");
+/// });
+/// # reactor.listen("198.18.0.1:7471".parse().unwrap(), Server)?;
+/// reactor.run()?; // Returns after the message is handled and the stop request is seen.
+/// # struct Server;
+/// # impl rdma_reactor::ListenerHandler for Server {
+/// #     fn on_connect_request(&mut self, _: &mut rdma_reactor::Ctx<'_>, _: &rdma_reactor::ConnectRequest)
+/// #         -> rdma_reactor::Decision { unimplemented!() }
+/// # }
+/// # Ok::<(), rdma_reactor::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Remote {
+    shared: Arc<Shared>,
+}
+
+/// The reactor a [`Remote`] belongs to has been dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReactorGone;
+
+impl std::fmt::Display for ReactorGone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the reactor is gone")
+    }
+}
+
+impl std::error::Error for ReactorGone {}
+
+impl Remote {
+    /// Queues `message` for the reactor's message handler and wakes the reactor.
+    ///
+    /// # Errors
+    ///
+    /// [`ReactorGone`] if the reactor has been dropped (the message is not queued).
+    pub fn send(&self, message: u64) -> std::result::Result<(), ReactorGone> {
+        {
+            let mut q = self.shared.lock();
+            if q.closed {
+                return Err(ReactorGone);
+            }
+            q.messages.push_back(message);
+        }
+        self.shared.wake();
+        Ok(())
+    }
+
+    /// Asks the reactor to stop: [`Reactor::run`] returns after the tick that sees the request
+    /// (as [`Ctx::stop`] does), having delivered the messages sent before. A reactor driven by
+    /// [`Reactor::run_once`] just wakes.
+    ///
+    /// # Errors
+    ///
+    /// [`ReactorGone`] if the reactor has been dropped.
+    pub fn stop(&self) -> std::result::Result<(), ReactorGone> {
+        {
+            let mut q = self.shared.lock();
+            if q.closed {
+                return Err(ReactorGone);
+            }
+            q.stop = true;
+        }
+        self.shared.wake();
+        Ok(())
+    }
+
+    /// True while the reactor exists.
+    pub fn is_alive(&self) -> bool {
+        !self.shared.lock().closed
+    }
+}
+
+/// The message handler's type.
+type MessageHandler = Box<dyn FnMut(&mut Ctx<'_>, u64)>;
+
+/// The reactor's side: the shared state, the handler, and a buffer the queue is swapped into.
+pub(super) struct Inbox {
+    shared: Arc<Shared>,
+    handler: Option<MessageHandler>,
+    taken: VecDeque<u64>,
+}
+
+impl Inbox {
+    /// Creates the eventfd (non-blocking, close-on-exec) and registers it with `epoll`.
+    pub(super) fn new(epoll: &Epoll) -> Result<Inbox> {
+        let efd =
+            EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK).map_err(os("eventfd"))?;
+        let token = Token::new(Kind::Remote, 0, 1);
+        epoll.add(&efd, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
+        let shared = Arc::new(Shared { efd, inbox: Mutex::new(Queue::default()) });
+        Ok(Inbox { shared, handler: None, taken: VecDeque::new() })
+    }
+
+    fn remote(&self) -> Remote {
+        Remote { shared: self.shared.clone() }
+    }
+
+    /// Resets the eventfd, then takes the queued messages into `self.taken`; returns whether a
+    /// stop was requested.
+    fn take(&mut self) -> bool {
+        match self.shared.efd.read() {
+            Ok(_) | Err(Errno::EAGAIN) => {}
+            // Cannot happen on an eventfd we own; the queue is taken anyway.
+            Err(_) => {}
+        }
+        let mut q = self.shared.lock();
+        std::mem::swap(&mut q.messages, &mut self.taken);
+        std::mem::take(&mut q.stop)
+    }
+}
+
+impl Drop for Inbox {
+    fn drop(&mut self) {
+        let mut q = self.shared.lock();
+        q.closed = true;
+        q.messages.clear();
+    }
+}
+
+impl std::fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox").field("handler", &self.handler.is_some()).finish()
+    }
+}
+
+impl Core {
+    /// The remote eventfd is readable: deliver the queued messages to the handler (dropped if
+    /// none is set), then honour a stop request. Returns how many messages and requests.
+    pub(super) fn drain_remote(&mut self) -> usize {
+        let stop = self.inbox.take();
+        let mut messages = std::mem::take(&mut self.inbox.taken);
+        let n = messages.len() + usize::from(stop);
+        if !messages.is_empty() {
+            if let Some(mut h) = self.inbox.handler.take() {
+                for m in messages.drain(..) {
+                    // A panic is kept for the end of the tick ("Panics in callbacks", mod.rs).
+                    self.deliver(|core| h(&mut Ctx::new(core, None), m));
+                }
+                // Unless the handler was replaced meanwhile (it cannot be from a callback).
+                self.inbox.handler.get_or_insert(h);
+            }
+            messages.clear();
+        }
+        // Keep the buffer's capacity for the next swap.
+        self.inbox.taken = messages;
+        if stop {
+            self.stop = true;
+        }
+        n
+    }
+}
+
+impl Reactor {
+    /// A handle for other threads: [`Remote::stop`] makes [`Reactor::run`] return,
+    /// [`Remote::send`] delivers a `u64` to the handler set with
+    /// [`set_message_handler`](Reactor::set_message_handler), on this thread.
+    pub fn remote(&self) -> Remote {
+        self.core.inbox.remote()
+    }
+
+    /// Sets the callback that receives [`Remote::send`]'s messages, on the reactor's thread,
+    /// in the tick that sees them (replacing any earlier one). Messages that arrive while no
+    /// handler is set are dropped. The context has no owner: [`Ctx::set_timer`] is refused in
+    /// it.
+    pub fn set_message_handler(&mut self, handler: impl FnMut(&mut Ctx<'_>, u64) + 'static) {
+        self.core.inbox.handler = Some(Box::new(handler));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::epoll::EpollCreateFlags;
+
+    fn inbox() -> (Epoll, Inbox) {
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).expect("epoll");
+        let inbox = Inbox::new(&epoll).expect("inbox");
+        (epoll, inbox)
+    }
+
+    fn readable(epoll: &Epoll) -> bool {
+        let mut ev = [EpollEvent::empty(); 4];
+        epoll.wait(&mut ev, 0u16).expect("epoll_wait") > 0
+    }
+
+    #[test]
+    fn remote_is_send_sync_clone() {
+        fn check<T: Send + Sync + Clone + 'static>() {}
+        check::<Remote>();
+    }
+
+    #[test]
+    fn messages_from_threads_arrive_in_order_and_the_eventfd_resets() {
+        let (epoll, mut inbox) = inbox();
+        assert!(!readable(&epoll));
+        let remote = inbox.remote();
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let r = remote.clone();
+                std::thread::spawn(move || (0..1000).for_each(|i| r.send(t << 32 | i).expect("alive")))
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().expect("sender"));
+        assert!(readable(&epoll), "the eventfd wakes the epoll set");
+        assert!(!inbox.take(), "no stop requested");
+        assert!(!readable(&epoll), "reading reset the eventfd");
+        assert_eq!(inbox.taken.len(), 4000);
+        for t in 0..4u64 {
+            let mine: Vec<u64> = inbox.taken.iter().filter(|m| *m >> 32 == t).map(|m| m & 0xffff_ffff).collect();
+            assert_eq!(mine, (0..1000).collect::<Vec<_>>(), "thread {t}'s messages in order");
+        }
+        remote.stop().expect("alive");
+        assert!(readable(&epoll));
+        inbox.taken.clear();
+        assert!(inbox.take(), "stop requested");
+        assert!(!inbox.take(), "a stop request is taken once");
+    }
+
+    #[test]
+    fn a_handle_outliving_its_reactor_gets_an_error() {
+        let (_epoll, inbox) = inbox();
+        let remote = inbox.remote();
+        assert!(remote.is_alive());
+        drop(inbox);
+        assert!(!remote.is_alive());
+        assert_eq!(remote.send(1), Err(ReactorGone));
+        assert_eq!(remote.stop(), Err(ReactorGone));
+    }
+}
