@@ -96,7 +96,8 @@ fn peer_killed_while_idle_closes_its_agent_with_peer() {
         let good = ping(&mut r, s.addr, 1, u64::MAX);
         let mut victim = echo_client(s.addr, SIZE, 5, 600_000);
         let deadline = Instant::now() + LIMIT;
-        while r.stats().established < 2 {
+        // Established counts both ends of the good client (2) and the victim's agent (1).
+        while r.stats().established < 3 {
             assert!(Instant::now() < deadline, "the echo client never connected");
             r.run_once(Some(Duration::from_millis(5))).expect("run_once");
         }
@@ -127,7 +128,8 @@ fn peer_killed_under_load_costs_one_connection() {
         let good = ping(&mut r, s.addr, 1, u64::MAX);
         let mut victim = echo_client(s.addr, 4096, 1_000_000, 0);
         let deadline = Instant::now() + LIMIT;
-        while r.stats().established < 2 || r.stats().completions < 2_000 {
+        // Established counts both ends of the good client (2) and the victim's agent (1).
+        while r.stats().established < 3 || r.stats().completions < 2_000 {
             assert!(Instant::now() < deadline, "no traffic from the echo client: {:?}", r.stats());
             r.run_once(Some(Duration::from_millis(5))).expect("run_once");
         }
