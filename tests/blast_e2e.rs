@@ -669,3 +669,114 @@ fn an_exposed_window_is_only_its_owners_bytes_and_only_for_its_connection() {
     }
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
+
+/// Case 17, stale rkey: the server exposes a chunk, sends its descriptor, then (asked by the
+/// client) drops the `Exposed`, which deallocates its window, and says so. A READ with the
+/// old descriptor then fails with a remote access error and closes only that connection:
+/// a key handed out earlier never reaches memory that was given back.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_stale_rkey_reaches_nothing() {
+    struct Dropper {
+        exposed: Option<Exposed>,
+    }
+    impl ConnectionHandler for Dropper {
+        fn on_ready(&mut self, conn: &mut Conn<'_>) {
+            for _ in 0..4 {
+                let b = conn.alloc(64).expect("buffer");
+                conn.submit(Op::recv(b)).expect("recv");
+            }
+        }
+        fn on_established(&mut self, conn: &mut Conn<'_>) {
+            let mut chunk = conn.alloc(CHUNK).expect("chunk");
+            chunk.fill_from(&pattern(CHUNK, 78, 0)).expect("fill");
+            let exposed = conn.expose(chunk, RemoteAccess::READ).expect("expose");
+            let desc = exposed.remote().slice(0, CHUNK as u32).expect("fits");
+            self.exposed = Some(exposed);
+            let mut msg = conn.alloc(16).expect("buffer");
+            msg.fill_from(&desc.encode()).expect("16 bytes");
+            conn.submit(Op::send(msg)).expect("send descriptor");
+        }
+        fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+            if let (OpCode::Recv, Ok(_)) = (c.opcode, c.result) {
+                // "Drop it": the window goes, then the client hears that it went.
+                self.exposed = None;
+                let mut msg = conn.alloc(1).expect("buffer");
+                msg.fill_from(&[1]).expect("1 byte");
+                let _ = conn.submit(Op::send(msg));
+                let _ = conn.submit(Op::recv(c.buf.expect("buffer")));
+            }
+        }
+    }
+    struct DropperListener;
+    impl ListenerHandler for DropperListener {
+        fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, _req: &ConnectRequest) -> Decision {
+            Decision::Accept(Box::new(Dropper { exposed: None }))
+        }
+    }
+    struct LateReader {
+        desc: Option<RemoteSlice>,
+        first: Rc<RefCell<Option<Vec<u8>>>>,
+        result: Rc<RefCell<ReadResult>>,
+    }
+    impl ConnectionHandler for LateReader {
+        fn on_ready(&mut self, conn: &mut Conn<'_>) {
+            for _ in 0..4 {
+                let b = conn.alloc(64).expect("buffer");
+                conn.submit(Op::recv(b)).expect("recv");
+            }
+        }
+        fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+            match (c.opcode, c.result) {
+                (OpCode::Recv, Ok(n)) if self.desc.is_none() => {
+                    let buf = c.buf.expect("buffer");
+                    let desc = RemoteSlice::decode(&buf.as_slice()[..n as usize]).expect("descriptor");
+                    self.desc = Some(desc);
+                    // First a READ while the window stands.
+                    let local = conn.alloc(CHUNK).expect("buffer");
+                    conn.submit(Op::read(local, desc)).expect("read");
+                }
+                (OpCode::Recv, Ok(_)) => {
+                    // The window is gone: READ with the old descriptor.
+                    let desc = self.desc.expect("descriptor");
+                    let local = conn.alloc(CHUNK).expect("buffer");
+                    conn.submit(Op::read(local, desc)).expect("read");
+                }
+                (OpCode::Read, Ok(_)) if self.first.borrow().is_none() => {
+                    *self.first.borrow_mut() = Some(c.buf.expect("buffer").as_slice().to_vec());
+                    let mut msg = conn.alloc(1).expect("buffer");
+                    msg.fill_from(&[0]).expect("1 byte");
+                    conn.submit(Op::send(msg)).expect("ask to drop");
+                }
+                (OpCode::Read, result) => {
+                    self.result.borrow_mut().read = Some(result.map(|_| c.buf.expect("buffer").as_slice().to_vec()));
+                }
+                _ => {}
+            }
+        }
+        fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+            self.result.borrow_mut().closed = Some(reason);
+        }
+    }
+    {
+        let mut r = Reactor::new().expect("reactor");
+        let a = addr();
+        r.listen(a, DropperListener).expect("listen");
+        let result = Rc::new(RefCell::new(ReadResult::default()));
+        let first = Rc::new(RefCell::new(None));
+        let reader = LateReader { desc: None, first: first.clone(), result: result.clone() };
+        r.connect(a, ConnectOptions::default(), reader).expect("connect");
+        run_until(&mut r, Duration::from_secs(60), || result.borrow().closed.is_some());
+        let res = result.borrow();
+        println!(
+            "a READ with a stale rkey: {:?}, closed {:?}",
+            res.read.as_ref().map(|r| r.as_ref().map(Vec::len)),
+            res.closed
+        );
+        assert_eq!(
+            res.read.as_ref().map(|r| r.as_ref().err().copied()),
+            Some(Some(OpError::Wc(WcStatus::RemAccessErr)))
+        );
+        assert_eq!(res.closed, Some(CloseReason::WorkError(WcStatus::RemAccessErr)));
+    }
+}

@@ -410,3 +410,71 @@ fn a_panicking_callback_loses_nothing() {
     }
     assert_baseline();
 }
+
+/// Case 18: a local protection error. A client posts a send whose local key is wrong (through
+/// `submit_raw`, the only way to name memory by key): the device refuses it (`LocProtErr`;
+/// rxe on Linux 6.1 says `LocQpOpErr`), the operation completes with that status, only that connection closes
+/// (with the work error), and a good client on the same server is still served.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_wrong_local_key_fails_that_connection_alone() {
+    // Larger than the inline limit (64): an inline send is copied at post time and its key is
+    // never looked at.
+    static MEMORY: [u8; 256] = [0x5A; 256];
+    #[derive(Default)]
+    struct Seen {
+        errors: Vec<rdma_reactor::OpError>,
+        closed: Option<CloseReason>,
+    }
+    struct BadKey(Rc<RefCell<Seen>>);
+    impl rdma_reactor::ConnectionHandler for BadKey {
+        fn on_established(&mut self, conn: &mut rdma_reactor::Conn<'_>) {
+            let raw =
+                rdma_reactor::RawBuf { addr: MEMORY.as_ptr() as u64, len: MEMORY.len() as u32, lkey: 0xdead_beef };
+            // SAFETY: the contract's memory half holds: MEMORY is a static that lives and is
+            // never written. Its key half is broken on purpose: the key names no region, so
+            // the device refuses the request (LocProtErr) and touches nothing.
+            #[allow(unsafe_code)]
+            let r = unsafe { conn.submit_raw(rdma_reactor::Op::raw_send(raw)) };
+            r.expect("submitted");
+        }
+        fn on_completion(&mut self, _conn: &mut rdma_reactor::Conn<'_>, c: rdma_reactor::Completion) {
+            if let Err(e) = c.result {
+                self.0.borrow_mut().errors.push(e);
+            }
+        }
+        fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _t: rdma_reactor::Token, reason: CloseReason) {
+            self.0.borrow_mut().closed = Some(reason);
+        }
+    }
+    {
+        let (mut srv, a, heard) = server(Config::default());
+        let mut cli = Reactor::new().expect("client reactor");
+        let (c, good) = PingClient::new(1, SIZE, u64::MAX);
+        let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+        let tg = cli.connect(a, opts.clone(), c).expect("connect");
+        pump(&mut [&mut srv, &mut cli], LIMIT, || good.borrow().echoed >= 5);
+        let seen = Rc::new(RefCell::new(Seen::default()));
+        cli.connect(a, opts, BadKey(seen.clone())).expect("connect");
+        pump(&mut [&mut srv, &mut cli], LIMIT, || seen.borrow().closed.is_some());
+        {
+            let s = seen.borrow();
+            println!("a send with a wrong lkey: {:?}, closed {:?}", s.errors, s.closed);
+            // The catalogue expects LocProtErr; rxe (Linux 6.1) reports LocQpOpErr.
+            use rdma_reactor::WcStatus::{LocProtErr, LocQpOpErr};
+            let status = match s.errors.as_slice() {
+                [rdma_reactor::OpError::Wc(st @ (LocProtErr | LocQpOpErr))] => *st,
+                other => panic!("expected one local error, got {other:?}"),
+            };
+            assert_eq!(s.closed, Some(CloseReason::WorkError(status)));
+        }
+        let before = good.borrow().echoed;
+        pump(&mut [&mut srv, &mut cli], LIMIT, || good.borrow().echoed >= before + 20);
+        assert!(good.borrow().error.is_none() && good.borrow().closed.is_none(), "{:?}", good.borrow());
+        cli.ctx().close(tg);
+        pump(&mut [&mut srv, &mut cli], LIMIT, || good.borrow().closed.is_some());
+        let h = heard.borrow();
+        pump(&mut [&mut srv, &mut cli], LIMIT, || h.agents_closed.borrow().len() == 2);
+    }
+    assert_baseline();
+}
