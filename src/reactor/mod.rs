@@ -561,7 +561,7 @@ impl Drop for Reactor {
 impl Core {
     fn stats(&self) -> Stats {
         let registered = self.devices.iter().map(|d| d.pool.registered_bytes() as u64).sum();
-        Stats { registered_bytes: registered, ..self.stats }
+        Stats { registered_bytes: registered, connections: self.conns.len() as u64, ..self.stats }
     }
 
     fn is_idle(&self) -> bool {

@@ -63,6 +63,8 @@ pub struct Stats {
     pub devices_released: u64,
     /// Keepalive probes posted (`Config::keepalive`).
     pub keepalives: u64,
+    /// Live connections (agents and clients, in any state; a gauge, not a counter).
+    pub connections: u64,
     /// Bytes of memory the buffer pools have registered now, over all devices (a gauge, not a
     /// counter).
     pub registered_bytes: u64,
