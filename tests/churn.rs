@@ -17,10 +17,6 @@ const CYCLES: usize = 2_000;
 const IN_FLIGHT: usize = 16;
 const SIZE: usize = 64;
 
-fn owner_id() -> u32 {
-    nix::unistd::gettid().as_raw() as u32
-}
-
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd").count()
 }

@@ -27,20 +27,6 @@ use util::*;
 const SIZE: usize = 64;
 const LIMIT: Duration = Duration::from_secs(60);
 
-fn owner_id() -> u32 {
-    nix::unistd::gettid().as_raw() as u32
-}
-
-fn pump(reactors: &mut [&mut Reactor], limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}: not done after {limit:?}: {reactors:?}");
-        for r in reactors.iter_mut() {
-            r.run_once(Some(Duration::from_millis(5))).expect("run_once");
-        }
-    }
-}
-
 fn run(cmd: &str, args: &[&str]) -> bool {
     Command::new(cmd).args(args).status().is_ok_and(|s| s.success())
 }

@@ -20,10 +20,6 @@ use util::*;
 const SIZE: usize = 64;
 const LIMIT: Duration = Duration::from_secs(30);
 
-fn owner_id() -> u32 {
-    nix::unistd::gettid().as_raw() as u32
-}
-
 /// Ticks every reactor in turn until `done()`; panics after `limit` (never hangs).
 fn pump(reactors: &mut [&mut Reactor], limit: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;

@@ -21,21 +21,6 @@ use util::*;
 const SIZE: usize = 64;
 const LIMIT: Duration = Duration::from_secs(60);
 
-fn owner_id() -> u32 {
-    nix::unistd::gettid().as_raw() as u32
-}
-
-/// Ticks every reactor in turn until `done()`; panics after `limit` (never hangs).
-fn pump(reactors: &mut [&mut Reactor], limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}: not done after {limit:?}: {reactors:?}");
-        for r in reactors.iter_mut() {
-            r.run_once(Some(Duration::from_millis(5))).expect("run_once");
-        }
-    }
-}
-
 struct Server {
     addr: SocketAddr,
     agents_closed: Rc<RefCell<Vec<CloseReason>>>,

@@ -21,10 +21,6 @@ const CLIENTS: usize = 4;
 
 /// The id `rdma res show` attributes this test's kernel objects to: the creating task, and
 /// libtest runs each test on a thread of its own.
-fn owner_id() -> u32 {
-    nix::unistd::gettid().as_raw() as u32
-}
-
 /// How an operation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Outcome {

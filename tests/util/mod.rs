@@ -148,6 +148,24 @@ pub fn threads(pid: u32) -> usize {
     status.lines().find_map(|l| l.strip_prefix("Threads:")).and_then(|v| v.trim().parse().ok()).expect("Threads: line")
 }
 
+/// The id `rdma res show` attributes this test's kernel objects to: the creating thread
+/// (libtest runs each test on a thread of its own).
+pub fn owner_id() -> u32 {
+    nix::unistd::gettid().as_raw() as u32
+}
+
+/// Ticks every reactor in turn until `done()`; panics after `limit`, naming `what` (a test
+/// never hangs).
+pub fn pump(reactors: &mut [&mut Reactor], limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not done after {limit:?}: {reactors:?}");
+        for r in reactors.iter_mut() {
+            r.run_once(Some(Duration::from_millis(5))).expect("run_once");
+        }
+    }
+}
+
 /// Runs the reactor until idle or `limit`; panics on timeout (a test never hangs).
 pub fn run_until_idle(reactor: &mut Reactor, limit: Duration) {
     let deadline = Instant::now() + limit;
