@@ -51,10 +51,10 @@ use std::time::Duration;
 use nix::sys::epoll::{EpollEvent, EpollFlags};
 
 use super::timers::TimerTarget;
-use super::{os, Core, Device};
+use super::{os, ConnEntry, Core, Device, ListenerEntry};
 use crate::error::{Error, Result};
 use crate::proto::conn::{AsyncEventKind, CloseReason, Input};
-use crate::proto::token::{ConnKey, CqKey, Kind, Token};
+use crate::proto::token::{ConnKey, CqKey, Kind, ListenerKey, Token};
 use crate::sys::cq::CompChannel;
 use crate::sys::device::{self, AsyncElement, DeviceRef};
 use crate::sys::pd::Pd;
@@ -160,6 +160,24 @@ impl Core {
         Ok(index)
     }
 
+    /// The connections on device `d`: placed there, or, before they have a queue pair, with
+    /// an id bound to it.
+    fn conns_on_device(&self, d: usize) -> Vec<ConnKey> {
+        let Some(devref) = self.devices.get(d).map(|x| x.dev) else { return Vec::new() };
+        let on = |c: &ConnEntry| match c.placed {
+            Some(p) => p.device == d,
+            None => c.ep.id().and_then(|id| id.device()) == Some(devref),
+        };
+        self.conns.iter().filter(|(_, c)| on(c)).map(|(k, _)| k).collect()
+    }
+
+    /// The listeners whose id is bound to device `d`.
+    fn listeners_on_device(&self, d: usize) -> Vec<ListenerKey> {
+        let Some(devref) = self.devices.get(d).map(|x| x.dev) else { return Vec::new() };
+        let on = |l: &ListenerEntry| l.id.as_ref().and_then(|id| id.device()) == Some(devref);
+        self.listeners.iter().filter(|(_, l)| on(l)).map(|(k, _)| k).collect()
+    }
+
     /// Takes a device's fds out of the epoll set.
     fn unregister(&mut self, d: usize) {
         if let Some(dev) = self.devices.get(d) {
@@ -223,13 +241,7 @@ impl Core {
                 self.devices[d].port_down = kind == K::PortErr;
                 let what = if kind == K::PortErr { "went down" } else { "is active again" };
                 let text = format!("port {port} of the RDMA device {what} ({kind})");
-                let listeners: Vec<_> = self
-                    .listeners
-                    .iter()
-                    .filter(|(_, l)| l.id.as_ref().and_then(|id| id.device()) == Some(self.devices[d].dev))
-                    .map(|(k, _)| k)
-                    .collect();
-                for t in listeners {
+                for t in self.listeners_on_device(d) {
                     self.with_listener(t, |h, ctx| h.on_error(ctx, &text));
                 }
             }
@@ -272,27 +284,12 @@ impl Core {
             return;
         }
         dev.lost = true;
-        let devref = dev.dev;
         self.unregister(d);
         self.stats.devices_lost += 1;
-        let on_device: Vec<ConnKey> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| {
-                c.placed.map(|p| p.device == d).unwrap_or_else(|| c.ep.id().and_then(|id| id.device()) == Some(devref))
-            })
-            .map(|(k, _)| k)
-            .collect();
-        for t in on_device {
+        for t in self.conns_on_device(d) {
             self.feed(t, Input::Abort(reason.clone()));
         }
-        let listeners: Vec<_> = self
-            .listeners
-            .iter()
-            .filter(|(_, l)| l.id.as_ref().and_then(|id| id.device()) == Some(devref))
-            .map(|(k, _)| k)
-            .collect();
-        for t in listeners {
+        for t in self.listeners_on_device(d) {
             self.close_listener(t, reason.clone());
         }
         self.lost_devices.push(d);
@@ -305,16 +302,13 @@ impl Core {
         let mut i = 0;
         while i < self.lost_devices.len() {
             let d = self.lost_devices[i];
-            let Some(dev) = self.devices.get(d) else {
+            if self.devices.get(d).is_none() {
                 self.lost_devices.swap_remove(i);
                 continue;
-            };
-            let devref = dev.dev;
-            let used =
-                self.conns.iter().any(|(_, c)| {
-                    c.placed.is_some_and(|p| p.device == d) || c.ep.id().and_then(|id| id.device()) == Some(devref)
-                }) || self.listeners.iter().any(|(_, l)| l.id.as_ref().and_then(|id| id.device()) == Some(devref))
-                    || self.cqs.iter().any(|(_, e)| e.device == d && !e.shared);
+            }
+            let used = !self.conns_on_device(d).is_empty()
+                || !self.listeners_on_device(d).is_empty()
+                || self.cqs.iter().any(|(_, e)| e.device == d && !e.shared);
             if used {
                 i += 1;
                 continue;

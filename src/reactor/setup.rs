@@ -392,6 +392,11 @@ impl Core {
         let dev = {
             let c = self.conns.get(t).ok_or(Error::StaleToken(t.token().as_u64()))?;
             let id = c.ep.id().ok_or_else(|| Error::NotConnected("no id".into()))?;
+            if let Some(exponent) = self.cfg.ack_timeout.map(ack_timeout_exponent) {
+                // Before rdma_connect/rdma_accept, which move the queue pair to RTS with it.
+                id.set_ack_timeout(exponent)
+                    .map_err(|e| Error::verb("rdma_set_option", "RDMA_OPTION_ID_ACK_TIMEOUT", e))?;
+            }
             id.device().ok_or_else(|| Error::NoDevice("the id is not bound to a device".into()))?
         };
         let d = self.device(dev)?;
@@ -419,18 +424,6 @@ impl Core {
         let Endpoint::Id(id) = std::mem::replace(&mut c.ep, Endpoint::None) else {
             unreachable!("checked above: the connection has an id and no queue pair")
         };
-        if let Some(exponent) = self.cfg.ack_timeout.map(ack_timeout_exponent) {
-            // Before rdma_connect/rdma_accept, which move the queue pair to RTS with it.
-            if let Err(e) = id.set_ack_timeout(exponent) {
-                c.ep = Endpoint::Id(id);
-                if shared.is_none() {
-                    self.remove_cq(ct);
-                } else {
-                    self.cqs.get_mut(ct).expect("live").room.leave(want.max_recv_wr);
-                }
-                return Err(Error::verb("rdma_set_option", "RDMA_OPTION_ID_ACK_TIMEOUT", e));
-            }
-        }
         match Qp::create(id, &pd, &cq, &cq, want) {
             Ok(qp) => {
                 // Post no more than was committed on the CQ, even if the device granted more.
