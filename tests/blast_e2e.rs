@@ -193,6 +193,14 @@ fn two_hundred_connections_share_one_cq_without_overrun() {
 
 const CHUNK: usize = 8192;
 
+/// Posts the four 64-byte receives the descriptor-passing handlers below keep.
+fn post_receives(conn: &mut Conn<'_>) {
+    for _ in 0..4 {
+        let b = conn.alloc(64).expect("buffer");
+        conn.submit(Op::recv(b)).expect("recv");
+    }
+}
+
 /// Accepts agents that expose a chunk filled with a pattern (READ only) and send its
 /// descriptor.
 struct Exposer;
@@ -209,10 +217,7 @@ struct ExposerAgent {
 
 impl ConnectionHandler for ExposerAgent {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
-        for _ in 0..4 {
-            let b = conn.alloc(64).expect("buffer");
-            conn.submit(Op::recv(b)).expect("recv");
-        }
+        post_receives(conn);
     }
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {
@@ -256,10 +261,7 @@ struct Reader {
 
 impl ConnectionHandler for Reader {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
-        for _ in 0..4 {
-            let b = conn.alloc(64).expect("buffer");
-            conn.submit(Op::recv(b)).expect("recv");
-        }
+        post_receives(conn);
     }
 
     fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
@@ -392,10 +394,7 @@ struct WinAgent {
 
 impl ConnectionHandler for WinAgent {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
-        for _ in 0..4 {
-            let b = conn.alloc(64).expect("buffer");
-            conn.submit(Op::recv(b)).expect("recv");
-        }
+        post_receives(conn);
     }
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {
@@ -482,10 +481,7 @@ struct WinClient {
 
 impl ConnectionHandler for WinClient {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
-        for _ in 0..4 {
-            let b = conn.alloc(64).expect("buffer");
-            conn.submit(Op::recv(b)).expect("recv");
-        }
+        post_receives(conn);
     }
 
     fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
@@ -682,10 +678,7 @@ fn a_stale_rkey_reaches_nothing() {
     }
     impl ConnectionHandler for Dropper {
         fn on_ready(&mut self, conn: &mut Conn<'_>) {
-            for _ in 0..4 {
-                let b = conn.alloc(64).expect("buffer");
-                conn.submit(Op::recv(b)).expect("recv");
-            }
+            post_receives(conn);
         }
         fn on_established(&mut self, conn: &mut Conn<'_>) {
             let mut chunk = conn.alloc(CHUNK).expect("chunk");
@@ -721,10 +714,7 @@ fn a_stale_rkey_reaches_nothing() {
     }
     impl ConnectionHandler for LateReader {
         fn on_ready(&mut self, conn: &mut Conn<'_>) {
-            for _ in 0..4 {
-                let b = conn.alloc(64).expect("buffer");
-                conn.submit(Op::recv(b)).expect("recv");
-            }
+            post_receives(conn);
         }
         fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
             match (c.opcode, c.result) {
