@@ -282,28 +282,6 @@ fn remote_slice(data: &[u8]) {
 /// Inputs fed at most, so a run stays short whatever the fuzzer's input length.
 const MAX_INPUTS: usize = 2000;
 
-const KINDS: [K; 16] = [
-    K::AddrResolved,
-    K::AddrError,
-    K::RouteResolved,
-    K::RouteError,
-    K::ConnectRequest,
-    K::ConnectResponse,
-    K::ConnectError,
-    K::Unreachable,
-    K::Rejected,
-    K::Established,
-    K::Disconnected,
-    K::DeviceRemoval,
-    K::MulticastJoin,
-    K::MulticastError,
-    K::AddrChange,
-    K::TimewaitExit,
-];
-
-const STEPS: [Step; 6] =
-    [Step::ResolveAddr, Step::ResolveRoute, Step::Connect, Step::Accept, Step::Disconnect, Step::Drain];
-
 const WC_STATUSES: [WcStatus; 22] = [
     WcStatus::Success,
     WcStatus::LocLenErr,
@@ -348,9 +326,9 @@ fn input(b: &mut Bytes<'_>) -> Input {
     match b.u8() % 14 {
         0..=3 => {
             let k = b.u8();
-            let kind = KINDS.get(usize::from(k)).copied().unwrap_or_else(|| match k % 4 {
+            let kind = spec::KNOWN_KINDS.get(usize::from(k)).copied().unwrap_or_else(|| match k % 4 {
                 0 => K::Unknown(b.u32()),
-                _ => KINDS[usize::from(k) % KINDS.len()],
+                _ => spec::KNOWN_KINDS[usize::from(k) % spec::KNOWN_KINDS.len()],
             });
             Input::Cm(kind, status(b))
         }
@@ -366,7 +344,7 @@ fn input(b: &mut Bytes<'_>) -> Input {
             };
             Input::Rejected { status, reason }
         }
-        5 => Input::Timeout(STEPS[usize::from(b.u8()) % STEPS.len()]),
+        5 => Input::Timeout(spec::ALL_STEPS[usize::from(b.u8()) % spec::ALL_STEPS.len()]),
         6 => Input::Close,
         7 => Input::Shutdown,
         8 => Input::Drained,

@@ -9,6 +9,30 @@
 
 use super::{Action as A, CloseReason, CmEventKind as K, Input, State, Step};
 
+/// Every CM event kind this crate names (`Unknown` aside). The tests check it is complete.
+pub(crate) const KNOWN_KINDS: [K; 16] = [
+    K::AddrResolved,
+    K::AddrError,
+    K::RouteResolved,
+    K::RouteError,
+    K::ConnectRequest,
+    K::ConnectResponse,
+    K::ConnectError,
+    K::Unreachable,
+    K::Rejected,
+    K::Established,
+    K::Disconnected,
+    K::DeviceRemoval,
+    K::MulticastJoin,
+    K::MulticastError,
+    K::AddrChange,
+    K::TimewaitExit,
+];
+
+/// Every step with a deadline. The tests check it is complete.
+pub(crate) const ALL_STEPS: [Step; 6] =
+    [Step::ResolveAddr, Step::ResolveRoute, Step::Connect, Step::Accept, Step::Disconnect, Step::Drain];
+
 /// The Protocol reason the machines build for `input` arriving in `state`.
 pub(crate) fn proto(state: &State, input: &Input) -> CloseReason {
     CloseReason::Protocol(format!("unexpected {input:?} while {}", state.name()))

@@ -16,7 +16,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 
-use super::spec::{closed, expected, proto, Tracker};
+use super::spec::{closed, expected, proto, Tracker, ALL_STEPS, KNOWN_KINDS};
 use super::{Action as A, Actions, Agent, Client, CloseReason, CmEventKind as K, Input, Listener, ListenerAction};
 use super::{AsyncEventKind, State, Step};
 use crate::proto::op::WcStatus;
@@ -161,26 +161,9 @@ macro_rules! both {
 
 /// Every CM event kind (plus two unknown values).
 fn all_kinds() -> Vec<K> {
-    vec![
-        K::AddrResolved,
-        K::AddrError,
-        K::RouteResolved,
-        K::RouteError,
-        K::ConnectRequest,
-        K::ConnectResponse,
-        K::ConnectError,
-        K::Unreachable,
-        K::Rejected,
-        K::Established,
-        K::Disconnected,
-        K::DeviceRemoval,
-        K::MulticastJoin,
-        K::MulticastError,
-        K::AddrChange,
-        K::TimewaitExit,
-        K::Unknown(999),
-        K::Unknown(u32::MAX),
-    ]
+    let mut v = KNOWN_KINDS.to_vec();
+    v.extend([K::Unknown(999), K::Unknown(u32::MAX)]);
+    v
 }
 
 /// Exhaustive on purpose: a new variant fails to compile here until `all_kinds` lists it.
@@ -207,7 +190,7 @@ fn kind_ordinal(k: K) -> usize {
 }
 
 fn all_steps() -> [Step; 6] {
-    [Step::ResolveAddr, Step::ResolveRoute, Step::Connect, Step::Accept, Step::Disconnect, Step::Drain]
+    ALL_STEPS
 }
 
 /// Exhaustive on purpose, as `kind_ordinal`.
