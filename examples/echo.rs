@@ -2,11 +2,14 @@
 //!
 //! ```text
 //! echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
+//!             [--threads N] [--balance round-robin|fewest]
 //! echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
 //!             [--stall-timeout SECS] [--spin-us N] [--hold-ms N]
 //! ```
 //!
-//! The server echoes every message it receives on every connection; it also serves plain
+//! The server echoes every message it receives on every connection, from one reactor thread,
+//! or from N with `--threads N` (the first listens and hands connections to the others); it
+//! also serves plain
 //! librdmacm clients that send no connect information (`rdma_client`). The client opens K
 //! connections from one reactor, ping-pongs N messages of BYTES on each (one in flight per
 //! connection), checks every echoed byte with `--verify`, and prints the round-trip latency
@@ -17,8 +20,10 @@ mod common;
 use std::cell::RefCell;
 use std::process::exit;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::group::{self, Group};
 use common::{check_pattern, fill_pattern, percentile, us, Args};
 use rdma_reactor::{
     Buf, CloseReason, Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision,
@@ -27,6 +32,7 @@ use rdma_reactor::{
 
 const USAGE: &str = "\
 usage: echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
+                   [--threads N] [--balance round-robin|fewest]
        echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
                    [--stall-timeout SECS] [--spin-us N] [--hold-ms N]
 
@@ -35,6 +41,9 @@ server: echoes every message on every connection, from one thread.
   --depth N            receives kept posted per connection (default 16)
   --exit-after N       exit after N connections have closed (default: run until killed)
   --quiet              no per-connection lines
+  --threads N          reactors, one per thread (default 1); the first listens and spreads the
+                       connections over all; at exit each prints what it served
+  --balance B          how: round-robin (default) or fewest (live connections)
   --spin-us N          (both) poll for N microseconds after work before sleeping (default 0:
                        event mode)
   --keepalive-ms N     (both) probe an idle connection every N ms (zero-length RDMA WRITE), so
@@ -63,15 +72,15 @@ fn main() {
 // ----- server -------------------------------------------------------------------------------
 
 struct ServerStats {
-    closed: u64,
-    echoed: u64,
     quiet: bool,
-    exit_after: u64,
+    /// This reactor's index in the group.
+    reactor: usize,
+    group: Arc<Group>,
 }
 
 struct EchoListener {
     depth: u32,
-    stats: Rc<RefCell<ServerStats>>,
+    stats: Rc<ServerStats>,
 }
 
 impl ListenerHandler for EchoListener {
@@ -89,7 +98,7 @@ struct EchoAgent {
     depth: u32,
     size: usize,
     echoed: u64,
-    stats: Rc<RefCell<ServerStats>>,
+    stats: Rc<ServerStats>,
 }
 
 impl EchoAgent {
@@ -116,7 +125,7 @@ impl ConnectionHandler for EchoAgent {
     }
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {
-        if !self.stats.borrow().quiet {
+        if !self.stats.quiet {
             let peer = conn.peer_addr().map_or("?".into(), |p| p.to_string());
             let info = conn.peer_info().map_or("no connect information".to_string(), |i| {
                 format!("message size {}, count {}, receive depth {}", i.msg_size, i.msg_count, i.recv_depth)
@@ -141,42 +150,39 @@ impl ConnectionHandler for EchoAgent {
     }
 
     fn on_closed(&mut self, ctx: &mut Ctx<'_>, token: Token, reason: CloseReason) {
-        let mut s = self.stats.borrow_mut();
-        s.closed += 1;
-        s.echoed += self.echoed;
+        let s = &self.stats;
         if !s.quiet || !reason.is_clean() {
             println!("echo server: {token:?} closed after {} messages: {reason}", self.echoed);
         }
-        if s.exit_after > 0 && s.closed >= s.exit_after {
-            println!("echo server: {} connections closed, {} messages echoed; exiting", s.closed, s.echoed);
-            ctx.stop();
+        if let Some(closed) = s.group.closed(ctx, s.reactor, self.echoed, self.echoed * self.size as u64, !reason.is_clean()) {
+            println!("echo server: {closed} connections closed, {} messages echoed; exiting", s.group.messages());
         }
     }
 }
 
 fn server(args: Args) {
-    args.finish(&[&["bind", "depth", "exit-after", "spin-us"][..], &Args::LIVENESS[..]].concat());
+    args.finish(
+        &[&["bind", "depth", "exit-after", "spin-us", "threads", "balance"][..], &Args::LIVENESS[..]].concat(),
+    );
     let bind = args.addr("bind");
     let depth: u32 = args.get("depth", 16);
     if depth == 0 {
         common::fail(USAGE, "--depth must be at least 1");
     }
-    let stats = Rc::new(RefCell::new(ServerStats {
-        closed: 0,
-        echoed: 0,
-        quiet: args.switch("quiet"),
-        exit_after: args.get("exit-after", 0),
-    }));
-    let cfg = args.liveness(Config { recv_depth: depth.max(16), spin: args.spin(), ..Config::default() });
-    let mut reactor = Reactor::with_config(cfg)
-        .unwrap_or_else(|e| common::die("echo", &format!("cannot start: {}", common::report(&e))));
-    reactor
-        .listen(bind, EchoListener { depth, stats: stats.clone() })
-        .unwrap_or_else(|e| common::die("echo", &format!("cannot listen on {bind}: {}", common::report(&e))));
-    println!("echo server: listening on {bind} (pid {})", std::process::id());
-    if let Err(e) = reactor.run() {
-        common::die("echo", &format!("reactor failed: {}", common::report(&e)));
+    let threads: usize = args.get("threads", 1);
+    if threads == 0 {
+        common::fail(USAGE, "--threads must be at least 1");
     }
+    let balance = group::balance(&args.get("balance", "round-robin".to_string()))
+        .unwrap_or_else(|| common::fail(USAGE, "--balance is round-robin or fewest"));
+    let quiet = args.switch("quiet");
+    let group = Group::new(threads, args.get("exit-after", 0));
+    let cfg = args.liveness(Config { recv_depth: depth.max(16), spin: args.spin(), ..Config::default() });
+    let g = group.clone();
+    group::serve("echo", &group, bind, cfg, balance, move |reactor| EchoListener {
+        depth,
+        stats: Rc::new(ServerStats { quiet, reactor, group: g.clone() }),
+    });
 }
 
 // ----- client -------------------------------------------------------------------------------

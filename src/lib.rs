@@ -76,7 +76,7 @@ pub use proto::op::{OpCode, OpError, RemoteAccess, WcStatus};
 pub use proto::token::Token;
 pub use proto::wire::{ConnectInfo, RejectCode, RejectReason, RemoteSlice, WireError};
 pub use reactor::{
-    Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision, FdEvent, FdHandler,
+    Balance, Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision, FdEvent, FdHandler,
     Interest, ListenerHandler, Op, RawBuf, Reactor, ReactorGone, Readiness, Remote, Stats, SubmitError, Timeouts,
 };
 pub use sys::device::{devices, DeviceInfo, LinkLayer, PortInfo, PortState};

@@ -40,6 +40,9 @@ pub(crate) enum Kind {
     Remote = 9,
     /// A file descriptor the application registered.
     UserFd = 10,
+    /// A connect request's id in transit from the listening reactor to another one
+    /// (`reactor/handoff.rs`): its `context` until the receiving reactor adopts it.
+    Handoff = 11,
 }
 
 impl Kind {
@@ -55,6 +58,7 @@ impl Kind {
             8 => Kind::Device,
             9 => Kind::Remote,
             10 => Kind::UserFd,
+            11 => Kind::Handoff,
             _ => return None,
         })
     }
@@ -277,6 +281,7 @@ mod tests {
             Kind::Device,
             Kind::Remote,
             Kind::UserFd,
+            Kind::Handoff,
         ] {
             for (index, generation) in [(0, 1), (7, 2), (u32::MAX, MAX_GENERATION), (12345, 999)] {
                 let t = Token::new(kind, index, generation);

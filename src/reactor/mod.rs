@@ -61,6 +61,7 @@ mod drive;
 mod embed;
 mod expose;
 mod handler;
+mod handoff;
 mod op;
 mod post;
 mod remote;
@@ -81,6 +82,7 @@ pub(crate) mod bench {
 }
 pub use ctx::{Conn, Ctx, SubmitError};
 pub use handler::{ConnectRequest, ConnectionHandler, Decision, ListenerHandler};
+pub use handoff::Balance;
 pub use op::{Completion, Op, RawBuf};
 pub use remote::{ReactorGone, Remote};
 pub use stats::Stats;
@@ -244,6 +246,8 @@ struct ListenerEntry {
     sm: Listener,
     handler: Option<Box<dyn ListenerHandler>>,
     close_reason: Option<CloseReason>,
+    /// The reactors its connect requests are spread over (`handoff.rs`).
+    spread: Option<handoff::Spread>,
 }
 
 struct Device {
@@ -271,6 +275,9 @@ struct Device {
 pub(crate) struct Core {
     /// Ids of rejected connect requests, destroyed at the end of the tick.
     graveyard: Vec<CmId>,
+    /// Connect requests chosen for other reactors, migrated once their event is acked
+    /// (`handoff.rs`).
+    outgoing: Vec<handoff::Outgoing>,
     conns: GenSlab<ConnKey, ConnEntry>,
     ops: GenSlab<OpKey, OpEntry>,
     cqs: GenSlab<CqKey, CqEntry>,
@@ -317,6 +324,9 @@ pub(crate) struct Core {
     stop: bool,
     /// Set by shutdown: no new listener or connection.
     shutting_down: bool,
+    /// The listener that decides connect requests handed over by other reactors
+    /// (`Reactor::accept_handoffs`).
+    handoff_listener: Option<ListenerKey>,
     /// The first panic of a user callback in this tick, resumed at its end.
     panic: Option<Box<dyn std::any::Any + Send>>,
     /// Agents in the accepting state (accepted, not yet established), for
@@ -392,10 +402,11 @@ impl Reactor {
         })?;
         let token = Token::new(Kind::CmChannel, 0, 1);
         epoll.add(&*cm, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
-        let inbox = Inbox::new(&epoll)?;
+        let inbox = Inbox::new(&epoll, Some(cm.channel_ref()))?;
         Ok(Reactor {
             core: Core {
                 graveyard: Vec::new(),
+                outgoing: Vec::new(),
                 conns: GenSlab::new(),
                 ops: GenSlab::new(),
                 cqs: GenSlab::new(),
@@ -425,6 +436,7 @@ impl Reactor {
                 clock: Instant::now(),
                 stop: false,
                 shutting_down: false,
+                handoff_listener: None,
                 accepting: 0,
                 panic: None,
                 stats: Stats::default(),
@@ -647,6 +659,7 @@ impl Core {
         }
         self.flush_acks();
         work += self.reap();
+        self.inbox.publish_load(self.conns.len());
         if n > 0 && work == 0 {
             self.stats.spurious_wakeups += 1;
         }

@@ -18,29 +18,41 @@
 //! eventfd itself lives as long as the last handle.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
+use super::handoff::Parcel;
 use super::{os, Core, Ctx, Reactor};
 use crate::error::Result;
 use crate::proto::token::{Kind, Token};
+use crate::sys::cm::ChannelRef;
 
 /// What both sides share.
 #[derive(Debug)]
 struct Shared {
     efd: EventFd,
     inbox: Mutex<Queue>,
+    /// The reactor's live connections, published by it at the end of a tick in which the
+    /// number changed (`Balance::Fewest` reads it).
+    load: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
-struct Queue {
+pub(super) struct Queue {
     messages: VecDeque<u64>,
     stop: bool,
     /// The reactor is gone.
-    closed: bool,
+    pub(super) closed: bool,
+    /// The reactor's CM channel, for migrating ids to it (`handoff.rs`); `None` once closed.
+    pub(super) chan: Option<ChannelRef>,
+    /// Connect requests handed to this reactor, not yet taken (`handoff.rs`).
+    pub(super) parcels: VecDeque<Parcel>,
+    /// The last hand-off sequence number issued (the generation of the next `Handoff` token).
+    pub(super) handoff_seq: u32,
 }
 
 impl Shared {
@@ -140,6 +152,26 @@ impl Remote {
     pub fn is_alive(&self) -> bool {
         !self.shared.lock().closed
     }
+
+    /// The inbox, locked (`handoff.rs`).
+    pub(super) fn lock_queue(&self) -> MutexGuard<'_, Queue> {
+        self.shared.lock()
+    }
+
+    /// Wakes the reactor (after queueing something under the lock).
+    pub(super) fn wake(&self) {
+        self.shared.wake();
+    }
+
+    /// The reactor's live connections as it last published them.
+    pub(super) fn load(&self) -> usize {
+        self.shared.load.load(Ordering::Relaxed)
+    }
+
+    /// True if this is the handle of the reactor that owns `inbox`.
+    pub(super) fn is_of(&self, inbox: &Inbox) -> bool {
+        Arc::ptr_eq(&self.shared, &inbox.shared)
+    }
 }
 
 /// The message handler's type.
@@ -150,21 +182,40 @@ pub(super) struct Inbox {
     shared: Arc<Shared>,
     handler: Option<MessageHandler>,
     taken: VecDeque<u64>,
+    /// The load last published (`Shared::load`).
+    published: usize,
 }
 
 impl Inbox {
     /// Creates the eventfd (non-blocking, close-on-exec) and registers it with `epoll`.
-    pub(super) fn new(epoll: &Epoll) -> Result<Inbox> {
+    ///
+    /// `chan` is the reactor's CM channel, which outlives the inbox (`Core`'s field order).
+    pub(super) fn new(epoll: &Epoll, chan: Option<ChannelRef>) -> Result<Inbox> {
         let efd =
             EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK).map_err(os("eventfd"))?;
         let token = Token::new(Kind::Remote, 0, 1);
         epoll.add(&efd, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
-        let shared = Arc::new(Shared { efd, inbox: Mutex::new(Queue::default()) });
-        Ok(Inbox { shared, handler: None, taken: VecDeque::new() })
+        let queue = Queue { chan, ..Queue::default() };
+        let shared = Arc::new(Shared { efd, inbox: Mutex::new(queue), load: AtomicUsize::new(0) });
+        Ok(Inbox { shared, handler: None, taken: VecDeque::new(), published: 0 })
     }
 
-    fn remote(&self) -> Remote {
+    pub(super) fn remote(&self) -> Remote {
         Remote { shared: self.shared.clone() }
+    }
+
+    /// The inbox, locked (`handoff.rs`).
+    pub(super) fn lock_queue(&self) -> MutexGuard<'_, Queue> {
+        self.shared.lock()
+    }
+
+    /// Publishes the reactor's live connections if they changed: one comparison per tick,
+    /// one relaxed store when the number moved.
+    pub(super) fn publish_load(&mut self, conns: usize) {
+        if conns != self.published {
+            self.published = conns;
+            self.shared.load.store(conns, Ordering::Relaxed);
+        }
     }
 
     /// Resets the eventfd, then takes the queued messages into `self.taken`; returns whether a
@@ -186,6 +237,12 @@ impl Drop for Inbox {
         let mut q = self.shared.lock();
         q.closed = true;
         q.messages.clear();
+        // Under the lock, before the channel is destroyed (it is a later field of `Core`): no
+        // sender migrates to it from now on.
+        q.chan = None;
+        // Ids handed over but never taken: destroyed on their (still live) channel, which
+        // rejects their requests.
+        q.parcels.clear();
     }
 }
 
@@ -200,8 +257,11 @@ impl Core {
     /// none is set), then honour a stop request. Returns how many messages and requests.
     pub(super) fn drain_remote(&mut self) -> usize {
         let stop = self.inbox.take();
+        // Connect requests handed over by other reactors (`handoff.rs`), after the eventfd
+        // was read: one queued later comes with a later write.
+        let adopted = self.take_handoffs();
         let mut messages = std::mem::take(&mut self.inbox.taken);
-        let n = messages.len() + usize::from(stop);
+        let n = messages.len() + usize::from(stop) + adopted;
         if !messages.is_empty() {
             if let Some(mut h) = self.inbox.handler.take() {
                 for m in messages.drain(..) {
@@ -246,7 +306,7 @@ mod tests {
 
     fn inbox() -> (Epoll, Inbox) {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).expect("epoll");
-        let inbox = Inbox::new(&epoll).expect("inbox");
+        let inbox = Inbox::new(&epoll, None).expect("inbox");
         (epoll, inbox)
     }
 

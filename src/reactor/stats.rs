@@ -63,6 +63,15 @@ pub struct Stats {
     pub devices_released: u64,
     /// Keepalive probes posted (`Config::keepalive`).
     pub keepalives: u64,
+    /// Connect requests this reactor's spreading listeners handed to another reactor
+    /// (`Ctx::listen_spread`).
+    pub handed_off: u64,
+    /// Connect requests other reactors handed to this one.
+    pub handoffs_received: u64,
+    /// Hand-offs that failed: the chosen reactor was gone or `rdma_migrate_id` failed (the
+    /// source rejected the request), or the receiving reactor takes no hand-offs (it rejected
+    /// it).
+    pub handoffs_failed: u64,
     /// Live connections (agents and clients, in any state; a gauge, not a counter).
     pub connections: u64,
     /// Bytes of memory the buffer pools have registered now, over all devices (a gauge, not a
