@@ -131,7 +131,7 @@ where
     let mut reactor = Reactor::with_config(cfg)
         .unwrap_or_else(|e| super::die(program, &format!("cannot start: {}", super::report(&e))));
     let mut remotes = vec![reactor.remote()];
-    let mut others: Vec<(usize, Remote)> = rx.iter().collect();
+    let mut others: Vec<(usize, Remote)> = rx.iter().take(threads - 1).collect();
     others.sort_by_key(|(i, _)| *i);
     remotes.extend(others.into_iter().map(|(_, r)| r));
     group.remotes.set(remotes.clone()).unwrap_or_else(|_| unreachable!("set once"));
