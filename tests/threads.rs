@@ -1,16 +1,21 @@
 //! Many reactors, one per thread (`--threads N`, `Reactor::listen_spread`): connections spread
 //! over both reactors of a server process, every byte verified, the per-reactor counts, the
-//! threads, and the kernel resource counts back to their baseline.
+//! threads, and the kernel resource counts back to their baseline; and asynchronous device
+//! events shared between the reactors of a process.
 
 mod util;
 
+use std::cell::RefCell;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdma_reactor::{Config, ConnectOptions, Reactor};
+use rdma_reactor::{
+    Config, ConnectOptions, ConnectRequest, Ctx, Decision, ListenerHandler, Reactor, RejectCode, RejectReason,
+};
 use util::*;
 
 /// A server process whose stdout is kept (and echoed to the test's output); killed if the test
@@ -211,5 +216,60 @@ fn blast_server_spreads_8_clients_over_two_reactors() {
         assert_eq!(reactors.iter().map(|r| r.0).sum::<u64>(), 11, "{reactors:?}");
         assert_eq!(reactors.iter().map(|r| r.1).sum::<u64>(), 3 * 10 + 8 * 500, "{reactors:?}");
         assert_eq!(reactors.iter().map(|r| r.2).sum::<u64>(), (3 * 10 + 8 * 500) * 4096, "{reactors:?}");
+    }
+}
+
+/// A listener that records what it is told of the device.
+struct PortWatch(Rc<RefCell<Vec<String>>>);
+
+impl ListenerHandler for PortWatch {
+    fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, _req: &ConnectRequest) -> Decision {
+        Decision::Reject(RejectReason::new(RejectCode::Refused, "this test serves nobody"))
+    }
+
+    fn on_error(&mut self, _ctx: &mut Ctx<'_>, what: &str) {
+        self.0.borrow_mut().push(what.to_string());
+    }
+}
+
+/// The device's asynchronous-event fd is the process's: every reactor on the device has it in
+/// its epoll set, one of them reads each event, and passes a copy to the others. A port going
+/// down and up (`ip link set d0 down/up`) reaches the listeners of both reactors.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn port_events_reach_the_listeners_of_every_reactor() {
+    struct Up;
+    impl Drop for Up {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["link", "set", "d0", "up"]).status();
+        }
+    }
+    let limit = Duration::from_secs(60);
+    let (mut a, mut b) = (Reactor::new().expect("reactor"), Reactor::new().expect("reactor"));
+    let (ea, eb) = (Rc::new(RefCell::new(Vec::new())), Rc::new(RefCell::new(Vec::new())));
+    a.listen(addr(), PortWatch(ea.clone())).expect("listen a");
+    b.listen(addr(), PortWatch(eb.clone())).expect("listen b");
+    let up = Up;
+    assert!(Command::new("ip").args(["link", "set", "d0", "down"]).status().is_ok_and(|s| s.success()));
+    let heard = |e: &Rc<RefCell<Vec<String>>>, what: &str| e.borrow().iter().any(|x| x.contains(what));
+    pump(&mut [&mut a, &mut b], limit, "PORT_ERR at both", || heard(&ea, "PORT_ERR") && heard(&eb, "PORT_ERR"));
+    drop(up);
+    pump(&mut [&mut a, &mut b], limit, "PORT_ACTIVE at both", || {
+        heard(&ea, "PORT_ACTIVE") && heard(&eb, "PORT_ACTIVE")
+    });
+    let (sa, sb) = (a.stats(), b.stats());
+    println!("reactor a heard {:?} ({sa:?})\nreactor b heard {:?} ({sb:?})", ea.borrow(), eb.borrow());
+    // Each event was read once, by one of them, and passed to the other.
+    assert_eq!(sa.async_events + sb.async_events, sa.shared_async_events + sb.shared_async_events);
+    assert!(sa.async_events + sb.async_events >= 2, "PORT_ERR and PORT_ACTIVE were read");
+    // Wait until the port is active again, for the tests after this one.
+    let deadline = Instant::now() + limit;
+    loop {
+        let out = Command::new("rdma").args(["link", "show", "rxe0/1"]).output().expect("rdma link show");
+        if String::from_utf8_lossy(&out.stdout).contains("state ACTIVE") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "rxe0 not ACTIVE after {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }

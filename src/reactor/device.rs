@@ -77,6 +77,11 @@ impl Devices {
         self.0.get_mut(d).and_then(Option::as_mut)
     }
 
+    /// Device indexes issued so far (live, lost or released).
+    pub(super) fn slots(&self) -> usize {
+        self.0.len()
+    }
+
     /// The live devices.
     pub(super) fn iter(&self) -> impl Iterator<Item = &Device> {
         self.0.iter().flatten()
@@ -209,11 +214,13 @@ impl Core {
             n += 1;
             self.stats.async_events += 1;
             self.on_async(d, kind, element);
+            // The fd is the process's, not this reactor's: the others hear it too.
+            self.share_async(dev.as_ptr() as usize, kind, element);
         }
         n
     }
 
-    fn on_async(&mut self, d: usize, kind: AsyncEventKind, element: AsyncElement) {
+    pub(super) fn on_async(&mut self, d: usize, kind: AsyncEventKind, element: AsyncElement) {
         use AsyncEventKind as K;
         let reason = CloseReason::AsyncEvent(kind);
         match (kind, element) {

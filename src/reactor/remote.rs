@@ -19,7 +19,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
@@ -28,8 +28,25 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use super::handoff::Parcel;
 use super::{os, Core, Ctx, Reactor};
 use crate::error::Result;
+use crate::proto::conn::AsyncEventKind;
 use crate::proto::token::{Kind, Token};
 use crate::sys::cm::ChannelRef;
+use crate::sys::device::AsyncElement;
+
+/// Every reactor of the process, for sharing asynchronous device events (`Core::share_async`):
+/// librdmacm opens each device context once per process, so every reactor on a device has the
+/// same event fd in its epoll set, and the one that reads an event passes a copy to the
+/// others. Locked only when a reactor is created and when an asynchronous event is read.
+static REACTORS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+/// An asynchronous event another reactor of the process read (and acked), as copied out of
+/// it: the device context's address, the kind, what it names (by address).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SharedAsync {
+    context: usize,
+    kind: AsyncEventKind,
+    element: AsyncElement,
+}
 
 /// What both sides share.
 #[derive(Debug)]
@@ -51,8 +68,10 @@ pub(super) struct Queue {
     pub(super) chan: Option<ChannelRef>,
     /// Connect requests handed to this reactor, not yet taken (`handoff.rs`).
     pub(super) parcels: VecDeque<Parcel>,
-    /// The last hand-off sequence number issued (the generation of the next `Handoff` token).
+    /// The last hand-off sequence number issued (the index of the next `Handoff` token).
     pub(super) handoff_seq: u32,
+    /// Asynchronous device events other reactors read (`Core::share_async`).
+    shared_async: Vec<SharedAsync>,
 }
 
 impl Shared {
@@ -182,6 +201,8 @@ pub(super) struct Inbox {
     shared: Arc<Shared>,
     handler: Option<MessageHandler>,
     taken: VecDeque<u64>,
+    /// Shared asynchronous events taken with the messages.
+    taken_async: Vec<SharedAsync>,
     /// The load last published (`Shared::load`).
     published: usize,
 }
@@ -197,7 +218,12 @@ impl Inbox {
         epoll.add(&efd, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
         let queue = Queue { chan, ..Queue::default() };
         let shared = Arc::new(Shared { efd, inbox: Mutex::new(queue), load: AtomicUsize::new(0) });
-        Ok(Inbox { shared, handler: None, taken: VecDeque::new(), published: 0 })
+        {
+            let mut all = REACTORS.lock().unwrap_or_else(PoisonError::into_inner);
+            all.retain(|w| w.strong_count() > 0);
+            all.push(Arc::downgrade(&shared));
+        }
+        Ok(Inbox { shared, handler: None, taken: VecDeque::new(), taken_async: Vec::new(), published: 0 })
     }
 
     pub(super) fn remote(&self) -> Remote {
@@ -228,6 +254,7 @@ impl Inbox {
         }
         let mut q = self.shared.lock();
         std::mem::swap(&mut q.messages, &mut self.taken);
+        std::mem::swap(&mut q.shared_async, &mut self.taken_async);
         std::mem::take(&mut q.stop)
     }
 }
@@ -243,6 +270,7 @@ impl Drop for Inbox {
         // Ids handed over but never taken: destroyed on their (still live) channel, which
         // rejects their requests.
         q.parcels.clear();
+        q.shared_async.clear();
     }
 }
 
@@ -260,6 +288,9 @@ impl Core {
         // Connect requests handed over by other reactors (`handoff.rs`), after the eventfd
         // was read: one queued later comes with a later write.
         let adopted = self.take_handoffs();
+        for ev in std::mem::take(&mut self.inbox.taken_async) {
+            self.on_shared_async(ev);
+        }
         let mut messages = std::mem::take(&mut self.inbox.taken);
         let n = messages.len() + usize::from(stop) + adopted;
         if !messages.is_empty() {
@@ -279,6 +310,40 @@ impl Core {
             self.stop = true;
         }
         n
+    }
+}
+
+impl Core {
+    /// Passes a copy of an asynchronous event this reactor read on device `context` (its
+    /// address) to every other reactor of the process; each acts on it only if it names its
+    /// device and, for a queue pair or CQ, an object it has (matched by address, as the
+    /// reader does).
+    pub(super) fn share_async(&mut self, context: usize, kind: AsyncEventKind, element: AsyncElement) {
+        let others: Vec<Arc<Shared>> = {
+            let all = REACTORS.lock().unwrap_or_else(PoisonError::into_inner);
+            all.iter().filter_map(Weak::upgrade).filter(|s| !Arc::ptr_eq(s, &self.inbox.shared)).collect()
+        };
+        for s in others {
+            {
+                let mut q = s.lock();
+                if q.closed {
+                    continue;
+                }
+                q.shared_async.push(SharedAsync { context, kind, element });
+            }
+            s.wake();
+        }
+    }
+
+    /// An asynchronous event another reactor read: acted on as if read here, if this reactor
+    /// uses that device.
+    fn on_shared_async(&mut self, ev: SharedAsync) {
+        let found = (0..self.devices.slots())
+            .find(|&d| self.devices.get(d).is_some_and(|x| !x.lost && x.dev.as_ptr() as usize == ev.context));
+        if let Some(d) = found {
+            self.stats.shared_async_events += 1;
+            self.on_async(d, ev.kind, ev.element);
+        }
     }
 }
 

@@ -57,6 +57,9 @@ pub struct Stats {
     pub async_events: u64,
     /// Asynchronous events naming a queue pair or CQ this reactor does not have.
     pub stale_async_events: u64,
+    /// Asynchronous events another reactor of the process read and passed on, for a device
+    /// this reactor uses.
+    pub shared_async_events: u64,
     /// Devices lost (removed, failed, or their fds dead).
     pub devices_lost: u64,
     /// Lost devices whose resources were released.
