@@ -313,9 +313,7 @@ impl ConnectionHandler for BlastAgent {
 }
 
 fn server(args: Args) {
-    args.finish(
-        &[&["bind", "depth", "exit-after", "spin-us", "threads", "balance"][..], &Args::LIVENESS[..]].concat(),
-    );
+    args.finish(&[&["bind", "depth", "exit-after", "spin-us", "threads", "balance"][..], &Args::LIVENESS[..]].concat());
     let bind = args.addr("bind");
     let depth: u32 = args.get("depth", 16);
     if depth < 3 {

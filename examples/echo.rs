@@ -154,16 +154,16 @@ impl ConnectionHandler for EchoAgent {
         if !s.quiet || !reason.is_clean() {
             println!("echo server: {token:?} closed after {} messages: {reason}", self.echoed);
         }
-        if let Some(closed) = s.group.closed(ctx, s.reactor, self.echoed, self.echoed * self.size as u64, !reason.is_clean()) {
+        if let Some(closed) =
+            s.group.closed(ctx, s.reactor, self.echoed, self.echoed * self.size as u64, !reason.is_clean())
+        {
             println!("echo server: {closed} connections closed, {} messages echoed; exiting", s.group.messages());
         }
     }
 }
 
 fn server(args: Args) {
-    args.finish(
-        &[&["bind", "depth", "exit-after", "spin-us", "threads", "balance"][..], &Args::LIVENESS[..]].concat(),
-    );
+    args.finish(&[&["bind", "depth", "exit-after", "spin-us", "threads", "balance"][..], &Args::LIVENESS[..]].concat());
     let bind = args.addr("bind");
     let depth: u32 = args.get("depth", 16);
     if depth == 0 {

@@ -188,7 +188,19 @@ fn blast_server_spreads_8_clients_over_two_reactors() {
         let s = server.to_string();
         let srv = Server::spawn(
             "blast",
-            &["server", "--bind", &s, "--verify", "--quiet", "--threads", "2", "--exit-after", "11", "--balance", balance],
+            &[
+                "server",
+                "--bind",
+                &s,
+                "--verify",
+                "--quiet",
+                "--threads",
+                "2",
+                "--exit-after",
+                "11",
+                "--balance",
+                balance,
+            ],
         );
         wait_listening(server, Duration::from_secs(30));
         assert_eq!(threads(srv.pid()), 2);

@@ -140,8 +140,7 @@ where
     } else {
         reactor.listen(bind, make(0))
     };
-    listening
-        .unwrap_or_else(|e| super::die(program, &format!("cannot listen on {bind}: {}", super::report(&e))));
+    listening.unwrap_or_else(|e| super::die(program, &format!("cannot listen on {bind}: {}", super::report(&e))));
     println!("{program} server: listening on {bind} (pid {}, {threads} reactor threads)", std::process::id());
     if let Err(e) = reactor.run() {
         super::die(program, &format!("reactor failed: {}", super::report(&e)));

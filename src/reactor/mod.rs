@@ -16,7 +16,9 @@
 //!    CQs, since each raises one), count each on its CQ (acks are batched), mark the CQ hot
 //!    (`cq.rs`).
 //!    In the same pass, in epoll's order: a device's event fd (`device.rs`), the [`Remote`]
-//!    eventfd (queued messages to the message handler, a stop request; `remote.rs`), an
+//!    eventfd (queued messages to the message handler, a stop request, connect requests
+//!    handed over by another reactor (`handoff.rs`), asynchronous events another reactor
+//!    read; `remote.rs`), an
 //!    application fd registered with [`Ctx::register_fd`] (its callback; `userfd.rs`).
 //! 4. Poll hot CQs in batches under a per-CQ budget. A CQ found empty stays unarmed for now;
 //!    a CQ that used its budget stays hot for the next tick.
@@ -49,7 +51,7 @@
 //! (submission, the FFI post), `cq.rs` (the CQ protocol, completions), `timers.rs`,
 //! `teardown.rs` (close, destroy, cancel, shutdown), `ctx.rs` and `handler.rs` (the callback
 //! API), `op.rs` (operations and completions), `stats.rs`, `remote.rs` (the cross-thread
-//! handle), `userfd.rs` (application fds), `embed.rs` (the epoll fd and `next_timeout` for an
+//! handle), `handoff.rs` (spreading a listener's connections over reactors), `userfd.rs` (application fds), `embed.rs` (the epoll fd and `next_timeout` for an
 //! outer loop).
 
 mod config;

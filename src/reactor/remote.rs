@@ -16,6 +16,18 @@
 //! When the reactor is dropped the inbox is marked closed (by `Inbox`'s `Drop`, a field of
 //! `Core`): from then on [`Remote::send`] and [`Remote::stop`] return [`ReactorGone`]. The
 //! eventfd itself lives as long as the last handle.
+//!
+//! The inbox also carries what reactors of one process pass each other, taken in the same
+//! step as the messages:
+//! - connect requests handed over by a spreading listener (`handoff.rs`): the inbox holds the
+//!   reactor's CM channel address while the reactor exists, cleared under the lock (in
+//!   `Inbox`'s `Drop`, before `Core` destroys the channel), and a sender migrates an id to
+//!   that channel and queues it under the same lock;
+//! - asynchronous device events (`Core::share_async`): librdmacm opens each device context
+//!   once per process, so every reactor on a device has the same event fd in its epoll set;
+//!   the one that reads an event acts on it and queues a copy in every other reactor's inbox
+//!   (found in `REACTORS`, a process-wide list of weak references), and each acts on it if it
+//!   names its device and, for a queue pair or CQ, an object it has.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -288,11 +300,13 @@ impl Core {
         // Connect requests handed over by other reactors (`handoff.rs`), after the eventfd
         // was read: one queued later comes with a later write.
         let adopted = self.take_handoffs();
-        for ev in std::mem::take(&mut self.inbox.taken_async) {
+        let shared = std::mem::take(&mut self.inbox.taken_async);
+        let mut n = adopted + shared.len();
+        for ev in shared {
             self.on_shared_async(ev);
         }
         let mut messages = std::mem::take(&mut self.inbox.taken);
-        let n = messages.len() + usize::from(stop) + adopted;
+        n += messages.len() + usize::from(stop);
         if !messages.is_empty() {
             if let Some(mut h) = self.inbox.handler.take() {
                 for m in messages.drain(..) {
