@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdma_reactor::{
-    Config, ConnectOptions, ConnectRequest, Ctx, Decision, ListenerHandler, Reactor, RejectCode, RejectReason,
+    Balance, CloseReason, Config, ConnectOptions, ConnectRequest, Ctx, Decision, ListenerHandler, Reactor, RejectCode,
+    RejectReason,
 };
 use util::*;
 
@@ -284,4 +285,93 @@ fn port_events_reach_the_listeners_of_every_reactor() {
         assert!(Instant::now() < deadline, "rxe0 not ACTIVE after {limit:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A listener that records what the reactor refused on its own.
+struct Refusals(Rc<RefCell<Vec<String>>>);
+
+impl ListenerHandler for Refusals {
+    fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, _req: &ConnectRequest) -> Decision {
+        Decision::Reject(RejectReason::new(RejectCode::Refused, "kept here: not expected"))
+    }
+
+    fn on_refused(&mut self, _ctx: &mut Ctx<'_>, _peer: Option<SocketAddr>, reason: &RejectReason) {
+        self.0.borrow_mut().push(reason.to_string());
+    }
+}
+
+/// The hand-off in one process, every reactor ticked by this thread: requests spread over a
+/// reactor that serves them (every byte verified, counted on both sides); a reactor without a
+/// hand-off handler rejects what it is handed; once the chosen reactor is dropped, the
+/// listening one rejects and tells its listener. Every kernel object is destroyed at the end.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn handoffs_are_served_or_rejected_and_counted() {
+    let limit = Duration::from_secs(120);
+    let mut source = Reactor::new().expect("source");
+    let mut target = Reactor::new().expect("target");
+    let mut client =
+        Reactor::with_config(Config { send_depth: 4, recv_depth: 4, ..Config::default() }).expect("client");
+    let agents_closed = Rc::new(RefCell::new(Vec::new()));
+    target.accept_handoffs(EchoListener { depth: 8, agents_closed: agents_closed.clone() }).expect("hand-offs");
+    let refused = Rc::new(RefCell::new(Vec::new()));
+    let server = addr();
+    let peers = vec![target.remote()];
+    source.listen_spread(server, Refusals(refused.clone()), peers, Balance::Fewest).expect("listen_spread");
+
+    // Served by the target.
+    let results: Vec<_> = (0..4)
+        .map(|i| {
+            let (c, r) = PingClient::new(i, 512, 20);
+            client.connect(server, ConnectOptions { msg_size: 512, ..Default::default() }, c).expect("connect");
+            r
+        })
+        .collect();
+    pump(&mut [&mut client, &mut source, &mut target], limit, "4 clients served by the target", || {
+        results.iter().all(|r| r.borrow().closed.is_some()) && agents_closed.borrow().len() == 4
+    });
+    for r in &results {
+        let r = r.borrow();
+        assert_eq!((r.echoed, r.verified_bytes, r.error.as_deref()), (20, 20 * 512, None), "{r:?}");
+    }
+    assert_eq!((source.stats().handed_off, source.stats().accepted), (4, 0), "{:?}", source.stats());
+    assert_eq!((target.stats().handoffs_received, target.stats().accepted), (4, 4), "{:?}", target.stats());
+
+    // A target that takes no hand-offs rejects them.
+    let mut bare = Reactor::new().expect("bare");
+    let server2 = addr();
+    let refused2 = Rc::new(RefCell::new(Vec::new()));
+    source
+        .listen_spread(server2, Refusals(refused2.clone()), vec![bare.remote()], Balance::RoundRobin)
+        .expect("listen");
+    let (c, r) = PingClient::new(10, 64, 1);
+    client.connect(server2, ConnectOptions::default(), c).expect("connect");
+    pump(&mut [&mut client, &mut source, &mut bare], limit, "rejected by the bare reactor", || {
+        r.borrow().closed.is_some()
+    });
+    let closed = r.borrow().closed.clone();
+    assert!(
+        matches!(&closed, Some(CloseReason::Rejected { reason: Some(x), .. }) if x.code == RejectCode::Refused),
+        "{closed:?}"
+    );
+    assert_eq!((bare.stats().handoffs_received, bare.stats().handoffs_failed), (1, 1), "{:?}", bare.stats());
+
+    // The chosen reactor is gone: the source rejects, and its listener hears why.
+    drop(bare);
+    let (c, r) = PingClient::new(11, 64, 1);
+    client.connect(server2, ConnectOptions::default(), c).expect("connect");
+    pump(&mut [&mut client, &mut source], limit, "rejected by the source", || r.borrow().closed.is_some());
+    let closed = r.borrow().closed.clone();
+    assert!(
+        matches!(&closed, Some(CloseReason::Rejected { reason: Some(x), .. }) if x.code == RejectCode::NoResources),
+        "{closed:?}"
+    );
+    assert_eq!(source.stats().handoffs_failed, 1, "{:?}", source.stats());
+    assert!(refused.borrow().is_empty(), "{:?}", refused.borrow());
+    let told = refused2.borrow();
+    assert!(told.len() == 1 && told[0].contains("the chosen reactor is gone"), "{told:?}");
+    drop(told);
+    drop((source, target, client));
+    let zero = ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 };
+    assert_eq!(res_counts(owner_id()), zero, "every kernel object of this test destroyed");
 }
