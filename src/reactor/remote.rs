@@ -104,6 +104,9 @@ impl Shared {
 /// message that the handler set with [`Reactor::set_message_handler`] receives on the
 /// reactor's thread.
 ///
+/// It also names its reactor to another one: [`Ctx::listen_spread`] takes the `Remote`s of the
+/// reactors a listener's connections are spread over.
+///
 /// Cheap to clone (an `Arc`). Messages from one thread arrive in the order sent; messages
 /// sent before [`stop`](Remote::stop) are delivered before [`Reactor::run`] returns. Holding
 /// a `Remote` does not keep the reactor busy: [`Reactor::run`] still returns when it is idle.
