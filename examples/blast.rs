@@ -43,6 +43,8 @@ server: receives from any number of clients at once, from one thread.
   --keepalive-ms N   (both) probe an idle connection every N ms (default: off)
   --ack-timeout-ms N (both) RC ACK timeout (default: the kernel's)
   --retry-count N    (both) transport retries, 0 to 7 (default 6)
+  --credit-timeout-ms N (both) close a connection whose sends waited this long for the
+                     peer's credits (a stopped peer; default: wait for ever)
 client: streams N messages of BYTES on each of K connections.
   --connect ADDR:PORT
   --size BYTES       message size (suffixes K, M); with --op write at most 1M / server depth

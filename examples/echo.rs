@@ -41,6 +41,8 @@ server: echoes every message on every connection, from one thread.
                        a peer host that vanished is noticed (default: off)
   --ack-timeout-ms N   (both) RC ACK timeout (default: the kernel's, about 1-2 s on RoCE)
   --retry-count N      (both) transport retries, 0 to 7 (default 6; rxe retries 7 forever)
+  --credit-timeout-ms N (both) close a connection whose sends waited this long for the
+                       peer's credits (a stopped peer; default: wait for ever)
 client: ping-pongs messages and reports round-trip latency.
   --connect ADDR:PORT  the server
   --size BYTES         message size, 1 to 1M (suffixes K, M)

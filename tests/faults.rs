@@ -474,3 +474,143 @@ fn a_wrong_local_key_fails_that_connection_alone() {
     }
     assert_baseline();
 }
+
+/// What the burst client of the stalled-peer test saw.
+#[derive(Default)]
+struct BurstSeen {
+    established: bool,
+    echoed: u64,
+    sends_ok: u64,
+    sends_failed: u64,
+    closed: Option<CloseReason>,
+    error: Option<String>,
+}
+
+/// Sends whatever the test submits; re-posts a receive for every echo and checks its bytes
+/// (the echo server keeps order, so the n-th echo is message n).
+struct Burst(Rc<RefCell<BurstSeen>>);
+
+const BURST_CONN: u64 = 14;
+
+impl rdma_reactor::ConnectionHandler for Burst {
+    fn on_ready(&mut self, conn: &mut rdma_reactor::Conn<'_>) {
+        for _ in 0..16 {
+            let buf = conn.alloc(SIZE).expect("receive buffer");
+            conn.submit(rdma_reactor::Op::recv(buf)).expect("receive");
+        }
+    }
+
+    fn on_established(&mut self, _conn: &mut rdma_reactor::Conn<'_>) {
+        self.0.borrow_mut().established = true;
+    }
+
+    fn on_completion(&mut self, conn: &mut rdma_reactor::Conn<'_>, c: rdma_reactor::Completion) {
+        let mut s = self.0.borrow_mut();
+        match (c.opcode, c.result) {
+            (rdma_reactor::OpCode::Recv, Ok(n)) => {
+                let buf = c.buf.expect("buffer");
+                if n as usize != SIZE || buf.as_slice() != pattern(SIZE, BURST_CONN, s.echoed).as_slice() {
+                    let msg = format!("echo {} differs", s.echoed);
+                    s.error.get_or_insert(msg);
+                }
+                s.echoed += 1;
+                drop(buf);
+                if let Ok(b) = conn.alloc(SIZE) {
+                    let _ = conn.submit(rdma_reactor::Op::recv(b));
+                }
+            }
+            (rdma_reactor::OpCode::Recv, Err(_)) => {}
+            (_, Ok(_)) => s.sends_ok += 1,
+            (_, Err(_)) => s.sends_failed += 1,
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _t: rdma_reactor::Token, reason: CloseReason) {
+        self.0.borrow_mut().closed = Some(reason);
+    }
+}
+
+/// Submits messages `from..to` of the burst connection `t`.
+fn burst(cli: &mut Reactor, t: rdma_reactor::Token, from: u64, to: u64) {
+    for seq in from..to {
+        let mut buf = cli.ctx().alloc(t, SIZE).expect("send buffer");
+        buf.fill_from(&pattern(SIZE, BURST_CONN, seq)).expect("fits");
+        cli.ctx().submit(t, rdma_reactor::Op::send(buf)).expect("submit");
+    }
+}
+
+/// Catalogue case 14: a peer process stopped (SIGSTOP) under load. Its kernel keeps
+/// acknowledging, so neither RC retries nor keepalive probes notice; under flow control the
+/// sends stop at the peer's credits, and `Config::credit_timeout` bounds the wait. Resumed
+/// within the bound, the connection recovers and every message is echoed and verified;
+/// stopped past it, the connection closes with `Stalled`, every submitted send completes
+/// exactly once before `on_closed`, and a connection to another server keeps working.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_stopped_peer_recovers_within_the_credit_timeout_and_is_closed_past_it() {
+    const BOUND: Duration = Duration::from_secs(3);
+    const N: u64 = 32;
+    {
+        let a = addr();
+        let s = a.to_string();
+        let peer = Proc::spawn("echo server", bin("echo"), &["server", "--bind", &s, "--depth", "8", "--quiet"]);
+        wait_listening(a, LIMIT);
+        let signal = |sig: nix::sys::signal::Signal| {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(peer.pid() as i32), sig).expect("signal the peer")
+        };
+        let (mut other, other_addr, _) = server(Config::default());
+        let mut cli =
+            Reactor::with_config(Config { credit_timeout: Some(BOUND), ..Config::default() }).expect("client");
+        let seen = Rc::new(RefCell::new(BurstSeen::default()));
+        let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+        let t = cli.connect(a, opts, Burst(seen.clone())).expect("connect");
+        pump(&mut [&mut cli], LIMIT, || seen.borrow().established || seen.borrow().closed.is_some());
+        assert_eq!(seen.borrow().closed, None, "connected to the echo server");
+
+        // Stopped for a third of the bound: the sends stop at the peer's 8 credits, then all go.
+        signal(nix::sys::signal::Signal::SIGSTOP);
+        burst(&mut cli, t, 0, N);
+        let until = Instant::now() + BOUND / 3;
+        pump(&mut [&mut cli], LIMIT, || Instant::now() >= until);
+        assert_eq!(seen.borrow().echoed, 0, "a stopped peer echoes nothing");
+        assert!(seen.borrow().sends_ok < 8, "at most the peer's credits went out: {}", seen.borrow().sends_ok);
+        signal(nix::sys::signal::Signal::SIGCONT);
+        pump(&mut [&mut cli], LIMIT, || seen.borrow().echoed == N || seen.borrow().closed.is_some());
+        assert_eq!(seen.borrow().closed, None, "resumed within the bound, the connection recovers");
+        assert_eq!((seen.borrow().echoed, seen.borrow().sends_ok), (N, N), "every message echoed");
+        assert_eq!(cli.stats().credit_stalls, 0);
+
+        // Stopped past the bound: closed with the reason, every send accounted for.
+        signal(nix::sys::signal::Signal::SIGSTOP);
+        let stopped = Instant::now();
+        burst(&mut cli, t, N, 2 * N);
+        pump(&mut [&mut cli], LIMIT, || seen.borrow().closed.is_some());
+        let waited = stopped.elapsed();
+        {
+            let s = seen.borrow();
+            assert_eq!(s.closed, Some(CloseReason::Stalled(BOUND)), "closed because the credits stopped");
+            assert!(waited >= BOUND, "not before the bound: closed after {waited:?}");
+            assert_eq!(s.sends_ok + s.sends_failed, 2 * N, "every send completed exactly once before on_closed");
+            assert_eq!(s.echoed, N, "nothing more was echoed");
+            assert_eq!(s.error, None);
+            println!(
+                "case 14: closed {waited:?} after the stop (the bound, then the disconnect waits for the DREP a \
+                 stopped peer never sends); {} of the second burst sent, {} failed: {}",
+                s.sends_ok - N,
+                s.sends_failed,
+                s.closed.as_ref().expect("closed")
+            );
+        }
+        assert_eq!(cli.stats().credit_stalls, 1);
+
+        // Another connection of the same reactor is unaffected.
+        let p = ping(&mut cli, other_addr, 15, 20);
+        pump(&mut [&mut other, &mut cli], LIMIT, || closed(&p));
+        assert_served(&p, 20);
+        signal(nix::sys::signal::Signal::SIGCONT);
+        drop(peer);
+        drop(cli);
+        other.shutdown(Duration::from_secs(1));
+    }
+    assert_baseline();
+}

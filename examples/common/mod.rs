@@ -63,20 +63,22 @@ impl Args {
         std::time::Duration::from_micros(self.get("spin-us", 0))
     }
 
-    /// `--keepalive-ms N`, `--ack-timeout-ms N` and `--retry-count N` (dead-peer detection,
-    /// see `Config::keepalive`) applied to `cfg`.
+    /// `--keepalive-ms N`, `--ack-timeout-ms N`, `--retry-count N` (dead-peer detection, see
+    /// `Config::keepalive`) and `--credit-timeout-ms N` (stalled-peer detection, see
+    /// `Config::credit_timeout`) applied to `cfg`.
     pub fn liveness(&self, cfg: rdma_reactor::Config) -> rdma_reactor::Config {
         let ms = |name: &str| Some(self.get::<u64>(name, 0)).filter(|v| *v > 0).map(std::time::Duration::from_millis);
         rdma_reactor::Config {
             keepalive: ms("keepalive-ms"),
             ack_timeout: ms("ack-timeout-ms"),
             retry_count: self.get("retry-count", cfg.retry_count),
+            credit_timeout: ms("credit-timeout-ms"),
             ..cfg
         }
     }
 
     /// The flags [`Args::liveness`] reads.
-    pub const LIVENESS: [&'static str; 3] = ["keepalive-ms", "ack-timeout-ms", "retry-count"];
+    pub const LIVENESS: [&'static str; 4] = ["keepalive-ms", "ack-timeout-ms", "retry-count", "credit-timeout-ms"];
 
     /// A required socket address (`host:port`).
     pub fn addr(&self, name: &str) -> SocketAddr {

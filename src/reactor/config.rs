@@ -107,6 +107,13 @@ pub struct Config {
     /// [`CloseReason::WorkError`](crate::CloseReason::WorkError). `None` (the default): no
     /// probes.
     pub keepalive: Option<Duration>,
+    /// Credit stall bound: a flow-controlled connection whose next send has waited this long
+    /// for the peer's receive credits, with no credit arriving that let it go, is closed with
+    /// [`CloseReason::Stalled`](crate::CloseReason::Stalled) (it disconnects and drains like
+    /// a work error). This notices a peer that stopped consuming messages while its kernel
+    /// still acknowledges them (a stopped or hung process), which neither RC retries nor
+    /// keepalive probes can. `None` (the default): sends wait for credits for ever.
+    pub credit_timeout: Option<Duration>,
     /// Receiver-not-ready retries (0..=6 finite; 7 retries forever).
     pub rnr_retry_count: u8,
     /// Listen backlog.
@@ -139,6 +146,7 @@ impl Default for Config {
             retry_count: 6,
             ack_timeout: None,
             keepalive: None,
+            credit_timeout: None,
             rnr_retry_count: 6,
             backlog: 1024,
             max_connections: 65_536,
@@ -161,6 +169,9 @@ impl Config {
         }
         if self.keepalive.is_some_and(|k| k.is_zero()) {
             return Err(Error::Config("a keepalive interval must not be zero".into()));
+        }
+        if self.credit_timeout.is_some_and(|k| k.is_zero()) {
+            return Err(Error::Config("a credit timeout must not be zero".into()));
         }
         Ok(())
     }

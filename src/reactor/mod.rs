@@ -194,6 +194,9 @@ struct ConnEntry {
     /// Listed in its CQ's `waiting`: short of CQ room.
     waiting_room: bool,
     deadline: Option<(u64, Step)>,
+    /// The credit-stall timer's key while the next send waits for credits
+    /// (`Config::credit_timeout`, `post.rs`).
+    stall: Option<u64>,
     /// User timers set by this connection's callbacks (some may have fired or been cancelled).
     timers: Vec<TimerKey>,
     infos: Infos,
@@ -213,6 +216,7 @@ impl ConnEntry {
             dirty: false,
             waiting_room: false,
             deadline: None,
+            stall: None,
             timers: Vec::new(),
             infos: Infos { local, peer: None, raw_private_data: None, sent: false },
             close_reason: None,

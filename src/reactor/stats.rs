@@ -63,6 +63,9 @@ pub struct Stats {
     pub devices_released: u64,
     /// Keepalive probes posted (`Config::keepalive`).
     pub keepalives: u64,
+    /// Connections closed because their sends waited too long for credits
+    /// (`Config::credit_timeout`).
+    pub credit_stalls: u64,
     /// Live connections (agents and clients, in any state; a gauge, not a counter).
     pub connections: u64,
     /// Bytes of memory the buffer pools have registered now, over all devices (a gauge, not a
