@@ -78,6 +78,34 @@ impl Args {
     /// The flags [`Args::liveness`] reads.
     pub const LIVENESS: [&'static str; 3] = ["keepalive-ms", "ack-timeout-ms", "retry-count"];
 
+    /// `--srq` (a switch) with `--srq-receives N`, `--srq-credit N` and `--srq-size BYTES`: a
+    /// shared receive queue per device (`Config::srq`), or `None` without `--srq`.
+    pub fn srq(&self) -> Option<rdma_reactor::SrqConfig> {
+        if !self.switch("srq") {
+            return None;
+        }
+        let d = rdma_reactor::SrqConfig::default();
+        let receives = self.get("srq-receives", d.receives);
+        Some(rdma_reactor::SrqConfig {
+            receives,
+            credit: self.get("srq-credit", d.credit),
+            buf_size: self.size("srq-size", d.buf_size as usize) as u32,
+            low_water: receives / 4,
+        })
+    }
+
+    /// The value flags [`Args::srq`] reads (`srq` itself is a switch).
+    pub const SRQ: [&'static str; 3] = ["srq-receives", "srq-credit", "srq-size"];
+
+    /// `--marks N,N,...`: live-connection counts at which a server prints a `mark` line.
+    pub fn marks(&self) -> Vec<u64> {
+        let v: String = self.get("marks", String::new());
+        v.split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| s.trim().parse().unwrap_or_else(|e| fail(self.usage, &format!("--marks {s:?}: {e}"))))
+            .collect()
+    }
+
     /// A required socket address (`host:port`).
     pub fn addr(&self, name: &str) -> SocketAddr {
         let Some(v) = self.values.get(name) else { fail(self.usage, &format!("--{name} ADDR:PORT is required")) };
@@ -102,6 +130,17 @@ impl Args {
                 fail(self.usage, &format!("unknown flag --{k}"));
             }
         }
+    }
+}
+
+/// Prints the `mark` line a test parses when the live connections reach one of `marks`:
+/// `PROGRAM server: mark N live N registered_bytes B srq_receives R`.
+pub fn print_mark(program: &str, marks: &[u64], live: u64, stats: &rdma_reactor::Stats) {
+    if marks.contains(&live) {
+        println!(
+            "{program} server: mark {live} live {} registered_bytes {} srq_receives {}",
+            stats.connections, stats.registered_bytes, stats.srq_receives
+        );
     }
 }
 

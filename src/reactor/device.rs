@@ -17,6 +17,8 @@
 //!   leaves rdma_cm unable to connect on the device until it is recreated.) While the port
 //!   is down, keepalive probes wait: a probe through a downed port fails at once and would
 //!   tear its connection down in the outage, with the same effect.
+//! - SRQ_ERR: every connection on the device's shared receive queue, as an `Abort`, and the SRQ
+//!   is not used again; SRQ_LIMIT_REACHED is counted and re-armed (`srq.rs`);
 //! - DEVICE_FATAL: every connection on the device, as an `Abort`, and the device is lost.
 //!
 //! The rest (PORT_ACTIVE, COMM_EST, ...) are counted and otherwise ignored.
@@ -82,6 +84,11 @@ impl Devices {
         self.0.iter().flatten()
     }
 
+    /// Device indexes issued so far (released ones included).
+    pub(super) fn slots(&self) -> usize {
+        self.0.len()
+    }
+
     /// Live devices.
     pub(super) fn len(&self) -> usize {
         self.iter().count()
@@ -140,10 +147,17 @@ impl Core {
             shared_cq: None,
             lost: false,
             port_down: false,
+            srq: None,
             pool,
             chan,
             pd,
         }));
+        if let Err(e) = self.create_srq(index) {
+            // As for the shared CQ below: not usable as configured.
+            self.unregister(index);
+            self.devices.0[index] = None;
+            return Err(e);
+        }
         if let Some(entries) = self.cfg.shared_cq {
             match self.new_cq(index, entries, true) {
                 Ok(ct) => self.devices[index].shared_cq = Some(ct),
@@ -245,6 +259,7 @@ impl Core {
                     self.with_listener(t, |h, ctx| h.on_error(ctx, &text));
                 }
             }
+            (K::SrqErr | K::SrqLimitReached, AsyncElement::Srq(srq)) => self.on_srq_event(d, kind, srq),
             (K::DeviceFatal, _) => self.device_lost(d, reason),
             _ => {}
         }

@@ -66,12 +66,13 @@ mod post;
 mod remote;
 mod send_queue;
 mod setup;
+mod srq;
 mod stats;
 mod teardown;
 mod timers;
 mod userfd;
 
-pub use config::{Config, ConnectOptions, Timeouts};
+pub use config::{Config, ConnectOptions, SrqConfig, Timeouts};
 
 /// The pure parts `crate::bench_internals` drives.
 #[cfg(feature = "bench-internals")]
@@ -198,6 +199,9 @@ struct ConnEntry {
     timers: Vec<TimerKey>,
     infos: Infos,
     close_reason: Option<CloseReason>,
+    /// On its device's shared receive queue (`Config::srq`): the credit it was granted there
+    /// (committed on its CQ instead of a receive depth).
+    srq_credit: Option<u32>,
 }
 
 impl ConnEntry {
@@ -216,6 +220,7 @@ impl ConnEntry {
             timers: Vec::new(),
             infos: Infos { local, peer: None, raw_private_data: None, sent: false },
             close_reason: None,
+            srq_credit: None,
         }
     }
 
@@ -259,7 +264,10 @@ struct Device {
     lost: bool,
     /// PORT_ERR seen and no PORT_ACTIVE since: keepalive probes wait (`device.rs`).
     port_down: bool,
-    // Field order is drop order: the pool's regions before the channel and the PD.
+    // Field order is drop order: the SRQ (then the buffers posted to it), the pool's regions,
+    // the channel, the PD.
+    /// The shared receive queue, in `Config::srq` mode (`srq.rs`).
+    srq: Option<srq::DevSrq>,
     pool: Pool,
     chan: Rc<CompChannel>,
     pd: Rc<Pd>,
@@ -561,7 +569,8 @@ impl Drop for Reactor {
 impl Core {
     fn stats(&self) -> Stats {
         let registered = self.devices.iter().map(|d| d.pool.registered_bytes() as u64).sum();
-        Stats { registered_bytes: registered, connections: self.conns.len() as u64, ..self.stats }
+        let srq_receives = self.devices.iter().filter_map(|d| d.srq.as_ref()).map(|s| s.posted() as u64).sum();
+        Stats { registered_bytes: registered, connections: self.conns.len() as u64, srq_receives, ..self.stats }
     }
 
     fn is_idle(&self) -> bool {
