@@ -330,7 +330,12 @@ fn server(args: Args) {
     let srq = args.srq();
     // On a shared receive queue each connection's credit window is the SRQ's credit.
     let depth = srq.map_or(depth, |s| s.credit);
-    let cfg = args.liveness(Config { recv_depth: depth, send_depth: 16, spin: args.spin(), srq, ..Config::default() });
+    let cfg = args.with_srq(args.liveness(Config {
+        recv_depth: depth,
+        send_depth: 16,
+        spin: args.spin(),
+        ..Config::default()
+    }));
     let mut reactor = Reactor::with_config(cfg)
         .unwrap_or_else(|e| common::die("blast", &format!("cannot start: {}", common::report(&e))));
     let listener = BlastListener {

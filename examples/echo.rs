@@ -211,7 +211,8 @@ fn server(args: Args) {
         marks: args.marks(),
     }));
     let srq = args.srq();
-    let cfg = args.liveness(Config { recv_depth: depth.max(16), spin: args.spin(), srq, ..Config::default() });
+    let cfg =
+        args.with_srq(args.liveness(Config { recv_depth: depth.max(16), spin: args.spin(), ..Config::default() }));
     let mut reactor = Reactor::with_config(cfg)
         .unwrap_or_else(|e| common::die("echo", &format!("cannot start: {}", common::report(&e))));
     reactor

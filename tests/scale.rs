@@ -75,9 +75,11 @@ fn five_thousand_connections_on_one_srq() {
             "--quiet",
             "--srq",
             "--srq-receives",
-            "15360",
+            "15000",
             "--srq-credit",
             "3",
+            "--srq-size",
+            "1024",
             "--marks",
             &marks.join(","),
         ])

@@ -94,6 +94,19 @@ impl Args {
         })
     }
 
+    /// `cfg` with the shared receive queue of [`Args::srq`], if any, and a pool size class of
+    /// exactly its buffer size when that is below the pool's smallest (a 64-byte message
+    /// then pins 1 KiB, not 4 KiB, per receive).
+    pub fn with_srq(&self, cfg: rdma_reactor::Config) -> rdma_reactor::Config {
+        let Some(srq) = self.srq() else { return cfg };
+        let mut pool = cfg.pool.clone();
+        let size = srq.buf_size as usize;
+        if pool.chunk_sizes.iter().all(|c| *c > size) {
+            pool.chunk_sizes.insert(0, size);
+        }
+        rdma_reactor::Config { srq: Some(srq), pool, ..cfg }
+    }
+
     /// The value flags [`Args::srq`] reads (`srq` itself is a switch).
     pub const SRQ: [&'static str; 3] = ["srq-receives", "srq-credit", "srq-size"];
 

@@ -28,7 +28,17 @@
 //!
 //! **CQ room.** A connection on the SRQ commits its credit on its CQ (`cq_room.rs`) in place
 //! of a receive depth: at most that many of its receive completions can be unreaped at once
-//! when its peer keeps to its credit.
+//! when its peer keeps to its credit. With one CQ per connection (the default) a CQ is
+//! `send_depth + credit` entries and a peer that breaks its credit can overrun only its own
+//! connection's CQ; 5 000 connections are 5 000 small CQs on the device's one completion
+//! channel (tested: `tests/scale.rs`). A shared CQ (`Config::shared_cq`) works too, but rxe
+//! caps a CQ at 32 767 entries (`max_cqe`), so it holds at most `(entries × 3/4) / credit`
+//! connections; the next is refused with the CQ's room in its reason, as without an SRQ.
+//!
+//! **Memory.** The SRQ's receives are `receives × buf_size` bytes of the pool, registered when
+//! the device's resources are created, whatever the number of connections. Buffers handed to
+//! handlers are replaced by fresh ones; what handlers keep (an echo in flight) comes back to
+//! the pool when they drop it.
 //!
 //! **Teardown.** Every queue pair on the SRQ holds an `Rc` of it (`Qp`'s fields), so the SRQ
 //! is destroyed only after the last of them, when its device's resources are dropped (before

@@ -1,9 +1,11 @@
 //! Shared receive queues: one `ibv_srq` on a protection domain, posting receives to it and
 //! arming its limit event.
 //!
-//! Soft-RoCE's limits (Linux 6.1 rxe, as `ibv_devinfo -v` reports them in the test VM):
-//! `max_srq` 262 143, `max_srq_wr` 1 048 576... see the report in ARCHITECTURE.md for the
-//! figures actually measured (`reactor/srq.rs` module docs).
+//! Soft-RoCE's limits, as `ibv_devinfo -v` reports them in the test VM (Debian's Linux 6.1
+//! rxe): `max_srq` 917 503, `max_srq_wr` 1 048 576, `max_srq_sge` 27; for comparison
+//! `max_qp` 1 048 560, `max_qp_wr` 1 048 576, `max_cq` 1 048 576, `max_cqe` 32 767. So one SRQ
+//! of tens of thousands of receives is well within reach, while one CQ shared by thousands of
+//! connections is not (`max_cqe`): `reactor/srq.rs` states the choice.
 #![allow(unsafe_code)]
 
 use std::io;
