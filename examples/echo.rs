@@ -148,7 +148,9 @@ impl ConnectionHandler for EchoAgent {
         {
             let mut s = self.stats.borrow_mut();
             s.live += 1;
-            common::print_mark("echo", &s.marks, s.live, &conn.ctx().stats());
+            if s.marks.contains(&s.live) {
+                common::print_mark("echo", &s.marks, s.live, &conn.ctx().stats());
+            }
         }
         if !self.stats.borrow().quiet {
             let peer = conn.peer_addr().map_or("?".into(), |p| p.to_string());

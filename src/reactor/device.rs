@@ -1,5 +1,5 @@
-//! Devices: their resources (PD, registered pool, completion channel, shared CQ), their
-//! asynchronous events, and their loss.
+//! Devices: their resources (PD, registered pool, completion channel, shared CQ, shared
+//! receive queue), their asynchronous events, and their loss.
 //!
 //! A device's resources are created when the first listener or connection binds to it. Its
 //! completion channel and asynchronous-event fd are in the epoll set, both non-blocking.
@@ -33,8 +33,8 @@
 //! of its fds, which a disassociated device reports as `EIO` on every read) leaves the epoll
 //! set at once, so a dead fd cannot wake the loop; its connections and listeners close with
 //! the reason the user sees. Once none is left (end of a tick), its resources are destroyed
-//! in order: the shared CQ, then the pool's regions, the completion channel and the PD, in
-//! the same tick as its last rdma_cm ids. librdmacm (which owns the context) closes the
+//! in order: the shared CQ, then the shared receive queue and its buffers, the pool's regions,
+//! the completion channel and the PD, in the same tick as its last rdma_cm ids. librdmacm (which owns the context) closes the
 //! context when it next synchronises its device list with no id left on it, which the reactor
 //! asks for until the device has left libibverbs' list; the kernel's removal waits for that
 //! close on drivers without disassociation (rxe up to at least Linux 6.1). librdmacm skips the

@@ -21,7 +21,8 @@
 //! 4. Poll hot CQs in batches under a per-CQ budget. A CQ found empty stays unarmed for now;
 //!    a CQ that used its budget stays hot for the next tick.
 //! 5. Fire expired deadlines and timers (`timers.rs`).
-//! 6. Post the operations submitted during the tick: one chain per queue pair and direction
+//! 6. Post the operations submitted during the tick: first each device's shared receive queue
+//!    refill (`srq.rs`, one chain per device), then one chain per queue pair and direction
 //!    (`post.rs`, planned by `send_queue.rs`). Then poll the CQs emptied in step 4 once more
 //!    (a send whose ACK came back during its post completes now, not after a wakeup), arm
 //!    them with `ibv_req_notify_cq` and poll again, so a completion that raced the arm is not
@@ -45,7 +46,8 @@
 //!
 //! Files by concern: `config.rs` (configuration), `setup.rs` (CM dispatch, accept, connect,
 //! queue pairs, devices), `drive.rs` (feeding the state machines, carrying out their actions),
-//! `send_queue.rs` and `cq_room.rs` (pure planning of posts and CQ room), `post.rs`
+//! `send_queue.rs` and `cq_room.rs` (pure planning of posts and CQ room), `srq.rs` (shared
+//! receive queues and the credit rule), `post.rs`
 //! (submission, the FFI post), `cq.rs` (the CQ protocol, completions), `timers.rs`,
 //! `teardown.rs` (close, destroy, cancel, shutdown), `ctx.rs` and `handler.rs` (the callback
 //! API), `op.rs` (operations and completions), `stats.rs`, `remote.rs` (the cross-thread
