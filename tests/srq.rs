@@ -286,3 +286,70 @@ fn blast_into_an_srq_server_flow_control_no_rnr() {
         }
     }
 }
+
+/// A client that claims flow control in its connect information but ignores its credits: it
+/// posts 64 receives and sends 64 messages at once.
+struct Flood {
+    closed: Rc<RefCell<Option<CloseReason>>>,
+}
+
+impl ConnectionHandler for Flood {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        for _ in 0..64 {
+            let buf = conn.alloc(64).expect("buffer");
+            conn.submit(Op::recv(buf)).expect("receive");
+        }
+    }
+
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        for i in 0..64u8 {
+            let mut buf = conn.alloc(64).expect("buffer");
+            buf.fill_from(&[i; 64]).expect("fill");
+            if conn.submit(Op::send(buf)).is_err() {
+                return;
+            }
+        }
+    }
+
+    fn on_completion(&mut self, _conn: &mut Conn<'_>, _c: Completion) {}
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        *self.closed.borrow_mut() = Some(reason);
+    }
+}
+
+/// A peer that breaks its credit on the shared receive queue (it offered flow control, then
+/// sends 64 messages into a credit of 4) is closed with a protocol error naming it; the SRQ
+/// is refilled and serves the next connection.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_peer_beyond_its_credit_is_closed() {
+    let server = addr();
+    let mut srv = srq_reactor(64, 4);
+    let log = Rc::new(RefCell::new(AgentLog::default()));
+    srv.listen(server, SrqListener { log: log.clone() }).expect("listen");
+    let mut cli = Reactor::with_config(Config { flow_control: false, ..Config::default() }).expect("client");
+    let lie = rdma_reactor::ConnectInfo { msg_size: 64, recv_depth: 64, flow_control: true, ..Default::default() };
+    let opts = ConnectOptions { raw_private_data: Some(lie.encode(56).expect("encode")), ..Default::default() };
+    let closed = Rc::new(RefCell::new(None));
+    cli.connect(server, opts, Flood { closed: closed.clone() }).expect("connect");
+    pump(&mut [&mut srv, &mut cli], Duration::from_secs(120), "the flooding peer closed", || {
+        closed.borrow().is_some() && !log.borrow().closed.is_empty()
+    });
+    let why = log.borrow().closed[0].clone();
+    match &why {
+        CloseReason::Protocol(text) => assert!(text.contains("beyond its credit"), "{text}"),
+        other => panic!("expected a protocol close, got {other}"),
+    }
+    let st = srv.stats();
+    assert!(st.srq_overdrawn >= 1, "{st:?}");
+    // The SRQ is whole again and serves a well-behaved client.
+    let (client, result) = PingClient::new(0, 64, 20);
+    cli.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, client).expect("connect");
+    pump(&mut [&mut srv, &mut cli], Duration::from_secs(120), "a good client after", || {
+        result.borrow().closed.is_some()
+    });
+    assert_eq!(result.borrow().error, None);
+    assert_eq!(result.borrow().echoed, 20);
+    assert_eq!(srv.stats().srq_receives, 64, "{:?}", srv.stats());
+}

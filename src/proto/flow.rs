@@ -135,6 +135,11 @@ impl Flow {
         owed
     }
 
+    /// True when the peer holds no grant of ours: a message arriving now breaks its credit.
+    pub fn exhausted(&self) -> bool {
+        self.granted == 0
+    }
+
     /// A message arrived carrying `imm` (it consumed one of the receives we granted).
     pub fn on_receive(&mut self, imm: Imm) {
         self.granted = self.granted.saturating_sub(1);

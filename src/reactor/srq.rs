@@ -298,6 +298,14 @@ impl Core {
             return self.feed(t, Input::WorkError(wc.status));
         }
         let c = self.conns.get_mut(t).expect("checked");
+        if c.sq.flow_mut().is_some_and(|f| f.exhausted()) {
+            // The peer sent beyond its credit: on a shared queue that takes receives other
+            // connections were promised. The message is dropped and the connection closed.
+            s.repost.push(Repost { buf: Some(buf), owner: None });
+            self.stats.srq_overdrawn += 1;
+            let why = "the peer sent beyond its credit on the shared receive queue".to_string();
+            return self.feed(t, Input::Fault(CloseReason::Protocol(why)));
+        }
         let mut control = false;
         if let Some(flow) = c.sq.flow_mut() {
             // A message without immediate data (a peer breaking the protocol) grants nothing.

@@ -83,6 +83,9 @@ pub struct Stats {
     pub srq_limit_events: u64,
     /// Connections refused by the credit rule of a shared receive queue.
     pub srq_refused: u64,
+    /// Messages that arrived on a shared receive queue beyond their connection's credit (the
+    /// connection was closed with `CloseReason::Protocol`).
+    pub srq_overdrawn: u64,
     /// Receives posted to shared receive queues now (a gauge).
     pub srq_receives: u64,
 }
