@@ -34,6 +34,16 @@ fn parse_mark(line: &str) -> Option<Mark> {
     })
 }
 
+/// `MemAvailable` of the machine, from /proc/meminfo.
+fn mem_available_kib() -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").expect("read /proc/meminfo");
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("a MemAvailable line")
+}
+
 /// Waits for the server's mark line for `n` live connections.
 fn wait_mark(lines: &mpsc::Receiver<String>, n: u64, limit: Duration) -> Mark {
     let deadline = Instant::now() + limit;
@@ -99,7 +109,8 @@ fn five_thousand_connections_on_one_srq() {
     });
     wait_listening(server, Duration::from_secs(30));
     let baseline = res_counts(srv.pid());
-    println!("baseline {baseline:?}");
+    let mem_before = mem_available_kib();
+    println!("baseline {baseline:?}, MemAvailable {mem_before} KiB");
     assert_eq!(baseline.qp, 0, "{baseline:?}");
 
     let release = std::env::temp_dir().join(format!("scale-release-{}", srv.pid()));
@@ -150,7 +161,12 @@ fn five_thousand_connections_on_one_srq() {
     let at_100 = at_100.expect("mark 100");
     let at_full = last.expect("the last mark");
     let full = res_counts(srv.pid());
+    let mem_full = mem_available_kib();
     println!("at 100: {at_100:?}, MRs {mr_100:?}; at {TOTAL}: {at_full:?}, {full:?}");
+    println!(
+        "MemAvailable with {TOTAL} connections open: {mem_full} KiB ({} MiB less than before the clients)",
+        mem_before.saturating_sub(mem_full) / 1024
+    );
     // All 5 000 are open together: the clients hold every connection until released.
     assert_eq!(at_full.live, TOTAL as u64, "{at_full:?}");
     assert_eq!(full.qp, TOTAL, "the server holds {TOTAL} queue pairs at once: {full:?}");

@@ -79,8 +79,12 @@ impl ConnectionHandler for SrqEcho {
 }
 
 fn srq_reactor(receives: u32, credit: u32) -> Reactor {
+    srq_reactor_with(receives, credit, None)
+}
+
+fn srq_reactor_with(receives: u32, credit: u32, shared_cq: Option<u32>) -> Reactor {
     let srq = SrqConfig { receives, credit, buf_size: 4096, low_water: receives / 4 };
-    Reactor::with_config(Config { srq: Some(srq), ..Config::default() }).expect("SRQ reactor")
+    Reactor::with_config(Config { srq: Some(srq), shared_cq, ..Config::default() }).expect("SRQ reactor")
 }
 
 /// Eight clients ping-pong 200 verified messages each through a server whose receives all come
@@ -89,9 +93,21 @@ fn srq_reactor(receives: u32, credit: u32) -> Reactor {
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn echo_through_the_srq_every_byte_verified() {
+    echo_through_the_srq(None);
+}
+
+/// The same with every connection on one shared CQ of 256 entries: receive completions of
+/// eight queue pairs on one CQ reach their own connections (matched by `wc.qp_num`).
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn echo_through_the_srq_on_a_shared_cq() {
+    echo_through_the_srq(Some(256));
+}
+
+fn echo_through_the_srq(shared_cq: Option<u32>) {
     let before = link_counters();
     let server = addr();
-    let mut srv = srq_reactor(64, 8);
+    let mut srv = srq_reactor_with(64, 8, shared_cq);
     let log = Rc::new(RefCell::new(AgentLog::default()));
     srv.listen(server, SrqListener { log: log.clone() }).expect("listen");
     let mut cli = Reactor::with_config(Config { send_depth: 4, recv_depth: 4, ..Config::default() }).expect("client");

@@ -254,3 +254,34 @@ pub struct ConnectOptions {
     /// most 56). For interoperability and fault tests: a server of this crate validates them.
     pub raw_private_data: Option<Vec<u8>>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Config, SrqConfig};
+
+    fn with(srq: SrqConfig) -> Config {
+        Config { srq: Some(srq), ..Config::default() }
+    }
+
+    #[test]
+    fn the_default_srq_is_valid() {
+        assert!(with(SrqConfig::default()).validate().is_ok());
+    }
+
+    #[test]
+    fn srq_values_it_cannot_work_with_are_refused_with_a_reason() {
+        let d = SrqConfig::default();
+        let cases = [
+            (SrqConfig { credit: 2, ..d }, "below the flow-control minimum"),
+            (SrqConfig { credit: 70_000, receives: 1 << 20, ..d }, "does not fit the connect information"),
+            (SrqConfig { receives: 4, credit: 8, low_water: 0, ..d }, "do not cover one connection's credit"),
+            (SrqConfig { low_water: d.receives, ..d }, "is not below"),
+            (SrqConfig { buf_size: 0, ..d }, "buffer size 0"),
+            (SrqConfig { buf_size: 2 << 20, ..d }, "the pool's largest chunk"),
+        ];
+        for (srq, why) in cases {
+            let e = with(srq).validate().expect_err(why).to_string();
+            assert!(e.contains(why), "{srq:?}: {e}");
+        }
+    }
+}
