@@ -40,6 +40,14 @@ impl Core {
             Body::Read(_, r) => r.len as usize,
             Body::RawSend(r) | Body::RawRecv(r) => r.len as usize,
         };
+        if c.srq_credit.is_some() && matches!(op.body, Body::Recv(_) | Body::RawRecv(_)) {
+            let what = format!(
+                "connection {:?} takes its receives from the shared receive queue (Config::srq): \
+                 the runtime posts them",
+                t.token()
+            );
+            return Err(SubmitError::new(Error::Config(what), op));
+        }
         let limit = match &op.body {
             Body::Send(_) | Body::RawSend(_) => c.infos.peer.as_ref().map(|i| i.msg_size as usize),
             Body::Write(_, r) | Body::WriteImm(_, r) => Some(r.len as usize),
@@ -95,6 +103,9 @@ impl Core {
     }
 
     pub(super) fn flush_posts(&mut self) {
+        // The shared receive queues first: a credit granted below is never ahead of the
+        // receive it stands for (`srq.rs`).
+        self.post_srqs();
         let mut dirty = std::mem::take(&mut self.dirty);
         for t in dirty.drain(..) {
             self.flush_conn(t);
