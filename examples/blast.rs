@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet] [--spin-us N]
+//!              [--srq [--srq-receives N] [--srq-credit N] [--srq-size BYTES]]
 //!              [--threads N] [--balance round-robin|fewest]
 //! blast client --connect ADDR:PORT --size BYTES --count N [--clients K] [--op send|write]
 //!              [--verify] [--window N] [--spin-us N]
@@ -32,7 +33,8 @@ use rdma_reactor::{
 
 const USAGE: &str = "\
 usage: blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet]
-                    [--spin-us N] [--threads N] [--balance round-robin|fewest]
+                    [--spin-us N] [--srq [--srq-receives N] [--srq-credit N] [--srq-size BYTES]]
+                    [--threads N] [--balance round-robin|fewest]
        blast client --connect ADDR:PORT --size BYTES --count N [--clients K]
                     [--op send|write] [--verify] [--window N] [--spin-us N]
 
@@ -49,6 +51,13 @@ server: receives from any number of clients at once, from one thread.
   --keepalive-ms N   (both) probe an idle connection every N ms (default: off)
   --ack-timeout-ms N (both) RC ACK timeout (default: the kernel's)
   --retry-count N    (both) transport retries, 0 to 7 (default 6)
+  --credit-timeout-ms N (both) close a connection whose sends waited this long for the
+                     peer's credits (a stopped peer; default: wait for ever)
+  --srq              receives from one shared receive queue the runtime keeps filled; the
+                     credit window is --srq-credit instead of --depth
+  --srq-receives N   receives on the shared queue (default 4096; N / credit connections)
+  --srq-credit N     receive depth granted to each connection (default 8, at least 3)
+  --srq-size BYTES   buffer of each shared receive: the largest message (default 4K)
 client: streams N messages of BYTES on each of K connections.
   --connect ADDR:PORT
   --size BYTES       message size (suffixes K, M); with --op write at most 1M / server depth
@@ -64,7 +73,7 @@ const USER_MAGIC: &[u8; 4] = b"BLST";
 fn main() {
     let mut argv = std::env::args().skip(1);
     match argv.next().as_deref() {
-        Some("server") => server(Args::parse(argv, &["verify", "quiet"], USAGE)),
+        Some("server") => server(Args::parse(argv, &["verify", "quiet", "srq"], USAGE)),
         Some("client") => client(Args::parse(argv, &["verify"], USAGE)),
         Some("--help") | Some("-h") => println!("{USAGE}"),
         _ => common::fail(USAGE, "the first argument is `server` or `client`"),
@@ -107,6 +116,8 @@ struct Totals {
 
 struct BlastListener {
     depth: u32,
+    /// On a shared receive queue: the runtime posts the receives.
+    srq: bool,
     verify: bool,
     quiet: bool,
     totals: Rc<RefCell<Totals>>,
@@ -127,8 +138,8 @@ impl ListenerHandler for BlastListener {
         let client_id = u64::from_be_bytes(user[5..13].try_into().expect("8 bytes"));
         let size = info.msg_size as usize;
         let depth = if write { self.depth.min((1 << 20) / size.max(1) as u32) } else { self.depth };
-        if depth < 3 {
-            let text = format!("message size {size} leaves fewer than 3 ring slots");
+        if depth < 3 || (self.srq && depth < self.depth) {
+            let text = format!("message size {size} leaves only {depth} ring slots");
             return Decision::Reject(RejectReason::new(RejectCode::Unsupported, text));
         }
         if !self.ticking {
@@ -139,6 +150,7 @@ impl ListenerHandler for BlastListener {
         self.totals.borrow_mut().active += 1;
         Decision::Accept(Box::new(BlastAgent {
             depth,
+            srq: self.srq,
             expected: u64::from(info.msg_count),
             size,
             write,
@@ -177,6 +189,7 @@ impl ListenerHandler for BlastListener {
 
 struct BlastAgent {
     depth: u32,
+    srq: bool,
     /// Messages the client said it would send (0: not stated).
     expected: u64,
     size: usize,
@@ -201,6 +214,9 @@ impl BlastAgent {
 
 impl ConnectionHandler for BlastAgent {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        if self.srq {
+            return;
+        }
         // With --op write the data lands in the ring; receives only carry the immediates.
         let recv_size = if self.write { 64 } else { self.size };
         for _ in 0..self.depth {
@@ -267,6 +283,9 @@ impl ConnectionHandler for BlastAgent {
                     t.window_msgs += 1;
                     t.window_bytes += u64::from(n);
                 }
+                if self.srq {
+                    return;
+                }
                 if let Err(e) = conn.submit(Op::recv(buf)) {
                     self.fail(conn, format!("post receive: {}", e.error));
                 }
@@ -313,7 +332,8 @@ impl ConnectionHandler for BlastAgent {
 }
 
 fn server(args: Args) {
-    args.finish(&[&["bind", "depth", "exit-after", "spin-us", "threads", "balance"][..], &Args::LIVENESS[..]].concat());
+    let own = ["bind", "depth", "exit-after", "spin-us", "threads", "balance"];
+    args.finish(&[&own[..], &Args::LIVENESS[..], &Args::SRQ[..]].concat());
     let bind = args.addr("bind");
     let depth: u32 = args.get("depth", 16);
     if depth < 3 {
@@ -326,11 +346,20 @@ fn server(args: Args) {
     let balance = group::balance(&args.get("balance", "round-robin".to_string()))
         .unwrap_or_else(|| common::fail(USAGE, "--balance is round-robin or fewest"));
     let group = Group::new(threads, args.get("exit-after", 0));
-    let cfg = args.liveness(Config { recv_depth: depth, send_depth: 16, spin: args.spin(), ..Config::default() });
-    let (verify, quiet) = (args.switch("verify"), args.switch("quiet"));
+    let srq = args.srq();
+    // On a shared receive queue each connection's credit window is the SRQ's credit.
+    let depth = srq.map_or(depth, |s| s.credit);
+    let cfg = args.with_srq(args.liveness(Config {
+        recv_depth: depth,
+        send_depth: 16,
+        spin: args.spin(),
+        ..Config::default()
+    }));
+    let (verify, quiet, on_srq) = (args.switch("verify"), args.switch("quiet"), srq.is_some());
     let g = group.clone();
-    group::serve("blast", &group, bind, cfg, balance, move |reactor| BlastListener {
+    group::serve("blast", &group, bind, cfg, balance, "", move |reactor| BlastListener {
         depth,
+        srq: on_srq,
         verify,
         quiet,
         totals: Rc::new(RefCell::new(Totals {

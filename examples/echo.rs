@@ -2,15 +2,15 @@
 //!
 //! ```text
 //! echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
+//!             [--srq [--srq-receives N] [--srq-credit N] [--srq-size BYTES]] [--marks N,N,..]
 //!             [--threads N] [--balance round-robin|fewest]
 //! echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
-//!             [--stall-timeout SECS] [--spin-us N] [--hold-ms N]
+//!             [--stall-timeout SECS] [--spin-us N] [--hold-ms N] [--hold-until PATH]
 //! ```
 //!
 //! The server echoes every message it receives on every connection, from one reactor thread,
 //! or from N with `--threads N` (the first listens and hands connections to the others); it
-//! also serves plain
-//! librdmacm clients that send no connect information (`rdma_client`). The client opens K
+//! also serves plain librdmacm clients that send no connect information (`rdma_client`). The client opens K
 //! connections from one reactor, ping-pongs N messages of BYTES on each (one in flight per
 //! connection), checks every echoed byte with `--verify`, and prints the round-trip latency
 //! distribution and the message rate. It exits non-zero with a message on any failure.
@@ -32,9 +32,10 @@ use rdma_reactor::{
 
 const USAGE: &str = "\
 usage: echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
+                   [--srq [--srq-receives N] [--srq-credit N] [--srq-size BYTES]] [--marks N,N,..]
                    [--threads N] [--balance round-robin|fewest]
        echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
-                   [--stall-timeout SECS] [--spin-us N] [--hold-ms N]
+                   [--stall-timeout SECS] [--spin-us N] [--hold-ms N] [--hold-until PATH]
 
 server: echoes every message on every connection, from one thread.
   --bind ADDR:PORT     address of an RDMA device to listen on
@@ -50,6 +51,16 @@ server: echoes every message on every connection, from one thread.
                        a peer host that vanished is noticed (default: off)
   --ack-timeout-ms N   (both) RC ACK timeout (default: the kernel's, about 1-2 s on RoCE)
   --retry-count N      (both) transport retries, 0 to 7 (default 6; rxe retries 7 forever)
+  --credit-timeout-ms N (both) close a connection whose sends waited this long for the
+                       peer's credits (a stopped peer; default: wait for ever)
+  --srq                receives from one shared receive queue the runtime keeps filled, not
+                       --depth per connection: registered memory does not grow with connections
+  --srq-receives N     receives on the shared queue (default 4096); at most N / credit
+                       connections are accepted
+  --srq-credit N       receive depth each connection is granted (default 8, at least 3)
+  --srq-size BYTES     buffer of each shared receive: the largest message (default 4K)
+  --marks N,N,..       print a `mark` line (live connections, registered bytes) when the live
+                       connections reach each N (per reactor)
 client: ping-pongs messages and reports round-trip latency.
   --connect ADDR:PORT  the server
   --size BYTES         message size, 1 to 1M (suffixes K, M)
@@ -57,12 +68,13 @@ client: ping-pongs messages and reports round-trip latency.
   --verify             check every echoed byte
   --clients K          connections from one reactor (default 1)
   --stall-timeout SECS fail a connection that gets no echo for this long (default 20)
-  --hold-ms N          keep each connection open and idle N ms after its round trips";
+  --hold-ms N          keep each connection open and idle N ms after its round trips
+  --hold-until PATH    keep every connection open after its round trips until PATH exists";
 
 fn main() {
     let mut argv = std::env::args().skip(1);
     match argv.next().as_deref() {
-        Some("server") => server(Args::parse(argv, &["quiet"], USAGE)),
+        Some("server") => server(Args::parse(argv, &["quiet", "srq"], USAGE)),
         Some("client") => client(Args::parse(argv, &["verify"], USAGE)),
         Some("--help") | Some("-h") => println!("{USAGE}"),
         _ => common::fail(USAGE, "the first argument is `server` or `client`"),
@@ -73,6 +85,9 @@ fn main() {
 
 struct ServerStats {
     quiet: bool,
+    /// Established and not yet closed.
+    live: u64,
+    marks: Vec<u64>,
     /// This reactor's index in the group.
     reactor: usize,
     group: Arc<Group>,
@@ -80,13 +95,22 @@ struct ServerStats {
 
 struct EchoListener {
     depth: u32,
-    stats: Rc<ServerStats>,
+    /// On a shared receive queue: the runtime posts the receives.
+    srq: bool,
+    stats: Rc<RefCell<ServerStats>>,
 }
 
 impl ListenerHandler for EchoListener {
     fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, req: &ConnectRequest) -> Decision {
         let size = req.info.as_ref().map_or(4096, |i| i.msg_size as usize);
-        Decision::Accept(Box::new(EchoAgent { depth: self.depth, size, echoed: 0, stats: self.stats.clone() }))
+        Decision::Accept(Box::new(EchoAgent {
+            depth: self.depth,
+            srq: self.srq,
+            size,
+            echoed: 0,
+            established: false,
+            stats: self.stats.clone(),
+        }))
     }
 
     fn on_refused(&mut self, _ctx: &mut Ctx<'_>, peer: Option<std::net::SocketAddr>, reason: &RejectReason) {
@@ -96,9 +120,11 @@ impl ListenerHandler for EchoListener {
 
 struct EchoAgent {
     depth: u32,
+    srq: bool,
+    established: bool,
     size: usize,
     echoed: u64,
-    stats: Rc<ServerStats>,
+    stats: Rc<RefCell<ServerStats>>,
 }
 
 impl EchoAgent {
@@ -116,6 +142,9 @@ impl EchoAgent {
 
 impl ConnectionHandler for EchoAgent {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        if self.srq {
+            return;
+        }
         let n = self.depth.min(conn.recv_capacity());
         for _ in 0..n {
             if !self.post_recv(conn) {
@@ -125,7 +154,15 @@ impl ConnectionHandler for EchoAgent {
     }
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {
-        if !self.stats.quiet {
+        self.established = true;
+        {
+            let mut s = self.stats.borrow_mut();
+            s.live += 1;
+            if s.marks.contains(&s.live) {
+                common::print_mark("echo", &s.marks, s.live, &conn.ctx().stats());
+            }
+        }
+        if !self.stats.borrow().quiet {
             let peer = conn.peer_addr().map_or("?".into(), |p| p.to_string());
             let info = conn.peer_info().map_or("no connect information".to_string(), |i| {
                 format!("message size {}, count {}, receive depth {}", i.msg_size, i.msg_count, i.recv_depth)
@@ -145,25 +182,30 @@ impl ConnectionHandler for EchoAgent {
                 return;
             }
             self.echoed += 1;
-            self.post_recv(conn);
+            if !self.srq {
+                self.post_recv(conn);
+            }
         }
     }
 
     fn on_closed(&mut self, ctx: &mut Ctx<'_>, token: Token, reason: CloseReason) {
-        let s = &self.stats;
+        let mut s = self.stats.borrow_mut();
+        if self.established {
+            s.live -= 1;
+        }
         if !s.quiet || !reason.is_clean() {
             println!("echo server: {token:?} closed after {} messages: {reason}", self.echoed);
         }
-        if let Some(closed) =
-            s.group.closed(ctx, s.reactor, self.echoed, self.echoed * self.size as u64, !reason.is_clean())
-        {
+        let bytes = self.echoed * self.size as u64;
+        if let Some(closed) = s.group.closed(ctx, s.reactor, self.echoed, bytes, !reason.is_clean()) {
             println!("echo server: {closed} connections closed, {} messages echoed; exiting", s.group.messages());
         }
     }
 }
 
 fn server(args: Args) {
-    args.finish(&[&["bind", "depth", "exit-after", "spin-us", "threads", "balance"][..], &Args::LIVENESS[..]].concat());
+    let own = ["bind", "depth", "exit-after", "spin-us", "marks", "threads", "balance"];
+    args.finish(&[&own[..], &Args::LIVENESS[..], &Args::SRQ[..]].concat());
     let bind = args.addr("bind");
     let depth: u32 = args.get("depth", 16);
     if depth == 0 {
@@ -175,13 +217,19 @@ fn server(args: Args) {
     }
     let balance = group::balance(&args.get("balance", "round-robin".to_string()))
         .unwrap_or_else(|| common::fail(USAGE, "--balance is round-robin or fewest"));
-    let quiet = args.switch("quiet");
+    let (quiet, marks) = (args.switch("quiet"), args.marks());
     let group = Group::new(threads, args.get("exit-after", 0));
-    let cfg = args.liveness(Config { recv_depth: depth.max(16), spin: args.spin(), ..Config::default() });
-    let g = group.clone();
-    group::serve("echo", &group, bind, cfg, balance, move |reactor| EchoListener {
+    let srq = args.srq();
+    let cfg =
+        args.with_srq(args.liveness(Config { recv_depth: depth.max(16), spin: args.spin(), ..Config::default() }));
+    let srq_note = srq.as_ref().map_or(String::new(), |s| {
+        format!(", shared receive queue of {} receives of {} bytes, credit {}", s.receives, s.buf_size, s.credit)
+    });
+    let (g, on_srq) = (group.clone(), srq.is_some());
+    group::serve("echo", &group, bind, cfg, balance, &srq_note, move |reactor| EchoListener {
         depth,
-        stats: Rc::new(ServerStats { quiet, reactor, group: g.clone() }),
+        srq: on_srq,
+        stats: Rc::new(RefCell::new(ServerStats { quiet, live: 0, marks: marks.clone(), reactor, group: g.clone() })),
     });
 }
 
@@ -209,6 +257,8 @@ struct EchoClient {
     seen_at_last_check: u64,
     /// Keep the connection open, idle, this long after its last round trip.
     hold: Duration,
+    /// `--hold-until`: after its round trips the connection waits here to be closed.
+    held: Option<Rc<RefCell<Vec<Token>>>>,
     results: Rc<RefCell<Results>>,
 }
 
@@ -218,6 +268,10 @@ const HOLD_TIMER: u64 = 1;
 impl EchoClient {
     /// The round trips are done: close now, or after `--hold-ms`.
     fn finish(&mut self, conn: &mut Conn<'_>) {
+        if let Some(held) = &self.held {
+            held.borrow_mut().push(conn.token());
+            return;
+        }
         if self.hold.is_zero() || conn.ctx().set_timer(self.hold, HOLD_TIMER).is_err() {
             conn.close();
         }
@@ -354,8 +408,11 @@ impl ConnectionHandler for EchoClient {
 
 fn client(args: Args) {
     args.finish(
-        &[&["connect", "size", "count", "clients", "stall-timeout", "spin-us", "hold-ms"][..], &Args::LIVENESS[..]]
-            .concat(),
+        &[
+            &["connect", "size", "count", "clients", "stall-timeout", "spin-us", "hold-ms", "hold-until"][..],
+            &Args::LIVENESS[..],
+        ]
+        .concat(),
     );
     let dst = args.addr("connect");
     let size = args.size("size", 0);
@@ -373,6 +430,12 @@ fn client(args: Args) {
     let mut reactor = Reactor::with_config(cfg)
         .unwrap_or_else(|e| common::die("echo", &format!("cannot start: {}", common::report(&e))));
     let results = Rc::new(RefCell::new(Results::default()));
+    let hold_until: Option<std::path::PathBuf> = args
+        .get::<String>("hold-until", String::new())
+        .parse()
+        .ok()
+        .filter(|p: &std::path::PathBuf| !p.as_os_str().is_empty());
+    let held = hold_until.as_ref().map(|_| Rc::new(RefCell::new(Vec::new())));
     for index in 0..clients {
         let handler = EchoClient {
             index,
@@ -387,6 +450,7 @@ fn client(args: Args) {
             stall,
             seen_at_last_check: 0,
             hold: Duration::from_millis(args.get("hold-ms", 0)),
+            held: held.clone(),
             results: results.clone(),
         };
         let opts = ConnectOptions { msg_size: size as u32, msg_count: count as u32, ..Default::default() };
@@ -405,6 +469,15 @@ fn client(args: Args) {
         let now = clock.elapsed_ns();
         if now.saturating_sub(last_report) >= 2_000_000_000 {
             last_report = now;
+            if let (Some(path), Some(held)) = (&hold_until, &held) {
+                if path.exists() {
+                    // Released: close what has finished, and each later one as it finishes.
+                    let tokens = std::mem::take(&mut *held.borrow_mut());
+                    for t in tokens {
+                        reactor.ctx().close(t);
+                    }
+                }
+            }
             let done = results.borrow().latencies.len();
             eprintln!("echo client: {done} of {} round trips after {:.1} s", count * clients, now as f64 / 1e9);
         }

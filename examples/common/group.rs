@@ -99,9 +99,16 @@ pub fn balance(v: &str) -> Option<Balance> {
 /// Runs the group's reactors until they stop: reactor 0 on this thread listens on `bind`
 /// (spreading over all when there are several), reactors 1.. on threads of their own take its
 /// hand-offs. `make(i)` builds reactor `i`'s listener handler, on its thread. Prints the
-/// per-reactor lines at the end.
-pub fn serve<H, F>(program: &'static str, group: &Arc<Group>, bind: SocketAddr, cfg: Config, balance: Balance, make: F)
-where
+/// per-reactor lines at the end. `note` ends the `listening` line.
+pub fn serve<H, F>(
+    program: &'static str,
+    group: &Arc<Group>,
+    bind: SocketAddr,
+    cfg: Config,
+    balance: Balance,
+    note: &str,
+    make: F,
+) where
     H: ListenerHandler + 'static,
     F: Fn(usize) -> H + Send + Sync + 'static,
 {
@@ -141,7 +148,7 @@ where
         reactor.listen(bind, make(0))
     };
     listening.unwrap_or_else(|e| super::die(program, &format!("cannot listen on {bind}: {}", super::report(&e))));
-    println!("{program} server: listening on {bind} (pid {}, {threads} reactor threads)", std::process::id());
+    println!("{program} server: listening on {bind} (pid {}, {threads} reactor threads){note}", std::process::id());
     if let Err(e) = reactor.run() {
         super::die(program, &format!("reactor failed: {}", super::report(&e)));
     }

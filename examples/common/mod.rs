@@ -65,20 +65,63 @@ impl Args {
         std::time::Duration::from_micros(self.get("spin-us", 0))
     }
 
-    /// `--keepalive-ms N`, `--ack-timeout-ms N` and `--retry-count N` (dead-peer detection,
-    /// see `Config::keepalive`) applied to `cfg`.
+    /// `--keepalive-ms N`, `--ack-timeout-ms N`, `--retry-count N` (dead-peer detection, see
+    /// `Config::keepalive`) and `--credit-timeout-ms N` (stalled-peer detection, see
+    /// `Config::credit_timeout`) applied to `cfg`.
     pub fn liveness(&self, cfg: rdma_reactor::Config) -> rdma_reactor::Config {
         let ms = |name: &str| Some(self.get::<u64>(name, 0)).filter(|v| *v > 0).map(std::time::Duration::from_millis);
         rdma_reactor::Config {
             keepalive: ms("keepalive-ms"),
             ack_timeout: ms("ack-timeout-ms"),
             retry_count: self.get("retry-count", cfg.retry_count),
+            credit_timeout: ms("credit-timeout-ms"),
             ..cfg
         }
     }
 
     /// The flags [`Args::liveness`] reads.
-    pub const LIVENESS: [&'static str; 3] = ["keepalive-ms", "ack-timeout-ms", "retry-count"];
+    pub const LIVENESS: [&'static str; 4] = ["keepalive-ms", "ack-timeout-ms", "retry-count", "credit-timeout-ms"];
+
+    /// `--srq` (a switch) with `--srq-receives N`, `--srq-credit N` and `--srq-size BYTES`: a
+    /// shared receive queue per device (`Config::srq`), or `None` without `--srq`.
+    pub fn srq(&self) -> Option<rdma_reactor::SrqConfig> {
+        if !self.switch("srq") {
+            return None;
+        }
+        let d = rdma_reactor::SrqConfig::default();
+        let receives = self.get("srq-receives", d.receives);
+        Some(rdma_reactor::SrqConfig {
+            receives,
+            credit: self.get("srq-credit", d.credit),
+            buf_size: self.size("srq-size", d.buf_size as usize) as u32,
+            low_water: receives / 4,
+        })
+    }
+
+    /// `cfg` with the shared receive queue of [`Args::srq`], if any, and a pool size class of
+    /// exactly its buffer size when that is below the pool's smallest (a 64-byte message
+    /// then pins 1 KiB, not 4 KiB, per receive).
+    pub fn with_srq(&self, cfg: rdma_reactor::Config) -> rdma_reactor::Config {
+        let Some(srq) = self.srq() else { return cfg };
+        let mut pool = cfg.pool.clone();
+        let size = srq.buf_size as usize;
+        if pool.chunk_sizes.iter().all(|c| *c > size) {
+            pool.chunk_sizes.insert(0, size);
+        }
+        rdma_reactor::Config { srq: Some(srq), pool, ..cfg }
+    }
+
+    /// The value flags [`Args::srq`] reads (`srq` itself is a switch).
+    pub const SRQ: [&'static str; 3] = ["srq-receives", "srq-credit", "srq-size"];
+
+    /// `--marks N,N,...`: live-connection counts at which a server prints a `mark` line.
+    pub fn marks(&self) -> Vec<u64> {
+        let v: String = self.get("marks", String::new());
+        v.split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| s.trim().parse().unwrap_or_else(|e| fail(self.usage, &format!("--marks {s:?}: {e}"))))
+            .collect()
+    }
 
     /// A required socket address (`host:port`).
     pub fn addr(&self, name: &str) -> SocketAddr {
@@ -104,6 +147,17 @@ impl Args {
                 fail(self.usage, &format!("unknown flag --{k}"));
             }
         }
+    }
+}
+
+/// Prints the `mark` line a test parses when the live connections reach one of `marks`:
+/// `PROGRAM server: mark N live N registered_bytes B srq_receives R`.
+pub fn print_mark(program: &str, marks: &[u64], live: u64, stats: &rdma_reactor::Stats) {
+    if marks.contains(&live) {
+        println!(
+            "{program} server: mark {live} live {} registered_bytes {} srq_receives {}",
+            stats.connections, stats.registered_bytes, stats.srq_receives
+        );
     }
 }
 

@@ -26,6 +26,12 @@
 //! `depth - 1` owed receives, which only a receiver re-posting everything reaches: one keeping
 //! 4 of 8 posted stalled its peer after 7 messages, for ever.)
 //!
+//! On a shared receive queue (`Config::srq`, `reactor/srq.rs`) the same rules hold per
+//! connection: its depth is the credit the SRQ grants it, and a receive of the SRQ its peer's
+//! message consumed counts as re-posted for that connection (`on_repost`) once the runtime has
+//! posted it again to the SRQ. The SRQ admits connections only while their credits sum to at
+//! most the receives it keeps posted, so every grant stands for a posted receive.
+//!
 //! Why credit-only traffic dies out: right after a credit-only message we have granted every
 //! receive we have posted, at least `MIN_DEPTH = 3`. The peer's credit-only messages consume
 //! one each, so we send the next one only after the peer sent at least two since our last; and
@@ -127,6 +133,11 @@ impl Flow {
         self.owed_ctrl -= owed - from_data;
         self.granted = self.granted.saturating_add(owed);
         owed
+    }
+
+    /// True when the peer holds no grant of ours: a message arriving now breaks its credit.
+    pub fn exhausted(&self) -> bool {
+        self.granted == 0
     }
 
     /// A message arrived carrying `imm` (it consumed one of the receives we granted).

@@ -2,7 +2,8 @@
 //!
 //! Each object's own token goes where its events come back: a channel's into
 //! `epoll_event.u64`, a listener's or connection's into `rdma_cm_id->context`, a CQ's into its
-//! CQ context, an operation's into its work request's `wr_id`. A token packs a kind, a slab
+//! CQ context, an operation's into its work request's `wr_id` (a receive the runtime posted
+//! to a shared receive queue: its slot's, of kind `SrqRecv`). A token packs a kind, a slab
 //! index and a generation:
 //!
 //! ```text
@@ -40,9 +41,11 @@ pub(crate) enum Kind {
     Remote = 9,
     /// A file descriptor the application registered.
     UserFd = 10,
+    /// A receive the runtime posted to a device's shared receive queue (its `wr_id`).
+    SrqRecv = 11,
     /// A connect request's id in transit from the listening reactor to another one
     /// (`reactor/handoff.rs`): its `context` until the receiving reactor adopts it.
-    Handoff = 11,
+    Handoff = 12,
 }
 
 impl Kind {
@@ -58,7 +61,8 @@ impl Kind {
             8 => Kind::Device,
             9 => Kind::Remote,
             10 => Kind::UserFd,
-            11 => Kind::Handoff,
+            11 => Kind::SrqRecv,
+            12 => Kind::Handoff,
             _ => return None,
         })
     }
@@ -175,6 +179,8 @@ keys! {
     TimerKey => Timer;
     /// A file descriptor the application registered.
     FdKey => UserFd;
+    /// A receive posted to a shared receive queue (its `wr_id`): a slot of the SRQ's table.
+    SrqKey => SrqRecv;
 }
 
 /// A slab whose entries carry a generation, so keys of freed slots are detected.
@@ -281,6 +287,7 @@ mod tests {
             Kind::Device,
             Kind::Remote,
             Kind::UserFd,
+            Kind::SrqRecv,
             Kind::Handoff,
         ] {
             for (index, generation) in [(0, 1), (7, 2), (u32::MAX, MAX_GENERATION), (12345, 999)] {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::proto::conn::Step;
+use crate::proto::flow::MIN_DEPTH;
 use crate::sys::pool::PoolConfig;
 
 /// Deadlines of the connection-manager steps, and of shutdown.
@@ -52,6 +53,44 @@ impl Timeouts {
             Step::Disconnect => self.disconnect,
             Step::Drain => self.drain,
         }
+    }
+}
+
+/// A shared receive queue per device ([`Config::srq`]): the runtime keeps `receives` buffers
+/// of `buf_size` bytes posted on it for every connection of the reactor on that device, so the
+/// registered receive memory does not grow with the number of connections.
+///
+/// **The credit rule.** Each connection tells its peer `credit` as its receive depth, and with
+/// flow control each receive its peer's message consumed is granted back once posted again;
+/// a connection is admitted only while `connections × credit <= receives`, so a peer that
+/// keeps to its credit never finds the queue empty (no receiver-not-ready NAK). The most
+/// connections per device are therefore `receives / credit`; one beyond is refused with
+/// [`RejectCode::NoResources`](crate::RejectCode::NoResources) (a listener's `on_refused`),
+/// or its connect fails (a client).
+///
+/// On a connection of the SRQ the handler posts no receives ([`Conn::submit`](crate::Conn::submit)
+/// refuses them, [`Conn::recv_capacity`](crate::Conn::recv_capacity) is 0): messages arrive as
+/// [`OpCode::Recv`](crate::OpCode::Recv) completions with user_data
+/// [`Completion::SRQ_RECV`](crate::Completion::SRQ_RECV), each carrying its buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SrqConfig {
+    /// Receives kept posted on the SRQ (also its size). Soft-RoCE takes up to `max_srq_wr`
+    /// (`ibv_devinfo -v`).
+    pub receives: u32,
+    /// Bytes of each receive buffer: the largest message a connection on the SRQ takes (it is
+    /// the message size its connect information states). At most the pool's largest chunk.
+    pub buf_size: u32,
+    /// The receive depth each connection advertises and the credit its peer gets (at least 3,
+    /// the flow-control minimum).
+    pub credit: u32,
+    /// Low-water mark: the SRQ raises its limit event when fewer receives than this are left
+    /// posted (a backstop: the runtime refills it every tick). Zero: not armed.
+    pub low_water: u32,
+}
+
+impl Default for SrqConfig {
+    fn default() -> Self {
+        SrqConfig { receives: 4096, buf_size: 4096, credit: 8, low_water: 1024 }
     }
 }
 
@@ -107,6 +146,13 @@ pub struct Config {
     /// [`CloseReason::WorkError`](crate::CloseReason::WorkError). `None` (the default): no
     /// probes.
     pub keepalive: Option<Duration>,
+    /// Credit stall bound: a flow-controlled connection whose next send has waited this long
+    /// for the peer's receive credits, with no credit arriving that let it go, is closed with
+    /// [`CloseReason::Stalled`](crate::CloseReason::Stalled) (it disconnects and drains like
+    /// a work error). This notices a peer that stopped consuming messages while its kernel
+    /// still acknowledges them (a stopped or hung process), which neither RC retries nor
+    /// keepalive probes can. `None` (the default): sends wait for credits for ever.
+    pub credit_timeout: Option<Duration>,
     /// Receiver-not-ready retries (0..=6 finite; 7 retries forever).
     pub rnr_retry_count: u8,
     /// Listen backlog.
@@ -120,6 +166,10 @@ pub struct Config {
     /// connect request beyond it is rejected like one beyond `max_connections`: a flood of
     /// half-open connections cannot take every queue pair.
     pub max_pending_accepts: usize,
+    /// `Some`: every connection takes its receives from one shared receive queue per device,
+    /// which the runtime keeps filled ([`SrqConfig`]); `recv_depth` is then unused. `None`
+    /// (the default): each queue pair has its own receive queue, filled by its handler.
+    pub srq: Option<SrqConfig>,
 }
 
 impl Default for Config {
@@ -139,10 +189,12 @@ impl Default for Config {
             retry_count: 6,
             ack_timeout: None,
             keepalive: None,
+            credit_timeout: None,
             rnr_retry_count: 6,
             backlog: 1024,
             max_connections: 65_536,
             max_pending_accepts: 1024,
+            srq: None,
         }
     }
 }
@@ -162,6 +214,38 @@ impl Config {
         if self.keepalive.is_some_and(|k| k.is_zero()) {
             return Err(Error::Config("a keepalive interval must not be zero".into()));
         }
+        if self.credit_timeout.is_some_and(|k| k.is_zero()) {
+            return Err(Error::Config("a credit timeout must not be zero".into()));
+        }
+        if let Some(srq) = &self.srq {
+            srq.validate(self.pool.max_chunk())?;
+        }
+        Ok(())
+    }
+}
+
+impl SrqConfig {
+    /// Checks the values a shared receive queue cannot work with.
+    fn validate(&self, max_chunk: usize) -> Result<()> {
+        let bad = |what: String| Err(Error::Config(format!("srq: {what}")));
+        if self.credit < MIN_DEPTH {
+            return bad(format!("credit {} is below the flow-control minimum {MIN_DEPTH}", self.credit));
+        }
+        if self.credit > u32::from(u16::MAX) {
+            return bad(format!("credit {} does not fit the connect information (at most 65535)", self.credit));
+        }
+        if self.receives < self.credit {
+            return bad(format!("{} receives do not cover one connection's credit {}", self.receives, self.credit));
+        }
+        if self.low_water >= self.receives {
+            return bad(format!("low water {} is not below the {} receives", self.low_water, self.receives));
+        }
+        if self.buf_size == 0 || self.buf_size as usize > max_chunk {
+            return bad(format!(
+                "buffer size {} is not within 1..={max_chunk} (the pool's largest chunk)",
+                self.buf_size
+            ));
+        }
         Ok(())
     }
 }
@@ -180,4 +264,35 @@ pub struct ConnectOptions {
     /// Sends these bytes as the connect private data instead of the connect information (at
     /// most 56). For interoperability and fault tests: a server of this crate validates them.
     pub raw_private_data: Option<Vec<u8>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Config, SrqConfig};
+
+    fn with(srq: SrqConfig) -> Config {
+        Config { srq: Some(srq), ..Config::default() }
+    }
+
+    #[test]
+    fn the_default_srq_is_valid() {
+        assert!(with(SrqConfig::default()).validate().is_ok());
+    }
+
+    #[test]
+    fn srq_values_it_cannot_work_with_are_refused_with_a_reason() {
+        let d = SrqConfig::default();
+        let cases = [
+            (SrqConfig { credit: 2, ..d }, "below the flow-control minimum"),
+            (SrqConfig { credit: 70_000, receives: 1 << 20, ..d }, "does not fit the connect information"),
+            (SrqConfig { receives: 4, credit: 8, low_water: 0, ..d }, "do not cover one connection's credit"),
+            (SrqConfig { low_water: d.receives, ..d }, "is not below"),
+            (SrqConfig { buf_size: 0, ..d }, "buffer size 0"),
+            (SrqConfig { buf_size: 2 << 20, ..d }, "the pool's largest chunk"),
+        ];
+        for (srq, why) in cases {
+            let e = with(srq).validate().expect_err(why).to_string();
+            assert!(e.contains(why), "{srq:?}: {e}");
+        }
+    }
 }

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::proto::conn::{CloseReason, Input};
 use crate::proto::flow::Imm;
 use crate::proto::op::{OpCode, OpError, WcStatus};
-use crate::proto::token::{ConnKey, CqKey, Key, OpKey, Token};
+use crate::proto::token::{ConnKey, CqKey, Key, Kind, OpKey, Token};
 use crate::sys::cq::{Cq, WorkCompletion, POLL_BATCH};
 
 /// Gives a drained work list's buffer back to `list` if that is still empty, so the lists the
@@ -262,6 +262,9 @@ impl Core {
     /// One work completion reaped from CQ `ct`.
     fn complete(&mut self, ct: CqKey, wc: WorkCompletion) {
         self.stats.completions += 1;
+        if let Some(token) = Token::from_u64(wc.wr_id).filter(|t| t.kind() == Kind::SrqRecv) {
+            return self.srq_complete(ct, wc, token);
+        }
         let op = Token::from_u64(wc.wr_id).and_then(|o| self.ops.key_of(o));
         let Some((ot, t, opcode)) = op.and_then(|o| self.ops.get(o).map(|e| (o, e.conn, e.opcode))) else {
             self.stats.stale_completions += 1;
@@ -337,7 +340,7 @@ impl Core {
     }
 
     /// After a completion: post what waited for queue room or credit, or grant credits.
-    fn after_completion(&mut self, t: ConnKey) {
+    pub(super) fn after_completion(&mut self, t: ConnKey) {
         let Some(c) = self.conns.get(t) else { return };
         if c.sq.wants_post() || c.rq.has_pending() {
             self.mark_dirty(t);

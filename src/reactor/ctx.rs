@@ -205,7 +205,10 @@ impl<'a> Conn<'a> {
     /// # Errors
     ///
     /// The connection has no queue pair yet or is gone, the buffer belongs to another device,
-    /// or a send is larger than the peer accepts. The operation comes back in the error.
+    /// a send is larger than the peer accepts, or a receive on a connection of a shared
+    /// receive queue ([`Config::srq`](crate::Config::srq): the runtime posts those, and
+    /// messages arrive with [`Completion::SRQ_RECV`](crate::Completion::SRQ_RECV)). The
+    /// operation comes back in the error.
     pub fn submit(&mut self, op: Op) -> std::result::Result<(), SubmitError> {
         self.ctx.submit(self.key.token(), op)
     }
@@ -288,7 +291,8 @@ impl<'a> Conn<'a> {
         self.ctx.core.conns.get(self.key).map_or((0, 0), |c| (c.sq.outstanding(), c.rq.outstanding()))
     }
 
-    /// Receive work requests this connection's queue pair holds at most.
+    /// Receive work requests this connection's queue pair holds at most: 0 on a shared
+    /// receive queue ([`Config::srq`](crate::Config::srq)), where the runtime posts them.
     pub fn recv_capacity(&self) -> u32 {
         self.ctx.core.conns.get(self.key).map_or(0, |c| c.rq.capacity())
     }

@@ -1,5 +1,5 @@
-//! Devices: their resources (PD, registered pool, completion channel, shared CQ), their
-//! asynchronous events, and their loss.
+//! Devices: their resources (PD, registered pool, completion channel, shared CQ, shared
+//! receive queue), their asynchronous events, and their loss.
 //!
 //! A device's resources are created when the first listener or connection binds to it. Its
 //! completion channel and asynchronous-event fd are in the epoll set, both non-blocking.
@@ -17,6 +17,8 @@
 //!   leaves rdma_cm unable to connect on the device until it is recreated.) While the port
 //!   is down, keepalive probes wait: a probe through a downed port fails at once and would
 //!   tear its connection down in the outage, with the same effect.
+//! - SRQ_ERR: every connection on the device's shared receive queue, as an `Abort`, and the SRQ
+//!   is not used again; SRQ_LIMIT_REACHED is counted and re-armed (`srq.rs`);
 //! - DEVICE_FATAL: every connection on the device, as an `Abort`, and the device is lost.
 //!
 //! The rest (PORT_ACTIVE, COMM_EST, ...) are counted and otherwise ignored.
@@ -37,8 +39,8 @@
 //! of its fds, which a disassociated device reports as `EIO` on every read) leaves the epoll
 //! set at once, so a dead fd cannot wake the loop; its connections and listeners close with
 //! the reason the user sees. Once none is left (end of a tick), its resources are destroyed
-//! in order: the shared CQ, then the pool's regions, the completion channel and the PD, in
-//! the same tick as its last rdma_cm ids. librdmacm (which owns the context) closes the
+//! in order: the shared CQ, then the shared receive queue and its buffers, the pool's regions,
+//! the completion channel and the PD, in the same tick as its last rdma_cm ids. librdmacm (which owns the context) closes the
 //! context when it next synchronises its device list with no id left on it, which the reactor
 //! asks for until the device has left libibverbs' list; the kernel's removal waits for that
 //! close on drivers without disassociation (rxe up to at least Linux 6.1). librdmacm skips the
@@ -83,14 +85,14 @@ impl Devices {
         self.0.get_mut(d).and_then(Option::as_mut)
     }
 
-    /// Device indexes issued so far (live, lost or released).
-    pub(super) fn slots(&self) -> usize {
-        self.0.len()
-    }
-
     /// The live devices.
     pub(super) fn iter(&self) -> impl Iterator<Item = &Device> {
         self.0.iter().flatten()
+    }
+
+    /// Device indexes issued so far (released ones included).
+    pub(super) fn slots(&self) -> usize {
+        self.0.len()
     }
 
     /// Live devices.
@@ -151,10 +153,17 @@ impl Core {
             shared_cq: None,
             lost: false,
             port_down: false,
+            srq: None,
             pool,
             chan,
             pd,
         }));
+        if let Err(e) = self.create_srq(index) {
+            // As for the shared CQ below: not usable as configured.
+            self.unregister(index);
+            self.devices.0[index] = None;
+            return Err(e);
+        }
         if let Some(entries) = self.cfg.shared_cq {
             match self.new_cq(index, entries, true) {
                 Ok(ct) => self.devices[index].shared_cq = Some(ct),
@@ -258,6 +267,7 @@ impl Core {
                     self.with_listener(t, |h, ctx| h.on_error(ctx, &text));
                 }
             }
+            (K::SrqErr | K::SrqLimitReached, AsyncElement::Srq(srq)) => self.on_srq_event(d, kind, srq),
             (K::DeviceFatal, _) => self.device_lost(d, reason),
             _ => {}
         }

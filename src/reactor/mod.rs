@@ -23,7 +23,8 @@
 //! 4. Poll hot CQs in batches under a per-CQ budget. A CQ found empty stays unarmed for now;
 //!    a CQ that used its budget stays hot for the next tick.
 //! 5. Fire expired deadlines and timers (`timers.rs`).
-//! 6. Post the operations submitted during the tick: one chain per queue pair and direction
+//! 6. Post the operations submitted during the tick: first each device's shared receive queue
+//!    refill (`srq.rs`, one chain per device), then one chain per queue pair and direction
 //!    (`post.rs`, planned by `send_queue.rs`). Then poll the CQs emptied in step 4 once more
 //!    (a send whose ACK came back during its post completes now, not after a wakeup), arm
 //!    them with `ibv_req_notify_cq` and poll again, so a completion that raced the arm is not
@@ -47,7 +48,8 @@
 //!
 //! Files by concern: `config.rs` (configuration), `setup.rs` (CM dispatch, accept, connect,
 //! queue pairs, devices), `drive.rs` (feeding the state machines, carrying out their actions),
-//! `send_queue.rs` and `cq_room.rs` (pure planning of posts and CQ room), `post.rs`
+//! `send_queue.rs` and `cq_room.rs` (pure planning of posts and CQ room), `srq.rs` (shared
+//! receive queues and the credit rule), `post.rs`
 //! (submission, the FFI post), `cq.rs` (the CQ protocol, completions), `timers.rs`,
 //! `teardown.rs` (close, destroy, cancel, shutdown), `ctx.rs` and `handler.rs` (the callback
 //! API), `op.rs` (operations and completions), `stats.rs`, `remote.rs` (the cross-thread
@@ -69,12 +71,13 @@ mod post;
 mod remote;
 mod send_queue;
 mod setup;
+mod srq;
 mod stats;
 mod teardown;
 mod timers;
 mod userfd;
 
-pub use config::{Config, ConnectOptions, Timeouts};
+pub use config::{Config, ConnectOptions, SrqConfig, Timeouts};
 
 /// The pure parts `crate::bench_internals` drives.
 #[cfg(feature = "bench-internals")]
@@ -198,10 +201,16 @@ struct ConnEntry {
     /// Listed in its CQ's `waiting`: short of CQ room.
     waiting_room: bool,
     deadline: Option<(u64, Step)>,
+    /// The credit-stall timer's key while the next send waits for credits
+    /// (`Config::credit_timeout`, `post.rs`).
+    stall: Option<u64>,
     /// User timers set by this connection's callbacks (some may have fired or been cancelled).
     timers: Vec<TimerKey>,
     infos: Infos,
     close_reason: Option<CloseReason>,
+    /// On its device's shared receive queue (`Config::srq`): the credit it was granted there
+    /// (committed on its CQ instead of a receive depth).
+    srq_credit: Option<u32>,
 }
 
 impl ConnEntry {
@@ -217,9 +226,11 @@ impl ConnEntry {
             dirty: false,
             waiting_room: false,
             deadline: None,
+            stall: None,
             timers: Vec::new(),
             infos: Infos { local, peer: None, raw_private_data: None, sent: false },
             close_reason: None,
+            srq_credit: None,
         }
     }
 
@@ -265,7 +276,10 @@ struct Device {
     lost: bool,
     /// PORT_ERR seen and no PORT_ACTIVE since: keepalive probes wait (`device.rs`).
     port_down: bool,
-    // Field order is drop order: the pool's regions before the channel and the PD.
+    // Field order is drop order: the SRQ (then the buffers posted to it), the pool's regions,
+    // the channel, the PD.
+    /// The shared receive queue, in `Config::srq` mode (`srq.rs`).
+    srq: Option<srq::DevSrq>,
     pool: Pool,
     chan: Rc<CompChannel>,
     pd: Rc<Pd>,
@@ -575,7 +589,8 @@ impl Drop for Reactor {
 impl Core {
     fn stats(&self) -> Stats {
         let registered = self.devices.iter().map(|d| d.pool.registered_bytes() as u64).sum();
-        Stats { registered_bytes: registered, connections: self.conns.len() as u64, ..self.stats }
+        let srq_receives = self.devices.iter().filter_map(|d| d.srq.as_ref()).map(|s| s.posted() as u64).sum();
+        Stats { registered_bytes: registered, connections: self.conns.len() as u64, srq_receives, ..self.stats }
     }
 
     fn is_idle(&self) -> bool {

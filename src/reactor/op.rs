@@ -128,6 +128,11 @@ pub struct Completion {
 }
 
 impl Completion {
+    /// The user_data of a message that arrived through the device's shared receive queue
+    /// (`Config::srq`): the runtime posted that receive, not the handler. Its opcode is
+    /// [`OpCode::Recv`] and it carries the buffer, which is the handler's from then on.
+    pub const SRQ_RECV: u64 = u64::MAX;
+
     /// True when the operation succeeded.
     pub fn is_ok(&self) -> bool {
         self.result.is_ok()

@@ -10,7 +10,7 @@ use super::op::{Body, OpEntry};
 use super::send_queue::Planned;
 use super::{Core, Placement, SubmitError};
 use crate::error::Error;
-use crate::proto::conn::{Input, State};
+use crate::proto::conn::{CloseReason, Input, State};
 use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, Key, OpKey};
 use crate::reactor::Op;
@@ -40,6 +40,14 @@ impl Core {
             Body::Read(_, r) => r.len as usize,
             Body::RawSend(r) | Body::RawRecv(r) => r.len as usize,
         };
+        if c.srq_credit.is_some() && matches!(op.body, Body::Recv(_) | Body::RawRecv(_)) {
+            let what = format!(
+                "connection {:?} takes its receives from the shared receive queue (Config::srq): \
+                 the runtime posts them",
+                t.token()
+            );
+            return Err(SubmitError::new(Error::Config(what), op));
+        }
         let limit = match &op.body {
             Body::Send(_) | Body::RawSend(_) => c.infos.peer.as_ref().map(|i| i.msg_size as usize),
             Body::Write(_, r) | Body::WriteImm(_, r) => Some(r.len as usize),
@@ -95,6 +103,9 @@ impl Core {
     }
 
     pub(super) fn flush_posts(&mut self) {
+        // The shared receive queues first: a credit granted below is never ahead of the
+        // receive it stands for (`srq.rs`).
+        self.post_srqs();
         let mut dirty = std::mem::take(&mut self.dirty);
         for t in dirty.drain(..) {
             self.flush_conn(t);
@@ -198,6 +209,41 @@ impl Core {
         if plan.short_of_room {
             self.wait_for_room(t, placed);
         }
+        self.watch_credits(t);
+    }
+
+    /// After a plan, starts connection `t`'s credit-stall timer (`Config::credit_timeout`) when
+    /// its next send waits for credits and none is running, and stops it (lazily: the key is
+    /// forgotten) when nothing waits for credits. A grant that lets a send go therefore restarts
+    /// the bound: it measures time without progress, not time spent short of credits in total.
+    fn watch_credits(&mut self, t: ConnKey) {
+        let Some(limit) = self.cfg.credit_timeout else { return };
+        let Some(c) = self.conns.get_mut(t) else { return };
+        match (c.sq.credit_blocked(), c.stall) {
+            (true, None) => {
+                if let Some(at) = self.read_clock().checked_add(limit) {
+                    let key = self.timers.schedule(at, super::timers::TimerTarget::Stall(t));
+                    self.conns.get_mut(t).expect("checked").stall = Some(key);
+                }
+            }
+            (false, Some(_)) => c.stall = None,
+            _ => {}
+        }
+    }
+
+    /// Connection `t`'s credit-stall timer `key` fired: if it is still the connection's and its
+    /// next send still waits for credits, the connection closes with `CloseReason::Stalled`.
+    /// Returns 1 when it did.
+    pub(super) fn credit_stall(&mut self, t: ConnKey, key: u64) -> usize {
+        let Some(limit) = self.cfg.credit_timeout else { return 0 };
+        let Some(c) = self.conns.get_mut(t).filter(|c| c.stall == Some(key)) else { return 0 };
+        c.stall = None;
+        if !c.sq.credit_blocked() || !c.role.state().is_established() {
+            return 0;
+        }
+        self.stats.credit_stalls += 1;
+        self.feed(t, Input::Fault(CloseReason::Stalled(limit)));
+        1
     }
 
     /// Operations the device refused: each completes with the errno, and the connection,

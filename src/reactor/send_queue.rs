@@ -120,6 +120,13 @@ impl SendQueue {
         !self.pending.is_empty() || self.flow.as_ref().is_some_and(Flow::wants_control)
     }
 
+    /// True when the next operation waits for the peer's credits (flow control on, it
+    /// consumes a peer receive, and a data message may not go now).
+    pub(crate) fn credit_blocked(&self) -> bool {
+        let head_consumes = self.pending.front().is_some_and(|&(_, consumes)| consumes);
+        head_consumes && self.flow.as_ref().is_some_and(|f| !f.can_send_data())
+    }
+
     /// Plans the chain to post now. Reserves CQ room and spends credits for every request in it;
     /// `new_control` makes the operation of a credit-only message when one is due. The caller
     /// posts the chain and reports with [`SendQueue::posted`].
@@ -330,11 +337,31 @@ mod tests {
         assert!(!plan.short_of_room);
         assert!(plan.wrs[1].imm.is_some(), "a flow-controlled send carries its grant");
         assert_eq!(q.posted(&plan, 2, &mut room).len(), 0);
+        assert!(q.credit_blocked(), "the second send waits for credit (the credit-stall timer runs)");
         // Nothing moves until credit arrives, and then in order.
         assert!(q.plan(&mut room, || unreachable!()).wrs.is_empty());
         q.flow_mut().unwrap().on_receive(Imm { grant: 2, control: false });
         let plan = q.plan(&mut room, || unreachable!());
         assert_eq!(ops(&plan), vec![k[2], k[3]]);
+        assert!(!q.credit_blocked(), "nothing waits");
+    }
+
+    #[test]
+    fn only_a_send_that_needs_credit_is_credit_blocked() {
+        let k = keys(2);
+        let mut q = SendQueue::new(16);
+        q.set_capacity(16);
+        q.set_flow(flow(3, 8));
+        q.flow_mut().unwrap().send_data();
+        q.flow_mut().unwrap().send_data();
+        q.push(k[0], false);
+        assert!(!q.credit_blocked(), "a write needs no credit, even at the last one");
+        let mut plain = SendQueue::new(16);
+        plain.push(k[1], true);
+        assert!(!plain.credit_blocked(), "without flow control nothing waits for credit");
+        q.pending.clear();
+        q.push(k[1], true);
+        assert!(q.credit_blocked(), "a send at the reserved last credit waits");
     }
 
     #[test]

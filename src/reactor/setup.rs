@@ -66,7 +66,7 @@ impl Core {
             return Err(Error::Limit { what: "max_connections", limit: self.cfg.max_connections });
         }
         let (client, first) = Client::resolving();
-        let max = self.cfg.pool.max_chunk();
+        let max = self.max_msg();
         let msg_size = if opts.msg_size == 0 { max as u32 } else { opts.msg_size };
         if msg_size as usize > max {
             return Err(Error::TooLarge { len: msg_size as usize, max });
@@ -106,6 +106,13 @@ impl Core {
                 Err(e)
             }
         }
+    }
+
+    /// The largest message a connection takes: the pool's largest chunk, or on a shared
+    /// receive queue its buffer size.
+    fn max_msg(&self) -> usize {
+        let max = self.cfg.pool.max_chunk();
+        self.cfg.srq.map_or(max, |s| max.min(s.buf_size as usize))
     }
 
     /// Why a connect request must be refused now, if a limit of `Config` is reached.
@@ -229,7 +236,7 @@ impl Core {
             Err(e) => return refuse(self, child, RejectReason::new(RejectCode::BadConnectInfo, e.to_string())),
         };
         if let Some(i) = &info {
-            let max = self.cfg.pool.max_chunk();
+            let max = self.max_msg();
             if i.msg_size as usize > max {
                 let text = format!("message size {} exceeds the server's maximum {max}", i.msg_size);
                 return refuse(self, child, RejectReason::new(RejectCode::Unsupported, text));
@@ -288,10 +295,11 @@ impl Core {
             }
         };
         let flow_offer = self.cfg.flow_control;
+        let msg_size = self.max_msg() as u32;
         let c = self.conns.get_mut(t).expect("live");
         let flow = negotiate(flow_offer, depth, c.infos.peer.as_ref());
         let local = ConnectInfo {
-            msg_size: self.cfg.pool.max_chunk() as u32,
+            msg_size,
             msg_count: 0,
             recv_depth: depth as u16,
             flow_control: flow.is_some(),
@@ -395,7 +403,8 @@ impl Core {
         if !self.conns.get(t).is_some_and(ConnEntry::can_post) {
             return Ok(None);
         }
-        Ok(self.conns.get(t).map(|c| c.rq.outstanding().min(u32::from(u16::MAX))))
+        // On the shared receive queue the first credit is the connection's credit there.
+        Ok(self.conns.get(t).map(|c| c.srq_credit.unwrap_or(c.rq.outstanding()).min(u32::from(u16::MAX))))
     }
 
     fn conn_param<'a>(&self, private_data: &'a [u8], responder: u8, initiator: u8) -> ConnParam<'a> {
@@ -422,10 +431,44 @@ impl Core {
             id.device().ok_or_else(|| Error::NoDevice("the id is not bound to a device".into()))?
         };
         let d = self.device(dev)?;
+        // On the shared receive queue (`srq.rs`): the credit rule admits it or not; its CQ
+        // room for receives is its credit.
+        let srq = match self.cfg.srq {
+            None => None,
+            Some(cfg) => {
+                let s = self.devices[d].srq.as_mut().expect("created with the device in SRQ mode");
+                if s.failed {
+                    return Err(Error::NoDevice("the device's shared receive queue failed".into()));
+                }
+                if !s.budget.admit() {
+                    self.stats.srq_refused += 1;
+                    return Err(Error::Limit {
+                        what: "connections on the shared receive queue (SrqConfig::receives / SrqConfig::credit)",
+                        limit: s.budget.max_conns() as usize,
+                    });
+                }
+                Some((s.srq.clone(), cfg.credit))
+            }
+        };
+        let recv_room = srq.as_ref().map_or(self.cfg.recv_depth, |(_, credit)| *credit);
+        let leave_srq = |core: &mut Core| {
+            if srq.is_some() {
+                if let Some(s) = core.devices[d].srq.as_mut() {
+                    s.budget.leave();
+                }
+            }
+        };
         let shared = self.cfg.shared_cq;
         let ct = match shared {
-            Some(entries) => self.shared_cq(d, entries)?,
-            None => self.new_cq(d, self.cfg.send_depth.saturating_add(self.cfg.recv_depth), false)?,
+            Some(entries) => self.shared_cq(d, entries),
+            None => self.new_cq(d, self.cfg.send_depth.saturating_add(recv_room), false),
+        };
+        let ct = match ct {
+            Ok(ct) => ct,
+            Err(e) => {
+                leave_srq(self);
+                return Err(e);
+            }
         };
         let want = QpCaps {
             max_send_wr: self.cfg.send_depth,
@@ -434,11 +477,11 @@ impl Core {
         };
         let pd = self.devices[d].pd.clone();
         let e = self.cqs.get_mut(ct).expect("live");
-        if !e.room.admit(want.max_recv_wr) {
+        if !e.room.admit(recv_room) {
             let (cap, used) = (e.room.capacity(), e.room.reserved());
+            leave_srq(self);
             return Err(Error::Config(format!(
-                "the shared CQ has no room for {} more receives ({used} of {cap} entries committed)",
-                want.max_recv_wr
+                "the shared CQ has no room for {recv_room} more receives ({used} of {cap} entries committed)"
             )));
         }
         let cq = e.cq.clone();
@@ -446,12 +489,17 @@ impl Core {
         let Endpoint::Id(id) = std::mem::replace(&mut c.ep, Endpoint::None) else {
             unreachable!("checked above: the connection has an id and no queue pair")
         };
-        match Qp::create(id, &pd, &cq, &cq, want) {
+        match Qp::create(id, &pd, &cq, &cq, srq.as_ref().map(|(s, _)| s), want) {
             Ok(qp) => {
                 // Post no more than was committed on the CQ, even if the device granted more.
                 let granted = qp.caps();
                 c.sq.set_capacity(granted.max_send_wr.min(want.max_send_wr));
                 c.rq.set_capacity(granted.max_recv_wr.min(want.max_recv_wr));
+                if let Some((_, credit)) = srq {
+                    c.srq_credit = Some(credit);
+                    let qp_num = qp.qp_num();
+                    self.devices[d].srq.as_mut().expect("checked above").qps.insert(qp_num, t);
+                }
                 c.ep = Endpoint::Qp(qp);
                 c.placed = Some(Placement { device: d, cq: ct, max_inline: granted.max_inline_data });
                 Ok(())
@@ -459,10 +507,11 @@ impl Core {
             Err((id, err)) => {
                 c.ep = Endpoint::Id(id);
                 if shared.is_some() {
-                    self.cqs.get_mut(ct).expect("live").room.leave(want.max_recv_wr);
+                    self.cqs.get_mut(ct).expect("live").room.leave(recv_room);
                 } else {
                     self.remove_cq(ct);
                 }
+                leave_srq(self);
                 Err(Error::verb("rdma_create_qp", format!("connection {:?}", t.token()), err))
             }
         }

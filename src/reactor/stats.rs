@@ -66,6 +66,9 @@ pub struct Stats {
     pub devices_released: u64,
     /// Keepalive probes posted (`Config::keepalive`).
     pub keepalives: u64,
+    /// Connections closed because their sends waited too long for credits
+    /// (`Config::credit_timeout`).
+    pub credit_stalls: u64,
     /// Connect requests this reactor's spreading listeners handed to another reactor
     /// (`Ctx::listen_spread`).
     pub handed_off: u64,
@@ -78,6 +81,26 @@ pub struct Stats {
     /// Live connections (agents and clients, in any state; a gauge, not a counter).
     pub connections: u64,
     /// Bytes of memory the buffer pools have registered now, over all devices (a gauge, not a
-    /// counter).
+    /// counter). With a shared receive queue (`Config::srq`) it does not grow with the number
+    /// of connections.
     pub registered_bytes: u64,
+    /// Receives posted to shared receive queues (`Config::srq`).
+    pub srq_posted: u64,
+    /// `ibv_post_srq_recv` calls.
+    pub srq_post_calls: u64,
+    /// Receive completions of shared receive queues (messages and credit-only messages).
+    pub srq_consumed: u64,
+    /// Shared-receive-queue completions of a queue pair this reactor no longer has (their
+    /// buffers were posted again).
+    pub srq_stale: u64,
+    /// SRQ limit events (`IBV_EVENT_SRQ_LIMIT_REACHED`): the SRQ fell below
+    /// `SrqConfig::low_water` before the runtime refilled it.
+    pub srq_limit_events: u64,
+    /// Connections refused by the credit rule of a shared receive queue.
+    pub srq_refused: u64,
+    /// Messages that arrived on a shared receive queue beyond their connection's credit (the
+    /// connection was closed with `CloseReason::Protocol`).
+    pub srq_overdrawn: u64,
+    /// Receives posted to shared receive queues now (a gauge).
+    pub srq_receives: u64,
 }

@@ -73,10 +73,19 @@ impl Core {
     fn destroy_conn(&mut self, t: ConnKey) {
         let Some(c) = self.conns.get_mut(t) else { return };
         let cq = c.placed.map(|p| p.cq);
+        let on_srq = c.srq_credit.and(c.placed).map(|p| p.device);
+        let qp_num = c.ep.qp().map(|q| q.qp_num());
         c.windows.release();
         drop(std::mem::replace(&mut c.ep, Endpoint::None));
         if let Some(cq) = cq {
             self.poll_cq(cq, usize::MAX);
+        }
+        if let Some(s) = on_srq.and_then(|d| self.devices.get_mut(d)).and_then(|x| x.srq.as_mut()) {
+            // Its queue pair is gone and its CQ drained: no completion names it any more.
+            if let Some(n) = qp_num {
+                s.qps.remove(&n);
+            }
+            s.budget.leave();
         }
         let completions = self.cancel_ops(t, cq);
         let Some(mut c) = self.conns.remove(t) else { return };
@@ -93,7 +102,7 @@ impl Core {
         if let Some(cq) = cq {
             if let Some(e) = self.cqs.get_mut(cq) {
                 e.waiting.retain(|w| *w != t);
-                e.room.leave(c.rq.capacity());
+                e.room.leave(c.srq_credit.unwrap_or(c.rq.capacity()));
                 if e.shared {
                     // Its receive entries, and the sends cancelled above, are free again: a
                     // connection waiting for room must not wait for a poll that may never come.

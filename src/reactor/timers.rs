@@ -26,6 +26,8 @@ pub(super) enum TimerTarget {
     ForgetDevices,
     /// A connection's keepalive probe is due.
     Keepalive(ConnKey),
+    /// A connection's next send has waited for credits for `Config::credit_timeout`.
+    Stall(ConnKey),
 }
 
 /// A timer set by a callback: whose `on_timer` to call, with what.
@@ -67,6 +69,7 @@ impl Core {
                 0
             }
             TimerTarget::Keepalive(t) => self.keepalive(t),
+            TimerTarget::Stall(t) => self.credit_stall(t, key),
             TimerTarget::User(tt) => {
                 let Some(timer) = self.user_timers.remove(tt) else { return 0 };
                 let (owner, user_data) = (timer.owner, timer.user_data);

@@ -94,6 +94,9 @@ pub struct WorkCompletion {
     pub imm: Option<u32>,
     /// A receive consumed by an RDMA WRITE with immediate.
     pub remote_write: bool,
+    /// The local queue pair the work request belonged to (how a receive from a shared receive
+    /// queue is matched to its connection).
+    pub qp_num: u32,
 }
 
 fn wc_status(v: ffi::ibv_wc_status::Type) -> WcStatus {
@@ -142,7 +145,7 @@ pub(crate) struct Cq {
 
 impl Default for WorkCompletion {
     fn default() -> Self {
-        WorkCompletion { wr_id: 0, status: WcStatus::Success, byte_len: 0, imm: None, remote_write: false }
+        WorkCompletion { wr_id: 0, status: WcStatus::Success, byte_len: 0, imm: None, remote_write: false, qp_num: 0 }
     }
 }
 
@@ -255,6 +258,7 @@ impl Cq {
                 // SAFETY: imm_data is the active member when IBV_WC_WITH_IMM is set.
                 imm: with_imm.then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
                 remote_write: status == WcStatus::Success && wc.opcode == ffi::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
+                qp_num: wc.qp_num,
             };
         }
         Ok(got)

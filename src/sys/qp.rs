@@ -12,6 +12,7 @@ use super::cm::CmId;
 use super::cq::Cq;
 use super::mr::Access;
 use super::pd::Pd;
+use super::srq::Srq;
 use super::{cvt, cvt_nz};
 
 /// Capacities of a queue pair.
@@ -103,34 +104,39 @@ pub struct PostError {
 /// An RC queue pair created on a CM id (`rdma_create_qp`). It owns the id.
 ///
 /// Drop destroys the queue pair (`rdma_destroy_qp`), then, as fields in this order, the id
-/// (`rdma_destroy_id`), the CQs and the PD it was created on: the order rdma-core requires.
+/// (`rdma_destroy_id`), the CQs, the shared receive queue (if it uses one) and the PD it was
+/// created on: the order rdma-core requires.
 #[derive(Debug)]
 pub(crate) struct Qp {
     id: CmId,
     _send_cq: Rc<Cq>,
     _recv_cq: Rc<Cq>,
+    _srq: Option<Rc<Srq>>,
     _pd: Rc<Pd>,
     caps: QpCaps,
 }
 
 impl Qp {
-    /// Creates `id`'s queue pair on `pd`, `send_cq` and `recv_cq`; on failure the id comes
-    /// back with the error.
+    /// Creates `id`'s queue pair on `pd`, `send_cq` and `recv_cq`, taking its receives from
+    /// `srq` if given (then `want.max_recv_wr` is ignored: the queue pair has no receive queue
+    /// of its own); on failure the id comes back with the error.
     pub(crate) fn create(
         id: CmId,
         pd: &Rc<Pd>,
         send_cq: &Rc<Cq>,
         recv_cq: &Rc<Cq>,
+        srq: Option<&Rc<Srq>>,
         want: QpCaps,
     ) -> Result<Qp, (CmId, io::Error)> {
+        let max_recv_wr = if srq.is_some() { 0 } else { want.max_recv_wr };
         let mut attr = ffi::ibv_qp_init_attr {
             qp_context: ptr::null_mut(),
             send_cq: send_cq.as_ptr(),
             recv_cq: recv_cq.as_ptr(),
-            srq: ptr::null_mut(),
+            srq: srq.map_or(ptr::null_mut(), |s| s.as_ptr()),
             cap: ffi::ibv_qp_cap {
                 max_send_wr: want.max_send_wr,
-                max_recv_wr: want.max_recv_wr,
+                max_recv_wr,
                 max_send_sge: 1,
                 max_recv_sge: 1,
                 max_inline_data: want.max_inline_data,
@@ -139,22 +145,28 @@ impl Qp {
             sq_sig_all: 0,
         };
         // SAFETY: the id is live and has no QP (a Qp owns its id, so this is the only create);
-        // pd and the CQs are live and kept as fields, so they outlive the QP.
+        // pd, the CQs and the SRQ are live and kept as fields, so they outlive the QP.
         if let Err(e) = cvt(unsafe { ffi::rdma_create_qp(id.id(), pd.as_ptr(), &mut attr) }) {
             return Err((id, e));
         }
         let caps = QpCaps {
             max_send_wr: attr.cap.max_send_wr,
-            max_recv_wr: attr.cap.max_recv_wr,
+            max_recv_wr: if srq.is_some() { 0 } else { attr.cap.max_recv_wr },
             max_inline_data: attr.cap.max_inline_data,
         };
-        Ok(Qp { id, _send_cq: send_cq.clone(), _recv_cq: recv_cq.clone(), _pd: pd.clone(), caps })
+        Ok(Qp { id, _send_cq: send_cq.clone(), _recv_cq: recv_cq.clone(), _srq: srq.cloned(), _pd: pd.clone(), caps })
     }
 
     /// The queue pair's address, as asynchronous events name it (compared, never followed).
     pub(crate) fn identity(&self) -> usize {
         // SAFETY: the id is live and has this queue pair.
         unsafe { (*self.id.id()).qp as usize }
+    }
+
+    /// The queue pair number, as work completions name it (`wc.qp_num`).
+    pub(crate) fn qp_num(&self) -> u32 {
+        // SAFETY: the id is live and has this queue pair.
+        unsafe { (*(*self.id.id()).qp).qp_num }
     }
 
     /// The CM id the queue pair belongs to.
@@ -277,7 +289,7 @@ impl Drop for Qp {
 }
 
 /// Links a chain of work requests through their `next` pointers (the last one's stays NULL).
-fn link<T>(chain: &mut [T], set_next: impl Fn(&mut T, *mut T)) {
+pub(super) fn link<T>(chain: &mut [T], set_next: impl Fn(&mut T, *mut T)) {
     let base = chain.as_mut_ptr();
     for i in 1..chain.len() {
         // SAFETY: i < len, so base + i - 1 and base + i name elements of the chain, which is
@@ -288,7 +300,7 @@ fn link<T>(chain: &mut [T], set_next: impl Fn(&mut T, *mut T)) {
 
 /// Index of the failing request `bad` in a chain at `base` of `len`; 0 when unknown (then
 /// nothing is assumed posted).
-fn failed_index<T>(bad: *mut T, base: *mut T, len: usize) -> usize {
+pub(super) fn failed_index<T>(bad: *mut T, base: *mut T, len: usize) -> usize {
     let (bad, base) = (bad as usize, base as usize);
     let size = std::mem::size_of::<T>().max(1);
     if bad < base {

@@ -19,6 +19,7 @@ pub use client::Client;
 pub use listener::{Listener, ListenerAction};
 
 use std::fmt;
+use std::time::Duration;
 
 use smallvec::SmallVec;
 
@@ -208,6 +209,10 @@ pub enum CloseReason {
     Setup(String),
     /// The reactor was shut down with the connection open.
     Shutdown,
+    /// Sends waited this long for the peer's receive credits and none came
+    /// (`Config::credit_timeout`): the peer stopped consuming messages (a stopped or hung
+    /// process whose kernel still acknowledges, or one that stopped posting receives).
+    Stalled(Duration),
 }
 
 impl CloseReason {
@@ -244,6 +249,10 @@ impl fmt::Display for CloseReason {
             CloseReason::Protocol(what) => write!(f, "protocol error: {what}"),
             CloseReason::Setup(what) => write!(f, "setup failed: {what}"),
             CloseReason::Shutdown => f.write_str("reactor shut down"),
+            CloseReason::Stalled(waited) => write!(
+                f,
+                "the peer granted no receive credit for {waited:?} while sends waited: it stopped consuming messages"
+            ),
         }
     }
 }

@@ -1,0 +1,382 @@
+//! Shared receive queues (`Config::srq`): one per device per reactor, with receives the
+//! runtime posts from the device's pool and re-posts as they are consumed.
+//!
+//! **Receives.** When the device's resources are created, its SRQ is created on its PD and
+//! `SrqConfig::receives` pool buffers of `SrqConfig::buf_size` are posted, each under a token
+//! of kind `SrqRecv` naming a slot of the device's slot table (which holds the `Buf` while it
+//! is posted). A receive completion is matched to its connection by `wc.qp_num` (a map kept
+//! from queue-pair creation to destruction); an unknown number is a stale completion
+//! (`Stats::srq_stale`) and its buffer is posted again. A message is delivered to the
+//! connection's handler as an `OpCode::Recv` completion with user_data
+//! [`Completion::SRQ_RECV`](crate::Completion::SRQ_RECV), carrying the buffer; a fresh buffer
+//! takes its place. A credit-only message's buffer is posted again unseen. Every re-post is
+//! queued and goes to the device at the start of the tick's posting (`Core::flush_posts`), in
+//! one `ibv_post_srq_recv` chain per device, *before* any connection posts its sends, so a
+//! credit granted in this tick is never ahead of the receive it stands for. The SRQ's limit
+//! event (`SrqConfig::low_water`) is armed as a backstop: it is counted
+//! (`Stats::srq_limit_events`), re-armed, and makes the next posting refill the SRQ.
+//!
+//! **The credit rule.** A connection on the SRQ advertises `SrqConfig::credit` as its receive
+//! depth in its connect information; with flow control (`proto/flow.rs`) each SRQ receive a
+//! message of its peer consumed is granted back to that connection once it has been posted
+//! again, so the grants a connection has outstanding never exceed its credit. A connection is
+//! admitted only while `(connections on the SRQ + 1) × credit <= receives` ([`SrqBudget`]);
+//! one beyond that is refused (a listener's `on_refused` with `NoResources`, a client's
+//! connect fails). So a peer that respects its credit can never find the SRQ empty: no
+//! receiver-not-ready NAK. A peer without flow control is told the same depth; it is on its
+//! own honour (as a peer of a connection with its own receive queue is with that queue).
+//!
+//! **CQ room.** A connection on the SRQ commits its credit on its CQ (`cq_room.rs`) in place
+//! of a receive depth: at most that many of its receive completions can be unreaped at once
+//! when its peer keeps to its credit. With one CQ per connection (the default) a CQ is
+//! `send_depth + credit` entries and a peer that breaks its credit can overrun only its own
+//! connection's CQ; 5 000 connections are 5 000 small CQs on the device's one completion
+//! channel (tested: `tests/scale.rs`). A shared CQ (`Config::shared_cq`) works too, but rxe
+//! caps a CQ at 32 767 entries (`max_cqe`), so it holds at most `(entries × 3/4) / credit`
+//! connections; the next is refused with the CQ's room in its reason, as without an SRQ.
+//!
+//! **Memory.** The SRQ's receives are `receives × buf_size` bytes of the pool, registered when
+//! the device's resources are created, whatever the number of connections. Buffers handed to
+//! handlers are replaced by fresh ones; what handlers keep (an echo in flight) comes back to
+//! the pool when they drop it.
+//!
+//! **Teardown.** Every queue pair on the SRQ holds an `Rc` of it (`Qp`'s fields), so the SRQ
+//! is destroyed only after the last of them, when its device's resources are dropped (before
+//! the pool's regions and the PD, `Device`'s field order); the posted buffers are released
+//! after the SRQ (`DevSrq`'s field order). SRQ_ERR closes every connection on the SRQ (as an
+//! `Abort`, like CQ_ERR) and the SRQ is not posted to again; new connections are refused.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use smallvec::SmallVec;
+
+use super::op::Completion;
+use super::Core;
+use crate::error::{Error, Result};
+use crate::proto::conn::{AsyncEventKind, CloseReason, Input};
+use crate::proto::flow::Imm;
+use crate::proto::op::{OpCode, WcStatus};
+use crate::proto::token::{ConnKey, CqKey, GenSlab, Key, SrqKey, Token};
+use crate::sys::cq::WorkCompletion;
+use crate::sys::pool::Buf;
+use crate::sys::qp::RecvWr;
+use crate::sys::srq::Srq;
+
+/// The credit rule's arithmetic, pure: connections admitted to an SRQ of `receives` receives,
+/// each granted `credit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SrqBudget {
+    receives: u32,
+    credit: u32,
+    conns: u32,
+}
+
+impl SrqBudget {
+    pub(crate) fn new(receives: u32, credit: u32) -> SrqBudget {
+        SrqBudget { receives, credit: credit.max(1), conns: 0 }
+    }
+
+    /// Admits one more connection if `(conns + 1) × credit <= receives`.
+    pub(crate) fn admit(&mut self) -> bool {
+        let need = (u64::from(self.conns) + 1) * u64::from(self.credit);
+        let fits = need <= u64::from(self.receives);
+        if fits {
+            self.conns += 1;
+        }
+        fits
+    }
+
+    /// A connection left.
+    pub(crate) fn leave(&mut self) {
+        self.conns = self.conns.saturating_sub(1);
+    }
+
+    /// The most connections the SRQ admits.
+    pub(crate) fn max_conns(&self) -> u32 {
+        self.receives / self.credit
+    }
+
+    /// Connections admitted now.
+    #[cfg(test)]
+    pub(crate) fn conns(&self) -> u32 {
+        self.conns
+    }
+}
+
+/// A receive to post (again): its buffer (none: allocate a fresh one), and the connection
+/// whose credit it returns once posted, with whether a credit-only message consumed it.
+pub(super) struct Repost {
+    buf: Option<Buf>,
+    owner: Option<(ConnKey, bool)>,
+}
+
+/// One device's shared receive queue and its bookkeeping. Field order is drop order: the SRQ
+/// (once no queue pair holds it) before the buffers posted to it.
+pub(super) struct DevSrq {
+    pub(super) srq: Rc<Srq>,
+    /// The buffers of the posted receives, by the slot their `wr_id` names.
+    slots: GenSlab<SrqKey, Buf>,
+    /// Receives to post at the next posting, in order.
+    repost: Vec<Repost>,
+    pub(super) budget: SrqBudget,
+    /// Queue pair number to connection, for every queue pair on this SRQ.
+    pub(super) qps: HashMap<u32, ConnKey>,
+    buf_size: usize,
+    low_water: u32,
+    /// SRQ_ERR or a failed post: nothing is posted any more, no connection admitted.
+    pub(super) failed: bool,
+}
+
+impl DevSrq {
+    /// Receives posted now.
+    pub(super) fn posted(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+impl Core {
+    /// Creates device `d`'s SRQ (`Config::srq`) and queues its receives for the first posting,
+    /// which happens at once.
+    pub(super) fn create_srq(&mut self, d: usize) -> Result<()> {
+        let Some(cfg) = self.cfg.srq else { return Ok(()) };
+        let pd = self.devices[d].pd.clone();
+        let srq = Srq::new(&pd, cfg.receives)
+            .map_err(|e| Error::verb("ibv_create_srq", format!("{} receives", cfg.receives), e))?;
+        if cfg.low_water > 0 {
+            srq.arm_limit(cfg.low_water)
+                .map_err(|e| Error::verb("ibv_modify_srq", format!("limit {}", cfg.low_water), e))?;
+        }
+        let repost = (0..cfg.receives).map(|_| Repost { buf: None, owner: None }).collect();
+        self.devices[d].srq = Some(DevSrq {
+            srq,
+            slots: GenSlab::new(),
+            repost,
+            budget: SrqBudget::new(cfg.receives, cfg.credit),
+            qps: HashMap::new(),
+            buf_size: cfg.buf_size as usize,
+            low_water: cfg.low_water,
+            failed: false,
+        });
+        self.post_srq(d);
+        let dev = self.devices[d].srq.as_ref().expect("just set");
+        if dev.posted() < cfg.receives as usize {
+            let posted = dev.posted();
+            self.devices[d].srq = None;
+            return Err(Error::Config(format!(
+                "the shared receive queue took {posted} of its {} receives (pool too small? Config::pool)",
+                cfg.receives
+            )));
+        }
+        Ok(())
+    }
+
+    /// Posts every device's queued SRQ receives (start of the tick's posting).
+    pub(super) fn post_srqs(&mut self) {
+        if self.cfg.srq.is_none() {
+            return;
+        }
+        for d in 0..self.devices.slots() {
+            if self.devices.get(d).and_then(|x| x.srq.as_ref()).is_some_and(|s| !s.repost.is_empty()) {
+                self.post_srq(d);
+            }
+        }
+    }
+
+    /// Posts device `d`'s queued receives in one chain; each returns a credit to its
+    /// connection once posted.
+    fn post_srq(&mut self, d: usize) {
+        let Some(dev) = self.devices.get_mut(d) else { return };
+        let pool = dev.pool.clone();
+        let Some(s) = dev.srq.as_mut().filter(|s| !s.failed) else { return };
+        let mut queued = std::mem::take(&mut s.repost).into_iter();
+        let mut wrs: Vec<RecvWr> = Vec::with_capacity(queued.len());
+        let mut owners: SmallVec<[Option<(ConnKey, bool)>; 16]> = SmallVec::new();
+        let mut keys: Vec<SrqKey> = Vec::with_capacity(queued.len());
+        for r in queued.by_ref() {
+            let buf = match r.buf {
+                Some(b) => b,
+                None => match pool.alloc(s.buf_size) {
+                    Ok(b) => b,
+                    Err(_) => {
+                        // The pool is at its maximum: this and the rest wait for the next
+                        // posting (a buffer comes back with every send completion).
+                        s.repost.push(r);
+                        break;
+                    }
+                },
+            };
+            let (addr, len, lkey) = (buf.addr(), buf.capacity() as u32, buf.lkey());
+            let k = s.slots.insert(buf);
+            wrs.push(RecvWr { wr_id: k.token().as_u64(), addr, len, lkey });
+            owners.push(r.owner);
+            keys.push(k);
+        }
+        s.repost.extend(queued);
+        if wrs.is_empty() {
+            return;
+        }
+        #[allow(unsafe_code)]
+        // SAFETY: every request names a pool `Buf` of this device's PD, held in the SRQ's slot
+        // table until its completion is reaped or the SRQ is destroyed (`DevSrq`'s field
+        // order drops the SRQ first); a `Buf` keeps its region registered.
+        let r = unsafe { s.srq.post_recv(&wrs) };
+        self.stats.srq_post_calls += 1;
+        let n = r.as_ref().map_or_else(|e| e.posted, |()| wrs.len());
+        self.stats.srq_posted += n as u64;
+        self.stats.wrs_posted += n as u64;
+        if n < wrs.len() {
+            // Refused by the device: the SRQ is not usable any more.
+            for k in &keys[n..] {
+                s.slots.remove(*k);
+            }
+            s.failed = true;
+        }
+        for (t, control) in owners[..n].iter().flatten().copied() {
+            let Some(c) = self.conns.get_mut(t) else { continue };
+            if let Some(flow) = c.sq.flow_mut() {
+                flow.on_repost(control);
+                if flow.wants_control() {
+                    self.mark_dirty(t);
+                }
+            }
+        }
+        if let Err(e) = r {
+            let errno = e.error.raw_os_error().unwrap_or(0);
+            self.fail_srq(d, CloseReason::Setup(format!("ibv_post_srq_recv failed: errno {errno}")));
+        }
+    }
+
+    /// Device `d`'s SRQ cannot be used: every connection on it closes at once.
+    pub(super) fn fail_srq(&mut self, d: usize, reason: CloseReason) {
+        let Some(s) = self.devices.get_mut(d).and_then(|x| x.srq.as_mut()) else { return };
+        s.failed = true;
+        let on: Vec<ConnKey> = s.qps.values().copied().collect();
+        for t in on {
+            self.feed(t, Input::Abort(reason.clone()));
+        }
+    }
+
+    /// An asynchronous event naming an SRQ (`device.rs`).
+    pub(super) fn on_srq_event(&mut self, d: usize, kind: AsyncEventKind, srq: usize) {
+        let ours = self.devices.get(d).and_then(|x| x.srq.as_ref()).is_some_and(|s| s.srq.identity() == srq);
+        if !ours {
+            self.stats.stale_async_events += 1;
+            return;
+        }
+        match kind {
+            AsyncEventKind::SrqLimitReached => {
+                self.stats.srq_limit_events += 1;
+                let s = self.devices[d].srq.as_ref().expect("checked");
+                // Re-armed; the posting at the end of this tick refills the SRQ.
+                let _ = s.srq.arm_limit(s.low_water);
+            }
+            _ => self.fail_srq(d, CloseReason::AsyncEvent(kind)),
+        }
+    }
+
+    /// A completion of a receive posted to the SRQ of CQ `ct`'s device.
+    pub(super) fn srq_complete(&mut self, ct: CqKey, wc: WorkCompletion, token: Token) {
+        self.stats.srq_consumed += 1;
+        let Some(d) = self.cqs.get(ct).map(|e| e.device) else { return };
+        let Some(s) = self.devices.get_mut(d).and_then(|x| x.srq.as_mut()) else {
+            self.stats.stale_completions += 1;
+            return;
+        };
+        let Some(buf) = SrqKey::of(token).and_then(|k| s.slots.remove(k)) else {
+            self.stats.stale_completions += 1;
+            return;
+        };
+        let owner = s.qps.get(&wc.qp_num).copied().filter(|t| self.conns.contains(*t));
+        let Some(t) = owner else {
+            self.stats.srq_stale += 1;
+            s.repost.push(Repost { buf: Some(buf), owner: None });
+            return;
+        };
+        if wc.status != WcStatus::Success {
+            s.repost.push(Repost { buf: Some(buf), owner: None });
+            return self.feed(t, Input::WorkError(wc.status));
+        }
+        let c = self.conns.get_mut(t).expect("checked");
+        if c.sq.flow_mut().is_some_and(|f| f.exhausted()) {
+            // The peer sent beyond its credit: on a shared queue that takes receives other
+            // connections were promised. The message is dropped and the connection closed.
+            s.repost.push(Repost { buf: Some(buf), owner: None });
+            self.stats.srq_overdrawn += 1;
+            let why = "the peer sent beyond its credit on the shared receive queue".to_string();
+            return self.feed(t, Input::Fault(CloseReason::Protocol(why)));
+        }
+        let mut control = false;
+        if let Some(flow) = c.sq.flow_mut() {
+            // A message without immediate data (a peer breaking the protocol) grants nothing.
+            let imm = wc.imm.map_or(Imm { grant: 0, control: false }, Imm::decode);
+            flow.on_receive(imm);
+            control = imm.control;
+        }
+        let s = self.devices[d].srq.as_mut().expect("checked");
+        if control {
+            // A credit-only message: its buffer goes back unseen, and returns its credit.
+            s.repost.push(Repost { buf: Some(buf), owner: Some((t, true)) });
+            // Its grant may let queued sends go.
+            return self.after_completion(t);
+        }
+        s.repost.push(Repost { buf: None, owner: Some((t, false)) });
+        let mut buf = buf;
+        let n = if wc.remote_write { 0 } else { wc.byte_len as usize };
+        let _ = buf.set_len(n);
+        buf.written(n);
+        let completion = Completion {
+            user_data: Completion::SRQ_RECV,
+            opcode: OpCode::Recv,
+            result: Ok(wc.byte_len),
+            buf: Some(buf),
+            remote_write: wc.remote_write,
+        };
+        self.with_conn(t, |h, conn| h.on_completion(conn, completion));
+        self.after_completion(t);
+        if self.conns.get(t).is_some_and(|c| c.drained()) {
+            self.feed(t, Input::Drained);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SrqBudget;
+
+    #[test]
+    fn the_credit_rule_admits_exactly_what_the_receives_cover() {
+        let mut b = SrqBudget::new(8, 3);
+        assert_eq!(b.max_conns(), 2);
+        assert!(b.admit());
+        assert!(b.admit());
+        assert!(!b.admit(), "a third connection would need 9 receives of 8");
+        assert_eq!(b.conns(), 2);
+        b.leave();
+        assert!(b.admit(), "room again after one left");
+        b.leave();
+        b.leave();
+        b.leave();
+        assert_eq!(b.conns(), 0, "leaving never underflows");
+    }
+
+    #[test]
+    fn the_credit_rule_does_not_overflow() {
+        let mut b = SrqBudget::new(u32::MAX, u32::MAX);
+        assert!(b.admit());
+        assert!(!b.admit(), "2 × u32::MAX is computed in 64 bits");
+        let mut z = SrqBudget::new(10, 0);
+        assert_eq!(z.max_conns(), 10, "a zero credit counts as one (Config::validate refuses it)");
+        assert!(z.admit());
+    }
+
+    /// 5 000 connections of credit 3 on 15 360 receives: every one admitted, the 5 121st not.
+    #[test]
+    fn five_thousand_connections_fit_their_receives() {
+        let mut b = SrqBudget::new(15_360, 3);
+        for _ in 0..5_120 {
+            assert!(b.admit());
+        }
+        assert!(!b.admit());
+    }
+}

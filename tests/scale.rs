@@ -1,0 +1,211 @@
+//! Scale with a shared receive queue: one `echo server --srq` process holds 5 000 connections
+//! from ten client processes at once, with the same registered memory as at 100.
+
+mod util;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use util::*;
+
+const CLIENTS: usize = 10;
+const PER_CLIENT: usize = 500;
+const TOTAL: usize = CLIENTS * PER_CLIENT;
+
+/// A parsed `echo server: mark N live N registered_bytes B srq_receives R` line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Mark {
+    mark: u64,
+    live: u64,
+    registered: u64,
+    srq_receives: u64,
+}
+
+fn parse_mark(line: &str) -> Option<Mark> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let value = |name: &str| words.windows(2).find(|w| w[0] == name).and_then(|w| w[1].parse().ok());
+    Some(Mark {
+        mark: value("mark")?,
+        live: value("live")?,
+        registered: value("registered_bytes")?,
+        srq_receives: value("srq_receives")?,
+    })
+}
+
+/// `MemAvailable` of the machine, from /proc/meminfo.
+fn mem_available_kib() -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").expect("read /proc/meminfo");
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("a MemAvailable line")
+}
+
+/// Waits for the server's mark line for `n` live connections.
+fn wait_mark(lines: &mpsc::Receiver<String>, n: u64, limit: Duration) -> Mark {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) => {
+                if let Some(m) = parse_mark(&line).filter(|m| m.mark == n) {
+                    return m;
+                }
+                if line.contains("refused") || line.contains("closed after") {
+                    println!("server: {line}");
+                }
+            }
+            Err(_) => panic!("the server did not reach {n} live connections within {limit:?}"),
+        }
+    }
+}
+
+/// 5 000 connections from 10 `echo client` processes (500 each, one verified round trip each,
+/// then held open) into one `echo server --srq`: the server sees all 5 000 live at once; its
+/// registered memory (`Stats::registered_bytes`, and its MR count in `rdma res show`) is the
+/// same at 100 and at 5 000 connections; after every client closed, its `rdma res show`
+/// counts are back to the baseline; rxe counted no RNR NAK.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn five_thousand_connections_on_one_srq() {
+    let started = Instant::now();
+    let before = link_counters();
+    let server = addr();
+    let s = server.to_string();
+    let marks: Vec<String> =
+        std::iter::once(100).chain((1..=CLIENTS).map(|i| i * PER_CLIENT)).map(|n| n.to_string()).collect();
+    let child = Command::new(bin("echo"))
+        .args([
+            "server",
+            "--bind",
+            &s,
+            "--quiet",
+            "--srq",
+            "--srq-receives",
+            "15000",
+            "--srq-credit",
+            "3",
+            "--srq-size",
+            "1024",
+            "--marks",
+            &marks.join(","),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start echo server");
+    let mut srv = Proc(child, "echo server");
+    let stdout = srv.0.stdout.take().expect("piped stdout");
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    wait_listening(server, Duration::from_secs(30));
+    let baseline = res_counts(srv.pid());
+    let mem_before = mem_available_kib();
+    println!("baseline {baseline:?}, MemAvailable {mem_before} KiB");
+    assert_eq!(baseline.qp, 0, "{baseline:?}");
+
+    let release = std::env::temp_dir().join(format!("scale-release-{}", srv.pid()));
+    let _ = std::fs::remove_file(&release);
+    let release_arg = release.to_string_lossy().to_string();
+    let mut clients = Vec::new();
+    let mut at_100 = None;
+    let mut mr_100 = None;
+    let mut last = None;
+    for i in 0..CLIENTS {
+        let child = Command::new(bin("echo"))
+            .args([
+                "client",
+                "--connect",
+                &s,
+                "--size",
+                "64",
+                "--count",
+                "1",
+                "--verify",
+                "--clients",
+                &PER_CLIENT.to_string(),
+                "--stall-timeout",
+                "120",
+                "--hold-until",
+                &release_arg,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start echo client");
+        let pid = child.id();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        clients.push((pid, rx));
+        if i == 0 {
+            let m = wait_mark(&lines, 100, Duration::from_secs(120));
+            mr_100 = Some(res_counts(srv.pid()).mr);
+            at_100 = Some(m);
+        }
+        let m = wait_mark(&lines, ((i + 1) * PER_CLIENT) as u64, Duration::from_secs(120));
+        println!("{} live after {:.1} s: {m:?}", m.live, started.elapsed().as_secs_f64());
+        last = Some(m);
+    }
+    let at_100 = at_100.expect("mark 100");
+    let at_full = last.expect("the last mark");
+    let full = res_counts(srv.pid());
+    let mem_full = mem_available_kib();
+    println!("at 100: {at_100:?}, MRs {mr_100:?}; at {TOTAL}: {at_full:?}, {full:?}");
+    println!(
+        "MemAvailable with {TOTAL} connections open: {mem_full} KiB ({} MiB less than before the clients)",
+        mem_before.saturating_sub(mem_full) / 1024
+    );
+    // All 5 000 are open together: the clients hold every connection until released.
+    assert_eq!(at_full.live, TOTAL as u64, "{at_full:?}");
+    assert_eq!(full.qp, TOTAL, "the server holds {TOTAL} queue pairs at once: {full:?}");
+    assert_eq!(at_full.registered, at_100.registered, "registered bytes at 100 and at {TOTAL} connections");
+    assert_eq!(Some(full.mr), mr_100, "memory regions at 100 and at {TOTAL} connections");
+    assert_eq!(at_full.srq_receives, at_100.srq_receives, "the SRQ's receives are the same");
+
+    std::fs::write(&release, b"go").expect("create the release file");
+    let mut round_trips = 0;
+    for (pid, rx) in clients {
+        let out = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(Ok(out)) => out,
+            Ok(Err(e)) => panic!("echo client {pid}: {e}"),
+            Err(_) => {
+                let _ = Command::new("kill").arg(pid.to_string()).status();
+                panic!("echo client {pid} did not finish after its release");
+            }
+        };
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "echo client {pid} failed:\n{text}");
+        let want = format!("{PER_CLIENT} round trips of 64 bytes over {PER_CLIENT} connection(s)");
+        assert!(text.contains(&want) && text.contains("every byte verified"), "{text}");
+        round_trips += PER_CLIENT;
+    }
+    let _ = std::fs::remove_file(&release);
+    assert_eq!(round_trips, TOTAL);
+
+    // The server destroys each connection as its DISCONNECTED arrives.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut now = res_counts(srv.pid());
+    while now != baseline && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        now = res_counts(srv.pid());
+    }
+    assert_eq!(now, baseline, "the server's resources after all {TOTAL} connections closed");
+    let after = link_counters();
+    for counter in ["rcvd_rnr_err", "send_rnr_err", "retry_rnr_exceeded_err"] {
+        assert!(after.contains_key(counter), "rxe has no counter {counter}: {after:?}");
+        assert_eq!(after.get(counter), before.get(counter), "{counter} moved: an RNR NAK happened");
+    }
+    println!("five thousand connections: {:.1} s in all; rxe counters {after:?}", started.elapsed().as_secs_f64());
+}

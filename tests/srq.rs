@@ -1,0 +1,371 @@
+//! Shared receive queues (`Config::srq`) on a real RDMA device: verified echo over the SRQ,
+//! receives refused on an SRQ connection, the credit rule's refusal, and flow control into an
+//! SRQ server with no RNR NAK.
+
+mod util;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use rdma_reactor::{
+    CloseReason, Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision,
+    ListenerHandler, Op, OpCode, Reactor, RejectCode, RejectReason, SrqConfig, Token,
+};
+use util::*;
+
+/// What the SRQ agents saw.
+#[derive(Debug, Default)]
+struct AgentLog {
+    /// `submit(Op::recv)` refusals, with their text.
+    refused_recvs: Vec<String>,
+    /// `recv_capacity()` in `on_ready`.
+    capacities: Vec<u32>,
+    /// Messages echoed (all with `Completion::SRQ_RECV` as user_data).
+    echoed: u64,
+    /// Receive completions with any other user_data.
+    foreign: u64,
+    closed: Vec<CloseReason>,
+    refused_conns: Vec<RejectReason>,
+}
+
+struct SrqListener {
+    log: Rc<RefCell<AgentLog>>,
+}
+
+impl ListenerHandler for SrqListener {
+    fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, _req: &ConnectRequest) -> Decision {
+        Decision::Accept(Box::new(SrqEcho { log: self.log.clone() }))
+    }
+
+    fn on_refused(&mut self, _ctx: &mut Ctx<'_>, _peer: Option<std::net::SocketAddr>, reason: &RejectReason) {
+        self.log.borrow_mut().refused_conns.push(reason.clone());
+    }
+}
+
+/// Echoes every message that arrives through the SRQ; tries once to post a receive of its own.
+struct SrqEcho {
+    log: Rc<RefCell<AgentLog>>,
+}
+
+impl ConnectionHandler for SrqEcho {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        let mut log = self.log.borrow_mut();
+        log.capacities.push(conn.recv_capacity());
+        let buf = conn.alloc(64).expect("a pool buffer");
+        match conn.submit(Op::recv(buf)) {
+            Ok(()) => panic!("a receive was accepted on an SRQ connection"),
+            Err(e) => {
+                assert!(e.op.opcode() == OpCode::Recv, "the operation comes back");
+                log.refused_recvs.push(e.error.to_string());
+            }
+        }
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        if let (OpCode::Recv, Ok(_)) = (c.opcode, c.result) {
+            if c.user_data != Completion::SRQ_RECV {
+                self.log.borrow_mut().foreign += 1;
+            }
+            if conn.submit(Op::send(c.buf.expect("the SRQ receive carries its buffer"))).is_ok() {
+                self.log.borrow_mut().echoed += 1;
+            }
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        self.log.borrow_mut().closed.push(reason);
+    }
+}
+
+fn srq_reactor(receives: u32, credit: u32) -> Reactor {
+    srq_reactor_with(receives, credit, None)
+}
+
+fn srq_reactor_with(receives: u32, credit: u32, shared_cq: Option<u32>) -> Reactor {
+    let srq = SrqConfig { receives, credit, buf_size: 4096, low_water: receives / 4 };
+    Reactor::with_config(Config { srq: Some(srq), shared_cq, ..Config::default() }).expect("SRQ reactor")
+}
+
+/// Eight clients ping-pong 200 verified messages each through a server whose receives all come
+/// from one SRQ of 64; the handlers cannot post receives of their own and see a receive
+/// capacity of 0; every completion carries `Completion::SRQ_RECV`; the SRQ stays full.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn echo_through_the_srq_every_byte_verified() {
+    echo_through_the_srq(None);
+}
+
+/// The same with every connection on one shared CQ of 256 entries: receive completions of
+/// eight queue pairs on one CQ reach their own connections (matched by `wc.qp_num`).
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn echo_through_the_srq_on_a_shared_cq() {
+    echo_through_the_srq(Some(256));
+}
+
+fn echo_through_the_srq(shared_cq: Option<u32>) {
+    let before = link_counters();
+    let server = addr();
+    let mut srv = srq_reactor_with(64, 8, shared_cq);
+    let log = Rc::new(RefCell::new(AgentLog::default()));
+    srv.listen(server, SrqListener { log: log.clone() }).expect("listen");
+    let mut cli = Reactor::with_config(Config { send_depth: 4, recv_depth: 4, ..Config::default() }).expect("client");
+    let mut results = Vec::new();
+    for i in 0..8 {
+        let (client, result) = PingClient::new(i, 512, 200);
+        let opts = ConnectOptions { msg_size: 512, ..Default::default() };
+        cli.connect(server, opts, client).expect("connect");
+        results.push(result);
+    }
+    pump(&mut [&mut srv, &mut cli], Duration::from_secs(300), "8 clients through the SRQ", || {
+        results.iter().all(|r| r.borrow().closed.is_some())
+    });
+    for (i, r) in results.iter().enumerate() {
+        let r = r.borrow();
+        assert_eq!(r.error, None, "client {i}");
+        assert_eq!(r.echoed, 200, "client {i}");
+        assert_eq!(r.verified_bytes, 200 * 512, "client {i}");
+    }
+    pump(&mut [&mut srv, &mut cli], Duration::from_secs(30), "the agents close", || log.borrow().closed.len() == 8);
+    let log = log.borrow();
+    assert_eq!(log.capacities, vec![0; 8], "an SRQ connection has no receive queue of its own");
+    assert_eq!(log.refused_recvs.len(), 8);
+    assert!(log.refused_recvs.iter().all(|t| t.contains("shared receive queue")), "{:?}", log.refused_recvs);
+    assert_eq!(log.echoed, 8 * 200);
+    assert_eq!(log.foreign, 0, "every SRQ message carries Completion::SRQ_RECV");
+    let st = srv.stats();
+    println!("server {st:?}");
+    assert_eq!(st.srq_consumed, 8 * 200, "{st:?}");
+    assert_eq!(st.srq_posted, 64 + 8 * 200, "the initial fill, then one re-post per message: {st:?}");
+    assert_eq!(st.srq_receives, 64, "the SRQ is full again: {st:?}");
+    assert_eq!(st.srq_stale, 0, "{st:?}");
+    assert!(st.srq_post_calls < st.srq_posted, "re-posts are chained: {st:?}");
+    let after = link_counters();
+    for counter in ["rcvd_rnr_err", "send_rnr_err"] {
+        assert_eq!(after.get(counter), before.get(counter), "{counter} moved: an RNR NAK happened");
+    }
+}
+
+/// A client that connects and stays open until told to close.
+struct Idle {
+    closed: Rc<RefCell<Option<CloseReason>>>,
+    up: Rc<RefCell<u32>>,
+}
+
+impl ConnectionHandler for Idle {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        let buf = conn.alloc(64).expect("buffer");
+        conn.submit(Op::recv(buf)).expect("receive");
+    }
+
+    fn on_established(&mut self, _conn: &mut Conn<'_>) {
+        *self.up.borrow_mut() += 1;
+    }
+
+    fn on_completion(&mut self, _conn: &mut Conn<'_>, _c: Completion) {}
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        *self.closed.borrow_mut() = Some(reason);
+    }
+}
+
+/// An SRQ of 8 receives with a credit of 4 holds two connections: the third is refused with
+/// `NoResources` and a text naming the shared receive queue, at the listener and at the
+/// client; after one leaves, a new one is admitted.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn the_credit_rule_refuses_the_third_connection() {
+    let server = addr();
+    let mut srv = srq_reactor(8, 4);
+    let log = Rc::new(RefCell::new(AgentLog::default()));
+    srv.listen(server, SrqListener { log: log.clone() }).expect("listen");
+    let mut cli = Reactor::new().expect("client");
+    let up = Rc::new(RefCell::new(0));
+    let mut conns = Vec::new();
+    for _ in 0..2 {
+        let closed = Rc::new(RefCell::new(None));
+        let t = cli.connect(
+            server,
+            ConnectOptions { msg_size: 64, ..Default::default() },
+            Idle { closed: closed.clone(), up: up.clone() },
+        );
+        conns.push((t.expect("connect"), closed));
+    }
+    pump(&mut [&mut srv, &mut cli], Duration::from_secs(60), "two connections up", || {
+        assert!(conns.iter().all(|(_, c)| c.borrow().is_none()), "a connection closed: {:?}", conns[0].1.borrow());
+        *up.borrow() == 2
+    });
+    let third = Rc::new(RefCell::new(None));
+    cli.connect(
+        server,
+        ConnectOptions { msg_size: 64, ..Default::default() },
+        Idle { closed: third.clone(), up: up.clone() },
+    )
+    .expect("connect");
+    pump(&mut [&mut srv, &mut cli], Duration::from_secs(60), "the third refused", || third.borrow().is_some());
+    let refusal = third.borrow().clone();
+    match refusal {
+        Some(CloseReason::Rejected { reason: Some(r), .. }) => {
+            assert_eq!(r.code, RejectCode::NoResources, "{r}");
+            assert!(r.text.contains("shared receive queue"), "{r}");
+        }
+        other => panic!("expected a reject with a reason, got {other:?}"),
+    }
+    {
+        let l = log.borrow();
+        assert_eq!(l.refused_conns.len(), 1, "{:?}", l.refused_conns);
+        assert_eq!(l.refused_conns[0].code, RejectCode::NoResources);
+        assert!(l.refused_conns[0].text.contains("shared receive queue"), "{}", l.refused_conns[0]);
+        println!("refused: {}", l.refused_conns[0]);
+    }
+    assert_eq!(srv.stats().srq_refused, 1);
+    // One leaves: there is room for a new one.
+    cli.ctx().close(conns[0].0);
+    let closed0 = conns[0].1.clone();
+    pump(&mut [&mut srv, &mut cli], Duration::from_secs(60), "the first closes", || {
+        closed0.borrow().is_some() && srv_closed(&log) == 1
+    });
+    let fourth = Rc::new(RefCell::new(None));
+    cli.connect(
+        server,
+        ConnectOptions { msg_size: 64, ..Default::default() },
+        Idle { closed: fourth.clone(), up: up.clone() },
+    )
+    .expect("connect");
+    pump(&mut [&mut srv, &mut cli], Duration::from_secs(60), "the fourth up", || *up.borrow() == 3);
+    assert_eq!(srv.stats().srq_refused, 1);
+    assert!(fourth.borrow().is_none());
+}
+
+fn srv_closed(log: &Rc<RefCell<AgentLog>>) -> usize {
+    log.borrow().closed.len()
+}
+
+/// `blast` with flow control into an SRQ server: 4 clients stream 20 000 verified messages
+/// each (SEND, then RDMA WRITE with immediate) at a window far above the credit of 4: no
+/// RNR NAK, nothing lost.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn blast_into_an_srq_server_flow_control_no_rnr() {
+    for op in ["send", "write"] {
+        let before = link_counters();
+        let server = addr();
+        let s = server.to_string();
+        let srv = Proc::spawn(
+            "blast server",
+            bin("blast"),
+            &[
+                "server",
+                "--bind",
+                &s,
+                "--verify",
+                "--quiet",
+                "--exit-after",
+                "4",
+                "--srq",
+                "--srq-receives",
+                "16",
+                "--srq-credit",
+                "4",
+            ],
+        );
+        wait_listening(server, Duration::from_secs(30));
+        let (ok, out) = run_output(
+            bin("blast"),
+            &[
+                "client",
+                "--connect",
+                &s,
+                "--clients",
+                "4",
+                "--size",
+                "256",
+                "--count",
+                "20000",
+                "--verify",
+                "--window",
+                "64",
+                "--op",
+                op,
+            ],
+            Duration::from_secs(240),
+        );
+        println!("{out}");
+        assert!(ok, "blast client ({op}) failed:\n{out}");
+        assert!(out.contains("80000 messages of 256 bytes"), "{out}");
+        let st = srv.wait(Duration::from_secs(60));
+        assert!(st.success(), "the SRQ server verified every message ({op}): exit {st}");
+        let after = link_counters();
+        for counter in ["rcvd_rnr_err", "send_rnr_err", "retry_rnr_exceeded_err"] {
+            assert_eq!(after.get(counter), before.get(counter), "{op}: {counter} moved: an RNR NAK happened");
+        }
+    }
+}
+
+/// A client that claims flow control in its connect information but ignores its credits: it
+/// posts 64 receives and sends 64 messages at once.
+struct Flood {
+    closed: Rc<RefCell<Option<CloseReason>>>,
+}
+
+impl ConnectionHandler for Flood {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        for _ in 0..64 {
+            let buf = conn.alloc(64).expect("buffer");
+            conn.submit(Op::recv(buf)).expect("receive");
+        }
+    }
+
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        for i in 0..64u8 {
+            let mut buf = conn.alloc(64).expect("buffer");
+            buf.fill_from(&[i; 64]).expect("fill");
+            if conn.submit(Op::send(buf)).is_err() {
+                return;
+            }
+        }
+    }
+
+    fn on_completion(&mut self, _conn: &mut Conn<'_>, _c: Completion) {}
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        *self.closed.borrow_mut() = Some(reason);
+    }
+}
+
+/// A peer that breaks its credit on the shared receive queue (it offered flow control, then
+/// sends 64 messages into a credit of 4) is closed with a protocol error naming it; the SRQ
+/// is refilled and serves the next connection.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_peer_beyond_its_credit_is_closed() {
+    let server = addr();
+    let mut srv = srq_reactor(64, 4);
+    let log = Rc::new(RefCell::new(AgentLog::default()));
+    srv.listen(server, SrqListener { log: log.clone() }).expect("listen");
+    let mut cli = Reactor::with_config(Config { flow_control: false, ..Config::default() }).expect("client");
+    let lie = rdma_reactor::ConnectInfo { msg_size: 64, recv_depth: 64, flow_control: true, ..Default::default() };
+    let opts = ConnectOptions { raw_private_data: Some(lie.encode(56).expect("encode")), ..Default::default() };
+    let closed = Rc::new(RefCell::new(None));
+    cli.connect(server, opts, Flood { closed: closed.clone() }).expect("connect");
+    pump(&mut [&mut srv, &mut cli], Duration::from_secs(120), "the flooding peer closed", || {
+        closed.borrow().is_some() && !log.borrow().closed.is_empty()
+    });
+    let why = log.borrow().closed[0].clone();
+    match &why {
+        CloseReason::Protocol(text) => assert!(text.contains("beyond its credit"), "{text}"),
+        other => panic!("expected a protocol close, got {other}"),
+    }
+    let st = srv.stats();
+    assert!(st.srq_overdrawn >= 1, "{st:?}");
+    // The SRQ is whole again and serves a well-behaved client.
+    let (client, result) = PingClient::new(0, 64, 20);
+    cli.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, client).expect("connect");
+    pump(&mut [&mut srv, &mut cli], Duration::from_secs(120), "a good client after", || {
+        result.borrow().closed.is_some()
+    });
+    assert_eq!(result.borrow().error, None);
+    assert_eq!(result.borrow().echoed, 20);
+    assert_eq!(srv.stats().srq_receives, 64, "{:?}", srv.stats());
+}
