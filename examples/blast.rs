@@ -3,6 +3,7 @@
 //! ```text
 //! blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet] [--spin-us N]
 //!              [--srq [--srq-receives N] [--srq-credit N] [--srq-size BYTES]]
+//!              [--threads N] [--balance round-robin|fewest]
 //! blast client --connect ADDR:PORT --size BYTES --count N [--clients K] [--op send|write]
 //!              [--verify] [--window N] [--spin-us N]
 //! ```
@@ -19,8 +20,10 @@ mod common;
 use std::cell::RefCell;
 use std::process::exit;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::group::{self, Group};
 use common::{check_pattern, fill_pattern, Args};
 use rdma_reactor::{
     CloseReason, Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision, Exposed,
@@ -31,6 +34,7 @@ use rdma_reactor::{
 const USAGE: &str = "\
 usage: blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet]
                     [--spin-us N] [--srq [--srq-receives N] [--srq-credit N] [--srq-size BYTES]]
+                    [--threads N] [--balance round-robin|fewest]
        blast client --connect ADDR:PORT --size BYTES --count N [--clients K]
                     [--op send|write] [--verify] [--window N] [--spin-us N]
 
@@ -39,6 +43,9 @@ server: receives from any number of clients at once, from one thread.
   --verify           check every byte of every message
   --depth N          receives posted per connection: the credit window (default 16, minimum 3)
   --exit-after N     exit after N connections have closed (default: run until killed)
+  --threads N        reactors, one per thread (default 1); the first listens and spreads the
+                     connections over all; at exit each prints what it served
+  --balance B        how: round-robin (default) or fewest (live connections)
   --quiet            no per-connection lines
   --spin-us N        (both) poll for N microseconds after work before sleeping (default 0)
   --keepalive-ms N   (both) probe an idle connection every N ms (default: off)
@@ -93,7 +100,6 @@ fn cpu_seconds() -> (f64, f64) {
 
 // ----- server -------------------------------------------------------------------------------
 
-#[derive(Default)]
 struct Totals {
     msgs: u64,
     bytes: u64,
@@ -103,7 +109,9 @@ struct Totals {
     closed: u64,
     failed: u64,
     active: u64,
-    exit_after: u64,
+    /// This reactor's index in the group.
+    reactor: usize,
+    group: Arc<Group>,
 }
 
 struct BlastListener {
@@ -311,24 +319,33 @@ impl ConnectionHandler for BlastAgent {
                 rate(self.bytes, self.seq, secs)
             );
         }
-        if t.exit_after > 0 && t.closed >= t.exit_after {
+        if let Some(closed) = t.group.closed(ctx, t.reactor, self.seq, self.bytes, failed) {
+            let g = &t.group;
             println!(
-                "blast server: total {} messages, {} bytes, {} connections, {} failed",
-                t.msgs, t.bytes, t.closed, t.failed
+                "blast server: total {} messages, {} bytes, {closed} connections, {} failed",
+                g.messages(),
+                g.bytes(),
+                g.failed()
             );
-            ctx.stop();
         }
     }
 }
 
 fn server(args: Args) {
-    args.finish(&[&["bind", "depth", "exit-after", "spin-us"][..], &Args::LIVENESS[..], &Args::SRQ[..]].concat());
+    let own = ["bind", "depth", "exit-after", "spin-us", "threads", "balance"];
+    args.finish(&[&own[..], &Args::LIVENESS[..], &Args::SRQ[..]].concat());
     let bind = args.addr("bind");
     let depth: u32 = args.get("depth", 16);
     if depth < 3 {
         common::fail(USAGE, "--depth must be at least 3 (flow control needs a reserve)");
     }
-    let totals = Rc::new(RefCell::new(Totals { exit_after: args.get("exit-after", 0), ..Totals::default() }));
+    let threads: usize = args.get("threads", 1);
+    if threads == 0 {
+        common::fail(USAGE, "--threads must be at least 1");
+    }
+    let balance = group::balance(&args.get("balance", "round-robin".to_string()))
+        .unwrap_or_else(|| common::fail(USAGE, "--balance is round-robin or fewest"));
+    let group = Group::new(threads, args.get("exit-after", 0));
     let srq = args.srq();
     // On a shared receive queue each connection's credit window is the SRQ's credit.
     let depth = srq.map_or(depth, |s| s.credit);
@@ -338,26 +355,28 @@ fn server(args: Args) {
         spin: args.spin(),
         ..Config::default()
     }));
-    let mut reactor = Reactor::with_config(cfg)
-        .unwrap_or_else(|e| common::die("blast", &format!("cannot start: {}", common::report(&e))));
-    let listener = BlastListener {
+    let (verify, quiet, on_srq) = (args.switch("verify"), args.switch("quiet"), srq.is_some());
+    let g = group.clone();
+    group::serve("blast", &group, bind, cfg, balance, "", move |reactor| BlastListener {
         depth,
-        srq: srq.is_some(),
-        verify: args.switch("verify"),
-        quiet: args.switch("quiet"),
-        totals: totals.clone(),
+        srq: on_srq,
+        verify,
+        quiet,
+        totals: Rc::new(RefCell::new(Totals {
+            msgs: 0,
+            bytes: 0,
+            window_bytes: 0,
+            window_msgs: 0,
+            closed: 0,
+            failed: 0,
+            active: 0,
+            reactor,
+            group: g.clone(),
+        })),
         ticking: false,
         last_tick: Instant::now(),
-    };
-    reactor
-        .listen(bind, listener)
-        .unwrap_or_else(|e| common::die("blast", &format!("cannot listen on {bind}: {}", common::report(&e))));
-    println!("blast server: listening on {bind} (pid {})", std::process::id());
-    if let Err(e) = reactor.run() {
-        common::die("blast", &format!("reactor failed: {}", common::report(&e)));
-    }
-    let t = totals.borrow();
-    if t.failed > 0 {
+    });
+    if group.failed() > 0 {
         exit(1);
     }
 }

@@ -3,12 +3,14 @@
 //! ```text
 //! echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
 //!             [--srq [--srq-receives N] [--srq-credit N] [--srq-size BYTES]] [--marks N,N,..]
+//!             [--threads N] [--balance round-robin|fewest]
 //! echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
 //!             [--stall-timeout SECS] [--spin-us N] [--hold-ms N] [--hold-until PATH]
 //! ```
 //!
-//! The server echoes every message it receives on every connection; it also serves plain
-//! librdmacm clients that send no connect information (`rdma_client`). The client opens K
+//! The server echoes every message it receives on every connection, from one reactor thread,
+//! or from N with `--threads N` (the first listens and hands connections to the others); it
+//! also serves plain librdmacm clients that send no connect information (`rdma_client`). The client opens K
 //! connections from one reactor, ping-pongs N messages of BYTES on each (one in flight per
 //! connection), checks every echoed byte with `--verify`, and prints the round-trip latency
 //! distribution and the message rate. It exits non-zero with a message on any failure.
@@ -18,8 +20,10 @@ mod common;
 use std::cell::RefCell;
 use std::process::exit;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::group::{self, Group};
 use common::{check_pattern, fill_pattern, percentile, us, Args};
 use rdma_reactor::{
     Buf, CloseReason, Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision,
@@ -29,6 +33,7 @@ use rdma_reactor::{
 const USAGE: &str = "\
 usage: echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
                    [--srq [--srq-receives N] [--srq-credit N] [--srq-size BYTES]] [--marks N,N,..]
+                   [--threads N] [--balance round-robin|fewest]
        echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
                    [--stall-timeout SECS] [--spin-us N] [--hold-ms N] [--hold-until PATH]
 
@@ -37,6 +42,9 @@ server: echoes every message on every connection, from one thread.
   --depth N            receives kept posted per connection (default 16)
   --exit-after N       exit after N connections have closed (default: run until killed)
   --quiet              no per-connection lines
+  --threads N          reactors, one per thread (default 1); the first listens and spreads the
+                       connections over all; at exit each prints what it served
+  --balance B          how: round-robin (default) or fewest (live connections)
   --spin-us N          (both) poll for N microseconds after work before sleeping (default 0:
                        event mode)
   --keepalive-ms N     (both) probe an idle connection every N ms (zero-length RDMA WRITE), so
@@ -52,7 +60,7 @@ server: echoes every message on every connection, from one thread.
   --srq-credit N       receive depth each connection is granted (default 8, at least 3)
   --srq-size BYTES     buffer of each shared receive: the largest message (default 4K)
   --marks N,N,..       print a `mark` line (live connections, registered bytes) when the live
-                       connections reach each N
+                       connections reach each N (per reactor)
 client: ping-pongs messages and reports round-trip latency.
   --connect ADDR:PORT  the server
   --size BYTES         message size, 1 to 1M (suffixes K, M)
@@ -76,13 +84,13 @@ fn main() {
 // ----- server -------------------------------------------------------------------------------
 
 struct ServerStats {
-    closed: u64,
-    echoed: u64,
     quiet: bool,
-    exit_after: u64,
     /// Established and not yet closed.
     live: u64,
     marks: Vec<u64>,
+    /// This reactor's index in the group.
+    reactor: usize,
+    group: Arc<Group>,
 }
 
 struct EchoListener {
@@ -182,53 +190,47 @@ impl ConnectionHandler for EchoAgent {
 
     fn on_closed(&mut self, ctx: &mut Ctx<'_>, token: Token, reason: CloseReason) {
         let mut s = self.stats.borrow_mut();
-        s.closed += 1;
-        s.echoed += self.echoed;
         if self.established {
             s.live -= 1;
         }
         if !s.quiet || !reason.is_clean() {
             println!("echo server: {token:?} closed after {} messages: {reason}", self.echoed);
         }
-        if s.exit_after > 0 && s.closed >= s.exit_after {
-            println!("echo server: {} connections closed, {} messages echoed; exiting", s.closed, s.echoed);
-            ctx.stop();
+        let bytes = self.echoed * self.size as u64;
+        if let Some(closed) = s.group.closed(ctx, s.reactor, self.echoed, bytes, !reason.is_clean()) {
+            println!("echo server: {closed} connections closed, {} messages echoed; exiting", s.group.messages());
         }
     }
 }
 
 fn server(args: Args) {
-    args.finish(
-        &[&["bind", "depth", "exit-after", "spin-us", "marks"][..], &Args::LIVENESS[..], &Args::SRQ[..]].concat(),
-    );
+    let own = ["bind", "depth", "exit-after", "spin-us", "marks", "threads", "balance"];
+    args.finish(&[&own[..], &Args::LIVENESS[..], &Args::SRQ[..]].concat());
     let bind = args.addr("bind");
     let depth: u32 = args.get("depth", 16);
     if depth == 0 {
         common::fail(USAGE, "--depth must be at least 1");
     }
-    let stats = Rc::new(RefCell::new(ServerStats {
-        closed: 0,
-        echoed: 0,
-        quiet: args.switch("quiet"),
-        exit_after: args.get("exit-after", 0),
-        live: 0,
-        marks: args.marks(),
-    }));
+    let threads: usize = args.get("threads", 1);
+    if threads == 0 {
+        common::fail(USAGE, "--threads must be at least 1");
+    }
+    let balance = group::balance(&args.get("balance", "round-robin".to_string()))
+        .unwrap_or_else(|| common::fail(USAGE, "--balance is round-robin or fewest"));
+    let (quiet, marks) = (args.switch("quiet"), args.marks());
+    let group = Group::new(threads, args.get("exit-after", 0));
     let srq = args.srq();
     let cfg =
         args.with_srq(args.liveness(Config { recv_depth: depth.max(16), spin: args.spin(), ..Config::default() }));
-    let mut reactor = Reactor::with_config(cfg)
-        .unwrap_or_else(|e| common::die("echo", &format!("cannot start: {}", common::report(&e))));
-    reactor
-        .listen(bind, EchoListener { depth, srq: srq.is_some(), stats: stats.clone() })
-        .unwrap_or_else(|e| common::die("echo", &format!("cannot listen on {bind}: {}", common::report(&e))));
-    let srq_note = srq.map_or(String::new(), |s| {
+    let srq_note = srq.as_ref().map_or(String::new(), |s| {
         format!(", shared receive queue of {} receives of {} bytes, credit {}", s.receives, s.buf_size, s.credit)
     });
-    println!("echo server: listening on {bind} (pid {}){srq_note}", std::process::id());
-    if let Err(e) = reactor.run() {
-        common::die("echo", &format!("reactor failed: {}", common::report(&e)));
-    }
+    let (g, on_srq) = (group.clone(), srq.is_some());
+    group::serve("echo", &group, bind, cfg, balance, &srq_note, move |reactor| EchoListener {
+        depth,
+        srq: on_srq,
+        stats: Rc::new(RefCell::new(ServerStats { quiet, live: 0, marks: marks.clone(), reactor, group: g.clone() })),
+    });
 }
 
 // ----- client -------------------------------------------------------------------------------

@@ -76,9 +76,9 @@ pub use proto::op::{OpCode, OpError, RemoteAccess, WcStatus};
 pub use proto::token::Token;
 pub use proto::wire::{ConnectInfo, RejectCode, RejectReason, RemoteSlice, WireError};
 pub use reactor::{
-    Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision, FdEvent, FdHandler,
-    Interest, ListenerHandler, Op, RawBuf, Reactor, ReactorGone, Readiness, Remote, SrqConfig, Stats, SubmitError,
-    Timeouts,
+    Balance, Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision, FdEvent,
+    FdHandler, Interest, ListenerHandler, Op, RawBuf, Reactor, ReactorGone, Readiness, Remote, SrqConfig, Stats,
+    SubmitError, Timeouts,
 };
 pub use sys::device::{devices, DeviceInfo, LinkLayer, PortInfo, PortState};
 pub use sys::pool::{Buf, Exposed, PoolConfig};

@@ -6,6 +6,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::exit;
 use std::str::FromStr;
 
+pub mod group;
+
 /// Parsed `--flag value` and `--switch` arguments.
 pub struct Args {
     values: HashMap<String, String>,

@@ -43,6 +43,9 @@ pub(crate) enum Kind {
     UserFd = 10,
     /// A receive the runtime posted to a device's shared receive queue (its `wr_id`).
     SrqRecv = 11,
+    /// A connect request's id in transit from the listening reactor to another one
+    /// (`reactor/handoff.rs`): its `context` until the receiving reactor adopts it.
+    Handoff = 12,
 }
 
 impl Kind {
@@ -59,6 +62,7 @@ impl Kind {
             9 => Kind::Remote,
             10 => Kind::UserFd,
             11 => Kind::SrqRecv,
+            12 => Kind::Handoff,
             _ => return None,
         })
     }
@@ -284,6 +288,7 @@ mod tests {
             Kind::Remote,
             Kind::UserFd,
             Kind::SrqRecv,
+            Kind::Handoff,
         ] {
             for (index, generation) in [(0, 1), (7, 2), (u32::MAX, MAX_GENERATION), (12345, 999)] {
                 let t = Token::new(kind, index, generation);

@@ -24,10 +24,16 @@
 //! The rest (PORT_ACTIVE, COMM_EST, ...) are counted and otherwise ignored.
 //!
 //! A device's event fd belongs to its context, which librdmacm opens once per process: with
-//! several reactors in one process, the one that reads an event acts on it, and an event
-//! naming a queue pair or CQ of another reactor is counted (`Stats::stale_async_events`)
-//! and lost to that reactor. Objects are matched by address, never by a context value that
-//! another reactor could also have issued.
+//! several reactors in one process, the one that reads an event acts on it and passes a copy
+//! to the others through their inboxes (`Core::share_async`, `remote.rs`), which act on it as
+//! if they had read it (`Stats::shared_async_events`); an event naming a queue pair or CQ a
+//! reactor does not have is counted there (`Stats::stale_async_events`). Objects are matched
+//! by address, never by a context value that another reactor could also have issued. A copy
+//! arrives after the reader acked the event, so for a queue pair or CQ the address names the
+//! object only as long as its owner has not destroyed it (and reused the address for a new
+//! one) in between: a window of one tick of the owner, in which a stray fault of a new queue
+//! pair at the same address is possible in theory. Port and device events have no such
+//! window.
 //!
 //! **A lost device** (DEVICE_REMOVAL on any of its ids, DEVICE_FATAL, or an error reading one
 //! of its fds, which a disassociated device reports as `EIO` on every read) leaves the epoll
@@ -223,11 +229,13 @@ impl Core {
             n += 1;
             self.stats.async_events += 1;
             self.on_async(d, kind, element);
+            // The fd is the process's, not this reactor's: the others hear it too.
+            self.share_async(dev.as_ptr() as usize, kind, element);
         }
         n
     }
 
-    fn on_async(&mut self, d: usize, kind: AsyncEventKind, element: AsyncElement) {
+    pub(super) fn on_async(&mut self, d: usize, kind: AsyncEventKind, element: AsyncElement) {
         use AsyncEventKind as K;
         let reason = CloseReason::AsyncEvent(kind);
         match (kind, element) {

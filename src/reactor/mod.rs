@@ -16,7 +16,9 @@
 //!    CQs, since each raises one), count each on its CQ (acks are batched), mark the CQ hot
 //!    (`cq.rs`).
 //!    In the same pass, in epoll's order: a device's event fd (`device.rs`), the [`Remote`]
-//!    eventfd (queued messages to the message handler, a stop request; `remote.rs`), an
+//!    eventfd (queued messages to the message handler, a stop request, connect requests
+//!    handed over by another reactor (`handoff.rs`), asynchronous events another reactor
+//!    read; `remote.rs`), an
 //!    application fd registered with [`Ctx::register_fd`] (its callback; `userfd.rs`).
 //! 4. Poll hot CQs in batches under a per-CQ budget. A CQ found empty stays unarmed for now;
 //!    a CQ that used its budget stays hot for the next tick.
@@ -51,7 +53,7 @@
 //! (submission, the FFI post), `cq.rs` (the CQ protocol, completions), `timers.rs`,
 //! `teardown.rs` (close, destroy, cancel, shutdown), `ctx.rs` and `handler.rs` (the callback
 //! API), `op.rs` (operations and completions), `stats.rs`, `remote.rs` (the cross-thread
-//! handle), `userfd.rs` (application fds), `embed.rs` (the epoll fd and `next_timeout` for an
+//! handle), `handoff.rs` (spreading a listener's connections over reactors), `userfd.rs` (application fds), `embed.rs` (the epoll fd and `next_timeout` for an
 //! outer loop).
 
 mod config;
@@ -63,6 +65,7 @@ mod drive;
 mod embed;
 mod expose;
 mod handler;
+mod handoff;
 mod op;
 mod post;
 mod remote;
@@ -84,6 +87,7 @@ pub(crate) mod bench {
 }
 pub use ctx::{Conn, Ctx, SubmitError};
 pub use handler::{ConnectRequest, ConnectionHandler, Decision, ListenerHandler};
+pub use handoff::Balance;
 pub use op::{Completion, Op, RawBuf};
 pub use remote::{ReactorGone, Remote};
 pub use stats::Stats;
@@ -255,6 +259,8 @@ struct ListenerEntry {
     sm: Listener,
     handler: Option<Box<dyn ListenerHandler>>,
     close_reason: Option<CloseReason>,
+    /// The reactors its connect requests are spread over (`handoff.rs`).
+    spread: Option<handoff::Spread>,
 }
 
 struct Device {
@@ -285,6 +291,9 @@ struct Device {
 pub(crate) struct Core {
     /// Ids of rejected connect requests, destroyed at the end of the tick.
     graveyard: Vec<CmId>,
+    /// Connect requests chosen for other reactors, migrated once their event is acked
+    /// (`handoff.rs`).
+    outgoing: Vec<handoff::Outgoing>,
     conns: GenSlab<ConnKey, ConnEntry>,
     ops: GenSlab<OpKey, OpEntry>,
     cqs: GenSlab<CqKey, CqEntry>,
@@ -331,6 +340,9 @@ pub(crate) struct Core {
     stop: bool,
     /// Set by shutdown: no new listener or connection.
     shutting_down: bool,
+    /// The listener that decides connect requests handed over by other reactors
+    /// (`Reactor::accept_handoffs`).
+    handoff_listener: Option<ListenerKey>,
     /// The first panic of a user callback in this tick, resumed at its end.
     panic: Option<Box<dyn std::any::Any + Send>>,
     /// Agents in the accepting state (accepted, not yet established), for
@@ -406,10 +418,11 @@ impl Reactor {
         })?;
         let token = Token::new(Kind::CmChannel, 0, 1);
         epoll.add(&*cm, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
-        let inbox = Inbox::new(&epoll)?;
+        let inbox = Inbox::new(&epoll, Some(cm.channel_ref()))?;
         Ok(Reactor {
             core: Core {
                 graveyard: Vec::new(),
+                outgoing: Vec::new(),
                 conns: GenSlab::new(),
                 ops: GenSlab::new(),
                 cqs: GenSlab::new(),
@@ -439,6 +452,7 @@ impl Reactor {
                 clock: Instant::now(),
                 stop: false,
                 shutting_down: false,
+                handoff_listener: None,
                 accepting: 0,
                 panic: None,
                 stats: Stats::default(),
@@ -662,6 +676,7 @@ impl Core {
         }
         self.flush_acks();
         work += self.reap();
+        self.inbox.publish_load(self.conns.len());
         if n > 0 && work == 0 {
             self.stats.spurious_wakeups += 1;
         }

@@ -16,31 +16,74 @@
 //! When the reactor is dropped the inbox is marked closed (by `Inbox`'s `Drop`, a field of
 //! `Core`): from then on [`Remote::send`] and [`Remote::stop`] return [`ReactorGone`]. The
 //! eventfd itself lives as long as the last handle.
+//!
+//! The inbox also carries what reactors of one process pass each other, taken in the same
+//! step as the messages:
+//! - connect requests handed over by a spreading listener (`handoff.rs`): the inbox holds the
+//!   reactor's CM channel address while the reactor exists, cleared under the lock (in
+//!   `Inbox`'s `Drop`, before `Core` destroys the channel), and a sender migrates an id to
+//!   that channel and queues it under the same lock;
+//! - asynchronous device events (`Core::share_async`): librdmacm opens each device context
+//!   once per process, so every reactor on a device has the same event fd in its epoll set;
+//!   the one that reads an event acts on it and queues a copy in every other reactor's inbox
+//!   (found in `REACTORS`, a process-wide list of weak references), and each acts on it if it
+//!   names its device and, for a queue pair or CQ, an object it has.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
+use super::handoff::Parcel;
 use super::{os, Core, Ctx, Reactor};
 use crate::error::Result;
+use crate::proto::conn::AsyncEventKind;
 use crate::proto::token::{Kind, Token};
+use crate::sys::cm::ChannelRef;
+use crate::sys::device::AsyncElement;
+
+/// Every reactor of the process, for sharing asynchronous device events (`Core::share_async`):
+/// librdmacm opens each device context once per process, so every reactor on a device has the
+/// same event fd in its epoll set, and the one that reads an event passes a copy to the
+/// others. Locked only when a reactor is created and when an asynchronous event is read.
+static REACTORS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+/// An asynchronous event another reactor of the process read (and acked), as copied out of
+/// it: the device context's address, the kind, what it names (by address).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SharedAsync {
+    context: usize,
+    kind: AsyncEventKind,
+    element: AsyncElement,
+}
 
 /// What both sides share.
 #[derive(Debug)]
 struct Shared {
     efd: EventFd,
     inbox: Mutex<Queue>,
+    /// The reactor's live connections, published by it at the end of a tick in which the
+    /// number changed (`Balance::Fewest` reads it).
+    load: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
-struct Queue {
+pub(super) struct Queue {
     messages: VecDeque<u64>,
     stop: bool,
     /// The reactor is gone.
-    closed: bool,
+    pub(super) closed: bool,
+    /// The reactor's CM channel, for migrating ids to it (`handoff.rs`); `None` once closed.
+    pub(super) chan: Option<ChannelRef>,
+    /// Connect requests handed to this reactor, not yet taken (`handoff.rs`).
+    pub(super) parcels: VecDeque<Parcel>,
+    /// The last hand-off sequence number issued (the index of the next `Handoff` token).
+    pub(super) handoff_seq: u32,
+    /// Asynchronous device events other reactors read (`Core::share_async`).
+    shared_async: Vec<SharedAsync>,
 }
 
 impl Shared {
@@ -60,6 +103,9 @@ impl Shared {
 /// A handle to a [`Reactor`] usable from any thread: stops it, or wakes it with a `u64`
 /// message that the handler set with [`Reactor::set_message_handler`] receives on the
 /// reactor's thread.
+///
+/// It also names its reactor to another one: [`Ctx::listen_spread`] takes the `Remote`s of the
+/// reactors a listener's connections are spread over.
 ///
 /// Cheap to clone (an `Arc`). Messages from one thread arrive in the order sent; messages
 /// sent before [`stop`](Remote::stop) are delivered before [`Reactor::run`] returns. Holding
@@ -140,6 +186,26 @@ impl Remote {
     pub fn is_alive(&self) -> bool {
         !self.shared.lock().closed
     }
+
+    /// The inbox, locked (`handoff.rs`).
+    pub(super) fn lock_queue(&self) -> MutexGuard<'_, Queue> {
+        self.shared.lock()
+    }
+
+    /// Wakes the reactor (after queueing something under the lock).
+    pub(super) fn wake(&self) {
+        self.shared.wake();
+    }
+
+    /// The reactor's live connections as it last published them.
+    pub(super) fn load(&self) -> usize {
+        self.shared.load.load(Ordering::Relaxed)
+    }
+
+    /// True if this is the handle of the reactor that owns `inbox`.
+    pub(super) fn is_of(&self, inbox: &Inbox) -> bool {
+        Arc::ptr_eq(&self.shared, &inbox.shared)
+    }
 }
 
 /// The message handler's type.
@@ -150,21 +216,47 @@ pub(super) struct Inbox {
     shared: Arc<Shared>,
     handler: Option<MessageHandler>,
     taken: VecDeque<u64>,
+    /// Shared asynchronous events taken with the messages.
+    taken_async: Vec<SharedAsync>,
+    /// The load last published (`Shared::load`).
+    published: usize,
 }
 
 impl Inbox {
     /// Creates the eventfd (non-blocking, close-on-exec) and registers it with `epoll`.
-    pub(super) fn new(epoll: &Epoll) -> Result<Inbox> {
+    ///
+    /// `chan` is the reactor's CM channel, which outlives the inbox (`Core`'s field order).
+    pub(super) fn new(epoll: &Epoll, chan: Option<ChannelRef>) -> Result<Inbox> {
         let efd =
             EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK).map_err(os("eventfd"))?;
         let token = Token::new(Kind::Remote, 0, 1);
         epoll.add(&efd, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
-        let shared = Arc::new(Shared { efd, inbox: Mutex::new(Queue::default()) });
-        Ok(Inbox { shared, handler: None, taken: VecDeque::new() })
+        let queue = Queue { chan, ..Queue::default() };
+        let shared = Arc::new(Shared { efd, inbox: Mutex::new(queue), load: AtomicUsize::new(0) });
+        {
+            let mut all = REACTORS.lock().unwrap_or_else(PoisonError::into_inner);
+            all.retain(|w| w.strong_count() > 0);
+            all.push(Arc::downgrade(&shared));
+        }
+        Ok(Inbox { shared, handler: None, taken: VecDeque::new(), taken_async: Vec::new(), published: 0 })
     }
 
-    fn remote(&self) -> Remote {
+    pub(super) fn remote(&self) -> Remote {
         Remote { shared: self.shared.clone() }
+    }
+
+    /// The inbox, locked (`handoff.rs`).
+    pub(super) fn lock_queue(&self) -> MutexGuard<'_, Queue> {
+        self.shared.lock()
+    }
+
+    /// Publishes the reactor's live connections if they changed: one comparison per tick,
+    /// one relaxed store when the number moved.
+    pub(super) fn publish_load(&mut self, conns: usize) {
+        if conns != self.published {
+            self.published = conns;
+            self.shared.load.store(conns, Ordering::Relaxed);
+        }
     }
 
     /// Resets the eventfd, then takes the queued messages into `self.taken`; returns whether a
@@ -177,6 +269,7 @@ impl Inbox {
         }
         let mut q = self.shared.lock();
         std::mem::swap(&mut q.messages, &mut self.taken);
+        std::mem::swap(&mut q.shared_async, &mut self.taken_async);
         std::mem::take(&mut q.stop)
     }
 }
@@ -186,6 +279,13 @@ impl Drop for Inbox {
         let mut q = self.shared.lock();
         q.closed = true;
         q.messages.clear();
+        // Under the lock, before the channel is destroyed (it is a later field of `Core`): no
+        // sender migrates to it from now on.
+        q.chan = None;
+        // Ids handed over but never taken: destroyed on their (still live) channel, which
+        // rejects their requests.
+        q.parcels.clear();
+        q.shared_async.clear();
     }
 }
 
@@ -200,8 +300,16 @@ impl Core {
     /// none is set), then honour a stop request. Returns how many messages and requests.
     pub(super) fn drain_remote(&mut self) -> usize {
         let stop = self.inbox.take();
+        // Connect requests handed over by other reactors (`handoff.rs`), after the eventfd
+        // was read: one queued later comes with a later write.
+        let adopted = self.take_handoffs();
+        let shared = std::mem::take(&mut self.inbox.taken_async);
+        let mut n = adopted + shared.len();
+        for ev in shared {
+            self.on_shared_async(ev);
+        }
         let mut messages = std::mem::take(&mut self.inbox.taken);
-        let n = messages.len() + usize::from(stop);
+        n += messages.len() + usize::from(stop);
         if !messages.is_empty() {
             if let Some(mut h) = self.inbox.handler.take() {
                 for m in messages.drain(..) {
@@ -219,6 +327,40 @@ impl Core {
             self.stop = true;
         }
         n
+    }
+}
+
+impl Core {
+    /// Passes a copy of an asynchronous event this reactor read on device `context` (its
+    /// address) to every other reactor of the process; each acts on it only if it names its
+    /// device and, for a queue pair or CQ, an object it has (matched by address, as the
+    /// reader does).
+    pub(super) fn share_async(&mut self, context: usize, kind: AsyncEventKind, element: AsyncElement) {
+        let others: Vec<Arc<Shared>> = {
+            let all = REACTORS.lock().unwrap_or_else(PoisonError::into_inner);
+            all.iter().filter_map(Weak::upgrade).filter(|s| !Arc::ptr_eq(s, &self.inbox.shared)).collect()
+        };
+        for s in others {
+            {
+                let mut q = s.lock();
+                if q.closed {
+                    continue;
+                }
+                q.shared_async.push(SharedAsync { context, kind, element });
+            }
+            s.wake();
+        }
+    }
+
+    /// An asynchronous event another reactor read: acted on as if read here, if this reactor
+    /// uses that device.
+    fn on_shared_async(&mut self, ev: SharedAsync) {
+        let found = (0..self.devices.slots())
+            .find(|&d| self.devices.get(d).is_some_and(|x| !x.lost && x.dev.as_ptr() as usize == ev.context));
+        if let Some(d) = found {
+            self.stats.shared_async_events += 1;
+            self.on_async(d, ev.kind, ev.element);
+        }
     }
 }
 
@@ -246,7 +388,7 @@ mod tests {
 
     fn inbox() -> (Epoll, Inbox) {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).expect("epoll");
-        let inbox = Inbox::new(&epoll).expect("inbox");
+        let inbox = Inbox::new(&epoll, None).expect("inbox");
         (epoll, inbox)
     }
 

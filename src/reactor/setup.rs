@@ -10,7 +10,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::proto::conn::{Agent, Client, CloseReason, CmEventKind, Input, Listener, ListenerAction};
 use crate::proto::flow::{negotiate, MIN_DEPTH};
-use crate::proto::token::{ConnKey, Key, ListenerKey, Token};
+use crate::proto::token::{ConnKey, Key, Kind, ListenerKey, Token};
 use crate::proto::wire::{ConnectInfo, RejectCode, RejectReason, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
 use crate::sys::cm::{CmEvent, CmId, ConnParam};
 use crate::sys::qp::{Qp, QpCaps};
@@ -28,6 +28,7 @@ impl Core {
             sm: Listener::new(),
             handler: Some(handler),
             close_reason: None,
+            spread: None,
         });
         let what = format!("listener on {addr}");
         let setup = (|| {
@@ -126,7 +127,7 @@ impl Core {
         None
     }
 
-    fn refuse_when_shutting_down(&self) -> Result<()> {
+    pub(super) fn refuse_when_shutting_down(&self) -> Result<()> {
         if self.shutting_down {
             return Err(Error::NotConnected("the reactor is shutting down".into()));
         }
@@ -151,12 +152,23 @@ impl Core {
             // The event is acked here, before the next is read; ids it names are destroyed
             // only at the end of the tick.
             drop(ev);
+            if !self.outgoing.is_empty() {
+                // A connect request chosen for another reactor: its event is acked, no other
+                // event of its id was read, so it migrates now without blocking.
+                self.send_handoffs();
+            }
         }
         Ok(n)
     }
 
     fn on_cm_event(&mut self, ev: &mut CmEvent) {
-        let token = Token::from_u64(ev.context());
+        let mut token = Token::from_u64(ev.context());
+        if token.is_some_and(|t| t.kind() == Kind::Handoff) {
+            // An event of an id migrated here whose parcel is not adopted yet: the sender
+            // queued it under the inbox lock it migrated under, so it is there now.
+            self.take_handoffs();
+            token = Token::from_u64(ev.context());
+        }
         if let Some(t) = token.and_then(|t| self.listeners.key_of(t)) {
             return self.on_listener_event(t, ev);
         }
@@ -177,7 +189,7 @@ impl Core {
 
     /// Rejects a connect request's new id with `reason`; the id is destroyed at the end of the
     /// tick, after its CONNECT_REQUEST is acked.
-    fn reject_child(&mut self, child: CmId, reason: &RejectReason) {
+    pub(super) fn reject_child(&mut self, child: CmId, reason: &RejectReason) {
         let _ = child.reject(&reason.encode());
         self.stats.rejected += 1;
         self.graveyard.push(child);
@@ -203,13 +215,23 @@ impl Core {
     }
 
     fn incoming(&mut self, lt: ListenerKey, ev: &mut CmEvent) {
+        if self.hand_off_if_spread(lt, ev) {
+            return;
+        }
         let Some(child) = ev.take_child(&self.cm, 0) else { return };
+        self.decide(lt, child, &ev.private_data(), ev.conn_resources());
+    }
+
+    /// A connect request's new id, arrived on listener `lt` or handed over by another reactor
+    /// (`handoff.rs`): checks it, asks the listener's handler, accepts or rejects.
+    /// `resources` are the requested (initiator depth, responder resources).
+    pub(super) fn decide(&mut self, lt: ListenerKey, child: CmId, private_data: &[u8], resources: (u8, u8)) {
         let peer = child.peer_addr();
         let refuse = |core: &mut Core, child: CmId, reason: RejectReason| {
             core.reject_child(child, &reason);
             core.with_listener(lt, |h, ctx| h.on_refused(ctx, peer, &reason));
         };
-        let info = match ConnectInfo::decode(&ev.private_data()) {
+        let info = match ConnectInfo::decode(private_data) {
             Ok(info) => info,
             Err(e) => return refuse(self, child, RejectReason::new(RejectCode::BadConnectInfo, e.to_string())),
         };
@@ -229,7 +251,7 @@ impl Core {
         match decision {
             None => refuse(self, child, RejectReason::new(RejectCode::Refused, "listener closed")),
             Some(Decision::Reject(reason)) => self.reject_child(child, &reason),
-            Some(Decision::Accept(handler)) => self.accept(lt, child, req.info, handler, ev),
+            Some(Decision::Accept(handler)) => self.accept(lt, child, req.info, handler, resources),
         }
     }
 
@@ -239,7 +261,7 @@ impl Core {
         child: CmId,
         info: Option<ConnectInfo>,
         handler: Box<dyn ConnectionHandler>,
-        ev: &CmEvent,
+        resources: (u8, u8),
     ) {
         let peer = child.peer_addr();
         let (agent, first) = Agent::accepting();
@@ -287,7 +309,7 @@ impl Core {
         let bytes = local.encode(MAX_ACCEPT_PRIVATE_DATA).unwrap_or_default();
         c.infos.local = local;
         c.infos.sent = true;
-        let (initiator, responder) = ev.conn_resources();
+        let (initiator, responder) = resources;
         let param = self.conn_param(&bytes, initiator.min(RD_ATOM), responder.min(RD_ATOM));
         let c = self.conns.get(t).expect("live");
         match c.ep.id().expect("live id").accept(&param) {

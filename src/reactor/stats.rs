@@ -57,6 +57,9 @@ pub struct Stats {
     pub async_events: u64,
     /// Asynchronous events naming a queue pair or CQ this reactor does not have.
     pub stale_async_events: u64,
+    /// Asynchronous events another reactor of the process read and passed on, for a device
+    /// this reactor uses.
+    pub shared_async_events: u64,
     /// Devices lost (removed, failed, or their fds dead).
     pub devices_lost: u64,
     /// Lost devices whose resources were released.
@@ -66,6 +69,15 @@ pub struct Stats {
     /// Connections closed because their sends waited too long for credits
     /// (`Config::credit_timeout`).
     pub credit_stalls: u64,
+    /// Connect requests this reactor's spreading listeners handed to another reactor
+    /// (`Ctx::listen_spread`).
+    pub handed_off: u64,
+    /// Connect requests other reactors handed to this one.
+    pub handoffs_received: u64,
+    /// Hand-offs that failed: the chosen reactor was gone or `rdma_migrate_id` failed (the
+    /// source rejected the request), or the receiving reactor takes no hand-offs (it rejected
+    /// it).
+    pub handoffs_failed: u64,
     /// Live connections (agents and clients, in any state; a gauge, not a counter).
     pub connections: u64,
     /// Bytes of memory the buffer pools have registered now, over all devices (a gauge, not a

@@ -393,6 +393,92 @@ impl CmId {
     }
 }
 
+/// The address of a reactor's event channel, for migrating ids to it from another thread.
+///
+/// It is only a pointer: it carries no ownership. The reactor keeps it inside its
+/// `Mutex`-guarded inbox and clears it under that lock before its channel is destroyed, so a
+/// sender that finds it there, and migrates while still holding the lock, migrates to a live
+/// channel.
+#[derive(Debug)]
+pub(crate) struct ChannelRef {
+    raw: NonNull<ffi::rdma_event_channel>,
+}
+
+// SAFETY: a ChannelRef is an address with no methods that dereference it except
+// `CmId::migrate`, whose caller (the reactor's inbox) guarantees the channel is live by
+// holding the lock under which its owner clears the ChannelRef before destroying the channel.
+// librdmacm's channel functions are thread-safe (a write on its fd).
+unsafe impl Send for ChannelRef {}
+
+impl EventChannel {
+    /// The channel's address, for `CmId::migrate` from another thread (see `ChannelRef`).
+    pub(crate) fn channel_ref(&self) -> ChannelRef {
+        ChannelRef { raw: self.raw }
+    }
+}
+
+/// An id in transit between two reactors: migrated to the receiving reactor's channel, not
+/// yet owned by it. Its only use is `into_id` on the receiving thread; dropped unused, it
+/// destroys the id (the kernel then rejects the connect request).
+#[derive(Debug)]
+pub(crate) struct MigratedId {
+    raw: NonNull<ffi::rdma_cm_id>,
+}
+
+// SAFETY: librdmacm ids may be used from any thread as long as one thread uses each at a
+// time. A MigratedId is the id's only handle (the sending reactor gave up its `CmId` in
+// `CmId::migrate`), it offers no method but `into_id` and Drop, and it holds no Rc: it moves
+// the id from one thread to another, never shares it.
+unsafe impl Send for MigratedId {}
+
+impl MigratedId {
+    /// Gives the id its owner on the receiving reactor: `chan` must be the channel it was
+    /// migrated to (checked: `None` and the id destroyed otherwise).
+    pub(crate) fn into_id(self, chan: &Rc<EventChannel>) -> Option<CmId> {
+        let raw = self.raw;
+        // SAFETY: raw is live (owned by self); librdmacm set id->channel in rdma_migrate_id.
+        let on = unsafe { (*raw.as_ptr()).channel } == chan.raw.as_ptr();
+        if !on {
+            return None; // Drop destroys it.
+        }
+        mem::forget(self);
+        Some(CmId { raw, _chan: chan.clone() })
+    }
+}
+
+impl Drop for MigratedId {
+    fn drop(&mut self) {
+        // SAFETY: self.raw is owned and live; its events on the new channel are either unread
+        // (freed by the kernel) or were acked by the reactor that read them.
+        let _ = unsafe { ffi::rdma_destroy_id(self.raw.as_ptr()) };
+    }
+}
+
+impl CmId {
+    /// `rdma_migrate_id` to `target`, giving up this thread's ownership: the id's events
+    /// come on `target` from now on (the kernel moves the unread ones), and every command on
+    /// it must go through that channel, so only the receiving reactor may use it.
+    ///
+    /// Call it only after every event of the id read on the current channel was acked (else
+    /// it blocks until they are), and only while `target` is live (see `ChannelRef`). On
+    /// failure the id is given back, still on its channel.
+    pub(crate) fn migrate(self, target: &ChannelRef) -> Result<MigratedId, (CmId, io::Error)> {
+        // SAFETY: self.raw is live; target is a live channel (the caller's contract, held by
+        // the inbox lock).
+        match cvt(unsafe { ffi::rdma_migrate_id(self.id(), target.raw.as_ptr()) }) {
+            Ok(_) => {
+                let me = mem::ManuallyDrop::new(self);
+                let raw = me.raw;
+                // SAFETY: `me` is never used or dropped again; its Rc of the old channel is
+                // released here, on the thread that owns that channel.
+                drop(unsafe { ptr::read(&me._chan) });
+                Ok(MigratedId { raw })
+            }
+            Err(e) => Err((self, e)),
+        }
+    }
+}
+
 impl Drop for CmId {
     fn drop(&mut self) {
         // SAFETY: self.raw is owned and live; every event naming it was acked (the reactor

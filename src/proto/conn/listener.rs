@@ -34,7 +34,6 @@ impl Listener {
     }
 
     /// True once closed.
-    #[cfg(test)]
     pub fn is_closed(&self) -> bool {
         self.closed
     }
