@@ -175,7 +175,7 @@ impl ListenerHandler for BlastListener {
         let secs = self.last_tick.elapsed().as_secs_f64();
         self.last_tick = Instant::now();
         if t.window_msgs > 0 {
-            println!("blast server: {} ({} connections)", rate(t.window_bytes, t.window_msgs, secs), t.active);
+            println!("blast server: {} ({} connections open now)", rate(t.window_bytes, t.window_msgs, secs), t.active);
         }
         t.window_bytes = 0;
         t.window_msgs = 0;
