@@ -751,3 +751,66 @@ fn a_connect_flood_beyond_the_backlog_is_served_or_fails_cleanly() {
     }
     assert_baseline();
 }
+
+/// Catalogue case 2, the rest: resolution that cannot finish. An unused address in the rxe
+/// netdev's subnet, and an address deleted (`ip addr del`) after the client's address
+/// resolution started and before its route resolution. Each ends in a typed close reason
+/// within the deadlines, the id is destroyed, and the reactor keeps serving (a ping to a live
+/// server afterwards).
+///
+/// The VM's rxe0 sits on a dummy netdev, which is NOARP: the kernel resolves any neighbour on
+/// it at once, so an unused address resolves, its route too, and the connect request goes
+/// nowhere; the connect deadline ends it (`Timeout(Connect)`, before the CM's own retries
+/// give up). On a netdev with ARP the same connect ends at address resolution.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn resolution_that_cannot_finish_is_a_typed_close() {
+    let netdev = std::env::var("RDMA_NETDEV").expect("RDMA_NETDEV is set by cargo xtask");
+    let ip = |args: &[&str]| {
+        let ok = std::process::Command::new("ip").args(args).status().is_ok_and(|s| s.success());
+        assert!(ok, "ip {args:?}");
+    };
+    {
+        let timeouts = rdma_reactor::Timeouts {
+            resolve_addr: Duration::from_secs(2),
+            connect: Duration::from_secs(3),
+            ..rdma_reactor::Timeouts::default()
+        };
+        let mut r = Reactor::with_config(Config { timeouts, ..Config::default() }).expect("reactor");
+
+        // An unused address: nothing answers.
+        let started = Instant::now();
+        let p = ping(&mut r, "198.18.0.77:7000".parse().unwrap(), 1, 1);
+        pump(&mut [&mut r], LIMIT, || closed(&p));
+        let reason = p.borrow().closed.clone().expect("closed");
+        println!("case 2, an unused address: {reason} after {:?}", started.elapsed());
+        assert_eq!(reason, CloseReason::Timeout(rdma_reactor::Step::Connect), "an unused address on a NOARP netdev");
+
+        // The destination's address deleted between the two resolution steps: address
+        // resolution has started (`connect` called rdma_resolve_addr), route resolution runs
+        // only when the reactor next ticks, after the delete.
+        ip(&["addr", "add", "198.18.0.50/24", "dev", &netdev]);
+        // The control: with the address in place, nothing listens there, and the request is
+        // rejected at once.
+        let p = ping(&mut r, "198.18.0.50:7000".parse().unwrap(), 4, 1);
+        pump(&mut [&mut r], LIMIT, || closed(&p));
+        let control = p.borrow().closed.clone().expect("closed");
+        assert!(matches!(control, CloseReason::Rejected { status: 8, .. }), "with the address: {control:?}");
+        let started = Instant::now();
+        let p = ping(&mut r, "198.18.0.50:7000".parse().unwrap(), 2, 1);
+        ip(&["addr", "del", "198.18.0.50/24", "dev", &netdev]);
+        pump(&mut [&mut r], LIMIT, || closed(&p));
+        let reason = p.borrow().closed.clone().expect("closed");
+        println!("case 2, address deleted between the steps: {reason} after {:?}", started.elapsed());
+        // Its GID left rxe0's table with the address: the request goes nowhere.
+        assert_eq!(reason, CloseReason::Timeout(rdma_reactor::Step::Connect), "address deleted between the steps");
+
+        // The reactor still serves.
+        let (mut srv, a, _) = server(Config::default());
+        let p = ping(&mut r, a, 3, 5);
+        pump(&mut [&mut srv, &mut r], LIMIT, || closed(&p));
+        assert_served(&p, 5);
+        srv.shutdown(Duration::from_secs(1));
+    }
+    assert_baseline();
+}
