@@ -307,6 +307,8 @@ fn blast_into_an_srq_server_flow_control_no_rnr() {
 /// posts 64 receives and sends 64 messages at once.
 struct Flood {
     closed: Rc<RefCell<Option<CloseReason>>>,
+    /// Sends the server's device acknowledged, and whether `on_established` ran.
+    sent: Rc<RefCell<(u64, bool)>>,
 }
 
 impl ConnectionHandler for Flood {
@@ -318,6 +320,7 @@ impl ConnectionHandler for Flood {
     }
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {
+        self.sent.borrow_mut().1 = true;
         for i in 0..64u8 {
             let mut buf = conn.alloc(64).expect("buffer");
             buf.fill_from(&[i; 64]).expect("fill");
@@ -327,7 +330,11 @@ impl ConnectionHandler for Flood {
         }
     }
 
-    fn on_completion(&mut self, _conn: &mut Conn<'_>, _c: Completion) {}
+    fn on_completion(&mut self, _conn: &mut Conn<'_>, c: Completion) {
+        if c.opcode == OpCode::Send && c.result.is_ok() {
+            self.sent.borrow_mut().0 += 1;
+        }
+    }
 
     fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
         *self.closed.borrow_mut() = Some(reason);
@@ -348,7 +355,7 @@ fn a_peer_beyond_its_credit_is_closed() {
     let lie = rdma_reactor::ConnectInfo { msg_size: 64, recv_depth: 64, flow_control: true, ..Default::default() };
     let opts = ConnectOptions { raw_private_data: Some(lie.encode(56).expect("encode")), ..Default::default() };
     let closed = Rc::new(RefCell::new(None));
-    cli.connect(server, opts, Flood { closed: closed.clone() }).expect("connect");
+    cli.connect(server, opts, Flood { closed: closed.clone(), sent: Rc::default() }).expect("connect");
     pump(&mut [&mut srv, &mut cli], Duration::from_secs(120), "the flooding peer closed", || {
         closed.borrow().is_some() && !log.borrow().closed.is_empty()
     });
@@ -368,4 +375,75 @@ fn a_peer_beyond_its_credit_is_closed() {
     assert_eq!(result.borrow().error, None);
     assert_eq!(result.borrow().echoed, 20);
     assert_eq!(srv.stats().srq_receives, 64, "{:?}", srv.stats());
+}
+
+/// A peer that sends 64 messages into a credit of 4 while the server's reactor is busy (not
+/// polling): all 64 land on the SRQ (its device acknowledges them), and their receive
+/// completions wait in the SRQ's own CQ of 64 entries. Before that CQ existed they went to the
+/// connection's CQ, sized for its sends and its credit (8 + 4 here), which overran: the
+/// device raised CQ_ERR, dropped the completions and, with them, the receives they consumed.
+/// Now no CQ overruns, only the peer is closed (for breaking its credit), a well-behaved
+/// connection on the same server (and, on a shared CQ, the same CQ) keeps being served, and
+/// the SRQ is whole again.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_flood_while_the_server_is_busy_overruns_no_cq() {
+    flood_while_busy(None);
+}
+
+/// The same with every connection on one shared CQ: an overrun there would fail them all.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_flood_while_the_server_is_busy_overruns_no_shared_cq() {
+    flood_while_busy(Some(32));
+}
+
+fn flood_while_busy(shared_cq: Option<u32>) {
+    let server = addr();
+    let srq = SrqConfig { receives: 64, credit: 4, buf_size: 4096, low_water: 16 };
+    let cfg = Config { srq: Some(srq), send_depth: 8, shared_cq, ..Config::default() };
+    let mut srv = Reactor::with_config(cfg).expect("SRQ reactor");
+    let log = Rc::new(RefCell::new(AgentLog::default()));
+    srv.listen(server, SrqListener { log: log.clone() }).expect("listen");
+
+    // A well-behaved client, ping-ponging until told to stop.
+    let mut good = Reactor::new().expect("client");
+    let (client, result) = PingClient::new(1, 64, u64::MAX);
+    let t = good.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, client).expect("connect");
+    pump(&mut [&mut srv, &mut good], Duration::from_secs(60), "the good client", || result.borrow().echoed >= 10);
+
+    // The flooder: established with the server ticking, then the server stops ticking.
+    let mut cli = Reactor::with_config(Config { flow_control: false, ..Config::default() }).expect("client");
+    let lie = rdma_reactor::ConnectInfo { msg_size: 64, recv_depth: 64, flow_control: true, ..Default::default() };
+    let opts = ConnectOptions { raw_private_data: Some(lie.encode(56).expect("encode")), ..Default::default() };
+    let (closed, sent) = (Rc::new(RefCell::new(None)), Rc::new(RefCell::new((0, false))));
+    cli.connect(server, opts, Flood { closed: closed.clone(), sent: sent.clone() }).expect("connect");
+    pump(&mut [&mut srv, &mut cli], Duration::from_secs(60), "the flooder established", || sent.borrow().1);
+    pump(&mut [&mut cli], Duration::from_secs(60), "the flood acknowledged by the server's device", || {
+        sent.borrow().0 == 64 || closed.borrow().is_some()
+    });
+    assert_eq!(sent.borrow().0, 64, "every message landed on the SRQ while the server was busy");
+
+    // The server ticks again.
+    let echoed = result.borrow().echoed;
+    pump(
+        &mut [&mut srv, &mut cli, &mut good],
+        Duration::from_secs(60),
+        "the flooder closed, the good one served",
+        || closed.borrow().is_some() && !log.borrow().closed.is_empty() && result.borrow().echoed >= echoed + 20,
+    );
+    let st = srv.stats();
+    println!("flood while busy (shared CQ {shared_cq:?}): server closed it with {}; {st:?}", log.borrow().closed[0]);
+    match &log.borrow().closed[0] {
+        CloseReason::Protocol(text) => assert!(text.contains("beyond its credit"), "{text}"),
+        other => panic!("expected a protocol close for the flooder, got {other}"),
+    }
+    assert_eq!(result.borrow().error, None, "the good client saw every echo, verified");
+    assert_eq!(result.borrow().closed, None, "the good client is still connected");
+    good.ctx().close(t);
+    pump(&mut [&mut srv, &mut good], Duration::from_secs(60), "the good client closed", || {
+        result.borrow().closed.is_some() && log.borrow().closed.len() == 2
+    });
+    assert_eq!(result.borrow().closed, Some(CloseReason::Local));
+    assert_eq!(srv.stats().srq_receives, 64, "the SRQ is whole again");
 }

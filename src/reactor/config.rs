@@ -74,8 +74,9 @@ impl Timeouts {
 /// [`Completion::SRQ_RECV`](crate::Completion::SRQ_RECV), each carrying its buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SrqConfig {
-    /// Receives kept posted on the SRQ (also its size). Soft-RoCE takes up to `max_srq_wr`
-    /// (`ibv_devinfo -v`).
+    /// Receives kept posted on the SRQ (also its size, and the size of the CQ all its receive
+    /// completions go to, so at most the device's `max_cqe`: 32 767 on Soft-RoCE; see
+    /// `ibv_devinfo -v`).
     pub receives: u32,
     /// Bytes of each receive buffer: the largest message a connection on the SRQ takes (it is
     /// the message size its connect information states). At most the pool's largest chunk.

@@ -296,6 +296,10 @@ impl Core {
         for t in on_cq {
             self.feed(t, Input::Abort(reason.clone()));
         }
+        if self.devices.get(d).and_then(|x| x.srq.as_ref()).is_some_and(|s| s.cq == ct) {
+            // The SRQ's receive CQ: every connection on the SRQ receives through it.
+            self.fail_srq(d, reason);
+        }
     }
 
     /// Device `d` is gone or unusable: its fds leave the epoll set now, every connection and

@@ -431,8 +431,8 @@ impl Core {
             id.device().ok_or_else(|| Error::NoDevice("the id is not bound to a device".into()))?
         };
         let d = self.device(dev)?;
-        // On the shared receive queue (`srq.rs`): the credit rule admits it or not; its CQ
-        // room for receives is its credit.
+        // On the shared receive queue (`srq.rs`): the credit rule admits it or not; its
+        // receive completions go to the SRQ's CQ, so it commits no receive room on its own.
         let srq = match self.cfg.srq {
             None => None,
             Some(cfg) => {
@@ -447,10 +447,15 @@ impl Core {
                         limit: s.budget.max_conns() as usize,
                     });
                 }
-                Some((s.srq.clone(), cfg.credit))
+                let rcq = self.cqs.get(s.cq).map(|e| e.cq.clone());
+                let Some(rcq) = rcq.filter(|_| !self.cqs.get(s.cq).is_some_and(|e| e.failed)) else {
+                    s.budget.leave();
+                    return Err(Error::NoDevice("the shared receive queue's CQ failed".into()));
+                };
+                Some((s.srq.clone(), cfg.credit, rcq))
             }
         };
-        let recv_room = srq.as_ref().map_or(self.cfg.recv_depth, |(_, credit)| *credit);
+        let recv_room = if srq.is_some() { 0 } else { self.cfg.recv_depth };
         let leave_srq = |core: &mut Core| {
             if srq.is_some() {
                 if let Some(s) = core.devices[d].srq.as_mut() {
@@ -489,13 +494,14 @@ impl Core {
         let Endpoint::Id(id) = std::mem::replace(&mut c.ep, Endpoint::None) else {
             unreachable!("checked above: the connection has an id and no queue pair")
         };
-        match Qp::create(id, &pd, &cq, &cq, srq.as_ref().map(|(s, _)| s), want) {
+        let recv_cq = srq.as_ref().map_or(&cq, |(_, _, rcq)| rcq);
+        match Qp::create(id, &pd, &cq, recv_cq, srq.as_ref().map(|(s, _, _)| s), want) {
             Ok(qp) => {
                 // Post no more than was committed on the CQ, even if the device granted more.
                 let granted = qp.caps();
                 c.sq.set_capacity(granted.max_send_wr.min(want.max_send_wr));
                 c.rq.set_capacity(granted.max_recv_wr.min(want.max_recv_wr));
-                if let Some((_, credit)) = srq {
+                if let Some((_, credit, _)) = srq {
                     c.srq_credit = Some(credit);
                     let qp_num = qp.qp_num();
                     self.devices[d].srq.as_mut().expect("checked above").qps.insert(qp_num, t);

@@ -26,14 +26,16 @@
 //! receiver-not-ready NAK. A peer without flow control is told the same depth; it is on its
 //! own honour (as a peer of a connection with its own receive queue is with that queue).
 //!
-//! **CQ room.** A connection on the SRQ commits its credit on its CQ (`cq_room.rs`) in place
-//! of a receive depth: at most that many of its receive completions can be unreaped at once
-//! when its peer keeps to its credit. With one CQ per connection (the default) a CQ is
-//! `send_depth + credit` entries and a peer that breaks its credit can overrun only its own
-//! connection's CQ; 5 000 connections are 5 000 small CQs on the device's one completion
-//! channel (tested: `tests/scale.rs`). A shared CQ (`Config::shared_cq`) works too, but rxe
-//! caps a CQ at 32 767 entries (`max_cqe`), so it holds at most `(entries × 3/4) / credit`
-//! connections; the next is refused with the CQ's room in its reason, as without an SRQ.
+//! **CQ room.** Every queue pair on the SRQ takes its receive completions on one CQ of the
+//! device's, the SRQ's own (`DevSrq::cq`), of `receives` entries, all committed to receives:
+//! a receive is posted again only after its completion was reaped, so at most `receives`
+//! completions can wait in it, however many connections there are and however a peer
+//! behaves. (With receive completions on each connection's own CQ, sized for its credit, a
+//! peer sending beyond its credit while the reactor was busy overran that CQ: rxe dropped the
+//! completions, and the receives they consumed were lost to the SRQ for good; on a shared CQ
+//! the overrun failed every connection on it.) A connection's own CQ, or the shared one
+//! (`Config::shared_cq`), holds only its sends: it commits no receive entries there. rxe caps
+//! a CQ at 32 767 entries (`max_cqe`), which bounds `receives` on it.
 //!
 //! **Memory.** The SRQ's receives are `receives × buf_size` bytes of the pool, registered when
 //! the device's resources are created, whatever the number of connections. Buffers handed to
@@ -51,6 +53,7 @@ use std::rc::Rc;
 
 use smallvec::SmallVec;
 
+use super::cq_room::CqRoom;
 use super::op::Completion;
 use super::Core;
 use crate::error::{Error, Result};
@@ -115,6 +118,9 @@ pub(super) struct Repost {
 /// (once no queue pair holds it) before the buffers posted to it.
 pub(super) struct DevSrq {
     pub(super) srq: Rc<Srq>,
+    /// The receive CQ of every queue pair on the SRQ: `receives` entries, all committed to
+    /// them, so no receive completion can overrun it, however a peer behaves.
+    pub(super) cq: CqKey,
     /// The buffers of the posted receives, by the slot their `wr_id` names.
     slots: GenSlab<SrqKey, Buf>,
     /// Receives to post at the next posting, in order.
@@ -147,9 +153,23 @@ impl Core {
             srq.arm_limit(cfg.low_water)
                 .map_err(|e| Error::verb("ibv_modify_srq", format!("limit {}", cfg.low_water), e))?;
         }
+        // The receive CQ: one entry per receive. A receive is posted again only after its
+        // completion was reaped, so at most `receives` completions are ever waiting in it.
+        let cq = self.new_cq(d, cfg.receives, true)?;
+        let e = self.cqs.get_mut(cq).expect("just created");
+        if e.room.capacity() < cfg.receives {
+            self.remove_cq(cq);
+            return Err(Error::Config(format!(
+                "the device gave the shared receive queue's CQ fewer entries than its {} receives",
+                cfg.receives
+            )));
+        }
+        e.room = CqRoom::new(cfg.receives, 0);
+        e.room.admit(cfg.receives);
         let repost = (0..cfg.receives).map(|_| Repost { buf: None, owner: None }).collect();
         self.devices[d].srq = Some(DevSrq {
             srq,
+            cq,
             slots: GenSlab::new(),
             repost,
             budget: SrqBudget::new(cfg.receives, cfg.credit),
@@ -162,7 +182,9 @@ impl Core {
         let dev = self.devices[d].srq.as_ref().expect("just set");
         if dev.posted() < cfg.receives as usize {
             let posted = dev.posted();
+            let cq = dev.cq;
             self.devices[d].srq = None;
+            self.remove_cq(cq);
             return Err(Error::Config(format!(
                 "the shared receive queue took {posted} of its {} receives (pool too small? Config::pool)",
                 cfg.receives

@@ -80,8 +80,12 @@ impl Core {
         if let Some(cq) = cq {
             self.poll_cq(cq, usize::MAX);
         }
+        if let Some(rcq) = on_srq.and_then(|d| self.devices.get(d)).and_then(|x| x.srq.as_ref()).map(|s| s.cq) {
+            // Its receive completions are on the SRQ's CQ: they reach its handler too.
+            self.poll_cq(rcq, usize::MAX);
+        }
         if let Some(s) = on_srq.and_then(|d| self.devices.get_mut(d)).and_then(|x| x.srq.as_mut()) {
-            // Its queue pair is gone and its CQ drained: no completion names it any more.
+            // Its queue pair is gone and its CQs drained: no completion names it any more.
             if let Some(n) = qp_num {
                 s.qps.remove(&n);
             }
@@ -102,7 +106,8 @@ impl Core {
         if let Some(cq) = cq {
             if let Some(e) = self.cqs.get_mut(cq) {
                 e.waiting.retain(|w| *w != t);
-                e.room.leave(c.srq_credit.unwrap_or(c.rq.capacity()));
+                // On the SRQ it committed no receive room here (`srq.rs`).
+                e.room.leave(if c.srq_credit.is_some() { 0 } else { c.rq.capacity() });
                 if e.shared {
                     // Its receive entries, and the sends cancelled above, are free again: a
                     // connection waiting for room must not wait for a poll that may never come.

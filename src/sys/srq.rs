@@ -3,9 +3,9 @@
 //!
 //! Soft-RoCE's limits, as `ibv_devinfo -v` reports them in the test VM (Debian's Linux 6.1
 //! rxe): `max_srq` 917 503, `max_srq_wr` 1 048 576, `max_srq_sge` 27; for comparison
-//! `max_qp` 1 048 560, `max_qp_wr` 1 048 576, `max_cq` 1 048 576, `max_cqe` 32 767. So one SRQ
-//! of tens of thousands of receives is well within reach, while one CQ shared by thousands of
-//! connections is not (`max_cqe`): `reactor/srq.rs` states the choice.
+//! `max_qp` 1 048 560, `max_qp_wr` 1 048 576, `max_cq` 1 048 576, `max_cqe` 32 767. The
+//! SRQ's receive completions all go to one CQ of as many entries (`reactor/srq.rs`), so
+//! `max_cqe` is what bounds an SRQ's receives on rxe.
 #![allow(unsafe_code)]
 
 use std::io;
