@@ -1,5 +1,5 @@
 //! Scale with a shared receive queue: one `echo server --srq` process holds 5 000 connections
-//! from ten client processes at once, with the same registered memory as at 100.
+//! from eleven client processes at once, with the same registered memory as at 100.
 
 mod util;
 
@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use util::*;
 
-const CLIENTS: usize = 10;
-const PER_CLIENT: usize = 500;
-const TOTAL: usize = CLIENTS * PER_CLIENT;
+/// Connections per client process: the first holds 100 alone while the server's memory is
+/// read at 100, then the others bring the total to 5 000 in steps of 500.
+const PER_CLIENT: [usize; 11] = [100, 400, 500, 500, 500, 500, 500, 500, 500, 500, 500];
+const TOTAL: usize = 5_000;
 
 /// A parsed `echo server: mark N live N registered_bytes B srq_receives R` line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,10 +64,11 @@ fn wait_mark(lines: &mpsc::Receiver<String>, n: u64, limit: Duration) -> Mark {
     }
 }
 
-/// 5 000 connections from 10 `echo client` processes (500 each, one verified round trip each,
-/// then held open) into one `echo server --srq`: the server sees all 5 000 live at once; its
-/// registered memory (`Stats::registered_bytes`, and its MR count in `rdma res show`) is the
-/// same at 100 and at 5 000 connections; after every client closed, its `rdma res show`
+/// 5 000 connections from 11 `echo client` processes (100, then 400, then 500 each; one
+/// verified round trip each, then held open) into one `echo server --srq`: the server sees
+/// all 5 000 live at once; its registered memory (`Stats::registered_bytes`, and its MR count
+/// in `rdma res show`) is the same with 100 connections (the first client alone) and with
+/// 5 000; after every client closed, its `rdma res show`
 /// counts are back to the baseline; rxe counted no RNR NAK.
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
@@ -75,8 +77,15 @@ fn five_thousand_connections_on_one_srq() {
     let before = link_counters();
     let server = addr();
     let s = server.to_string();
-    let marks: Vec<String> =
-        std::iter::once(100).chain((1..=CLIENTS).map(|i| i * PER_CLIENT)).map(|n| n.to_string()).collect();
+    let totals: Vec<usize> = PER_CLIENT
+        .iter()
+        .scan(0, |sum, n| {
+            *sum += n;
+            Some(*sum)
+        })
+        .collect();
+    assert_eq!(totals.last(), Some(&TOTAL));
+    let marks: Vec<String> = totals.iter().map(|n| n.to_string()).collect();
     let child = Command::new(bin("echo"))
         .args([
             "server",
@@ -120,7 +129,7 @@ fn five_thousand_connections_on_one_srq() {
     let mut at_100 = None;
     let mut mr_100 = None;
     let mut last = None;
-    for i in 0..CLIENTS {
+    for (i, (&per_client, &total)) in PER_CLIENT.iter().zip(&totals).enumerate() {
         let child = Command::new(bin("echo"))
             .args([
                 "client",
@@ -132,7 +141,7 @@ fn five_thousand_connections_on_one_srq() {
                 "1",
                 "--verify",
                 "--clients",
-                &PER_CLIENT.to_string(),
+                &per_client.to_string(),
                 "--stall-timeout",
                 "120",
                 "--hold-until",
@@ -148,14 +157,15 @@ fn five_thousand_connections_on_one_srq() {
         std::thread::spawn(move || {
             let _ = tx.send(child.wait_with_output());
         });
-        clients.push((pid, rx));
+        clients.push((pid, rx, per_client));
+        let m = wait_mark(&lines, total as u64, Duration::from_secs(120));
+        println!("{} live after {:.1} s: {m:?}", m.live, started.elapsed().as_secs_f64());
         if i == 0 {
-            let m = wait_mark(&lines, 100, Duration::from_secs(120));
+            // The first client alone: exactly 100 live while this is read.
+            assert_eq!(m.live, 100, "{m:?}");
             mr_100 = Some(res_counts(srv.pid()).mr);
             at_100 = Some(m);
         }
-        let m = wait_mark(&lines, ((i + 1) * PER_CLIENT) as u64, Duration::from_secs(120));
-        println!("{} live after {:.1} s: {m:?}", m.live, started.elapsed().as_secs_f64());
         last = Some(m);
     }
     let at_100 = at_100.expect("mark 100");
@@ -176,7 +186,7 @@ fn five_thousand_connections_on_one_srq() {
 
     std::fs::write(&release, b"go").expect("create the release file");
     let mut round_trips = 0;
-    for (pid, rx) in clients {
+    for (pid, rx, per_client) in clients {
         let out = match rx.recv_timeout(Duration::from_secs(120)) {
             Ok(Ok(out)) => out,
             Ok(Err(e)) => panic!("echo client {pid}: {e}"),
@@ -187,9 +197,9 @@ fn five_thousand_connections_on_one_srq() {
         };
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert!(out.status.success(), "echo client {pid} failed:\n{text}");
-        let want = format!("{PER_CLIENT} round trips of 64 bytes over {PER_CLIENT} connection(s)");
+        let want = format!("{per_client} round trips of 64 bytes over {per_client} connection(s)");
         assert!(text.contains(&want) && text.contains("every byte verified"), "{text}");
-        round_trips += PER_CLIENT;
+        round_trips += per_client;
     }
     let _ = std::fs::remove_file(&release);
     assert_eq!(round_trips, TOTAL);
