@@ -261,22 +261,9 @@ impl Qp {
     ///
     /// As [`Qp::post_send`]; the device writes the memory until the completion.
     pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        let mut sges: SmallVec<[ffi::ibv_sge; 16]> =
-            wrs.iter().map(|w| ffi::ibv_sge { addr: w.addr, length: w.len, lkey: w.lkey }).collect();
-        let mut chain: SmallVec<[ffi::ibv_recv_wr; 16]> = wrs
-            .iter()
-            .zip(sges.iter_mut())
-            .map(|(w, sge)| ffi::ibv_recv_wr { wr_id: w.wr_id, next: ptr::null_mut(), sg_list: sge, num_sge: 1 })
-            .collect();
-        link(&mut chain, |wr, next| wr.next = next);
-        let base = chain.as_mut_ptr();
-        let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
-        // SAFETY: as in post_send.
-        let r = cvt_nz(unsafe { ffi::ibv_post_recv(self.raw(), base, &mut bad) });
-        r.map_err(|error| PostError { posted: failed_index(bad, base, wrs.len()), error })
+        // SAFETY: the QP is live while self lives; the chain is valid for the call; the memory
+        // it names is the caller's to keep valid (this fn's contract).
+        post_recv_chain(wrs, |base, bad| unsafe { ffi::ibv_post_recv(self.raw(), base, bad) })
     }
 }
 
@@ -289,6 +276,30 @@ impl Drop for Qp {
 }
 
 /// Links a chain of work requests through their `next` pointers (the last one's stays NULL).
+/// Builds `wrs` into one chain of receive requests (one SGE each) and hands it to `post`
+/// (`ibv_post_recv` or `ibv_post_srq_recv`, which report the first refused request in `bad`);
+/// returns how many were taken on failure.
+pub(super) fn post_recv_chain(
+    wrs: &[RecvWr],
+    post: impl FnOnce(*mut ffi::ibv_recv_wr, &mut *mut ffi::ibv_recv_wr) -> i32,
+) -> Result<(), PostError> {
+    if wrs.is_empty() {
+        return Ok(());
+    }
+    let mut sges: SmallVec<[ffi::ibv_sge; 16]> =
+        wrs.iter().map(|w| ffi::ibv_sge { addr: w.addr, length: w.len, lkey: w.lkey }).collect();
+    let mut chain: SmallVec<[ffi::ibv_recv_wr; 16]> = wrs
+        .iter()
+        .zip(sges.iter_mut())
+        .map(|(w, sge)| ffi::ibv_recv_wr { wr_id: w.wr_id, next: ptr::null_mut(), sg_list: sge, num_sge: 1 })
+        .collect();
+    link(&mut chain, |wr, next| wr.next = next);
+    let base = chain.as_mut_ptr();
+    let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
+    let r = cvt_nz(post(base, &mut bad));
+    r.map_err(|error| PostError { posted: failed_index(bad, base, wrs.len()), error })
+}
+
 pub(super) fn link<T>(chain: &mut [T], set_next: impl Fn(&mut T, *mut T)) {
     let base = chain.as_mut_ptr();
     for i in 1..chain.len() {

@@ -13,7 +13,6 @@ use std::ptr::{self, NonNull};
 use std::rc::Rc;
 
 use rdma_sys as ffi;
-use smallvec::SmallVec;
 
 use super::pd::Pd;
 use super::qp::{PostError, RecvWr};
@@ -68,23 +67,9 @@ impl Srq {
     /// memory region of this SRQ's PD with key `lkey`, which stays allocated, registered and
     /// untouched until the request's completion is reaped or the SRQ is destroyed.
     pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        let mut sges: SmallVec<[ffi::ibv_sge; 16]> =
-            wrs.iter().map(|w| ffi::ibv_sge { addr: w.addr, length: w.len, lkey: w.lkey }).collect();
-        let mut chain: SmallVec<[ffi::ibv_recv_wr; 16]> = wrs
-            .iter()
-            .zip(sges.iter_mut())
-            .map(|(w, sge)| ffi::ibv_recv_wr { wr_id: w.wr_id, next: ptr::null_mut(), sg_list: sge, num_sge: 1 })
-            .collect();
-        super::qp::link(&mut chain, |wr, next| wr.next = next);
-        let base = chain.as_mut_ptr();
-        let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
-        // SAFETY: the SRQ is live while self lives; the chain and its SGEs are valid for the
-        // call; the memory they name is the caller's to keep valid (this fn's contract).
-        let r = cvt_nz(unsafe { ffi::ibv_post_srq_recv(self.as_ptr(), base, &mut bad) });
-        r.map_err(|error| PostError { posted: super::qp::failed_index(bad, base, wrs.len()), error })
+        // SAFETY: the SRQ is live while self lives; the chain is valid for the call; the
+        // memory it names is the caller's to keep valid (this fn's contract).
+        super::qp::post_recv_chain(wrs, |base, bad| unsafe { ffi::ibv_post_srq_recv(self.as_ptr(), base, bad) })
     }
 }
 
