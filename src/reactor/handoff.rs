@@ -49,7 +49,6 @@ use std::net::SocketAddr;
 
 use super::{Core, Ctx, ListenerEntry, ListenerHandler, Reactor, Remote};
 use crate::error::{Error, Result};
-use crate::proto::conn::Listener;
 use crate::proto::token::{Key, Kind, ListenerKey, Token};
 use crate::proto::wire::{RejectCode, RejectReason};
 use crate::sys::cm::{CmEvent, CmId, MigratedId};
@@ -216,13 +215,7 @@ impl Core {
         if self.handoff_listener.is_some_and(|lt| self.listeners.get(lt).is_some()) {
             return Err(Error::Config("this reactor already accepts hand-offs (close that listener first)".into()));
         }
-        let t = self.listeners.insert(ListenerEntry {
-            id: None,
-            sm: Listener::new(),
-            handler: Some(handler),
-            close_reason: None,
-            spread: None,
-        });
+        let t = self.listeners.insert(ListenerEntry::new(handler));
         self.handoff_listener = Some(t);
         Ok(t.token())
     }

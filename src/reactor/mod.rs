@@ -263,6 +263,13 @@ struct ListenerEntry {
     spread: Option<handoff::Spread>,
 }
 
+impl ListenerEntry {
+    /// A listener with no id yet, its machine at the start, spreading nothing.
+    fn new(handler: Box<dyn ListenerHandler>) -> ListenerEntry {
+        ListenerEntry { id: None, sm: Listener::new(), handler: Some(handler), close_reason: None, spread: None }
+    }
+}
+
 struct Device {
     dev: DeviceRef,
     /// The device in libibverbs' list (`DeviceRef::identity`), to tell when it has left it.

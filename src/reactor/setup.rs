@@ -8,7 +8,7 @@ use super::{
     ListenerHandler, Placement, Role,
 };
 use crate::error::{Error, Result};
-use crate::proto::conn::{Agent, Client, CloseReason, CmEventKind, Input, Listener, ListenerAction};
+use crate::proto::conn::{Agent, Client, CloseReason, CmEventKind, Input, ListenerAction};
 use crate::proto::flow::{negotiate, MIN_DEPTH};
 use crate::proto::token::{ConnKey, Key, Kind, ListenerKey, Token};
 use crate::proto::wire::{ConnectInfo, RejectCode, RejectReason, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
@@ -23,13 +23,7 @@ impl Core {
 
     pub(crate) fn listen(&mut self, addr: SocketAddr, handler: Box<dyn ListenerHandler>) -> Result<Token> {
         self.refuse_when_shutting_down()?;
-        let t = self.listeners.insert(ListenerEntry {
-            id: None,
-            sm: Listener::new(),
-            handler: Some(handler),
-            close_reason: None,
-            spread: None,
-        });
+        let t = self.listeners.insert(ListenerEntry::new(handler));
         let what = format!("listener on {addr}");
         let setup = (|| {
             let id =
