@@ -141,10 +141,7 @@ fn echo_through_the_srq(shared_cq: Option<u32>) {
     assert_eq!(st.srq_receives, 64, "the SRQ is full again: {st:?}");
     assert_eq!(st.srq_stale, 0, "{st:?}");
     assert!(st.srq_post_calls < st.srq_posted, "re-posts are chained: {st:?}");
-    let after = link_counters();
-    for counter in ["rcvd_rnr_err", "send_rnr_err"] {
-        assert_eq!(after.get(counter), before.get(counter), "{counter} moved: an RNR NAK happened");
-    }
+    assert_no_rnr(&before, &link_counters(), "echo through the SRQ");
 }
 
 /// A client that connects and stays open until told to close.
@@ -296,10 +293,7 @@ fn blast_into_an_srq_server_flow_control_no_rnr() {
         assert!(out.contains("80000 messages of 256 bytes"), "{out}");
         let st = srv.wait(Duration::from_secs(60));
         assert!(st.success(), "the SRQ server verified every message ({op}): exit {st}");
-        let after = link_counters();
-        for counter in ["rcvd_rnr_err", "send_rnr_err", "retry_rnr_exceeded_err"] {
-            assert_eq!(after.get(counter), before.get(counter), "{op}: {counter} moved: an RNR NAK happened");
-        }
+        assert_no_rnr(&before, &link_counters(), op);
     }
 }
 

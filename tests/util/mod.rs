@@ -365,6 +365,22 @@ pub fn link_counters() -> std::collections::HashMap<String, u64> {
     words.windows(2).filter_map(|w| w[1].parse::<u64>().ok().map(|v| (w[0].to_string(), v))).collect()
 }
 
+/// rxe's receiver-not-ready counters, which `assert_no_rnr` checks.
+pub const RNR_COUNTERS: [&str; 3] = ["rcvd_rnr_err", "send_rnr_err", "retry_rnr_exceeded_err"];
+
+/// Asserts rxe counted no RNR NAK between two `link_counters` readings (and that it has the
+/// counters at all); `what` names the case in the message.
+pub fn assert_no_rnr(
+    before: &std::collections::HashMap<String, u64>,
+    after: &std::collections::HashMap<String, u64>,
+    what: &str,
+) {
+    for counter in RNR_COUNTERS {
+        assert!(after.contains_key(counter), "rxe has no counter {counter}: {after:?}");
+        assert_eq!(after.get(counter), before.get(counter), "{what}: {counter} moved: an RNR NAK happened");
+    }
+}
+
 /// Runs a program to completion with a time limit; returns (success, stdout + stderr).
 pub fn run_output(program: impl AsRef<std::ffi::OsStr>, args: &[&str], limit: Duration) -> (bool, String) {
     let child = Command::new(program.as_ref())
