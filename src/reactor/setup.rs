@@ -441,8 +441,7 @@ impl Core {
                         limit: s.budget.max_conns() as usize,
                     });
                 }
-                let rcq = self.cqs.get(s.cq).map(|e| e.cq.clone());
-                let Some(rcq) = rcq.filter(|_| !self.cqs.get(s.cq).is_some_and(|e| e.failed)) else {
+                let Some(rcq) = self.cqs.get(s.cq).filter(|e| !e.failed).map(|e| e.cq.clone()) else {
                     s.budget.leave();
                     return Err(Error::NoDevice("the shared receive queue's CQ failed".into()));
                 };
