@@ -814,3 +814,191 @@ fn resolution_that_cannot_finish_is_a_typed_close() {
     }
     assert_baseline();
 }
+
+/// The CQ overrun test's handlers (case 23), built with the `fault-injection` feature only.
+#[cfg(feature = "fault-injection")]
+mod overrun {
+    use super::*;
+
+    /// What one side of the CQ overrun test saw.
+    #[derive(Debug, Default)]
+    pub(super) struct Tally {
+        pub(super) established: bool,
+        pub(super) received: u64,
+        pub(super) sends_ok: u64,
+        pub(super) sends_failed: u64,
+        pub(super) closed: Option<CloseReason>,
+    }
+
+    /// Posts `depth` receives and counts what arrives (never sends), or, with `sends`, sends that
+    /// many messages once established.
+    pub(super) struct Counter {
+        pub(super) depth: u32,
+        pub(super) sends: u64,
+        pub(super) tally: Rc<RefCell<Tally>>,
+    }
+
+    impl rdma_reactor::ConnectionHandler for Counter {
+        fn on_ready(&mut self, conn: &mut rdma_reactor::Conn<'_>) {
+            for _ in 0..self.depth {
+                let buf = conn.alloc(SIZE).expect("receive buffer");
+                conn.submit(rdma_reactor::Op::recv(buf)).expect("receive");
+            }
+        }
+
+        fn on_established(&mut self, conn: &mut rdma_reactor::Conn<'_>) {
+            self.tally.borrow_mut().established = true;
+            for seq in 0..self.sends {
+                let mut buf = conn.alloc(SIZE).expect("send buffer");
+                buf.fill_from(&pattern(SIZE, 23, seq)).expect("fits");
+                conn.submit(rdma_reactor::Op::send(buf)).expect("send");
+            }
+        }
+
+        fn on_completion(&mut self, _conn: &mut rdma_reactor::Conn<'_>, c: rdma_reactor::Completion) {
+            let mut t = self.tally.borrow_mut();
+            match (c.opcode, c.result) {
+                (rdma_reactor::OpCode::Recv, Ok(_)) => t.received += 1,
+                (rdma_reactor::OpCode::Recv, Err(_)) => {}
+                (_, Ok(_)) => t.sends_ok += 1,
+                (_, Err(_)) => t.sends_failed += 1,
+            }
+        }
+
+        fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _t: rdma_reactor::Token, reason: CloseReason) {
+            self.tally.borrow_mut().closed = Some(reason);
+        }
+    }
+
+    /// The first two requests get counting agents, later ones echo agents.
+    pub(super) struct TwoSinksThenEcho {
+        pub(super) sinks: Rc<RefCell<Vec<Rc<RefCell<Tally>>>>>,
+        pub(super) echo_closed: Rc<RefCell<Vec<CloseReason>>>,
+    }
+
+    impl ListenerHandler for TwoSinksThenEcho {
+        fn on_connect_request(&mut self, ctx: &mut Ctx<'_>, req: &ConnectRequest) -> Decision {
+            if self.sinks.borrow().len() < 2 {
+                let tally = Rc::new(RefCell::new(Tally::default()));
+                self.sinks.borrow_mut().push(tally.clone());
+                return Decision::Accept(Box::new(Counter { depth: 16, sends: 0, tally }));
+            }
+            EchoListener { depth: 4, agents_closed: self.echo_closed.clone() }.on_connect_request(ctx, req)
+        }
+    }
+
+    /// The entries of the CQs of process `pid`, from `rdma res show cq` (`cqe N`).
+    pub(super) fn cq_entries(pid: u32) -> Vec<u32> {
+        let out = std::process::Command::new("rdma").args(["res", "show", "cq"]).output().expect("rdma res show cq");
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .filter(|l| l.split_whitespace().collect::<Vec<_>>().windows(2).any(|w| w == ["pid", &pid.to_string()]))
+            .filter_map(|l| {
+                let words: Vec<&str> = l.split_whitespace().collect();
+                words.windows(2).find(|w| w[0] == "cqe").and_then(|w| w[1].parse().ok())
+            })
+            .collect()
+    }
+}
+
+/// Catalogue case 23, the reaction to a CQ overrun. The reactor's CQ room accounting makes an
+/// overrun impossible, so the test injects the one fault that defeats it
+/// (`Reactor::inject_short_cq`, feature `fault-injection`): the server's shared CQ is created
+/// with a few entries while accounted for 64. Two connections share it; a client sends 16
+/// messages into one of them while the server does not tick, so the device overruns the CQ
+/// and raises a real `IBV_EVENT_CQ_ERR`. Expected: both connections on that CQ close with
+/// `AsyncEvent(CqErr)` ("completion queue overrun"), without waiting for completions that
+/// were lost; the listener keeps serving, a new connection gets a new CQ and is verified;
+/// nothing is left behind.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_cq_overrun_closes_the_connections_on_that_cq_and_nothing_else() {
+    #[cfg(not(feature = "fault-injection"))]
+    panic!("built without the `fault-injection` feature: run it with `cargo xtask test`");
+    #[cfg(feature = "fault-injection")]
+    {
+        use overrun::*;
+        {
+            let cfg = Config { shared_cq: Some(64), flow_control: false, recv_depth: 16, ..Config::default() };
+            let mut srv = Reactor::with_config(cfg).expect("server reactor");
+            srv.inject_short_cq(4);
+            let a = addr();
+            let echo_closed = Rc::new(RefCell::new(Vec::new()));
+            let sinks = Rc::new(RefCell::new(Vec::new()));
+            srv.listen(a, TwoSinksThenEcho { sinks: sinks.clone(), echo_closed: echo_closed.clone() }).expect("listen");
+
+            // Every send signaled: each acknowledged message completes at once.
+            let cli_cfg = Config { flow_control: false, signal_every: 1, ..Config::default() };
+            let mut cli = Reactor::with_config(cli_cfg).expect("client");
+            let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+            let quiet = Rc::new(RefCell::new(Tally::default()));
+            cli.connect(a, opts.clone(), Counter { depth: 1, sends: 0, tally: quiet.clone() }).expect("connect");
+            pump(&mut [&mut srv, &mut cli], LIMIT, || quiet.borrow().established);
+            let entries = cq_entries(owner_id());
+            println!("case 23: the CQs of this test after the first connection: cqe {entries:?}");
+            // The server's injected CQ is the smallest (the client's own CQ has its depths).
+            let short = *entries.iter().min().expect("a CQ");
+            assert!(short < 16, "the injected CQ is shorter than one connection's receives: {entries:?}");
+
+            // The flood: 16 messages into 16 posted receives, on a CQ of `short` entries,
+            // while the server does not tick.
+            let flood = Rc::new(RefCell::new(Tally::default()));
+            let ft =
+                cli.connect(a, opts.clone(), Counter { depth: 1, sends: 0, tally: flood.clone() }).expect("connect");
+            pump(&mut [&mut srv, &mut cli], LIMIT, || {
+                flood.borrow().established && sinks.borrow().get(1).is_some_and(|s| s.borrow().established)
+            });
+            let read = |srv: &Reactor, cli: &Reactor| srv.stats().async_events + cli.stats().async_events;
+            let (events_before, t0) = (read(&srv, &cli), Instant::now());
+            for seq in 0..16 {
+                let mut buf = cli.ctx().alloc(ft, SIZE).expect("send buffer");
+                buf.fill_from(&pattern(SIZE, 23, seq)).expect("fits");
+                cli.ctx().submit(ft, rdma_reactor::Op::send(buf)).expect("submit");
+            }
+            // Every message the CQ had room for is acknowledged; the next one overruns it.
+            pump(&mut [&mut cli], LIMIT, || flood.borrow().sends_ok >= u64::from(short));
+            let calm = Instant::now() + Duration::from_millis(200);
+            pump(&mut [&mut cli], LIMIT, || Instant::now() >= calm);
+            let server_closed = || sinks.borrow().iter().all(|s| s.borrow().closed.is_some());
+            pump(&mut [&mut srv, &mut cli], LIMIT, server_closed);
+            let (events, closed_after) = (read(&srv, &cli) - events_before, t0.elapsed());
+            let reasons: Vec<_> = sinks.borrow().iter().map(|s| s.borrow().closed.clone().expect("closed")).collect();
+            let got: Vec<_> = sinks.borrow().iter().map(|s| s.borrow().received).collect();
+            println!(
+                "case 23: CQ of {short} entries (accounted 64) overrun by 16 messages; the server's connections \
+                 received {got:?} and closed with {reasons:?} {closed_after:?} after the flood began; \
+                 asynchronous events read: {events}"
+            );
+            let overrun = CloseReason::AsyncEvent(rdma_reactor::AsyncEventKind::CqErr);
+            assert_eq!(reasons, vec![overrun.clone(), overrun.clone()], "both connections on the overrun CQ");
+            assert!(overrun.to_string().contains("completion queue overrun"), "{overrun}");
+            assert!(got[1] <= u64::from(short), "no more completions than the CQ held: {got:?}");
+            // Either reactor may read it (the device's async fd is the process's); the other
+            // hears it forwarded.
+            assert!(events >= 1, "the CQ_ERR was read");
+
+            // The clients hear their peer leave.
+            pump(&mut [&mut srv, &mut cli], LIMIT, || {
+                quiet.borrow().closed.is_some() && flood.borrow().closed.is_some()
+            });
+            for (what, t) in [("idle", &quiet), ("flooding", &flood)] {
+                let r = t.borrow().closed.clone().expect("closed");
+                println!("case 23: the {what} client closed with {r} ({:?} after the flood began)", t0.elapsed());
+                assert!(matches!(r, CloseReason::Peer | CloseReason::WorkError(_)), "{what} client: {r:?}");
+            }
+            let f = flood.borrow();
+            assert_eq!(f.sends_ok + f.sends_failed, 16, "every send completed once: {f:?}");
+            drop(f);
+
+            // The listener keeps serving, on a new CQ.
+            let p = ping(&mut cli, a, 24, 20);
+            pump(&mut [&mut srv, &mut cli], LIMIT, || closed(&p));
+            assert_served(&p, 20);
+            pump(&mut [&mut srv, &mut cli], LIMIT, || !echo_closed.borrow().is_empty());
+            assert_eq!(*echo_closed.borrow(), vec![CloseReason::Peer], "the new connection's agent");
+            drop(cli);
+            srv.shutdown(Duration::from_secs(1));
+        }
+        assert_baseline();
+    }
+}

@@ -53,12 +53,15 @@ impl Core {
     /// Creates a CQ of `entries` on device `d`, armed, and returns its key (also its context).
     pub(super) fn new_cq(&mut self, d: usize, entries: u32, shared: bool) -> Result<CqKey> {
         let (dev, chan) = (self.devices[d].dev, self.devices[d].chan.clone());
-        let cq = Cq::new(dev, &chan, entries, 0, self.cfg.cq_ack_batch)
-            .map_err(|e| Error::verb("ibv_create_cq", format!("{entries} entries"), e))?;
+        let short = self.take_short_cq().map(|n| n.min(entries));
+        let create = short.unwrap_or(entries);
+        let cq = Cq::new(dev, &chan, create, 0, self.cfg.cq_ack_batch)
+            .map_err(|e| Error::verb("ibv_create_cq", format!("{create} entries"), e))?;
         cq.req_notify().map_err(|e| Error::verb("ibv_req_notify_cq", "new CQ", e))?;
         self.stats.cq_arms += 1;
-        // The device may grant more entries than asked; account only for what was asked.
-        let capacity = entries.min(cq.entries());
+        // The device may grant more entries than asked; account only for what was asked (an
+        // injected short CQ is accounted for what it should have had).
+        let capacity = if short.is_some() { entries } else { entries.min(cq.entries()) };
         let send_floor = if shared { capacity / 4 } else { self.cfg.send_depth.min(capacity) };
         let entry = CqEntry {
             cq,
@@ -77,6 +80,18 @@ impl Core {
         // The context names the entry; events are read later on this thread, never before.
         self.cqs.get(t).expect("inserted").cq.set_context(t.token().as_u64());
         Ok(t)
+    }
+
+    /// The entries of a short CQ a test injected (`Reactor::inject_short_cq`), once.
+    #[cfg(feature = "fault-injection")]
+    fn take_short_cq(&mut self) -> Option<u32> {
+        self.short_cq.take()
+    }
+
+    /// Without the `fault-injection` feature there is nothing to inject.
+    #[cfg(not(feature = "fault-injection"))]
+    fn take_short_cq(&mut self) -> Option<u32> {
+        None
     }
 
     /// Reads the events of device `d`'s completion channel, counts each on its CQ and marks

@@ -355,6 +355,10 @@ pub(crate) struct Core {
     /// Agents in the accepting state (accepted, not yet established), for
     /// `Config::max_pending_accepts`.
     accepting: usize,
+    /// A fault injected by a test (`fault-injection` feature): the next CQ is created with at
+    /// most this many entries while its room is accounted for what was asked.
+    #[cfg(feature = "fault-injection")]
+    short_cq: Option<u32>,
     stats: Stats,
 }
 
@@ -462,6 +466,8 @@ impl Reactor {
                 handoff_listener: None,
                 accepting: 0,
                 panic: None,
+                #[cfg(feature = "fault-injection")]
+                short_cq: None,
                 stats: Stats::default(),
             },
         })
@@ -493,6 +499,16 @@ impl Reactor {
         handler: impl ConnectionHandler + 'static,
     ) -> Result<Token> {
         self.ctx().connect(dst, opts, handler)
+    }
+
+    /// Hidden and unstable, behind the `fault-injection` feature, for the fault suite only:
+    /// the next CQ this reactor creates gets at most `entries` entries from the device while
+    /// its room is accounted for the entries it asked for, so real traffic can overrun it
+    /// and the device raise a real `IBV_EVENT_CQ_ERR` (FAULTS.md, case 23).
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fn inject_short_cq(&mut self, entries: u32) {
+        self.core.short_cq = Some(entries);
     }
 
     /// Statistics since creation.

@@ -92,6 +92,8 @@ fn cargo_json(args: &[&str]) -> Result<String> {
     let mut cmd = util::cargo();
     cmd.args(args)
         .args(["--profile", PROFILE, "--package", "rdma-reactor", "--message-format=json-render-diagnostics"])
+        // The fault suite's injections (`Reactor::inject_short_cq`); one build for everything.
+        .args(["--features", "fault-injection"])
         .current_dir(util::workspace_root())
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
