@@ -3,7 +3,7 @@
 //! ```text
 //! echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
 //!             [--srq [--srq-receives N] [--srq-credit N] [--srq-size BYTES]] [--marks N,N,..]
-//!             [--threads N] [--balance round-robin|fewest]
+//!             [--threads N] [--balance round-robin|fewest] [--accept-delay-ms N]
 //! echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
 //!             [--stall-timeout SECS] [--spin-us N] [--hold-ms N] [--hold-until PATH]
 //! ```
@@ -33,7 +33,7 @@ use rdma_reactor::{
 const USAGE: &str = "\
 usage: echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
                    [--srq [--srq-receives N] [--srq-credit N] [--srq-size BYTES]] [--marks N,N,..]
-                   [--threads N] [--balance round-robin|fewest]
+                   [--threads N] [--balance round-robin|fewest] [--accept-delay-ms N]
        echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
                    [--stall-timeout SECS] [--spin-us N] [--hold-ms N] [--hold-until PATH]
 
@@ -61,6 +61,10 @@ server: echoes every message on every connection, from one thread.
   --srq-size BYTES     buffer of each shared receive: the largest message (default 4K)
   --marks N,N,..       print a `mark` line (live connections, registered bytes) when the live
                        connections reach each N (per reactor)
+  --accept-delay-ms N  test hook: on each connect request print `echo server: connect request
+                       from PEER` (also with --quiet), then sleep N ms before accepting; the
+                       sleep blocks the reactor's thread, so every other connection waits too
+                       (the fault tests kill the server during it)
 client: ping-pongs messages and reports round-trip latency.
   --connect ADDR:PORT  the server
   --size BYTES         message size, 1 to 1M (suffixes K, M)
@@ -95,6 +99,8 @@ struct ServerStats {
 
 struct EchoListener {
     depth: u32,
+    /// `--accept-delay-ms` (a test hook): announce each request, then sleep this long.
+    accept_delay: Duration,
     /// On a shared receive queue: the runtime posts the receives.
     srq: bool,
     stats: Rc<RefCell<ServerStats>>,
@@ -102,6 +108,12 @@ struct EchoListener {
 
 impl ListenerHandler for EchoListener {
     fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, req: &ConnectRequest) -> Decision {
+        if !self.accept_delay.is_zero() {
+            // The test hook: the request has reached this process and is not accepted yet.
+            let peer = req.peer.map_or("?".into(), |p| p.to_string());
+            println!("echo server: connect request from {peer}; accepting in {:?} (test hook)", self.accept_delay);
+            std::thread::sleep(self.accept_delay);
+        }
         let size = req.info.as_ref().map_or(4096, |i| i.msg_size as usize);
         Decision::Accept(Box::new(EchoAgent {
             depth: self.depth,
@@ -204,7 +216,7 @@ impl ConnectionHandler for EchoAgent {
 }
 
 fn server(args: Args) {
-    let own = ["bind", "depth", "exit-after", "spin-us", "marks", "threads", "balance"];
+    let own = ["bind", "depth", "exit-after", "spin-us", "marks", "threads", "balance", "accept-delay-ms"];
     args.finish(&[&own[..], &Args::LIVENESS[..], &Args::SRQ[..]].concat());
     let bind = args.addr("bind");
     let depth: u32 = args.get("depth", 16);
@@ -218,6 +230,7 @@ fn server(args: Args) {
     let balance = group::balance(&args.get("balance", "round-robin".to_string()))
         .unwrap_or_else(|| common::fail(USAGE, "--balance is round-robin or fewest"));
     let (quiet, marks) = (args.switch("quiet"), args.marks());
+    let accept_delay = Duration::from_millis(args.get("accept-delay-ms", 0));
     let group = Group::new(threads, args.get("exit-after", 0));
     let srq = args.srq();
     let cfg =
@@ -228,6 +241,7 @@ fn server(args: Args) {
     let (g, on_srq) = (group.clone(), srq.is_some());
     group::serve("echo", &group, bind, cfg, balance, &srq_note, move |reactor| EchoListener {
         depth,
+        accept_delay,
         srq: on_srq,
         stats: Rc::new(RefCell::new(ServerStats { quiet, live: 0, marks: marks.clone(), reactor, group: g.clone() })),
     });

@@ -64,12 +64,6 @@ fn echo_client(a: SocketAddr, size: usize, count: u64, hold_ms: u64) -> Proc {
     Proc::spawn("echo client", bin("echo"), &args)
 }
 
-fn kill9(p: &mut Proc) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.0.id() as i32), nix::sys::signal::Signal::SIGKILL)
-        .expect("kill -9");
-    let _ = p.0.wait();
-}
-
 /// Case 11: a peer process killed while its connection is idle. Its kernel sends a DREQ: the
 /// agent closes with `Peer`, promptly; the good client is untouched.
 #[test]
@@ -570,6 +564,237 @@ fn a_flooding_connection_does_not_starve_the_others() {
         assert_eq!((g.echoed, g.error.as_deref(), g.closed.clone()), (30, None, Some(CloseReason::Local)));
         assert!(still_flooding, "the flood ended before the ping-pong client finished: nothing was shown");
         assert!(r.stats().budget_exhausted > 0, "the poll budget never cut the flood: {:?}", r.stats());
+    }
+    assert_baseline();
+}
+
+/// A connection handler that runs `before` (once) at the start of `on_ready`, then is `inner`.
+/// On an accepted agent `on_ready` runs after the queue pair exists and before `rdma_accept`
+/// (`reactor/setup.rs`, `Core::accept`): the one point between the server's decision and its
+/// REP.
+struct BeforeAccept {
+    before: Option<Box<dyn FnOnce()>>,
+    inner: Box<dyn ConnectionHandler>,
+}
+
+impl ConnectionHandler for BeforeAccept {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        if let Some(f) = self.before.take() {
+            f();
+        }
+        self.inner.on_ready(conn);
+    }
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        self.inner.on_established(conn);
+    }
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        self.inner.on_completion(conn, c);
+    }
+    fn on_timer(&mut self, conn: &mut Conn<'_>, user_data: u64) {
+        self.inner.on_timer(conn, user_data);
+    }
+    fn on_closed(&mut self, ctx: &mut Ctx<'_>, token: Token, reason: CloseReason) {
+        self.inner.on_closed(ctx, token, reason);
+    }
+}
+
+/// Echoes like `EchoListener`; for the first connect request it runs `on_request` (in
+/// `on_connect_request`) and gives its agent `before_accept` (run before `rdma_accept`).
+/// Refusals are recorded.
+struct Intercept {
+    echo: EchoListener,
+    on_request: Option<Box<dyn FnOnce()>>,
+    before_accept: Option<Box<dyn FnOnce()>>,
+    refused: Rc<RefCell<Vec<String>>>,
+}
+
+impl rdma_reactor::ListenerHandler for Intercept {
+    fn on_connect_request(&mut self, ctx: &mut Ctx<'_>, req: &rdma_reactor::ConnectRequest) -> rdma_reactor::Decision {
+        if let Some(f) = self.on_request.take() {
+            f();
+        }
+        match self.echo.on_connect_request(ctx, req) {
+            rdma_reactor::Decision::Accept(inner) => {
+                let before = self.before_accept.take();
+                rdma_reactor::Decision::Accept(Box::new(BeforeAccept { before, inner }))
+            }
+            reject => reject,
+        }
+    }
+    fn on_refused(&mut self, _ctx: &mut Ctx<'_>, _peer: Option<SocketAddr>, reason: &rdma_reactor::RejectReason) {
+        self.refused.borrow_mut().push(reason.to_string());
+    }
+}
+
+/// After a fault on the server's first connection: the listener still serves (a verified
+/// ping-pong from the same reactor), and the dead client's kernel objects are gone.
+fn serves_after_and_the_dead_client_left_nothing(r: &mut Reactor, a: SocketAddr, dead: u32) {
+    let next = ping(r, a, 2, 10);
+    pump(&mut [r], LIMIT, "the next client", || next.borrow().closed.is_some());
+    let n = next.borrow();
+    assert_eq!(
+        (n.echoed, n.verified_bytes, n.error.as_deref(), n.closed.clone()),
+        (10, 10 * SIZE as u64, None, Some(CloseReason::Local)),
+        "{n:?}"
+    );
+    let zero = ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 };
+    assert_eq!(res_counts(dead), zero, "the killed process's kernel objects (pid {dead})");
+}
+
+/// Case 4 (a): the server process is killed after its CONNECT_REQUEST reached it and before
+/// it accepted. The server is an `echo server` with the test hook `--accept-delay-ms`: it
+/// prints a line when the request arrives, then sleeps; it is killed once the line is there.
+/// Its kernel destroys the new connection's id, which is still waiting for the accept (ib_cm
+/// state REQ_RCVD), with a REJ "consumer defined" (ib_cm's `cm_destroy_id`); so our client
+/// hears exactly `Rejected { status: 28 }`, with no reason of ours (the REJ carries none).
+/// Nothing of it is retained, and a new server at the same address serves the same reactor.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn server_killed_before_accepting_rejects_its_client_with_28() {
+    {
+        let a = addr();
+        let log = log_path("delayed-server");
+        let args = ["server", "--bind", &a.to_string(), "--quiet", "--accept-delay-ms", "600000"];
+        let mut server = Proc::spawn_logged("echo server (accept delayed)", bin("echo"), &args, &log);
+        wait_listening(a, LIMIT);
+        let mut r = Reactor::new().expect("reactor");
+        let first = ping(&mut r, a, 1, 10);
+        pump(&mut [&mut r], LIMIT, "the request reached the server", || {
+            read_log(&log).contains("echo server: connect request from")
+        });
+        let pid = server.pid();
+        kill9(&mut server);
+        pump(&mut [&mut r], LIMIT, "the client closed", || first.borrow().closed.is_some());
+        let f = first.borrow().closed.clone();
+        println!("case 4 (a): the server killed before accepting: the client closed with {f:?}");
+        assert_eq!(f, Some(CloseReason::Rejected { status: 28, reason: None }), "{:?}", first.borrow());
+        assert_eq!(first.borrow().echoed, 0);
+        let zero = ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 };
+        assert_eq!(res_counts(pid), zero, "the killed server's kernel objects");
+        let _ = std::fs::remove_file(&log);
+        // A new server at the same address serves the same reactor.
+        let _server = Proc::spawn("echo server", bin("echo"), &["server", "--bind", &a.to_string(), "--quiet"]);
+        wait_listening(a, LIMIT);
+        let next = ping(&mut r, a, 2, 10);
+        pump(&mut [&mut r], LIMIT, "the next client", || next.borrow().closed.is_some());
+        let n = next.borrow();
+        assert_eq!(
+            (n.echoed, n.verified_bytes, n.error.as_deref(), n.closed.clone()),
+            (10, 10 * SIZE as u64, None, Some(CloseReason::Local)),
+            "{n:?}"
+        );
+        drop(n);
+        run_until_idle(&mut r, LIMIT);
+    }
+    assert_baseline();
+}
+
+/// Case 4 (b): the client process is killed after its `rdma_connect`, while the server is
+/// accepting: its agent's `on_ready` (queue pair created, `rdma_accept` not yet called) kills
+/// it and waits until the dead client's REJ has reached the server (ib_cm's `cm_rx_msgs/rej`
+/// count). The client's id was waiting for a REP (ib_cm state REQ_SENT), so its kernel sent
+/// REJ "timeout" (4). What the agent sees depends only on whether the server's ib_cm had
+/// handled that REJ (in its work queue) when `rdma_accept` ran: if it had, the new id is idle
+/// and `rdma_accept` fails at once (the REJECTED event itself is dropped by the kernel, which
+/// reports nothing for an id user space has not accepted yet), so the agent closes with
+/// `Setup("rdma_accept: ...")`; if not, the REP goes out and the REJ then fails it:
+/// `Rejected { status: 4 }`. Either way exactly once; the listener keeps serving and nothing
+/// is left behind.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn client_killed_after_connect_fails_the_accept_once() {
+    {
+        let mut r = Reactor::new().expect("reactor");
+        let a = addr();
+        let agents_closed = Rc::new(RefCell::new(Vec::new()));
+        let refused = Rc::new(RefCell::new(Vec::new()));
+        let victim: Rc<RefCell<Option<Proc>>> = Rc::default();
+        let v = victim.clone();
+        let before_accept = move || {
+            let mut p = v.borrow_mut().take().expect("the victim");
+            let rej = cm_msgs("cm_rx_msgs", "rej");
+            kill9(&mut p);
+            let deadline = Instant::now() + LIMIT;
+            while cm_msgs("cm_rx_msgs", "rej") == rej {
+                assert!(Instant::now() < deadline, "the dead client's REJ never arrived");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        let l = Intercept {
+            echo: EchoListener { depth: 4, agents_closed: agents_closed.clone() },
+            on_request: None,
+            before_accept: Some(Box::new(before_accept)),
+            refused: refused.clone(),
+        };
+        r.listen(a, l).expect("listen");
+        let p = echo_client(a, SIZE, 5, 0);
+        let dead = p.pid();
+        *victim.borrow_mut() = Some(p);
+        pump(&mut [&mut r], LIMIT, "the agent of the killed client closed", || !agents_closed.borrow().is_empty());
+        let closed = agents_closed.borrow().clone();
+        println!(
+            "case 4 (b): the client killed after rdma_connect: the agent closed with {closed:?}; refused {:?}",
+            refused.borrow(),
+        );
+        assert!(
+            matches!(
+                closed.as_slice(),
+                [CloseReason::Setup(s)] if s.starts_with("rdma_accept")
+            ) || closed == [CloseReason::Rejected { status: 4, reason: None }],
+            "{closed:?}"
+        );
+        assert!(refused.borrow().is_empty(), "{:?}", refused.borrow());
+        serves_after_and_the_dead_client_left_nothing(&mut r, a, dead);
+        pump(&mut [&mut r], LIMIT, "the next client's agent closed", || agents_closed.borrow().len() >= 2);
+        assert_eq!(agents_closed.borrow()[1..], [CloseReason::Peer], "{:?}", agents_closed.borrow());
+    }
+    assert_baseline();
+}
+
+/// Case 4 (c): the client process is killed after the server accepted and before the
+/// connection is established. The listener stops the client (SIGSTOP) when its request
+/// arrives and accepts; once the REP has been handled by the client's kernel (its rdma_cm
+/// channel has the CONNECT_RESPONSE event waiting, which the stopped process cannot read, so
+/// it never sends the RTU) the client is killed. Its id was in ib_cm state REP_RCVD: its kernel
+/// sends REJ "consumer defined", so the agent closes exactly once with `Rejected { status: 28 }`
+/// and no reason. The listener keeps serving; nothing is left behind.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn client_killed_after_the_accept_rejects_its_agent_with_28() {
+    {
+        let mut r = Reactor::new().expect("reactor");
+        let a = addr();
+        let agents_closed = Rc::new(RefCell::new(Vec::new()));
+        let refused = Rc::new(RefCell::new(Vec::new()));
+        let victim: Rc<RefCell<Option<Proc>>> = Rc::default();
+        let v = victim.clone();
+        let on_request = move || v.borrow_mut().as_mut().expect("the victim").stop();
+        let l = Intercept {
+            echo: EchoListener { depth: 4, agents_closed: agents_closed.clone() },
+            on_request: Some(Box::new(on_request)),
+            before_accept: None,
+            refused: refused.clone(),
+        };
+        r.listen(a, l).expect("listen");
+        let p = echo_client(a, SIZE, 5, 0);
+        let dead = p.pid();
+        *victim.borrow_mut() = Some(p);
+        let deadline = Instant::now() + LIMIT;
+        while r.stats().accepted == 0 {
+            assert!(Instant::now() < deadline, "the server never accepted: {:?}", r.stats());
+            r.run_once(Some(Duration::from_millis(5))).expect("run_once");
+        }
+        wait_cm_event_pending(dead, LIMIT, "the REP reached the stopped client");
+        assert_eq!(r.stats().established, 0, "the stopped client cannot have sent its RTU");
+        kill9(&mut victim.borrow_mut().take().expect("the victim"));
+        pump(&mut [&mut r], LIMIT, "the agent of the killed client closed", || !agents_closed.borrow().is_empty());
+        let closed = agents_closed.borrow().clone();
+        println!("case 4 (c): the client killed after the accept: the agent closed with {closed:?}");
+        assert_eq!(closed, vec![CloseReason::Rejected { status: 28, reason: None }]);
+        assert!(refused.borrow().is_empty(), "{:?}", refused.borrow());
+        serves_after_and_the_dead_client_left_nothing(&mut r, a, dead);
+        pump(&mut [&mut r], LIMIT, "the next client's agent closed", || agents_closed.borrow().len() >= 2);
+        assert_eq!(agents_closed.borrow()[1..], [CloseReason::Peer], "{:?}", agents_closed.borrow());
     }
     assert_baseline();
 }

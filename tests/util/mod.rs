@@ -78,6 +78,124 @@ impl Proc {
     }
 }
 
+impl Proc {
+    /// Spawns `program args` with its stdout and stderr going to the file `log` (created or
+    /// truncated), so the test can wait for a line (`wait_for_log`) or read it afterwards.
+    pub fn spawn_logged(
+        name: &'static str,
+        program: impl AsRef<std::ffi::OsStr>,
+        args: &[&str],
+        log: &std::path::Path,
+    ) -> Proc {
+        let out = std::fs::File::create(log).unwrap_or_else(|e| panic!("cannot create {log:?}: {e}"));
+        let err = out.try_clone().expect("clone the log file");
+        let child = Command::new(program.as_ref())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name} ({:?}): {e}", program.as_ref()));
+        Proc(child, name)
+    }
+
+    /// Stops the process with SIGSTOP and returns once it is stopped (`waitpid` with
+    /// `WUNTRACED`), so it runs no more code of its own; its kernel still handles what
+    /// arrives for it (rdma_cm messages included).
+    pub fn stop(&mut self) {
+        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+        let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("kill -STOP");
+        match waitpid(pid, Some(WaitPidFlag::WUNTRACED)).expect("waitpid WUNTRACED") {
+            WaitStatus::Stopped(..) => {}
+            other => panic!("{} did not stop: {other:?}", self.1),
+        }
+    }
+}
+
+/// SIGKILLs the process and reaps it: when this returns its files are closed, so the kernel
+/// has destroyed its rdma_cm ids (sending a REJ or DREQ for each, as their state asks) and
+/// its verbs objects.
+pub fn kill9(p: &mut Proc) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.0.id() as i32), nix::sys::signal::Signal::SIGKILL)
+        .expect("kill -9");
+    let _ = p.0.wait();
+}
+
+/// A fresh log file path for `Proc::spawn_logged` (in the temporary directory, named after the
+/// test process and `what`).
+pub fn log_path(what: &str) -> PathBuf {
+    static N: AtomicU16 = AtomicU16::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!("rdma-reactor-{}-{what}-{n}.log", std::process::id()))
+}
+
+/// What a logged process wrote so far.
+pub fn read_log(log: &std::path::Path) -> String {
+    std::fs::read_to_string(log).unwrap_or_default()
+}
+
+/// The fds of process `pid` open on `/dev/infiniband/rdma_cm`: its rdma_cm event channels.
+pub fn cm_channel_fds(pid: u32) -> Vec<i32> {
+    let dir = format!("/proc/{pid}/fd");
+    let mut fds: Vec<i32> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{dir}: {e}"))
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let target = std::fs::read_link(e.path()).ok()?;
+            (target.as_os_str() == "/dev/infiniband/rdma_cm").then(|| e.file_name().to_str()?.parse().ok())?
+        })
+        .collect();
+    fds.sort_unstable();
+    fds
+}
+
+/// ib_cm's count of the connection-manager messages of kind `msg` (`req`, `rep`, `rej`,
+/// `rtu`, `dreq`, ...) that the RDMA device's port 1 sent (`dir` = `cm_tx_msgs`) or received
+/// (`cm_rx_msgs`), from sysfs. On Soft-RoCE with both ends on one device, a message one
+/// process sends is counted in both.
+pub fn cm_msgs(dir: &str, msg: &str) -> u64 {
+    let dev = std::env::var("RDMA_DEV").unwrap_or_else(|_| "rxe0".to_string());
+    let path = format!("/sys/class/infiniband/{dev}/ports/1/{dir}/{msg}");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    text.trim().parse().unwrap_or_else(|e| panic!("{path}: {text:?}: {e}"))
+}
+
+/// Whether an rdma_cm event is waiting, unread, on the event channel `fd` of process `pid`
+/// (which may be this process): polls a duplicate of the channel's file taken with
+/// `pidfd_getfd` (this needs ptrace rights over `pid`: a child, or root), which reads nothing.
+/// The duplicate is closed before this returns: holding it would keep the channel, and the
+/// ids on it, alive after the process died.
+pub fn cm_event_pending(pid: u32, fd: i32) -> bool {
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; no memory is passed.
+    let pidfd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid as nix::libc::c_int, 0) };
+    assert!(pidfd >= 0, "pidfd_open({pid}): {}", std::io::Error::last_os_error());
+    // SAFETY: pidfd_open returned a new fd that nothing else owns.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_getfd takes fds and flags and returns a new fd or -1; no memory is passed.
+    let dup = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    assert!(dup >= 0, "pidfd_getfd({pid}, {fd}): {}", std::io::Error::last_os_error());
+    // SAFETY: pidfd_getfd returned a new fd that nothing else owns.
+    let dup = unsafe { OwnedFd::from_raw_fd(dup as i32) };
+    let mut fds = [nix::poll::PollFd::new(dup.as_fd(), nix::poll::PollFlags::POLLIN)];
+    let n = nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO).expect("poll the rdma_cm channel");
+    n > 0 && fds[0].revents().is_some_and(|r| r.contains(nix::poll::PollFlags::POLLIN))
+}
+
+/// Waits until the only rdma_cm event channel of process `pid` has an unread event (see
+/// `cm_event_pending`); panics after `limit`, naming `what`.
+pub fn wait_cm_event_pending(pid: u32, limit: Duration, what: &str) {
+    let fds = cm_channel_fds(pid);
+    assert_eq!(fds.len(), 1, "{what}: process {pid} has one rdma_cm channel: {fds:?}");
+    let deadline = Instant::now() + limit;
+    while !cm_event_pending(pid, fds[0]) {
+        assert!(Instant::now() < deadline, "{what}: no rdma_cm event pending after {limit:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         if let Ok(None) = self.0.try_wait() {
