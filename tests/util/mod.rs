@@ -260,6 +260,27 @@ pub fn res_counts(pid: u32) -> ResCounts {
     }
 }
 
+/// The resource counts of each of `pids`, from one `rdma -j res show` per kind (the pids
+/// with none are left out).
+pub fn res_counts_of(pids: &[u32]) -> Vec<(u32, ResCounts)> {
+    let mut all: std::collections::BTreeMap<u32, ResCounts> = Default::default();
+    for (i, kind) in ["qp", "cq", "mr", "pd", "cm_id"].into_iter().enumerate() {
+        let out = Command::new("rdma").args(["-j", "res", "show", kind]).output().expect("run rdma -j res show");
+        assert!(out.status.success(), "rdma -j res show {kind}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout);
+        for part in text.split("\"pid\":").skip(1) {
+            let digits: String = part.chars().take_while(|c| c.is_ascii_digit()).collect();
+            let Ok(pid) = digits.parse::<u32>() else { continue };
+            if !pids.contains(&pid) {
+                continue;
+            }
+            let c = all.entry(pid).or_insert(ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 });
+            *[&mut c.qp, &mut c.cq, &mut c.mr, &mut c.pd, &mut c.cm_id][i] += 1;
+        }
+    }
+    all.into_iter().collect()
+}
+
 /// Threads of `pid`, from /proc.
 pub fn threads(pid: u32) -> usize {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/PID/status");
