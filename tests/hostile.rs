@@ -1,4 +1,5 @@
-//! Dying, broken and hostile peers (FAULTS.md, cases 9, 11, 12, 15, 16, 33, 37): each costs one
+//! Dying, broken and hostile peers (FAULTS.md, cases 4, 9, 11, 12, 15, 16, 26, 28, 29, 33, 37):
+//! each costs one
 //! connection and nothing else. Every test keeps a well-behaved client running on the same
 //! server and checks its messages are still echoed and verified, checks the exact close
 //! reasons the callbacks see, and checks that the kernel objects of this test's thread are
