@@ -1,10 +1,10 @@
 //! Dying, broken and hostile peers (FAULTS.md, cases 4, 9, 11, 12, 15, 16, 26, 28, 29, 33, 37):
-//! each costs one
-//! connection and nothing else. Every test keeps a well-behaved client running on the same
-//! server and checks its messages are still echoed and verified, checks the exact close
-//! reasons the callbacks see, and checks that the kernel objects of this test's thread are
-//! back to zero at the end. The peers are `echo` processes killed with SIGKILL, or in-process
-//! clients that break the protocol on purpose.
+//! each costs one connection and nothing else. Every test checks that the server keeps serving
+//! (a well-behaved client running alongside, or one after the fault, with its messages echoed
+//! and verified), checks the exact close reasons the callbacks see, and checks that the kernel
+//! objects of this test's thread are back to zero at the end. The peers are `echo` processes
+//! killed with SIGKILL (at chosen points of the handshake too), or in-process clients that
+//! break the protocol on purpose.
 
 mod util;
 
