@@ -580,6 +580,9 @@ fn two_thousand_connections_with_random_client_kills_leave_nothing_behind() {
             b.clients.len(),
         );
         assert!(accepted >= MIN_ACCEPTED, "{accepted} connections accepted");
+        for fate in [Fate::KilledInHandshake, Fate::KilledMidTransfer, Fate::KilledIdle] {
+            assert!(kills.get(&fate).is_some_and(|n| *n > 0), "no process {fate:?}: {kills:?}");
+        }
     }
     let (fds_after, rss_after) = (open_fds(), rss_kib());
     println!(
