@@ -663,7 +663,12 @@ impl Core {
         let mut events = [EpollEvent::empty(); 32];
         let n = match self.epoll.wait(&mut events, epoll_timeout) {
             Ok(n) => n,
-            Err(Errno::EINTR) => 0,
+            // A signal (epoll_wait is never restarted, SA_RESTART or not): no readiness; the
+            // tick goes on as after a timeout.
+            Err(Errno::EINTR) => {
+                self.stats.interrupted_waits += 1;
+                0
+            }
             Err(e) => return Err(os("epoll_wait")(e)),
         };
         self.stats.wakeups += 1;
