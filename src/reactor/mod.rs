@@ -8,7 +8,8 @@
 //!    CQs left unarmed directly; once the spin time is over, arm them and poll once more.
 //! 1. `epoll_wait` (level-triggered), with a timeout of zero when work is pending (a CQ left
 //!    over budget, posts queued by a callback, objects to destroy, spinning), else until the
-//!    next deadline. While spinning it runs only every few ticks.
+//!    next deadline. While spinning it runs only every few ticks. A signal that interrupts it
+//!    (`EINTR`) makes a tick with no readiness (`Stats::interrupted_waits`).
 //! 2. CM channel readable: read every event until `EAGAIN`; each goes to its object's state
 //!    machine (by the token in `id->context`) and is acked before the next is read
 //!    (`setup.rs`).
