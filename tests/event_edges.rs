@@ -277,13 +277,14 @@ fn report(what: &str, run: &RaceRun) {
 /// with both ends on the test's reactor, rxe completes each post inside the `ibv_post_send`
 /// call, so no completion ever arrives between a poll and an arm (0 catches in 6 000 round
 /// trips); against another process each completion arrives from the other vCPU at any time
-/// (1 connection: 37 catches in 3 000 round trips; 8 connections on one CQ: ~8 000 catches per
-/// 100 000). An event that finds its CQ empty is rarer: a completion must land in the
+/// (1 connection: 37 catches in 3 000 round trips; 8 connections on one CQ: 650 to 9 000
+/// catches per 100 000, fewer on a loaded host). An event that finds its CQ empty is rarer: a completion must land in the
 /// microseconds between the arm and the poll after it (4 to 8 per 100 000 round trips). The
 /// short-lived connections make it common: destroying one drains the shared CQ, which is
-/// armed, and reaps completions of the others whose event is already on its way (170 to 250
-/// per run). 5 000 to 8 000 round trips/s, so 100 000 take 13 to 20 s (54 s on a loaded host);
-/// the catalogue's 10^6 would take 3 to 9 minutes of the emulated VM per run.
+/// armed, and reaps completions of the others whose event is already on its way (150 to 250
+/// per run). 5 000 to 8 000 round trips/s on an idle host, so 100 000 take 13 to 20 s (1 200
+/// to 2 000/s and up to 90 s on a loaded one); the catalogue's 10^6 would take 2 to 15 minutes
+/// of the emulated VM per run.
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn arm_poll_race_100k_one_byte_round_trips_never_stall() {
