@@ -30,6 +30,44 @@ pub(super) fn reuse<T>(list: &mut Vec<T>, mut drained: Vec<T>) {
 /// Completion events read per readiness at most.
 const MAX_READS: u32 = 1024;
 
+/// What [`Core::poll_cq`] does after one `ibv_poll_cq` call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum AfterPoll {
+    /// The batch was full and budget is left: poll again.
+    PollAgain,
+    /// The CQ is empty and armed: done.
+    Done,
+    /// The CQ is empty and unarmed, and the tick's posts are not out yet (or the reactor
+    /// spins): leave it unarmed, listed in `Core::spinning`.
+    LeaveUnarmed,
+    /// The CQ is empty and unarmed, and the reactor may sleep next: arm it, then poll once
+    /// more, since a completion that arrived after the last poll and before the arm raises
+    /// no event.
+    ArmThenPoll,
+    /// The budget is used up: keep the CQ hot for the next tick.
+    StayHot,
+}
+
+/// The CQ protocol's decision after a poll that asked for `want` completions and got `got`,
+/// with `left` of the budget remaining: an empty CQ (`got < want`) is never left unarmed when
+/// the reactor may sleep (`arm_now`), and a CQ is never armed without being polled after the
+/// arm. Pure, so the protocol is checked on the host against a model CQ (tests below).
+pub(super) fn after_poll(got: usize, want: usize, left: usize, armed: bool, arm_now: bool) -> AfterPoll {
+    if got < want {
+        if armed {
+            AfterPoll::Done
+        } else if arm_now {
+            AfterPoll::ArmThenPoll
+        } else {
+            AfterPoll::LeaveUnarmed
+        }
+    } else if left == 0 {
+        AfterPoll::StayHot
+    } else {
+        AfterPoll::PollAgain
+    }
+}
+
 /// One CQ and its protocol state.
 pub(super) struct CqEntry {
     pub(super) cq: Rc<Cq>,
@@ -125,10 +163,14 @@ impl Core {
             self.stats.cq_events += 1;
             let Some(t) = Token::from_u64(ev.context).and_then(|t| self.cqs.key_of(t)) else {
                 // Not ours (any more): dropping the event acks it.
+                drop(ev);
+                self.count_acks(1);
                 continue;
             };
             let e = self.cqs.get_mut(t).expect("checked");
             if !e.cq.count(ev) {
+                // Another CQ's event (the context was stale): acked when dropped, in count.
+                self.count_acks(1);
                 continue;
             }
             if e.armed {
@@ -166,12 +208,14 @@ impl Core {
 
     /// Polls one CQ: batches of up to 32 until it is empty or `budget` completions were
     /// reaped. An empty CQ is re-armed and polled once more (the arm/poll race); a CQ that used
-    /// its budget stays hot for the next tick.
+    /// its budget stays hot for the next tick. Each step is [`after_poll`]'s decision.
     pub(super) fn poll_cq(&mut self, t: CqKey, budget: usize) -> usize {
         let Some(cq) = self.cqs.get(t).filter(|e| !e.failed).map(|e| e.cq.clone()) else { return 0 };
         let mut wcs = [WorkCompletion::default(); POLL_BATCH];
         let mut left = budget;
         let mut found = 0;
+        // The last call armed the CQ: this poll is the one that closes the race.
+        let mut just_armed = false;
         loop {
             let want = left.min(POLL_BATCH);
             self.stats.cq_polls += 1;
@@ -185,23 +229,28 @@ impl Core {
                     break;
                 }
             };
+            if std::mem::take(&mut just_armed) {
+                self.stats.cq_rearm_catches += n as u64;
+            }
             for wc in &wcs[..n] {
                 self.complete(t, *wc);
             }
             found += n;
             left -= n;
             let Some(e) = self.cqs.get_mut(t).filter(|e| !e.failed) else { break };
-            if n < want {
-                if !e.armed && !self.arm_now {
-                    // Leave it unarmed: it is armed after the tick's posts (or, spinning,
-                    // polled again next tick).
+            match after_poll(n, want, left, e.armed, self.arm_now) {
+                AfterPoll::PollAgain => {}
+                AfterPoll::Done => break,
+                AfterPoll::LeaveUnarmed => {
+                    // It is armed after the tick's posts (or, spinning, polled again next
+                    // tick).
                     if !e.spinning {
                         e.spinning = true;
                         self.spinning.push(t);
                     }
                     break;
                 }
-                if !e.armed {
+                AfterPoll::ArmThenPoll => {
                     self.stats.cq_arms += 1;
                     if let Err(err) = e.cq.req_notify() {
                         // Unarmed, it would raise no event: its connections would wait
@@ -213,17 +262,16 @@ impl Core {
                     e.armed = true;
                     let d = e.device;
                     self.devices[d].armed += 1;
-                    continue;
+                    just_armed = true;
                 }
-                break;
-            }
-            if left == 0 {
-                self.stats.budget_exhausted += 1;
-                if !e.hot {
-                    e.hot = true;
-                    self.hot.push(t);
+                AfterPoll::StayHot => {
+                    self.stats.budget_exhausted += 1;
+                    if !e.hot {
+                        e.hot = true;
+                        self.hot.push(t);
+                    }
+                    break;
                 }
-                break;
             }
         }
         self.wake_waiting(t);
@@ -233,6 +281,10 @@ impl Core {
     /// Destroys a CQ entry (its `Drop` acks its counted events, then `ibv_destroy_cq`).
     pub(super) fn remove_cq(&mut self, t: CqKey) {
         if let Some(e) = self.cqs.remove(t) {
+            let unacked = e.cq.unacked();
+            if unacked > 0 {
+                self.count_acks(unacked);
+            }
             if let Some(d) = self.devices.get_mut(e.device).filter(|_| e.armed) {
                 d.armed -= 1;
             }
@@ -362,6 +414,12 @@ impl Core {
         }
     }
 
+    /// Counts one `ibv_ack_cq_events` call of `n` events.
+    fn count_acks(&mut self, n: u32) {
+        self.stats.cq_ack_calls += 1;
+        self.stats.cq_events_acked += u64::from(n);
+    }
+
     /// Acks the events of every CQ whose count reached the batch threshold. A CQ below it
     /// stays listed; a destroyed CQ acked its own count.
     pub(super) fn flush_acks(&mut self) {
@@ -380,5 +438,216 @@ impl Core {
             }
         }
         reuse(&mut self.evented, evented);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The arm/poll race (catalogue case 25) on a model CQ with the notification semantics of
+    //! `ibv_req_notify_cq(3)`: arming asks for one event at the *next* completion; completions
+    //! already queued raise none. The driver below walks the same decisions as
+    //! `Core::poll_cq` and `Core::tick` (poll hot CQs, post, then poll, arm and poll again the
+    //! ones emptied), and a completion is injected at every point where the device could add
+    //! one: before each poll and between the last empty poll and the arm.
+
+    use std::collections::VecDeque;
+
+    use super::{after_poll, AfterPoll};
+
+    /// The device's side of one CQ.
+    #[derive(Default)]
+    struct ModelCq {
+        queue: VecDeque<u64>,
+        /// Armed for one event.
+        armed: bool,
+        /// An event is readable on the channel.
+        event: bool,
+    }
+
+    impl ModelCq {
+        fn push(&mut self, v: u64) {
+            self.queue.push_back(v);
+            if std::mem::take(&mut self.armed) {
+                self.event = true;
+            }
+        }
+    }
+
+    /// The reactor's side of it, and what it saw.
+    #[derive(Default)]
+    struct Reactor {
+        armed: bool,
+        hot: bool,
+        unarmed: bool,
+        reaped: Vec<u64>,
+        spurious_events: u64,
+        catches: u64,
+    }
+
+    /// Where a completion can be injected.
+    struct Injector {
+        /// Hook calls so far.
+        at: usize,
+        /// Inject at these hook calls.
+        when: Vec<usize>,
+        next: u64,
+    }
+
+    impl Injector {
+        fn hook(&mut self, cq: &mut ModelCq) {
+            if self.when.contains(&self.at) {
+                cq.push(self.next);
+                self.next += 1;
+            }
+            self.at += 1;
+        }
+    }
+
+    const BATCH: usize = 2;
+
+    /// `Core::poll_cq`, on the model; `repoll: false` is the broken protocol that arms and
+    /// stops.
+    fn poll_cq(cq: &mut ModelCq, r: &mut Reactor, inj: &mut Injector, budget: usize, arm_now: bool, repoll: bool) {
+        let mut left = budget;
+        let mut just_armed = false;
+        loop {
+            inj.hook(cq);
+            let want = left.min(BATCH);
+            let got = want.min(cq.queue.len());
+            r.reaped.extend(cq.queue.drain(..got));
+            if std::mem::take(&mut just_armed) {
+                r.catches += got as u64;
+            }
+            left -= got;
+            match after_poll(got, want, left, r.armed, arm_now) {
+                AfterPoll::PollAgain => {}
+                AfterPoll::Done => break,
+                AfterPoll::LeaveUnarmed => {
+                    r.unarmed = true;
+                    break;
+                }
+                AfterPoll::ArmThenPoll => {
+                    // The race: the device adds a completion after the empty poll.
+                    inj.hook(cq);
+                    cq.armed = true;
+                    r.armed = true;
+                    just_armed = true;
+                    if !repoll {
+                        break;
+                    }
+                }
+                AfterPoll::StayHot => {
+                    r.hot = true;
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Runs ticks until the reactor would sleep with nothing to wake it; returns whether a
+    /// completion was left stranded in the CQ then.
+    fn run(inj: &mut Injector, first: u64, budget: usize, repoll: bool) -> (Reactor, ModelCq) {
+        let mut cq = ModelCq { armed: true, ..ModelCq::default() };
+        let mut r = Reactor { armed: true, ..Reactor::default() };
+        for v in 0..first {
+            cq.push(v);
+        }
+        inj.next = first;
+        for _ in 0..1000 {
+            // Step 3: read the event, count it, disarm, mark hot.
+            let evented = std::mem::take(&mut cq.event);
+            if evented {
+                r.armed = false;
+                r.hot = true;
+            }
+            // Step 4: poll hot CQs; an emptied one stays unarmed until after the posts.
+            if std::mem::take(&mut r.hot) {
+                let before = r.reaped.len();
+                poll_cq(&mut cq, &mut r, inj, budget, false, repoll);
+                if evented && r.reaped.len() == before {
+                    r.spurious_events += 1;
+                }
+            }
+            // Step 6: after the posts, poll, arm and poll again.
+            if std::mem::take(&mut r.unarmed) {
+                poll_cq(&mut cq, &mut r, inj, budget, true, repoll);
+            }
+            assert!(!r.unarmed, "an emptied CQ is armed before the reactor sleeps");
+            if !r.hot && !cq.event {
+                // The reactor sleeps: only an event can wake it.
+                return (r, cq);
+            }
+        }
+        panic!("the model did not settle");
+    }
+
+    #[test]
+    fn a_completion_injected_anywhere_is_never_stranded() {
+        for budget in [1, 2, 3, 64] {
+            for first in 1..4 {
+                for a in 0..24 {
+                    for b in a..24 {
+                        let mut inj = Injector { at: 0, when: vec![a, b], next: 0 };
+                        let (r, cq) = run(&mut inj, first, budget, true);
+                        let injected = inj.next;
+                        assert!(
+                            cq.queue.is_empty(),
+                            "budget {budget}, {first} first, injected at {a} and {b}: {:?} stranded",
+                            cq.queue
+                        );
+                        assert_eq!(r.reaped, (0..injected).collect::<Vec<_>>(), "each reaped once, in order");
+                        assert!(r.armed && cq.armed, "asleep armed");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_repoll_after_the_arm_is_what_catches_the_race() {
+        // The completion injected between the empty poll and the arm: first tick's hook
+        // calls are poll (0), poll (1, empty), then at step 6 poll (2, empty), arm (3).
+        let mut caught = 0;
+        let mut stranded = 0;
+        for at in 0..12 {
+            let mut with = Injector { at: 0, when: vec![at], next: 0 };
+            let (r, cq) = run(&mut with, 1, 64, true);
+            assert!(cq.queue.is_empty());
+            caught += r.catches;
+            let mut without = Injector { at: 0, when: vec![at], next: 0 };
+            let (_, cq) = run(&mut without, 1, 64, false);
+            stranded += cq.queue.len();
+        }
+        assert!(caught > 0, "the poll after the arm found the raced completion");
+        assert!(stranded > 0, "arming without polling again strands it: the test can fail");
+    }
+
+    #[test]
+    fn an_event_with_an_empty_cq_is_harmless() {
+        // Injected after the arm and before the poll that follows it: the poll reaps it and
+        // the event it raised later finds the CQ empty.
+        let mut spurious = 0;
+        for at in 0..12 {
+            let mut inj = Injector { at: 0, when: vec![at], next: 0 };
+            let (r, cq) = run(&mut inj, 1, 64, true);
+            assert!(cq.queue.is_empty() && r.armed && cq.armed);
+            assert_eq!(r.reaped.len() as u64, inj.next);
+            spurious += r.spurious_events;
+        }
+        assert!(spurious > 0, "some injection point gives an event with an empty CQ");
+    }
+
+    #[test]
+    fn the_decision_table() {
+        use AfterPoll::*;
+        // Empty (got < want): armed is done; unarmed is left for after the posts, or armed
+        // and polled again when the reactor may sleep.
+        assert_eq!(after_poll(0, 32, 64, true, false), Done);
+        assert_eq!(after_poll(3, 32, 61, false, false), LeaveUnarmed);
+        assert_eq!(after_poll(3, 32, 61, false, true), ArmThenPoll);
+        // Full batch: poll again while budget is left, else stay hot (never armed then).
+        assert_eq!(after_poll(32, 32, 32, false, true), PollAgain);
+        assert_eq!(after_poll(32, 32, 0, false, true), StayHot);
+        assert_eq!(after_poll(32, 32, 0, true, false), StayHot);
     }
 }

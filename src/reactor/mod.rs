@@ -8,7 +8,8 @@
 //!    CQs left unarmed directly; once the spin time is over, arm them and poll once more.
 //! 1. `epoll_wait` (level-triggered), with a timeout of zero when work is pending (a CQ left
 //!    over budget, posts queued by a callback, objects to destroy, spinning), else until the
-//!    next deadline. While spinning it runs only every few ticks.
+//!    next deadline. While spinning it runs only every few ticks. A signal that interrupts it
+//!    (`EINTR`) makes a tick with no readiness (`Stats::interrupted_waits`).
 //! 2. CM channel readable: read every event until `EAGAIN`; each goes to its object's state
 //!    machine (by the token in `id->context`) and is acked before the next is read
 //!    (`setup.rs`).
@@ -663,7 +664,12 @@ impl Core {
         let mut events = [EpollEvent::empty(); 32];
         let n = match self.epoll.wait(&mut events, epoll_timeout) {
             Ok(n) => n,
-            Err(Errno::EINTR) => 0,
+            // A signal (epoll_wait is never restarted, SA_RESTART or not): no readiness; the
+            // tick goes on as after a timeout.
+            Err(Errno::EINTR) => {
+                self.stats.interrupted_waits += 1;
+                0
+            }
             Err(e) => return Err(os("epoll_wait")(e)),
         };
         self.stats.wakeups += 1;

@@ -6,25 +6,39 @@
 pub struct Stats {
     /// `epoll_wait` returns.
     pub wakeups: u64,
+    /// `epoll_wait` returns interrupted by a signal (`EINTR`): the tick goes on with no
+    /// readiness, as after a timeout. (The channel reads are non-blocking: the kernel answers
+    /// them at once, with an event or `EAGAIN`, so a signal cannot interrupt them.)
+    pub interrupted_waits: u64,
     /// Reads of the rdma_cm and completion channels (`rdma_get_cm_event`, `ibv_get_cq_event`),
     /// the ones that found nothing (`EAGAIN`) included.
     pub channel_reads: u64,
-    /// Wakeups that found nothing to do.
+    /// Wakeups that reported a ready fd but found nothing to do (every read found `EAGAIN`,
+    /// or the `Remote` eventfd had been written for messages an earlier tick already took).
+    /// An interrupted wait is counted in `interrupted_waits` instead.
     pub spurious_wakeups: u64,
     /// rdma_cm events read (and acked).
     pub cm_events: u64,
     /// CM events for an object that no longer exists (dropped).
     pub stale_cm_events: u64,
-    /// Completion-channel events read.
+    /// Completion-channel events read (each acked once: `cq_events_acked` catches up with it
+    /// whenever no CQ holds un-acked events).
     pub cq_events: u64,
     /// Completion events after which the CQ held nothing new (the arm/poll race's extra event).
     pub spurious_cq_events: u64,
     /// `ibv_ack_cq_events` calls.
     pub cq_ack_calls: u64,
-    /// Completion events acked.
+    /// Completion events acked: in batches, when their CQ is destroyed, and at once for an
+    /// event naming a CQ that is gone.
     pub cq_events_acked: u64,
     /// `ibv_req_notify_cq` calls.
     pub cq_arms: u64,
+    /// Completions found by the poll right after a CQ was armed (the arm/poll race). One that
+    /// arrived between the last empty poll and `ibv_req_notify_cq` raises no event: without
+    /// that poll it would wait, unseen, until some later completion woke the CQ. (One that
+    /// arrived after the arm is found here too, and its event then finds the CQ empty:
+    /// `spurious_cq_events`.)
+    pub cq_rearm_catches: u64,
     /// Ticks that polled CQs left unarmed by spinning (`Config::spin`).
     pub spin_polls: u64,
     /// `ibv_poll_cq` calls.

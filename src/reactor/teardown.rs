@@ -113,12 +113,8 @@ impl Core {
                     // connection waiting for room must not wait for a poll that may never come.
                     self.wake_waiting(cq);
                 } else {
-                    let unacked = e.cq.unacked();
-                    if unacked > 0 {
-                        self.stats.cq_ack_calls += 1;
-                        self.stats.cq_events_acked += u64::from(unacked);
-                    }
-                    // Drop acks the counted events, then ibv_destroy_cq.
+                    // Drop acks the counted events (counted in `remove_cq`), then
+                    // ibv_destroy_cq.
                     self.remove_cq(cq);
                 }
             }

@@ -110,3 +110,29 @@ pub(crate) fn reg_error(bytes: usize, context: String, e: io::Error) -> crate::E
     }
     crate::Error::verb("ibv_reg_mr", context, e)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::{cvt, nonblock};
+
+    /// The channel reads' errno handling (catalogue case 35): `EAGAIN` is "no event", and
+    /// anything else (`EINTR`, `EIO`) reaches the reactor as an error for it to decide on (it
+    /// retries `EINTR` and loses the device on `EIO`).
+    #[test]
+    fn eagain_is_no_event_and_other_errors_pass_through() {
+        let err = |errno| io::Result::<u8>::Err(io::Error::from_raw_os_error(errno));
+        assert_eq!(nonblock(Ok(7)).unwrap(), Some(7));
+        assert_eq!(nonblock(err(nix::libc::EAGAIN)).unwrap(), None);
+        assert_eq!(nonblock(err(nix::libc::EWOULDBLOCK)).unwrap(), None);
+        for errno in [nix::libc::EINTR, nix::libc::EIO, nix::libc::EINVAL] {
+            assert_eq!(nonblock(err(errno)).unwrap_err().raw_os_error(), Some(errno));
+        }
+        // The -1/errno convention: a failed non-blocking read with EAGAIN is no event.
+        nix::errno::Errno::EAGAIN.set();
+        assert_eq!(nonblock(cvt(-1)).unwrap(), None);
+        nix::errno::Errno::EINTR.set();
+        assert_eq!(nonblock(cvt(-1)).unwrap_err().raw_os_error(), Some(nix::libc::EINTR));
+    }
+}
