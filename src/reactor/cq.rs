@@ -46,13 +46,28 @@ pub(super) enum AfterPoll {
     ArmThenPoll,
     /// The budget is used up: keep the CQ hot for the next tick.
     StayHot,
+    /// `ibv_poll_cq` failed (with this errno): the CQ's completions cannot be reaped, so it
+    /// is failed and its connections closed. Read as "empty" instead, the connections would
+    /// wait forever with operations outstanding (fault issue, defect 2).
+    Fail(i32),
 }
 
-/// The CQ protocol's decision after a poll that asked for `want` completions and got `got`,
-/// with `left` of the budget remaining: an empty CQ (`got < want`) is never left unarmed when
-/// the reactor may sleep (`arm_now`), and a CQ is never armed without being polled after the
-/// arm. Pure, so the protocol is checked on the host against a model CQ (tests below).
-pub(super) fn after_poll(got: usize, want: usize, left: usize, armed: bool, arm_now: bool) -> AfterPoll {
+/// The CQ protocol's decision after a poll that asked for `want` completions and got
+/// `polled` (a count, or the errno of a failed `ibv_poll_cq`), with `left` of the budget
+/// remaining: a failed poll fails the CQ; an empty CQ (`got < want`) is never left unarmed
+/// when the reactor may sleep (`arm_now`), and a CQ is never armed without being polled after
+/// the arm. Pure, so the protocol is checked on the host against a model CQ (tests below).
+pub(super) fn after_poll(
+    polled: Result<usize, i32>,
+    want: usize,
+    left: usize,
+    armed: bool,
+    arm_now: bool,
+) -> AfterPoll {
+    let got = match polled {
+        Ok(got) => got,
+        Err(errno) => return AfterPoll::Fail(errno),
+    };
     if got < want {
         if armed {
             AfterPoll::Done
@@ -219,16 +234,9 @@ impl Core {
         loop {
             let want = left.min(POLL_BATCH);
             self.stats.cq_polls += 1;
-            let n = match cq.poll(&mut wcs[..want]) {
-                Ok(n) => n,
-                Err(e) => {
-                    // Its completions cannot be reaped: waiting for them would hang its
-                    // connections with operations outstanding.
-                    let errno = e.raw_os_error().unwrap_or(nix::libc::EIO);
-                    self.fail_cq(t, CloseReason::CqFailed { call: "ibv_poll_cq", errno });
-                    break;
-                }
-            };
+            let polled = cq.poll(&mut wcs[..want]).map_err(|e| e.raw_os_error().unwrap_or(nix::libc::EIO));
+            // No work completion to hand out after a failed poll; the decision below fails the CQ.
+            let n = *polled.as_ref().unwrap_or(&0);
             if std::mem::take(&mut just_armed) {
                 self.stats.cq_rearm_catches += n as u64;
             }
@@ -238,7 +246,13 @@ impl Core {
             found += n;
             left -= n;
             let Some(e) = self.cqs.get_mut(t).filter(|e| !e.failed) else { break };
-            match after_poll(n, want, left, e.armed, self.arm_now) {
+            match after_poll(polled, want, left, e.armed, self.arm_now) {
+                AfterPoll::Fail(errno) => {
+                    // Its completions cannot be reaped: waiting for them would hang its
+                    // connections with operations outstanding.
+                    self.fail_cq(t, CloseReason::CqFailed { call: "ibv_poll_cq", errno });
+                    break;
+                }
                 AfterPoll::PollAgain => {}
                 AfterPoll::Done => break,
                 AfterPoll::LeaveUnarmed => {
@@ -458,6 +472,8 @@ mod tests {
     #[derive(Default)]
     struct ModelCq {
         queue: VecDeque<u64>,
+        /// Every `ibv_poll_cq` from now on fails (`EIO`).
+        broken: bool,
         /// Armed for one event.
         armed: bool,
         /// An event is readable on the channel.
@@ -476,6 +492,9 @@ mod tests {
     /// The reactor's side of it, and what it saw.
     #[derive(Default)]
     struct Reactor {
+        /// The CQ was failed: its connections were closed, their operations completed with
+        /// errors (nothing waits on it any more).
+        failed: bool,
         armed: bool,
         hot: bool,
         unarmed: bool,
@@ -491,35 +510,68 @@ mod tests {
         /// Inject at these hook calls.
         when: Vec<usize>,
         next: u64,
+        /// From this hook call on, polls fail.
+        break_at: Option<usize>,
     }
 
     impl Injector {
+        fn new(when: Vec<usize>) -> Injector {
+            Injector { at: 0, when, next: 0, break_at: None }
+        }
+
         fn hook(&mut self, cq: &mut ModelCq) {
             if self.when.contains(&self.at) {
                 cq.push(self.next);
                 self.next += 1;
             }
+            if self.break_at == Some(self.at) {
+                cq.broken = true;
+            }
             self.at += 1;
         }
+    }
+
+    /// How the model reactor reads a failed poll: as the reactor does, or as it did before
+    /// the fault issue's defect 2 was fixed (`unwrap_or(0)`: "empty").
+    #[derive(Clone, Copy, PartialEq)]
+    enum OnPollError {
+        FailTheCq,
+        ReadAsEmpty,
     }
 
     const BATCH: usize = 2;
 
     /// `Core::poll_cq`, on the model; `repoll: false` is the broken protocol that arms and
-    /// stops.
-    fn poll_cq(cq: &mut ModelCq, r: &mut Reactor, inj: &mut Injector, budget: usize, arm_now: bool, repoll: bool) {
+    /// stops, and `on_error` chooses how a failed poll is read.
+    fn poll_cq_reading(
+        cq: &mut ModelCq,
+        r: &mut Reactor,
+        inj: &mut Injector,
+        budget: usize,
+        arm_now: bool,
+        repoll: bool,
+        on_error: OnPollError,
+    ) {
         let mut left = budget;
         let mut just_armed = false;
         loop {
             inj.hook(cq);
             let want = left.min(BATCH);
-            let got = want.min(cq.queue.len());
+            let mut polled = if cq.broken { Err(5) } else { Ok(want.min(cq.queue.len())) };
+            if on_error == OnPollError::ReadAsEmpty {
+                polled = Ok(polled.unwrap_or(0));
+            }
+            let got = *polled.as_ref().unwrap_or(&0);
             r.reaped.extend(cq.queue.drain(..got));
             if std::mem::take(&mut just_armed) {
                 r.catches += got as u64;
             }
             left -= got;
-            match after_poll(got, want, left, r.armed, arm_now) {
+            match after_poll(polled, want, left, r.armed, arm_now) {
+                AfterPoll::Fail(_) => {
+                    r.failed = true;
+                    break;
+                }
                 AfterPoll::PollAgain => {}
                 AfterPoll::Done => break,
                 AfterPoll::LeaveUnarmed => {
@@ -547,6 +599,17 @@ mod tests {
     /// Runs ticks until the reactor would sleep with nothing to wake it; returns whether a
     /// completion was left stranded in the CQ then.
     fn run(inj: &mut Injector, first: u64, budget: usize, repoll: bool) -> (Reactor, ModelCq) {
+        run_reading(inj, first, budget, repoll, OnPollError::FailTheCq)
+    }
+
+    /// [`run`], with a choice of how a failed poll is read.
+    fn run_reading(
+        inj: &mut Injector,
+        first: u64,
+        budget: usize,
+        repoll: bool,
+        on_error: OnPollError,
+    ) -> (Reactor, ModelCq) {
         let mut cq = ModelCq { armed: true, ..ModelCq::default() };
         let mut r = Reactor { armed: true, ..Reactor::default() };
         for v in 0..first {
@@ -563,14 +626,21 @@ mod tests {
             // Step 4: poll hot CQs; an emptied one stays unarmed until after the posts.
             if std::mem::take(&mut r.hot) {
                 let before = r.reaped.len();
-                poll_cq(&mut cq, &mut r, inj, budget, false, repoll);
+                poll_cq_reading(&mut cq, &mut r, inj, budget, false, repoll, on_error);
                 if evented && r.reaped.len() == before {
                     r.spurious_events += 1;
                 }
             }
             // Step 6: after the posts, poll, arm and poll again.
+            if r.failed {
+                // Failed: never polled or armed again; its connections are closed.
+                return (r, cq);
+            }
             if std::mem::take(&mut r.unarmed) {
-                poll_cq(&mut cq, &mut r, inj, budget, true, repoll);
+                poll_cq_reading(&mut cq, &mut r, inj, budget, true, repoll, on_error);
+            }
+            if r.failed {
+                return (r, cq);
             }
             assert!(!r.unarmed, "an emptied CQ is armed before the reactor sleeps");
             if !r.hot && !cq.event {
@@ -587,7 +657,7 @@ mod tests {
             for first in 1..4 {
                 for a in 0..24 {
                     for b in a..24 {
-                        let mut inj = Injector { at: 0, when: vec![a, b], next: 0 };
+                        let mut inj = Injector::new(vec![a, b]);
                         let (r, cq) = run(&mut inj, first, budget, true);
                         let injected = inj.next;
                         assert!(
@@ -610,11 +680,11 @@ mod tests {
         let mut caught = 0;
         let mut stranded = 0;
         for at in 0..12 {
-            let mut with = Injector { at: 0, when: vec![at], next: 0 };
+            let mut with = Injector::new(vec![at]);
             let (r, cq) = run(&mut with, 1, 64, true);
             assert!(cq.queue.is_empty());
             caught += r.catches;
-            let mut without = Injector { at: 0, when: vec![at], next: 0 };
+            let mut without = Injector::new(vec![at]);
             let (_, cq) = run(&mut without, 1, 64, false);
             stranded += cq.queue.len();
         }
@@ -628,7 +698,7 @@ mod tests {
         // the event it raised later finds the CQ empty.
         let mut spurious = 0;
         for at in 0..12 {
-            let mut inj = Injector { at: 0, when: vec![at], next: 0 };
+            let mut inj = Injector::new(vec![at]);
             let (r, cq) = run(&mut inj, 1, 64, true);
             assert!(cq.queue.is_empty() && r.armed && cq.armed);
             assert_eq!(r.reaped.len() as u64, inj.next);
@@ -637,17 +707,48 @@ mod tests {
         assert!(spurious > 0, "some injection point gives an event with an empty CQ");
     }
 
+    /// Fault issue, defect 2: a failed `ibv_poll_cq` was read as "empty" (`unwrap_or(0)`):
+    /// the CQ was then armed or left as done with completions still in it, and its
+    /// connections waited forever with operations outstanding. Now it fails the CQ (its
+    /// connections close with `CqFailed`). On rxe a poll cannot fail (it reads a user-space
+    /// ring), so this is shown on the model: polls break at every point of a run with
+    /// completions queued and arriving.
+    #[test]
+    fn a_failed_poll_fails_the_cq_and_never_reads_as_empty() {
+        let mut stranded_before = 0;
+        for break_at in 0..16 {
+            for first in 1..4 {
+                let mut inj = Injector { break_at: Some(break_at), ..Injector::new(vec![1, 5, 9]) };
+                let (r, cq) = run(&mut inj, first, 64, true);
+                // Whatever was not reaped is in a failed CQ whose connections were told.
+                assert!(
+                    cq.queue.is_empty() || r.failed,
+                    "polls broken at {break_at}, {first} first: {:?} left behind, CQ not failed",
+                    cq.queue
+                );
+                assert!(r.failed || !cq.broken, "a broken CQ that was polled is failed");
+                let mut old = Injector { break_at: Some(break_at), ..Injector::new(vec![1, 5, 9]) };
+                let (r, cq) = run_reading(&mut old, first, 64, true, OnPollError::ReadAsEmpty);
+                if !r.failed && !cq.queue.is_empty() {
+                    stranded_before += 1;
+                }
+            }
+        }
+        assert!(stranded_before > 0, "read as empty, completions are stranded: the test can fail");
+    }
+
     #[test]
     fn the_decision_table() {
         use AfterPoll::*;
+        assert_eq!(after_poll(Err(5), 32, 64, true, false), Fail(5));
         // Empty (got < want): armed is done; unarmed is left for after the posts, or armed
         // and polled again when the reactor may sleep.
-        assert_eq!(after_poll(0, 32, 64, true, false), Done);
-        assert_eq!(after_poll(3, 32, 61, false, false), LeaveUnarmed);
-        assert_eq!(after_poll(3, 32, 61, false, true), ArmThenPoll);
+        assert_eq!(after_poll(Ok(0), 32, 64, true, false), Done);
+        assert_eq!(after_poll(Ok(3), 32, 61, false, false), LeaveUnarmed);
+        assert_eq!(after_poll(Ok(3), 32, 61, false, true), ArmThenPoll);
         // Full batch: poll again while budget is left, else stay hot (never armed then).
-        assert_eq!(after_poll(32, 32, 32, false, true), PollAgain);
-        assert_eq!(after_poll(32, 32, 0, false, true), StayHot);
-        assert_eq!(after_poll(32, 32, 0, true, false), StayHot);
+        assert_eq!(after_poll(Ok(32), 32, 32, false, true), PollAgain);
+        assert_eq!(after_poll(Ok(32), 32, 0, false, true), StayHot);
+        assert_eq!(after_poll(Ok(32), 32, 0, true, false), StayHot);
     }
 }
