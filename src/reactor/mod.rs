@@ -614,7 +614,13 @@ impl Core {
     fn stats(&self) -> Stats {
         let registered = self.devices.iter().map(|d| d.pool.registered_bytes() as u64).sum();
         let srq_receives = self.devices.iter().filter_map(|d| d.srq.as_ref()).map(|s| s.posted() as u64).sum();
-        Stats { registered_bytes: registered, connections: self.conns.len() as u64, srq_receives, ..self.stats }
+        Stats {
+            registered_bytes: registered,
+            connections: self.conns.len() as u64,
+            srq_receives,
+            timer_entries: self.timers.len() as u64,
+            ..self.stats
+        }
     }
 
     fn is_idle(&self) -> bool {
@@ -705,6 +711,7 @@ impl Core {
         }
         self.flush_acks();
         work += self.reap();
+        self.compact_timers();
         self.inbox.publish_load(self.conns.len());
         if n > 0 && work == 0 {
             self.stats.spurious_wakeups += 1;

@@ -94,6 +94,12 @@ pub struct Stats {
     pub handoffs_failed: u64,
     /// Live connections (agents and clients, in any state; a gauge, not a counter).
     pub connections: u64,
+    /// Entries in the reactor's timer heap now, cancelled and superseded ones included (a
+    /// gauge): cancelling is lazy, and the heap is compacted once more than half of it can be
+    /// stale, so this stays within about twice the live timers.
+    pub timer_entries: u64,
+    /// Rebuilds of the timer heap that dropped its stale entries.
+    pub timer_compactions: u64,
     /// Bytes of memory the buffer pools have registered now, over all devices (a gauge, not a
     /// counter). With a shared receive queue (`Config::srq`) it does not grow with the number
     /// of connections.

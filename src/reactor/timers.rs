@@ -5,6 +5,14 @@
 //! timer is gone, is dropped when it surfaces. A closed object's timers are removed before its
 //! handler hears `on_closed`: a connection's are listed in its entry (`ConnEntry::timers`),
 //! so closing it costs its own timers, never a walk over every live one.
+//!
+//! **Compaction.** Left alone, the stale entries would stay until their deadlines: a handler
+//! that resets an hour's idle timer on every message would keep an entry per message for an
+//! hour. At the end of each full tick, once the heap holds more than twice the entries that
+//! can be live (`Core::live_timer_bound`: the user timers, three per connection, one more)
+//! plus a slack, it is rebuilt without the stale ones ([`Core::compact_timers`]). Each
+//! rebuild drops at least half the heap, so its cost is amortised over the schedules that
+//! made it necessary.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -116,6 +124,32 @@ impl Core {
             self.user_timers.remove(t);
         }
     }
+
+    /// At most how many heap entries can be live: every user timer; per connection its
+    /// connection-manager deadline, its keepalive and its credit-stall timer; and the retry of
+    /// forgetting devices.
+    fn live_timer_bound(&self) -> usize {
+        self.user_timers.len() + 3 * self.conns.len() + 1
+    }
+
+    /// Drops the heap's stale entries once more than half of it (beyond a slack) must be
+    /// stale (module docs).
+    pub(super) fn compact_timers(&mut self) {
+        const SLACK: usize = 1024;
+        if self.timers.len() <= 2 * self.live_timer_bound() + SLACK {
+            return;
+        }
+        let (conns, user_timers) = (&self.conns, &self.user_timers);
+        self.timers.retain(|key, target| match target {
+            TimerTarget::Deadline(t) => conns.get(t).is_some_and(|c| c.deadline.is_some_and(|(k, _)| k == key)),
+            TimerTarget::Stall(t) => conns.get(t).is_some_and(|c| c.stall == Some(key)),
+            // Not keyed: one per live connection at a time (re-scheduled as it fires).
+            TimerTarget::Keepalive(t) => conns.contains(t),
+            TimerTarget::User(tt) => user_timers.contains(tt),
+            TimerTarget::ForgetDevices => true,
+        });
+        self.stats.timer_compactions += 1;
+    }
 }
 
 /// A timer heap over targets of type `T`.
@@ -168,9 +202,15 @@ impl<T: Ord + Copy> Timers<T> {
     }
 
     /// Entries in the heap, cancelled ones included.
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.heap.len()
+    }
+
+    /// Keeps only the entries for which `keep(key, target)` holds; O(entries).
+    pub fn retain(&mut self, mut keep: impl FnMut(u64, T) -> bool) {
+        let mut entries = std::mem::take(&mut self.heap).into_vec();
+        entries.retain(|Reverse((_, key, target))| keep(*key, *target));
+        self.heap = BinaryHeap::from(entries);
     }
 }
 
@@ -192,6 +232,18 @@ mod tests {
         assert_eq!(t.expired(t0 + Duration::from_secs(1)), vec![(c, 'c')]);
         assert_eq!(t.len(), 0);
         assert_eq!(t.next_timeout(t0), None);
+    }
+
+    #[test]
+    fn retain_keeps_the_order_of_what_is_left() {
+        let t0 = Instant::now();
+        let mut t = Timers::new();
+        let keys: Vec<u64> = (0..10u64).map(|i| t.schedule(t0 + Duration::from_millis(10 * (10 - i)), i)).collect();
+        t.retain(|_, v| v % 3 != 0);
+        assert_eq!(t.len(), 6);
+        let left: Vec<(u64, u64)> = t.expired(t0 + Duration::from_secs(1));
+        let want: Vec<(u64, u64)> = (0..10u64).rev().filter(|v| v % 3 != 0).map(|v| (keys[v as usize], v)).collect();
+        assert_eq!(left, want, "earliest first, cancelled ones gone");
     }
 
     #[test]
