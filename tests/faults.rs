@@ -1323,3 +1323,113 @@ fn cancelled_timers_do_not_pile_up_in_the_heap() {
     }
     assert_baseline();
 }
+
+/// The refused-post test's client (case 18), built with the `fault-injection` feature only.
+#[cfg(feature = "fault-injection")]
+mod refused {
+    use super::*;
+
+    /// Every completion the client saw, by user_data, and how it closed.
+    #[derive(Debug, Default)]
+    pub(super) struct Seen {
+        pub(super) established: bool,
+        pub(super) sends: Vec<(u64, Result<u32, rdma_reactor::OpError>)>,
+        pub(super) closed: Option<CloseReason>,
+    }
+
+    /// Posts receives for the echoes and records every send completion.
+    pub(super) struct Recorder(pub(super) Rc<RefCell<Seen>>);
+
+    impl rdma_reactor::ConnectionHandler for Recorder {
+        fn on_ready(&mut self, conn: &mut rdma_reactor::Conn<'_>) {
+            for _ in 0..8 {
+                let buf = conn.alloc(BIG).expect("receive buffer");
+                conn.submit(rdma_reactor::Op::recv(buf).user_data(u64::MAX)).expect("receive");
+            }
+        }
+
+        fn on_established(&mut self, _conn: &mut rdma_reactor::Conn<'_>) {
+            self.0.borrow_mut().established = true;
+        }
+
+        fn on_completion(&mut self, _conn: &mut rdma_reactor::Conn<'_>, c: rdma_reactor::Completion) {
+            if c.opcode == rdma_reactor::OpCode::Send {
+                self.0.borrow_mut().sends.push((c.user_data, c.result));
+            }
+        }
+
+        fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _t: rdma_reactor::Token, reason: CloseReason) {
+            self.0.borrow_mut().closed = Some(reason);
+        }
+    }
+
+    /// Larger than any inline limit.
+    pub(super) const BIG: usize = 4096;
+}
+
+/// Catalogue case 18 and the fault issue's defect 8, on the device: a send chain the device
+/// refuses part way. The reactor cannot build a request rxe refuses, so the test injects one
+/// (`Reactor::inject_refused_send`, feature `fault-injection`): the sixth of eight 4 KiB sends
+/// in one chain is marked inline beyond the inline limit, and rxe's `ibv_post_send` takes the
+/// five before it and refuses it with `EINVAL`. Expected: the five posted unsignaled sends
+/// complete `Unconfirmed` (they went out, but no completion will say so), the refused one and
+/// the three after it `Post(EINVAL)`, each exactly once; the connection closes with
+/// `WorkError(LocQpOpErr)` without waiting for its drain deadline (set to ten minutes here:
+/// the watchdog is 30 s); another connection keeps working; nothing is left behind.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_send_chain_refused_part_way_completes_every_send_once_without_a_drain_wait() {
+    #[cfg(not(feature = "fault-injection"))]
+    panic!("built without the `fault-injection` feature: run it with `cargo xtask test`");
+    #[cfg(feature = "fault-injection")]
+    {
+        use refused::*;
+        {
+            let mut srv = Reactor::new().expect("server reactor");
+            let a = addr();
+            let agents_closed = Rc::new(RefCell::new(Vec::new()));
+            srv.listen(a, EchoListener { depth: 16, agents_closed }).expect("listen");
+            let timeouts = rdma_reactor::Timeouts { drain: Duration::from_secs(600), ..Default::default() };
+            let mut cli = Reactor::with_config(Config { timeouts, ..Config::default() }).expect("client reactor");
+            let seen = Rc::new(RefCell::new(Seen::default()));
+            let opts = ConnectOptions { msg_size: BIG as u32, ..ConnectOptions::default() };
+            let t = cli.connect(a, opts, Recorder(seen.clone())).expect("connect");
+            pump(&mut [&mut srv, &mut cli], LIMIT, || seen.borrow().established);
+            cli.inject_refused_send(5);
+            for i in 0..8u64 {
+                let mut buf = cli.ctx().alloc(t, BIG).expect("send buffer");
+                buf.fill_from(&pattern(BIG, 18, i)).expect("fits");
+                cli.ctx().submit(t, rdma_reactor::Op::send(buf).user_data(i)).expect("submit");
+            }
+            let before = cli.stats();
+            pump(&mut [&mut srv, &mut cli], LIMIT, || seen.borrow().closed.is_some());
+            let after = cli.stats();
+            let s = seen.borrow();
+            println!(
+                "case 18: a chain of 8 sends refused at the sixth: {:?}; closed with {}; {} post_send calls, {} \
+                 requests taken",
+                s.sends,
+                s.closed.as_ref().expect("closed"),
+                after.post_send_calls - before.post_send_calls,
+                after.wrs_posted - before.wrs_posted
+            );
+            let mut by_send = s.sends.clone();
+            by_send.sort_by_key(|(ud, _)| *ud);
+            let want: Vec<(u64, Result<u32, rdma_reactor::OpError>)> = (0..8u64)
+                .map(|i| {
+                    (i, Err(if i < 5 { rdma_reactor::OpError::Unconfirmed } else { rdma_reactor::OpError::Post(22) }))
+                })
+                .collect();
+            assert_eq!(by_send, want, "every send once: the five taken unconfirmed, the rest refused");
+            assert_eq!(s.closed, Some(CloseReason::WorkError(rdma_reactor::WcStatus::LocQpOpErr)));
+            drop(s);
+            // Another connection of the same reactor is unaffected.
+            let p = ping(&mut cli, a, 19, 20);
+            pump(&mut [&mut srv, &mut cli], LIMIT, || closed(&p));
+            assert_served(&p, 20);
+            drop(cli);
+            srv.shutdown(Duration::from_secs(1));
+        }
+        assert_baseline();
+    }
+}

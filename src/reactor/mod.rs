@@ -360,6 +360,10 @@ pub(crate) struct Core {
     /// most this many entries while its room is accounted for what was asked.
     #[cfg(feature = "fault-injection")]
     short_cq: Option<u32>,
+    /// A fault injected by a test (`fault-injection` feature): in the next send chain longer
+    /// than this, the request at this index is one the device refuses.
+    #[cfg(feature = "fault-injection")]
+    refuse_send: Option<usize>,
     stats: Stats,
 }
 
@@ -469,6 +473,8 @@ impl Reactor {
                 panic: None,
                 #[cfg(feature = "fault-injection")]
                 short_cq: None,
+                #[cfg(feature = "fault-injection")]
+                refuse_send: None,
                 stats: Stats::default(),
             },
         })
@@ -510,6 +516,17 @@ impl Reactor {
     #[doc(hidden)]
     pub fn inject_short_cq(&mut self, entries: u32) {
         self.core.short_cq = Some(entries);
+    }
+
+    /// Hidden and unstable, behind the `fault-injection` feature, for the fault suite only: in
+    /// the next send chain this reactor posts with more than `index` requests, the request at
+    /// `index` is marked inline although it is larger than the queue pair's inline limit, so
+    /// the device refuses it in `ibv_post_send` (`EINVAL` on rxe) after taking the ones before
+    /// it (FAULTS.md, case 18). The message must be larger than the inline limit.
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fn inject_refused_send(&mut self, index: usize) {
+        self.core.refuse_send = Some(index);
     }
 
     /// Statistics since creation.
