@@ -10,7 +10,12 @@
 //! - `rdma/blast/{64,65536}`: one iteration is one message streamed with flow control
 //!   (criterion reports the throughput);
 //! - `rdma/connection_setup`: one iteration is one connection resolved, connected,
-//!   established, closed and destroyed on both sides.
+//!   established, closed and destroyed on both sides;
+//! - `rdma/close_among/{16,512}`: one iteration is one connection closed and destroyed on both
+//!   sides while 16 or 512 idle ones stay open, each with 16 receives posted on both sides and
+//!   64 one-hour user timers (the connection is made outside the timed part). Closing costs
+//!   the connection's own operations and timers, so the two should take the same time (fault
+//!   issue, defect 6: a close used to walk every live operation and timer).
 //!
 //! Without `RDMA_ADDR` the RDMA groups print that they are skipped.
 
@@ -258,6 +263,76 @@ fn setup(c: &mut Criterion, port: &mut u16) {
     group.finish();
 }
 
+/// A client that sets `timers` one-hour timers once established, and otherwise idles.
+struct Idle {
+    timers: u64,
+    shared: Rc<RefCell<Shared>>,
+}
+
+impl ConnectionHandler for Idle {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        for _ in 0..16 {
+            let b = conn.alloc(64).expect("buffer");
+            conn.submit(Op::recv(b)).expect("recv");
+        }
+    }
+
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        for i in 0..self.timers {
+            conn.ctx().set_timer(Duration::from_secs(3600), i).expect("timer");
+        }
+        self.shared.borrow_mut().established = true;
+    }
+
+    fn on_completion(&mut self, _conn: &mut Conn<'_>, _c: Completion) {}
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        self.shared.borrow_mut().closed = Some(reason);
+    }
+}
+
+/// Connects an [`Idle`] client with `timers` timers and waits until it is established.
+fn idle(reactor: &mut Reactor, addr: SocketAddr, timers: u64) -> (Token, Rc<RefCell<Shared>>) {
+    let shared = Rc::new(RefCell::new(Shared::default()));
+    let opts = ConnectOptions { msg_size: 64, ..Default::default() };
+    let token = reactor.connect(addr, opts, Idle { timers, shared: shared.clone() }).expect("connect");
+    run_until(reactor, "establish", || shared.borrow().established);
+    (token, shared)
+}
+
+fn close_among(c: &mut Criterion, port: &mut u16) {
+    let ip = std::env::var("RDMA_ADDR").expect("RDMA_ADDR");
+    let mut group = c.benchmark_group("rdma/close_among");
+    group.sample_size(10).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    for others in [16usize, 512] {
+        *port += 1;
+        let addr: SocketAddr = format!("{ip}:{port}").parse().expect("RDMA_ADDR is an IP address");
+        let mut reactor = Reactor::new().expect("reactor");
+        reactor.listen(addr, Server).expect("listen");
+        let open: Vec<_> = (0..others).map(|_| idle(&mut reactor, addr, 64)).collect();
+        group.bench_with_input(BenchmarkId::from_parameter(others), &others, |b, _| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                for _ in 0..iters {
+                    let (token, shared) = idle(&mut reactor, addr, 64);
+                    let start = Instant::now();
+                    reactor.ctx().close(token);
+                    let deadline = start + Duration::from_secs(60);
+                    while shared.borrow().closed.is_none() || reactor.connections() > 2 * others {
+                        assert!(Instant::now() < deadline, "close: not done after 60 s");
+                        reactor.run_once(Some(Duration::from_millis(100))).expect("tick");
+                    }
+                    spent += start.elapsed();
+                }
+                spent
+            })
+        });
+        assert!(open.iter().all(|(_, s)| s.borrow().closed.is_none()), "the idle connections stayed open");
+        println!("rdma/close_among/{others}: reactor stats {:?}", reactor.stats());
+    }
+    group.finish();
+}
+
 fn rdma(c: &mut Criterion) {
     if std::env::var("RDMA_ADDR").is_err() {
         println!("rdma: skipped (RDMA_ADDR is not set; run it in the VM with `cargo xtask bench`)");
@@ -267,6 +342,7 @@ fn rdma(c: &mut Criterion) {
     echo(c, &mut port);
     blast(c, &mut port);
     setup(c, &mut port);
+    close_among(c, &mut port);
 }
 
 criterion_group!(benches, host, rdma);
