@@ -1433,3 +1433,84 @@ fn a_send_chain_refused_part_way_completes_every_send_once_without_a_drain_wait(
         assert_baseline();
     }
 }
+
+/// Submits a send and closes in the same callback, so the send is never posted and completes
+/// `Cancelled` while its connection is destroyed; from that completion it sets a one-hour
+/// timer (a retry timer on a failed operation is the usual case).
+struct TimerOnCancel {
+    timer: Rc<RefCell<Option<String>>>,
+    closed: Rc<RefCell<Vec<CloseReason>>>,
+}
+
+impl rdma_reactor::ConnectionHandler for TimerOnCancel {
+    fn on_established(&mut self, conn: &mut rdma_reactor::Conn<'_>) {
+        let buf = conn.alloc(SIZE).expect("send buffer");
+        conn.submit(rdma_reactor::Op::send(buf)).expect("send");
+        conn.close();
+    }
+
+    fn on_completion(&mut self, conn: &mut rdma_reactor::Conn<'_>, c: rdma_reactor::Completion) {
+        if c.result == Err(rdma_reactor::OpError::Cancelled) {
+            let r = conn.ctx().set_timer(Duration::from_secs(3600), 1);
+            *self.timer.borrow_mut() = Some(format!("{r:?}"));
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _t: rdma_reactor::Token, reason: CloseReason) {
+        self.closed.borrow_mut().push(reason);
+    }
+}
+
+/// Accepts with [`TimerOnCancel`] agents.
+struct TimerOnCancelListener(Rc<RefCell<Option<String>>>, Rc<RefCell<Vec<CloseReason>>>);
+
+impl ListenerHandler for TimerOnCancelListener {
+    fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, _req: &ConnectRequest) -> Decision {
+        Decision::Accept(Box::new(TimerOnCancel { timer: self.0.clone(), closed: self.1.clone() }))
+    }
+}
+
+/// Review finding: a completion delivered while its connection is destroyed (`Cancelled`,
+/// `Unconfirmed`) gets a `Conn` whose owner no longer exists. A timer set from it is
+/// accepted, but no connection lists it, so nothing cancels it: it keeps the reactor from
+/// being idle (`Reactor::run` does not return) until its deadline, and then fires nothing.
+/// Expected: `set_timer` refuses a dead owner, or at least the reactor is idle once the
+/// connection and the listener are gone.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_timer_set_while_the_connection_is_destroyed_does_not_outlive_it() {
+    {
+        let mut srv = Reactor::new().expect("server reactor");
+        let a = addr();
+        let (timer, closed) = (Rc::new(RefCell::new(None)), Rc::new(RefCell::new(Vec::new())));
+        let lt = srv.listen(a, TimerOnCancelListener(timer.clone(), closed.clone())).expect("listen");
+        let mut cli = Reactor::new().expect("client reactor");
+        let seen = Rc::new(RefCell::new(BurstSeen::default()));
+        let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+        cli.connect(a, opts, Burst(seen.clone())).expect("connect");
+        pump(&mut [&mut srv, &mut cli], LIMIT, || !closed.borrow().is_empty() && seen.borrow().closed.is_some());
+        assert!(timer.borrow().is_some(), "the send completed Cancelled at destruction");
+        srv.ctx().close(lt);
+        let deadline = Instant::now() + LIMIT;
+        while srv.listeners() > 0 {
+            assert!(Instant::now() < deadline, "the listener did not close");
+            srv.run_once(Some(Duration::from_millis(1))).expect("run_once");
+        }
+        for _ in 0..20 {
+            srv.run_once(Some(Duration::from_millis(1))).expect("run_once");
+        }
+        println!(
+            "set_timer from the Cancelled completion: {:?}; listeners {}, connections {}, idle {}",
+            timer.borrow(),
+            srv.listeners(),
+            srv.connections(),
+            srv.is_idle()
+        );
+        assert_eq!(*closed.borrow(), vec![CloseReason::Local]);
+        assert_eq!((srv.listeners(), srv.connections()), (0, 0));
+        assert!(srv.is_idle(), "an orphaned timer keeps the reactor busy: {:?}", timer.borrow());
+        drop(cli);
+        srv.shutdown(Duration::from_secs(1));
+    }
+    assert_baseline();
+}
