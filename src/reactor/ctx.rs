@@ -102,7 +102,9 @@ impl<'a> Ctx<'a> {
     /// # Errors
     ///
     /// [`Error::Config`] outside a callback (a timer needs an owner), or for a delay too large to
-    /// represent.
+    /// represent; [`Error::StaleToken`] when the owner is gone (a completion delivered while its
+    /// connection is destroyed: nothing would cancel the timer, and no `on_timer` could be
+    /// called).
     pub fn set_timer(&mut self, delay: Duration, user_data: u64) -> Result<Token> {
         let owner = self.owner.ok_or_else(|| Error::Config("set_timer needs a callback's context".into()))?;
         self.core.set_timer(owner, delay, user_data)

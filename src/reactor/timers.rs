@@ -94,6 +94,13 @@ impl Core {
     /// Schedules `owner`'s `on_timer(user_data)` after `delay`.
     pub(crate) fn set_timer(&mut self, owner: Token, delay: Duration, user_data: u64) -> Result<Token> {
         debug_assert!(matches!(owner.kind(), Kind::Conn | Kind::Listener));
+        // A destroyed owner (its cancelled completions are delivered after it left `conns`)
+        // would leave the timer listed nowhere: never cancelled, keeping the reactor busy.
+        let live = ConnKey::of(owner).is_some_and(|c| self.conns.contains(c))
+            || ListenerKey::of(owner).is_some_and(|l| self.listeners.contains(l));
+        if !live {
+            return Err(Error::StaleToken(owner.as_u64()));
+        }
         let at = self
             .read_clock()
             .checked_add(delay)
