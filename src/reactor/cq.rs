@@ -192,7 +192,9 @@ impl Core {
                 e.armed = false;
                 self.devices[e.device].armed -= 1;
             }
-            if !e.evented {
+            // Listed only once its count reached the batch: a CQ below it waits for more
+            // events (or its destruction, which acks the rest), and costs the tick nothing.
+            if !e.evented && e.cq.ack_is_due() {
                 e.evented = true;
                 self.evented.push(t);
             }
@@ -434,21 +436,18 @@ impl Core {
         self.stats.cq_events_acked += u64::from(n);
     }
 
-    /// Acks the events of every CQ whose count reached the batch threshold. A CQ below it
-    /// stays listed; a destroyed CQ acked its own count.
+    /// Acks the events of every CQ whose count reached the batch threshold (only those are
+    /// listed, so the cost is theirs, not every CQ's with a few events counted); a destroyed
+    /// CQ acked its own count.
     pub(super) fn flush_acks(&mut self) {
         let mut evented = std::mem::take(&mut self.evented);
         for t in evented.drain(..) {
             let Some(e) = self.cqs.get_mut(t) else { continue };
+            e.evented = false;
             let n = e.cq.ack_due();
             if n > 0 {
                 self.stats.cq_ack_calls += 1;
                 self.stats.cq_events_acked += u64::from(n);
-            }
-            if e.cq.unacked() > 0 {
-                self.evented.push(t);
-            } else {
-                e.evented = false;
             }
         }
         reuse(&mut self.evented, evented);

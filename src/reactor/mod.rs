@@ -328,7 +328,7 @@ pub(crate) struct Core {
     /// CQs to poll this tick.
     hot: Vec<CqKey>,
     dirty: Vec<ConnKey>,
-    /// CQs with un-acked events.
+    /// CQs whose un-acked events reached the ack batch (`Config::cq_ack_batch`).
     evented: Vec<CqKey>,
     /// CQs emptied and left unarmed: until the end of the tick (armed after its posts), or
     /// while spinning (`Config::spin`).

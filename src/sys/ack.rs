@@ -28,6 +28,11 @@ impl AckCounter {
         self.pending
     }
 
+    /// True when the threshold is reached: [`take_due`](Self::take_due) would ack.
+    pub fn is_due(&self) -> bool {
+        self.pending >= self.threshold
+    }
+
     /// If the threshold is reached, takes the count to ack now.
     pub fn take_due(&mut self) -> Option<u32> {
         if self.pending >= self.threshold {

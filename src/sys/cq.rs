@@ -201,6 +201,11 @@ impl Cq {
         true
     }
 
+    /// True when the counted events reached the ack batch: [`Cq::ack_due`] acks them.
+    pub fn ack_is_due(&self) -> bool {
+        self.acks.get().is_due()
+    }
+
     /// Events counted and not yet acked.
     pub fn unacked(&self) -> u32 {
         self.acks.get().pending()
