@@ -1507,6 +1507,8 @@ fn a_timer_set_while_the_connection_is_destroyed_does_not_outlive_it() {
             srv.is_idle()
         );
         assert_eq!(*closed.borrow(), vec![CloseReason::Local]);
+        let refused = timer.borrow().clone().expect("set_timer was called");
+        assert!(refused.starts_with("Err(StaleToken("), "set_timer refuses a connection being destroyed: {refused}");
         assert_eq!((srv.listeners(), srv.connections()), (0, 0));
         assert!(srv.is_idle(), "an orphaned timer keeps the reactor busy: {:?}", timer.borrow());
         drop(cli);
