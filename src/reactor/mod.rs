@@ -356,6 +356,9 @@ pub(crate) struct Core {
     /// Agents in the accepting state (accepted, not yet established), for
     /// `Config::max_pending_accepts`.
     accepting: usize,
+    /// An `SrqRefill` timer is pending: receives of a shared receive queue wait for pool
+    /// buffers, which may come back with no event to wake the reactor (`srq.rs`).
+    srq_refill: bool,
     /// A fault injected by a test (`fault-injection` feature): the next CQ is created with at
     /// most this many entries while its room is accounted for what was asked.
     #[cfg(feature = "fault-injection")]
@@ -470,6 +473,7 @@ impl Reactor {
                 shutting_down: false,
                 handoff_listener: None,
                 accepting: 0,
+                srq_refill: false,
                 panic: None,
                 #[cfg(feature = "fault-injection")]
                 short_cq: None,

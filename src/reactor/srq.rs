@@ -40,7 +40,11 @@
 //! **Memory.** The SRQ's receives are `receives × buf_size` bytes of the pool, registered when
 //! the device's resources are created, whatever the number of connections. Buffers handed to
 //! handlers are replaced by fresh ones; what handlers keep (an echo in flight) comes back to
-//! the pool when they drop it.
+//! the pool when they drop it. When handlers hold every buffer the pool may register, the
+//! consumed receives wait, unposted, and (under flow control) their credits with them; since a
+//! buffer can come back with no event to wake the reactor (dropped outside it, or in
+//! `on_closed` after the tick's posting), a short timer (`TimerTarget::SrqRefill`, 5 ms) tries
+//! the refill again for as long as receives wait.
 //!
 //! **Teardown.** Every queue pair on the SRQ holds an `Rc` of it (`Qp`'s fields), so the SRQ
 //! is destroyed only after the last of them, when its device's resources are dropped (before
@@ -50,11 +54,13 @@
 
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
 use super::cq_room::CqRoom;
 use super::op::Completion;
+use super::timers::TimerTarget;
 use super::Core;
 use crate::error::{Error, Result};
 use crate::proto::conn::{AsyncEventKind, CloseReason, Input};
@@ -65,6 +71,9 @@ use crate::sys::cq::WorkCompletion;
 use crate::sys::pool::Buf;
 use crate::sys::qp::RecvWr;
 use crate::sys::srq::Srq;
+
+/// How soon receives left unposted for want of pool buffers are tried again.
+const SRQ_REFILL_RETRY: Duration = Duration::from_millis(5);
 
 /// The credit rule's arithmetic, pure: connections admitted to an SRQ of `receives` receives,
 /// each granted `credit`.
@@ -221,9 +230,17 @@ impl Core {
                 None => match pool.alloc(s.buf_size) {
                     Ok(b) => b,
                     Err(_) => {
-                        // The pool is at its maximum: this and the rest wait for the next
-                        // posting (a buffer comes back with every send completion).
+                        // The pool is at its maximum: this and the rest wait for buffers to
+                        // come back. One may come back with no event at all (a handler drops it
+                        // in `on_closed`, after this tick's posting, or outside the reactor),
+                        // so a short timer tries again.
                         s.repost.push(r);
+                        if !self.srq_refill {
+                            self.srq_refill = true;
+                            if let Some(at) = Instant::now().checked_add(SRQ_REFILL_RETRY) {
+                                self.timers.schedule(at, TimerTarget::SrqRefill);
+                            }
+                        }
                         break;
                     }
                 },

@@ -36,6 +36,8 @@ pub(super) enum TimerTarget {
     Keepalive(ConnKey),
     /// A connection's next send has waited for credits for `Config::credit_timeout`.
     Stall(ConnKey),
+    /// Shared-receive-queue receives wait for pool buffers (`srq.rs`): try again.
+    SrqRefill,
 }
 
 /// A timer set by a callback: whose `on_timer` to call, with what.
@@ -78,6 +80,12 @@ impl Core {
             }
             TimerTarget::Keepalive(t) => self.keepalive(t),
             TimerTarget::Stall(t) => self.credit_stall(t, key),
+            TimerTarget::SrqRefill => {
+                // The tick's posting tries the refill again (and re-arms this if it still
+                // finds the pool empty).
+                self.srq_refill = false;
+                0
+            }
             TimerTarget::User(tt) => {
                 let Some(timer) = self.user_timers.remove(tt) else { return 0 };
                 let (owner, user_data) = (timer.owner, timer.user_data);
@@ -133,10 +141,10 @@ impl Core {
     }
 
     /// At most how many heap entries can be live: every user timer; per connection its
-    /// connection-manager deadline, its keepalive and its credit-stall timer; and the retry of
-    /// forgetting devices.
+    /// connection-manager deadline, its keepalive and its credit-stall timer; the retry of
+    /// forgetting devices and the SRQ refill.
     fn live_timer_bound(&self) -> usize {
-        self.user_timers.len() + 3 * self.conns.len() + 1
+        self.user_timers.len() + 3 * self.conns.len() + 2
     }
 
     /// Drops the heap's stale entries once more than half of it (beyond a slack) must be
@@ -153,7 +161,7 @@ impl Core {
             // Not keyed: one per live connection at a time (re-scheduled as it fires).
             TimerTarget::Keepalive(t) => conns.contains(t),
             TimerTarget::User(tt) => user_timers.contains(tt),
-            TimerTarget::ForgetDevices => true,
+            TimerTarget::ForgetDevices | TimerTarget::SrqRefill => true,
         });
         self.stats.timer_compactions += 1;
     }
