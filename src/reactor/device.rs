@@ -229,12 +229,18 @@ impl Core {
             n += 1;
             self.stats.async_events += 1;
             self.on_async(d, kind, element);
-            // The fd is the process's, not this reactor's: the others hear it too.
-            self.share_async(dev.as_ptr() as usize, kind, element);
+            // The fd is the process's, not this reactor's: the others hear it too, if it is a
+            // kind anyone acts on (not COMM_EST, nor the LAST_WQE_REACHED of every queue pair
+            // on an SRQ that closes: those would wake every reactor for nothing).
+            if acted_on(kind) {
+                self.share_async(dev.as_ptr() as usize, kind, element);
+            }
         }
         n
     }
 
+    /// Acts on one asynchronous event of device `d`: the kinds [`acted_on`] lists; the others
+    /// are only counted.
     pub(super) fn on_async(&mut self, d: usize, kind: AsyncEventKind, element: AsyncElement) {
         use AsyncEventKind as K;
         let reason = CloseReason::AsyncEvent(kind);
@@ -406,4 +412,22 @@ impl Core {
         self.devices[d].shared_cq = Some(ct);
         Ok(ct)
     }
+}
+
+/// Whether [`Core::on_async`] acts on events of `kind` (closes or reports something).
+fn acted_on(kind: AsyncEventKind) -> bool {
+    use AsyncEventKind as K;
+    matches!(
+        kind,
+        K::QpFatal
+            | K::QpReqErr
+            | K::QpAccessErr
+            | K::PathMigErr
+            | K::CqErr
+            | K::PortErr
+            | K::PortActive
+            | K::SrqErr
+            | K::SrqLimitReached
+            | K::DeviceFatal
+    )
 }
