@@ -232,20 +232,21 @@ impl Core {
             // The fd is the process's, not this reactor's: the others hear it too, if it is a
             // kind anyone acts on (not COMM_EST, nor the LAST_WQE_REACHED of every queue pair
             // on an SRQ that closes: those would wake every reactor for nothing).
-            if acted_on(kind) {
+            if target(kind, element).is_some() {
                 self.share_async(dev.as_ptr() as usize, kind, element);
             }
         }
         n
     }
 
-    /// Acts on one asynchronous event of device `d`: the kinds [`acted_on`] lists; the others
-    /// are only counted.
+    /// Acts on one asynchronous event of device `d`, on what [`target`] says it concerns;
+    /// the other kinds are only counted.
     pub(super) fn on_async(&mut self, d: usize, kind: AsyncEventKind, element: AsyncElement) {
         use AsyncEventKind as K;
+        let Some(target) = target(kind, element) else { return };
         let reason = CloseReason::AsyncEvent(kind);
-        match (kind, element) {
-            (K::QpFatal | K::QpReqErr | K::QpAccessErr | K::PathMigErr, AsyncElement::Qp(qp)) => {
+        match target {
+            Target::Qp(qp) => {
                 let found = self.conns.iter().find(|(_, c)| c.ep.qp().is_some_and(|q| q.identity() == qp));
                 let found = found.map(|(t, _)| t);
                 match found {
@@ -253,14 +254,14 @@ impl Core {
                     None => self.stats.stale_async_events += 1,
                 }
             }
-            (K::CqErr, AsyncElement::Cq(cq)) => {
+            Target::Cq(cq) => {
                 let found = self.cqs.iter().find(|(_, e)| e.cq.identity() == cq).map(|(ct, _)| ct);
                 match found {
                     Some(ct) => self.fail_cq(ct, reason),
                     None => self.stats.stale_async_events += 1,
                 }
             }
-            (K::PortErr | K::PortActive, AsyncElement::Port(port)) => {
+            Target::Port(port) => {
                 // Reported, not acted on: the port's connections fail through their own
                 // unacknowledged requests (RC retries, the keepalive) if the outage lasts,
                 // and survive a short one. Closing them at once would send their DREQs
@@ -273,9 +274,8 @@ impl Core {
                     self.with_listener(t, |h, ctx| h.on_error(ctx, &text));
                 }
             }
-            (K::SrqErr | K::SrqLimitReached, AsyncElement::Srq(srq)) => self.on_srq_event(d, kind, srq),
-            (K::DeviceFatal, _) => self.device_lost(d, reason),
-            _ => {}
+            Target::Srq(srq) => self.on_srq_event(d, kind, srq),
+            Target::Device => self.device_lost(d, reason),
         }
     }
 
@@ -414,20 +414,32 @@ impl Core {
     }
 }
 
-/// Whether [`Core::on_async`] acts on events of `kind` (closes or reports something).
-fn acted_on(kind: AsyncEventKind) -> bool {
+/// What a reactor acts on for an asynchronous event (`Core::on_async`); `None` for the kinds
+/// it only counts (COMM_EST, LAST_WQE_REACHED, ...), which are not passed to other reactors
+/// either.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    /// The connection of that queue pair (by address).
+    Qp(usize),
+    /// Every connection on that CQ (by address).
+    Cq(usize),
+    /// The listeners of the device, told of the port's state.
+    Port(u8),
+    /// That shared receive queue (by address).
+    Srq(usize),
+    /// Everything on the device.
+    Device,
+}
+
+/// The one list of the asynchronous events a reactor acts on, and on what.
+fn target(kind: AsyncEventKind, element: AsyncElement) -> Option<Target> {
     use AsyncEventKind as K;
-    matches!(
-        kind,
-        K::QpFatal
-            | K::QpReqErr
-            | K::QpAccessErr
-            | K::PathMigErr
-            | K::CqErr
-            | K::PortErr
-            | K::PortActive
-            | K::SrqErr
-            | K::SrqLimitReached
-            | K::DeviceFatal
-    )
+    match (kind, element) {
+        (K::QpFatal | K::QpReqErr | K::QpAccessErr | K::PathMigErr, AsyncElement::Qp(qp)) => Some(Target::Qp(qp)),
+        (K::CqErr, AsyncElement::Cq(cq)) => Some(Target::Cq(cq)),
+        (K::PortErr | K::PortActive, AsyncElement::Port(port)) => Some(Target::Port(port)),
+        (K::SrqErr | K::SrqLimitReached, AsyncElement::Srq(srq)) => Some(Target::Srq(srq)),
+        (K::DeviceFatal, _) => Some(Target::Device),
+        _ => None,
+    }
 }
