@@ -446,8 +446,7 @@ impl Core {
             e.evented = false;
             let n = e.cq.ack_due();
             if n > 0 {
-                self.stats.cq_ack_calls += 1;
-                self.stats.cq_events_acked += u64::from(n);
+                self.count_acks(n);
             }
         }
         reuse(&mut self.evented, evented);

@@ -181,18 +181,21 @@ impl Core {
         let plan = c.sq.plan(&mut e.room, || ops.insert(OpEntry::control(t)));
         self.stats.cq_peak_reserved = self.stats.cq_peak_reserved.max(u64::from(e.room.reserved()));
         if !plan.wrs.is_empty() {
-            #[allow(unused_mut)] // Changed only by an injected fault.
-            let mut wrs: SmallVec<[SendWr; 16]> = plan
+            let wrs: SmallVec<[SendWr; 16]> = plan
                 .wrs
                 .iter()
                 .map(|w| send_wr(self.ops.get(w.op).expect("planned op"), w, placed.max_inline))
                 .collect();
             #[cfg(feature = "fault-injection")]
-            if let Some(i) = self.refuse_send.filter(|i| *i < wrs.len()) {
-                // `Reactor::inject_refused_send`: inline beyond the limit, refused at post time.
-                self.refuse_send = None;
-                wrs[i].inline = true;
-            }
+            let wrs = {
+                let mut wrs = wrs;
+                if let Some(i) = self.refuse_send.filter(|i| *i < wrs.len()) {
+                    // `Reactor::inject_refused_send`: inline beyond the limit, refused at post time.
+                    self.refuse_send = None;
+                    wrs[i].inline = true;
+                }
+                wrs
+            };
             let qp = c.ep.qp().expect("can_post");
             #[allow(unsafe_code)]
             // SAFETY: as for post_recv: every request's memory is held by its OpEntry until it
