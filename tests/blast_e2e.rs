@@ -80,10 +80,7 @@ struct SinkAgent;
 
 impl ConnectionHandler for SinkAgent {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
-        for _ in 0..8 {
-            let b = conn.alloc(256).expect("buffer");
-            conn.submit(Op::recv(b)).expect("recv");
-        }
+        post_recvs(conn, 8, 256);
     }
 
     fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
@@ -110,10 +107,7 @@ struct Burst {
 
 impl ConnectionHandler for Burst {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
-        for _ in 0..3 {
-            let b = conn.alloc(64).expect("buffer");
-            conn.submit(Op::recv(b)).expect("recv");
-        }
+        post_recvs(conn, 3, 64);
     }
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {
@@ -191,10 +185,7 @@ const CHUNK: usize = 8192;
 
 /// Posts the four 64-byte receives the descriptor-passing handlers below keep.
 fn post_receives(conn: &mut Conn<'_>) {
-    for _ in 0..4 {
-        let b = conn.alloc(64).expect("buffer");
-        conn.submit(Op::recv(b)).expect("recv");
-    }
+    post_recvs(conn, 4, 64);
 }
 
 /// Accepts agents that expose a chunk filled with a pattern (READ only) and send its

@@ -304,10 +304,7 @@ impl ChurnAgent {
 
 impl ConnectionHandler for ChurnAgent {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
-        for _ in 0..2 {
-            let buf = conn.alloc(self.size).expect("agent receive buffer");
-            conn.submit(Op::recv(buf)).expect("agent post receive");
-        }
+        post_recvs(conn, 2, self.size);
     }
 
     fn on_established(&mut self, _conn: &mut Conn<'_>) {

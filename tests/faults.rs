@@ -494,10 +494,7 @@ const BURST_CONN: u64 = 14;
 
 impl rdma_reactor::ConnectionHandler for Burst {
     fn on_ready(&mut self, conn: &mut rdma_reactor::Conn<'_>) {
-        for _ in 0..16 {
-            let buf = conn.alloc(SIZE).expect("receive buffer");
-            conn.submit(rdma_reactor::Op::recv(buf)).expect("receive");
-        }
+        post_recvs(conn, 16, SIZE);
     }
 
     fn on_established(&mut self, _conn: &mut rdma_reactor::Conn<'_>) {
@@ -840,10 +837,7 @@ mod overrun {
 
     impl rdma_reactor::ConnectionHandler for Counter {
         fn on_ready(&mut self, conn: &mut rdma_reactor::Conn<'_>) {
-            for _ in 0..self.depth {
-                let buf = conn.alloc(SIZE).expect("receive buffer");
-                conn.submit(rdma_reactor::Op::recv(buf)).expect("receive");
-            }
+            post_recvs(conn, u64::from(self.depth), SIZE);
         }
 
         fn on_established(&mut self, conn: &mut rdma_reactor::Conn<'_>) {
@@ -1114,10 +1108,7 @@ impl Pipeline {
 
 impl rdma_reactor::ConnectionHandler for Pipeline {
     fn on_ready(&mut self, conn: &mut rdma_reactor::Conn<'_>) {
-        for _ in 0..self.window {
-            let buf = conn.alloc(SIZE).expect("receive buffer");
-            conn.submit(rdma_reactor::Op::recv(buf)).expect("receive");
-        }
+        post_recvs(conn, self.window, SIZE);
     }
 
     fn on_established(&mut self, conn: &mut rdma_reactor::Conn<'_>) {

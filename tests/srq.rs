@@ -307,10 +307,7 @@ struct Flood {
 
 impl ConnectionHandler for Flood {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
-        for _ in 0..64 {
-            let buf = conn.alloc(64).expect("buffer");
-            conn.submit(Op::recv(buf)).expect("receive");
-        }
+        post_recvs(conn, 64, 64);
     }
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {

@@ -338,6 +338,14 @@ pub fn pattern(len: usize, conn: u64, seq: u64) -> Vec<u8> {
 
 // ----- an echo server and a ping-pong client, in-process ------------------------------------
 
+/// Posts `n` receives of `size` bytes from the pool (a handler's `on_ready`).
+pub fn post_recvs(conn: &mut Conn<'_>, n: u64, size: usize) {
+    for _ in 0..n {
+        let buf = conn.alloc(size).expect("receive buffer");
+        conn.submit(Op::recv(buf)).expect("post receive");
+    }
+}
+
 /// Accepts everything; agents echo every message.
 pub struct EchoListener {
     pub depth: u32,
@@ -359,10 +367,7 @@ pub struct EchoAgent {
 
 impl ConnectionHandler for EchoAgent {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
-        for _ in 0..self.depth {
-            let buf = conn.alloc(self.size).expect("agent receive buffer");
-            conn.submit(Op::recv(buf)).expect("agent post receive");
-        }
+        post_recvs(conn, u64::from(self.depth), self.size);
     }
 
     fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
