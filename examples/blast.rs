@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet] [--spin-us N]
-//!              [--srq [--srq-receives N] [--srq-credit N] [--srq-size BYTES]]
+//!              [--srq [--srq-receives N] [--srq-credit N] [--srq-reserve N] [--srq-size BYTES]]
 //!              [--threads N] [--balance round-robin|fewest]
 //! blast client --connect ADDR:PORT --size BYTES --count N [--clients K] [--op send|write]
 //!              [--verify] [--window N] [--spin-us N]
@@ -33,7 +33,7 @@ use rdma_reactor::{
 
 const USAGE: &str = "\
 usage: blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet]
-                    [--spin-us N] [--srq [--srq-receives N] [--srq-credit N] [--srq-size BYTES]]
+                    [--spin-us N] [--srq [--srq-receives N] [--srq-credit N] [--srq-reserve N] [--srq-size BYTES]]
                     [--threads N] [--balance round-robin|fewest]
        blast client --connect ADDR:PORT --size BYTES --count N [--clients K]
                     [--op send|write] [--verify] [--window N] [--spin-us N]
@@ -55,8 +55,11 @@ server: receives from any number of clients at once, from one thread.
                      peer's credits (a stopped peer; default: wait for ever)
   --srq              receives from one shared receive queue the runtime keeps filled; the
                      credit window is --srq-credit instead of --depth
-  --srq-receives N   receives on the shared queue (default 4096; N / credit connections)
+  --srq-receives N   receives on the shared queue (default 4096; (N - reserve) / credit
+                     connections)
   --srq-credit N     receive depth granted to each connection (default 8, at least 3)
+  --srq-reserve N    receives granted to no connection, taken by a peer that breaks its
+                     credit before it is closed (default a sixteenth of --srq-receives)
   --srq-size BYTES   buffer of each shared receive: the largest message (default 4K)
 client: streams N messages of BYTES on each of K connections.
   --connect ADDR:PORT

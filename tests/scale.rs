@@ -94,7 +94,7 @@ fn five_thousand_connections_on_one_srq() {
             "--quiet",
             "--srq",
             "--srq-receives",
-            "15000",
+            "16000",
             "--srq-credit",
             "3",
             "--srq-size",

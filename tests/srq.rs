@@ -83,7 +83,7 @@ fn srq_reactor(receives: u32, credit: u32) -> Reactor {
 }
 
 fn srq_reactor_with(receives: u32, credit: u32, shared_cq: Option<u32>) -> Reactor {
-    let srq = SrqConfig { receives, credit, buf_size: 4096, low_water: receives / 4 };
+    let srq = SrqConfig { receives, credit, buf_size: 4096, low_water: receives / 4, reserve: 0 };
     Reactor::with_config(Config { srq: Some(srq), shared_cq, ..Config::default() }).expect("SRQ reactor")
 }
 
@@ -113,7 +113,7 @@ fn echo_through_the_srq(shared_cq: Option<u32>) {
     let mut cli = Reactor::with_config(Config { send_depth: 4, recv_depth: 4, ..Config::default() }).expect("client");
     let mut results = Vec::new();
     for i in 0..8 {
-        let (client, result) = PingClient::new(i, 512, 200);
+        let (client, result) = PingClient::flow_controlled(i, 512, 200);
         let opts = ConnectOptions { msg_size: 512, ..Default::default() };
         cli.connect(server, opts, client).expect("connect");
         results.push(result);
@@ -152,8 +152,8 @@ struct Idle {
 
 impl ConnectionHandler for Idle {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
-        let buf = conn.alloc(64).expect("buffer");
-        conn.submit(Op::recv(buf)).expect("receive");
+        // Three: enough to offer flow control, which the SRQ server requires.
+        post_recvs(conn, 3, 64);
     }
 
     fn on_established(&mut self, _conn: &mut Conn<'_>) {
@@ -262,7 +262,7 @@ fn blast_into_an_srq_server_flow_control_no_rnr() {
                 "4",
                 "--srq",
                 "--srq-receives",
-                "16",
+                "17",
                 "--srq-credit",
                 "4",
             ],
@@ -358,7 +358,7 @@ fn a_peer_beyond_its_credit_is_closed() {
     let st = srv.stats();
     assert!(st.srq_overdrawn >= 1, "{st:?}");
     // The SRQ is whole again and serves a well-behaved client.
-    let (client, result) = PingClient::new(0, 64, 20);
+    let (client, result) = PingClient::flow_controlled(0, 64, 20);
     cli.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, client).expect("connect");
     pump(&mut [&mut srv, &mut cli], Duration::from_secs(120), "a good client after", || {
         result.borrow().closed.is_some()
@@ -391,7 +391,7 @@ fn a_flood_while_the_server_is_busy_overruns_no_shared_cq() {
 
 fn flood_while_busy(shared_cq: Option<u32>) {
     let server = addr();
-    let srq = SrqConfig { receives: 64, credit: 4, buf_size: 4096, low_water: 16 };
+    let srq = SrqConfig { receives: 64, credit: 4, buf_size: 4096, low_water: 16, reserve: 0 };
     let cfg = Config { srq: Some(srq), send_depth: 8, shared_cq, ..Config::default() };
     let mut srv = Reactor::with_config(cfg).expect("SRQ reactor");
     let log = Rc::new(RefCell::new(AgentLog::default()));
@@ -399,7 +399,7 @@ fn flood_while_busy(shared_cq: Option<u32>) {
 
     // A well-behaved client, ping-ponging until told to stop.
     let mut good = Reactor::new().expect("client");
-    let (client, result) = PingClient::new(1, 64, u64::MAX);
+    let (client, result) = PingClient::flow_controlled(1, 64, u64::MAX);
     let t = good.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, client).expect("connect");
     pump(&mut [&mut srv, &mut good], Duration::from_secs(60), "the good client", || result.borrow().echoed >= 10);
 
@@ -479,6 +479,11 @@ struct Sender {
 }
 
 impl ConnectionHandler for Sender {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        // Three: enough to offer flow control, which the SRQ server requires.
+        post_recvs(conn, 3, 64);
+    }
+
     fn on_established(&mut self, conn: &mut Conn<'_>) {
         for seq in 0..self.n {
             let mut buf = conn.alloc(HOARD_SIZE).expect("send buffer");
@@ -506,7 +511,7 @@ impl ConnectionHandler for Sender {
 fn buffers_released_outside_the_reactor_refill_the_srq() {
     const N: u64 = 60;
     {
-        let srq = SrqConfig { receives: 8, credit: 4, buf_size: HOARD_SIZE as u32, low_water: 0 };
+        let srq = SrqConfig { receives: 8, credit: 4, buf_size: HOARD_SIZE as u32, low_water: 0, reserve: 0 };
         // 32 chunks of 4 KiB in all: 8 posted, so the handler can hold 24 before the pool is dry.
         let pool =
             rdma_reactor::PoolConfig { chunk_sizes: vec![HOARD_SIZE], cluster_bytes: 64 * 1024, max_bytes: 128 * 1024 };
@@ -556,4 +561,362 @@ fn buffers_released_outside_the_reactor_refill_the_srq() {
         drop(cli);
         srv.shutdown(Duration::from_secs(1));
     }
+}
+
+// Hostile review (issue 22), findings 2, 4 and 5.
+
+/// Streams messages of `size` bytes: `burst` submitted at once when established, one more for
+/// each send that completes, `total` in all; receives what the server sends back (posting
+/// `recvs` receives and re-posting each).
+struct Streamer {
+    size: usize,
+    burst: u64,
+    total: u64,
+    recvs: u64,
+    submitted: u64,
+    log: Rc<RefCell<StreamLog>>,
+}
+
+#[derive(Debug, Default)]
+struct StreamLog {
+    established: bool,
+    sent: u64,
+    error: Option<String>,
+    closed: Option<CloseReason>,
+}
+
+impl Streamer {
+    fn new(size: usize, burst: u64, total: u64, recvs: u64) -> (Streamer, Rc<RefCell<StreamLog>>) {
+        let log = Rc::new(RefCell::new(StreamLog::default()));
+        (Streamer { size, burst, total, recvs, submitted: 0, log: log.clone() }, log)
+    }
+
+    fn send_one(&mut self, conn: &mut Conn<'_>) {
+        if self.submitted >= self.total {
+            return;
+        }
+        let mut buf = conn.alloc(self.size).expect("buffer");
+        buf.fill_from(&pattern(self.size, 9, self.submitted)).expect("fill");
+        if conn.submit(Op::send(buf)).is_ok() {
+            self.submitted += 1;
+        }
+    }
+}
+
+impl ConnectionHandler for Streamer {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        if self.recvs > 0 {
+            post_recvs(conn, self.recvs, self.size);
+        }
+    }
+
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        self.log.borrow_mut().established = true;
+        for _ in 0..self.burst {
+            self.send_one(conn);
+        }
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        match (c.opcode, c.result) {
+            (OpCode::Send, Ok(_)) => {
+                self.log.borrow_mut().sent += 1;
+                self.send_one(conn);
+            }
+            (OpCode::Recv, Ok(_)) => {
+                let _ = conn.submit(Op::recv(c.buf.expect("buffer")));
+            }
+            (op, Err(e)) => {
+                self.log.borrow_mut().error.get_or_insert(format!("{op:?}: {e}"));
+            }
+            _ => {}
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        self.log.borrow_mut().closed = Some(reason);
+    }
+}
+
+/// A client reactor that gives up on the first receiver-not-ready NAK (`rnr_retry_count` 0):
+/// any moment at which the server's SRQ is empty when its message arrives kills its
+/// connection with `RnrRetryExcErr`.
+fn no_rnr_tolerance() -> Reactor {
+    Reactor::with_config(Config { rnr_retry_count: 0, ..Config::default() }).expect("client")
+}
+
+/// Finding 2: a peer that leaves flow control off (an ordinary `echo`-style client of a
+/// reactor with `flow_control: false`) keeps 64 sends outstanding into an SRQ server while a
+/// well-behaved client that tolerates no RNR NAK ping-pongs. Before the fix the flooder was
+/// accepted, never checked, and emptied the SRQ: the good client died with `RnrRetryExcErr`.
+/// Now the flooder is refused (`Unsupported`, naming flow control) and the good client is
+/// served, every echo verified.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_peer_without_flow_control_is_refused_and_cannot_starve_the_srq() {
+    let before = link_counters();
+    let server = addr();
+    let srq = SrqConfig { receives: 64, credit: 8, buf_size: 4096, low_water: 16, reserve: 0 };
+    let mut srv = Reactor::with_config(Config { srq: Some(srq), ..Config::default() }).expect("SRQ reactor");
+    let log = Rc::new(RefCell::new(AgentLog::default()));
+    srv.listen(server, SrqListener { log: log.clone() }).expect("listen");
+
+    let mut good = no_rnr_tolerance();
+    let (client, result) = PingClient::flow_controlled(1, 64, 400);
+    good.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, client).expect("connect");
+    pump(&mut [&mut srv, &mut good], Duration::from_secs(60), "the good client", || {
+        result.borrow().echoed >= 10 || result.borrow().closed.is_some()
+    });
+
+    let mut bad = Reactor::with_config(Config { flow_control: false, ..Config::default() }).expect("client");
+    let (flooder, flood) = Streamer::new(64, 64, 4000, 64);
+    bad.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, flooder).expect("connect");
+    pump(&mut [&mut srv, &mut good, &mut bad], Duration::from_secs(240), "the flood and the ping-pong", || {
+        let f = flood.borrow();
+        (f.closed.is_some() || f.sent >= 4000) && result.borrow().closed.is_some()
+    });
+    let (f, r) = (flood.borrow(), result.borrow());
+    println!(
+        "finding 2 (no flow control): flooder sent {} and closed with {:?}; good client echoed {} ({:?}, error {:?}); \
+         listener refused {:?}; server {:?}",
+        f.sent,
+        f.closed,
+        r.echoed,
+        r.closed,
+        r.error,
+        log.borrow().refused_conns,
+        srv.stats()
+    );
+    assert_eq!((r.echoed, r.error.as_deref()), (400, None), "the good client was served, every echo verified");
+    assert_eq!(f.sent, 0, "the flooder never got to send");
+    match &f.closed {
+        Some(CloseReason::Rejected { reason: Some(why), .. }) => {
+            assert_eq!(why.code, RejectCode::Unsupported, "{why:?}");
+            assert!(why.text.contains("needs flow control"), "{why:?}");
+        }
+        other => panic!("the flooder was not refused: {other:?}"),
+    }
+    assert_eq!(log.borrow().refused_conns.len(), 1, "the listener heard the refusal");
+    assert_no_rnr(&before, &link_counters(), "no flow control");
+}
+
+/// Finding 2, its other half: a peer that does negotiate flow control, then sends 64 messages
+/// at once into a credit of 4, while every other receive of the SRQ is promised (two idle
+/// connections and a well-behaved client that tolerates no RNR NAK hold the rest of the
+/// credits). Its overdraw lands before the reactor can look; before the fix it took receives
+/// promised to the others and the good client died with `RnrRetryExcErr`. Now the SRQ keeps a
+/// reserve of 64 receives granted to no one: the overdraw takes those, the peer is closed for
+/// breaking its credit, and the good client is served.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn an_overdraw_takes_the_reserve_not_receives_promised_to_others() {
+    let server = addr();
+    let srq = SrqConfig { receives: 16 + 64, credit: 4, buf_size: 4096, low_water: 0, reserve: 64 };
+    let mut srv = Reactor::with_config(Config { srq: Some(srq), ..Config::default() }).expect("SRQ reactor");
+    let log = Rc::new(RefCell::new(AgentLog::default()));
+    srv.listen(server, SrqListener { log: log.clone() }).expect("listen");
+
+    let mut good = no_rnr_tolerance();
+    let (client, result) = PingClient::flow_controlled(1, 64, 300);
+    good.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, client).expect("connect");
+    let mut idle = Reactor::new().expect("client");
+    let mut idle_logs = Vec::new();
+    for _ in 0..2 {
+        let (s, l) = Streamer::new(64, 0, 0, 8);
+        idle.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, s).expect("connect");
+        idle_logs.push(l);
+    }
+    pump(&mut [&mut srv, &mut good, &mut idle], Duration::from_secs(60), "the good and idle clients", || {
+        result.borrow().echoed >= 10 && idle_logs.iter().all(|l| l.borrow().established)
+    });
+
+    let mut bad = Reactor::with_config(Config { flow_control: false, ..Config::default() }).expect("client");
+    let lie = rdma_reactor::ConnectInfo { msg_size: 64, recv_depth: 64, flow_control: true, ..Default::default() };
+    let opts = ConnectOptions { raw_private_data: Some(lie.encode(56).expect("encode")), ..Default::default() };
+    let closed = Rc::new(RefCell::new(None));
+    bad.connect(server, opts, Flood { closed: closed.clone(), sent: Rc::default() }).expect("connect");
+    pump(&mut [&mut srv, &mut good, &mut idle, &mut bad], Duration::from_secs(240), "the overdraw", || {
+        closed.borrow().is_some() && result.borrow().closed.is_some()
+    });
+    let r = result.borrow();
+    println!(
+        "finding 2 (overdraw): the flooder closed with {:?}; server closed {:?}; good client echoed {} ({:?}, error {:?}); \
+         server {:?}",
+        closed.borrow(),
+        log.borrow().closed,
+        r.echoed,
+        r.closed,
+        r.error,
+        srv.stats()
+    );
+    assert_eq!((r.echoed, r.error.as_deref()), (300, None), "the good client was served, every echo verified");
+    assert!(log
+        .borrow()
+        .closed
+        .iter()
+        .any(|c| matches!(c, CloseReason::Protocol(t) if t.contains("beyond its credit"))));
+    assert!(srv.stats().srq_overdrawn >= 1);
+    assert!(idle_logs.iter().all(|l| l.borrow().closed.is_none()), "the idle clients are still connected");
+}
+
+/// Keeps every buffer it receives, so the SRQ cannot be refilled from a pool that holds no
+/// more than its receives.
+struct Keeper(Rc<RefCell<Vec<rdma_reactor::Buf>>>);
+
+impl ConnectionHandler for Keeper {
+    fn on_completion(&mut self, _conn: &mut Conn<'_>, c: Completion) {
+        if let Some(b) = c.buf {
+            self.0.borrow_mut().push(b);
+        }
+    }
+}
+
+struct KeeperListener(Rc<RefCell<Vec<rdma_reactor::Buf>>>);
+
+impl ListenerHandler for KeeperListener {
+    fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, _req: &ConnectRequest) -> Decision {
+        Decision::Accept(Box::new(Keeper(self.0.clone())))
+    }
+}
+
+/// Finding 5: the SRQ's limit event was re-armed as soon as it was read, while the SRQ was
+/// still below its mark, so every receive consumed below it raised another event, each copied
+/// to every other reactor on the device. Here a handler keeps every buffer and the pool holds
+/// only the SRQ's 64, so the SRQ drains below its mark of 32 and stays there while a client
+/// with a credit of 60 sends its 59 messages one at a time (each after the last was
+/// acknowledged, the reactors ticking in between): one dip, so one event; and the other
+/// reactor on the device is passed none (the event named this reactor's own SRQ). Before the
+/// fix: one event per message below the mark, each passed on.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn one_dip_below_the_srq_mark_raises_one_event_shared_with_no_one() {
+    let server = addr();
+    let srq = SrqConfig { receives: 64, credit: 60, buf_size: 4096, low_water: 32, reserve: 0 };
+    let pool = rdma_reactor::PoolConfig { chunk_sizes: vec![4096], cluster_bytes: 64 * 4096, max_bytes: 64 * 4096 };
+    let mut srv = Reactor::with_config(Config { srq: Some(srq), pool, ..Config::default() }).expect("SRQ reactor");
+    let kept = Rc::new(RefCell::new(Vec::new()));
+    srv.listen(server, KeeperListener(kept.clone())).expect("listen");
+    // Another reactor with resources on the same device (a listener bound to it).
+    let mut other = Reactor::new().expect("other reactor");
+    other.listen(addr(), EchoListener { depth: 8, agents_closed: Rc::default() }).expect("listen");
+
+    let mut cli = Reactor::new().expect("client");
+    // One message in flight at a time, 200 in all: 59 fit the credit (one is kept in reserve).
+    let (s, log) = Streamer::new(64, 1, 200, 8);
+    cli.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, s).expect("connect");
+    pump(&mut [&mut srv, &mut other, &mut cli], Duration::from_secs(120), "59 messages kept", || {
+        kept.borrow().len() >= 59
+    });
+    for _ in 0..40 {
+        for r in [&mut srv, &mut other, &mut cli] {
+            r.run_once(Some(Duration::from_millis(5))).expect("run_once");
+        }
+    }
+    let (s, o) = (srv.stats(), other.stats());
+    println!(
+        "finding 5: {} messages kept; SRQ limit events {}, receives posted {}; the other reactor was passed {} events",
+        kept.borrow().len(),
+        s.srq_limit_events,
+        s.srq_receives,
+        o.shared_async_events
+    );
+    assert_eq!(kept.borrow().len(), 59, "the client's credit of 60, one kept in reserve");
+    assert_eq!(s.srq_limit_events, 1, "one dip below the mark, one event: {s:?}");
+    assert_eq!(o.shared_async_events, 0, "the event named the server's own SRQ: {o:?}");
+    // The buffers come back (dropped as they arrive from now on): the SRQ is refilled, the
+    // limit armed again, and the rest flows.
+    let mut received = 0;
+    pump(&mut [&mut srv, &mut other, &mut cli], Duration::from_secs(120), "every message", || {
+        received += kept.borrow().len();
+        kept.borrow_mut().clear();
+        log.borrow().sent == 200 && received == 200
+    });
+    assert_eq!(log.borrow().error, None);
+    println!("finding 5: then {} limit events over all {received} messages", srv.stats().srq_limit_events);
+}
+
+/// Counts the messages that arrive and drops their buffers; records its close.
+struct Sink(Rc<RefCell<(u64, Vec<CloseReason>)>>);
+
+impl ConnectionHandler for Sink {
+    fn on_completion(&mut self, _conn: &mut Conn<'_>, c: Completion) {
+        if let (OpCode::Recv, Ok(_)) = (c.opcode, c.result) {
+            self.0.borrow_mut().0 += 1;
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        self.0.borrow_mut().1.push(reason);
+    }
+}
+
+struct SinkListener(Rc<RefCell<(u64, Vec<CloseReason>)>>);
+
+impl ListenerHandler for SinkListener {
+    fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, _req: &ConnectRequest) -> Decision {
+        Decision::Accept(Box::new(Sink(self.0.clone())))
+    }
+}
+
+/// Finding 4 (suspected): a queue pair on the SRQ destroyed while a multi-packet message was
+/// landing in one of the SRQ's receives could leave that receive neither completed nor
+/// posted, so the runtime's count of posted receives would drift above the device's and
+/// credits would promise receives that are not there. Here 12 `blast client` processes
+/// streaming 64 KiB messages (16 packets each at rxe's 4 KiB MTU) into an SRQ of 16 receives
+/// are killed mid-transfer, one after another; then a client that tolerates no RNR NAK
+/// spends its whole credit of 16 (15 messages, one held in reserve) again and again. One
+/// receive lost would make the SRQ short of its credit: an RNR NAK, and that client's death.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn clients_killed_mid_message_lose_no_srq_receive() {
+    const SIZE: usize = 64 * 1024;
+    let before = link_counters();
+    let server = addr();
+    let s = server.to_string();
+    let srq = SrqConfig { receives: 16, credit: 16, buf_size: SIZE as u32, low_water: 0, reserve: 0 };
+    let mut srv = Reactor::with_config(Config { srq: Some(srq), ..Config::default() }).expect("SRQ reactor");
+    let seen = Rc::new(RefCell::new((0u64, Vec::new())));
+    srv.listen(server, SinkListener(seen.clone())).expect("listen");
+    for round in 0..12u64 {
+        let mut p = Proc::spawn(
+            "blast client",
+            bin("blast"),
+            &["client", "--connect", &s, "--size", "64K", "--count", "100000", "--window", "16"],
+        );
+        let (got, closed) = (seen.borrow().0, seen.borrow().1.len());
+        // Killed after a few messages, at a point in the stream that varies with the round.
+        pump(&mut [&mut srv], Duration::from_secs(60), "messages from the blast client", || {
+            seen.borrow().0 >= got + 3 + round % 5
+        });
+        kill9(&mut p);
+        pump(&mut [&mut srv], Duration::from_secs(60), "the killed client's agent closed", || {
+            seen.borrow().1.len() > closed
+        });
+    }
+    let st = srv.stats();
+    println!(
+        "finding 4: 12 clients killed mid-transfer after {} messages; SRQ receives posted (the runtime's count) {}, \
+         stale SRQ completions {}; agents closed with {:?}",
+        seen.borrow().0,
+        st.srq_receives,
+        st.srq_stale,
+        seen.borrow().1
+    );
+    assert_eq!(st.srq_receives, 16, "the runtime counts every receive posted: {st:?}");
+
+    let mut good = no_rnr_tolerance();
+    let (client, log) = Streamer::new(SIZE, 64, 240, 3);
+    good.connect(server, ConnectOptions { msg_size: SIZE as u32, ..Default::default() }, client).expect("connect");
+    let got = seen.borrow().0;
+    pump(&mut [&mut srv, &mut good], Duration::from_secs(240), "240 messages at the whole credit", || {
+        log.borrow().sent == 240 || log.borrow().closed.is_some()
+    });
+    pump(&mut [&mut srv, &mut good], Duration::from_secs(60), "all received", || {
+        seen.borrow().0 == got + 240 || log.borrow().closed.is_some()
+    });
+    let l = log.borrow();
+    println!("finding 4: then a client with no RNR tolerance sent {} at its full credit: {:?}", l.sent, l);
+    assert_eq!((l.sent, l.error.as_deref(), &l.closed), (240, None, &None), "no receive was missing");
+    assert_eq!(seen.borrow().0, got + 240);
+    assert_no_rnr(&before, &link_counters(), "after the kills");
 }

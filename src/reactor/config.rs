@@ -60,13 +60,30 @@ impl Timeouts {
 /// of `buf_size` bytes posted on it for every connection of the reactor on that device, so the
 /// registered receive memory does not grow with the number of connections.
 ///
-/// **The credit rule.** Each connection tells its peer `credit` as its receive depth, and with
-/// flow control each receive its peer's message consumed is granted back once posted again;
-/// a connection is admitted only while `connections × credit <= receives`, so a peer that
-/// keeps to its credit never finds the queue empty (no receiver-not-ready NAK). The most
-/// connections per device are therefore `receives / credit`; one beyond is refused with
+/// **The credit rule.** Each connection tells its peer `credit` as its receive depth, and each
+/// receive its peer's message consumed is granted back once posted again; a connection is
+/// admitted only while `connections × credit + reserve <= receives`, so a peer that keeps to
+/// its credit never finds the queue empty (no receiver-not-ready NAK). The most connections per
+/// device are therefore `(receives - reserve) / credit`; one beyond is refused with
 /// [`RejectCode::NoResources`](crate::RejectCode::NoResources) (a listener's `on_refused`),
-/// or its connect fails (a client).
+/// or its connect fails (a client) with [`Error::Limit`] naming these settings.
+///
+/// **Flow control is required** on the SRQ: without it nothing stops one peer from consuming
+/// every receive of the queue, which starves every other connection on it. A connect request
+/// whose connect information does not offer flow control (or sends none) is refused with
+/// [`RejectCode::Unsupported`](crate::RejectCode::Unsupported); a client whose server does not
+/// agree to it is closed before `on_established` ([`CloseReason::Setup`](crate::CloseReason::Setup));
+/// and [`Config::flow_control`] must be on.
+///
+/// **A peer that breaks its credit** is closed ([`CloseReason::Protocol`](crate::CloseReason::Protocol),
+/// [`Stats::srq_overdrawn`](crate::Stats::srq_overdrawn)) as soon as its first message beyond
+/// the credit is polled. The messages it sent before that consumed receives all the same (the
+/// device takes a receive from the SRQ for any queue pair on it before software can look):
+/// `reserve` receives are kept posted beyond everything granted so that such an overdraw,
+/// up to `reserve` messages, takes none of the receives promised to other connections. A
+/// larger burst landing before the reactor polls (a reactor busy elsewhere) can still empty
+/// the queue: the other peers then see receiver-not-ready NAKs, which they survive with
+/// retries left ([`Config::rnr_retry_count`]).
 ///
 /// On a connection of the SRQ the handler posts no receives ([`Conn::submit`](crate::Conn::submit)
 /// refuses them, [`Conn::recv_capacity`](crate::Conn::recv_capacity) is 0): messages arrive as
@@ -85,13 +102,21 @@ pub struct SrqConfig {
     /// the flow-control minimum).
     pub credit: u32,
     /// Low-water mark: the SRQ raises its limit event when fewer receives than this are left
-    /// posted (a backstop: the runtime refills it every tick). Zero: not armed.
+    /// posted (a backstop: the runtime refills it every tick); the limit is armed again only
+    /// once a refill brought the SRQ back to the mark, so one dip raises one event. Zero: not
+    /// armed.
     pub low_water: u32,
+    /// Receives kept posted beyond the credits granted to every connection, which a peer that
+    /// breaks its credit consumes before it is closed, instead of receives promised to others
+    /// (see the type's docs). At most `receives - credit`.
+    pub reserve: u32,
 }
 
 impl Default for SrqConfig {
+    /// 4 096 receives of 4 KiB, a credit of 8, a low-water mark of 1 024 and a reserve of 256:
+    /// 480 connections per device.
     fn default() -> Self {
-        SrqConfig { receives: 4096, buf_size: 4096, credit: 8, low_water: 1024 }
+        SrqConfig { receives: 4096, buf_size: 4096, credit: 8, low_water: 1024, reserve: 256 }
     }
 }
 
@@ -219,6 +244,13 @@ impl Config {
             return Err(Error::Config("a credit timeout must not be zero".into()));
         }
         if let Some(srq) = &self.srq {
+            if !self.flow_control {
+                return Err(Error::Config(
+                    "srq: a shared receive queue needs flow_control (without it one peer can consume every \
+                     receive of the queue)"
+                        .into(),
+                ));
+            }
             srq.validate(self.pool.max_chunk())?;
         }
         Ok(())
@@ -235,8 +267,11 @@ impl SrqConfig {
         if self.credit > u32::from(u16::MAX) {
             return bad(format!("credit {} does not fit the connect information (at most 65535)", self.credit));
         }
-        if self.receives < self.credit {
-            return bad(format!("{} receives do not cover one connection's credit {}", self.receives, self.credit));
+        if u64::from(self.receives) < u64::from(self.credit) + u64::from(self.reserve) {
+            return bad(format!(
+                "{} receives do not cover one connection's credit {} and the reserve {}",
+                self.receives, self.credit, self.reserve
+            ));
         }
         if self.low_water >= self.receives {
             return bad(format!("low water {} is not below the {} receives", self.low_water, self.receives));
@@ -286,7 +321,11 @@ mod tests {
         let cases = [
             (SrqConfig { credit: 2, ..d }, "below the flow-control minimum"),
             (SrqConfig { credit: 70_000, receives: 1 << 20, ..d }, "does not fit the connect information"),
-            (SrqConfig { receives: 4, credit: 8, low_water: 0, ..d }, "do not cover one connection's credit"),
+            (
+                SrqConfig { receives: 4, credit: 8, low_water: 0, reserve: 0, ..d },
+                "do not cover one connection's credit",
+            ),
+            (SrqConfig { receives: 64, credit: 8, low_water: 0, reserve: 60, ..d }, "and the reserve 60"),
             (SrqConfig { low_water: d.receives, ..d }, "is not below"),
             (SrqConfig { buf_size: 0, ..d }, "buffer size 0"),
             (SrqConfig { buf_size: 2 << 20, ..d }, "the pool's largest chunk"),
@@ -295,5 +334,13 @@ mod tests {
             let e = with(srq).validate().expect_err(why).to_string();
             assert!(e.contains(why), "{srq:?}: {e}");
         }
+    }
+
+    /// Finding 2 of the hostile review: without flow control one peer can empty the SRQ.
+    #[test]
+    fn an_srq_without_flow_control_is_refused() {
+        let cfg = Config { flow_control: false, ..with(SrqConfig::default()) };
+        let e = cfg.validate().expect_err("srq without flow control").to_string();
+        assert!(e.contains("needs flow_control"), "{e}");
     }
 }

@@ -18,13 +18,15 @@
 //!   is down, keepalive probes wait: a probe through a downed port fails at once and would
 //!   tear its connection down in the outage, with the same effect.
 //! - SRQ_ERR: every connection on the device's shared receive queue, as an `Abort`, and the SRQ
-//!   is not used again; SRQ_LIMIT_REACHED is counted and re-armed (`srq.rs`);
+//!   is not used again; SRQ_LIMIT_REACHED is counted, and the limit armed again once a posting
+//!   refilled the SRQ to its mark (`srq.rs`);
 //! - DEVICE_FATAL: every connection on the device, as an `Abort`, and the device is lost.
 //!
 //! The rest (PORT_ACTIVE, COMM_EST, ...) are counted and otherwise ignored.
 //!
 //! A device's event fd belongs to its context, which librdmacm opens once per process: with
-//! several reactors in one process, the one that reads an event acts on it and passes a copy
+//! several reactors in one process, the one that reads an event acts on it and, unless it
+//! named a queue pair, CQ or SRQ of the reader's own (which no other reactor has), passes a copy
 //! to the others through their inboxes (`Core::share_async`, `remote.rs`), which act on it as
 //! if they had read it (`Stats::shared_async_events`); an event naming a queue pair or CQ a
 //! reactor does not have is counted there (`Stats::stale_async_events`). Objects are matched
@@ -228,11 +230,12 @@ impl Core {
             drop(ev);
             n += 1;
             self.stats.async_events += 1;
-            self.on_async(d, kind, element);
+            let ours = self.on_async(d, kind, element);
             // The fd is the process's, not this reactor's: the others hear it too, if it is a
             // kind anyone acts on (not COMM_EST, nor the LAST_WQE_REACHED of every queue pair
-            // on an SRQ that closes: those would wake every reactor for nothing).
-            if target(kind, element).is_some() {
+            // on an SRQ that closes: those would wake every reactor for nothing) and it does
+            // not name an object of this reactor's (which no other reactor has).
+            if !ours && target(kind, element).is_some() {
                 self.share_async(dev.as_ptr() as usize, kind, element);
             }
         }
@@ -240,24 +243,31 @@ impl Core {
     }
 
     /// Acts on one asynchronous event of device `d`, on what [`target`] says it concerns;
-    /// the other kinds are only counted.
-    pub(super) fn on_async(&mut self, d: usize, kind: AsyncEventKind, element: AsyncElement) {
+    /// the other kinds are only counted. True when it named a queue pair, CQ or SRQ of this
+    /// reactor's: then it concerns no other reactor.
+    pub(super) fn on_async(&mut self, d: usize, kind: AsyncEventKind, element: AsyncElement) -> bool {
         use AsyncEventKind as K;
-        let Some(target) = target(kind, element) else { return };
+        let Some(target) = target(kind, element) else { return false };
         let reason = CloseReason::AsyncEvent(kind);
         match target {
             Target::Qp(qp) => {
                 let found = self.conns.iter().find(|(_, c)| c.ep.qp().is_some_and(|q| q.identity() == qp));
                 let found = found.map(|(t, _)| t);
                 match found {
-                    Some(t) => self.feed(t, Input::Fault(reason)),
+                    Some(t) => {
+                        self.feed(t, Input::Fault(reason));
+                        return true;
+                    }
                     None => self.stats.stale_async_events += 1,
                 }
             }
             Target::Cq(cq) => {
                 let found = self.cqs.iter().find(|(_, e)| e.cq.identity() == cq).map(|(ct, _)| ct);
                 match found {
-                    Some(ct) => self.fail_cq(ct, reason),
+                    Some(ct) => {
+                        self.fail_cq(ct, reason);
+                        return true;
+                    }
                     None => self.stats.stale_async_events += 1,
                 }
             }
@@ -274,9 +284,10 @@ impl Core {
                     self.with_listener(t, |h, ctx| h.on_error(ctx, &text));
                 }
             }
-            Target::Srq(srq) => self.on_srq_event(d, kind, srq),
+            Target::Srq(srq) => return self.on_srq_event(d, kind, srq),
             Target::Device => self.device_lost(d, reason),
         }
+        false
     }
 
     /// CQ `ct` cannot be used any more (overrun, or a poll or arm failed): every connection

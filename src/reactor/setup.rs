@@ -236,6 +236,17 @@ impl Core {
                 return refuse(self, child, RejectReason::new(RejectCode::Unsupported, text));
             }
         }
+        if self.cfg.srq.is_some()
+            && !info.as_ref().is_some_and(|i| i.flow_control && u32::from(i.recv_depth) >= MIN_DEPTH)
+        {
+            // Without flow control nothing keeps this peer from consuming every receive of the
+            // shared queue, starving every other connection on it (`srq.rs`).
+            let text = format!(
+                "this server receives through a shared receive queue, which needs flow control: the connect \
+                 information does not offer it (with a receive depth of at least {MIN_DEPTH})"
+            );
+            return refuse(self, child, RejectReason::new(RejectCode::Unsupported, text));
+        }
         if let Some(text) = self.over_limit() {
             return refuse(self, child, RejectReason::new(RejectCode::NoResources, text));
         }
@@ -337,8 +348,16 @@ impl Core {
                         Ok(info) => {
                             let local = &c.infos.local;
                             let flow = negotiate(local.flow_control, u32::from(local.recv_depth), info.as_ref());
+                            let unguarded = flow.is_none() && c.srq_credit.is_some();
                             c.sq.set_flow(flow);
                             c.infos.peer = info;
+                            if unguarded {
+                                // Our receives are the shared queue's: a server sending without
+                                // credits could consume every one of them (`srq.rs`).
+                                let why = "the server did not agree to flow control, which a connection on a shared \
+                                           receive queue needs";
+                                return self.feed(t, Input::SetupFailed(why.into()));
+                            }
                         }
                         // Refused before `on_established`: the handler hears one `on_closed`
                         // naming what was wrong, never a connection it cannot use.
@@ -437,7 +456,7 @@ impl Core {
                 if !s.budget.admit() {
                     self.stats.srq_refused += 1;
                     return Err(Error::Limit {
-                        what: "connections on the shared receive queue (SrqConfig::receives / SrqConfig::credit)",
+                        what: "connections on the shared receive queue ((SrqConfig::receives - SrqConfig::reserve) / SrqConfig::credit)",
                         limit: s.budget.max_conns() as usize,
                     });
                 }

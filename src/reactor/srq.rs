@@ -14,17 +14,28 @@
 //! one `ibv_post_srq_recv` chain per device, *before* any connection posts its sends, so a
 //! credit granted in this tick is never ahead of the receive it stands for. The SRQ's limit
 //! event (`SrqConfig::low_water`) is armed as a backstop: it is counted
-//! (`Stats::srq_limit_events`), re-armed, and makes the next posting refill the SRQ.
+//! (`Stats::srq_limit_events`), and armed again only by the posting that brings the SRQ back
+//! to its mark (armed while below it, it would fire at every receive consumed).
 //!
 //! **The credit rule.** A connection on the SRQ advertises `SrqConfig::credit` as its receive
 //! depth in its connect information; with flow control (`proto/flow.rs`) each SRQ receive a
 //! message of its peer consumed is granted back to that connection once it has been posted
 //! again, so the grants a connection has outstanding never exceed its credit. A connection is
-//! admitted only while `(connections on the SRQ + 1) × credit <= receives` ([`SrqBudget`]);
-//! one beyond that is refused (a listener's `on_refused` with `NoResources`, a client's
-//! connect fails). So a peer that respects its credit can never find the SRQ empty: no
-//! receiver-not-ready NAK. A peer without flow control is told the same depth; it is on its
-//! own honour (as a peer of a connection with its own receive queue is with that queue).
+//! admitted only while `(connections on the SRQ + 1) × credit + reserve <= receives`
+//! ([`SrqBudget`]); one beyond that is refused (a listener's `on_refused` with `NoResources`,
+//! a client's connect fails). So a peer that respects its credit can never find the SRQ empty:
+//! no receiver-not-ready NAK.
+//!
+//! **Peers that do not.** Flow control is required (`setup.rs`: a request that does not offer
+//! it is refused with `Unsupported`, a client whose server does not agree is closed before
+//! `on_established`): without it nothing bounds what one peer consumes, and the queue is every
+//! connection's. A peer that negotiated and then sends beyond its credit is closed
+//! (`Protocol`, `Stats::srq_overdrawn`) at its first such message `srq_complete` sees; the
+//! device took a receive for each message it landed before that, and those come out of the
+//! `reserve`, which no connection is granted. An overdraw larger than the reserve, landing
+//! while the reactor does not poll, can still empty the queue for a moment (the device
+//! consumes a receive for any queue pair's message before software can look; no single SRQ
+//! can do better): the other peers then see RNR NAKs, which their retries cover.
 //!
 //! **CQ room.** Every queue pair on the SRQ takes its receive completions on one CQ of the
 //! device's, the SRQ's own (`DevSrq::cq`), of `receives` entries, all committed to receives:
@@ -76,22 +87,24 @@ use crate::sys::srq::Srq;
 const SRQ_REFILL_RETRY: Duration = Duration::from_millis(5);
 
 /// The credit rule's arithmetic, pure: connections admitted to an SRQ of `receives` receives,
-/// each granted `credit`.
+/// each granted `credit`, with `reserve` receives never granted to anyone (what a peer that
+/// breaks its credit consumes before it is closed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SrqBudget {
     receives: u32,
     credit: u32,
+    reserve: u32,
     conns: u32,
 }
 
 impl SrqBudget {
-    pub(crate) fn new(receives: u32, credit: u32) -> SrqBudget {
-        SrqBudget { receives, credit: credit.max(1), conns: 0 }
+    pub(crate) fn new(receives: u32, credit: u32, reserve: u32) -> SrqBudget {
+        SrqBudget { receives, credit: credit.max(1), reserve, conns: 0 }
     }
 
-    /// Admits one more connection if `(conns + 1) × credit <= receives`.
+    /// Admits one more connection if `(conns + 1) × credit + reserve <= receives`.
     pub(crate) fn admit(&mut self) -> bool {
-        let need = (u64::from(self.conns) + 1) * u64::from(self.credit);
+        let need = (u64::from(self.conns) + 1) * u64::from(self.credit) + u64::from(self.reserve);
         let fits = need <= u64::from(self.receives);
         if fits {
             self.conns += 1;
@@ -106,7 +119,7 @@ impl SrqBudget {
 
     /// The most connections the SRQ admits.
     pub(crate) fn max_conns(&self) -> u32 {
-        self.receives / self.credit
+        self.receives.saturating_sub(self.reserve) / self.credit
     }
 
     /// Connections admitted now.
@@ -139,6 +152,11 @@ pub(super) struct DevSrq {
     pub(super) qps: HashMap<u32, ConnKey>,
     buf_size: usize,
     low_water: u32,
+    /// The limit event is armed. It is disarmed by its event and armed again only once a
+    /// posting brought the SRQ back to `low_water`: armed while the SRQ is below the mark, it
+    /// would fire again at every receive consumed (an event, and a copy to every other
+    /// reactor, per message).
+    limit_armed: bool,
     /// SRQ_ERR or a failed post: nothing is posted any more, no connection admitted.
     pub(super) failed: bool,
 }
@@ -158,10 +176,6 @@ impl Core {
         let pd = self.devices[d].pd.clone();
         let srq = Srq::new(&pd, cfg.receives)
             .map_err(|e| Error::verb("ibv_create_srq", format!("{} receives", cfg.receives), e))?;
-        if cfg.low_water > 0 {
-            srq.arm_limit(cfg.low_water)
-                .map_err(|e| Error::verb("ibv_modify_srq", format!("limit {}", cfg.low_water), e))?;
-        }
         // The receive CQ: one entry per receive. A receive is posted again only after its
         // completion was reaped, so at most `receives` completions are ever waiting in it.
         let cq = self.new_cq(d, cfg.receives, true)?;
@@ -181,14 +195,22 @@ impl Core {
             cq,
             slots: GenSlab::new(),
             repost,
-            budget: SrqBudget::new(cfg.receives, cfg.credit),
+            budget: SrqBudget::new(cfg.receives, cfg.credit, cfg.reserve),
             qps: HashMap::new(),
             buf_size: cfg.buf_size as usize,
             low_water: cfg.low_water,
+            limit_armed: false,
             failed: false,
         });
         self.post_srq(d);
-        let dev = self.devices[d].srq.as_ref().expect("just set");
+        let dev = self.devices[d].srq.as_mut().expect("just set");
+        if cfg.low_water > 0 && !dev.limit_armed {
+            // Armed by the first posting; done here only to report why it could not be.
+            dev.srq
+                .arm_limit(cfg.low_water)
+                .map_err(|e| Error::verb("ibv_modify_srq", format!("limit {}", cfg.low_water), e))?;
+            dev.limit_armed = true;
+        }
         if dev.posted() < cfg.receives as usize {
             let posted = dev.posted();
             let cq = dev.cq;
@@ -283,6 +305,13 @@ impl Core {
         if let Err(e) = r {
             let errno = e.error.raw_os_error().unwrap_or(0);
             self.fail_srq(d, CloseReason::Setup(format!("ibv_post_srq_recv failed: errno {errno}")));
+            return;
+        }
+        let s = self.devices[d].srq.as_mut().expect("checked above");
+        if s.low_water > 0 && !s.limit_armed && s.posted() >= s.low_water as usize {
+            // Back at the mark: the next dip below it may raise one event. A failed arm is
+            // tried again at the next posting.
+            s.limit_armed = s.srq.arm_limit(s.low_water).is_ok();
         }
     }
 
@@ -297,21 +326,23 @@ impl Core {
     }
 
     /// An asynchronous event naming an SRQ (`device.rs`).
-    pub(super) fn on_srq_event(&mut self, d: usize, kind: AsyncEventKind, srq: usize) {
+    /// True when it named this reactor's SRQ.
+    pub(super) fn on_srq_event(&mut self, d: usize, kind: AsyncEventKind, srq: usize) -> bool {
         let ours = self.devices.get(d).and_then(|x| x.srq.as_ref()).is_some_and(|s| s.srq.identity() == srq);
         if !ours {
             self.stats.stale_async_events += 1;
-            return;
+            return false;
         }
         match kind {
             AsyncEventKind::SrqLimitReached => {
                 self.stats.srq_limit_events += 1;
-                let s = self.devices[d].srq.as_ref().expect("checked");
-                // Re-armed; the posting at the end of this tick refills the SRQ.
-                let _ = s.srq.arm_limit(s.low_water);
+                // Disarmed by the device; armed again by the posting that brings the SRQ
+                // back to its mark (`post_srq`), not now, while it is still below it.
+                self.devices[d].srq.as_mut().expect("checked").limit_armed = false;
             }
             _ => self.fail_srq(d, CloseReason::AsyncEvent(kind)),
         }
+        true
     }
 
     /// A completion of a receive posted to the SRQ of CQ `ct`'s device.
@@ -385,7 +416,7 @@ mod tests {
 
     #[test]
     fn the_credit_rule_admits_exactly_what_the_receives_cover() {
-        let mut b = SrqBudget::new(8, 3);
+        let mut b = SrqBudget::new(8, 3, 0);
         assert_eq!(b.max_conns(), 2);
         assert!(b.admit());
         assert!(b.admit());
@@ -401,18 +432,31 @@ mod tests {
 
     #[test]
     fn the_credit_rule_does_not_overflow() {
-        let mut b = SrqBudget::new(u32::MAX, u32::MAX);
+        let mut b = SrqBudget::new(u32::MAX, u32::MAX, 0);
         assert!(b.admit());
         assert!(!b.admit(), "2 × u32::MAX is computed in 64 bits");
-        let mut z = SrqBudget::new(10, 0);
+        let mut z = SrqBudget::new(10, 0, 0);
         assert_eq!(z.max_conns(), 10, "a zero credit counts as one (Config::validate refuses it)");
         assert!(z.admit());
+    }
+
+    /// Finding 2 of the hostile review: the reserve is never granted to a connection.
+    #[test]
+    fn the_reserve_is_granted_to_no_connection() {
+        let mut b = SrqBudget::new(80, 4, 64);
+        assert_eq!(b.max_conns(), 4);
+        for _ in 0..4 {
+            assert!(b.admit());
+        }
+        assert!(!b.admit(), "a fifth connection would take the reserve");
+        assert_eq!(SrqBudget::new(60, 4, 64).max_conns(), 0, "a reserve above the receives admits nothing");
+        assert!(!SrqBudget::new(60, 4, 64).admit());
     }
 
     /// 5 000 connections of credit 3 on 15 360 receives: every one admitted, the 5 121st not.
     #[test]
     fn five_thousand_connections_fit_their_receives() {
-        let mut b = SrqBudget::new(15_360, 3);
+        let mut b = SrqBudget::new(15_360, 3, 0);
         for _ in 0..5_120 {
             assert!(b.admit());
         }

@@ -405,13 +405,33 @@ pub struct PingClient {
     pub seq: u64,
     pub send_buf: Option<Buf>,
     pub waiting_echo: bool,
+    /// Receives it keeps posted (1, or at least 3 to offer flow control, which a server on a
+    /// shared receive queue requires).
+    pub recvs: u64,
     pub result: Rc<RefCell<PingResult>>,
 }
 
 impl PingClient {
     pub fn new(id: u64, size: usize, count: u64) -> (PingClient, Rc<RefCell<PingResult>>) {
         let result = Rc::new(RefCell::new(PingResult::default()));
-        let c = PingClient { id, size, count, seq: 0, send_buf: None, waiting_echo: false, result: result.clone() };
+        let c = PingClient {
+            id,
+            size,
+            count,
+            seq: 0,
+            send_buf: None,
+            waiting_echo: false,
+            recvs: 1,
+            result: result.clone(),
+        };
+        (c, result)
+    }
+
+    /// The same, keeping 3 receives posted: enough to offer flow control (a server on a
+    /// shared receive queue refuses a client that does not).
+    pub fn flow_controlled(id: u64, size: usize, count: u64) -> (PingClient, Rc<RefCell<PingResult>>) {
+        let (mut c, result) = PingClient::new(id, size, count);
+        c.recvs = 3;
         (c, result)
     }
 
@@ -435,8 +455,10 @@ impl PingClient {
 
 impl ConnectionHandler for PingClient {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
-        let recv = conn.alloc(self.size).expect("client receive buffer");
-        conn.submit(Op::recv(recv)).expect("client post receive");
+        for _ in 0..self.recvs {
+            let recv = conn.alloc(self.size).expect("client receive buffer");
+            conn.submit(Op::recv(recv)).expect("client post receive");
+        }
         self.send_buf = Some(conn.alloc(self.size).expect("client send buffer"));
     }
 
