@@ -56,6 +56,9 @@ pub enum Error {
         len: usize,
         /// The largest size allowed.
         max: usize,
+        /// What sets that maximum (a setting, or the peer), e.g.
+        /// `"PoolConfig::chunk_sizes (Config::pool)"`.
+        limit: &'static str,
     },
     /// The connection this call names is closed, closing or not established yet.
     NotConnected(String),
@@ -133,8 +136,8 @@ impl fmt::Display for Error {
             Error::PoolExhausted { max_bytes } => {
                 write!(f, "registered buffer pool exhausted (maximum {max_bytes} bytes)")
             }
-            Error::TooLarge { len, max } => {
-                write!(f, "{len} bytes is larger than the maximum {max}")
+            Error::TooLarge { len, max, limit } => {
+                write!(f, "{len} bytes is larger than the maximum {max} (set by {limit})")
             }
             Error::NotConnected(what) => write!(f, "not connected: {what}"),
             Error::StaleToken(t) => write!(f, "token {t:#x} names no live object"),

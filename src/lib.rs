@@ -81,7 +81,8 @@ pub use reactor::{
     SubmitError, Timeouts,
 };
 pub use sys::device::{devices, DeviceInfo, LinkLayer, PortInfo, PortState};
-pub use sys::pool::{Buf, Exposed, PoolConfig};
+pub use sys::pool::{Buf, Exposed, PoolConfig, RegionWindow};
+pub use sys::region::{Region, RegionSlice};
 
 /// The FFI layer is private: nothing outside this crate can reach an rdma-core object.
 ///

@@ -9,7 +9,8 @@ use crate::proto::conn::State;
 use crate::proto::op::RemoteAccess;
 use crate::proto::token::{ConnKey, Key, Token};
 use crate::proto::wire::ConnectInfo;
-use crate::sys::pool::{Buf, Exposed};
+use crate::sys::pool::{Buf, Exposed, RegionWindow};
+use crate::sys::region::{Region, RegionSlice};
 
 /// The reactor's command API, as seen from a callback (or from [`Reactor::ctx`]).
 ///
@@ -154,6 +155,23 @@ impl std::error::Error for SubmitError {
     }
 }
 
+/// The error alone, so one `?` chain can mix [`Conn::alloc`] and [`Conn::submit`]; the
+/// operation (and its buffer) is dropped, which returns the buffer to the pool.
+///
+/// ```
+/// fn send(conn: &mut rdma_reactor::Conn<'_>, bytes: &[u8]) -> rdma_reactor::Result<()> {
+///     let mut buf = conn.alloc(bytes.len())?;
+///     buf.fill_from(bytes)?;
+///     conn.submit(rdma_reactor::Op::send(buf))?;
+///     Ok(())
+/// }
+/// ```
+impl From<SubmitError> for Error {
+    fn from(e: SubmitError) -> Error {
+        *e.error
+    }
+}
+
 /// The context of one connection's callback: the connection's own commands, and the reactor's
 /// through [`Conn::ctx`].
 pub struct Conn<'a> {
@@ -184,12 +202,16 @@ impl<'a> Conn<'a> {
     }
 
     /// A buffer of `len` bytes (capacity: the smallest pool class that holds them) from this
-    /// connection's device pool. Its contents are whatever the chunk held last (chunks are not
-    /// cleared between uses; [`Conn::expose`] clears what it shows the peer).
+    /// connection's device pool. Its bytes read as zeros until written: a chunk's earlier
+    /// owner's bytes (another connection's data) never show through a view, a send or an
+    /// exposure. They are zeroed lazily, only where they would show, so filling the buffer
+    /// ([`Buf::fill_from`]) and sending it, or receiving into it and reading what arrived,
+    /// costs nothing extra ([`Buf`]).
     ///
     /// # Errors
     ///
-    /// [`Error::TooLarge`] beyond the largest class; [`Error::PoolExhausted`] when the pool is at
+    /// [`Error::TooLarge`] beyond the largest class (`PoolConfig::chunk_sizes`, set through
+    /// [`Config::pool`](crate::Config::pool)); [`Error::PoolExhausted`] when the pool is at
     /// its maximum; [`Error::NotConnected`] before the connection has a device (before
     /// [`on_ready`](ConnectionHandler::on_ready)).
     pub fn alloc(&mut self, len: usize) -> Result<Buf> {
@@ -239,8 +261,8 @@ impl<'a> Conn<'a> {
     /// - The descriptor works on this connection only. A peer using it on another connection
     ///   (even of this process), or reaching past the window's end, gets a remote access error
     ///   (and that connection closes).
-    /// - The peer sees only this owner's bytes: bytes the chunk held from an earlier use are
-    ///   zeroed first. Bytes written with [`Buf::fill_from`], received, READ or zeroed are kept.
+    /// - The peer sees only this owner's bytes: bytes the chunk held from an earlier use read
+    ///   as zeros ([`Buf`]'s rule). Bytes written (in any way), received, READ or zeroed are kept.
     /// - The bind is queued on this connection's send queue like an operation, so it reaches
     ///   the device before anything submitted after this call (such as the descriptor's send).
     ///   If it fails, the connection closes with a work error.
@@ -249,13 +271,48 @@ impl<'a> Conn<'a> {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] for an empty `access` or buffer, a buffer of another device, or one
-    /// written in place ([`Buf::as_mut_slice`]) while it still held an earlier owner's bytes;
+    /// [`Error::Config`] for an empty `access` or buffer, or a buffer of another device;
     /// [`Error::NotConnected`] before [`on_ready`](ConnectionHandler::on_ready) or once closed;
     /// [`Error::Verb`] when `ibv_alloc_mw` fails (a device without type-2 memory windows). The
     /// buffer goes back to the pool.
     pub fn expose(&mut self, buf: Buf, access: RemoteAccess) -> Result<Exposed> {
         self.ctx.core.expose(self.key, buf, access)
+    }
+
+    /// Lets this connection's peer READ and/or WRITE part of an application [`Region`]: a
+    /// type-2 memory window over exactly `slice`, bound to this connection's queue pair, over
+    /// the region's one registration on this device (made now if it is the first use here).
+    /// Many connections can each be given a window over the same memory: N peers, one copy.
+    ///
+    /// - The descriptor ([`RegionWindow::remote`]) works on this connection only: a peer using
+    ///   it on another connection, or reaching past the window's end, gets a remote access
+    ///   error (and that connection closes).
+    /// - The bind is queued like an operation, before anything submitted after this call
+    ///   (such as the descriptor's send).
+    /// - Dropping the [`RegionWindow`] revokes access; so does the end of the connection.
+    /// - The application keeps reading and writing the region ([`Region::read_at`],
+    ///   [`Region::write_at`]) while peers access it; a peer's READ racing a local write can
+    ///   see part of it (the README's "One-sided access" shows the usual remedy).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for an empty `access`; [`Error::NotConnected`] before
+    /// [`on_ready`](ConnectionHandler::on_ready) or once closed; [`Error::Verb`] or
+    /// [`Error::Memlock`] when registering the region fails; [`Error::Verb`] when
+    /// `ibv_alloc_mw` fails (a device without type-2 memory windows).
+    pub fn expose_region(&mut self, slice: &RegionSlice, access: RemoteAccess) -> Result<RegionWindow> {
+        self.ctx.core.expose_region(self.key, slice, access)
+    }
+
+    /// Registers `region` on this connection's device now, rather than at its first operation
+    /// or exposure there (registering pins the memory, which takes time for a large region).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotConnected`] before [`on_ready`](ConnectionHandler::on_ready);
+    /// [`Error::Memlock`] or [`Error::Verb`] when `ibv_reg_mr` fails.
+    pub fn register_region(&mut self, region: &Region) -> Result<()> {
+        self.ctx.core.register_region(self.key, region)
     }
 
     /// Starts closing this connection (disconnect, drain outstanding operations, destroy).

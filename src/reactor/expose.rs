@@ -15,8 +15,9 @@ use super::Core;
 use crate::error::{Error, Result};
 use crate::proto::op::RemoteAccess;
 use crate::proto::token::{ConnKey, Key};
-use crate::sys::pool::{Buf, Exposed};
+use crate::sys::pool::{Buf, Exposed, RegionWindow};
 use crate::sys::qp::{SendOp, SendWr};
+use crate::sys::region::{Region, RegionSlice};
 
 impl Core {
     /// See [`Conn::expose`](super::Conn::expose).
@@ -29,12 +30,50 @@ impl Core {
             return Err(Error::Config("the buffer belongs to another device's pool".into()));
         }
         let (exposed, window) = Exposed::new(buf, access)?;
+        self.queue_bind(t, &window);
+        Ok(exposed)
+    }
+
+    /// See [`Conn::expose_region`](super::Conn::expose_region).
+    pub(crate) fn expose_region(
+        &mut self,
+        t: ConnKey,
+        slice: &RegionSlice,
+        access: RemoteAccess,
+    ) -> Result<RegionWindow> {
+        let d = self.exposable(t)?;
+        let pd = self.devices[d].pd.clone();
+        let (exposed, window) = RegionWindow::new(slice, &pd, access)?;
+        self.queue_bind(t, &window);
+        Ok(exposed)
+    }
+
+    /// See [`Conn::register_region`](super::Conn::register_region).
+    pub(crate) fn register_region(&mut self, t: ConnKey, region: &Region) -> Result<()> {
+        let Some(c) = self.conns.get(t) else { return Err(Error::StaleToken(t.token().as_u64())) };
+        let Some(placed) = c.placed else {
+            return Err(Error::NotConnected(format!("connection {:?} has no device yet", t.token())));
+        };
+        region.lkey(&self.devices[placed.device].pd).map(|_| ())
+    }
+
+    /// The device of a connection that can take a window now.
+    fn exposable(&self, t: ConnKey) -> Result<usize> {
+        let Some(c) = self.conns.get(t) else { return Err(Error::StaleToken(t.token().as_u64())) };
+        match c.placed.filter(|_| c.can_submit()) {
+            Some(placed) => Ok(placed.device),
+            None => Err(Error::NotConnected(format!("connection {:?} is {:?}", t.token(), c.role.state()))),
+        }
+    }
+
+    /// Queues a window's bind on the connection's send queue (FIFO: before anything submitted
+    /// after it) and lists the window with the connection, which releases it when destroyed.
+    fn queue_bind(&mut self, t: ConnKey, window: &std::rc::Rc<crate::sys::pool::Window>) {
         let ot = self.ops.insert(OpEntry::bind(t, window.clone()));
-        let c = self.conns.get_mut(t).expect("checked");
-        c.windows.add(&window);
+        let c = self.conns.get_mut(t).expect("checked by the caller");
+        c.windows.add(window);
         c.sq.push(ot, false);
         self.mark_dirty(t);
-        Ok(exposed)
     }
 }
 

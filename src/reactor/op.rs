@@ -10,6 +10,7 @@ use crate::proto::token::ConnKey;
 use crate::proto::wire::RemoteSlice;
 use crate::sys::pool::{Buf, Window};
 use crate::sys::qp::Bind;
+use crate::sys::region::RegionSlice;
 use std::rc::Rc;
 
 /// Memory registered by the caller, for [`Op::raw_send`] and [`Op::raw_recv`].
@@ -32,6 +33,20 @@ pub(crate) enum Body {
     Read(Buf, RemoteSlice),
     RawSend(RawBuf),
     RawRecv(RawBuf),
+    SendRegion(RegionSlice),
+    RecvRegion(RegionSlice),
+    WriteRegion(RegionSlice, RemoteSlice),
+    ReadRegion(RegionSlice, RemoteSlice),
+}
+
+impl Body {
+    /// The application region slice of a region operation.
+    pub(crate) fn region(&self) -> Option<&RegionSlice> {
+        match self {
+            Body::SendRegion(s) | Body::RecvRegion(s) | Body::WriteRegion(s, _) | Body::ReadRegion(s, _) => Some(s),
+            _ => None,
+        }
+    }
 }
 
 /// One submission: what to do, and the user_data its completion will carry.
@@ -75,6 +90,32 @@ impl Op {
         Op { body: Body::Read(buf, remote), user_data: 0 }
     }
 
+    /// Sends the bytes of part of an application [`Region`](crate::Region), without copying.
+    /// The slice comes back in [`Completion::region`]. The region is registered on the
+    /// connection's device at the first operation there.
+    pub fn send_region(slice: RegionSlice) -> Op {
+        Op { body: Body::SendRegion(slice), user_data: 0 }
+    }
+
+    /// Receives one message into part of an application region (at most its length). The
+    /// slice comes back in [`Completion::region`]; `result` is the bytes received, at its
+    /// start.
+    pub fn recv_region(slice: RegionSlice) -> Op {
+        Op { body: Body::RecvRegion(slice), user_data: 0 }
+    }
+
+    /// Writes the bytes of part of an application region into the peer's memory at `remote`
+    /// (at least as long).
+    pub fn write_region(slice: RegionSlice, remote: RemoteSlice) -> Op {
+        Op { body: Body::WriteRegion(slice, remote), user_data: 0 }
+    }
+
+    /// Reads `remote.len` bytes of the peer's memory into the start of part of an application
+    /// region (at least as long).
+    pub fn read_region(slice: RegionSlice, remote: RemoteSlice) -> Op {
+        Op { body: Body::ReadRegion(slice, remote), user_data: 0 }
+    }
+
     /// Sends caller-registered memory. Only [`Conn::submit_raw`](crate::Conn::submit_raw)
     /// accepts it.
     pub fn raw_send(buf: RawBuf) -> Op {
@@ -96,11 +137,11 @@ impl Op {
     /// The operation's kind.
     pub fn opcode(&self) -> OpCode {
         match self.body {
-            Body::Send(_) | Body::RawSend(_) => OpCode::Send,
-            Body::Recv(_) | Body::RawRecv(_) => OpCode::Recv,
-            Body::Write(..) => OpCode::Write,
+            Body::Send(_) | Body::RawSend(_) | Body::SendRegion(_) => OpCode::Send,
+            Body::Recv(_) | Body::RawRecv(_) | Body::RecvRegion(_) => OpCode::Recv,
+            Body::Write(..) | Body::WriteRegion(..) => OpCode::Write,
             Body::WriteImm(..) => OpCode::WriteImm,
-            Body::Read(..) => OpCode::Read,
+            Body::Read(..) | Body::ReadRegion(..) => OpCode::Read,
         }
     }
 
@@ -125,6 +166,9 @@ pub struct Completion {
     /// For a receive: it was consumed by the peer's RDMA WRITE with immediate, so the data
     /// (`result` bytes) is in the exposed memory the peer wrote, not in `buf`.
     pub remote_write: bool,
+    /// The application region slice of the submission ([`Op::send_region`] and the like),
+    /// given back.
+    pub region: Option<RegionSlice>,
 }
 
 impl Completion {
@@ -146,6 +190,9 @@ pub(crate) struct OpEntry {
     pub(crate) opcode: OpCode,
     pub(crate) buf: Option<Buf>,
     pub(crate) raw: Option<RawBuf>,
+    /// A region operation's slice, held until it completes (its memory and registration
+    /// with it); `raw` names its memory.
+    pub(crate) region: Option<RegionSlice>,
     pub(crate) remote: Option<RemoteSlice>,
     /// A credit-only send, or a window bind, of the runtime's own: its completion reaches no
     /// handler.
@@ -160,19 +207,21 @@ pub(crate) struct OpEntry {
 }
 
 impl OpEntry {
-    /// The entry of a submitted operation, not yet posted.
-    pub(crate) fn new(conn: ConnKey, op: Op) -> OpEntry {
+    /// The entry of a submitted operation, not yet posted. `lkey` is the local key of a
+    /// region operation's memory on the connection's device (0 for the others).
+    pub(crate) fn new(conn: ConnKey, op: Op, lkey: u32) -> OpEntry {
         let opcode = op.opcode();
         let Op { body, user_data } = op;
-        let (buf, raw, remote) = match body {
-            Body::Send(b) | Body::Recv(b) => (Some(b), None, None),
-            Body::Write(b, r) | Body::WriteImm(b, r) => (Some(b), None, Some(r)),
-            Body::Read(mut b, r) => {
-                // The device writes `r.len` bytes; submission checked they fit the capacity.
-                let _ = b.set_len(r.len as usize);
-                (Some(b), None, Some(r))
+        let raw_of = |s: &RegionSlice, len: usize| RawBuf { addr: s.addr(), len: len as u32, lkey };
+        let (buf, raw, remote, region) = match body {
+            Body::SendRegion(s) | Body::RecvRegion(s) => (None, Some(raw_of(&s, s.len())), None, Some(s)),
+            Body::WriteRegion(s, r) => (None, Some(raw_of(&s, s.len())), Some(r), Some(s)),
+            // The device writes `r.len` bytes; submission checked they fit the slice.
+            Body::ReadRegion(s, r) => (None, Some(raw_of(&s, r.len as usize)), Some(r), Some(s)),
+            body => {
+                let (buf, raw, remote) = OpEntry::pool_parts(body);
+                (buf, raw, remote, None)
             }
-            Body::RawSend(r) | Body::RawRecv(r) => (None, Some(r), None),
         };
         OpEntry {
             conn,
@@ -180,11 +229,41 @@ impl OpEntry {
             opcode,
             buf,
             raw,
+            region,
             remote,
             control: false,
             bind: None,
             after_control: false,
             posted: false,
+        }
+    }
+
+    /// A pool or raw operation's buffer, raw memory and remote slice.
+    fn pool_parts(body: Body) -> (Option<Buf>, Option<RawBuf>, Option<RemoteSlice>) {
+        match body {
+            Body::Send(b) => {
+                // The device sends its `len()` bytes: none may be an earlier owner's.
+                b.show();
+                (Some(b), None, None)
+            }
+            Body::Recv(mut b) => {
+                b.lend_to_device(b.capacity());
+                (Some(b), None, None)
+            }
+            Body::Write(b, r) | Body::WriteImm(b, r) => {
+                b.show();
+                (Some(b), None, Some(r))
+            }
+            Body::Read(mut b, r) => {
+                // The device writes `r.len` bytes; submission checked they fit the capacity.
+                let _ = b.set_len(r.len as usize);
+                b.lend_to_device(r.len as usize);
+                (Some(b), None, Some(r))
+            }
+            Body::RawSend(r) | Body::RawRecv(r) => (None, Some(r), None),
+            Body::SendRegion(_) | Body::RecvRegion(_) | Body::WriteRegion(..) | Body::ReadRegion(..) => {
+                unreachable!("region operations are taken apart by OpEntry::new")
+            }
         }
     }
 
@@ -196,6 +275,7 @@ impl OpEntry {
             opcode: OpCode::Send,
             buf: None,
             raw: None,
+            region: None,
             remote: None,
             control: true,
             bind: None,
@@ -237,14 +317,16 @@ impl OpEntry {
     /// receive's length set to the bytes received).
     pub(crate) fn into_completion(self, result: Result<u32, OpError>, remote_write: bool) -> Completion {
         let mut buf = self.buf;
-        if let (Some(b), OpCode::Recv, Ok(n)) = (buf.as_mut(), self.opcode, &result) {
-            let _ = b.set_len(if remote_write { 0 } else { *n as usize });
+        match (buf.as_mut(), self.opcode, &result) {
+            // Exactly the bytes received (none for an RDMA WRITE with immediate data).
+            (Some(b), OpCode::Recv, Ok(n)) => b.received(if remote_write { 0 } else { *n as usize }),
+            (Some(b), OpCode::Read, Ok(_)) => {
+                // The device wrote these bytes for this owner.
+                let n = b.len();
+                b.written(n);
+            }
+            _ => {}
         }
-        if let (Some(b), OpCode::Recv | OpCode::Read, Ok(_)) = (buf.as_mut(), self.opcode, &result) {
-            // The device wrote these bytes for this owner.
-            let n = b.len();
-            b.written(n);
-        }
-        Completion { user_data: self.user_data, opcode: self.opcode, result, buf, remote_write }
+        Completion { user_data: self.user_data, opcode: self.opcode, result, buf, remote_write, region: self.region }
     }
 }

@@ -30,17 +30,18 @@ impl Core {
         let pool = &self.devices[placed.device].pool;
         let buf = match &op.body {
             Body::Send(b) | Body::Recv(b) | Body::Write(b, _) | Body::WriteImm(b, _) | Body::Read(b, _) => Some(b),
-            Body::RawSend(_) | Body::RawRecv(_) => None,
+            _ => None,
         };
         if buf.is_some_and(|b| !pool.owns(b)) {
             return Err(SubmitError::new(Error::Config("the buffer belongs to another device's pool".into()), op));
         }
         let len = match &op.body {
             Body::Send(b) | Body::Write(b, _) | Body::WriteImm(b, _) | Body::Recv(b) => b.len(),
-            Body::Read(_, r) => r.len as usize,
+            Body::Read(_, r) | Body::ReadRegion(_, r) => r.len as usize,
             Body::RawSend(r) | Body::RawRecv(r) => r.len as usize,
+            Body::SendRegion(s) | Body::RecvRegion(s) | Body::WriteRegion(s, _) => s.len(),
         };
-        if c.srq_credit.is_some() && matches!(op.body, Body::Recv(_) | Body::RawRecv(_)) {
+        if c.srq_credit.is_some() && matches!(op.body, Body::Recv(_) | Body::RawRecv(_) | Body::RecvRegion(_)) {
             let what = format!(
                 "connection {:?} takes its receives from the shared receive queue (Config::srq): \
                  the runtime posts them",
@@ -48,17 +49,29 @@ impl Core {
             );
             return Err(SubmitError::new(Error::Config(what), op));
         }
-        let limit = match &op.body {
-            Body::Send(_) | Body::RawSend(_) => c.infos.peer.as_ref().map(|i| i.msg_size as usize),
-            Body::Write(_, r) | Body::WriteImm(_, r) => Some(r.len as usize),
-            Body::Read(b, _) => Some(b.capacity()),
-            Body::Recv(_) | Body::RawRecv(_) => None,
-        };
-        if let Some(max) = limit.filter(|max| len > *max) {
-            return Err(SubmitError::new(Error::TooLarge { len, max }, op));
+        let limit =
+            match &op.body {
+                Body::Send(_) | Body::RawSend(_) | Body::SendRegion(_) => c.infos.peer.as_ref().map(|i| {
+                    (i.msg_size as usize, "the peer's message size (its ConnectOptions::msg_size or pool chunk)")
+                }),
+                Body::Write(_, r) | Body::WriteImm(_, r) | Body::WriteRegion(_, r) => {
+                    Some((r.len as usize, "the peer's exposed length"))
+                }
+                Body::Read(b, _) => Some((b.capacity(), "the local buffer's capacity")),
+                Body::ReadRegion(s, _) => Some((s.len(), "the local region slice's length")),
+                Body::Recv(_) | Body::RawRecv(_) | Body::RecvRegion(_) => None,
+            };
+        if let Some((max, limit)) = limit.filter(|(max, _)| len > *max) {
+            return Err(SubmitError::new(Error::TooLarge { len, max, limit }, op));
         }
+        // A region is registered on this device at its first operation here.
+        let lkey = match op.body.region().map(|s| s.region().lkey(&self.devices[placed.device].pd)) {
+            None => 0,
+            Some(Ok(lkey)) => lkey,
+            Some(Err(e)) => return Err(SubmitError::new(e, op)),
+        };
         let opcode = op.opcode();
-        let ot = self.ops.insert(OpEntry::new(t, op));
+        let ot = self.ops.insert(OpEntry::new(t, op, lkey));
         let c = self.conns.get_mut(t).expect("checked");
         if opcode == OpCode::Recv {
             c.rq.push(ot);
@@ -150,10 +163,12 @@ impl Core {
             .collect();
         let qp = c.ep.qp().expect("can_post");
         #[allow(unsafe_code)]
-        // SAFETY: every request names a pool `Buf` or a `RawBuf` held by its `OpEntry` in
-        // `self.ops` until its completion is reaped or it is cancelled after the queue pair is
-        // destroyed; a pool buffer is registered on this device's PD and keeps its region alive;
-        // a `RawBuf` is covered by `Conn::submit_raw`'s contract.
+        // SAFETY: every request names a pool `Buf`, a region slice or a `RawBuf` held by its
+        // `OpEntry` in `self.ops` until its completion is reaped or it is cancelled after the
+        // queue pair is destroyed; a pool buffer is registered on this device's PD and keeps its
+        // region alive, and so does a region slice (its `lkey` is the region's registration on
+        // this PD, which the region keeps while any handle lives); a `RawBuf` is covered by
+        // `Conn::submit_raw`'s contract.
         let r = unsafe { qp.post_recv(&wrs) };
         self.stats.post_recv_calls += 1;
         let n = r.as_ref().map_or_else(|e| e.posted, |()| wrs.len());

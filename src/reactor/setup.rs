@@ -63,7 +63,11 @@ impl Core {
         let max = self.max_msg();
         let msg_size = if opts.msg_size == 0 { max as u32 } else { opts.msg_size };
         if msg_size as usize > max {
-            return Err(Error::TooLarge { len: msg_size as usize, max });
+            return Err(Error::TooLarge {
+                len: msg_size as usize,
+                max,
+                limit: "the pool's largest chunk, PoolConfig::chunk_sizes (Config::pool)",
+            });
         }
         let local = ConnectInfo {
             msg_size,

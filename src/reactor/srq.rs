@@ -267,6 +267,8 @@ impl Core {
                     }
                 },
             };
+            let mut buf = buf;
+            buf.lend_to_device(buf.capacity());
             let (addr, len, lkey) = (buf.addr(), buf.capacity() as u32, buf.lkey());
             let k = s.slots.insert(buf);
             wrs.push(RecvWr { wr_id: k.token().as_u64(), addr, len, lkey });
@@ -392,15 +394,15 @@ impl Core {
         }
         s.repost.push(Repost { buf: None, owner: Some((t, false)) });
         let mut buf = buf;
-        let n = if wc.remote_write { 0 } else { wc.byte_len as usize };
-        let _ = buf.set_len(n);
-        buf.written(n);
+        // Exactly the bytes received (none for an RDMA WRITE with immediate data).
+        buf.received(if wc.remote_write { 0 } else { wc.byte_len as usize });
         let completion = Completion {
             user_data: Completion::SRQ_RECV,
             opcode: OpCode::Recv,
             result: Ok(wc.byte_len),
             buf: Some(buf),
             remote_write: wc.remote_write,
+            region: None,
         };
         self.with_conn(t, |h, conn| h.on_completion(conn, completion));
         self.after_completion(t);

@@ -26,6 +26,7 @@ pub(crate) mod mw;
 pub(crate) mod pd;
 pub(crate) mod pool;
 pub(crate) mod qp;
+pub(crate) mod region;
 pub(crate) mod srq;
 
 use std::io;

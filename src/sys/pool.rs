@@ -12,14 +12,20 @@
 //! back in the completion. A `Buf` keeps its cluster (memory and registration) alive, so a
 //! chunk is never deregistered under a posted request.
 //!
-//! Chunks are recycled without being cleared (no memset on the send and receive path), so a
-//! new `Buf` may hold an earlier owner's bytes (another connection's data). Two watermarks keep
-//! those away from peers' eyes: `fresh`, the prefix of the chunk known to hold only this
-//! owner's bytes (written through [`Buf::fill_from`], by the device for this owner's receive or
-//! READ, or zeroed), and `touched`, the prefix handed out through [`Buf::as_mut_slice`] while
-//! it still held old bytes. Exposing ([`Exposed`], made by `Conn::expose`) zeroes what lies
-//! between `fresh` and the length, and refuses a buffer whose exposed bytes mix old and new
-//! ones that cannot be told apart (`touched` past `fresh` within the length).
+//! **No safe call shows an earlier owner's bytes.** Chunks are recycled without being cleared
+//! up front (no memset on the send and receive path), so a chunk may still hold an earlier
+//! owner's bytes (another connection's data). They are zeroed lazily, only where they could be
+//! seen, with three watermarks per buffer ([`Marks`], pure and unit-tested): `fresh`, the
+//! prefix holding only this owner's bytes or zeros (written through [`Buf::fill_from`], by the
+//! device for this owner's receive or READ, or zeroed); `stale`, the prefix an earlier owner
+//! may have left bytes in (the chunk's dirty extent, kept per chunk by its cluster; beyond it
+//! the chunk is zero, as allocated); and `dirty`, what this owner's use may leave for the next
+//! one (what it was shown or wrote, and what the device may have written for it). Whatever
+//! shows the first `len` bytes (the views [`Buf::as_slice`] and [`Buf::as_mut_slice`], a send
+//! or RDMA WRITE taking them, an exposure) first zeroes `fresh..min(len, stale)`; a chunk never
+//! dirtied costs nothing, and the common paths (fill then send; receive then read) find
+//! nothing to zero. [`Buf::set_len_unchecked`] is the `unsafe` escape hatch for callers who
+//! fill a buffer's spare capacity themselves ([`Buf::spare_capacity_mut`]).
 //!
 //! Clusters are registered with local write only: no remote rights, no windows. Peers reach
 //! memory only through an [`Exposed`] window: a memory region over exactly the bytes exposed
@@ -40,6 +46,7 @@ use super::mr::{Access, Mr};
 use super::mw::{next_rkey, Mw};
 use super::pd::Pd;
 use super::qp::Bind;
+use super::region::{Region, RegionSlice};
 use crate::error::{Error, Result};
 use crate::proto::op::RemoteAccess;
 use crate::proto::wire::RemoteSlice;
@@ -100,6 +107,9 @@ impl Drop for Mem {
 struct Cluster {
     mr: Mr,
     mem: Mem,
+    /// Per chunk: how many bytes from its start may be non-zero (its owners' dirty extents);
+    /// the rest is zero, as allocated.
+    dirty: Vec<Cell<u32>>,
 }
 
 /// One size class: clusters of equal chunks, with per-cluster free lists.
@@ -173,13 +183,13 @@ impl Pool {
 
     /// Takes a free chunk of the smallest class that holds `len` bytes, registering a new
     /// cluster when that class has none free and the maximum allows. The buffer's length is
-    /// `len`.
+    /// `len`; its bytes read as zeros until written.
     pub fn alloc(&self, len: usize) -> Result<Buf> {
-        let class = self
-            .classes
-            .iter()
-            .find(|c| c.borrow().chunk_size >= len)
-            .ok_or(Error::TooLarge { len, max: self.max_chunk() })?;
+        let class = self.classes.iter().find(|c| c.borrow().chunk_size >= len).ok_or(Error::TooLarge {
+            len,
+            max: self.max_chunk(),
+            limit: "the pool's largest chunk, PoolConfig::chunk_sizes (Config::pool)",
+        })?;
         let mut inner = class.borrow_mut();
         let slot = match inner.free.iter().position(|f| !f.is_empty()) {
             Some(i) => i,
@@ -190,6 +200,7 @@ impl Pool {
         let cluster = inner.clusters[slot].clone().expect("a cluster with free chunks is present");
         let cap = inner.chunk_size;
         drop(inner);
+        let stale = cluster.dirty[chunk as usize].get() as usize;
         Ok(Buf {
             class: class.clone(),
             cluster,
@@ -197,7 +208,7 @@ impl Pool {
             chunk,
             len,
             cap,
-            marks: Marks::default(),
+            marks: Cell::new(Marks::new(stale)),
             pool: Rc::as_ptr(&self.registered) as usize,
         })
     }
@@ -239,7 +250,8 @@ impl Class {
         let mr = unsafe { Mr::register(&self.pd, mem.ptr.as_ptr(), cluster_bytes, Access::LOCAL_WRITE) }
             .map_err(|e| super::reg_error(cluster_bytes, format!("pool cluster of {cluster_bytes} bytes"), e))?;
         self.registered.set(self.registered.get() + cluster_bytes);
-        let cluster = Rc::new(Cluster { mr, mem });
+        let dirty = (0..self.per_cluster).map(|_| Cell::new(0)).collect();
+        let cluster = Rc::new(Cluster { mr, mem, dirty });
         let chunks: Vec<u32> = (0..self.per_cluster as u32).rev().collect();
         let slot = match self.clusters.iter().position(|c| c.is_none()) {
             Some(s) => s,
@@ -256,6 +268,10 @@ impl Class {
 }
 
 /// One chunk of registered memory, owned. Returns to its pool when dropped.
+///
+/// Its bytes are its owner's: those it wrote, those the device wrote for it (a receive, a
+/// READ), and zeros. A chunk's earlier owner's bytes never show, through any safe call (the
+/// module docs say how, at no cost on the common paths).
 pub struct Buf {
     class: Rc<RefCell<Class>>,
     /// Identity of the pool (the address of its shared byte counter).
@@ -265,8 +281,8 @@ pub struct Buf {
     chunk: u32,
     len: usize,
     cap: usize,
-    /// Which bytes are this owner's.
-    marks: Marks,
+    /// Which bytes are this owner's (a `Cell`: the shared view zeroes lazily too).
+    marks: Cell<Marks>,
 }
 
 /// Which bytes of a chunk are its current owner's (pure; see the module docs).
@@ -274,34 +290,37 @@ pub struct Buf {
 struct Marks {
     /// Bytes from the chunk's start that hold only this owner's data or zeros.
     fresh: usize,
-    /// Bytes from the chunk's start handed out mutably while some of them were not fresh:
-    /// between `fresh` and this, old and new bytes are mixed.
-    touched: usize,
+    /// Bytes from the chunk's start an earlier owner may have left data in; beyond, zeros.
+    stale: usize,
+    /// Bytes from the chunk's start that may be non-zero when this owner lets go.
+    dirty: usize,
 }
 
 impl Marks {
-    /// The first `n` bytes were written by the owner (or zeroed).
+    /// A chunk whose first `stale` bytes may hold an earlier owner's data.
+    fn new(stale: usize) -> Marks {
+        Marks { fresh: 0, stale, dirty: stale }
+    }
+
+    /// The first `n` bytes were written by the owner (or zeroed, or by the device for it).
     fn written(&mut self, n: usize) {
         self.fresh = self.fresh.max(n);
+        self.dirty = self.dirty.max(n);
     }
 
-    /// The first `len` bytes were handed out mutably.
-    fn lent_mut(&mut self, len: usize) {
-        if self.fresh < len {
-            self.touched = self.touched.max(len);
-        }
+    /// The device may write up to `n` bytes for this owner (a posted receive or READ).
+    fn device_may_write(&mut self, n: usize) {
+        self.dirty = self.dirty.max(n);
     }
 
-    /// Exposing the first `len` bytes: the range to zero first (bytes an earlier owner may
-    /// have left), or, when some of them are mixed, that mixed range.
-    fn expose(&mut self, len: usize) -> std::result::Result<std::ops::Range<usize>, std::ops::Range<usize>> {
-        let mixed_end = self.touched.min(len);
-        if mixed_end > self.fresh {
-            return Err(self.fresh..mixed_end);
-        }
-        let clear = self.fresh.min(len)..len;
+    /// The first `len` bytes are about to be shown (to the owner, the device or a peer): the
+    /// range to zero first, where an earlier owner's bytes may be. Afterwards they are all
+    /// this owner's.
+    fn show(&mut self, len: usize) -> std::ops::Range<usize> {
+        let start = self.fresh.min(len);
+        let clear = start..self.stale.min(len).max(start);
         self.written(len);
-        Ok(clear)
+        clear
     }
 }
 
@@ -332,14 +351,39 @@ impl Buf {
         self.cap
     }
 
-    /// Sets the data length, up to the capacity. New bytes keep the chunk's old contents, which
-    /// may be an earlier owner's ([`Conn::expose`](crate::Conn::expose) zeroes them).
+    /// Sets the data length, up to the capacity. Bytes this owner did not write (or receive)
+    /// read as zeros.
     pub fn set_len(&mut self, len: usize) -> Result<()> {
         if len > self.cap {
-            return Err(Error::TooLarge { len, max: self.cap });
+            return Err(Error::TooLarge { len, max: self.cap, limit: "the buffer's capacity (allocate a larger one)" });
         }
         self.len = len;
         Ok(())
+    }
+
+    /// Sets the data length without zeroing what an earlier owner may have left in the chunk:
+    /// the first `len` bytes are taken as this owner's.
+    ///
+    /// # Safety
+    ///
+    /// Like [`Vec::set_len`]: the caller must have written every byte of the first `len` that
+    /// it did not write or receive before (for example through
+    /// [`spare_capacity_mut`](Buf::spare_capacity_mut)). Otherwise the buffer shows, and a send
+    /// of it carries, bytes of the chunk's earlier use: another connection's data.
+    pub unsafe fn set_len_unchecked(&mut self, len: usize) -> Result<()> {
+        self.set_len(len)?;
+        self.update(|m| m.written(len));
+        Ok(())
+    }
+
+    /// The bytes past `len()`, to write in place without the cost of zeroing them first (then
+    /// [`set_len_unchecked`](Buf::set_len_unchecked)). Their contents are unspecified: they may
+    /// be an earlier owner's, so they are handed out write-only.
+    pub fn spare_capacity_mut(&mut self) -> &mut [std::mem::MaybeUninit<u8>] {
+        self.update(|m| m.device_may_write(self.cap));
+        // SAFETY: as in as_mut_slice; len <= cap, and MaybeUninit<u8> has u8's layout, so the
+        // bytes can only be written through it.
+        unsafe { std::slice::from_raw_parts_mut(self.base().add(self.len).cast(), self.cap - self.len) }
     }
 
     /// Replaces the contents with `data`.
@@ -352,27 +396,25 @@ impl Buf {
         Ok(())
     }
 
-    /// Sets the data (`len()` bytes) to zeros. A buffer written in place through
-    /// [`as_mut_slice`](Buf::as_mut_slice) after this can be exposed.
+    /// Sets the data (`len()` bytes) to zeros.
     pub fn zero(&mut self) {
         // SAFETY: as in as_mut_slice; len <= cap.
         unsafe { std::ptr::write_bytes(self.base(), 0, self.len) };
         self.written(self.len);
     }
 
-    /// The data.
+    /// The data. Bytes this owner did not write or receive read as zeros.
     pub fn as_slice(&self) -> &[u8] {
+        self.show();
         // SAFETY: this Buf owns the chunk exclusively (it is off the free list) and it is not
         // posted (a posted Buf is held by the reactor, not reachable here); the memory lives
         // while self.cluster does; len <= cap.
         unsafe { std::slice::from_raw_parts(self.base(), self.len) }
     }
 
-    /// The data, mutable. Bytes not written since [`alloc`](crate::Conn::alloc) may hold an
-    /// earlier owner's data; to expose the buffer afterwards, write all of them, or start from
-    /// [`fill_from`](Buf::fill_from) or [`zero`](Buf::zero) (else `Conn::expose` refuses it).
+    /// The data, mutable. Bytes this owner did not write or receive read as zeros.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.marks.lent_mut(self.len);
+        self.show();
         // SAFETY: as in as_slice, and &mut self makes this the only reference.
         unsafe { std::slice::from_raw_parts_mut(self.base(), self.len) }
     }
@@ -385,29 +427,50 @@ impl Buf {
         self.cluster.mr.lkey()
     }
 
+    fn update(&self, f: impl FnOnce(&mut Marks)) {
+        let mut m = self.marks.get();
+        f(&mut m);
+        self.marks.set(m);
+    }
+
     /// The first `n` bytes now hold this owner's data (written by it, or by the device for
     /// its receive or READ).
     pub(crate) fn written(&mut self, n: usize) {
-        self.marks.written(n.min(self.cap));
+        self.update(|m| m.written(n.min(self.cap)));
     }
 
-    /// Makes the first `len()` bytes safe to show a peer: zeroes those an earlier owner may
-    /// have left, after checking none of them was handed out mutably.
-    fn clear_for_exposure(&mut self) -> Result<()> {
-        let clear = self.marks.expose(self.len).map_err(|mixed| {
-            Error::Config(format!(
-                "cannot expose a buffer written through as_mut_slice while it held an earlier owner's bytes \
-                 (bytes {mixed:?} may be either): fill it with fill_from, or zero() it before writing in place"
-            ))
-        })?;
-        // SAFETY: as in as_mut_slice; clear.start <= clear.end == len <= cap.
-        unsafe { std::ptr::write_bytes(self.base().add(clear.start), 0, clear.len()) };
-        Ok(())
+    /// The device wrote `n` bytes for this owner (a receive's completion): they are the data.
+    pub(crate) fn received(&mut self, n: usize) {
+        self.len = n.min(self.cap);
+        self.written(self.len);
+    }
+
+    /// The device may write up to `n` bytes of the chunk (a receive or READ is posted on it).
+    pub(crate) fn lend_to_device(&mut self, n: usize) {
+        self.update(|m| m.device_may_write(n.min(self.cap)));
+    }
+
+    /// Makes the first `len()` bytes this owner's before anything shows them (a view, a send
+    /// or RDMA WRITE of them, an exposure): zeroes those an earlier owner may have left.
+    pub(crate) fn show(&self) {
+        let mut m = self.marks.get();
+        let clear = m.show(self.len);
+        self.marks.set(m);
+        if !clear.is_empty() {
+            // SAFETY: clear.end <= len <= cap, inside the chunk this Buf owns exclusively; the
+            // bytes in `clear` were not yet shown to anyone (they are past `fresh`), so no
+            // reference into them exists, and a device access to them needs this Buf, which is
+            // not posted while its owner can call this.
+            unsafe { std::ptr::write_bytes(self.base().add(clear.start), 0, clear.len()) };
+        }
     }
 }
 
 impl Drop for Buf {
     fn drop(&mut self) {
+        // What this owner may have left is the next owner's `stale`.
+        let dirty = &self.cluster.dirty[self.chunk as usize];
+        dirty.set(dirty.get().max(self.marks.get().dirty as u32));
         let mut inner = self.class.borrow_mut();
         inner.in_use -= 1;
         let slot = self.slot as usize;
@@ -432,11 +495,21 @@ pub(crate) struct Window {
     bind: Bind,
 }
 
-/// A memory window and the region under it. Field order is drop order: rdma-core refuses to
-/// deregister a region with a window bound to it.
+/// A memory window and the memory region under it. Field order is drop order: rdma-core
+/// refuses to deregister a region with a window bound to it.
 struct Binding {
     _mw: Mw,
-    _mr: Mr,
+    _mem: Under,
+}
+
+/// What a window's memory region belongs to (held for its `Drop` only).
+#[allow(dead_code)]
+enum Under {
+    /// A region of its own, over exactly one pool chunk's exposed bytes.
+    Chunk(Mr),
+    /// An application region, which owns the MR (and keeps it, and the memory, while this
+    /// handle lives).
+    Region(Region),
 }
 
 impl Window {
@@ -494,8 +567,8 @@ impl Drop for Windows {
 /// Its [`remote`](Exposed::remote) descriptor works on that connection only: from any other
 /// queue pair, or past the window's end, a peer's request fails with a remote access error.
 ///
-/// Exposed bytes hold only what the owner put there: bytes of the chunk's earlier use are
-/// zeroed when it is exposed.
+/// Exposed bytes hold only what the owner put there (bytes of the chunk's earlier use read as
+/// zeros, `Buf`'s rule): it shows the peer nothing else.
 ///
 /// Peers may write it at any time, so it hands out no references into it: [`read_at`] and
 /// [`write_at`] copy. Dropping it deallocates the memory window before the chunk goes back to
@@ -528,14 +601,14 @@ impl Exposed {
     /// earlier owner may have left, registers a region over exactly those bytes and allocates
     /// the memory window. The reactor posts the returned window's bind on the connection's
     /// send queue.
-    pub(crate) fn new(mut buf: Buf, access: RemoteAccess) -> Result<(Exposed, Rc<Window>)> {
+    pub(crate) fn new(buf: Buf, access: RemoteAccess) -> Result<(Exposed, Rc<Window>)> {
         if access.is_empty() {
             return Err(Error::Config("exposing memory needs READ, WRITE or both".into()));
         }
         if buf.is_empty() {
             return Err(Error::Config("cannot expose an empty buffer".into()));
         }
-        buf.clear_for_exposure()?;
+        buf.show();
         let pd = buf.class.borrow().pd.clone();
         // SAFETY: the chunk stays allocated while the region lives: the region is released
         // (with the window, before it) by `Window::release` or the window's drop, and the chunk
@@ -555,7 +628,7 @@ impl Exposed {
         let bind =
             Bind { mw: mw.as_ptr(), rkey, mr: mr.as_ptr(), addr: buf.addr(), len: buf.len as u64, access: rights };
         let remote = RemoteSlice { addr: buf.addr(), len: buf.len as u32, rkey };
-        let binding = Binding { _mw: mw, _mr: mr };
+        let binding = Binding { _mw: mw, _mem: Under::Chunk(mr) };
         let win = Rc::new(Window { binding: RefCell::new(Some(binding)), parked: RefCell::new(None), bind });
         Ok((Exposed { buf: Some(buf), win: win.clone(), remote, access }, win))
     }
@@ -593,7 +666,11 @@ impl Exposed {
     fn check(&self, offset: usize, len: usize) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len() => Ok(()),
-            _ => Err(Error::TooLarge { len: offset.saturating_add(len), max: self.len() }),
+            _ => Err(Error::TooLarge {
+                len: offset.saturating_add(len),
+                max: self.len(),
+                limit: "the exposed length (the buffer's len() when exposed)",
+            }),
         }
     }
 
@@ -642,49 +719,110 @@ impl Drop for Exposed {
     }
 }
 
+/// Part of an application [`Region`] a peer may read or write, made by
+/// [`Conn::expose_region`](crate::Conn::expose_region): a type-2 memory window over exactly
+/// that part, with exactly the rights asked for, bound to that connection's queue pair. Many
+/// connections can each have one over the same memory; each descriptor
+/// ([`remote`](RegionWindow::remote)) works on its own connection only: from any other queue
+/// pair, or past the window's end, a peer's request fails with a remote access error.
+///
+/// Dropping it deallocates the memory window (should its bind still be in flight, when the
+/// bind completes); so does the end of its connection. The region's memory stays the
+/// application's throughout ([`Region::read_at`], [`Region::write_at`]).
+pub struct RegionWindow {
+    win: Rc<Window>,
+    remote: RemoteSlice,
+    access: RemoteAccess,
+}
+
+impl fmt::Debug for RegionWindow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegionWindow")
+            .field("remote", &self.remote)
+            .field("access", &self.access)
+            .field("released", &self.win.is_released())
+            .finish()
+    }
+}
+
+impl RegionWindow {
+    /// A window over `slice` with `access`, not yet bound, on `pd`: the MR under it is the
+    /// region's over exactly the slice (made now if needed; module docs of `region.rs` on why
+    /// exactly). The reactor posts the returned window's bind on the connection's send queue.
+    pub(crate) fn new(slice: &RegionSlice, pd: &Rc<Pd>, access: RemoteAccess) -> Result<(RegionWindow, Rc<Window>)> {
+        if access.is_empty() {
+            return Err(Error::Config("exposing memory needs READ, WRITE or both".into()));
+        }
+        let (_, mr) = slice.region().registration(pd, slice.range())?;
+        let mw =
+            Mw::alloc(pd).map_err(|e| Error::verb("ibv_alloc_mw", "a type-2 memory window to expose a region", e))?;
+        let mut rights = Access::empty();
+        if access.contains(RemoteAccess::READ) {
+            rights |= Access::REMOTE_READ;
+        }
+        if access.contains(RemoteAccess::WRITE) {
+            rights |= Access::REMOTE_WRITE;
+        }
+        let rkey = next_rkey(mw.rkey());
+        let (addr, len) = (slice.addr(), slice.len() as u64);
+        let bind = Bind { mw: mw.as_ptr(), rkey, mr, addr, len, access: rights };
+        let remote = RemoteSlice { addr, len: len as u32, rkey };
+        let binding = Binding { _mw: mw, _mem: Under::Region(slice.region().clone()) };
+        let win = Rc::new(Window { binding: RefCell::new(Some(binding)), parked: RefCell::new(None), bind });
+        Ok((RegionWindow { win: win.clone(), remote, access }, win))
+    }
+
+    /// The descriptor the peer needs: address, length and remote key. It works only on the
+    /// connection the window was exposed to.
+    pub fn remote(&self) -> RemoteSlice {
+        self.remote
+    }
+
+    /// The rights the peer has.
+    pub fn access(&self) -> RemoteAccess {
+        self.access
+    }
+
+    /// True once the peer's access is gone: the connection was destroyed.
+    pub fn is_released(&self) -> bool {
+        self.win.is_released()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Marks;
 
     #[test]
-    fn a_new_chunk_is_zeroed_whole_when_exposed() {
-        let mut m = Marks::default();
-        assert_eq!(m.expose(8192), Ok(0..8192));
-        assert_eq!(m.expose(8192), Ok(8192..8192), "exposed once: nothing left to clear");
+    fn a_chunk_never_dirtied_needs_no_zeroing() {
+        let mut m = Marks::new(0);
+        assert!(m.show(8192).is_empty());
     }
 
     #[test]
-    fn a_filled_prefix_is_kept_and_the_grown_rest_zeroed() {
-        let mut m = Marks::default();
-        m.written(16);
-        assert_eq!(m.expose(8192), Ok(16..8192));
+    fn an_earlier_owners_bytes_are_zeroed_where_they_would_show_and_only_once() {
+        let mut m = Marks::new(4096);
+        assert_eq!(m.show(16), 0..16, "a fresh 16-byte buffer viewed");
+        assert_eq!(m.show(8192), 16..4096, "grown to the capacity: the rest of the old bytes");
+        assert!(m.show(8192).is_empty(), "shown once: nothing left to clear");
     }
 
     #[test]
-    fn bytes_written_in_place_over_old_ones_are_refused() {
-        let mut m = Marks::default();
-        m.lent_mut(4096);
-        assert_eq!(m.expose(4096), Err(0..4096));
-        assert_eq!(m.expose(16), Err(0..16), "the exposed part is mixed");
-        m.written(16);
-        assert_eq!(m.expose(16), Ok(16..16), "refilled: only the exposed part matters");
-        assert_eq!(m.expose(4096), Err(16..4096));
+    fn written_or_received_bytes_are_the_owners_and_cost_nothing() {
+        let mut m = Marks::new(4096);
+        m.written(2); // a 2-byte receive, or fill_from
+        assert!(m.show(2).is_empty(), "the common path zeroes nothing");
+        assert_eq!(m.show(4096), 2..4096, "set_len(4096) after a 2-byte receive: the rest is zeroed");
     }
 
     #[test]
-    fn zeroed_or_received_bytes_may_be_written_in_place() {
-        let mut m = Marks::default();
-        m.written(4096); // zero(), a receive or a READ of 4096 bytes
-        m.lent_mut(4096);
-        assert_eq!(m.touched, 0, "lending fresh bytes mixes nothing");
-        assert_eq!(m.expose(8192), Ok(4096..8192));
-    }
-
-    #[test]
-    fn a_later_fill_resolves_a_mixed_range() {
-        let mut m = Marks::default();
-        m.lent_mut(100);
-        m.written(100);
-        assert_eq!(m.expose(200), Ok(100..200));
+    fn what_an_owner_leaves_is_the_next_owners_stale_extent() {
+        let mut m = Marks::new(100);
+        m.device_may_write(4096); // a receive posted over the whole chunk
+        assert_eq!(m.dirty, 4096, "the device may have written all of it");
+        let mut n = Marks::new(16);
+        n.written(300);
+        assert_eq!(n.dirty, 300);
+        assert_eq!(Marks::new(5).dirty, 5, "never less than what it found");
     }
 }
