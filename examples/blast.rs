@@ -13,7 +13,7 @@
 //! connection alone: `Conn::expose`) and sends its descriptor; each message is an RDMA WRITE with immediate into slot `seq % depth`, whose
 //! immediate consumes one receive so the server learns the slot is full. Either way the sender
 //! never has more messages in flight than the server has receives posted: receive credits
-//! (see the crate's `flow` module), so there are no RNR retries and nothing is lost.
+//! (the credit rule in `ConnectionHandler`'s docs), so there are no RNR retries and nothing is lost.
 
 mod common;
 

@@ -270,3 +270,267 @@ fn a_partly_written_send_carries_no_earlier_owners_bytes() {
     assert_eq!(r.error, None);
     assert!(r.leaks.is_empty(), "a send carried an earlier owner's bytes to the peer");
 }
+
+// One region, many peers (issue 17, items 2, 3 and 5).
+
+const REGION: usize = 64 << 20;
+const PEERS: usize = 8;
+const SHARE: usize = REGION / PEERS;
+const PIECE: usize = 1 << 20;
+
+/// The region's bytes: block `i` of 1 MiB is `pattern(PIECE, 42, i)`.
+fn region_bytes(block: usize) -> Vec<u8> {
+    pattern(PIECE, 42, block as u64)
+}
+
+#[derive(Default)]
+struct RegionServer {
+    /// Close reasons of the agents, by connection index (in accept order).
+    closed: Vec<(usize, CloseReason)>,
+    windows: Vec<rdma_reactor::RegionWindow>,
+    accepted: usize,
+}
+
+struct RegionListener {
+    region: rdma_reactor::Region,
+    shared: Rc<RefCell<RegionServer>>,
+}
+
+impl rdma_reactor::ListenerHandler for RegionListener {
+    fn on_connect_request(
+        &mut self,
+        _ctx: &mut Ctx<'_>,
+        _req: &rdma_reactor::ConnectRequest,
+    ) -> rdma_reactor::Decision {
+        let idx = {
+            let mut s = self.shared.borrow_mut();
+            s.accepted += 1;
+            s.accepted - 1
+        };
+        rdma_reactor::Decision::Accept(Box::new(RegionAgent {
+            idx,
+            region: self.region.clone(),
+            shared: self.shared.clone(),
+        }))
+    }
+}
+
+/// Exposes the whole region to its peer (READ and WRITE) and sends it the descriptor.
+struct RegionAgent {
+    idx: usize,
+    region: rdma_reactor::Region,
+    shared: Rc<RefCell<RegionServer>>,
+}
+
+impl ConnectionHandler for RegionAgent {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        post_recvs(conn, 3, 64);
+    }
+
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        let all = self.region.slice(..).expect("the whole region");
+        let w = conn
+            .expose_region(&all, rdma_reactor::RemoteAccess::READ | rdma_reactor::RemoteAccess::WRITE)
+            .expect("expose");
+        let mut msg = conn.alloc(16).expect("buffer");
+        msg.fill_from(&w.remote().encode()).expect("16 bytes");
+        conn.submit(Op::send(msg)).expect("send the descriptor");
+        self.shared.borrow_mut().windows.push(w);
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        if let (OpCode::Recv, Ok(_)) = (c.opcode, c.result) {
+            let _ = conn.submit(Op::recv(c.buf.expect("buffer")));
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        self.shared.borrow_mut().closed.push((self.idx, reason));
+    }
+}
+
+#[derive(Debug, Default)]
+struct Reader {
+    desc: Option<rdma_reactor::RemoteSlice>,
+    /// 1 MiB pieces of its share read and verified.
+    verified: usize,
+    failures: Vec<String>,
+    /// The result of a WRITE through another connection's window (the intruder's).
+    intrusion: Option<Result<u32, rdma_reactor::OpError>>,
+    closed: Option<CloseReason>,
+}
+
+/// Reads its share of the region (8 pieces of 1 MiB) into its part of a local region, each
+/// time it is told to, and checks every byte.
+struct RegionReader {
+    idx: usize,
+    local: rdma_reactor::Region,
+    state: Rc<RefCell<Reader>>,
+}
+
+impl RegionReader {
+    fn read_share(&self, conn: &mut Conn<'_>) {
+        let desc = self.state.borrow().desc.expect("descriptor");
+        for k in 0..SHARE / PIECE {
+            let off = self.idx * SHARE + k * PIECE;
+            let local = self.local.slice(off..off + PIECE).expect("slice");
+            let remote = desc.slice(off as u32, PIECE as u32).expect("inside the window");
+            conn.submit(Op::read_region(local, remote).user_data((off / PIECE) as u64)).expect("read");
+        }
+    }
+}
+
+impl ConnectionHandler for RegionReader {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        post_recvs(conn, 3, 64);
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        match (c.opcode, c.result) {
+            (OpCode::Recv, Ok(16)) => {
+                let desc =
+                    rdma_reactor::RemoteSlice::decode(c.buf.as_ref().expect("buffer").as_slice()).expect("descriptor");
+                self.state.borrow_mut().desc = Some(desc);
+                self.read_share(conn);
+            }
+            (OpCode::Read, Ok(n)) => {
+                let block = c.user_data as usize;
+                let slice = c.region.expect("the region slice comes back");
+                let mut got = vec![0u8; PIECE];
+                slice.region().read_at(slice.range().start, &mut got).expect("read_at");
+                if n as usize != PIECE || got != region_bytes(block) {
+                    self.state.borrow_mut().failures.push(format!("block {block}: {n} bytes, differ"));
+                } else {
+                    self.state.borrow_mut().verified += 1;
+                }
+            }
+            (OpCode::Write, r) => self.state.borrow_mut().intrusion = Some(r),
+            (op, Err(e)) => self.state.borrow_mut().failures.push(format!("{op:?}: {e}")),
+            _ => {}
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        self.state.borrow_mut().closed = Some(reason);
+    }
+}
+
+/// `rdma res show mr` lines of `len` bytes.
+fn mrs_of_len(len: usize) -> usize {
+    let out = std::process::Command::new("rdma").args(["res", "show", "mr"]).output().expect("rdma res show mr");
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains(&format!("mrlen {len} "))).count()
+}
+
+/// One region of 64 MiB, exposed to 8 connections (a window each over the whole region, one
+/// registration): each peer READs its 8 MiB share, every byte verified; one of them WRITEs
+/// through another's window and gets a remote access error, the region is unchanged, the
+/// server names the violation as that connection's close reason, and the 7 others are served
+/// again; `rdma res show mr` shows one MR of 64 MiB.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn one_region_serves_eight_peers_each_through_its_own_window() {
+    let region = rdma_reactor::Region::zeroed(REGION).expect("a 64 MiB region");
+    for b in 0..REGION / PIECE {
+        region.write_at(b * PIECE, &region_bytes(b)).expect("fill");
+    }
+    let (mut srv, server) = (Reactor::new().expect("server"), addr());
+    let shared = Rc::new(RefCell::new(RegionServer::default()));
+    srv.listen(server, RegionListener { region: region.clone(), shared: shared.clone() }).expect("listen");
+    let mut cli = Reactor::new().expect("clients");
+    let local = rdma_reactor::Region::zeroed(REGION).expect("the clients' region");
+    let mut readers = Vec::new();
+    for idx in 0..PEERS {
+        let state = Rc::new(RefCell::new(Reader::default()));
+        let h = RegionReader { idx, local: local.clone(), state: state.clone() };
+        // Connect one at a time, so the server's accept order is the client index.
+        let t = cli.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, h).expect("connect");
+        pump(&mut [&mut srv, &mut cli], LIMIT, "connected", || state.borrow().desc.is_some());
+        readers.push((t, state));
+    }
+    let pieces = SHARE / PIECE;
+    pump(&mut [&mut srv, &mut cli], Duration::from_secs(240), "every share read", || {
+        readers.iter().all(|(_, s)| s.borrow().verified == pieces || !s.borrow().failures.is_empty())
+    });
+    for (i, (_, s)) in readers.iter().enumerate() {
+        assert_eq!((s.borrow().verified, &s.borrow().failures), (pieces, &Vec::new()), "peer {i}");
+    }
+    let mrs = mrs_of_len(REGION);
+    println!(
+        "8 peers read their 8 MiB shares of one 64 MiB region, every byte verified; MRs of 64 MiB: {mrs} \
+         (the server's region; the clients' region is another); server region registrations: {}",
+        region.registrations()
+    );
+    assert_eq!(region.registrations(), 1, "one registration of the server's region for all 8 windows");
+    assert_eq!(mrs, 2, "one MR for the server's region and one for the clients' region, not one per connection");
+
+    // The intruder: peer 0 WRITEs through peer 1's window, on its own connection.
+    let other = readers[1].1.borrow().desc.expect("peer 1's descriptor");
+    let target = other.slice(SHARE as u32, 4096).expect("inside");
+    let scribble = rdma_reactor::Region::from(vec![0xFFu8; 4096]);
+    let t0 = readers[0].0;
+    cli.ctx().submit(t0, Op::write_region(scribble.slice(..).expect("all"), target)).expect("submit");
+    pump(&mut [&mut srv, &mut cli], LIMIT, "the intruder closed on both sides", || {
+        readers[0].1.borrow().closed.is_some() && shared.borrow().closed.iter().any(|(i, _)| *i == 0)
+    });
+    let intruder = readers[0].1.borrow();
+    let server_saw = shared.borrow().closed.iter().find(|(i, _)| *i == 0).map(|(_, r)| r.clone()).expect("closed");
+    println!(
+        "intruder: its WRITE {:?}, closed with {:?}; the server closed its connection with {server_saw:?} ({server_saw}); \
+         server stats: peer_violations {}",
+        intruder.intrusion,
+        intruder.closed,
+        srv.stats().peer_violations
+    );
+    assert_eq!(intruder.intrusion, Some(Err(rdma_reactor::OpError::Wc(rdma_reactor::WcStatus::RemAccessErr))));
+    // Its connection closes with that error, or with `Peer` when the server's disconnect (it
+    // closed the connection at once) is read before the failed WRITE's completion.
+    assert!(
+        matches!(
+            intruder.closed,
+            Some(CloseReason::WorkError(rdma_reactor::WcStatus::RemAccessErr) | CloseReason::Peer)
+        ),
+        "{:?}",
+        intruder.closed
+    );
+    assert_eq!(server_saw, CloseReason::PeerViolation, "the server names the violation");
+    assert_eq!(srv.stats().peer_violations, 1);
+    drop(intruder);
+    let mut back = vec![0u8; PIECE];
+    for b in 0..REGION / PIECE {
+        region.read_at(b * PIECE, &mut back).expect("read_at");
+        assert!(back == region_bytes(b), "block {b} of the region changed");
+    }
+
+    // The others are still served.
+    for (_, s) in &readers[1..] {
+        s.borrow_mut().verified = 0;
+    }
+    let conns: Vec<_> = readers[1..].iter().map(|(t, _)| *t).collect();
+    for (i, t) in conns.iter().enumerate() {
+        let idx = i + 1;
+        let desc = readers[idx].1.borrow().desc.expect("descriptor");
+        for k in 0..pieces {
+            let off = idx * SHARE + k * PIECE;
+            let op = Op::read_region(
+                local.slice(off..off + PIECE).expect("slice"),
+                desc.slice(off as u32, PIECE as u32).expect("in"),
+            );
+            cli.ctx().submit(*t, op.user_data((off / PIECE) as u64)).expect("read again");
+        }
+    }
+    pump(&mut [&mut srv, &mut cli], Duration::from_secs(240), "the shares read again", || {
+        readers[1..].iter().all(|(_, s)| s.borrow().verified == pieces || !s.borrow().failures.is_empty())
+    });
+    for (i, (_, s)) in readers.iter().enumerate().skip(1) {
+        assert_eq!(
+            (s.borrow().verified, &s.borrow().failures, &s.borrow().closed),
+            (pieces, &Vec::new(), &None),
+            "peer {i}"
+        );
+    }
+    for t in conns {
+        cli.ctx().close(t);
+    }
+    pump(&mut [&mut srv, &mut cli], LIMIT, "all closed", || shared.borrow().closed.len() == PEERS);
+    shared.borrow_mut().windows.clear();
+}

@@ -12,20 +12,21 @@ use crate::sys::pool::PoolConfig;
 /// Deadlines of the connection-manager steps, and of shutdown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timeouts {
-    /// `rdma_resolve_addr` (also passed to the kernel).
+    /// `rdma_resolve_addr` (also passed to the kernel). Default 5 s.
     pub resolve_addr: Duration,
-    /// `rdma_resolve_route` (also passed to the kernel).
+    /// `rdma_resolve_route` (also passed to the kernel). Default 5 s.
     pub resolve_route: Duration,
-    /// From `rdma_connect` to ESTABLISHED.
+    /// From `rdma_connect` to ESTABLISHED. Default 20 s.
     pub connect: Duration,
-    /// From `rdma_accept` to ESTABLISHED.
+    /// From `rdma_accept` to ESTABLISHED. Default 20 s.
     pub accept: Duration,
-    /// From our `rdma_disconnect` to DISCONNECTED.
+    /// From our `rdma_disconnect` to DISCONNECTED. Default 5 s.
     pub disconnect: Duration,
-    /// From DISCONNECTED until every outstanding work request has completed.
+    /// From DISCONNECTED until every outstanding work request has completed. Default 5 s.
     pub drain: Duration,
     /// How long dropping the [`Reactor`](crate::Reactor) lets connections close cleanly before
     /// it closes the rest at once (see [`Reactor::shutdown`](crate::Reactor::shutdown)).
+    /// Default 2 s.
     pub shutdown: Duration,
 }
 
@@ -120,30 +121,33 @@ impl Default for SrqConfig {
     }
 }
 
-/// Reactor configuration. `Config::default()` suits most uses.
+/// Reactor configuration. `Config::default()` suits most uses; each field says its default.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// The registered buffer pool of each device (chunk size = largest pool message).
+    /// Default: [`PoolConfig::default`] (chunks of 4 KiB, 64 KiB and 1 MiB; at most 1 GiB).
     pub pool: PoolConfig,
-    /// Send work requests each queue pair may have outstanding.
+    /// Send work requests each queue pair may have outstanding. Default 64.
     pub send_depth: u32,
-    /// Receive work requests each queue pair may have outstanding.
+    /// Receive work requests each queue pair may have outstanding (the most a handler can
+    /// post, and so the most credit its peer can get). Default 64.
     pub recv_depth: u32,
-    /// Largest send copied inline into the work request.
+    /// Largest send copied inline into the work request. Default 64 bytes.
     pub max_inline: u32,
-    /// Completion events counted per CQ before one `ibv_ack_cq_events` call.
+    /// Completion events counted per CQ before one `ibv_ack_cq_events` call. Default 64.
     pub cq_ack_batch: u32,
     /// `Some(entries)`: every connection on a device shares one CQ of that many entries
     /// (room is accounted so it never overruns); `None`: one CQ per connection, sized for its
-    /// queue pair.
+    /// queue pair (the default).
     pub shared_cq: Option<u32>,
     /// One send in this many asks for a completion (and the last of each chain); the others
-    /// are reported when the signaled one after them completes.
+    /// are reported when the signaled one after them completes. Default 16.
     pub signal_every: u32,
     /// Offer receive-credit flow control to peers (it applies when both sides offer it and
-    /// both keep at least 3 receives posted).
+    /// both keep at least 3 receives posted; the rule is in
+    /// [`ConnectionHandler`](crate::ConnectionHandler)'s docs). Default on; required with `srq`.
     pub flow_control: bool,
-    /// Completions reaped from one CQ per tick before the others get a turn.
+    /// Completions reaped from one CQ per tick before the others get a turn. Default 256.
     pub poll_budget: usize,
     /// Spin-then-sleep polling. Zero (the default) is pure event mode: a CQ found empty is
     /// re-armed and the reactor sleeps in `epoll_wait`. Otherwise, for this long after the last
@@ -152,7 +156,7 @@ pub struct Config {
     /// time runs out it arms them, polls once more and sleeps. An idle reactor uses no CPU once
     /// the spin time has passed.
     pub spin: Duration,
-    /// Connection-manager deadlines.
+    /// Connection-manager deadlines. Default: [`Timeouts::default`] (each field says).
     pub timeouts: Timeouts,
     /// Transport retries on each connection (0..=7): how many times a request the peer does
     /// not acknowledge is sent again before it fails with `RetryExcErr`. The default is 6:
@@ -160,7 +164,7 @@ pub struct Config {
     pub retry_count: u8,
     /// The RC ACK timeout: how long a request waits for the peer's acknowledgement before it
     /// is sent again (`RDMA_OPTION_ID_ACK_TIMEOUT`, rounded up to 4.096 µs × 2^t, t in
-    /// 1..=31). `None` keeps the kernel's (on RoCE about 1-2 s: the packet lifetime).
+    /// 1..=31). `None` (the default) keeps the kernel's (on RoCE about 1-2 s: the packet lifetime).
     /// A peer that stops answering fails a request after about
     /// `ack_timeout × (retry_count + 1)`.
     pub ack_timeout: Option<Duration>,
@@ -179,18 +183,18 @@ pub struct Config {
     /// still acknowledges them (a stopped or hung process), which neither RC retries nor
     /// keepalive probes can. `None` (the default): sends wait for credits for ever.
     pub credit_timeout: Option<Duration>,
-    /// Receiver-not-ready retries (0..=6 finite; 7 retries forever).
+    /// Receiver-not-ready retries (0..=6 finite; 7 retries forever). Default 6.
     pub rnr_retry_count: u8,
-    /// Listen backlog.
+    /// Listen backlog. Default 1024.
     pub backlog: i32,
     /// Most live connections (agents and clients, in any state). A connect request beyond it
     /// is rejected with [`RejectCode::NoResources`](crate::RejectCode::NoResources) and
     /// reported to the listener's `on_refused`; [`Ctx::connect`](crate::Ctx::connect) beyond
-    /// it fails with [`Error::Limit`].
+    /// it fails with [`Error::Limit`]. Default 65 536.
     pub max_connections: usize,
     /// Most accepted connections not yet established (waiting for the client's RTU). A
     /// connect request beyond it is rejected like one beyond `max_connections`: a flood of
-    /// half-open connections cannot take every queue pair.
+    /// half-open connections cannot take every queue pair. Default 1024.
     pub max_pending_accepts: usize,
     /// `Some`: every connection takes its receives from one shared receive queue per device,
     /// which the runtime keeps filled ([`SrqConfig`]); `recv_depth` is then unused. `None`

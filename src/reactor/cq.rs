@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use super::cq_room::CqRoom;
 use super::Core;
 use crate::error::{Error, Result};
-use crate::proto::conn::{CloseReason, Input};
+use crate::proto::conn::{CloseReason, Input, State};
 use crate::proto::flow::Imm;
 use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, Key, Kind, OpKey, Token};
@@ -371,10 +371,25 @@ impl Core {
             self.finish_op(t, o, wc);
         }
         if wc.status != WcStatus::Success {
-            self.feed(t, Input::WorkError(wc.status));
+            let input = self.work_error(t, wc.status);
+            self.feed(t, input);
         } else if self.conns.get(t).is_some_and(|c| c.drained()) {
             self.feed(t, Input::Drained);
         }
+    }
+
+    /// What a failed work request tells connection `t`. A flush is the first error of an
+    /// established connection no one was closing only when the device moved its queue pair
+    /// to the error state for a request of the peer's (a READ, WRITE or atomic outside what
+    /// was exposed to it: rxe raises no asynchronous event for it, Linux 6.1 `rxe_resp.c`,
+    /// and such a request completes no work request of this side): named as that.
+    pub(super) fn work_error(&mut self, t: ConnKey, status: WcStatus) -> Input {
+        let established = self.conns.get(t).is_some_and(|c| matches!(c.role.state(), State::Established));
+        if status == WcStatus::WrFlushErr && established {
+            self.stats.peer_violations += 1;
+            return Input::Fault(CloseReason::PeerViolation);
+        }
+        Input::WorkError(status)
     }
 
     /// Delivers one finished operation (or handles it, for the runtime's own).

@@ -72,6 +72,18 @@ pub trait ListenerHandler {
 /// `on_closed` with the reason (rejected, unreachable, timeout, ...). Every submitted
 /// operation completes exactly once, before `on_closed`, also when the reactor is shut down or
 /// dropped.
+///
+/// **Receive credits.** With flow control (the default, [`Config::flow_control`](crate::Config::flow_control);
+/// it applies when both sides offer it and each keeps at least 3 receives posted), the peer
+/// may send only into receives this side has posted: the receives posted in `on_ready` are its
+/// first credit, and each receive posted again after a message consumed one is granted back
+/// (riding on the next message, or in a zero-length credit message the runtime sends). A data
+/// message needs two credits and leaves one in reserve, so a peer holding `k` credits can send
+/// `k - 1` messages. **A handler that stops posting receives stalls its peer**: its sends wait
+/// (for ever, or until [`Config::credit_timeout`](crate::Config::credit_timeout) closes the
+/// connection with `Stalled`). Keeping fewer receives posted than at first is fine: it slows the
+/// peer (back-pressure), it never deadlocks. On a shared receive queue
+/// ([`Config::srq`](crate::Config::srq)) the runtime posts the receives and grants the credit.
 pub trait ConnectionHandler {
     /// The queue pair exists and the connection is about to be accepted or connected: post the
     /// first receives here, so the peer's first message finds one.

@@ -69,6 +69,10 @@ impl Op {
 
     /// Posts a pool buffer (its whole capacity) to receive one message. The buffer comes back in
     /// the completion with its length set to the bytes received.
+    ///
+    /// Under flow control each posted receive is one credit of the peer's, granted back when
+    /// a receive is posted again: a handler that stops posting receives stalls its peer (the
+    /// credit rule: [`ConnectionHandler`](crate::ConnectionHandler)'s docs).
     pub fn recv(buf: Buf) -> Op {
         Op { body: Body::Recv(buf), user_data: 0 }
     }

@@ -367,7 +367,8 @@ impl Core {
         };
         if wc.status != WcStatus::Success {
             s.repost.push(Repost { buf: Some(buf), owner: None });
-            return self.feed(t, Input::WorkError(wc.status));
+            let input = self.work_error(t, wc.status);
+            return self.feed(t, input);
         }
         let c = self.conns.get_mut(t).expect("checked");
         if c.sq.flow_mut().is_some_and(|f| f.exhausted()) {

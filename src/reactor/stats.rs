@@ -123,4 +123,8 @@ pub struct Stats {
     pub srq_overdrawn: u64,
     /// Receives posted to shared receive queues now (a gauge).
     pub srq_receives: u64,
+    /// Connections the device ended for a request of the peer's
+    /// ([`CloseReason::PeerViolation`](crate::CloseReason::PeerViolation)): a remote access
+    /// violation, most often.
+    pub peer_violations: u64,
 }

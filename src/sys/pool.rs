@@ -51,7 +51,9 @@ use crate::error::{Error, Result};
 use crate::proto::op::RemoteAccess;
 use crate::proto::wire::RemoteSlice;
 
-/// Pool sizing.
+/// Pool sizing. The default: size classes of 4 KiB, 64 KiB and 1 MiB chunks (the largest pool
+/// message is 1 MiB; larger data goes in an application [`Region`]), clusters of 4 MiB
+/// registered at a time, at most 1 GiB registered in all.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolConfig {
     /// Chunk sizes of the size classes, ascending. A buffer comes from the smallest class that

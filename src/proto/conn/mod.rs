@@ -209,6 +209,14 @@ pub enum CloseReason {
     Setup(String),
     /// The reactor was shut down with the connection open.
     Shutdown,
+    /// The device moved the queue pair to the error state because of a request of the
+    /// peer's: an RDMA READ, WRITE or atomic reaching memory this side did not expose to it
+    /// (another connection's key, past a window's end, a window since revoked), or another
+    /// request this side's device refused. Devices that raise `IBV_EVENT_QP_ACCESS_ERR` or
+    /// `QP_REQ_ERR` for it are reported as [`CloseReason::AsyncEvent`]; rxe raises neither
+    /// (Linux 6.1), and the runtime infers it from what it leaves: the first error an
+    /// established connection sees, which no one was closing, is the flush of its own work.
+    PeerViolation,
     /// Sends waited this long for the peer's receive credits and none came
     /// (`Config::credit_timeout`): the peer stopped consuming messages (a stopped or hung
     /// process whose kernel still acknowledges, or one that stopped posting receives).
@@ -249,6 +257,10 @@ impl fmt::Display for CloseReason {
             CloseReason::Protocol(what) => write!(f, "protocol error: {what}"),
             CloseReason::Setup(what) => write!(f, "setup failed: {what}"),
             CloseReason::Shutdown => f.write_str("reactor shut down"),
+            CloseReason::PeerViolation => f.write_str(
+                "the peer's request was refused by this side's device (a remote access violation: memory not \
+                 exposed to it, or past a window's end), which ended the queue pair",
+            ),
             CloseReason::Stalled(waited) => write!(
                 f,
                 "the peer granted no receive credit for {waited:?} while sends waited: it stopped consuming messages"
