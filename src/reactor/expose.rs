@@ -29,6 +29,7 @@ impl Core {
         if !self.devices[placed.device].pool.owns(&buf) {
             return Err(Error::Config("the buffer belongs to another device's pool".into()));
         }
+        buf.set_owner(t.token().as_u64());
         let (exposed, window) = Exposed::new(buf, access)?;
         self.queue_bind(t, &window);
         Ok(exposed)

@@ -35,6 +35,10 @@ impl Core {
         if buf.is_some_and(|b| !pool.owns(b)) {
             return Err(SubmitError::new(Error::Config("the buffer belongs to another device's pool".into()), op));
         }
+        if let Some(b) = buf {
+            // Used by this connection now: what it sends must be its own (`sys/pool.rs`).
+            b.set_owner(t.token().as_u64());
+        }
         let len = match &op.body {
             Body::Send(b) | Body::Write(b, _) | Body::WriteImm(b, _) | Body::Recv(b) => b.len(),
             Body::Read(_, r) | Body::ReadRegion(_, r) => r.len as usize,

@@ -79,7 +79,7 @@ use crate::proto::flow::Imm;
 use crate::proto::op::{OpCode, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, GenSlab, Key, SrqKey, Token};
 use crate::sys::cq::WorkCompletion;
-use crate::sys::pool::Buf;
+use crate::sys::pool::{Buf, NO_OWNER};
 use crate::sys::qp::RecvWr;
 use crate::sys::srq::Srq;
 
@@ -249,7 +249,7 @@ impl Core {
         for r in queued.by_ref() {
             let buf = match r.buf {
                 Some(b) => b,
-                None => match pool.alloc(s.buf_size) {
+                None => match pool.alloc(s.buf_size, NO_OWNER) {
                     Ok(b) => b,
                     Err(_) => {
                         // The pool is at its maximum: this and the rest wait for buffers to
@@ -397,6 +397,8 @@ impl Core {
         let mut buf = buf;
         // Exactly the bytes received (none for an RDMA WRITE with immediate data).
         buf.received(if wc.remote_write { 0 } else { wc.byte_len as usize });
+        // The message is this connection's; the rest of the chunk is foreign to it.
+        buf.set_owner(t.token().as_u64());
         let completion = Completion {
             user_data: Completion::SRQ_RECV,
             opcode: OpCode::Recv,

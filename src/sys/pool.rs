@@ -12,18 +12,24 @@
 //! back in the completion. A `Buf` keeps its cluster (memory and registration) alive, so a
 //! chunk is never deregistered under a posted request.
 //!
-//! **No safe call shows an earlier owner's bytes.** Chunks are recycled without being cleared
-//! up front (no memset on the send and receive path), so a chunk may still hold an earlier
-//! owner's bytes (another connection's data). They are zeroed lazily, only where they could be
+//! **No safe call shows a connection another connection's bytes.** Chunks are recycled
+//! without being cleared up front (no memset on the send and receive path), so a chunk may
+//! still hold an earlier owner's bytes. An owner is a connection (its token): the one that
+//! allocated the buffer, or the one it was last submitted on; the runtime's own buffers (the
+//! shared receive queue's) have none until a message lands in them for a connection. Each
+//! chunk carries, in its cluster, how far its owners may have dirtied it and whose bytes those
+//! are (one owner, or mixed). Bytes a connection left are not foreign to it: a chunk that
+//! comes back to the connection whose bytes it holds needs no zeroing (a sender that reuses
+//! its own chunks pays nothing). Foreign bytes are zeroed lazily, only where they would be
 //! seen, with three watermarks per buffer ([`Marks`], pure and unit-tested): `fresh`, the
 //! prefix holding only this owner's bytes or zeros (written through [`Buf::fill_from`], by the
-//! device for this owner's receive or READ, or zeroed); `stale`, the prefix an earlier owner
-//! may have left bytes in (the chunk's dirty extent, kept per chunk by its cluster; beyond it
-//! the chunk is zero, as allocated); and `dirty`, what this owner's use may leave for the next
-//! one (what it was shown or wrote, and what the device may have written for it). Whatever
-//! shows the first `len` bytes (the views [`Buf::as_slice`] and [`Buf::as_mut_slice`], a send
-//! or RDMA WRITE taking them, an exposure) first zeroes `fresh..min(len, stale)`; a chunk never
-//! dirtied costs nothing, and the common paths (fill then send; receive then read) find
+//! device for this owner's receive or READ, or zeroed); `stale`, the prefix that may hold
+//! another owner's bytes (beyond it, the chunk holds this owner's bytes or zeros); and `dirty`,
+//! how far the chunk may be non-zero when this owner lets go. Whatever shows the first `len`
+//! bytes (the views [`Buf::as_slice`] and [`Buf::as_mut_slice`], a send or RDMA WRITE taking
+//! them, an exposure) first zeroes `fresh..min(len, stale)`; a buffer submitted on another
+//! connection than its owner takes everything not fresh as foreign to the new one. A chunk
+//! never dirtied costs nothing, and the common paths (fill then send; receive then read) find
 //! nothing to zero. [`Buf::set_len_unchecked`] is the `unsafe` escape hatch for callers who
 //! fill a buffer's spare capacity themselves ([`Buf::spare_capacity_mut`]).
 //!
@@ -112,7 +118,14 @@ struct Cluster {
     /// Per chunk: how many bytes from its start may be non-zero (its owners' dirty extents);
     /// the rest is zero, as allocated.
     dirty: Vec<Cell<u32>>,
+    /// Per chunk: whose bytes those are ([`NO_OWNER`]: nobody's in particular, foreign to
+    /// every connection).
+    owner: Vec<Cell<u64>>,
 }
+
+/// The owner of the runtime's own buffers, and of chunks whose bytes mix several owners':
+/// no connection's, so foreign to every connection.
+pub(crate) const NO_OWNER: u64 = 0;
 
 /// One size class: clusters of equal chunks, with per-cluster free lists.
 struct Class {
@@ -184,9 +197,10 @@ impl Pool {
     }
 
     /// Takes a free chunk of the smallest class that holds `len` bytes, registering a new
-    /// cluster when that class has none free and the maximum allows. The buffer's length is
-    /// `len`; its bytes read as zeros until written.
-    pub fn alloc(&self, len: usize) -> Result<Buf> {
+    /// cluster when that class has none free and the maximum allows, for `owner` (a
+    /// connection's token, or [`NO_OWNER`]). The buffer's length is `len`; bytes of another
+    /// owner's in it read as zeros.
+    pub fn alloc(&self, len: usize, owner: u64) -> Result<Buf> {
         let class = self.classes.iter().find(|c| c.borrow().chunk_size >= len).ok_or(Error::TooLarge {
             len,
             max: self.max_chunk(),
@@ -202,7 +216,8 @@ impl Pool {
         let cluster = inner.clusters[slot].clone().expect("a cluster with free chunks is present");
         let cap = inner.chunk_size;
         drop(inner);
-        let stale = cluster.dirty[chunk as usize].get() as usize;
+        let (dirty, left_by) = (cluster.dirty[chunk as usize].get() as usize, cluster.owner[chunk as usize].get());
+        let marks = Marks::new(dirty, owner != NO_OWNER && left_by == owner);
         Ok(Buf {
             class: class.clone(),
             cluster,
@@ -210,7 +225,8 @@ impl Pool {
             chunk,
             len,
             cap,
-            marks: Cell::new(Marks::new(stale)),
+            marks: Cell::new(marks),
+            owner: Cell::new(owner),
             pool: Rc::as_ptr(&self.registered) as usize,
         })
     }
@@ -253,7 +269,8 @@ impl Class {
             .map_err(|e| super::reg_error(cluster_bytes, format!("pool cluster of {cluster_bytes} bytes"), e))?;
         self.registered.set(self.registered.get() + cluster_bytes);
         let dirty = (0..self.per_cluster).map(|_| Cell::new(0)).collect();
-        let cluster = Rc::new(Cluster { mr, mem, dirty });
+        let owner = (0..self.per_cluster).map(|_| Cell::new(NO_OWNER)).collect();
+        let cluster = Rc::new(Cluster { mr, mem, dirty, owner });
         let chunks: Vec<u32> = (0..self.per_cluster as u32).rev().collect();
         let slot = match self.clusters.iter().position(|c| c.is_none()) {
             Some(s) => s,
@@ -285,6 +302,8 @@ pub struct Buf {
     cap: usize,
     /// Which bytes are this owner's (a `Cell`: the shared view zeroes lazily too).
     marks: Cell<Marks>,
+    /// The connection whose buffer this is (module docs), or [`NO_OWNER`].
+    owner: Cell<u64>,
 }
 
 /// Which bytes of a chunk are its current owner's (pure; see the module docs).
@@ -292,16 +311,29 @@ pub struct Buf {
 struct Marks {
     /// Bytes from the chunk's start that hold only this owner's data or zeros.
     fresh: usize,
-    /// Bytes from the chunk's start an earlier owner may have left data in; beyond, zeros.
+    /// Bytes from the chunk's start that may hold another owner's data; beyond, this
+    /// owner's bytes or zeros.
     stale: usize,
     /// Bytes from the chunk's start that may be non-zero when this owner lets go.
     dirty: usize,
 }
 
 impl Marks {
-    /// A chunk whose first `stale` bytes may hold an earlier owner's data.
-    fn new(stale: usize) -> Marks {
-        Marks { fresh: 0, stale, dirty: stale }
+    /// A chunk whose first `dirty` bytes may be non-zero: another owner's bytes, or (`own`)
+    /// those of the owner taking it.
+    fn new(dirty: usize, own: bool) -> Marks {
+        Marks { fresh: 0, stale: if own { 0 } else { dirty }, dirty }
+    }
+
+    /// The buffer passes to another owner: what is not fresh may be the last one's.
+    fn change_owner(&mut self) {
+        self.stale = self.stale.max(self.dirty);
+    }
+
+    /// Whose the chunk's bytes are once this owner lets go: its own, unless bytes of another
+    /// owner may remain (some were never shown, so never zeroed).
+    fn leaves_only_own_bytes(&self) -> bool {
+        self.fresh >= self.stale
     }
 
     /// The first `n` bytes were written by the owner (or zeroed, or by the device for it).
@@ -447,6 +479,15 @@ impl Buf {
         self.written(self.len);
     }
 
+    /// The buffer is used by connection `owner` from now on (submitted on it, or a message
+    /// for it landed in it): bytes not fresh may be foreign to it.
+    pub(crate) fn set_owner(&self, owner: u64) {
+        if self.owner.get() != owner {
+            self.update(Marks::change_owner);
+            self.owner.set(owner);
+        }
+    }
+
     /// The device may write up to `n` bytes of the chunk (a receive or READ is posted on it).
     pub(crate) fn lend_to_device(&mut self, n: usize) {
         self.update(|m| m.device_may_write(n.min(self.cap)));
@@ -470,9 +511,12 @@ impl Buf {
 
 impl Drop for Buf {
     fn drop(&mut self) {
-        // What this owner may have left is the next owner's `stale`.
+        // What this owner may have left, and whose it is, for the next owner.
+        let m = self.marks.get();
         let dirty = &self.cluster.dirty[self.chunk as usize];
-        dirty.set(dirty.get().max(self.marks.get().dirty as u32));
+        dirty.set(dirty.get().max(m.dirty as u32));
+        let owner = if m.leaves_only_own_bytes() { self.owner.get() } else { NO_OWNER };
+        self.cluster.owner[self.chunk as usize].set(owner);
         let mut inner = self.class.borrow_mut();
         inner.in_use -= 1;
         let slot = self.slot as usize;
@@ -797,34 +841,49 @@ mod tests {
 
     #[test]
     fn a_chunk_never_dirtied_needs_no_zeroing() {
-        let mut m = Marks::new(0);
+        let mut m = Marks::new(0, false);
         assert!(m.show(8192).is_empty());
     }
 
     #[test]
-    fn an_earlier_owners_bytes_are_zeroed_where_they_would_show_and_only_once() {
-        let mut m = Marks::new(4096);
+    fn another_owners_bytes_are_zeroed_where_they_would_show_and_only_once() {
+        let mut m = Marks::new(4096, false);
         assert_eq!(m.show(16), 0..16, "a fresh 16-byte buffer viewed");
         assert_eq!(m.show(8192), 16..4096, "grown to the capacity: the rest of the old bytes");
         assert!(m.show(8192).is_empty(), "shown once: nothing left to clear");
+        assert!(m.leaves_only_own_bytes());
+    }
+
+    #[test]
+    fn an_owners_own_bytes_are_not_foreign_to_it() {
+        let mut m = Marks::new(4096, true);
+        assert!(m.show(4096).is_empty(), "a connection reusing its own chunk zeroes nothing");
+        let mut n = Marks::new(4096, true);
+        n.change_owner();
+        assert_eq!(n.show(4096), 0..4096, "submitted on another connection: its old bytes are foreign there");
     }
 
     #[test]
     fn written_or_received_bytes_are_the_owners_and_cost_nothing() {
-        let mut m = Marks::new(4096);
+        let mut m = Marks::new(4096, false);
         m.written(2); // a 2-byte receive, or fill_from
         assert!(m.show(2).is_empty(), "the common path zeroes nothing");
+        assert!(!m.leaves_only_own_bytes(), "bytes 2..4096 were never shown, so never zeroed");
         assert_eq!(m.show(4096), 2..4096, "set_len(4096) after a 2-byte receive: the rest is zeroed");
+        let mut f = Marks::new(4096, false);
+        f.written(100);
+        f.change_owner();
+        assert!(f.show(100).is_empty(), "fresh bytes go with the buffer to its new owner");
     }
 
     #[test]
-    fn what_an_owner_leaves_is_the_next_owners_stale_extent() {
-        let mut m = Marks::new(100);
+    fn what_an_owner_leaves_is_the_next_owners_dirty_extent() {
+        let mut m = Marks::new(100, false);
         m.device_may_write(4096); // a receive posted over the whole chunk
         assert_eq!(m.dirty, 4096, "the device may have written all of it");
-        let mut n = Marks::new(16);
+        let mut n = Marks::new(16, false);
         n.written(300);
         assert_eq!(n.dirty, 300);
-        assert_eq!(Marks::new(5).dirty, 5, "never less than what it found");
+        assert_eq!(Marks::new(5, true).dirty, 5, "never less than what it found");
     }
 }
