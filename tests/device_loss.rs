@@ -66,7 +66,14 @@ impl Drop for Restore {
             "while kill -0 {} 2>/dev/null; do sleep 0.1; done; rdma link delete rxe1; ip link delete d1",
             std::process::id()
         );
-        let _ = Command::new("sh").args(["-c", &script]).stdin(std::process::Stdio::null()).spawn();
+        // Its output goes nowhere: it outlives this process, and holding a pipe of a parent's
+        // (the two-reactor test runs in a child) would keep that parent waiting for it.
+        let _ = Command::new("sh")
+            .args(["-c", &script])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
         let _ = std::panic::catch_unwind(|| wait_active(Duration::from_secs(30)));
     }
 }
@@ -238,6 +245,142 @@ fn port_down_and_up_reach_the_listener() {
         pump(&mut [&mut r], LIMIT, "served on the recreated device", || again.borrow().closed.is_some());
         let a = again.borrow();
         assert_eq!((a.echoed, a.error.as_deref()), (10, None), "{a:?}");
+    }
+    let zero = ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 };
+    assert_eq!(res_counts(owner_id()), zero, "every kernel object of this test destroyed");
+}
+
+/// A client that sends one message, keeps the buffer of the echo (the user holding a
+/// `Completion::buf` past the device's life), and stays connected.
+struct KeepOne {
+    kept: Rc<RefCell<Option<rdma_reactor::Buf>>>,
+    closed: Rc<RefCell<Option<CloseReason>>>,
+}
+
+impl rdma_reactor::ConnectionHandler for KeepOne {
+    fn on_ready(&mut self, conn: &mut rdma_reactor::Conn<'_>) {
+        post_recvs(conn, 3, SIZE);
+    }
+
+    fn on_established(&mut self, conn: &mut rdma_reactor::Conn<'_>) {
+        let mut buf = conn.alloc(SIZE).expect("buffer");
+        buf.fill_from(&pattern(SIZE, 7, 0)).expect("fill");
+        conn.submit(rdma_reactor::Op::send(buf)).expect("send");
+    }
+
+    fn on_completion(&mut self, _conn: &mut rdma_reactor::Conn<'_>, c: rdma_reactor::Completion) {
+        if let (rdma_reactor::OpCode::Recv, Ok(_)) = (c.opcode, c.result) {
+            self.kept.borrow_mut().get_or_insert(c.buf.expect("buffer"));
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: rdma_reactor::Token, reason: CloseReason) {
+        *self.closed.borrow_mut() = Some(reason);
+    }
+}
+
+/// Ticks `rs` in turn until `done` says so about them; panics after `LIMIT`.
+fn tick_until(rs: &mut [&mut Reactor], what: &str, mut done: impl FnMut(&[&mut Reactor]) -> bool) {
+    let deadline = Instant::now() + LIMIT;
+    while !done(rs) {
+        assert!(Instant::now() < deadline, "{what}: not done after {LIMIT:?}");
+        for r in rs.iter_mut() {
+            r.run_once(Some(Duration::from_millis(5))).expect("run_once");
+        }
+    }
+}
+
+/// True while libibverbs lists rxe0: while its verbs node (`/sys/class/infiniband_verbs/
+/// uverbsN`, whose `ibdev` names it) exists. (Read from sysfs: opening the device, as
+/// `rdma_reactor::devices()` does, would wait for its removal.)
+fn rxe0_listed() -> bool {
+    let Ok(dir) = std::fs::read_dir("/sys/class/infiniband_verbs") else { return false };
+    dir.flatten().any(|e| std::fs::read_to_string(e.path().join("ibdev")).is_ok_and(|n| n.trim() == "rxe0"))
+}
+
+/// Hostile review (issue 22), finding 1: librdmacm closes a removed device's context once no
+/// reference is left on it, and it counted ids only: the reactor's periodic resync closed the
+/// context while a buffer the user kept (its memory region, its PD) was still on it, and
+/// dropping the buffer then called `ibv_dereg_mr`/`ibv_dealloc_pd` on a freed context. Now the
+/// PD holds a librdmacm reference on the context: the kernel's removal of the device (which on
+/// rxe waits for the context to close) finishes only once the buffer is dropped, and then it
+/// does, with nothing left behind.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_buffer_kept_past_device_removal_keeps_the_context_until_it_is_dropped() {
+    let _restore = Restore::new();
+    {
+        let mut srv = Reactor::new().expect("server reactor");
+        let mut cli = Reactor::new().expect("client reactor");
+        let s = listen(&mut srv);
+        let (kept, closed) = (Rc::new(RefCell::new(None)), Rc::new(RefCell::new(None)));
+        let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+        cli.connect(s.addr, opts, KeepOne { kept: kept.clone(), closed: closed.clone() }).expect("connect");
+        pump(&mut [&mut srv, &mut cli], LIMIT, "the echo kept", || kept.borrow().is_some());
+
+        let mut delete = Proc::spawn("rdma link delete rxe0", "rdma", &["link", "delete", "rxe0"]);
+        tick_until(&mut [&mut srv, &mut cli], "both reactors released the device", |rs| {
+            closed.borrow().is_some() && rs.iter().all(|r| r.stats().devices_released == 1)
+        });
+        // The device leaves libibverbs' list; the reactors' resync (every 50 ms) then lets
+        // librdmacm close whatever no one holds. Give it well over a resync.
+        pump(&mut [&mut srv, &mut cli], LIMIT, "rxe0 unlisted", || !rxe0_listed());
+        let until = Instant::now() + Duration::from_secs(2);
+        pump(&mut [&mut srv, &mut cli], LIMIT, "two more seconds", || Instant::now() >= until);
+        let early = delete.0.try_wait().expect("try_wait");
+        println!(
+            "finding 1: with a buffer held, 2 s after the release and the device left the list: rdma link delete {}",
+            if early.is_some() { "had finished (the context was closed under the buffer)" } else { "still waits" }
+        );
+        assert!(early.is_none(), "the context was closed while a buffer on it was held: {early:?}");
+
+        drop(kept.borrow_mut().take());
+        let mut deleted = None;
+        pump(&mut [&mut srv, &mut cli], LIMIT, "the removal finished once the buffer was dropped", || {
+            deleted = deleted.or_else(|| delete.0.try_wait().expect("try_wait"));
+            deleted.is_some()
+        });
+        assert!(deleted.is_some_and(|st| st.success()), "rdma link delete rxe0: {deleted:?}");
+        println!("finding 1: the buffer dropped, rdma link delete finished");
+        Restore::add();
+        wait_active(Duration::from_secs(30));
+    }
+    let zero = ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 };
+    assert_eq!(res_counts(owner_id()), zero, "every kernel object of this test destroyed");
+}
+
+/// Finding 1, with two reactors and no user buffer: one reactor releases the device and its
+/// resync marks the device dead while the other still has ids on it; that one's last
+/// `rdma_destroy_id` then closed the context before its own release destroyed its CQs, SRQ,
+/// regions, channel and PD on it (use after free). `cargo xtask test` runs every test binary
+/// with glibc's `MALLOC_PERTURB_`, which overwrites freed memory, so such a use fails loudly.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn two_reactors_release_a_removed_device_in_either_order() {
+    let _restore = Restore::new();
+    {
+        let mut a = Reactor::new().expect("reactor A");
+        let mut b = Reactor::new().expect("reactor B");
+        let s = listen(&mut a);
+        let busy = ping(&mut b, s.addr, 1, u64::MAX);
+        pump(&mut [&mut a, &mut b], LIMIT, "first echoes", || busy.borrow().echoed >= 5);
+        let mut delete = Proc::spawn("rdma link delete rxe0", "rdma", &["link", "delete", "rxe0"]);
+        // Only A ticks: it releases the device and resyncs until the device left the list.
+        tick_until(&mut [&mut a], "A released the device", |rs| rs[0].stats().devices_released == 1);
+        pump(&mut [&mut a], LIMIT, "rxe0 unlisted", || !rxe0_listed());
+        let until = Instant::now() + Duration::from_millis(500);
+        pump(&mut [&mut a], LIMIT, "A's resync", || Instant::now() >= until);
+        // Then B: its last id goes, then its CQs, regions, channel and PD.
+        tick_until(&mut [&mut b], "B released the device", |rs| rs[0].stats().devices_released == 1);
+        let mut deleted = None;
+        pump(&mut [&mut a, &mut b], LIMIT, "the removal finished", || {
+            deleted = deleted.or_else(|| delete.0.try_wait().expect("try_wait"));
+            deleted.is_some()
+        });
+        assert!(deleted.is_some_and(|st| st.success()), "rdma link delete rxe0: {deleted:?}");
+        assert_eq!(busy.borrow().closed, Some(CloseReason::DeviceRemoval));
+        Restore::add();
+        wait_active(Duration::from_secs(30));
     }
     let zero = ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 };
     assert_eq!(res_counts(owner_id()), zero, "every kernel object of this test destroyed");

@@ -214,6 +214,36 @@ fn shared_cq_admission_refusal_reaches_on_refused() {
     assert_baseline();
 }
 
+/// Hostile review (issue 22), finding 9: a connection on a shared CQ committed room for the
+/// receive depth it asked for, but gave back the receive capacity the device granted; a device
+/// granting fewer (rxe grants what is asked: `Reactor::inject_short_rq`, feature
+/// `fault-injection`, takes the next queue pair as granted half) leaked the difference at every
+/// close, until the shared CQ refused everyone. A CQ of 100 entries holds one connection's 64
+/// receives: 8 connections, one after another, each granted 32, must all be served.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_device_granting_fewer_receives_leaks_no_shared_cq_room() {
+    #[cfg(not(feature = "fault-injection"))]
+    panic!("built without the `fault-injection` feature: run it with `cargo xtask test`");
+    #[cfg(feature = "fault-injection")]
+    {
+        let (mut srv, a, heard) = server(Config { shared_cq: Some(100), ..Config::default() });
+        let mut cli = Reactor::new().expect("client reactor");
+        for i in 0..8 {
+            srv.inject_short_rq(32);
+            let p = ping(&mut cli, a, i, 3);
+            pump(&mut [&mut srv, &mut cli], LIMIT, || closed(&p));
+            let r = p.borrow();
+            assert_eq!((r.echoed, &r.closed), (3, &Some(CloseReason::Local)), "connection {i}: {r:?}");
+            let h = heard.borrow();
+            pump(&mut [&mut srv, &mut cli], LIMIT, || h.agents_closed.borrow().len() as u64 == i + 1);
+        }
+        assert!(heard.borrow().refused.is_empty(), "refused: {:?}", heard.borrow().refused);
+        drop((srv, cli));
+        assert_baseline();
+    }
+}
+
 /// Defect 9 (shared CQ creation): a shared CQ the device cannot create fails every connection
 /// the same way (and a listener bound to the device at `listen`); none silently gets a CQ of
 /// its own.
@@ -403,6 +433,62 @@ fn a_panicking_callback_loses_nothing() {
         assert_eq!(panics, 1, "the panic reached the caller of run_once once");
         assert_eq!((r.echoed, r.verified_bytes, r.error.as_deref()), (50, 50 * SIZE as u64, None), "{r:?}");
         assert_eq!(r.closed, Some(CloseReason::Local));
+    }
+    assert_baseline();
+}
+
+/// Hostile review (issue 22), finding 8: a handler whose `Drop` panics. Handlers were dropped
+/// outside the panic guard, so the first such panic unwound out of the reactor's bookkeeping
+/// and the connections after it in the same pass (the tick's reap, or the shutdown's "close the
+/// rest at once") never heard `on_closed` and were not destroyed. Here 4 client handlers panic
+/// in `Drop`; a shutdown with no grace destroys them all in one pass: every one hears
+/// `on_closed` (`Shutdown`), no kernel object is left, the panic reaches the caller once, and
+/// the reactor serves a new connection afterwards.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_handler_panicking_in_drop_loses_no_other_connection() {
+    struct PanicInDrop(PingClient);
+    impl rdma_reactor::ConnectionHandler for PanicInDrop {
+        fn on_ready(&mut self, conn: &mut rdma_reactor::Conn<'_>) {
+            self.0.on_ready(conn)
+        }
+        fn on_established(&mut self, conn: &mut rdma_reactor::Conn<'_>) {
+            self.0.on_established(conn)
+        }
+        fn on_completion(&mut self, conn: &mut rdma_reactor::Conn<'_>, c: rdma_reactor::Completion) {
+            self.0.on_completion(conn, c)
+        }
+        fn on_closed(&mut self, ctx: &mut Ctx<'_>, t: rdma_reactor::Token, reason: CloseReason) {
+            self.0.on_closed(ctx, t, reason)
+        }
+    }
+    impl Drop for PanicInDrop {
+        fn drop(&mut self) {
+            panic!("a handler's Drop panics (on purpose)");
+        }
+    }
+    {
+        let (mut srv, a, _heard) = server(Config::default());
+        let mut cli = Reactor::new().expect("client reactor");
+        let mut results = Vec::new();
+        for id in 0..4 {
+            let (inner, result) = PingClient::new(id, SIZE, u64::MAX);
+            let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+            cli.connect(a, opts, PanicInDrop(inner)).expect("connect");
+            results.push(result);
+        }
+        pump(&mut [&mut srv, &mut cli], LIMIT, || results.iter().all(|r| r.borrow().echoed >= 3));
+        let shut = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cli.shutdown(Duration::ZERO)));
+        let heard: Vec<_> = results.iter().map(|r| r.borrow().closed.clone()).collect();
+        let how = if shut.is_err() { "resumed a panic" } else { "returned" };
+        println!("finding 8: shutdown {how}; the 4 connections heard {heard:?}; client {cli:?}");
+        assert!(shut.is_err(), "the handlers' panic reached the caller");
+        assert!(heard.iter().all(|c| *c == Some(CloseReason::Shutdown)), "every connection heard on_closed: {heard:?}");
+        assert!(cli.is_idle(), "every connection destroyed: {cli:?}");
+        // The reactor keeps serving.
+        let again = ping(&mut cli, a, 9, 5);
+        pump(&mut [&mut srv, &mut cli], LIMIT, || closed(&again));
+        assert_eq!((again.borrow().echoed, again.borrow().error.as_deref()), (5, None));
     }
     assert_baseline();
 }

@@ -375,3 +375,57 @@ fn handoffs_are_served_or_rejected_and_counted() {
     let zero = ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 };
     assert_eq!(res_counts(owner_id()), zero, "every kernel object of this test destroyed");
 }
+
+/// Hostile review (issue 22), finding 3: a reactor that is gone kept being chosen by the
+/// hand-off. Its inbox is closed, but its published load stays frozen: under `Fewest` an idle
+/// reactor that exited (load 0) won every choice and every request was rejected; under round
+/// robin one in three. Here a listener spreads over itself and two reactors, one of which is
+/// dropped: 10 clients under `Fewest`, then 10 under round robin, are all served, none refused.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_reactor_that_is_gone_is_never_chosen() {
+    let limit = Duration::from_secs(120);
+    for balance in [Balance::Fewest, Balance::RoundRobin] {
+        let mut source = Reactor::new().expect("source");
+        let mut live = Reactor::new().expect("live target");
+        let mut gone = Reactor::new().expect("target to drop");
+        let mut client = Reactor::new().expect("client");
+        let closed = Rc::new(RefCell::new(Vec::new()));
+        for r in [&mut live, &mut gone] {
+            r.accept_handoffs(EchoListener { depth: 8, agents_closed: closed.clone() }).expect("hand-offs");
+        }
+        let server = addr();
+        let peers = vec![source.remote(), live.remote(), gone.remote()];
+        source
+            .listen_spread(server, EchoListener { depth: 8, agents_closed: closed.clone() }, peers, balance)
+            .expect("listen_spread");
+        drop(gone);
+        let results: Vec<_> = (0..10)
+            .map(|i| {
+                let (c, r) = PingClient::new(i, 256, 5);
+                client.connect(server, ConnectOptions { msg_size: 256, ..Default::default() }, c).expect("connect");
+                r
+            })
+            .collect();
+        pump(&mut [&mut client, &mut source, &mut live], limit, "10 clients", || {
+            results.iter().all(|r| r.borrow().closed.is_some())
+        });
+        let outcomes: Vec<_> = results.iter().map(|r| (r.borrow().echoed, r.borrow().closed.clone())).collect();
+        println!(
+            "finding 3 ({balance:?}): source accepted {}, handed off {}, failed {}; live target received {}; clients {outcomes:?}",
+            source.stats().accepted,
+            source.stats().handed_off,
+            source.stats().handoffs_failed,
+            live.stats().handoffs_received
+        );
+        for (i, r) in results.iter().enumerate() {
+            let r = r.borrow();
+            assert_eq!((r.echoed, r.error.as_deref(), &r.closed), (5, None, &Some(CloseReason::Local)), "client {i}");
+        }
+        assert_eq!(source.stats().handoffs_failed, 0, "{balance:?}: nothing was handed to the reactor that is gone");
+        assert_eq!(source.stats().accepted + live.stats().handoffs_received, 10);
+        drop((source, live, client));
+    }
+    let zero = ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 };
+    assert_eq!(res_counts(owner_id()), zero, "every kernel object of this test destroyed");
+}

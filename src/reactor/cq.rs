@@ -147,6 +147,19 @@ impl Core {
         None
     }
 
+    /// The receive depth a test injected as the next queue pair's grant
+    /// (`Reactor::inject_short_rq`), once.
+    #[cfg(feature = "fault-injection")]
+    pub(super) fn take_short_rq(&mut self) -> Option<u32> {
+        self.short_rq.take()
+    }
+
+    /// Without the `fault-injection` feature there is nothing to inject.
+    #[cfg(not(feature = "fault-injection"))]
+    pub(super) fn take_short_rq(&mut self) -> Option<u32> {
+        None
+    }
+
     /// Reads the events of device `d`'s completion channel, counts each on its CQ and marks
     /// the CQ hot.
     ///

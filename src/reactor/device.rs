@@ -42,19 +42,23 @@
 //! set at once, so a dead fd cannot wake the loop; its connections and listeners close with
 //! the reason the user sees. Once none is left (end of a tick), its resources are destroyed
 //! in order: the shared CQ, then the shared receive queue and its buffers, the pool's regions,
-//! the completion channel and the PD, in the same tick as its last rdma_cm ids. librdmacm (which owns the context) closes the
-//! context when it next synchronises its device list with no id left on it, which the reactor
-//! asks for until the device has left libibverbs' list; the kernel's removal waits for that
-//! close on drivers without disassociation (rxe up to at least Linux 6.1). librdmacm skips the
-//! synchronisation while no device at all is left, so with a single device the removal
-//! completes only when the process exits. A device that comes back is a new entry; indexes
-//! are never reused.
+//! the completion channel and the PD, in the same tick as its last rdma_cm ids.
 //!
-//! Known limit: librdmacm may close a removed device's context as soon as its last id is
-//! destroyed and any thread of the process synchronises the list. The reactor destroys its
-//! resources on the device in the tick that destroys its last ids, with no librdmacm call in
-//! between; another thread's call in that window (several reactors on several threads)
-//! could close the context first.
+//! **The context outlives everything on it.** librdmacm (which owns the context) closes a
+//! removed device's context when its list, synchronised with the kernel's, no longer has the
+//! device and no reference is left: its ids' and those of the lists `rdma_get_devices` hands
+//! out, not PDs, regions or CQs. So the device's PD and completion channel each hold a
+//! `DeviceHold` (an rdma_cm id of its own bound to the device, `sys/device.rs`) as their last
+//! field: the
+//! context stays open until the last object on it is destroyed, whichever reactor
+//! synchronises the list and whenever a user's `Buf` (which holds its region and PD) is
+//! dropped. The reactor asks for the synchronisation until the device has left libibverbs'
+//! list; the last hold's release then closes the context. The kernel's removal waits for that
+//! close on drivers without disassociation (rxe up to at least Linux 6.1): a buffer of the
+//! device's pool kept by the application holds the removal until it is dropped. librdmacm
+//! skips the synchronisation while no device at all is left, so with a single device the
+//! removal completes only when the process exits. A device that comes back is a new entry;
+//! indexes are never reused.
 
 use std::time::Duration;
 
@@ -66,7 +70,7 @@ use crate::error::{Error, Result};
 use crate::proto::conn::{AsyncEventKind, CloseReason, Input};
 use crate::proto::token::{ConnKey, CqKey, Kind, ListenerKey, Token};
 use crate::sys::cq::CompChannel;
-use crate::sys::device::{self, AsyncElement, DeviceRef};
+use crate::sys::device::{self, AsyncElement, DeviceHold, DeviceRef};
 use crate::sys::pd::Pd;
 use crate::sys::pool::Pool;
 
@@ -128,16 +132,20 @@ impl std::ops::IndexMut<usize> for Devices {
 }
 
 impl Core {
-    /// The index of the device's resources, created on first use.
-    pub(super) fn device(&mut self, dev: DeviceRef) -> Result<usize> {
+    /// The index of the device's resources, created on first use; `addr` is an address of the
+    /// device (the local address of the id that uses it), for its `DeviceHold`.
+    pub(super) fn device(&mut self, dev: DeviceRef, addr: Option<std::net::SocketAddr>) -> Result<usize> {
         if let Some(i) = self.devices.find(dev) {
             return Ok(i);
         }
         if self.devices.index_of(dev).is_some() {
             return Err(Error::NoDevice("the RDMA device was removed".into()));
         }
-        let pd = Pd::new(dev).map_err(|e| Error::verb("ibv_alloc_pd", "", e))?;
-        let chan = CompChannel::new(dev).map_err(|e| Error::verb("ibv_create_comp_channel", "", e))?;
+        let addr = addr.ok_or_else(|| Error::NoDevice("the id on the device has no local address".into()))?;
+        let hold = DeviceHold::new(dev, addr)
+            .map_err(|e| Error::verb("rdma_bind_addr", format!("a reference on the device's context ({addr})"), e))?;
+        let pd = Pd::new(dev, &hold).map_err(|e| Error::verb("ibv_alloc_pd", "", e))?;
+        let chan = CompChannel::new(dev, &hold).map_err(|e| Error::verb("ibv_create_comp_channel", "", e))?;
         dev.set_async_nonblocking().map_err(|e| Error::verb("fcntl", "the device's async event fd", e))?;
         let pool = Pool::new(&pd, &self.cfg.pool)?;
         let index = self.devices.0.len();

@@ -72,18 +72,22 @@ pub(super) struct Spread {
     next: usize,
 }
 
-/// Which of `loads.len()` reactors gets the next request; advances `next`. Pure.
-pub(super) fn choose(balance: Balance, loads: &[usize], next: &mut usize) -> usize {
+/// Which of `loads.len()` reactors gets the next request (`None` for a reactor that is gone,
+/// never chosen); advances `next`. `None` when every one is gone. Pure.
+pub(super) fn choose(balance: Balance, loads: &[Option<usize>], next: &mut usize) -> Option<usize> {
     let n = loads.len();
-    debug_assert!(n > 0);
+    if n == 0 {
+        return None;
+    }
     let start = *next % n;
+    let mut live = (0..n).map(|k| (start + k) % n).filter(|&i| loads[i].is_some());
     let chosen = match balance {
-        Balance::RoundRobin => start,
+        Balance::RoundRobin => live.next(),
         // The first of the least loaded, looking from `start` on.
-        Balance::Fewest => (0..n).map(|k| (start + k) % n).min_by_key(|&i| loads[i]).unwrap_or(start),
-    };
+        Balance::Fewest => live.min_by_key(|&i| loads[i]),
+    }?;
     *next = (chosen + 1) % n;
-    chosen
+    Some(chosen)
 }
 
 /// A connect request in transit: the migrated id and what the target needs of its event.
@@ -109,16 +113,24 @@ impl Core {
     /// the choice is another reactor.
     fn spread_target(&mut self, lt: ListenerKey) -> Option<Remote> {
         let spread = self.listeners.get(lt)?.spread.as_ref()?;
-        let loads: Vec<usize> = match spread.balance {
-            Balance::RoundRobin => vec![0; spread.peers.len()],
-            Balance::Fewest => spread
-                .peers
-                .iter()
-                .map(|p| if p.is_of(&self.inbox) { self.conns.len() } else { p.load() + p.lock_queue().parcels.len() })
-                .collect(),
-        };
+        // A reactor that is gone is never chosen (its inbox is closed; the load it published
+        // last would stay frozen, and under `Fewest` an idle one that exited would win every
+        // choice). Looking costs a lock per reactor, on the connect-request path only.
+        let loads: Vec<Option<usize>> = spread
+            .peers
+            .iter()
+            .map(|p| {
+                if p.is_of(&self.inbox) {
+                    return Some(self.conns.len());
+                }
+                let q = p.lock_queue();
+                (!q.closed).then(|| p.load() + q.parcels.len())
+            })
+            .collect();
         let spread = self.listeners.get_mut(lt)?.spread.as_mut()?;
-        let i = choose(spread.balance, &loads, &mut spread.next);
+        // With every reactor named gone, the first is "chosen": the hand-off then fails the
+        // usual way (rejected, and the listener told that the reactor is gone).
+        let i = choose(spread.balance, &loads, &mut spread.next).unwrap_or(0);
         let peer = &spread.peers[i];
         (!peer.is_of(&self.inbox)).then(|| peer.clone())
     }
@@ -327,33 +339,50 @@ mod tests {
     #[test]
     fn round_robin_takes_each_in_turn() {
         let mut next = 0;
-        let picks: Vec<usize> = (0..7).map(|_| choose(Balance::RoundRobin, &[5, 0, 9], &mut next)).collect();
-        assert_eq!(picks, [0, 1, 2, 0, 1, 2, 0]);
+        let picks: Vec<Option<usize>> =
+            (0..7).map(|_| choose(Balance::RoundRobin, &[Some(5), Some(0), Some(9)], &mut next)).collect();
+        assert_eq!(picks, [0, 1, 2, 0, 1, 2, 0].map(Some));
     }
 
     #[test]
     fn fewest_takes_the_least_loaded_and_breaks_ties_in_turn() {
         let mut next = 0;
-        assert_eq!(choose(Balance::Fewest, &[3, 1, 2], &mut next), 1);
+        assert_eq!(choose(Balance::Fewest, &[Some(3), Some(1), Some(2)], &mut next), Some(1));
         assert_eq!(next, 2);
         // Ties: from `next` on, so equal loads are taken in turn.
-        let mut loads = [0usize; 3];
+        let mut loads = [Some(0usize); 3];
         let mut picks = Vec::new();
         for _ in 0..6 {
-            let i = choose(Balance::Fewest, &loads, &mut next);
-            loads[i] += 1;
+            let i = choose(Balance::Fewest, &loads, &mut next).expect("all live");
+            loads[i] = loads[i].map(|l| l + 1);
             picks.push(i);
         }
         assert_eq!(picks, [2, 0, 1, 2, 0, 1]);
-        assert_eq!(loads, [2, 2, 2]);
+        assert_eq!(loads, [Some(2); 3]);
     }
 
     #[test]
     fn one_reactor_is_always_chosen() {
         let mut next = 5;
         for b in [Balance::RoundRobin, Balance::Fewest] {
-            assert_eq!(choose(b, &[7], &mut next), 0);
+            assert_eq!(choose(b, &[Some(7)], &mut next), Some(0));
             assert_eq!(next, 0);
         }
+    }
+
+    /// Hostile review (issue 22), finding 3: a reactor that is gone kept being chosen: under
+    /// `Fewest` an idle one that exited (its last published load 0, frozen) won every choice,
+    /// under round robin one request in N. A gone reactor is never chosen while one lives.
+    #[test]
+    fn a_reactor_that_is_gone_is_never_chosen() {
+        for b in [Balance::RoundRobin, Balance::Fewest] {
+            let mut next = 0;
+            let loads = [Some(5), None, Some(9)];
+            let picks: Vec<usize> = (0..10).map(|_| choose(b, &loads, &mut next).expect("two live")).collect();
+            assert!(!picks.contains(&1), "{b:?}: {picks:?}");
+            assert!(picks.contains(&0), "{b:?}: {picks:?}");
+        }
+        let mut next = 0;
+        assert_eq!(choose(Balance::Fewest, &[None, None], &mut next), None, "none live: none chosen");
     }
 }

@@ -184,6 +184,9 @@ struct Placement {
     cq: CqKey,
     /// Largest inline send the queue pair takes.
     max_inline: u32,
+    /// CQ room committed to its receives when it was placed (0 on a shared receive queue),
+    /// given back exactly at destruction, whatever the device granted.
+    recv_room: u32,
 }
 
 struct ConnEntry {
@@ -193,7 +196,7 @@ struct ConnEntry {
     /// Dropped right after at destruction (queue pair, then id).
     ep: Endpoint,
     role: Role,
-    handler: Option<Box<dyn ConnectionHandler>>,
+    handler: Option<Guarded<dyn ConnectionHandler>>,
     placed: Option<Placement>,
     sq: SendQueue,
     rq: RecvQueue,
@@ -220,7 +223,7 @@ impl ConnEntry {
             windows: Windows::default(),
             ep: Endpoint::None,
             role,
-            handler: Some(handler),
+            handler: Some(Guarded::new(handler)),
             placed: None,
             sq: SendQueue::new(signal_every),
             rq: RecvQueue::default(),
@@ -258,7 +261,7 @@ impl ConnEntry {
 struct ListenerEntry {
     id: Option<CmId>,
     sm: Listener,
-    handler: Option<Box<dyn ListenerHandler>>,
+    handler: Option<Guarded<dyn ListenerHandler>>,
     close_reason: Option<CloseReason>,
     /// The reactors its connect requests are spread over (`handoff.rs`).
     spread: Option<handoff::Spread>,
@@ -267,7 +270,13 @@ struct ListenerEntry {
 impl ListenerEntry {
     /// A listener with no id yet, its machine at the start, spreading nothing.
     fn new(handler: Box<dyn ListenerHandler>) -> ListenerEntry {
-        ListenerEntry { id: None, sm: Listener::new(), handler: Some(handler), close_reason: None, spread: None }
+        ListenerEntry {
+            id: None,
+            sm: Listener::new(),
+            handler: Some(Guarded::new(handler)),
+            close_reason: None,
+            spread: None,
+        }
     }
 }
 
@@ -363,6 +372,10 @@ pub(crate) struct Core {
     /// most this many entries while its room is accounted for what was asked.
     #[cfg(feature = "fault-injection")]
     short_cq: Option<u32>,
+    /// A fault injected by a test (`fault-injection` feature): the next queue pair is taken
+    /// as granted at most this many receive work requests (a device granting fewer than asked).
+    #[cfg(feature = "fault-injection")]
+    short_rq: Option<u32>,
     /// A fault injected by a test (`fault-injection` feature): in the next send chain longer
     /// than this, the request at this index is one the device refuses.
     #[cfg(feature = "fault-injection")]
@@ -478,6 +491,8 @@ impl Reactor {
                 #[cfg(feature = "fault-injection")]
                 short_cq: None,
                 #[cfg(feature = "fault-injection")]
+                short_rq: None,
+                #[cfg(feature = "fault-injection")]
                 refuse_send: None,
                 stats: Stats::default(),
             },
@@ -520,6 +535,17 @@ impl Reactor {
     #[doc(hidden)]
     pub fn inject_short_cq(&mut self, entries: u32) {
         self.core.short_cq = Some(entries);
+    }
+
+    /// Hidden and unstable, behind the `fault-injection` feature, for the fault suite only:
+    /// the next queue pair this reactor creates is taken as granted at most `max_recv_wr`
+    /// receive work requests, as a device that grants fewer than asked would (rxe grants what
+    /// is asked), while its CQ room was committed for what was asked (the hostile review's
+    /// finding 9).
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fn inject_short_rq(&mut self, max_recv_wr: u32) {
+        self.core.short_rq = Some(max_recv_wr);
     }
 
     /// Hidden and unstable, behind the `fault-injection` feature, for the fault suite only: in
@@ -587,6 +613,7 @@ impl Reactor {
     /// (see "Panics in callbacks" in `ARCHITECTURE.md`): the reactor stays usable.
     pub fn run_once(&mut self, timeout: Option<Duration>) -> Result<usize> {
         let r = self.core.tick(timeout);
+        self.core.keep_drop_panic();
         if let Some(panic) = self.core.panic.take() {
             resume_unwind(panic);
         }
@@ -612,6 +639,7 @@ impl Reactor {
     pub fn shutdown(&mut self, grace: Duration) {
         self.core.shutdown(grace);
         self.core.deregister_all_fds();
+        self.core.keep_drop_panic();
         if let Some(panic) = self.core.panic.take() {
             resume_unwind(panic);
         }
@@ -627,6 +655,7 @@ impl Drop for Reactor {
         self.core.shutdown(grace);
         // A callback's panic during the shutdown of a dropped reactor has nowhere to go
         // (resuming it here could abort the process): it is discarded.
+        self.core.keep_drop_panic();
         self.core.panic = None;
     }
 }
@@ -799,6 +828,59 @@ impl Core {
     fn caught(&mut self, r: std::thread::Result<()>) {
         if let Err(panic) = r {
             self.panic.get_or_insert(panic);
+        }
+    }
+
+    /// Adds a panic a handler's `Drop` raised during the tick (caught by [`Guarded`]) to the
+    /// tick's panics.
+    fn keep_drop_panic(&mut self) {
+        if let Some(panic) = DROP_PANIC.with(|p| p.borrow_mut().take()) {
+            self.panic.get_or_insert(panic);
+        }
+    }
+}
+
+thread_local! {
+    /// The first panic a user handler's `Drop` raised on this thread ([`Guarded`]), until the
+    /// reactor ticking here takes it at the end of its tick.
+    static DROP_PANIC: std::cell::RefCell<Option<Box<dyn std::any::Any + Send>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A user handler, boxed, whose `Drop` runs under a panic guard: a panic in it is caught and
+/// resumed at the end of the tick like a callback's, so it cannot unwind out of the reactor's
+/// bookkeeping (a reap that stopped half way would leave the rest of the closing connections
+/// without `on_closed` or destruction until shutdown: the hostile review's finding 8). Every
+/// connection and listener handler is held in one, wherever it is dropped.
+pub(crate) struct Guarded<T: ?Sized>(Option<Box<T>>);
+
+impl<T: ?Sized> Guarded<T> {
+    fn new(handler: Box<T>) -> Guarded<T> {
+        Guarded(Some(handler))
+    }
+}
+
+impl<T: ?Sized> std::ops::Deref for Guarded<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        self.0.as_deref().expect("present until dropped")
+    }
+}
+
+impl<T: ?Sized> std::ops::DerefMut for Guarded<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.0.as_deref_mut().expect("present until dropped")
+    }
+}
+
+impl<T: ?Sized> Drop for Guarded<T> {
+    fn drop(&mut self) {
+        if let Some(handler) = self.0.take() {
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(move || drop(handler))) {
+                DROP_PANIC.with(|p| {
+                    p.borrow_mut().get_or_insert(panic);
+                });
+            }
         }
     }
 }

@@ -32,7 +32,7 @@ impl Core {
             // Bound to an address of one device: create its resources now, so the first
             // connection does not pay for them and a quiet server's resource count is stable.
             if let Some(dev) = id.device() {
-                self.device(dev)?;
+                self.device(dev, id.local_addr())?;
             }
             id.listen(self.cfg.backlog).map_err(|e| Error::verb("rdma_listen", what.clone(), e))?;
             Ok(id)
@@ -445,9 +445,10 @@ impl Core {
                 id.set_ack_timeout(exponent)
                     .map_err(|e| Error::verb("rdma_set_option", "RDMA_OPTION_ID_ACK_TIMEOUT", e))?;
             }
-            id.device().ok_or_else(|| Error::NoDevice("the id is not bound to a device".into()))?
+            let dev = id.device().ok_or_else(|| Error::NoDevice("the id is not bound to a device".into()))?;
+            (dev, id.local_addr())
         };
-        let d = self.device(dev)?;
+        let d = self.device(dev.0, dev.1)?;
         // On the shared receive queue (`srq.rs`): the credit rule admits it or not; its
         // receive completions go to the SRQ's CQ, so it commits no receive room on its own.
         let srq = match self.cfg.srq {
@@ -511,10 +512,15 @@ impl Core {
             unreachable!("checked above: the connection has an id and no queue pair")
         };
         let recv_cq = srq.as_ref().map_or(&cq, |(_, _, rcq)| rcq);
+        let short_rq = self.take_short_rq();
+        let c = self.conns.get_mut(t).expect("checked above");
         match Qp::create(id, &pd, &cq, recv_cq, srq.as_ref().map(|(s, _, _)| s), want) {
             Ok(qp) => {
                 // Post no more than was committed on the CQ, even if the device granted more.
-                let granted = qp.caps();
+                let mut granted = qp.caps();
+                if let Some(n) = short_rq {
+                    granted.max_recv_wr = granted.max_recv_wr.min(n);
+                }
                 c.sq.set_capacity(granted.max_send_wr.min(want.max_send_wr));
                 c.rq.set_capacity(granted.max_recv_wr.min(want.max_recv_wr));
                 if let Some((_, credit, _)) = srq {
@@ -523,7 +529,7 @@ impl Core {
                     self.devices[d].srq.as_mut().expect("checked above").qps.insert(qp_num, t);
                 }
                 c.ep = Endpoint::Qp(qp);
-                c.placed = Some(Placement { device: d, cq: ct, max_inline: granted.max_inline_data });
+                c.placed = Some(Placement { device: d, cq: ct, max_inline: granted.max_inline_data, recv_room });
                 Ok(())
             }
             Err((id, err)) => {

@@ -161,6 +161,18 @@ pub(super) struct DevSrq {
     pub(super) failed: bool,
 }
 
+impl Drop for DevSrq {
+    fn drop(&mut self) {
+        if Rc::strong_count(&self.srq) > 1 {
+            // A queue pair still holds the SRQ (never expected: see `post_srq`'s SAFETY): its
+            // posted buffers must outlive it, so they are leaked, not returned to the pool.
+            debug_assert!(false, "a queue pair outlived its device's SRQ bookkeeping");
+            std::mem::forget(std::mem::take(&mut self.slots));
+        }
+        // Then the fields, in order: the SRQ (destroyed, as the last holder), the buffers.
+    }
+}
+
 impl DevSrq {
     /// Receives posted now.
     pub(super) fn posted(&self) -> usize {
@@ -281,8 +293,13 @@ impl Core {
         }
         #[allow(unsafe_code)]
         // SAFETY: every request names a pool `Buf` of this device's PD, held in the SRQ's slot
-        // table until its completion is reaped or the SRQ is destroyed (`DevSrq`'s field
-        // order drops the SRQ first); a `Buf` keeps its region registered.
+        // table until its completion is reaped or the SRQ is destroyed; a `Buf` keeps its region
+        // registered. The slot table is dropped only with the `DevSrq`, and then the SRQ goes
+        // first: the queue pairs that also hold it are all destroyed by then (a device's
+        // resources are released only once no connection is on it, and `Core` drops its
+        // connections before its devices), so `DevSrq`'s `Rc` is the last and its field order
+        // destroys the SRQ before the buffers; should a queue pair still hold it, `DevSrq`'s
+        // `Drop` leaks the buffers rather than free memory the device may still write.
         let r = unsafe { s.srq.post_recv(&wrs) };
         self.stats.srq_post_calls += 1;
         let n = r.as_ref().map_or_else(|e| e.posted, |()| wrs.len());

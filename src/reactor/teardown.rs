@@ -73,6 +73,7 @@ impl Core {
     fn destroy_conn(&mut self, t: ConnKey) {
         let Some(c) = self.conns.get_mut(t) else { return };
         let cq = c.placed.map(|p| p.cq);
+        let recv_room = c.placed.map_or(0, |p| p.recv_room);
         let on_srq = c.srq_credit.and(c.placed).map(|p| p.device);
         let qp_num = c.ep.qp().map(|q| q.qp_num());
         c.windows.release();
@@ -106,8 +107,9 @@ impl Core {
         if let Some(cq) = cq {
             if let Some(e) = self.cqs.get_mut(cq) {
                 e.waiting.retain(|w| *w != t);
-                // On the SRQ it committed no receive room here (`srq.rs`).
-                e.room.leave(if c.srq_credit.is_some() { 0 } else { c.rq.capacity() });
+                // Exactly the room committed for its receives when it was placed (none on the
+                // SRQ, `srq.rs`), not the receive capacity the device granted, which may be less.
+                e.room.leave(recv_room);
                 if e.shared {
                     // Its receive entries, and the sends cancelled above, are free again: a
                     // connection waiting for room must not wait for a poll that may never come.

@@ -11,7 +11,7 @@ use std::rc::Rc;
 use rdma_sys as ffi;
 
 use super::ack::AckCounter;
-use super::device::DeviceRef;
+use super::device::{DeviceHold, DeviceRef};
 use super::{cvt, cvt_nz, cvt_ptr, nonblock, set_nonblocking};
 use crate::proto::op::WcStatus;
 
@@ -19,14 +19,17 @@ use crate::proto::op::WcStatus;
 #[derive(Debug)]
 pub struct CompChannel {
     raw: NonNull<ffi::ibv_comp_channel>,
+    /// A reference on the context, released after the channel (and so after every CQ, each of
+    /// which holds the channel).
+    _hold: Rc<DeviceHold>,
 }
 
 impl CompChannel {
-    /// `ibv_create_comp_channel` on a device.
-    pub fn new(dev: DeviceRef) -> io::Result<Rc<CompChannel>> {
-        // SAFETY: dev is librdmacm's open context, live for the process.
+    /// `ibv_create_comp_channel` on a device, holding `hold` (a reference on its context).
+    pub fn new(dev: DeviceRef, hold: &Rc<DeviceHold>) -> io::Result<Rc<CompChannel>> {
+        // SAFETY: dev's context is open: `hold` keeps librdmacm from closing it.
         let raw = cvt_ptr(unsafe { ffi::ibv_create_comp_channel(dev.as_ptr()) })?;
-        let chan = CompChannel { raw };
+        let chan = CompChannel { raw, _hold: hold.clone() };
         set_nonblocking(chan.fd())?;
         Ok(Rc::new(chan))
     }

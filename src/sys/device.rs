@@ -218,8 +218,12 @@ fn query(dev: *mut ffi::ibv_device) -> io::Result<DeviceInfo> {
     })
 }
 
-/// A device context owned by librdmacm (it stays open for the life of the process once an id
-/// is bound to it). Copyable, never closed by this crate.
+/// A device context owned by librdmacm. Copyable, never closed by this crate: librdmacm
+/// closes it once the device was removed (its list synchronised without it) and nothing holds
+/// a reference on it any more: neither an id bound to it nor a [`DeviceHold`]. Everything this
+/// crate creates on a context holds a `DeviceHold` (through the [`Pd`](super::pd::Pd) or the
+/// [`CompChannel`](super::cq::CompChannel) it is on), so a `DeviceRef` is used only while its
+/// device's resources exist.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct DeviceRef(NonNull<ffi::ibv_context>);
 
@@ -237,6 +241,52 @@ impl DeviceRef {
     pub(crate) fn identity(&self) -> usize {
         // SAFETY: the context is live (see DeviceRef).
         unsafe { (*self.0.as_ptr()).device as usize }
+    }
+}
+
+/// A librdmacm reference on one device context: while it lives, librdmacm does not close the
+/// context, even once the device is removed and every other id on it is destroyed. librdmacm
+/// counts references of ids (and of the lists `rdma_get_devices` hands out), not of PDs,
+/// regions or CQs: without this, a removed device's context could be closed under a buffer, a
+/// CQ or a PD still to be destroyed, and their destruction would use freed memory (the hostile
+/// review's finding 1). The [`Pd`](super::pd::Pd) and the [`CompChannel`](super::cq::CompChannel)
+/// of a device each hold one (shared), as their last field, so the context outlives every
+/// object on it.
+///
+/// It is an rdma_cm id of its own, bound to an address of the device (port 0: an ephemeral
+/// port, never listened or connected on), on a channel of its own that is never read (the
+/// kernel's DEVICE_REMOVAL for it is dropped with it). Destroying it is librdmacm's ordinary
+/// release of a device reference: at the last one, librdmacm frees its own PD on the device
+/// and, for a removed device, closes the context. (A reference taken with `rdma_get_devices`
+/// would not free that PD.)
+pub(crate) struct DeviceHold {
+    _id: super::cm::CmId,
+}
+
+impl std::fmt::Debug for DeviceHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceHold").finish()
+    }
+}
+
+impl DeviceHold {
+    /// A reference on `dev`'s context, through an id bound to `addr`'s IP (an address of the
+    /// device: the local address of an id on it).
+    ///
+    /// # Errors
+    ///
+    /// What `rdma_create_event_channel`, `rdma_create_id` or `rdma_bind_addr` report; `ENODEV`
+    /// when the address binds to another device.
+    pub(crate) fn new(dev: DeviceRef, addr: std::net::SocketAddr) -> io::Result<std::rc::Rc<DeviceHold>> {
+        let chan = super::cm::EventChannel::new()?;
+        let id = super::cm::CmId::new(&chan, 0)?;
+        let mut any_port = addr;
+        any_port.set_port(0);
+        id.bind(&any_port)?;
+        if id.device() != Some(dev) {
+            return Err(io::Error::from_raw_os_error(nix::libc::ENODEV));
+        }
+        Ok(std::rc::Rc::new(DeviceHold { _id: id }))
     }
 }
 
@@ -274,7 +324,10 @@ pub(crate) enum AsyncElement {
 /// names cannot be destroyed before then (libibverbs waits), so its address names a live
 /// object until the event is dropped.
 pub(crate) struct AsyncEvent {
-    raw: ffi::ibv_async_event,
+    /// Kept uninitialised as far as Rust knows: rdma-sys declares `event_type` a Rust enum,
+    /// and a value the kernel adds later would make a typed `ibv_async_event` invalid (undefined
+    /// behaviour). It is only read through [`decode`] and handed back to the C library.
+    raw: MaybeUninit<ffi::ibv_async_event>,
     /// The event type.
     pub kind: AsyncEventKind,
     /// What it is about.
@@ -290,7 +343,7 @@ impl std::fmt::Debug for AsyncEvent {
 impl Drop for AsyncEvent {
     fn drop(&mut self) {
         // SAFETY: raw was filled by ibv_get_async_event and is acked once, here.
-        unsafe { ffi::ibv_ack_async_event(&mut self.raw) };
+        unsafe { ffi::ibv_ack_async_event(self.raw.as_mut_ptr()) };
     }
 }
 
@@ -348,38 +401,51 @@ impl DeviceRef {
         if got.is_none() {
             return Ok(None);
         }
-        let p = raw.as_ptr();
-        // Read the type as the integer it is: rdma-sys declares it a Rust enum, and a value
-        // newer than the bindings must not become an invalid enum.
-        // SAFETY: the field is initialised by ibv_get_async_event and is 4 bytes (repr(u32)).
-        let kind = async_kind(unsafe { std::ptr::addr_of!((*p).event_type).cast::<u32>().read() });
-        use AsyncEventKind as K;
-        // SAFETY: the union member read is the one the event type selects (verbs.h).
-        let element = unsafe {
-            match kind {
-                K::CqErr => AsyncElement::Cq((*p).element.cq as usize),
-                K::QpFatal
-                | K::QpReqErr
-                | K::QpAccessErr
-                | K::CommEst
-                | K::SqDrained
-                | K::PathMig
-                | K::PathMigErr
-                | K::QpLastWqeReached => AsyncElement::Qp((*p).element.qp as usize),
-                K::SrqErr | K::SrqLimitReached => AsyncElement::Srq((*p).element.srq as usize),
-                K::PortActive
-                | K::PortErr
-                | K::LidChange
-                | K::PkeyChange
-                | K::SmChange
-                | K::ClientReregister
-                | K::GidChange => AsyncElement::Port((*p).element.port_num.clamp(0, 255) as u8),
-                _ => AsyncElement::Device,
-            }
-        };
-        // SAFETY: fully initialised by ibv_get_async_event.
-        Ok(Some(AsyncEvent { raw: unsafe { raw.assume_init() }, kind, element }))
+        // SAFETY: filled by ibv_get_async_event.
+        let (kind, element) = unsafe { decode(&raw) };
+        Ok(Some(AsyncEvent { raw, kind, element }))
     }
+}
+
+/// What an asynchronous event is: its type read as the integer it is (never as rdma-sys' Rust
+/// enum, which a value newer than the bindings would make invalid), and the union member that
+/// type selects.
+///
+/// # Safety
+///
+/// `raw` holds an event filled by `ibv_get_async_event` (its type field, and the union member
+/// its type selects, are initialised).
+unsafe fn decode(raw: &MaybeUninit<ffi::ibv_async_event>) -> (AsyncEventKind, AsyncElement) {
+    let p = raw.as_ptr();
+    // SAFETY: the field is initialised (the caller's contract) and 4 bytes (repr(u32)); read
+    // as a u32 through a raw pointer, no enum value is made.
+    let kind = async_kind(unsafe { std::ptr::addr_of!((*p).event_type).cast::<u32>().read() });
+    use AsyncEventKind as K;
+    // SAFETY: the union member read is the one the event type selects (verbs.h), initialised
+    // (the caller's contract); raw pointers only, no typed copy of the event.
+    let element = unsafe {
+        match kind {
+            K::CqErr => AsyncElement::Cq(std::ptr::addr_of!((*p).element.cq).read() as usize),
+            K::QpFatal
+            | K::QpReqErr
+            | K::QpAccessErr
+            | K::CommEst
+            | K::SqDrained
+            | K::PathMig
+            | K::PathMigErr
+            | K::QpLastWqeReached => AsyncElement::Qp(std::ptr::addr_of!((*p).element.qp).read() as usize),
+            K::SrqErr | K::SrqLimitReached => AsyncElement::Srq(std::ptr::addr_of!((*p).element.srq).read() as usize),
+            K::PortActive
+            | K::PortErr
+            | K::LidChange
+            | K::PkeyChange
+            | K::SmChange
+            | K::ClientReregister
+            | K::GidChange => AsyncElement::Port(std::ptr::addr_of!((*p).element.port_num).read().clamp(0, 255) as u8),
+            _ => AsyncElement::Device,
+        }
+    };
+    (kind, element)
 }
 
 /// Lets librdmacm forget devices that were removed: its device list is synchronised with
@@ -394,5 +460,41 @@ pub(crate) fn forget_removed_devices() {
     if !list.is_null() {
         // SAFETY: returned by rdma_get_devices, freed once.
         unsafe { ffi::rdma_free_devices(list) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::MaybeUninit;
+
+    use rdma_sys as ffi;
+
+    use super::{decode, AsyncElement};
+    use crate::proto::conn::AsyncEventKind;
+
+    fn event(kind: u32, port: i32) -> MaybeUninit<ffi::ibv_async_event> {
+        let mut raw = MaybeUninit::<ffi::ibv_async_event>::zeroed();
+        let p = raw.as_mut_ptr();
+        // SAFETY: writes into the zeroed event through raw pointers, as the kernel would; no
+        // typed value of the event (or of its enum field) is made.
+        unsafe {
+            std::ptr::addr_of_mut!((*p).event_type).cast::<u32>().write(kind);
+            std::ptr::addr_of_mut!((*p).element.port_num).cast::<i32>().write(port);
+        }
+        raw
+    }
+
+    /// Hostile review (issue 22), finding 6: the event was read into a typed
+    /// `ibv_async_event`, whose `event_type` rdma-sys declares a Rust enum: a type the kernel
+    /// adds later (here 99) made an invalid enum value, undefined behaviour (not observable at
+    /// run time without Miri). Now it is decoded from the raw bytes, never as the enum.
+    #[test]
+    fn an_event_type_newer_than_the_bindings_is_unknown_and_never_an_enum() {
+        // SAFETY: both events are initialised (zeroed, then written above).
+        let (kind, element) = unsafe { decode(&event(99, 0)) };
+        assert_eq!((kind, element), (AsyncEventKind::Unknown(99), AsyncElement::Device));
+        // SAFETY: as above.
+        let (kind, element) = unsafe { decode(&event(10, 1)) };
+        assert_eq!((kind, element), (AsyncEventKind::PortErr, AsyncElement::Port(1)));
     }
 }

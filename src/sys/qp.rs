@@ -309,18 +309,39 @@ pub(super) fn link<T>(chain: &mut [T], set_next: impl Fn(&mut T, *mut T)) {
     }
 }
 
-/// Index of the failing request `bad` in a chain at `base` of `len`; 0 when unknown (then
-/// nothing is assumed posted).
+/// Index of the failing request `bad` in a chain at `base` of `len`: the requests before it
+/// were taken. When `bad` names none of them (NULL, or outside the chain: a provider that did
+/// not say), every request is taken to be posted: reading it as "none posted" would hand back
+/// buffers the device may still write. The caller then closes the queue pair, whose
+/// destruction (or flush) settles them.
 pub(super) fn failed_index<T>(bad: *mut T, base: *mut T, len: usize) -> usize {
     let (bad, base) = (bad as usize, base as usize);
     let size = std::mem::size_of::<T>().max(1);
-    if bad < base {
-        return 0;
+    if bad < base || (bad - base) % size != 0 {
+        return len;
     }
     let i = (bad - base) / size;
-    if i < len {
-        i
-    } else {
-        0
+    i.min(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::failed_index;
+
+    /// Hostile review (issue 22), finding 7: an unknown failing request was read as "nothing
+    /// posted" (0), so the callers handed back receive buffers (or freed SRQ slots) the device
+    /// might still write. Unknown now means "all posted".
+    #[test]
+    fn an_unknown_failing_request_means_all_were_posted() {
+        let mut chain = [0u64; 5];
+        let base = chain.as_mut_ptr();
+        // SAFETY: offsets within (or one past) the array.
+        let at = |i: usize| unsafe { base.add(i) };
+        assert_eq!(failed_index(at(0), base, 5), 0, "the first refused: none posted");
+        assert_eq!(failed_index(at(3), base, 5), 3);
+        assert_eq!(failed_index(std::ptr::null_mut(), base, 5), 5, "NULL: unknown, all taken as posted");
+        assert_eq!(failed_index(at(5), base, 5), 5, "past the chain: all");
+        assert_eq!(failed_index(base.wrapping_sub(1), base, 5), 5, "before the chain: all");
+        assert_eq!(failed_index(base.cast::<u8>().wrapping_add(3).cast::<u64>(), base, 5), 5, "not a request: all");
     }
 }
