@@ -1,7 +1,7 @@
 //! `cargo xtask demo`: the project's main job in one command.
 //!
-//! THE PLACE TO EDIT the demo's command lines: [`ECHO`], [`BLAST`], [`EMBED`] and [`RPING`]
-//! below. Each is a sh fragment run with `$BIN` (the project's binaries) and `$RDMA_ADDR` set, in
+//! THE PLACE TO EDIT the demo's command lines: [`ECHO`], [`BLAST`], [`EMBED`], [`KV`] and
+//! [`RPING`] below. Each is a sh fragment run with `$BIN` (the project's binaries) and `$RDMA_ADDR` set, in
 //! the VM or on a host with an RDMA device. A fragment is used when its example source exists
 //! (`examples/echo.rs`, `examples/blast.rs`, `examples/embed.rs`); with neither echo nor blast,
 //! the rping pair runs instead.
@@ -42,6 +42,21 @@ rc=$?
 [ $rc -eq 0 ] || { echo "== embed failed: exit $rc"; exit $rc; }
 "#;
 
+/// The kv example: a table in one region, exposed to 8 clients, each reading it by one-sided
+/// RDMA READ (every value verified) and writing it by SEND.
+pub const KV: &str = r#"
+echo "== kv: server on $RDMA_ADDR:7474 (1024 values of 256 B in one region); 8 clients x 2000 GETs by RDMA READ, verified"
+"$BIN"/kv server --bind "$RDMA_ADDR:7474" --exit-after 8 --quiet &
+server=$!
+sleep 1
+"$BIN"/kv client --connect "$RDMA_ADDR:7474" --clients 8 --count 2000 --verify
+rc=$?
+wait $server
+src=$?
+[ $rc -eq 0 ] || { echo "== kv client failed: exit $rc"; exit $rc; }
+[ $src -eq 0 ] || { echo "== kv server failed: exit $src"; exit $src; }
+"#;
+
 /// Until the examples exist: rdma-core's rping, server and client, 5 verified pings.
 pub const RPING: &str = r#"
 echo "== rping (the echo/blast examples do not exist yet): server and client on $RDMA_ADDR, 5 pings"
@@ -69,6 +84,9 @@ pub fn script() -> String {
     }
     if project::has_example("embed") {
         s.push_str(EMBED);
+    }
+    if project::has_example("kv") {
+        s.push_str(KV);
     }
     if !echo && !blast {
         s.push_str(RPING);
