@@ -320,18 +320,24 @@ impl EchoClient {
 
 impl ConnectionHandler for EchoClient {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
-        let bufs = (conn.alloc(self.size), conn.alloc(self.size));
-        match bufs {
-            (Ok(recv), Ok(mut send)) => {
+        match conn.alloc(self.size) {
+            Ok(mut send) => {
                 // Without --verify the payload is a fixed pattern written once.
                 fill_pattern(send.as_mut_slice(), self.index, u64::MAX);
                 self.send_buf = Some(send);
-                if let Err(e) = conn.submit(Op::recv(recv)) {
-                    let msg = format!("post receive: {}", e.error);
-                    self.fail(conn, msg);
-                }
             }
-            (Err(e), _) | (_, Err(e)) => self.fail(conn, format!("buffers: {}", common::report(&e))),
+            Err(e) => return self.fail(conn, format!("buffers: {}", common::report(&e))),
+        }
+        // One echo is in flight at a time, but three receives posted let the client offer flow
+        // control, which a server on a shared receive queue requires (`--srq`).
+        for _ in 0..3 {
+            let posted = conn
+                .alloc(self.size)
+                .map_err(|e| common::report(&e))
+                .and_then(|recv| conn.submit(Op::recv(recv)).map_err(|e| format!("post receive: {}", e.error)));
+            if let Err(msg) = posted {
+                return self.fail(conn, msg);
+            }
         }
     }
 
