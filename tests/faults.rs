@@ -493,6 +493,57 @@ fn a_handler_panicking_in_drop_loses_no_other_connection() {
     assert_baseline();
 }
 
+/// A reactor kept in a `thread_local!` (a common way to give each thread its own) is dropped
+/// by the thread-local destructors at thread exit. The reactor's store for panics raised by
+/// handlers' `Drop` is a thread-local too, first used by the reactor's first tick, so it was
+/// destroyed first; the reactor's drop then used it (`LocalKey::with` panics there), and a
+/// panic in a thread-local destructor aborts the process. Here a thread serves a connection
+/// from a thread-local reactor and exits: the test binary survives it, the connection heard
+/// `on_closed`, and nothing is left behind.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_reactor_in_a_thread_local_is_dropped_at_thread_exit_without_aborting() {
+    thread_local! {
+        static REACTOR: RefCell<Option<Reactor>> = const { RefCell::new(None) };
+    }
+    let (mut srv, a, heard) = server(Config::default());
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<(u64, Option<String>)>();
+    let worker = std::thread::spawn(move || {
+        // The thread-local is first used (its destructor registered) before the reactor ticks.
+        REACTOR.with(|r| *r.borrow_mut() = Some(Reactor::new().expect("client reactor")));
+        let p = REACTOR.with(|r| ping(r.borrow_mut().as_mut().expect("set"), a, 1, 5));
+        let deadline = Instant::now() + LIMIT;
+        while p.borrow().echoed < 5 && p.borrow().error.is_none() && Instant::now() < deadline {
+            REACTOR.with(|r| {
+                r.borrow_mut().as_mut().expect("set").run_once(Some(Duration::from_millis(1))).expect("tick")
+            });
+        }
+        done_tx.send((p.borrow().echoed, p.borrow().error.clone())).expect("report");
+        // Exit only once the server has ticked past the echoes; the reactor is then dropped by
+        // the thread-local destructors, with its connection still open.
+        let _ = rx.recv();
+    });
+    let mut report = None;
+    pump(&mut [&mut srv], LIMIT, || {
+        report = report.take().or_else(|| done_rx.try_recv().ok());
+        report.is_some()
+    });
+    assert_eq!(report, Some((5, None)), "the thread-local reactor's client was served");
+    tx.send(()).expect("release the worker");
+    // The server keeps ticking while the worker's reactor shuts its connection down.
+    pump(&mut [&mut srv], LIMIT, || worker.is_finished());
+    let joined = worker.join();
+    assert!(joined.is_ok(), "the worker thread panicked: {joined:?}");
+    pump(&mut [&mut srv], LIMIT, || !heard.borrow().agents_closed.borrow().is_empty());
+    println!(
+        "a thread-local reactor dropped at thread exit: the process lives, the server's agent closed with {:?}",
+        heard.borrow().agents_closed.borrow()
+    );
+    drop(srv);
+    assert_baseline();
+}
+
 /// Case 18: a local protection error. A client posts a send whose local key is wrong (through
 /// `submit_raw`, the only way to name memory by key): the device refuses it (`LocProtErr`;
 /// rxe on Linux 6.1 says `LocQpOpErr`), the operation completes with that status, only that connection closes

@@ -29,7 +29,8 @@ impl Core {
         if !self.devices[placed.device].pool.owns(&buf) {
             return Err(Error::Config("the buffer belongs to another device's pool".into()));
         }
-        buf.set_owner(t.token().as_u64());
+        // What it exposes is this connection's; the rest of the chunk is foreign to it.
+        buf.set_owner(c.mem_owner, buf.len());
         let (exposed, window) = Exposed::new(buf, access)?;
         self.queue_bind(t, &window);
         Ok(exposed)

@@ -215,6 +215,8 @@ struct ConnEntry {
     /// On its device's shared receive queue (`Config::srq`): the credit it was granted there
     /// (committed on its CQ instead of a receive depth).
     srq_credit: Option<u32>,
+    /// Whose bytes this connection's buffers hold (`sys/pool.rs`): unique in the process.
+    mem_owner: u64,
 }
 
 impl ConnEntry {
@@ -235,6 +237,7 @@ impl ConnEntry {
             infos: Infos { local, peer: None, raw_private_data: None, sent: false },
             close_reason: None,
             srq_credit: None,
+            mem_owner: crate::sys::pool::next_owner(),
         }
     }
 
@@ -834,7 +837,10 @@ impl Core {
     /// Adds a panic a handler's `Drop` raised during the tick (caught by [`Guarded`]) to the
     /// tick's panics.
     fn keep_drop_panic(&mut self) {
-        if let Some(panic) = DROP_PANIC.with(|p| p.borrow_mut().take()) {
+        // try_with: a reactor dropped by a thread-local's destructor may run after this
+        // thread-local was destroyed; `with` would panic there, and a panic in a thread-local's
+        // destructor aborts the process.
+        if let Some(panic) = DROP_PANIC.try_with(|p| p.borrow_mut().take()).ok().flatten() {
             self.panic.get_or_insert(panic);
         }
     }
@@ -877,7 +883,9 @@ impl<T: ?Sized> Drop for Guarded<T> {
     fn drop(&mut self) {
         if let Some(handler) = self.0.take() {
             if let Err(panic) = catch_unwind(AssertUnwindSafe(move || drop(handler))) {
-                DROP_PANIC.with(|p| {
+                // Past the thread-local's destruction (a reactor in a thread-local being
+                // dropped), the panic has nowhere to go and is discarded.
+                let _ = DROP_PANIC.try_with(|p| {
                     p.borrow_mut().get_or_insert(panic);
                 });
             }

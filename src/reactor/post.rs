@@ -36,8 +36,14 @@ impl Core {
             return Err(SubmitError::new(Error::Config("the buffer belongs to another device's pool".into()), op));
         }
         if let Some(b) = buf {
-            // Used by this connection now: what it sends must be its own (`sys/pool.rs`).
-            b.set_owner(t.token().as_u64());
+            // Used by this connection now: it is given what it sends (or writes), nothing of a
+            // receive's or READ's target (the device overwrites it), and every other byte of
+            // the chunk is foreign to it (`sys/pool.rs`).
+            let keep = match &op.body {
+                Body::Send(b) | Body::Write(b, _) | Body::WriteImm(b, _) => b.len(),
+                _ => 0,
+            };
+            b.set_owner(c.mem_owner, keep);
         }
         let len = match &op.body {
             Body::Send(b) | Body::Write(b, _) | Body::WriteImm(b, _) | Body::Recv(b) => b.len(),

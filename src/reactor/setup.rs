@@ -548,7 +548,7 @@ impl Core {
     pub(crate) fn alloc(&mut self, t: ConnKey, len: usize) -> Result<crate::Buf> {
         let c = self.conns.get(t).ok_or(Error::StaleToken(t.token().as_u64()))?;
         let p = c.placed.ok_or_else(|| Error::NotConnected(format!("connection {:?} has no device yet", t.token())))?;
-        self.devices[p.device].pool.alloc(len, t.token().as_u64())
+        self.devices[p.device].pool.alloc(len, c.mem_owner)
     }
 }
 

@@ -388,6 +388,7 @@ impl Core {
             return self.feed(t, input);
         }
         let c = self.conns.get_mut(t).expect("checked");
+        let c_owner = c.mem_owner;
         if c.sq.flow_mut().is_some_and(|f| f.exhausted()) {
             // The peer sent beyond its credit: on a shared queue that takes receives other
             // connections were promised. The message is dropped and the connection closed.
@@ -415,7 +416,8 @@ impl Core {
         // Exactly the bytes received (none for an RDMA WRITE with immediate data).
         buf.received(if wc.remote_write { 0 } else { wc.byte_len as usize });
         // The message is this connection's; the rest of the chunk is foreign to it.
-        buf.set_owner(t.token().as_u64());
+        let n = buf.len();
+        buf.set_owner(c_owner, n);
         let completion = Completion {
             user_data: Completion::SRQ_RECV,
             opcode: OpCode::Recv,

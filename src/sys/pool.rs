@@ -28,7 +28,8 @@
 //! how far the chunk may be non-zero when this owner lets go. Whatever shows the first `len`
 //! bytes (the views [`Buf::as_slice`] and [`Buf::as_mut_slice`], a send or RDMA WRITE taking
 //! them, an exposure) first zeroes `fresh..min(len, stale)`; a buffer submitted on another
-//! connection than its owner takes everything not fresh as foreign to the new one. A chunk
+//! connection than its owner takes everything but the bytes it sends or exposes as foreign to
+//! the new one (bytes the last owner wrote or received included). A chunk
 //! never dirtied costs nothing, and the common paths (fill then send; receive then read) find
 //! nothing to zero. [`Buf::set_len_unchecked`] is the `unsafe` escape hatch for callers who
 //! fill a buffer's spare capacity themselves ([`Buf::spare_capacity_mut`]).
@@ -127,6 +128,14 @@ struct Cluster {
 /// no connection's, so foreign to every connection.
 pub(crate) const NO_OWNER: u64 = 0;
 
+/// A new owner id for a connection: never [`NO_OWNER`], never one an earlier connection of the
+/// process had (a token's generation wraps, and a slot freed last is reused first, so a token
+/// would let a connection take another's leftover bytes as its own).
+pub(crate) fn next_owner() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// One size class: clusters of equal chunks, with per-cluster free lists.
 struct Class {
     chunk_size: usize,
@@ -198,7 +207,7 @@ impl Pool {
 
     /// Takes a free chunk of the smallest class that holds `len` bytes, registering a new
     /// cluster when that class has none free and the maximum allows, for `owner` (a
-    /// connection's token, or [`NO_OWNER`]). The buffer's length is `len`; bytes of another
+    /// connection's owner id, [`next_owner`], or [`NO_OWNER`]). The buffer's length is `len`; bytes of another
     /// owner's in it read as zeros.
     pub fn alloc(&self, len: usize, owner: u64) -> Result<Buf> {
         let class = self.classes.iter().find(|c| c.borrow().chunk_size >= len).ok_or(Error::TooLarge {
@@ -325,9 +334,12 @@ impl Marks {
         Marks { fresh: 0, stale: if own { 0 } else { dirty }, dirty }
     }
 
-    /// The buffer passes to another owner: what is not fresh may be the last one's.
-    fn change_owner(&mut self) {
+    /// The buffer passes to another owner, which is given its first `keep` bytes (what it
+    /// sends or exposes; 0 for a receive or READ, which the device overwrites): everything
+    /// else may be the last owner's, fresh for it or not.
+    fn change_owner(&mut self, keep: usize) {
         self.stale = self.stale.max(self.dirty);
+        self.fresh = self.fresh.min(keep);
     }
 
     /// Whose the chunk's bytes are once this owner lets go: its own, unless bytes of another
@@ -480,10 +492,12 @@ impl Buf {
     }
 
     /// The buffer is used by connection `owner` from now on (submitted on it, or a message
-    /// for it landed in it): bytes not fresh may be foreign to it.
-    pub(crate) fn set_owner(&self, owner: u64) {
+    /// for it landed in it), which is given its first `keep` bytes (what it sends, exposes or
+    /// received; 0 for a receive or READ still to be posted): every other byte may be foreign
+    /// to it, including bytes the previous owner wrote or received past `keep`.
+    pub(crate) fn set_owner(&self, owner: u64, keep: usize) {
         if self.owner.get() != owner {
-            self.update(Marks::change_owner);
+            self.update(|m| m.change_owner(keep.min(self.len)));
             self.owner.set(owner);
         }
     }
@@ -859,7 +873,7 @@ mod tests {
         let mut m = Marks::new(4096, true);
         assert!(m.show(4096).is_empty(), "a connection reusing its own chunk zeroes nothing");
         let mut n = Marks::new(4096, true);
-        n.change_owner();
+        n.change_owner(0);
         assert_eq!(n.show(4096), 0..4096, "submitted on another connection: its old bytes are foreign there");
     }
 
@@ -872,8 +886,27 @@ mod tests {
         assert_eq!(m.show(4096), 2..4096, "set_len(4096) after a 2-byte receive: the rest is zeroed");
         let mut f = Marks::new(4096, false);
         f.written(100);
-        f.change_owner();
-        assert!(f.show(100).is_empty(), "fresh bytes go with the buffer to its new owner");
+        f.change_owner(100);
+        assert!(f.show(100).is_empty(), "the bytes it sends go with the buffer to its new owner");
+    }
+
+    #[test]
+    fn bytes_past_what_is_passed_on_are_foreign_to_the_new_owner() {
+        // Hostile read of issue 17's fix: a 4 096-byte message received on X, cut to 16
+        // bytes and sent on Y. X's other 4 080 bytes were fresh for X, never for Y.
+        let mut m = Marks::new(0, false);
+        m.device_may_write(4096);
+        m.written(4096);
+        m.change_owner(16);
+        assert!(m.show(16).is_empty(), "the 16 bytes sent are Y's");
+        assert!(!m.leaves_only_own_bytes(), "X's bytes are still in the chunk: it is nobody's when Y drops it");
+        assert_eq!(m.show(4096), 16..4096, "grown back on Y: X's bytes are zeroed");
+        // A receive reposted on another connection: nothing of X's is kept.
+        let mut r = Marks::new(0, false);
+        r.written(4096);
+        r.change_owner(0);
+        r.written(100); // Y's receive of 100 bytes
+        assert_eq!(r.show(4096), 100..4096, "X's bytes past Y's message are zeroed");
     }
 
     #[test]

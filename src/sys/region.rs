@@ -39,18 +39,25 @@ use crate::error::{Error, Result};
 
 /// Where a region's memory came from, and how it is freed.
 enum Memory {
-    /// A boxed slice (from a `Vec` or a `Box`).
-    Boxed(Box<[u8]>),
-    /// An anonymous mapping, unmapped on drop.
-    Mapped { ptr: NonNull<u8>, len: usize },
+    /// A boxed slice (from a `Vec` or a `Box`), held as the raw pointer `Box::into_raw` gave
+    /// (no live `Box` asserts unique access while peers and the device write the memory), and
+    /// made a `Box` again only to be freed.
+    Boxed(NonNull<[u8]>),
+    /// An anonymous mapping of `map_len` bytes (`len` rounded up to the huge page size for
+    /// `MAP_HUGETLB`, which `munmap` needs), unmapped on drop.
+    Mapped { ptr: NonNull<u8>, len: usize, map_len: usize },
     /// Memory the caller handed over with an owner that frees it when dropped.
     Foreign { ptr: NonNull<u8>, len: usize, _owner: Box<dyn Any> },
 }
 
 impl Memory {
+    fn boxed(b: Box<[u8]>) -> Memory {
+        Memory::Boxed(NonNull::from(Box::leak(b)))
+    }
+
     fn ptr(&mut self) -> *mut u8 {
         match self {
-            Memory::Boxed(b) => b.as_mut_ptr(),
+            Memory::Boxed(b) => b.as_ptr().cast(),
             Memory::Mapped { ptr, .. } | Memory::Foreign { ptr, .. } => ptr.as_ptr(),
         }
     }
@@ -65,13 +72,31 @@ impl Memory {
 
 impl Drop for Memory {
     fn drop(&mut self) {
-        if let Memory::Mapped { ptr, len } = *self {
-            // SAFETY: mapped by Region::mapped with this length, unmapped once; nothing
-            // refers to it any more (the registrations were released first: RegionInner's
-            // field order).
-            unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+        match *self {
+            Memory::Boxed(b) => {
+                // SAFETY: b came from Box::leak in Memory::boxed and is freed only here, once;
+                // nothing refers to it any more (the registrations were released first:
+                // RegionInner's field order).
+                drop(unsafe { Box::from_raw(b.as_ptr()) });
+            }
+            Memory::Mapped { ptr, map_len, .. } => {
+                // SAFETY: mapped by Region::mapped with this length, unmapped once; nothing
+                // refers to it any more (as above).
+                let rc = unsafe { libc::munmap(ptr.as_ptr().cast(), map_len) };
+                debug_assert_eq!(rc, 0, "munmap of a region's mapping: {}", std::io::Error::last_os_error());
+            }
+            Memory::Foreign { .. } => {}
         }
     }
+}
+
+/// The system's default huge page size (`Hugepagesize` in `/proc/meminfo`), the unit of a
+/// `MAP_HUGETLB` mapping.
+fn huge_page_size() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("Hugepagesize:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024).filter(|&n| n > 0)
 }
 
 /// One registration of (part of) a region on a protection domain.
@@ -123,15 +148,18 @@ impl fmt::Debug for Region {
     }
 }
 
+/// An empty `Vec` makes an empty region, which cannot be registered or sliced (every use of
+/// it fails with [`Error::Config`]).
 impl From<Vec<u8>> for Region {
     fn from(v: Vec<u8>) -> Region {
-        Region::new(Memory::Boxed(v.into_boxed_slice()))
+        Region::new(Memory::boxed(v.into_boxed_slice()))
     }
 }
 
+/// An empty `Box` makes an empty region, as an empty `Vec` does.
 impl From<Box<[u8]>> for Region {
     fn from(b: Box<[u8]>) -> Region {
-        Region::new(Memory::Boxed(b))
+        Region::new(Memory::boxed(b))
     }
 }
 
@@ -165,12 +193,24 @@ impl Region {
         if len == 0 {
             return Err(Error::Config("a region needs at least one byte".into()));
         }
+        let map_len = if extra & libc::MAP_HUGETLB != 0 {
+            let page = huge_page_size().ok_or_else(|| {
+                Error::Config("no huge page size in /proc/meminfo (Hugepagesize): no huge pages here".into())
+            })?;
+            len.checked_next_multiple_of(page).ok_or_else(|| Error::TooLarge {
+                len,
+                max: usize::MAX - page,
+                limit: "the address space",
+            })?
+        } else {
+            len
+        };
         // SAFETY: an anonymous private mapping of `len` bytes at an address the kernel picks;
         // no existing memory is touched.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                map_len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra,
                 -1,
@@ -186,7 +226,7 @@ impl Region {
             return Err(Error::Os { call, source: std::io::Error::last_os_error() });
         }
         let ptr = NonNull::new(p.cast::<u8>()).expect("mmap returned MAP_FAILED or an address");
-        Ok(Region::new(Memory::Mapped { ptr, len }))
+        Ok(Region::new(Memory::Mapped { ptr, len, map_len }))
     }
 
     /// A region over memory the caller already has (an `mmap`ed file, shared memory, ...),
@@ -285,6 +325,9 @@ impl Region {
     /// The MR over `range` on `pd`, registered now if it is not yet (local write and window
     /// binding, no remote rights). Returns its local key and raw MR.
     pub(crate) fn registration(&self, pd: &Rc<Pd>, range: Range<usize>) -> Result<(u32, *mut rdma_sys::ibv_mr)> {
+        if range.is_empty() {
+            return Err(Error::Config("an empty region cannot be registered (it needs at least one byte)".into()));
+        }
         let id = Rc::as_ptr(pd) as usize;
         let mut regs = self.inner.regs.borrow_mut();
         if let Some(r) = regs.iter().find(|r| r.pd == id && r.range == range) {
