@@ -705,10 +705,12 @@ fn a_peer_without_flow_control_is_refused_and_cannot_starve_the_srq() {
 /// Finding 2, its other half: a peer that does negotiate flow control, then sends 64 messages
 /// at once into a credit of 4, while every other receive of the SRQ is promised (two idle
 /// connections and a well-behaved client that tolerates no RNR NAK hold the rest of the
-/// credits). Its overdraw lands before the reactor can look; before the fix it took receives
-/// promised to the others and the good client died with `RnrRetryExcErr`. Now the SRQ keeps a
-/// reserve of 64 receives granted to no one: the overdraw takes those, the peer is closed for
-/// breaking its credit, and the good client is served.
+/// credits). Its overdraw lands before the reactor can look. The SRQ keeps a reserve of 64
+/// receives granted to no one: the overdraw takes those, the peer is closed for breaking its
+/// credit, and the good client is served. (With the server ticking all along, as here, the
+/// code before the fix served the good client too, even with all 16 receives promised: every
+/// tick re-posts what the flood took. The next test makes the flood land while the server
+/// does not tick, which is where the reserve matters.)
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn an_overdraw_takes_the_reserve_not_receives_promised_to_others() {
@@ -758,6 +760,77 @@ fn an_overdraw_takes_the_reserve_not_receives_promised_to_others() {
         .iter()
         .any(|c| matches!(c, CloseReason::Protocol(t) if t.contains("beyond its credit"))));
     assert!(srv.stats().srq_overdrawn >= 1);
+    assert!(idle_logs.iter().all(|l| l.borrow().closed.is_none()), "the idle clients are still connected");
+}
+
+/// Finding 2's overdraw where it hurts: the flood lands while the server's reactor is not
+/// ticking (a handler busy, the thread descheduled), so nothing is re-posted before an honest
+/// client's next message arrives. 16 receives are promised (4 connections, a credit of 4
+/// each), the reserve holds 64 more; a peer that lied about flow control sends 64 messages at
+/// once, then, the server still not ticking, a client that tolerates no RNR NAK sends one
+/// message within its credit: its receive must still be there. Without the reserve (the code
+/// before the fix, with all 16 receives promised) the flood took them and the good client's
+/// message was refused (`RnrRetryExcErr`).
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn an_overdraw_while_the_server_is_busy_leaves_promised_receives_in_place() {
+    let server = addr();
+    let srq = SrqConfig { receives: 16 + 64, credit: 4, buf_size: 4096, low_water: 0, reserve: 64 };
+    let mut srv = Reactor::with_config(Config { srq: Some(srq), ..Config::default() }).expect("SRQ reactor");
+    let log = Rc::new(RefCell::new(AgentLog::default()));
+    srv.listen(server, SrqListener { log: log.clone() }).expect("listen");
+    let mut good = no_rnr_tolerance();
+    let (g, glog) = Streamer::new(64, 0, 0, 8);
+    let gt = good.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, g).expect("connect");
+    let mut idle = Reactor::new().expect("client");
+    let mut idle_logs = Vec::new();
+    for _ in 0..2 {
+        let (s, l) = Streamer::new(64, 0, 0, 8);
+        idle.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, s).expect("connect");
+        idle_logs.push(l);
+    }
+    pump(&mut [&mut srv, &mut good, &mut idle], Duration::from_secs(60), "the good and idle clients", || {
+        glog.borrow().established && idle_logs.iter().all(|l| l.borrow().established)
+    });
+
+    let mut bad = Reactor::with_config(Config { flow_control: false, ..Config::default() }).expect("client");
+    let lie = rdma_reactor::ConnectInfo { msg_size: 64, recv_depth: 64, flow_control: true, ..Default::default() };
+    let opts = ConnectOptions { raw_private_data: Some(lie.encode(56).expect("encode")), ..Default::default() };
+    let (closed, sent) = (Rc::new(RefCell::new(None)), Rc::new(RefCell::new((0, false))));
+    bad.connect(server, opts, Flood { closed: closed.clone(), sent: sent.clone() }).expect("connect");
+    pump(&mut [&mut srv, &mut bad], Duration::from_secs(60), "the flooder established", || sent.borrow().1);
+    // From here the server does not tick: the device takes a receive for each message of the
+    // flood it can (the rest are NAKed and retried), and nothing is re-posted.
+    let until = std::time::Instant::now() + Duration::from_millis(500);
+    pump(&mut [&mut bad], Duration::from_secs(10), "the flood landed", || std::time::Instant::now() >= until);
+    let landed = sent.borrow().0;
+    {
+        let mut ctx = good.ctx();
+        let mut buf = ctx.alloc(gt, 64).expect("buffer");
+        buf.fill_from(&[7; 64]).expect("fill");
+        ctx.submit(gt, Op::send(buf)).expect("send");
+    }
+    pump(&mut [&mut good, &mut bad], Duration::from_secs(30), "the good client's message settled", || {
+        let g = glog.borrow();
+        g.sent >= 1 || g.error.is_some() || g.closed.is_some()
+    });
+    let outcome = format!("{:?}", glog.borrow());
+    println!(
+        "finding 2 (overdraw while the server does not tick): {landed} of the flood's 64 messages acknowledged by the \
+         server's device; then the good client's one message: {outcome}"
+    );
+    assert_eq!(glog.borrow().error, None, "the good client's message found no receive (RNR)");
+    assert_eq!(glog.borrow().sent, 1, "the good client's message was taken by a receive promised to it");
+    pump(&mut [&mut srv, &mut good, &mut idle, &mut bad], Duration::from_secs(60), "the flooder closed", || {
+        closed.borrow().is_some() && !log.borrow().closed.is_empty()
+    });
+    println!("then the server ticked: it closed {:?}; the flooder heard {:?}", log.borrow().closed, closed.borrow());
+    assert!(log
+        .borrow()
+        .closed
+        .iter()
+        .any(|c| matches!(c, CloseReason::Protocol(t) if t.contains("beyond its credit"))));
+    assert!(glog.borrow().closed.is_none(), "the good client is still connected");
     assert!(idle_logs.iter().all(|l| l.borrow().closed.is_none()), "the idle clients are still connected");
 }
 

@@ -240,8 +240,9 @@ impl Core {
             self.stats.async_events += 1;
             let ours = self.on_async(d, kind, element);
             // The fd is the process's, not this reactor's: the others hear it too, if it is a
-            // kind anyone acts on (not COMM_EST, nor the LAST_WQE_REACHED of every queue pair
-            // on an SRQ that closes: those would wake every reactor for nothing) and it does
+            // kind anyone acts on (not COMM_EST, nor the LAST_WQE_REACHED a queue pair on an
+            // SRQ raises as it closes, on devices other than rxe: those would wake every
+            // reactor for nothing) and it does
             // not name an object of this reactor's (which no other reactor has).
             if !ours && target(kind, element).is_some() {
                 self.share_async(dev.as_ptr() as usize, kind, element);
