@@ -202,9 +202,10 @@ impl<'a> Conn<'a> {
     }
 
     /// A buffer of `len` bytes (capacity: the smallest pool class that holds them) from this
-    /// connection's device pool. Its bytes read as zeros until written: a chunk's earlier
-    /// owner's bytes (another connection's data) never show through a view, a send or an
-    /// exposure. They are zeroed lazily, only where they would show, so filling the buffer
+    /// connection's device pool. Its bytes read as zeros until written, except bytes this
+    /// connection itself left in the chunk (its own earlier messages, sent or received, which
+    /// are not zeroed for it): a chunk's earlier owner's bytes (another connection's data)
+    /// never show through a view, a send or an exposure. They are zeroed lazily, only where they would show, so filling the buffer
     /// ([`Buf::fill_from`]) and sending it, or receiving into it and reading what arrived,
     /// costs nothing extra ([`Buf`]).
     ///
