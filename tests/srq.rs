@@ -702,6 +702,44 @@ fn a_peer_without_flow_control_is_refused_and_cannot_starve_the_srq() {
     assert_no_rnr(&before, &link_counters(), "no flow control");
 }
 
+/// The server of the overdraw tests: an SRQ echo server with 16 receives for connections (4
+/// of credit 4) and a reserve of 64.
+fn overdraw_server() -> (Reactor, std::net::SocketAddr, Rc<RefCell<AgentLog>>) {
+    let server = addr();
+    let srq = SrqConfig { receives: 16 + 64, credit: 4, buf_size: 4096, low_water: 0, reserve: 64 };
+    let mut srv = Reactor::with_config(Config { srq: Some(srq), ..Config::default() }).expect("SRQ reactor");
+    let log = Rc::new(RefCell::new(AgentLog::default()));
+    srv.listen(server, SrqListener { log: log.clone() }).expect("listen");
+    (srv, server, log)
+}
+
+/// Two connections that hold their credit on the SRQ and send nothing.
+fn idle_clients(server: std::net::SocketAddr) -> (Reactor, Vec<Rc<RefCell<StreamLog>>>) {
+    let mut idle = Reactor::new().expect("client");
+    let logs = (0..2)
+        .map(|_| {
+            let (s, l) = Streamer::new(64, 0, 0, 8);
+            idle.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, s).expect("connect");
+            l
+        })
+        .collect();
+    (idle, logs)
+}
+
+/// What a `Flood` reports: how it closed, and (sends acknowledged, established).
+type FloodLog = (Rc<RefCell<Option<CloseReason>>>, Rc<RefCell<(u64, bool)>>);
+
+/// A peer that claims flow control with a receive depth of 64 and ignores credits: it sends 64
+/// messages as soon as it is established.
+fn connect_flooder(server: std::net::SocketAddr) -> (Reactor, FloodLog) {
+    let mut bad = Reactor::with_config(Config { flow_control: false, ..Config::default() }).expect("client");
+    let lie = rdma_reactor::ConnectInfo { msg_size: 64, recv_depth: 64, flow_control: true, ..Default::default() };
+    let opts = ConnectOptions { raw_private_data: Some(lie.encode(56).expect("encode")), ..Default::default() };
+    let (closed, sent) = (Rc::new(RefCell::new(None)), Rc::new(RefCell::new((0, false))));
+    bad.connect(server, opts, Flood { closed: closed.clone(), sent: sent.clone() }).expect("connect");
+    (bad, (closed, sent))
+}
+
 /// Finding 2, its other half: a peer that does negotiate flow control, then sends 64 messages
 /// at once into a credit of 4, while every other receive of the SRQ is promised (two idle
 /// connections and a well-behaved client that tolerates no RNR NAK hold the rest of the
@@ -714,31 +752,16 @@ fn a_peer_without_flow_control_is_refused_and_cannot_starve_the_srq() {
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn an_overdraw_takes_the_reserve_not_receives_promised_to_others() {
-    let server = addr();
-    let srq = SrqConfig { receives: 16 + 64, credit: 4, buf_size: 4096, low_water: 0, reserve: 64 };
-    let mut srv = Reactor::with_config(Config { srq: Some(srq), ..Config::default() }).expect("SRQ reactor");
-    let log = Rc::new(RefCell::new(AgentLog::default()));
-    srv.listen(server, SrqListener { log: log.clone() }).expect("listen");
-
+    let (mut srv, server, log) = overdraw_server();
     let mut good = no_rnr_tolerance();
     let (client, result) = PingClient::flow_controlled(1, 64, 300);
     good.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, client).expect("connect");
-    let mut idle = Reactor::new().expect("client");
-    let mut idle_logs = Vec::new();
-    for _ in 0..2 {
-        let (s, l) = Streamer::new(64, 0, 0, 8);
-        idle.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, s).expect("connect");
-        idle_logs.push(l);
-    }
+    let (mut idle, idle_logs) = idle_clients(server);
     pump(&mut [&mut srv, &mut good, &mut idle], Duration::from_secs(60), "the good and idle clients", || {
         result.borrow().echoed >= 10 && idle_logs.iter().all(|l| l.borrow().established)
     });
 
-    let mut bad = Reactor::with_config(Config { flow_control: false, ..Config::default() }).expect("client");
-    let lie = rdma_reactor::ConnectInfo { msg_size: 64, recv_depth: 64, flow_control: true, ..Default::default() };
-    let opts = ConnectOptions { raw_private_data: Some(lie.encode(56).expect("encode")), ..Default::default() };
-    let closed = Rc::new(RefCell::new(None));
-    bad.connect(server, opts, Flood { closed: closed.clone(), sent: Rc::default() }).expect("connect");
+    let (mut bad, (closed, _)) = connect_flooder(server);
     pump(&mut [&mut srv, &mut good, &mut idle, &mut bad], Duration::from_secs(240), "the overdraw", || {
         closed.borrow().is_some() && result.borrow().closed.is_some()
     });
@@ -774,30 +797,16 @@ fn an_overdraw_takes_the_reserve_not_receives_promised_to_others() {
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn an_overdraw_while_the_server_is_busy_leaves_promised_receives_in_place() {
-    let server = addr();
-    let srq = SrqConfig { receives: 16 + 64, credit: 4, buf_size: 4096, low_water: 0, reserve: 64 };
-    let mut srv = Reactor::with_config(Config { srq: Some(srq), ..Config::default() }).expect("SRQ reactor");
-    let log = Rc::new(RefCell::new(AgentLog::default()));
-    srv.listen(server, SrqListener { log: log.clone() }).expect("listen");
+    let (mut srv, server, log) = overdraw_server();
     let mut good = no_rnr_tolerance();
     let (g, glog) = Streamer::new(64, 0, 0, 8);
     let gt = good.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, g).expect("connect");
-    let mut idle = Reactor::new().expect("client");
-    let mut idle_logs = Vec::new();
-    for _ in 0..2 {
-        let (s, l) = Streamer::new(64, 0, 0, 8);
-        idle.connect(server, ConnectOptions { msg_size: 64, ..Default::default() }, s).expect("connect");
-        idle_logs.push(l);
-    }
+    let (mut idle, idle_logs) = idle_clients(server);
     pump(&mut [&mut srv, &mut good, &mut idle], Duration::from_secs(60), "the good and idle clients", || {
         glog.borrow().established && idle_logs.iter().all(|l| l.borrow().established)
     });
 
-    let mut bad = Reactor::with_config(Config { flow_control: false, ..Config::default() }).expect("client");
-    let lie = rdma_reactor::ConnectInfo { msg_size: 64, recv_depth: 64, flow_control: true, ..Default::default() };
-    let opts = ConnectOptions { raw_private_data: Some(lie.encode(56).expect("encode")), ..Default::default() };
-    let (closed, sent) = (Rc::new(RefCell::new(None)), Rc::new(RefCell::new((0, false))));
-    bad.connect(server, opts, Flood { closed: closed.clone(), sent: sent.clone() }).expect("connect");
+    let (mut bad, (closed, sent)) = connect_flooder(server);
     pump(&mut [&mut srv, &mut bad], Duration::from_secs(60), "the flooder established", || sent.borrow().1);
     // From here the server does not tick: the device takes a receive for each message of the
     // flood it can (the rest are NAKed and retried), and nothing is re-posted.

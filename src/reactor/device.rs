@@ -242,8 +242,8 @@ impl Core {
             // The fd is the process's, not this reactor's: the others hear it too, if it is a
             // kind anyone acts on (not COMM_EST, nor the LAST_WQE_REACHED a queue pair on an
             // SRQ raises as it closes, on devices other than rxe: those would wake every
-            // reactor for nothing) and it does
-            // not name an object of this reactor's (which no other reactor has).
+            // reactor for nothing) and it does not name an object of this reactor's (which no
+            // other reactor has).
             if !ours && target(kind, element).is_some() {
                 self.share_async(dev.as_ptr() as usize, kind, element);
             }

@@ -22,15 +22,12 @@ use crate::sys::region::{Region, RegionSlice};
 impl Core {
     /// See [`Conn::expose`](super::Conn::expose).
     pub(crate) fn expose(&mut self, t: ConnKey, buf: Buf, access: RemoteAccess) -> Result<Exposed> {
-        let Some(c) = self.conns.get(t) else { return Err(Error::StaleToken(t.token().as_u64())) };
-        let Some(placed) = c.placed.filter(|_| c.can_submit()) else {
-            return Err(Error::NotConnected(format!("connection {:?} is {:?}", t.token(), c.role.state())));
-        };
-        if !self.devices[placed.device].pool.owns(&buf) {
+        let d = self.exposable(t)?;
+        if !self.devices[d].pool.owns(&buf) {
             return Err(Error::Config("the buffer belongs to another device's pool".into()));
         }
         // What it exposes is this connection's; the rest of the chunk is foreign to it.
-        buf.set_owner(c.mem_owner, buf.len());
+        buf.set_owner(self.conns.get(t).expect("checked").mem_owner, buf.len());
         let (exposed, window) = Exposed::new(buf, access)?;
         self.queue_bind(t, &window);
         Ok(exposed)
@@ -52,11 +49,8 @@ impl Core {
 
     /// See [`Conn::register_region`](super::Conn::register_region).
     pub(crate) fn register_region(&mut self, t: ConnKey, region: &Region) -> Result<()> {
-        let Some(c) = self.conns.get(t) else { return Err(Error::StaleToken(t.token().as_u64())) };
-        let Some(placed) = c.placed else {
-            return Err(Error::NotConnected(format!("connection {:?} has no device yet", t.token())));
-        };
-        region.lkey(&self.devices[placed.device].pd).map(|_| ())
+        let d = self.placed_device(t)?;
+        region.lkey(&self.devices[d].pd).map(|_| ())
     }
 
     /// The device of a connection that can take a window now.

@@ -28,21 +28,19 @@ impl Core {
             return Err(SubmitError::new(Error::NotConnected(what), op));
         };
         let pool = &self.devices[placed.device].pool;
+        // A pool buffer, and the bytes of it the connection is given: what it sends (or
+        // writes), nothing of a receive's or READ's target (the device overwrites it).
         let buf = match &op.body {
-            Body::Send(b) | Body::Recv(b) | Body::Write(b, _) | Body::WriteImm(b, _) | Body::Read(b, _) => Some(b),
+            Body::Send(b) | Body::Write(b, _) | Body::WriteImm(b, _) => Some((b, b.len())),
+            Body::Recv(b) | Body::Read(b, _) => Some((b, 0)),
             _ => None,
         };
-        if buf.is_some_and(|b| !pool.owns(b)) {
+        if buf.is_some_and(|(b, _)| !pool.owns(b)) {
             return Err(SubmitError::new(Error::Config("the buffer belongs to another device's pool".into()), op));
         }
-        if let Some(b) = buf {
-            // Used by this connection now: it is given what it sends (or writes), nothing of a
-            // receive's or READ's target (the device overwrites it), and every other byte of
-            // the chunk is foreign to it (`sys/pool.rs`).
-            let keep = match &op.body {
-                Body::Send(b) | Body::Write(b, _) | Body::WriteImm(b, _) => b.len(),
-                _ => 0,
-            };
+        if let Some((b, keep)) = buf {
+            // Used by this connection now: every byte of the chunk it is not given is foreign
+            // to it (`sys/pool.rs`).
             b.set_owner(c.mem_owner, keep);
         }
         let len = match &op.body {

@@ -546,9 +546,15 @@ impl Core {
     }
 
     pub(crate) fn alloc(&mut self, t: ConnKey, len: usize) -> Result<crate::Buf> {
+        let d = self.placed_device(t)?;
+        self.devices[d].pool.alloc(len, self.conns.get(t).expect("checked").mem_owner)
+    }
+
+    /// The device of a connection that has one (from `on_ready` on).
+    pub(super) fn placed_device(&self, t: ConnKey) -> Result<usize> {
         let c = self.conns.get(t).ok_or(Error::StaleToken(t.token().as_u64()))?;
         let p = c.placed.ok_or_else(|| Error::NotConnected(format!("connection {:?} has no device yet", t.token())))?;
-        self.devices[p.device].pool.alloc(len, c.mem_owner)
+        Ok(p.device)
     }
 }
 

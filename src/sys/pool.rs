@@ -29,9 +29,9 @@
 //! bytes (the views [`Buf::as_slice`] and [`Buf::as_mut_slice`], a send or RDMA WRITE taking
 //! them, an exposure) first zeroes `fresh..min(len, stale)`; a buffer submitted on another
 //! connection than its owner takes everything but the bytes it sends or exposes as foreign to
-//! the new one (bytes the last owner wrote or received included). A chunk
-//! never dirtied costs nothing, and the common paths (fill then send; receive then read) find
-//! nothing to zero. [`Buf::set_len_unchecked`] is the `unsafe` escape hatch for callers who
+//! the new one (bytes the last owner wrote or received included). A chunk never dirtied
+//! costs nothing, and the common paths (fill then send; receive then read) find nothing to
+//! zero. [`Buf::set_len_unchecked`] is the `unsafe` escape hatch for callers who
 //! fill a buffer's spare capacity themselves ([`Buf::spare_capacity_mut`]).
 //!
 //! Clusters are registered with local write only: no remote rights, no windows. Peers reach
