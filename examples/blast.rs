@@ -41,13 +41,14 @@ usage: blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--
 server: receives from any number of clients at once, from one thread.
   --bind ADDR:PORT   address of an RDMA device to listen on
   --verify           check every byte of every message
-  --depth N          receives posted per connection: the credit window (default 16, minimum 3)
+  --depth N          receives posted per connection: the credit window (default 128, minimum 3)
   --exit-after N     exit after N connections have closed (default: run until killed)
   --threads N        reactors, one per thread (default 1); the first listens and spreads the
                      connections over all; at exit each prints what it served
   --balance B        how: round-robin (default) or fewest (live connections)
   --quiet            no per-connection lines
-  --spin-us N        (both) poll for N microseconds after work before sleeping (default 0)
+  --spin-us N        (both) poll for N microseconds after work before sleeping (default 1000,
+                     as perftest's bandwidth tests poll; 0: event mode)
   --keepalive-ms N   (both) probe an idle connection every N ms (default: off)
   --ack-timeout-ms N (both) RC ACK timeout (default: the kernel's)
   --retry-count N    (both) transport retries, 0 to 7 (default 6)
@@ -68,7 +69,7 @@ client: streams N messages of BYTES on each of K connections.
   --clients K        connections from one reactor (default 1)
   --op send|write    SEND, or RDMA WRITE with immediate into the server's ring (default send)
   --verify           fill every message with a checkable pattern
-  --window N         messages submitted ahead per connection (default 64)";
+  --window N         messages submitted ahead per connection (default 128)";
 
 /// Connect-information user bytes: magic, op, client id.
 const USER_MAGIC: &[u8; 4] = b"BLST";
@@ -334,11 +335,18 @@ impl ConnectionHandler for BlastAgent {
     }
 }
 
+/// blast's default `--spin-us`: a throughput tool polls while messages flow, as perftest's
+/// bandwidth tests do (they busy-poll for the whole run); one millisecond after the last work
+/// it sleeps, so an idle blast costs nothing. The library's own default stays event mode
+/// (`Config::spin` zero).
+const BLAST_SPIN_US: u64 = 1000;
+
 fn server(args: Args) {
     let own = ["bind", "depth", "exit-after", "spin-us", "threads", "balance"];
     args.finish(&[&own[..], &Args::LIVENESS[..], &Args::SRQ[..]].concat());
     let bind = args.addr("bind");
-    let depth: u32 = args.get("depth", 16);
+    // perftest's send depth: a window this deep keeps the device busy while credits travel.
+    let depth: u32 = args.get("depth", 128);
     if depth < 3 {
         common::fail(USAGE, "--depth must be at least 3 (flow control needs a reserve)");
     }
@@ -355,7 +363,7 @@ fn server(args: Args) {
     let cfg = args.with_srq(args.liveness(Config {
         recv_depth: depth,
         send_depth: 16,
-        spin: args.spin(),
+        spin: args.spin_or(BLAST_SPIN_US),
         ..Config::default()
     }));
     let (verify, quiet, on_srq) = (args.switch("verify"), args.switch("quiet"), srq.is_some());
@@ -528,7 +536,7 @@ fn client(args: Args) {
     }
     let count: u64 = args.get("count", 0);
     let clients: u64 = args.get("clients", 1);
-    let window: u64 = args.get("window", 64);
+    let window: u64 = args.get("window", 128);
     let write = match args.get("op", "send".to_string()).as_str() {
         "send" => false,
         "write" => true,
@@ -541,7 +549,7 @@ fn client(args: Args) {
     let cfg = args.liveness(Config {
         send_depth: 64.max(window as u32).min(1024),
         recv_depth: 4,
-        spin: args.spin(),
+        spin: args.spin_or(BLAST_SPIN_US),
         ..Config::default()
     });
     let mut reactor = Reactor::with_config(cfg)

@@ -62,7 +62,12 @@ impl Args {
 
     /// `--spin-us N`: spin-then-sleep polling for N microseconds after work (0: event mode).
     pub fn spin(&self) -> std::time::Duration {
-        std::time::Duration::from_micros(self.get("spin-us", 0))
+        self.spin_or(0)
+    }
+
+    /// `--spin-us N`, or `default_us` when it is not given.
+    pub fn spin_or(&self, default_us: u64) -> std::time::Duration {
+        std::time::Duration::from_micros(self.get("spin-us", default_us))
     }
 
     /// `--keepalive-ms N`, `--ack-timeout-ms N`, `--retry-count N` (dead-peer detection, see

@@ -16,7 +16,7 @@ use crate::proto::conn::{CloseReason, Input, State};
 use crate::proto::flow::Imm;
 use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, Key, Kind, OpKey, Token};
-use crate::sys::cq::{Cq, WorkCompletion, POLL_BATCH};
+use crate::sys::cq::{Cq, WcBatch, WorkCompletion, POLL_BATCH};
 
 /// Gives a drained work list's buffer back to `list` if that is still empty, so the lists the
 /// tick walks do not allocate every tick.
@@ -241,7 +241,8 @@ impl Core {
     /// its budget stays hot for the next tick. Each step is [`after_poll`]'s decision.
     pub(super) fn poll_cq(&mut self, t: CqKey, budget: usize) -> usize {
         let Some(cq) = self.cqs.get(t).filter(|e| !e.failed).map(|e| e.cq.clone()) else { return 0 };
-        let mut wcs = [WorkCompletion::default(); POLL_BATCH];
+        // Uninitialised until a poll fills it: an empty poll costs no stores.
+        let mut wcs = WcBatch::new();
         let mut left = budget;
         let mut found = 0;
         // The last call armed the CQ: this poll is the one that closes the race.
@@ -249,13 +250,13 @@ impl Core {
         loop {
             let want = left.min(POLL_BATCH);
             self.stats.cq_polls += 1;
-            let polled = cq.poll(&mut wcs[..want]).map_err(|e| e.raw_os_error().unwrap_or(nix::libc::EIO));
+            let polled = cq.poll(&mut wcs, want).map_err(|e| e.raw_os_error().unwrap_or(nix::libc::EIO));
             // No work completion to hand out after a failed poll; the decision below fails the CQ.
             let n = *polled.as_ref().unwrap_or(&0);
             if std::mem::take(&mut just_armed) {
                 self.stats.cq_rearm_catches += n as u64;
             }
-            for wc in &wcs[..n] {
+            for wc in wcs.as_slice() {
                 self.complete(t, *wc);
             }
             found += n;

@@ -355,8 +355,11 @@ pub(crate) struct Core {
     spin_skipped: u32,
     /// A spinning tick since the last full one did work: the spin time restarts.
     spun_work: bool,
-    /// The clock as read after the last `epoll_wait` that needed it (for timers or spinning).
+    /// The clock as read after the last `epoll_wait` that needed it (for timers or spinning);
+    /// never ahead of the true time.
     clock: Instant,
+    /// The coarse clock the timers use while no deadline is near (`timers.rs`).
+    coarse: timers::CoarseClock,
     stop: bool,
     /// Set by shutdown: no new listener or connection.
     shutting_down: bool,
@@ -485,6 +488,7 @@ impl Reactor {
                 spin_skipped: 0,
                 spun_work: false,
                 clock: Instant::now(),
+                coarse: timers::CoarseClock::new(),
                 stop: false,
                 shutting_down: false,
                 handoff_listener: None,
@@ -686,11 +690,19 @@ impl Core {
         }
         self.spin_skipped = 0;
         let spin_cfg = !self.cfg.spin.is_zero();
-        // The clock can be a system call (an emulated HPET in the test VM): it is read only
-        // when a timer or the spin time needs it, before the wait, and after it again only if
-        // the wait could block.
-        let clocked = spin_cfg || self.timers.next_deadline().is_some();
-        let now = if clocked { self.read_clock() } else { self.clock };
+        // The precise clock can be a system call (an emulated HPET in the test VM): it is read
+        // only when the spin time needs it, or a deadline is within the coarse clock's
+        // resolution; otherwise the timers make do with the coarse clock (vDSO), and without
+        // timers or spinning the clock is not read at all.
+        let timed = self.timers.next_deadline().is_some();
+        let clocked = spin_cfg || timed;
+        let (now, precise) = if spin_cfg {
+            (self.read_clock(), true)
+        } else if timed {
+            self.timer_clock()
+        } else {
+            (self.clock, true)
+        };
         if std::mem::take(&mut self.spun_work) {
             self.spin_until = now.checked_add(self.cfg.spin);
         }
@@ -709,7 +721,7 @@ impl Core {
             || !self.closing.is_empty()
             || !self.closing_listeners.is_empty();
         let mut wait = if busy { Some(Duration::ZERO) } else { timeout };
-        if let Some(t) = self.timers.next_timeout(now) {
+        if let Some(t) = self.timer_wait(now, precise) {
             wait = Some(wait.map_or(t, |w| w.min(t)));
         }
         let epoll_timeout = match wait {
@@ -733,7 +745,12 @@ impl Core {
         };
         self.stats.wakeups += 1;
         if clocked && wait != Some(Duration::ZERO) {
-            self.read_clock();
+            // The wait may have blocked: the time again, as before it.
+            if spin_cfg {
+                self.read_clock();
+            } else {
+                self.timer_clock();
+            }
         }
         for ev in &events[..n] {
             match Token::from_u64(ev.data()) {
@@ -778,13 +795,24 @@ impl Core {
     /// A tick while spinning between two full ones: poll the unarmed and hot CQs, post, ack and
     /// destroy; no `epoll_wait`, no clock, no timers (the next full tick, at most
     /// `SPIN_WAIT_EVERY` ticks away, does those).
+    ///
+    /// Lean: when only completions are pending it polls, dispatches and posts, as perftest's
+    /// loop does; each other step runs only when its list says it has something to do.
     fn spin_tick(&mut self) -> usize {
         self.spin_skipped += 1;
         let mut work = self.poll_spinning(true);
-        work += self.poll_hot();
-        self.flush_posts();
-        self.flush_acks();
-        work += self.reap();
+        if !self.hot.is_empty() {
+            work += self.poll_hot();
+        }
+        if !self.dirty.is_empty() || self.cfg.srq.is_some() {
+            self.flush_posts();
+        }
+        if !self.evented.is_empty() {
+            self.flush_acks();
+        }
+        if self.reap_due() {
+            work += self.reap();
+        }
         self.spun_work |= work > 0;
         work
     }

@@ -38,6 +38,14 @@ impl Core {
         }
     }
 
+    /// True when [`Core::reap`] has something to do: a spinning tick skips it otherwise.
+    pub(super) fn reap_due(&self) -> bool {
+        !self.closing.is_empty()
+            || !self.closing_listeners.is_empty()
+            || !self.graveyard.is_empty()
+            || !self.lost_devices.is_empty()
+    }
+
     /// Destroys what closed during the tick. Returns the number of objects destroyed.
     pub(super) fn reap(&mut self) -> usize {
         let mut n = 0;

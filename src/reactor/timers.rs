@@ -6,6 +6,13 @@
 //! handler hears `on_closed`: a connection's are listed in its entry (`ConnEntry::timers`),
 //! so closing it costs its own timers, never a walk over every live one.
 //!
+//! **The clock.** The tick reads the time only for the timers and the spin time. For the
+//! timers it reads `CLOCK_MONOTONIC_COARSE` ([`CoarseClock`], vDSO) while the earliest deadline
+//! is further away than that clock's resolution, and shortens the wait by the resolution; the
+//! precise clock (a system call where its source is an emulated HPET) only when a deadline is
+//! that near (`Core::timer_clock`). A reading is never ahead of the true time, so no timer
+//! fires early, and the wait never oversleeps a deadline.
+//!
 //! **Compaction.** Left alone, the stale entries would stay until their deadlines: a handler
 //! that resets an hour's idle timer on every message would keep an entry per message for an
 //! hour. At the end of each full tick, once the heap holds more than twice the entries that
@@ -133,6 +140,32 @@ impl Core {
         self.clock
     }
 
+    /// The time as far as the timers need it, kept in `Core::clock`, and whether it is the
+    /// precise one: the coarse clock when the earliest deadline is further away than its
+    /// resolution (then no deadline can be due), else the precise clock. Never goes back, and
+    /// is never ahead of the true time, so nothing fires early.
+    pub(super) fn timer_clock(&mut self) -> (Instant, bool) {
+        let coarse = self.coarse.now();
+        match self.timers.next_deadline() {
+            Some(at) if coarse.checked_add(self.coarse.resolution).map_or(true, |c| at <= c) => {
+                (self.read_clock(), true)
+            }
+            _ => {
+                self.clock = self.clock.max(coarse);
+                (self.clock, false)
+            }
+        }
+    }
+
+    /// How long the wait may last for the timers, from `now`: until the earliest deadline;
+    /// from a coarse reading (`precise` false) less the coarse resolution, since the reading
+    /// may lag the true time by that much (the tick after such an early wakeup reads the
+    /// precise clock, the deadline being within the resolution then).
+    pub(super) fn timer_wait(&self, now: Instant, precise: bool) -> Option<Duration> {
+        let left = self.timers.next_timeout(now)?;
+        Some(if precise { left } else { left.saturating_sub(self.coarse.resolution) })
+    }
+
     /// Cancels a user timer; a fired or stale one is ignored.
     pub(crate) fn cancel_timer(&mut self, timer: Token) {
         if let Some(t) = TimerKey::of(timer) {
@@ -164,6 +197,44 @@ impl Core {
             TimerTarget::ForgetDevices | TimerTarget::SrqRefill => true,
         });
         self.stats.timer_compactions += 1;
+    }
+}
+
+/// `CLOCK_MONOTONIC_COARSE` read as an [`Instant`]: a read of the kernel's last timer-tick
+/// time, in the vDSO, where the precise clock can be a system call (in the test VM it reads an
+/// emulated HPET). Before this, the reactor read the precise clock twice per wakeup whenever a
+/// timer was set.
+pub(super) struct CoarseClock {
+    /// An `Instant` and the `CLOCK_MONOTONIC` nanoseconds read right after it: `Instant` is
+    /// `CLOCK_MONOTONIC` on Linux, so the coarse time maps onto it (never ahead of the truth).
+    anchor: Instant,
+    anchor_ns: u64,
+    /// The coarse clock's resolution (a timer tick of the kernel, 4 ms at HZ=250).
+    pub(super) resolution: Duration,
+}
+
+fn monotonic_ns(id: nix::time::ClockId) -> Option<u64> {
+    let t = nix::time::clock_gettime(id).ok()?;
+    u64::try_from(t.tv_sec()).ok()?.checked_mul(1_000_000_000)?.checked_add(u64::try_from(t.tv_nsec()).ok()?)
+}
+
+impl CoarseClock {
+    pub(super) fn new() -> CoarseClock {
+        let anchor = Instant::now();
+        let anchor_ns = monotonic_ns(nix::time::ClockId::CLOCK_MONOTONIC).unwrap_or(0);
+        let resolution = nix::time::clock_getres(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
+            .ok()
+            .map_or(Duration::from_millis(10), |r| Duration::from(r).max(Duration::from_micros(1)));
+        CoarseClock { anchor, anchor_ns, resolution }
+    }
+
+    /// The coarse time: at most the true time, at least the true time less `resolution`.
+    /// Without a coarse clock (it cannot fail on Linux), the precise one.
+    pub(super) fn now(&self) -> Instant {
+        match monotonic_ns(nix::time::ClockId::CLOCK_MONOTONIC_COARSE) {
+            Some(ns) => self.anchor + Duration::from_nanos(ns.saturating_sub(self.anchor_ns)),
+            None => Instant::now(),
+        }
     }
 }
 
@@ -232,6 +303,27 @@ impl<T: Ord + Copy> Timers<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The coarse clock never runs ahead of the precise one (so nothing fires early) and lags
+    /// it by at most its resolution (so a wait shortened by the resolution never oversleeps).
+    #[test]
+    fn the_coarse_clock_is_never_ahead_and_lags_by_at_most_its_resolution() {
+        let c = CoarseClock::new();
+        assert!(c.resolution > Duration::ZERO && c.resolution <= Duration::from_millis(100), "{:?}", c.resolution);
+        for _ in 0..1000 {
+            let before = Instant::now();
+            let coarse = c.now();
+            let after = Instant::now();
+            assert!(coarse <= after, "coarse {coarse:?} ahead of {after:?}");
+            // Slack for the anchor's two reads and for scheduling between the reads above.
+            let slack = Duration::from_millis(2);
+            assert!(
+                coarse + c.resolution + slack >= before,
+                "coarse {coarse:?} lags {before:?} by more than {:?}",
+                c.resolution
+            );
+        }
+    }
 
     #[test]
     fn expire_in_deadline_order() {

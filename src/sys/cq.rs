@@ -244,22 +244,24 @@ impl Cq {
         cvt_nz(unsafe { ffi::ibv_req_notify_cq(self.raw.as_ptr(), 0) })
     }
 
-    /// Polls up to `out.len()` (at most [`POLL_BATCH`]) completions.
-    pub fn poll(&self, out: &mut [WorkCompletion]) -> io::Result<usize> {
-        let n = out.len().min(POLL_BATCH);
+    /// Polls up to `want` (at most [`POLL_BATCH`]) completions into `batch`, replacing what
+    /// it held; returns how many.
+    pub fn poll(&self, batch: &mut WcBatch, want: usize) -> io::Result<usize> {
+        let n = want.min(POLL_BATCH);
+        batch.len = 0;
         let mut wcs: [MaybeUninit<ffi::ibv_wc>; POLL_BATCH] = [const { MaybeUninit::uninit() }; POLL_BATCH];
         // SAFETY: self.raw is live; wcs has room for n entries.
         let got = unsafe { ffi::ibv_poll_cq(self.raw.as_ptr(), n as i32, wcs.as_mut_ptr().cast()) };
         if got < 0 {
             return Err(io::Error::other(format!("ibv_poll_cq returned {got}")));
         }
-        let got = got as usize;
-        for (dst, src) in out.iter_mut().zip(&wcs[..got]) {
+        let got = (got as usize).min(n);
+        for (dst, src) in batch.wcs.iter_mut().zip(&wcs[..got]) {
             // SAFETY: ibv_poll_cq initialised the first `got` entries.
             let wc = unsafe { src.assume_init_ref() };
             let status = wc_status(wc.status);
             let with_imm = wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
-            *dst = WorkCompletion {
+            dst.write(WorkCompletion {
                 wr_id: wc.wr_id,
                 status,
                 byte_len: wc.byte_len,
@@ -267,9 +269,32 @@ impl Cq {
                 imm: with_imm.then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
                 remote_write: status == WcStatus::Success && wc.opcode == ffi::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM,
                 qp_num: wc.qp_num,
-            };
+            });
         }
+        batch.len = got;
         Ok(got)
+    }
+}
+
+/// Room for one `ibv_poll_cq` call's completions, left uninitialised until a poll fills it: a
+/// poll that finds the CQ empty (most polls of a spinning reactor) writes nothing.
+pub(crate) struct WcBatch {
+    wcs: [MaybeUninit<WorkCompletion>; POLL_BATCH],
+    /// The first `len` entries are initialised.
+    len: usize,
+}
+
+impl WcBatch {
+    /// An empty batch.
+    pub(crate) fn new() -> WcBatch {
+        WcBatch { wcs: [const { MaybeUninit::uninit() }; POLL_BATCH], len: 0 }
+    }
+
+    /// The completions of the last poll.
+    pub(crate) fn as_slice(&self) -> &[WorkCompletion] {
+        // SAFETY: `Cq::poll` initialised the first `len` entries (`WorkCompletion` is `Copy`:
+        // nothing to drop) and `len` is never more than `POLL_BATCH`.
+        unsafe { std::slice::from_raw_parts(self.wcs.as_ptr().cast::<WorkCompletion>(), self.len) }
     }
 }
 

@@ -68,6 +68,34 @@ pub const ROWS: &[Row] = &[
         target: 0.9,
     },
     Row {
+        id: "blast64_event",
+        what: "64 B message rate, event mode (blast --spin-us 0 on both sides vs `ib_send_bw -s 64`)",
+        unit: "msg/s",
+        better: Better::Higher,
+        target: 0.9,
+    },
+    Row {
+        id: "blast64_c8",
+        what: "64 B message rate, 8 connections on one reactor (blast --clients 8 vs `ib_send_bw -q 8 -s 64`)",
+        unit: "msg/s",
+        better: Better::Higher,
+        target: 0.9,
+    },
+    Row {
+        id: "blast64_c64",
+        what: "64 B message rate, 64 connections on one reactor (blast --clients 64 vs `ib_send_bw -q 64 -s 64`)",
+        unit: "msg/s",
+        better: Better::Higher,
+        target: 0.9,
+    },
+    Row {
+        id: "blast64_c8_t2",
+        what: "64 B message rate, 8 connections, server --threads 2 (vs `ib_send_bw -q 8 -s 64`)",
+        unit: "msg/s",
+        better: Better::Higher,
+        target: 0.9,
+    },
+    Row {
         id: "blast64k_send",
         what: "64 KiB SEND throughput (blast vs `ib_send_bw -s 65536`)",
         unit: "MB/s",
@@ -137,32 +165,40 @@ echo_lat() {{ # ROW ROUND SIZE SPIN PERFTEST-ARGS
     cpu=$(echo "$out" | cpu_of | awk '{{printf "%.1f", $1 * 1000000 / {N_LAT}}}')
     for try in 1 2; do   # a perftest pair that fails to meet is run once more
         $T ib_send_lat $5 -s $3 -n {N_LAT} >/dev/null 2>&1 & p=$!; sleep 1
-        half=$($T ib_send_lat $5 -s $3 -n {N_LAT} $A 2>&1 | ptyp)
+        pout=$( ( time -p $T ib_send_lat $5 -s $3 -n {N_LAT} $A ) 2>&1 )
+        half=$(echo "$pout" | ptyp)
         kill $p 2>/dev/null; wait $p 2>/dev/null
         [ -n "$half" ] && break
     done
     theirs=$([ -n "$half" ] && awk "BEGIN{{print 2 * $half}}")
-    echo "@@ row=$1 round=$2 ours=$ours theirs=$theirs cpu=$cpu"
+    tcpu=$(echo "$pout" | cpu_of | awk '{{printf "%.1f", $1 * 1000000 / {N_LAT}}}')
+    echo "@@ row=$1 round=$2 ours=$ours theirs=$theirs cpu=$cpu tcpu=$tcpu"
 }}
-blast_bw() {{ # ROW ROUND SIZE COUNT OP PERFTEST FIELD(rate|bw)
-    # Queues as deep as perftest's (tx depth 128; it posts 512 receives): the server keeps 128
-    # receives posted (its credit window; a WRITE ring is capped at 1 MiB), the client keeps
-    # 128 messages in flight.
-    server blast --exit-after 1 --depth 128
-    out=$($T "$BIN"/blast client --connect $A:$port --size $3 --count $4 --op $5 --window 128 2>&1)
+blast_bw() {{ # ROW ROUND SIZE COUNT OP PERFTEST FIELD(rate|bw) [CLIENTS [SERVER-THREADS [SPIN-US]]]
+    # Every program at its defaults: blast's window and credit depth, perftest's depths.
+    # COUNT messages in all, spread over CLIENTS connections (perftest: -q CLIENTS QPs).
+    q=${{8:-1}}; th=${{9:-1}}; per=$(($4 / q)); sp=""; [ -n "${{10}}" ] && sp="--spin-us ${{10}}"
+    port=$((port + 1))
+    ( time -p $T "$BIN"/blast server --bind $A:$port --quiet --exit-after $q --threads $th $sp >/dev/null 2>&1 ) 2>/tmp/srv.time &
+    srv=$!; sleep 1
+    out=$( ( time -p $T "$BIN"/blast client --connect $A:$port --size $3 --count $per --clients $q --op $5 $sp ) 2>&1 )
     wait $srv 2>/dev/null
     line=$(echo "$out" | grep 'messages of')
     if [ $7 = rate ]; then ours=$(echo "$line" | sed -n 's/.* \([0-9]*\) messages\/s$/\1/p'); else ours=$(echo "$line" | sed -n 's/.*: \([0-9.]*\) MB\/s, .*/\1/p'); fi
-    cpu=$(echo "$out" | sed -n 's/.*CPU time \([0-9.]*\) us per message.*/\1/p')
+    # CPU per message: client plus server, user plus system (`time -p` of each process).
+    cpu=$(awk -v c="$(echo "$out" | cpu_of)" -v s="$(cpu_of </tmp/srv.time)" "BEGIN{{printf \"%.1f\", (c + s) * 1000000 / $4}}")
+    qa=""; [ $q -gt 1 ] && qa="-q $q"
     for try in 1 2; do
-        $T $6 -s $3 -n $4 >/dev/null 2>&1 & p=$!; sleep 1
-        if [ $7 = rate ]; then theirs=$($T $6 -s $3 -n $4 $A 2>&1 | prate); else theirs=$($T $6 -s $3 -n $4 $A 2>&1 | pbw); fi
-        kill $p 2>/dev/null; wait $p 2>/dev/null
+        ( time -p $T $6 -s $3 -n $per $qa >/dev/null 2>&1 ) 2>/tmp/psrv.time & p=$!; sleep 1
+        pout=$( ( time -p $T $6 -s $3 -n $per $qa $A ) 2>&1 )
+        wait $p 2>/dev/null
+        if [ $7 = rate ]; then theirs=$(echo "$pout" | prate); else theirs=$(echo "$pout" | pbw); fi
         [ -n "$theirs" ] && break
     done
+    tcpu=$(awk -v c="$(echo "$pout" | cpu_of)" -v s="$(cpu_of </tmp/psrv.time)" "BEGIN{{printf \"%.1f\", (c + s) * 1000000 / $4}}")
     # perftest's MB/sec is 2^20 bytes per second; blast's MB/s is 10^6.
     [ $7 = bw ] && [ -n "$theirs" ] && theirs=$(awk "BEGIN{{printf \"%.1f\", $theirs * 1.048576}}")
-    echo "@@ row=$1 round=$2 ours=$ours theirs=$theirs cpu=$cpu"
+    echo "@@ row=$1 round=$2 ours=$ours theirs=$theirs cpu=$cpu tcpu=$tcpu"
 }}
 conns() {{ # ROUND
     server echo
@@ -195,6 +231,10 @@ echo_lat echo64_spin {r} 64 1000 ""
 echo_lat echo64_event {r} 64 0 -e
 echo_lat echo4k_event {r} 4096 0 -e
 blast_bw blast64_rate {r} 64 {N_RATE} send ib_send_bw rate
+blast_bw blast64_event {r} 64 {N_RATE} send ib_send_bw rate 1 1 0
+blast_bw blast64_c8 {r} 64 {N_RATE} send ib_send_bw rate 8
+blast_bw blast64_c64 {r} 64 {N_RATE} send ib_send_bw rate 64
+blast_bw blast64_c8_t2 {r} 64 {N_RATE} send ib_send_bw rate 8 2
 blast_bw blast64k_send {r} 65536 {N_BW} send ib_send_bw bw
 blast_bw blast64k_write {r} 65536 {N_BW} write ib_write_bw bw
 conns {r}
@@ -215,6 +255,8 @@ pub struct Sample {
     pub ours: Option<f64>,
     pub theirs: Option<f64>,
     pub cpu_us: Option<f64>,
+    /// Theirs (perftest's), measured the same way.
+    pub their_cpu_us: Option<f64>,
 }
 
 /// Reads the `@@ row=...` lines of the guest's output.
@@ -225,7 +267,7 @@ pub fn parse(output: &str) -> Vec<Sample> {
         .filter_map(|rest| {
             let mut fields = rest.split_whitespace();
             let row = fields.next()?.to_string();
-            let mut s = Sample { row, round: 0, ours: None, theirs: None, cpu_us: None };
+            let mut s = Sample { row, round: 0, ours: None, theirs: None, cpu_us: None, their_cpu_us: None };
             for kv in fields {
                 let (k, v) = kv.split_once('=')?;
                 let num = v.parse::<f64>().ok().filter(|x| x.is_finite());
@@ -234,6 +276,7 @@ pub fn parse(output: &str) -> Vec<Sample> {
                     "ours" => s.ours = num,
                     "theirs" => s.theirs = num,
                     "cpu" => s.cpu_us = num,
+                    "tcpu" => s.their_cpu_us = num,
                     _ => {}
                 }
             }
@@ -255,7 +298,7 @@ pub fn median(v: &mut [f64]) -> Option<f64> {
 /// The Markdown table, and whether every row has all its rounds.
 pub fn table(samples: &[Sample], rounds: u32) -> (String, bool) {
     let mut out = String::from(
-        "| figure | ours (median) | theirs (median) | ratio median | ratio min-max | our CPU per msg | target | met |\n\
+        "| figure | ours (median) | theirs (median) | ratio median | ratio min-max | CPU per msg, ours / theirs | target | met |\n\
          |---|---|---|---|---|---|---|---|\n",
     );
     let mut complete = true;
@@ -271,6 +314,7 @@ pub fn table(samples: &[Sample], rounds: u32) -> (String, bool) {
         let mut ratios: Vec<f64> =
             ok.iter().filter_map(|s| Some(s.ours? / s.theirs?)).filter(|r| r.is_finite()).collect();
         let mut cpu: Vec<f64> = ok.iter().filter_map(|s| s.cpu_us).collect();
+        let mut their_cpu: Vec<f64> = ok.iter().filter_map(|s| s.their_cpu_us).collect();
         let fmt = |x: Option<f64>, unit: &str| x.map_or("failed".to_string(), |x| format!("{x:.1} {unit}"));
         let (ratio, spread, met) = match row.better {
             Better::Absolute => {
@@ -295,7 +339,11 @@ pub fn table(samples: &[Sample], rounds: u32) -> (String, bool) {
             Better::Absolute => format!("< {} {}", row.target, row.unit),
         };
         let theirs = if row.better == Better::Absolute { "-".to_string() } else { fmt(median(&mut theirs), row.unit) };
-        let cpu = median(&mut cpu).map_or("-".to_string(), |c| format!("{c:.1} us"));
+        let cpu = match (median(&mut cpu), median(&mut their_cpu)) {
+            (Some(c), Some(t)) => format!("{c:.1} / {t:.1} us"),
+            (Some(c), None) => format!("{c:.1} us / -"),
+            _ => "-".to_string(),
+        };
         let met = match met {
             Some(true) => "yes",
             Some(false) => "no",
@@ -324,14 +372,21 @@ mod tests {
     #[test]
     fn parses_sample_lines_and_ignores_the_rest() {
         let out = "xtask noise\n@@ machine nproc=2 kernel=6.1\n\
-                   @@ row=echo64_event round=1 ours=361.2 theirs=253.0 cpu=12.5\n\
+                   @@ row=echo64_event round=1 ours=361.2 theirs=253.0 cpu=12.5 tcpu=9.5\n\
                    @@ row=idle100_event round=2 ours=0.00 theirs=- cpu=-\n\
                    @@ row=blast64_rate round=1 ours= theirs=24910 cpu=30.6\n";
         let s = parse(out);
         assert_eq!(s.len(), 3);
         assert_eq!(
             s[0],
-            Sample { row: "echo64_event".into(), round: 1, ours: Some(361.2), theirs: Some(253.0), cpu_us: Some(12.5) }
+            Sample {
+                row: "echo64_event".into(),
+                round: 1,
+                ours: Some(361.2),
+                theirs: Some(253.0),
+                cpu_us: Some(12.5),
+                their_cpu_us: Some(9.5)
+            }
         );
         assert_eq!((s[1].ours, s[1].theirs, s[1].cpu_us), (Some(0.0), None, None));
         assert_eq!(s[2].ours, None, "an empty figure is a failed measurement");
@@ -350,18 +405,35 @@ mod tests {
                 ours: Some(ours),
                 theirs: Some(250.0),
                 cpu_us: Some(10.0),
+                their_cpu_us: Some(8.0),
             });
         }
-        samples.push(Sample { row: "idle100_event".into(), round: 1, ours: Some(0.3), theirs: None, cpu_us: None });
+        samples.push(Sample {
+            row: "idle100_event".into(),
+            round: 1,
+            ours: Some(0.3),
+            theirs: None,
+            cpu_us: None,
+            their_cpu_us: None,
+        });
         let (t, complete) = table(&samples, 3);
         assert!(!complete, "most rows have no samples");
         let echo = t.lines().find(|l| l.contains("event mode (echo")).expect("row");
-        assert!(echo.contains("| 1.00x | 0.80-1.20x |"), "{echo}");
+        assert!(echo.contains("| 1.00x | 0.80-1.20x | 10.0 / 8.0 us |"), "{echo}");
         assert!(echo.ends_with("| <= 1.00x | yes |"), "{echo}");
         let idle = t.lines().find(|l| l.contains("idle echo server holding 100 connections, event")).expect("row");
         assert!(idle.contains("0.3 %") && idle.ends_with("| < 1 % | yes |"), "{idle}");
         let rate = t.lines().find(|l| l.contains("64 B message rate")).expect("row");
         assert!(rate.ends_with("| failed |"), "{rate}");
+    }
+
+    #[test]
+    fn the_script_parses() {
+        use std::io::Write as _;
+        let mut sh =
+            std::process::Command::new("sh").arg("-n").stdin(std::process::Stdio::piped()).spawn().expect("sh runs");
+        sh.stdin.take().expect("piped").write_all(compare_script(2).as_bytes()).expect("written");
+        assert!(sh.wait().expect("sh exits").success(), "sh -n found a syntax error in the compare script");
     }
 
     #[test]

@@ -130,6 +130,42 @@ pub struct Guest<'a> {
     pub env: &'a [(String, String)],
     /// `Some`: one of two linked VMs (a virtio NIC instead of the dummy `d0`).
     pub link: Option<Link<'a>>,
+    /// Add [`PROFILE_TOOLS`] (`perf`, `strace`) and let root profile the kernel too
+    /// (`perf_event_paranoid` -1, `kptr_restrict` 0).
+    pub profiling: bool,
+}
+
+/// Host programs copied into the VM only when it profiles (`vm --perf`, `bench`): perf's
+/// libraries are large.
+pub const PROFILE_TOOLS: &[&str] = &["perf", "strace"];
+
+/// The script of `cargo xtask vm --perf -- ARGS`: the command ([`command_script`]) runs twice,
+/// under `perf stat` (software counters: emulation has no hardware ones) and under
+/// `perf record` (cpu-clock samples of every process it starts), then a flat report of where
+/// the samples fell (self time, by command, binary and symbol; inlined frames resolved from
+/// the perf profile's line tables) and the hottest symbols of the project's binaries alone.
+/// Exits with the recorded run's status.
+pub fn perf_script(args: &[String]) -> String {
+    let cmd = command_script(args);
+    format!(
+        r#"# cargo xtask vm --perf (xtask/src/guest.rs)
+echo -1 > /proc/sys/kernel/perf_event_paranoid
+echo 0 > /proc/sys/kernel/kptr_restrict
+cat > /tmp/perf-cmd.sh <<'XTASK_PERF_EOF'
+{cmd}XTASK_PERF_EOF
+echo "== perf stat"
+perf stat -e task-clock,context-switches,cpu-migrations,page-faults -- sh /tmp/perf-cmd.sh
+echo "== perf record"
+perf record -q -F 4999 -e cpu-clock -o /tmp/perf.data -- sh /tmp/perf-cmd.sh
+rc=$?
+echo "== perf report: self time by command, binary, symbol (>= 0.5 %)"
+perf report -i /tmp/perf.data --stdio --no-children --sort comm,dso,symbol --percent-limit 0.5 2>/dev/null | grep -v '^$'
+echo "== perf report: the project's binaries alone (\$BIN), by symbol"
+dsos=$(ls "$BIN" | tr '\n' ',')
+perf report -i /tmp/perf.data --stdio --no-children --dsos "${{dsos%,}}" --sort comm,symbol --percent-limit 0.3 2>/dev/null | grep -v '^$'
+exit $rc
+"#
+    )
 }
 
 /// The network part of `/init` for the single VM: rxe0 on the dummy netdev `d0`.
@@ -358,7 +394,7 @@ fn add_rxe_provider(a: &mut Archive) -> Result<()> {
     initramfs::add_with_libs(a, &gcc_s, None)
 }
 
-fn add_base(a: &mut Archive) -> Result<()> {
+fn add_base(a: &mut Archive, profiling: bool) -> Result<()> {
     initramfs::usr_links(a)?;
     for d in ["proc", "sys", "dev", "tmp", "run", "mnt", "var/tmp", "usr/local/bin"] {
         a.dir(d, if d.ends_with("tmp") { 0o1777 } else { 0o755 }, 0, 0)?;
@@ -384,6 +420,12 @@ fn add_base(a: &mut Archive) -> Result<()> {
     for t in TOOLS {
         initramfs::add_with_libs(a, &host_tool(t)?, None)?;
     }
+    if profiling {
+        for t in PROFILE_TOOLS {
+            initramfs::add_with_libs(a, &host_tool(t)?, None)?;
+            taken.push(*t);
+        }
+    }
     add_rxe_provider(a)?;
     initramfs::add_busybox(a, &taken)
 }
@@ -408,7 +450,7 @@ impl Drop for Initrd {
 /// Packs the initramfs for one boot (`target/xtask/vm/initramfs-NONCE.cpio`).
 pub fn pack(kernel: &Kernel, bins: &Binaries, guest: &Guest) -> Result<Initrd> {
     let mut a = Archive::new();
-    add_base(&mut a)?;
+    add_base(&mut a, guest.profiling)?;
     let mut wanted = MODULES.to_vec();
     if guest.link.is_some() {
         wanted.extend_from_slice(LINK_MODULES);
@@ -473,7 +515,13 @@ mod tests {
 
     #[test]
     fn init_reports_start_and_exit() {
-        let g = Guest { nonce: "n1", script: String::new(), env: &[("A".into(), "x y".into())], link: None };
+        let g = Guest {
+            nonce: "n1",
+            script: String::new(),
+            env: &[("A".into(), "x y".into())],
+            link: None,
+            profiling: false,
+        };
         let s = init_script(&g, &["dummy".into()]);
         assert!(s.contains("echo \"@@xtask-n1:start@@\""));
         assert!(s.contains("echo \"@@xtask-n1:exit=$?@@\""));
@@ -489,7 +537,7 @@ mod tests {
     #[test]
     fn a_linked_vm_uses_its_nic_and_serves_signals() {
         let link = Link { name: "B", addr: LINK_VMS[1].1, peer: LINK_VMS[0].1 };
-        let g = Guest { nonce: "n2", script: String::new(), env: &[], link: Some(link) };
+        let g = Guest { nonce: "n2", script: String::new(), env: &[], link: Some(link), profiling: false };
         let s = init_script(&g, &["virtio_net".into()]);
         assert!(s.contains("RDMA_ADDR=198.18.0.2 "));
         assert!(s.contains("export RDMA_NETDEV=$nic PEER_ADDR=198.18.0.1 VM_NAME=B"));

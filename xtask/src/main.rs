@@ -33,6 +33,12 @@ commands:
                              exits with CMD's status (124: timeout; 125: xtask failed).
                              Several words run as a command with exactly these arguments;
                              one word runs as a sh command line (`sh -c WORD`)
+  vm --perf [options] -- CMD [ARGS...]
+                             profile CMD in the VM: the examples and benches built as a user
+                             builds them (profile perf: release with line tables; no tests in
+                             $BIN), perf and strace in the VM; CMD runs under `perf stat`, then
+                             under `perf record`, then a flat `perf report` (self time by
+                             command, binary and symbol; then the project's binaries alone)
   vm2 [options] -- CMD_A [ARGS...] -- CMD_B [ARGS...]
                              boot two VMs, A and B, joined by a virtual Ethernet link, and run
                              CMD_A in A and CMD_B in B (each as `vm` runs its command; CMD_A
@@ -47,7 +53,7 @@ commands:
   demo [options]             run the echo and blast examples, server and client (rping
                              until they exist), in the VM or on this host's RDMA device
   bench [--compare] [--rounds N]
-                             the criterion benchmarks (benches/latency.rs) in the VM; with
+                             the criterion benchmarks (benches/latency.rs, profile perf) in the VM; with
                              --compare: echo and blast against perftest and cmtime in ONE VM
                              boot, interleaved over N rounds (default 3), as a table of ratios
   fuzz [--runs N] [--time SECS] [--seed N] [TARGET...]
@@ -97,6 +103,7 @@ struct Opts {
     time: Option<u64>,
     seed: Option<u64>,
     cases: bool,
+    perf: bool,
     rest: Vec<String>,
 }
 
@@ -134,6 +141,7 @@ fn parse_opts(command: &str, args: &[String], takes_rest: bool) -> Result<Opts> 
             "--timeout" => o.timeout = Some(secs(name, value().as_ref())?),
             "--test-timeout" if command == "test" => o.test_timeout = Some(secs(name, value().as_ref())?),
             "--cases" if command == "vm2" => o.cases = true,
+            "--perf" if command == "vm" => o.perf = true,
             "--env" if command == "vm" || command == "vm2" => {
                 let kv = value().ok_or_else(|| Error::new(format!("{command}: --env needs KEY=VALUE")))?;
                 let (k, v) = kv
@@ -185,6 +193,10 @@ fn cmd_vm(args: &[String]) -> Result<u8> {
         return Err(Error::new("vm: no command given: cargo xtask vm [--timeout SECS] -- CMD [ARGS...]"));
     }
     let kernel = setup::ensure(false)?;
+    if o.perf {
+        let bins = project::build_perf()?;
+        return run_in_vm(&kernel, &bins, guest::perf_script(&o.rest), &o);
+    }
     let bins = project::build()?;
     run_in_vm(&kernel, &bins, guest::command_script(&o.rest), &o)
 }
@@ -203,7 +215,8 @@ fn run_in_vm_capture(
     captured: &mut Vec<u8>,
 ) -> Result<u8> {
     let nonce = vm::nonce();
-    let initrd = guest::pack(kernel, bins, &guest::Guest { nonce: &nonce, script, env: &o.env, link: None })?;
+    let initrd =
+        guest::pack(kernel, bins, &guest::Guest { nonce: &nonce, script, env: &o.env, link: None, profiling: o.perf })?;
     let accel = vm::choose_accel(kernel)?;
     let timeout = Duration::from_secs(o.timeout.unwrap_or(600));
     let boot = vm::Boot {
@@ -299,7 +312,9 @@ fn cmd_demo(args: &[String]) -> Result<u8> {
 fn cmd_bench(args: &[String]) -> Result<u8> {
     let mut o = parse_opts("bench", args, false)?;
     let kernel = setup::ensure(false)?;
-    let bins = project::build()?;
+    let bins = project::build_perf()?;
+    // strace counts the system calls of a round trip (`--compare`).
+    o.perf = true;
     if !o.compare {
         o.timeout = o.timeout.or(Some(1800));
         return run_in_vm(&kernel, &bins, "cd /tmp && \"$BIN\"/latency --bench\n".into(), &o);
@@ -426,6 +441,8 @@ mod tests {
         assert!(o.cases);
         assert_eq!(o.rest, v(&["link-down-up"]));
         assert!(parse_opts("vm", &v(&["--cases"]), true).is_err());
+        assert!(parse_opts("vm", &v(&["--perf", "--", "x"]), true).unwrap().perf);
+        assert!(parse_opts("test", &v(&["--perf"]), false).is_err());
     }
 
     #[test]

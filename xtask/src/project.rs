@@ -89,11 +89,19 @@ fn artifacts(stdout: &str, manifest: &Path, kind: &str) -> Result<Vec<Binary>> {
 }
 
 fn cargo_json(args: &[&str]) -> Result<String> {
+    // The fault suite's injections (`Reactor::inject_short_cq`); one build for everything.
+    cargo_json_as(args, PROFILE, &["--features", "fault-injection"])
+}
+
+/// The profile of the binaries that are measured (`cargo xtask bench`, `vm --perf`): release,
+/// with line tables for perf.
+pub const PERF_PROFILE: &str = "perf";
+
+fn cargo_json_as(args: &[&str], profile: &str, extra: &[&str]) -> Result<String> {
     let mut cmd = util::cargo();
     cmd.args(args)
-        .args(["--profile", PROFILE, "--package", "rdma-reactor", "--message-format=json-render-diagnostics"])
-        // The fault suite's injections (`Reactor::inject_short_cq`); one build for everything.
-        .args(["--features", "fault-injection"])
+        .args(["--profile", profile, "--package", "rdma-reactor", "--message-format=json-render-diagnostics"])
+        .args(extra)
         .current_dir(util::workspace_root())
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
@@ -133,6 +141,17 @@ pub fn build() -> Result<Binaries> {
         bail!("two of the examples, integration tests and benches are called `{}`: $BIN can hold only one", w[0]);
     }
     Ok(Binaries { examples, tests, lib_tests, benches })
+}
+
+/// Builds the examples and the benches as a user would (profile [`PERF_PROFILE`]: release, no
+/// debug assertions, no test hooks, with line tables): what `cargo xtask bench` and
+/// `cargo xtask vm --perf` measure. No test executables: those need the test hooks.
+pub fn build_perf() -> Result<Binaries> {
+    let manifest = util::workspace_root().join("Cargo.toml");
+    eprintln!("xtask: building examples and benches to measure (cargo --profile {PERF_PROFILE})");
+    let examples = artifacts(&cargo_json_as(&["build", "--examples"], PERF_PROFILE, &[])?, &manifest, "example")?;
+    let benches = artifacts(&cargo_json_as(&["bench", "--no-run"], PERF_PROFILE, &[])?, &manifest, "bench")?;
+    Ok(Binaries { examples, tests: Vec::new(), lib_tests: None, benches })
 }
 
 /// Makes a directory of symlinks NAME -> executable (the host's `$BIN`).

@@ -29,6 +29,10 @@ pub const PACKAGES: &[&str] = &[
     "pkg-config",
     "iproute2",
     "xz-utils",
+    // `cargo xtask vm --perf`: perf for the guest's kernel (bookworm's linux-perf is 6.1, the
+    // guest's), strace for counting system calls.
+    "linux-perf",
+    "strace",
 ];
 
 /// The meta-package whose dependency names the current kernel image package.

@@ -261,7 +261,7 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
     let nonce = vm::nonce();
     let tests = bins.rdma_tests();
     let script = runner_script(&nonce, &tests, opts.per_binary);
-    let initrd = guest::pack(kernel, bins, &Guest { nonce: &nonce, script, env: &[], link: None })?;
+    let initrd = guest::pack(kernel, bins, &Guest { nonce: &nonce, script, env: &[], link: None, profiling: false })?;
     let accel = vm::choose_accel(kernel)?;
     let timeout = opts
         .vm_timeout

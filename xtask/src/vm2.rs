@@ -224,7 +224,7 @@ fn boot_one(
     index: usize,
     o: &PairOptions,
 ) -> End {
-    let guest = Guest { nonce, script: script.to_string(), env: o.env, link: Some(link) };
+    let guest = Guest { nonce, script: script.to_string(), env: o.env, link: Some(link), profiling: false };
     let initrd = match guest::pack(kernel, bins, &guest) {
         Ok(i) => i,
         Err(e) => return End::Failed(e.to_string()),
