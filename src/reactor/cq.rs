@@ -18,12 +18,51 @@ use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, Key, Kind, OpKey, Token};
 use crate::sys::cq::{Cq, WcBatch, WorkCompletion, POLL_BATCH};
 
-/// Gives a drained work list's buffer back to `list` if that is still empty, so the lists the
-/// tick walks do not allocate every tick.
-pub(super) fn reuse<T>(list: &mut Vec<T>, mut drained: Vec<T>) {
-    debug_assert!(drained.is_empty());
-    if list.is_empty() && drained.capacity() > list.capacity() {
-        std::mem::swap(list, &mut drained);
+/// A list of work the tick walks once while the walk may add to it (a CQ polled while
+/// spinning is listed again for the next tick): two buffers, swapped by [`WorkList::take`] and
+/// [`WorkList::give_back`], so once both have grown neither the walk nor what it adds
+/// allocates. (Taking the list and leaving an empty `Vec` in its place allocated on every
+/// spinning tick.)
+#[derive(Debug)]
+pub(super) struct WorkList<T> {
+    cur: Vec<T>,
+    spare: Vec<T>,
+}
+
+impl<T> Default for WorkList<T> {
+    fn default() -> Self {
+        WorkList { cur: Vec::new(), spare: Vec::new() }
+    }
+}
+
+impl<T> WorkList<T> {
+    /// The listed work, for the walk; the list is empty then (it keeps the spare buffer's
+    /// capacity for what the walk adds).
+    pub(super) fn take(&mut self) -> Vec<T> {
+        let spare = std::mem::take(&mut self.spare);
+        std::mem::replace(&mut self.cur, spare)
+    }
+
+    /// The walked buffer back, emptied: the spare of the next walk.
+    pub(super) fn give_back(&mut self, mut walked: Vec<T>) {
+        walked.clear();
+        if walked.capacity() >= self.spare.capacity() {
+            self.spare = walked;
+        }
+    }
+}
+
+impl<T> std::ops::Deref for WorkList<T> {
+    type Target = Vec<T>;
+
+    fn deref(&self) -> &Vec<T> {
+        &self.cur
+    }
+}
+
+impl<T> std::ops::DerefMut for WorkList<T> {
+    fn deref_mut(&mut self) -> &mut Vec<T> {
+        &mut self.cur
     }
 }
 
@@ -222,7 +261,7 @@ impl Core {
     /// Polls every hot CQ under its budget.
     pub(super) fn poll_hot(&mut self) -> usize {
         let mut total = 0;
-        let mut hot = std::mem::take(&mut self.hot);
+        let mut hot = self.hot.take();
         for t in hot.drain(..) {
             let Some(e) = self.cqs.get_mut(t) else { continue };
             e.hot = false;
@@ -232,7 +271,7 @@ impl Core {
             }
             total += found;
         }
-        reuse(&mut self.hot, hot);
+        self.hot.give_back(hot);
         total
     }
 
@@ -327,13 +366,13 @@ impl Core {
     pub(super) fn poll_spinning(&mut self, keep_spinning: bool) -> usize {
         self.arm_now = !keep_spinning;
         let mut n = 0;
-        let mut spinning = std::mem::take(&mut self.spinning);
+        let mut spinning = self.spinning.take();
         for t in spinning.drain(..) {
             let Some(e) = self.cqs.get_mut(t) else { continue };
             e.spinning = false;
             n += self.poll_cq(t, self.cfg.poll_budget);
         }
-        reuse(&mut self.spinning, spinning);
+        self.spinning.give_back(spinning);
         self.arm_now = false;
         if keep_spinning {
             self.stats.spin_polls += 1;
@@ -469,7 +508,7 @@ impl Core {
     /// listed, so the cost is theirs, not every CQ's with a few events counted); a destroyed
     /// CQ acked its own count.
     pub(super) fn flush_acks(&mut self) {
-        let mut evented = std::mem::take(&mut self.evented);
+        let mut evented = self.evented.take();
         for t in evented.drain(..) {
             let Some(e) = self.cqs.get_mut(t) else { continue };
             e.evented = false;
@@ -478,7 +517,7 @@ impl Core {
                 self.count_acks(n);
             }
         }
-        reuse(&mut self.evented, evented);
+        self.evented.give_back(evented);
     }
 }
 
@@ -762,6 +801,30 @@ mod tests {
             }
         }
         assert!(stranded_before > 0, "read as empty, completions are stranded: the test can fail");
+    }
+
+    #[test]
+    fn a_work_list_walked_every_tick_stops_allocating() {
+        let mut list = super::WorkList::<u32>::default();
+        list.push(1);
+        let mut seen = Vec::new();
+        for tick in 0..100 {
+            let walked = list.take();
+            assert!(list.is_empty());
+            for x in &walked {
+                // Listed again for the next tick, as a spinning CQ is.
+                list.push(*x);
+            }
+            list.give_back(walked);
+            if tick >= 2 {
+                seen.push((list.as_ptr(), list.capacity()));
+            }
+        }
+        assert_eq!(list.as_slice(), &[1]);
+        // Two buffers, alternating: two addresses in all, never a new one.
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 2, "{seen:?}");
     }
 
     #[test]

@@ -338,13 +338,13 @@ pub(crate) struct Core {
     closing: Vec<ConnKey>,
     closing_listeners: Vec<ListenerKey>,
     /// CQs to poll this tick.
-    hot: Vec<CqKey>,
-    dirty: Vec<ConnKey>,
+    hot: cq::WorkList<CqKey>,
+    dirty: cq::WorkList<ConnKey>,
     /// CQs whose un-acked events reached the ack batch (`Config::cq_ack_batch`).
-    evented: Vec<CqKey>,
+    evented: cq::WorkList<CqKey>,
     /// CQs emptied and left unarmed: until the end of the tick (armed after its posts), or
     /// while spinning (`Config::spin`).
-    spinning: Vec<CqKey>,
+    spinning: cq::WorkList<CqKey>,
     /// The reactor spins (does not arm emptied CQs, does not sleep) until then.
     spin_until: Option<Instant>,
     /// Spinning in this tick.
@@ -478,10 +478,10 @@ impl Reactor {
                 timers: Timers::new(),
                 closing: Vec::new(),
                 closing_listeners: Vec::new(),
-                hot: Vec::new(),
-                dirty: Vec::new(),
-                evented: Vec::new(),
-                spinning: Vec::new(),
+                hot: cq::WorkList::default(),
+                dirty: cq::WorkList::default(),
+                evented: cq::WorkList::default(),
+                spinning: cq::WorkList::default(),
                 spin_until: None,
                 spin_on: false,
                 arm_now: false,
@@ -868,6 +868,11 @@ impl Core {
         // try_with: a reactor dropped by a thread-local's destructor may run after this
         // thread-local was destroyed; `with` would panic there, and a panic in a thread-local's
         // destructor aborts the process.
+        // The flag first: a plain thread-local load on every tick, the slot only after a drop
+        // panicked.
+        if !DROP_PANICKED.try_with(|f| f.replace(false)).unwrap_or(false) {
+            return;
+        }
         if let Some(panic) = DROP_PANIC.try_with(|p| p.borrow_mut().take()).ok().flatten() {
             self.panic.get_or_insert(panic);
         }
@@ -878,6 +883,8 @@ thread_local! {
     /// The first panic a user handler's `Drop` raised on this thread ([`Guarded`]), until the
     /// reactor ticking here takes it at the end of its tick.
     static DROP_PANIC: std::cell::RefCell<Option<Box<dyn std::any::Any + Send>>> = const { std::cell::RefCell::new(None) };
+    /// `DROP_PANIC` holds a panic: set with it, cleared by the tick that takes it.
+    static DROP_PANICKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// A user handler, boxed, whose `Drop` runs under a panic guard: a panic in it is caught and
@@ -916,6 +923,7 @@ impl<T: ?Sized> Drop for Guarded<T> {
                 let _ = DROP_PANIC.try_with(|p| {
                     p.borrow_mut().get_or_insert(panic);
                 });
+                let _ = DROP_PANICKED.try_with(|f| f.set(true));
             }
         }
     }

@@ -127,11 +127,11 @@ impl Core {
         // The shared receive queues first: a credit granted below is never ahead of the
         // receive it stands for (`srq.rs`).
         self.post_srqs();
-        let mut dirty = std::mem::take(&mut self.dirty);
+        let mut dirty = self.dirty.take();
         for t in dirty.drain(..) {
             self.flush_conn(t);
         }
-        super::cq::reuse(&mut self.dirty, dirty);
+        self.dirty.give_back(dirty);
     }
 
     /// Posts a connection's queued operations, as many as may go now.

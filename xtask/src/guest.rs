@@ -144,7 +144,9 @@ pub const PROFILE_TOOLS: &[&str] = &["perf", "strace"];
 /// `perf record` (cpu-clock samples of every process it starts), then a flat report of where
 /// the samples fell (self time, by command, binary and symbol; inlined frames resolved from
 /// the perf profile's line tables) and the hottest symbols of the project's binaries alone.
-/// Exits with the recorded run's status.
+/// Exits with the recorded run's status. `--env PERF_RECORD='...'` replaces the record options
+/// (default `-F 4999 -e cpu-clock`; `--call-graph dwarf` for call chains), `--env
+/// PERF_REPORT='...'` the report's (default `--no-children`).
 pub fn perf_script(args: &[String]) -> String {
     let cmd = command_script(args);
     format!(
@@ -156,13 +158,13 @@ cat > /tmp/perf-cmd.sh <<'XTASK_PERF_EOF'
 echo "== perf stat"
 perf stat -e task-clock,context-switches,cpu-migrations,page-faults -- sh /tmp/perf-cmd.sh
 echo "== perf record"
-perf record -q -F 4999 -e cpu-clock -o /tmp/perf.data -- sh /tmp/perf-cmd.sh
+perf record -q ${{PERF_RECORD:--F 4999 -e cpu-clock}} -o /tmp/perf.data -- sh /tmp/perf-cmd.sh
 rc=$?
 echo "== perf report: self time by command, binary, symbol (>= 0.5 %)"
-perf report -i /tmp/perf.data --stdio --no-children --sort comm,dso,symbol --percent-limit 0.5 2>/dev/null | grep -v '^$'
+perf report -i /tmp/perf.data --stdio ${{PERF_REPORT:---no-children}} --sort comm,dso,symbol --percent-limit 0.5 2>/dev/null | grep -v '^$'
 echo "== perf report: the project's binaries alone (\$BIN), by symbol"
 dsos=$(ls "$BIN" | tr '\n' ',')
-perf report -i /tmp/perf.data --stdio --no-children --dsos "${{dsos%,}}" --sort comm,symbol --percent-limit 0.3 2>/dev/null | grep -v '^$'
+perf report -i /tmp/perf.data --stdio ${{PERF_REPORT:---no-children}} --dsos "${{dsos%,}}" --sort comm,symbol --percent-limit 0.3 2>/dev/null | grep -v '^$'
 exit $rc
 "#
     )
