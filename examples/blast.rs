@@ -3,9 +3,9 @@
 //! ```text
 //! blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet] [--spin-us N]
 //!              [--srq [--srq-receives N] [--srq-credit N] [--srq-reserve N] [--srq-size BYTES]]
-//!              [--threads N] [--balance round-robin|fewest]
+//!              [--threads N] [--balance round-robin|fewest] [--shared-cq N]
 //! blast client --connect ADDR:PORT --size BYTES --count N [--clients K] [--op send|write]
-//!              [--verify] [--window N] [--spin-us N]
+//!              [--verify] [--window N] [--spin-us N] [--shared-cq N]
 //! ```
 //!
 //! With `--op send` every message is a SEND into one of the server's posted receives. With
@@ -14,6 +14,13 @@
 //! immediate consumes one receive so the server learns the slot is full. Either way the sender
 //! never has more messages in flight than the server has receives posted: receive credits
 //! (the credit rule in `ConnectionHandler`'s docs), so there are no RNR retries and nothing is lost.
+//!
+//! Measured as perftest measures: the client takes its message buffers when each connection
+//! is established, starts sending once every connection is, and reports the rate from the
+//! first message submitted to the last completed (its CPU time per message covers the whole
+//! run). Its defaults are perftest's too: 128 messages in flight per connection, up to 512
+//! receives posted per connection, polling while messages flow (`--spin-us 1000`), and one CQ
+//! for all of a client's connections.
 
 mod common;
 
@@ -26,22 +33,23 @@ use std::time::{Duration, Instant};
 use common::group::{self, Group};
 use common::{check_pattern, fill_pattern, Args};
 use rdma_reactor::{
-    CloseReason, Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision, Exposed,
-    ListenerHandler, Op, OpCode, OpError, Reactor, RejectCode, RejectReason, RemoteAccess, RemoteSlice, Token,
+    Buf, CloseReason, Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision,
+    Exposed, ListenerHandler, Op, OpCode, OpError, Reactor, RejectCode, RejectReason, RemoteAccess, RemoteSlice, Token,
     WcStatus,
 };
 
 const USAGE: &str = "\
 usage: blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet]
                     [--spin-us N] [--srq [--srq-receives N] [--srq-credit N] [--srq-reserve N] [--srq-size BYTES]]
-                    [--threads N] [--balance round-robin|fewest]
+                    [--threads N] [--balance round-robin|fewest] [--shared-cq N]
        blast client --connect ADDR:PORT --size BYTES --count N [--clients K]
-                    [--op send|write] [--verify] [--window N] [--spin-us N]
+                    [--op send|write] [--verify] [--window N] [--spin-us N] [--shared-cq N]
 
 server: receives from any number of clients at once, from one thread.
   --bind ADDR:PORT   address of an RDMA device to listen on
   --verify           check every byte of every message
-  --depth N          receives posted per connection: the credit window (default 128, minimum 3)
+  --depth N          receives posted per connection: the credit window (minimum 3; default:
+                     by message size, about 8 MiB of buffers, 16 to 512: 512 up to 16 KiB)
   --exit-after N     exit after N connections have closed (default: run until killed)
   --threads N        reactors, one per thread (default 1); the first listens and spreads the
                      connections over all; at exit each prints what it served
@@ -49,6 +57,9 @@ server: receives from any number of clients at once, from one thread.
   --quiet            no per-connection lines
   --spin-us N        (both) poll for N microseconds after work before sleeping (default 1000,
                      as perftest's bandwidth tests poll; 0: event mode)
+  --shared-cq N      (both) all connections on one CQ of N entries instead of one CQ each
+                     (default: the server one each; a client of several connections one CQ
+                     with room for all of them, while that is at most 32767 entries)
   --keepalive-ms N   (both) probe an idle connection every N ms (default: off)
   --ack-timeout-ms N (both) RC ACK timeout (default: the kernel's)
   --retry-count N    (both) transport retries, 0 to 7 (default 6)
@@ -119,7 +130,11 @@ struct Totals {
 }
 
 struct BlastListener {
+    /// The receive depth (`--depth`, or the SRQ's credit); with `auto`, the most
+    /// [`auto_depth`] gives.
     depth: u32,
+    /// No `--depth`: each connection's depth follows its message size ([`auto_depth`]).
+    auto: bool,
     /// On a shared receive queue: the runtime posts the receives.
     srq: bool,
     verify: bool,
@@ -141,7 +156,8 @@ impl ListenerHandler for BlastListener {
         let write = user[4] == 1;
         let client_id = u64::from_be_bytes(user[5..13].try_into().expect("8 bytes"));
         let size = info.msg_size as usize;
-        let depth = if write { self.depth.min((1 << 20) / size.max(1) as u32) } else { self.depth };
+        let base = if self.auto { auto_depth(size) } else { self.depth };
+        let depth = if write { base.min((1 << 20) / size.max(1) as u32) } else { base };
         if depth < 3 || (self.srq && depth < self.depth) {
             let text = format!("message size {size} leaves only {depth} ring slots");
             return Decision::Reject(RejectReason::new(RejectCode::Unsupported, text));
@@ -341,15 +357,35 @@ impl ConnectionHandler for BlastAgent {
 /// (`Config::spin` zero).
 const BLAST_SPIN_US: u64 = 1000;
 
+/// The most receives a connection gets without `--depth`: perftest's `ib_send_bw` posts 512.
+const AUTO_DEPTH_MAX: u32 = 512;
+
+/// A connection's receive depth (its sender's credit window) without `--depth`: as many
+/// receives as about 8 MiB of buffers hold (a buffer is at least a 4 KiB pool chunk), from 16
+/// to [`AUTO_DEPTH_MAX`]: 512 for messages up to 16 KiB, 128 for 64 KiB, 16 for 512 KiB and
+/// more. A deep window keeps the sender going while credits travel back; a cap on the bytes
+/// keeps large messages from pinning hundreds of megabytes per connection.
+fn auto_depth(msg_size: usize) -> u32 {
+    let per = msg_size.max(4096);
+    ((8 << 20) / per).clamp(16, AUTO_DEPTH_MAX as usize) as u32
+}
+
+/// `--shared-cq N`: every connection of the reactor on one CQ of N entries (`Config::shared_cq`).
+fn shared_cq(args: &Args) -> Option<u32> {
+    Some(args.get("shared-cq", 0u32)).filter(|n| *n > 0)
+}
+
 fn server(args: Args) {
-    let own = ["bind", "depth", "exit-after", "spin-us", "threads", "balance"];
+    let own = ["bind", "depth", "exit-after", "spin-us", "threads", "balance", "shared-cq"];
     args.finish(&[&own[..], &Args::LIVENESS[..], &Args::SRQ[..]].concat());
     let bind = args.addr("bind");
-    // perftest's send depth: a window this deep keeps the device busy while credits travel.
-    let depth: u32 = args.get("depth", 128);
-    if depth < 3 {
+    // 0: not given, each connection's depth follows its message size (`auto_depth`).
+    let given: u32 = args.get("depth", 0);
+    if given != 0 && given < 3 {
         common::fail(USAGE, "--depth must be at least 3 (flow control needs a reserve)");
     }
+    let auto = given == 0;
+    let depth = if auto { AUTO_DEPTH_MAX } else { given };
     let threads: usize = args.get("threads", 1);
     if threads == 0 {
         common::fail(USAGE, "--threads must be at least 1");
@@ -364,12 +400,14 @@ fn server(args: Args) {
         recv_depth: depth,
         send_depth: 16,
         spin: args.spin_or(BLAST_SPIN_US),
+        shared_cq: shared_cq(&args),
         ..Config::default()
     }));
     let (verify, quiet, on_srq) = (args.switch("verify"), args.switch("quiet"), srq.is_some());
     let g = group.clone();
     group::serve("blast", &group, bind, cfg, balance, "", move |reactor| BlastListener {
         depth,
+        auto: auto && !on_srq,
         srq: on_srq,
         verify,
         quiet,
@@ -400,7 +438,19 @@ struct ClientTotals {
     bytes: u64,
     done: u64,
     failures: Vec<String>,
+    /// The counter when the first message was submitted and when the last one completed: the
+    /// rate is taken over the transfer alone, as perftest takes its own (connection setup and
+    /// teardown are not in it).
+    first_tick: Option<u64>,
+    last_tick: u64,
+    /// Connections established, or closed before they were: the messages start once every
+    /// connection has settled, as perftest's start once all its queue pairs are connected.
+    settled: u64,
+    clients: u64,
 }
+
+/// `on_timer` user data: see whether every connection has settled, and start.
+const START: u64 = 1;
 
 struct BlastClient {
     id: u64,
@@ -415,21 +465,42 @@ struct BlastClient {
     depth: u64,
     error: Option<String>,
     totals: Rc<RefCell<ClientTotals>>,
+    established: bool,
+    /// Every connection has settled: messages may go.
+    started: bool,
+    /// Message buffers, taken once when established (so the pool grows before the clock
+    /// starts, as perftest registers its buffers first) and reused.
+    free: Vec<Buf>,
 }
 
 impl BlastClient {
+    /// Starts sending once every connection of the run has settled; until then looks again
+    /// every millisecond.
+    fn start_when_all_settled(&mut self, conn: &mut Conn<'_>) {
+        let all = {
+            let t = self.totals.borrow();
+            t.settled >= t.clients
+        };
+        if all {
+            self.started = true;
+            self.pump(conn);
+        } else if let Err(e) = conn.ctx().set_timer(Duration::from_millis(1), START) {
+            self.fail(conn, format!("timer: {}", common::report(&e)));
+        }
+    }
+
     fn fail(&mut self, conn: &mut Conn<'_>, what: String) {
         self.error.get_or_insert(what);
         conn.close();
     }
 
     fn pump(&mut self, conn: &mut Conn<'_>) {
-        if self.write && self.ring.is_none() {
+        if !self.started || (self.write && self.ring.is_none()) {
             return; // Waiting for the server's ring descriptor.
         }
         while self.submitted < self.count && self.submitted - self.completed < self.window {
             let seq = self.submitted;
-            let mut buf = match conn.alloc(self.size) {
+            let mut buf = match self.free.pop().map_or_else(|| conn.alloc(self.size), Ok) {
                 Ok(b) => b,
                 Err(e) => return self.fail(conn, format!("buffer: {}", common::report(&e))),
             };
@@ -446,6 +517,9 @@ impl BlastClient {
             };
             if let Err(e) = conn.submit(op.user_data(seq)) {
                 return self.fail(conn, format!("submit message {seq}: {}", e.error));
+            }
+            if seq == 0 {
+                self.totals.borrow_mut().first_tick.get_or_insert_with(common::Clock::ticks);
             }
             self.submitted += 1;
         }
@@ -473,10 +547,24 @@ impl ConnectionHandler for BlastClient {
         if !conn.peer_info().is_some_and(|i| i.flow_control) {
             return self.fail(conn, "the server does not use flow control".into());
         }
+        self.established = true;
+        self.totals.borrow_mut().settled += 1;
         if self.count == 0 {
             return conn.close();
         }
-        self.pump(conn);
+        for _ in 0..self.window.min(self.count) {
+            match conn.alloc(self.size) {
+                Ok(b) => self.free.push(b),
+                Err(e) => return self.fail(conn, format!("buffer: {}", common::report(&e))),
+            }
+        }
+        self.start_when_all_settled(conn);
+    }
+
+    fn on_timer(&mut self, conn: &mut Conn<'_>, user_data: u64) {
+        if user_data == START && !self.started {
+            self.start_when_all_settled(conn);
+        }
     }
 
     fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
@@ -498,8 +586,11 @@ impl ConnectionHandler for BlastClient {
                     let mut t = self.totals.borrow_mut();
                     t.msgs += 1;
                     t.bytes += u64::from(n);
+                    t.last_tick = common::Clock::ticks();
                 }
-                drop(c.buf);
+                if let Some(buf) = c.buf {
+                    self.free.push(buf);
+                }
                 if self.completed == self.count {
                     return conn.close();
                 }
@@ -513,6 +604,9 @@ impl ConnectionHandler for BlastClient {
 
     fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
         let mut t = self.totals.borrow_mut();
+        if !self.established {
+            t.settled += 1;
+        }
         if let Some(e) = self.error.take() {
             t.failures.push(format!("connection {}: {e} ({reason})", self.id));
         } else if self.completed < self.count {
@@ -527,7 +621,8 @@ impl ConnectionHandler for BlastClient {
 
 fn client(args: Args) {
     args.finish(
-        &[&["connect", "size", "count", "clients", "op", "window", "spin-us"][..], &Args::LIVENESS[..]].concat(),
+        &[&["connect", "size", "count", "clients", "op", "window", "spin-us", "shared-cq"][..], &Args::LIVENESS[..]]
+            .concat(),
     );
     let dst = args.addr("connect");
     let size = args.size("size", 0);
@@ -546,15 +641,23 @@ fn client(args: Args) {
         common::fail(USAGE, "--clients and --window must be at least 1");
     }
     let verify = args.switch("verify");
+    let send_depth = 64.max(window as u32).min(1024);
+    let recv_depth = 4;
+    // Several connections share one CQ by default, as perftest's QPs do (`-q N`): a spinning
+    // reactor then polls one CQ, not one per connection. It has room for every connection's
+    // queues, so only while that fits a CQ of rxe's (32 767 entries at most).
+    let entries = clients.saturating_mul(u64::from(send_depth + recv_depth));
+    let shared = (clients > 1 && entries <= 32_767).then_some(entries as u32);
     let cfg = args.liveness(Config {
-        send_depth: 64.max(window as u32).min(1024),
-        recv_depth: 4,
+        send_depth,
+        recv_depth,
         spin: args.spin_or(BLAST_SPIN_US),
+        shared_cq: shared_cq(&args).or(shared),
         ..Config::default()
     });
     let mut reactor = Reactor::with_config(cfg)
         .unwrap_or_else(|e| common::die("blast", &format!("cannot start: {}", common::report(&e))));
-    let totals = Rc::new(RefCell::new(ClientTotals::default()));
+    let totals = Rc::new(RefCell::new(ClientTotals { clients, ..ClientTotals::default() }));
     // Ids unique across client processes, so a server can tell its connections apart.
     let base = u64::from(std::process::id()) << 20;
     for i in 0..clients {
@@ -575,6 +678,9 @@ fn client(args: Args) {
             depth: 1,
             error: None,
             totals: totals.clone(),
+            established: false,
+            started: false,
+            free: Vec::new(),
         };
         let opts =
             ConnectOptions { msg_size: size as u32, msg_count: count as u32, user_data: user, ..Default::default() };
@@ -586,7 +692,7 @@ fn client(args: Args) {
     let cpu0 = cpu_seconds();
     // The progress line's clock is the counter, read every few ticks: the system clock can be
     // a system call (the test VM's HPET), and this loop runs once per tick.
-    let clock = common::Clock::new();
+    let mut clock = common::Clock::new();
     let mut last = (clock.elapsed_ns(), 0u64, 0u64);
     let mut ticks = 0u32;
     while !reactor.is_idle() {
@@ -607,10 +713,18 @@ fn client(args: Args) {
             last = (now, t.msgs, t.bytes);
         }
     }
-    let secs = start.elapsed().as_secs_f64();
+    let whole = start.elapsed().as_secs_f64();
     let cpu1 = cpu_seconds();
     let (user, system) = (cpu1.0 - cpu0.0, cpu1.1 - cpu0.1);
+    clock.calibrate();
     let t = totals.borrow();
+    // From the first message submitted to the last completed; the whole run when no message
+    // completed.
+    let secs = t
+        .first_tick
+        .filter(|_| t.msgs > 0)
+        .map_or(whole, |first| clock.ns(t.last_tick.wrapping_sub(first)) as f64 / 1e9)
+        .max(1e-9);
     let op = if write { "RDMA WRITE with immediate" } else { "SEND" };
     println!(
         "blast client: {} messages of {size} bytes ({} bytes) by {op} over {clients} connection(s) in {secs:.3} s: {}",
@@ -618,6 +732,7 @@ fn client(args: Args) {
         t.bytes,
         rate(t.bytes, t.msgs, secs)
     );
+    println!("blast client: {whole:.3} s with connection setup and teardown (the rate above is from the first message to the last completion)");
     if t.msgs > 0 {
         let per = |s: f64| s * 1e6 / t.msgs as f64;
         println!(

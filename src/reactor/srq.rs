@@ -63,7 +63,6 @@
 //! after the SRQ (`DevSrq`'s field order). SRQ_ERR closes every connection on the SRQ (as an
 //! `Abort`, like CQ_ERR) and the SRQ is not posted to again; new connections are refused.
 
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -136,6 +135,40 @@ pub(super) struct Repost {
     owner: Option<(ConnKey, bool)>,
 }
 
+/// Queue pair numbers of the queue pairs on an SRQ, each with its connection: how a receive
+/// completion, which names only its queue pair, finds its connection. A sorted list searched
+/// by bisection: no hashing on the path of a completion; adding and removing (at connection
+/// setup and teardown) shift the list.
+#[derive(Debug, Default)]
+pub(super) struct QpMap(Vec<(u32, ConnKey)>);
+
+impl QpMap {
+    /// Adds (or replaces) `qp_num`'s connection.
+    pub(super) fn insert(&mut self, qp_num: u32, t: ConnKey) {
+        match self.0.binary_search_by_key(&qp_num, |e| e.0) {
+            Ok(i) => self.0[i].1 = t,
+            Err(i) => self.0.insert(i, (qp_num, t)),
+        }
+    }
+
+    /// Forgets `qp_num`.
+    pub(super) fn remove(&mut self, qp_num: u32) {
+        if let Ok(i) = self.0.binary_search_by_key(&qp_num, |e| e.0) {
+            self.0.remove(i);
+        }
+    }
+
+    /// The connection of `qp_num`.
+    pub(super) fn get(&self, qp_num: u32) -> Option<ConnKey> {
+        self.0.binary_search_by_key(&qp_num, |e| e.0).ok().map(|i| self.0[i].1)
+    }
+
+    /// Every connection listed.
+    pub(super) fn values(&self) -> impl Iterator<Item = ConnKey> + '_ {
+        self.0.iter().map(|e| e.1)
+    }
+}
+
 /// One device's shared receive queue and its bookkeeping. Field order is drop order: the SRQ
 /// (once no queue pair holds it) before the buffers posted to it.
 pub(super) struct DevSrq {
@@ -149,7 +182,7 @@ pub(super) struct DevSrq {
     repost: Vec<Repost>,
     pub(super) budget: SrqBudget,
     /// Queue pair number to connection, for every queue pair on this SRQ.
-    pub(super) qps: HashMap<u32, ConnKey>,
+    pub(super) qps: QpMap,
     buf_size: usize,
     low_water: u32,
     /// The limit event is armed. It is disarmed by its event and armed again only once a
@@ -208,7 +241,7 @@ impl Core {
             slots: GenSlab::new(),
             repost,
             budget: SrqBudget::new(cfg.receives, cfg.credit, cfg.reserve),
-            qps: HashMap::new(),
+            qps: QpMap::default(),
             buf_size: cfg.buf_size as usize,
             low_water: cfg.low_water,
             limit_armed: false,
@@ -338,7 +371,7 @@ impl Core {
     pub(super) fn fail_srq(&mut self, d: usize, reason: CloseReason) {
         let Some(s) = self.devices.get_mut(d).and_then(|x| x.srq.as_mut()) else { return };
         s.failed = true;
-        let on: Vec<ConnKey> = s.qps.values().copied().collect();
+        let on: Vec<ConnKey> = s.qps.values().collect();
         for t in on {
             self.feed(t, Input::Abort(reason.clone()));
         }
@@ -376,7 +409,7 @@ impl Core {
             self.stats.stale_completions += 1;
             return;
         };
-        let owner = s.qps.get(&wc.qp_num).copied().filter(|t| self.conns.contains(*t));
+        let owner = s.qps.get(wc.qp_num).filter(|t| self.conns.contains(*t));
         let Some(t) = owner else {
             self.stats.srq_stale += 1;
             s.repost.push(Repost { buf: Some(buf), owner: None });
@@ -436,7 +469,30 @@ impl Core {
 
 #[cfg(test)]
 mod tests {
-    use super::SrqBudget;
+    use super::{QpMap, SrqBudget};
+    use crate::proto::token::{ConnKey, GenSlab};
+
+    #[test]
+    fn the_qp_map_finds_each_connection_by_its_queue_pair() {
+        let mut slab: GenSlab<ConnKey, ()> = GenSlab::new();
+        let keys: Vec<ConnKey> = (0..50).map(|_| slab.insert(())).collect();
+        let mut m = QpMap::default();
+        // Out of order, as the kernel hands out numbers.
+        for (i, k) in keys.iter().enumerate() {
+            m.insert(((i * 37) % 50) as u32 + 17, *k);
+        }
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(m.get(((i * 37) % 50) as u32 + 17), Some(*k));
+        }
+        assert_eq!(m.get(16), None);
+        assert_eq!(m.get(67), None);
+        m.remove(17);
+        assert_eq!(m.get(17), None);
+        m.remove(17);
+        assert_eq!(m.values().count(), 49);
+        m.insert(18, keys[0]);
+        assert_eq!(m.get(18), Some(keys[0]), "a number reused names its new connection");
+    }
 
     #[test]
     fn the_credit_rule_admits_exactly_what_the_receives_cover() {

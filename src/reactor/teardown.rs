@@ -96,7 +96,7 @@ impl Core {
         if let Some(s) = on_srq.and_then(|d| self.devices.get_mut(d)).and_then(|x| x.srq.as_mut()) {
             // Its queue pair is gone and its CQs drained: no completion names it any more.
             if let Some(n) = qp_num {
-                s.qps.remove(&n);
+                s.qps.remove(n);
             }
             s.budget.leave();
         }
