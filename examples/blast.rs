@@ -9,9 +9,10 @@
 //! ```
 //!
 //! With `--op send` every message is a SEND into one of the server's posted receives. With
-//! `--op write` the server exposes a ring of `depth` slots (REMOTE_WRITE only, to that
-//! connection alone: `Conn::expose`) and sends its descriptor; each message is an RDMA WRITE with immediate into slot `seq % depth`, whose
-//! immediate consumes one receive so the server learns the slot is full. Either way the sender
+//! `--op write` the server exposes a ring of `depth` slots (application memory, a `Region` of
+//! at most 64 MiB, with REMOTE_WRITE only, to that connection alone: `Conn::expose_region`)
+//! and sends its descriptor; each message is an RDMA WRITE with immediate into slot
+//! `seq % depth`, whose immediate consumes one receive so the server learns the slot is full. Either way the sender
 //! never has more messages in flight than the server has receives posted: receive credits
 //! (the credit rule in `ConnectionHandler`'s docs), so there are no RNR retries and nothing is lost.
 //!
@@ -34,8 +35,8 @@ use common::group::{self, Group};
 use common::{check_pattern, fill_pattern, Args};
 use rdma_reactor::{
     Buf, CloseReason, Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision,
-    Exposed, ListenerHandler, Op, OpCode, OpError, Reactor, RejectCode, RejectReason, RemoteAccess, RemoteSlice, Token,
-    WcStatus,
+    ListenerHandler, Op, OpCode, OpError, Reactor, Region, RegionWindow, RejectCode, RejectReason, RemoteAccess,
+    RemoteSlice, Token, WcStatus,
 };
 
 const USAGE: &str = "\
@@ -75,7 +76,8 @@ server: receives from any number of clients at once, from one thread.
   --srq-size BYTES   buffer of each shared receive: the largest message (default 4K)
 client: streams N messages of BYTES on each of K connections.
   --connect ADDR:PORT
-  --size BYTES       message size (suffixes K, M); with --op write at most 1M / server depth
+  --size BYTES       message size (suffixes K, M); with --op write the server's ring (depth
+                     slots of it) is at most 64 MiB, its depth cut to fit
   --count N          messages per connection
   --clients K        connections from one reactor (default 1)
   --op send|write    SEND, or RDMA WRITE with immediate into the server's ring (default send)
@@ -157,7 +159,7 @@ impl ListenerHandler for BlastListener {
         let client_id = u64::from_be_bytes(user[5..13].try_into().expect("8 bytes"));
         let size = info.msg_size as usize;
         let base = if self.auto { auto_depth(size) } else { self.depth };
-        let depth = if write { base.min((1 << 20) / size.max(1) as u32) } else { base };
+        let depth = if write { base.min((RING_MAX / size.max(1)) as u32) } else { base };
         if depth < 3 || (self.srq && depth < self.depth) {
             let text = format!("message size {size} leaves only {depth} ring slots");
             return Decision::Reject(RejectReason::new(RejectCode::Unsupported, text));
@@ -217,7 +219,8 @@ struct BlastAgent {
     client_id: u64,
     verify: bool,
     quiet: bool,
-    ring: Option<Exposed>,
+    /// With `--op write`: the ring, application memory of `depth` slots, and its window.
+    ring: Option<(Region, RegionWindow)>,
     seq: u64,
     bytes: u64,
     started: Option<Instant>,
@@ -256,12 +259,19 @@ impl ConnectionHandler for BlastAgent {
         if !self.write {
             return;
         }
-        // Bound to this connection: the ring's rkey is of no use on any other.
-        let ring = match conn.alloc(self.depth as usize * self.size).and_then(|b| conn.expose(b, RemoteAccess::WRITE)) {
+        // Application memory (a `Region`), as large as the slots need, not a pool chunk (at
+        // most 1 MiB: 16 slots of 64 KiB, where ib_write_bw keeps 128 writes in flight). Bound
+        // to this connection: the window's rkey is of no use on any other.
+        let len = self.depth as usize * self.size;
+        let ring = Region::zeroed(len).and_then(|region| {
+            let window = conn.expose_region(&region.slice(..)?, RemoteAccess::WRITE)?;
+            Ok((region, window))
+        });
+        let ring = match ring {
             Ok(r) => r,
-            Err(e) => return self.fail(conn, format!("ring: {}", common::report(&e))),
+            Err(e) => return self.fail(conn, format!("ring of {len} bytes: {}", common::report(&e))),
         };
-        let descriptor = ring.remote().slice(0, self.depth * self.size as u32).expect("the ring fits its chunk");
+        let descriptor = ring.1.remote();
         self.ring = Some(ring);
         let mut msg = match conn.alloc(RemoteSlice::ENCODED_LEN) {
             Ok(b) => b,
@@ -284,7 +294,7 @@ impl ConnectionHandler for BlastAgent {
                     let bad = if c.remote_write {
                         let slot = (self.seq % u64::from(self.depth)) as usize * self.size;
                         let mut data = vec![0u8; self.size];
-                        let ring = self.ring.as_ref().expect("write mode has a ring");
+                        let (ring, _) = self.ring.as_ref().expect("write mode has a ring");
                         ring.read_at(slot, &mut data).expect("slot in the ring");
                         check_pattern(&data, self.client_id, self.seq)
                     } else {
@@ -356,6 +366,9 @@ impl ConnectionHandler for BlastAgent {
 /// it sleeps, so an idle blast costs nothing. The library's own default stays event mode
 /// (`Config::spin` zero).
 const BLAST_SPIN_US: u64 = 1000;
+
+/// The largest `--op write` ring (`depth` slots of the message size): the depth is cut to fit.
+const RING_MAX: usize = 64 << 20;
 
 /// The most receives a connection gets without `--depth`: perftest's `ib_send_bw` posts 512.
 const AUTO_DEPTH_MAX: u32 = 512;
