@@ -392,13 +392,12 @@ fn server(args: Args) {
     let own = ["bind", "depth", "exit-after", "spin-us", "threads", "balance", "shared-cq"];
     args.finish(&[&own[..], &Args::LIVENESS[..], &Args::SRQ[..]].concat());
     let bind = args.addr("bind");
-    // 0: not given, each connection's depth follows its message size (`auto_depth`).
-    let given: u32 = args.get("depth", 0);
-    if given != 0 && given < 3 {
+    // Not given: each connection's depth follows its message size (`auto_depth`).
+    let auto = !args.given("depth");
+    let depth: u32 = args.get("depth", AUTO_DEPTH_MAX);
+    if depth < 3 {
         common::fail(USAGE, "--depth must be at least 3 (flow control needs a reserve)");
     }
-    let auto = given == 0;
-    let depth = if auto { AUTO_DEPTH_MAX } else { given };
     let threads: usize = args.get("threads", 1);
     if threads == 0 {
         common::fail(USAGE, "--threads must be at least 1");

@@ -49,6 +49,11 @@ impl Args {
         self.switches.iter().any(|s| s == name)
     }
 
+    /// True when the option was given a value.
+    pub fn given(&self, name: &str) -> bool {
+        self.values.contains_key(name)
+    }
+
     /// A value parsed as `T`, or `default`.
     pub fn get<T: FromStr>(&self, name: &str, default: T) -> T
     where

@@ -54,7 +54,9 @@ impl Core {
         if busy {
             return Some(Duration::ZERO);
         }
-        self.timers.next_deadline().map(|at| at.saturating_duration_since(now()))
+        // The same clock as the tick's (`Core::timer_clock`): a deadline the outer loop thinks
+        // due is one the tick finds due.
+        self.timer_timeout()
     }
 }
 

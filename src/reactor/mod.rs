@@ -727,8 +727,8 @@ impl Core {
         let epoll_timeout = match wait {
             None => EpollTimeout::NONE,
             Some(d) => {
-                // Round up so a deadline 0.3 ms away does not spin.
-                let ms = d.as_micros().div_ceil(1000).min(i32::MAX as u128) as u32;
+                // Round up so a deadline 0.3 ms (or 0.3 µs) away does not spin.
+                let ms = d.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as u32;
                 EpollTimeout::try_from(ms).unwrap_or(EpollTimeout::MAX)
             }
         };

@@ -8,10 +8,11 @@
 //!
 //! **The clock.** The tick reads the time only for the timers and the spin time. For the
 //! timers it reads `CLOCK_MONOTONIC_COARSE` ([`CoarseClock`], vDSO) while the earliest deadline
-//! is further away than that clock's resolution, and shortens the wait by the resolution; the
+//! is further away than twice that clock's resolution, and shortens the wait by as much; the
 //! precise clock (a system call where its source is an emulated HPET) only when a deadline is
 //! that near (`Core::timer_clock`). A reading is never ahead of the true time, so no timer
-//! fires early, and the wait never oversleeps a deadline.
+//! fires early; the wait oversleeps a deadline only if the coarse clock lags by more than two
+//! of its ticks.
 //!
 //! **Compaction.** Left alone, the stale entries would stay until their deadlines: a handler
 //! that resets an hour's idle timer on every message would keep an entry per message for an
@@ -141,15 +142,13 @@ impl Core {
     }
 
     /// The time as far as the timers need it, kept in `Core::clock`, and whether it is the
-    /// precise one: the coarse clock when the earliest deadline is further away than its
-    /// resolution (then no deadline can be due), else the precise clock. Never goes back, and
-    /// is never ahead of the true time, so nothing fires early.
+    /// precise one: the coarse clock when the earliest deadline is further away than
+    /// [`CoarseClock::margin`] (then no deadline can be due), else the precise clock. Never
+    /// goes back, and is never ahead of the true time, so nothing fires early.
     pub(super) fn timer_clock(&mut self) -> (Instant, bool) {
         let coarse = self.coarse.now();
         match self.timers.next_deadline() {
-            Some(at) if coarse.checked_add(self.coarse.resolution).map_or(true, |c| at <= c) => {
-                (self.read_clock(), true)
-            }
+            Some(at) if coarse.checked_add(self.coarse.margin()).map_or(true, |c| at <= c) => (self.read_clock(), true),
             _ => {
                 self.clock = self.clock.max(coarse);
                 (self.clock, false)
@@ -158,12 +157,24 @@ impl Core {
     }
 
     /// How long the wait may last for the timers, from `now`: until the earliest deadline;
-    /// from a coarse reading (`precise` false) less the coarse resolution, since the reading
-    /// may lag the true time by that much (the tick after such an early wakeup reads the
-    /// precise clock, the deadline being within the resolution then).
+    /// from a coarse reading (`precise` false) less [`CoarseClock::margin`], since the reading
+    /// may lag the true time (the tick after such an early wakeup reads the precise clock, the
+    /// deadline being within the margin then).
     pub(super) fn timer_wait(&self, now: Instant, precise: bool) -> Option<Duration> {
         let left = self.timers.next_timeout(now)?;
-        Some(if precise { left } else { left.saturating_sub(self.coarse.resolution) })
+        Some(if precise { left } else { left.saturating_sub(self.coarse.margin()) })
+    }
+
+    /// [`Core::timer_wait`] for an outer loop (`Reactor::next_timeout`), without touching
+    /// `Core::clock`: the same choice of clock, so the tick it leads to finds the deadline due
+    /// (or, if the coarse clock lagged more than the margin, a little more time to wait).
+    pub(super) fn timer_timeout(&self) -> Option<Duration> {
+        let at = self.timers.next_deadline()?;
+        let coarse = self.coarse.now();
+        match coarse.checked_add(self.coarse.margin()) {
+            Some(c) if at > c => Some(at.saturating_duration_since(c)),
+            _ => Some(at.saturating_duration_since(Instant::now())),
+        }
     }
 
     /// Cancels a user timer; a fired or stale one is ignored.
@@ -220,12 +231,29 @@ fn monotonic_ns(id: nix::time::ClockId) -> Option<u64> {
 
 impl CoarseClock {
     pub(super) fn new() -> CoarseClock {
-        let anchor = Instant::now();
-        let anchor_ns = monotonic_ns(nix::time::ClockId::CLOCK_MONOTONIC).unwrap_or(0);
+        // The anchor's two reads bracket one instant; a preemption between them would make
+        // every coarse reading lag by its length, so the tightest of a few brackets is kept.
+        let mut best: Option<(Duration, Instant, u64)> = None;
+        for _ in 0..4 {
+            let before = Instant::now();
+            let ns = monotonic_ns(nix::time::ClockId::CLOCK_MONOTONIC).unwrap_or(0);
+            let gap = before.elapsed();
+            if best.as_ref().map_or(true, |b| gap < b.0) {
+                best = Some((gap, before, ns));
+            }
+        }
+        let (_, anchor, anchor_ns) = best.expect("four tries");
         let resolution = nix::time::clock_getres(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
             .ok()
             .map_or(Duration::from_millis(10), |r| Duration::from(r).max(Duration::from_micros(1)));
         CoarseClock { anchor, anchor_ns, resolution }
+    }
+
+    /// How far a coarse reading is trusted to lag the true time: two resolutions (one for the
+    /// clock's granularity, one for a kernel tick that comes late). Within this of a deadline
+    /// the timers read the precise clock.
+    pub(super) fn margin(&self) -> Duration {
+        self.resolution * 2
     }
 
     /// The coarse time: at most the true time, at least the true time less `resolution`.

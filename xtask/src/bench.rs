@@ -179,7 +179,9 @@ blast_bw() {{ # ROW ROUND SIZE COUNT OP PERFTEST FIELD(rate|bw) [CLIENTS [SERVER
     # COUNT messages in all, spread over CLIENTS connections (perftest: -q CLIENTS QPs).
     q=${{8:-1}}; th=${{9:-1}}; per=$(($4 / q)); sp=""; [ -n "${{10}}" ] && sp="--spin-us ${{10}}"
     port=$((port + 1))
-    ( time -p $T "$BIN"/blast server --bind $A:$port --quiet --exit-after $q --threads $th $sp >/dev/null 2>&1 ) 2>/tmp/srv.time &
+    # (time is a program here, not a shell keyword: a 2> inside the subshell would take its
+    # report too. Only the time lines start with user/sys, which is all cpu_of reads.)
+    ( time -p $T "$BIN"/blast server --bind $A:$port --quiet --exit-after $q --threads $th $sp >/dev/null ) 2>/tmp/srv.time &
     srv=$!; sleep 1
     out=$( ( time -p $T "$BIN"/blast client --connect $A:$port --size $3 --count $per --clients $q --op $5 $sp ) 2>&1 )
     wait $srv 2>/dev/null
@@ -189,10 +191,12 @@ blast_bw() {{ # ROW ROUND SIZE COUNT OP PERFTEST FIELD(rate|bw) [CLIENTS [SERVER
     cpu=$(awk -v c="$(echo "$out" | cpu_of)" -v s="$(cpu_of </tmp/srv.time)" "BEGIN{{printf \"%.1f\", (c + s) * 1000000 / $4}}")
     qa=""; [ $q -gt 1 ] && qa="-q $q"
     for try in 1 2; do
-        ( time -p $T $6 -s $3 -n $per $qa >/dev/null 2>&1 ) 2>/tmp/psrv.time & p=$!; sleep 1
+        ( time -p $T $6 -s $3 -n $per $qa >/dev/null ) 2>/tmp/psrv.time & p=$!; sleep 1
         pout=$( ( time -p $T $6 -s $3 -n $per $qa $A ) 2>&1 )
-        wait $p 2>/dev/null
         if [ $7 = rate ]; then theirs=$(echo "$pout" | prate); else theirs=$(echo "$pout" | pbw); fi
+        # A server whose client failed to meet it would wait for its watchdog: kill it.
+        [ -n "$theirs" ] || kill $p 2>/dev/null
+        wait $p 2>/dev/null
         [ -n "$theirs" ] && break
     done
     tcpu=$(awk -v c="$(echo "$pout" | cpu_of)" -v s="$(cpu_of </tmp/psrv.time)" "BEGIN{{printf \"%.1f\", (c + s) * 1000000 / $4}}")

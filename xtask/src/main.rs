@@ -313,8 +313,6 @@ fn cmd_bench(args: &[String]) -> Result<u8> {
     let mut o = parse_opts("bench", args, false)?;
     let kernel = setup::ensure(false)?;
     let bins = project::build_perf()?;
-    // strace counts the system calls of a round trip (`--compare`).
-    o.perf = true;
     if !o.compare {
         o.timeout = o.timeout.or(Some(1800));
         return run_in_vm(&kernel, &bins, "cd /tmp && \"$BIN\"/latency --bench\n".into(), &o);
