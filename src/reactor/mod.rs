@@ -691,8 +691,8 @@ impl Core {
         self.spin_skipped = 0;
         let spin_cfg = !self.cfg.spin.is_zero();
         // The precise clock can be a system call (an emulated HPET in the test VM): it is read
-        // only when the spin time needs it, or a deadline is within the coarse clock's
-        // resolution; otherwise the timers make do with the coarse clock (vDSO), and without
+        // only when the spin time needs it, or a deadline is within the coarse clock's margin
+        // (two of its resolutions); otherwise the timers make do with the coarse clock (vDSO), and without
         // timers or spinning the clock is not read at all.
         let timed = self.timers.next_deadline().is_some();
         let clocked = spin_cfg || timed;
