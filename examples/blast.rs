@@ -702,29 +702,16 @@ fn client(args: Args) {
     }
     let start = Instant::now();
     let cpu0 = cpu_seconds();
-    // The progress line's clock is the counter, read every few ticks: the system clock can be
-    // a system call (the test VM's HPET), and this loop runs once per tick.
     let mut clock = common::Clock::new();
     let mut last = (clock.elapsed_ns(), 0u64, 0u64);
-    let mut ticks = 0u32;
-    while !reactor.is_idle() {
-        let work = match reactor.run_once(Some(Duration::from_millis(250))) {
-            Ok(work) => work,
-            Err(e) => common::die("blast", &format!("reactor failed: {}", common::report(&e))),
-        };
-        // Every few busy ticks, and after every idle one.
-        ticks = ticks.wrapping_add(1);
-        if work > 0 && ticks % 64 != 0 {
-            continue;
-        }
-        let now = clock.elapsed_ns();
+    common::run_client("blast", &mut reactor, Duration::from_millis(250), &clock, |_, now| {
         if now.saturating_sub(last.0) >= 1_000_000_000 {
             let t = totals.borrow();
             let secs = now.saturating_sub(last.0) as f64 / 1e9;
             println!("blast client: {}", rate(t.bytes - last.2, t.msgs - last.1, secs));
             last = (now, t.msgs, t.bytes);
         }
-    }
+    });
     let whole = start.elapsed().as_secs_f64();
     let cpu1 = cpu_seconds();
     let (user, system) = (cpu1.0 - cpu0.0, cpu1.1 - cpu0.1);

@@ -485,19 +485,7 @@ fn client(args: Args) {
     let start = Instant::now();
     let mut clock = common::Clock::new();
     let mut last_report = 0;
-    let mut ticks = 0u32;
-    while !reactor.is_idle() {
-        let work = match reactor.run_once(Some(Duration::from_millis(500))) {
-            Ok(work) => work,
-            Err(e) => common::die("echo", &format!("reactor failed: {}", common::report(&e))),
-        };
-        // The counter, not the system clock; every few busy ticks and after every idle one:
-        // this loop runs every tick.
-        ticks = ticks.wrapping_add(1);
-        if work > 0 && ticks % 64 != 0 {
-            continue;
-        }
-        let now = clock.elapsed_ns();
+    common::run_client("echo", &mut reactor, Duration::from_millis(500), &clock, |reactor, now| {
         if now.saturating_sub(last_report) >= 2_000_000_000 {
             last_report = now;
             if let (Some(path), Some(held)) = (&hold_until, &held) {
@@ -512,7 +500,7 @@ fn client(args: Args) {
             let done = results.borrow().latencies.len();
             eprintln!("echo client: {done} of {} round trips after {:.1} s", count * clients, now as f64 / 1e9);
         }
-    }
+    });
     let elapsed = start.elapsed();
     clock.calibrate();
     let stats = reactor.stats();

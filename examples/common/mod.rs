@@ -185,6 +185,32 @@ pub fn parse_size(v: &str) -> Option<usize> {
     num.parse::<usize>().ok()?.checked_mul(mul)
 }
 
+/// Runs a client's `reactor` until it is idle (dying with `program`'s name if the loop itself
+/// fails, waiting at most `wait` per tick), and calls `check(reactor, now)` after every idle
+/// tick and every 64th busy one, `now` being the counter's nanoseconds since `clock` started:
+/// the clients' progress lines and hold checks. The counter, not the system clock, and not on
+/// every tick: the system clock can be a system call (the test VM's HPET), and this loop runs
+/// once per tick.
+pub fn run_client(
+    program: &str,
+    reactor: &mut rdma_reactor::Reactor,
+    wait: std::time::Duration,
+    clock: &Clock,
+    mut check: impl FnMut(&mut rdma_reactor::Reactor, u64),
+) {
+    let mut ticks = 0u32;
+    while !reactor.is_idle() {
+        let work = match reactor.run_once(Some(wait)) {
+            Ok(work) => work,
+            Err(e) => die(program, &format!("reactor failed: {}", report(&e))),
+        };
+        ticks = ticks.wrapping_add(1);
+        if work == 0 || ticks % 64 == 0 {
+            check(reactor, clock.elapsed_ns());
+        }
+    }
+}
+
 /// Prints `program: msg` and exits 1 (a failure at run time, not a usage error).
 pub fn die(program: &str, msg: &str) -> ! {
     eprintln!("{program}: {msg}");
