@@ -260,6 +260,9 @@ impl Core {
 
     /// Polls every hot CQ under its budget.
     pub(super) fn poll_hot(&mut self) -> usize {
+        if self.hot.is_empty() {
+            return 0;
+        }
         let mut total = 0;
         let mut hot = self.hot.take();
         for t in hot.drain(..) {
@@ -508,6 +511,9 @@ impl Core {
     /// listed, so the cost is theirs, not every CQ's with a few events counted); a destroyed
     /// CQ acked its own count.
     pub(super) fn flush_acks(&mut self) {
+        if self.evented.is_empty() {
+            return;
+        }
         let mut evented = self.evented.take();
         for t in evented.drain(..) {
             let Some(e) = self.cqs.get_mut(t) else { continue };

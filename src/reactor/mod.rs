@@ -690,19 +690,9 @@ impl Core {
         }
         self.spin_skipped = 0;
         let spin_cfg = !self.cfg.spin.is_zero();
-        // The precise clock can be a system call (an emulated HPET in the test VM): it is read
-        // only when the spin time needs it, or a deadline is within the coarse clock's margin
-        // (two of its resolutions); otherwise the timers make do with the coarse clock (vDSO), and without
-        // timers or spinning the clock is not read at all.
         let timed = self.timers.next_deadline().is_some();
         let clocked = spin_cfg || timed;
-        let (now, precise) = if spin_cfg {
-            (self.read_clock(), true)
-        } else if timed {
-            self.timer_clock()
-        } else {
-            (self.clock, true)
-        };
+        let (now, precise) = self.tick_clock(spin_cfg, timed);
         if std::mem::take(&mut self.spun_work) {
             self.spin_until = now.checked_add(self.cfg.spin);
         }
@@ -746,11 +736,7 @@ impl Core {
         self.stats.wakeups += 1;
         if clocked && wait != Some(Duration::ZERO) {
             // The wait may have blocked: the time again, as before it.
-            if spin_cfg {
-                self.read_clock();
-            } else {
-                self.timer_clock();
-            }
+            self.tick_clock(spin_cfg, timed);
         }
         for ev in &events[..n] {
             match Token::from_u64(ev.data()) {
@@ -792,27 +778,34 @@ impl Core {
         Ok(work)
     }
 
+    /// The time for a full tick, and whether it is the precise clock. The precise clock can be
+    /// a system call (an emulated HPET in the test VM): it is read only when the spin time
+    /// needs it, or a deadline is within the coarse clock's margin (`Core::timer_clock`);
+    /// otherwise the timers make do with the coarse clock (vDSO), and without timers or
+    /// spinning the clock is not read at all.
+    fn tick_clock(&mut self, spinning: bool, timed: bool) -> (Instant, bool) {
+        if spinning {
+            (self.read_clock(), true)
+        } else if timed {
+            self.timer_clock()
+        } else {
+            (self.clock, true)
+        }
+    }
+
     /// A tick while spinning between two full ones: poll the unarmed and hot CQs, post, ack and
     /// destroy; no `epoll_wait`, no clock, no timers (the next full tick, at most
     /// `SPIN_WAIT_EVERY` ticks away, does those).
     ///
     /// Lean: when only completions are pending it polls, dispatches and posts, as perftest's
-    /// loop does; each other step runs only when its list says it has something to do.
+    /// loop does; each other step returns at once when its list is empty.
     fn spin_tick(&mut self) -> usize {
         self.spin_skipped += 1;
         let mut work = self.poll_spinning(true);
-        if !self.hot.is_empty() {
-            work += self.poll_hot();
-        }
-        if !self.dirty.is_empty() || self.cfg.srq.is_some() {
-            self.flush_posts();
-        }
-        if !self.evented.is_empty() {
-            self.flush_acks();
-        }
-        if self.reap_due() {
-            work += self.reap();
-        }
+        work += self.poll_hot();
+        self.flush_posts();
+        self.flush_acks();
+        work += self.reap();
         self.spun_work |= work > 0;
         work
     }
@@ -865,14 +858,14 @@ impl Core {
     /// Adds a panic a handler's `Drop` raised during the tick (caught by [`Guarded`]) to the
     /// tick's panics.
     fn keep_drop_panic(&mut self) {
-        // try_with: a reactor dropped by a thread-local's destructor may run after this
-        // thread-local was destroyed; `with` would panic there, and a panic in a thread-local's
-        // destructor aborts the process.
         // The flag first: a plain thread-local load on every tick, the slot only after a drop
         // panicked.
         if !DROP_PANICKED.try_with(|f| f.replace(false)).unwrap_or(false) {
             return;
         }
+        // try_with: a reactor dropped by a thread-local's destructor may run after this
+        // thread-local was destroyed; `with` would panic there, and a panic in a thread-local's
+        // destructor aborts the process.
         if let Some(panic) = DROP_PANIC.try_with(|p| p.borrow_mut().take()).ok().flatten() {
             self.panic.get_or_insert(panic);
         }

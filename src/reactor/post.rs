@@ -127,6 +127,9 @@ impl Core {
         // The shared receive queues first: a credit granted below is never ahead of the
         // receive it stands for (`srq.rs`).
         self.post_srqs();
+        if self.dirty.is_empty() {
+            return;
+        }
         let mut dirty = self.dirty.take();
         for t in dirty.drain(..) {
             self.flush_conn(t);

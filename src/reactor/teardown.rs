@@ -38,16 +38,16 @@ impl Core {
         }
     }
 
-    /// True when [`Core::reap`] has something to do: a spinning tick skips it otherwise.
-    pub(super) fn reap_due(&self) -> bool {
-        !self.closing.is_empty()
-            || !self.closing_listeners.is_empty()
-            || !self.graveyard.is_empty()
-            || !self.lost_devices.is_empty()
-    }
-
     /// Destroys what closed during the tick. Returns the number of objects destroyed.
     pub(super) fn reap(&mut self) -> usize {
+        let idle = self.closing.is_empty()
+            && self.closing_listeners.is_empty()
+            && self.graveyard.is_empty()
+            && self.lost_devices.is_empty();
+        if idle {
+            // Nothing closed, rejected or lost: every tick, spinning ones included, ends here.
+            return 0;
+        }
         let mut n = 0;
         loop {
             let conns = std::mem::take(&mut self.closing);

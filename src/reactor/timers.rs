@@ -148,7 +148,7 @@ impl Core {
     pub(super) fn timer_clock(&mut self) -> (Instant, bool) {
         let coarse = self.coarse.now();
         match self.timers.next_deadline() {
-            Some(at) if coarse.checked_add(self.coarse.margin()).map_or(true, |c| at <= c) => (self.read_clock(), true),
+            Some(at) if self.coarse.horizon(coarse).map_or(true, |h| at <= h) => (self.read_clock(), true),
             _ => {
                 self.clock = self.clock.max(coarse);
                 (self.clock, false)
@@ -170,9 +170,8 @@ impl Core {
     /// (or, if the coarse clock lagged more than the margin, a little more time to wait).
     pub(super) fn timer_timeout(&self) -> Option<Duration> {
         let at = self.timers.next_deadline()?;
-        let coarse = self.coarse.now();
-        match coarse.checked_add(self.coarse.margin()) {
-            Some(c) if at > c => Some(at.saturating_duration_since(c)),
+        match self.coarse.horizon(self.coarse.now()) {
+            Some(h) if at > h => Some(at.saturating_duration_since(h)),
             _ => Some(at.saturating_duration_since(Instant::now())),
         }
     }
@@ -256,7 +255,14 @@ impl CoarseClock {
         self.resolution * 2
     }
 
-    /// The coarse time: at most the true time, at least the true time less `resolution`.
+    /// The coarse reading `coarse` plus the margin: a deadline after it is surely in the future
+    /// (`None` past `Instant`'s range).
+    pub(super) fn horizon(&self, coarse: Instant) -> Option<Instant> {
+        coarse.checked_add(self.margin())
+    }
+
+    /// The coarse time: at most the true time, and normally at least the true time less
+    /// `resolution` (a late kernel tick can make it lag more: hence the margin).
     /// Without a coarse clock (it cannot fail on Linux), the precise one.
     pub(super) fn now(&self) -> Instant {
         match monotonic_ns(nix::time::ClockId::CLOCK_MONOTONIC_COARSE) {
