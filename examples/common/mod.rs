@@ -135,13 +135,11 @@ impl Args {
             .collect()
     }
 
-    /// A required socket address (`host:port`).
+    /// A required socket address: `IPV4:PORT`, `[IPV6]:PORT`, `[IPV6%SCOPE]:PORT` (the scope a
+    /// number or an interface's name, as in `[fe80::2:1%d1]:7471`) or `HOST:PORT`.
     pub fn addr(&self, name: &str) -> SocketAddr {
         let Some(v) = self.values.get(name) else { fail(self.usage, &format!("--{name} ADDR:PORT is required")) };
-        match v.to_socket_addrs().ok().and_then(|mut a| a.next()) {
-            Some(a) => a,
-            None => fail(self.usage, &format!("--{name} {v:?}: not an address:port")),
-        }
+        parse_addr(v).unwrap_or_else(|e| fail(self.usage, &format!("--{name} {v:?}: {e}")))
     }
 
     /// A byte size: a number with an optional K, M or G suffix (powers of 1024).
@@ -171,6 +169,45 @@ pub fn print_mark(program: &str, marks: &[u64], live: u64, stats: &rdma_reactor:
             stats.connections, stats.registered_bytes, stats.srq_receives
         );
     }
+}
+
+/// Parses a socket address: `IPV4:PORT`, `[IPV6]:PORT`, `[IPV6%SCOPE]:PORT` with the scope as a
+/// number or an interface's name (looked up with `if_nametoindex`), or `HOST:PORT` (resolved,
+/// the first address).
+pub fn parse_addr(v: &str) -> Result<SocketAddr, String> {
+    if let Some(rest) = v.strip_prefix('[') {
+        let Some((host, port)) = rest.split_once(']') else { return Err("no `]` after `[IPV6`".into()) };
+        let Some(port) = port.strip_prefix(':') else { return Err("expected `[IPV6]:PORT`".into()) };
+        let port: u16 = port.parse().map_err(|e| format!("port {port:?}: {e}"))?;
+        let (ip, scope) = match host.split_once('%') {
+            Some((ip, scope)) => (ip, Some(scope)),
+            None => (host, None),
+        };
+        let ip: std::net::Ipv6Addr = ip.parse().map_err(|e| format!("{ip:?}: not an IPv6 address: {e}"))?;
+        let scope_id = match scope {
+            None => 0,
+            Some("") => return Err("an empty scope after `%`".into()),
+            Some(s) if s.bytes().all(|b| b.is_ascii_digit()) => s.parse().map_err(|e| format!("scope {s:?}: {e}"))?,
+            Some(s) => interface_index(s)?,
+        };
+        return Ok(SocketAddr::V6(std::net::SocketAddrV6::new(ip, port, 0, scope_id)));
+    }
+    match v.to_socket_addrs() {
+        Ok(mut a) => a.next().ok_or_else(|| "resolves to no address".to_string()),
+        Err(e) => Err(format!("not an address:port ({e})")),
+    }
+}
+
+/// The index of the network interface `name` (an IPv6 scope), or an error naming it.
+pub fn interface_index(name: &str) -> Result<u32, String> {
+    let c = std::ffi::CString::new(name).map_err(|_| format!("interface name {name:?} has a NUL byte"))?;
+    // SAFETY: `c` is a NUL-terminated string that lives across the call; if_nametoindex only
+    // reads it.
+    let index = unsafe { nix::libc::if_nametoindex(c.as_ptr()) };
+    if index == 0 {
+        return Err(format!("no network interface {name:?} (the scope after `%`)"));
+    }
+    Ok(index)
 }
 
 /// Parses `4096`, `64K`, `1M`, `1G`.

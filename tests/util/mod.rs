@@ -1,5 +1,6 @@
 //! Shared helpers for the integration tests that run against a real RDMA device (the
-//! Soft-RoCE VM of `cargo xtask test`, or a host with a device and `RDMA_ADDR` set).
+//! Soft-RoCE and Soft-iWARP VMs of `cargo xtask test`, or a host with a device and `RDMA_ADDR`
+//! set).
 #![allow(dead_code)]
 
 use std::cell::RefCell;
@@ -22,6 +23,38 @@ pub const NEEDS_RDMA: &str = "needs an RDMA device: cargo xtask test";
 pub fn rdma_ip() -> IpAddr {
     let v = std::env::var("RDMA_ADDR").expect("RDMA_ADDR is not set: run through `cargo xtask test`");
     v.parse().unwrap_or_else(|e| panic!("RDMA_ADDR={v:?}: {e}"))
+}
+
+/// The soft RDMA device's kind the tests run on: `$RDMA_DEVICE`, `"rxe"` (Soft-RoCE, RoCE)
+/// or `"siw"` (Soft-iWARP), which `cargo xtask` exports; `"rxe"` when it is not set.
+pub fn transport() -> &'static str {
+    match std::env::var("RDMA_DEVICE").as_deref() {
+        Ok("siw") => "siw",
+        _ => "rxe",
+    }
+}
+
+/// For a test that does not apply to iWARP: on siw, prints `xtask-not-applicable: TEST:
+/// REASON` (one line, to stdout past libtest's capture, so `cargo xtask test` sees it, counts
+/// the test `n/a` and lists the reason) and returns true: the caller returns at once. False on
+/// any other device.
+///
+/// ```ignore
+/// if util::not_on_iwarp("write_with_immediate", "iWARP has no immediate data") {
+///     return;
+/// }
+/// ```
+pub fn not_on_iwarp(test: &str, reason: &str) -> bool {
+    if transport() != "siw" {
+        return false;
+    }
+    use std::io::Write;
+    // `std::io::stdout()`, not `println!`: libtest captures only the print macros, and drops a
+    // passing test's capture.
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "xtask-not-applicable: {test}: {reason}");
+    let _ = out.flush();
+    true
 }
 
 static NEXT_PORT: AtomicU16 = AtomicU16::new(0);

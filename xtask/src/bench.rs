@@ -15,6 +15,9 @@ pub const N_RATE: u32 = 20000;
 pub const N_BW: u32 = 2000;
 /// Connections of the setup row.
 pub const N_CONN: u32 = 1000;
+/// The most inline data siw accepts on a queue pair (`SIW_MAX_INLINE`: 5 SGEs of 16 bytes); a
+/// perftest line's `-I` above it is clamped on siw (see `PT_INLINE` in [`compare_script`]).
+pub const SIW_MAX_INLINE: u32 = 80;
 
 /// Which way is better for a row's ratio (ours / theirs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,17 +136,29 @@ pub const ROWS: &[Row] = &[
 ];
 
 /// The guest script of `--compare`: `rounds` rounds, each measuring every row, ours then
-/// theirs.
+/// theirs, on the device `$RDMA_DEVICE`/`$RDMA_DEV` name (`cargo xtask bench --device`).
+///
+/// perftest gets `$PT_OPTS`: `-d $RDMA_DEV` always (both rxe0 and siw0 are up in the VM; without
+/// `-d` perftest takes the first device it finds), and on siw `-R` too: iWARP queue pairs are
+/// connected through rdma_cm, not perftest's default exchange over a TCP socket. cmtime is
+/// rdma_cm only and needs nothing. No perftest line passes `-I` (inline data) today; one that
+/// does must write it as `-I $(PT_INLINE N)`, which caps N at [`SIW_MAX_INLINE`] on siw.
 pub fn compare_script(rounds: u32) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
         r#"# cargo xtask bench --compare (xtask/src/bench.rs)
 A=$RDMA_ADDR
+# perftest on the chosen device; on siw (iWARP) connected through rdma_cm (-R).
+PT_OPTS="-d $RDMA_DEV"
+[ "$RDMA_DEVICE" = siw ] && PT_OPTS="-R $PT_OPTS"
+# PT_INLINE N: N bytes of inline data, at most siw's {SIW_MAX_INLINE} on siw.
+PT_INLINE() {{ if [ "$RDMA_DEVICE" = siw ] && [ "$1" -gt {SIW_MAX_INLINE} ]; then echo {SIW_MAX_INLINE}; else echo "$1"; fi; }}
+echo "== perftest options: $PT_OPTS"
 port=7500
 # Every program runs under a watchdog: a hung measurement fails its row, never the run.
 T="timeout 300"
-echo "@@ machine nproc=$(nproc) kernel=$(uname -r)"
+echo "@@ machine nproc=$(nproc) kernel=$(uname -r) device=$RDMA_DEV"
 cpu_ticks() {{ awk '{{print $14 + $15}}' /proc/$1/stat; }}
 # `time -p` output of a command on fd 2 -> "user+sys" seconds.
 cpu_of() {{ awk '/^user/{{u=$2}} /^sys/{{s=$2}} END{{print u + s}}'; }}
@@ -164,8 +179,8 @@ echo_lat() {{ # ROW ROUND SIZE SPIN PERFTEST-ARGS
     ours=$(echo "$out" | sed -n 's/.*p50 \([0-9.]*\) us.*/\1/p')
     cpu=$(echo "$out" | cpu_of | awk '{{printf "%.1f", $1 * 1000000 / {N_LAT}}}')
     for try in 1 2; do   # a perftest pair that fails to meet is run once more
-        $T ib_send_lat $5 -s $3 -n {N_LAT} >/dev/null 2>&1 & p=$!; sleep 1
-        pout=$( ( time -p $T ib_send_lat $5 -s $3 -n {N_LAT} $A ) 2>&1 )
+        $T ib_send_lat $PT_OPTS $5 -s $3 -n {N_LAT} >/dev/null 2>&1 & p=$!; sleep 1
+        pout=$( ( time -p $T ib_send_lat $PT_OPTS $5 -s $3 -n {N_LAT} $A ) 2>&1 )
         half=$(echo "$pout" | ptyp)
         kill $p 2>/dev/null; wait $p 2>/dev/null
         [ -n "$half" ] && break
@@ -191,8 +206,8 @@ blast_bw() {{ # ROW ROUND SIZE COUNT OP PERFTEST FIELD(rate|bw) [CLIENTS [SERVER
     cpu=$(awk -v c="$(echo "$out" | cpu_of)" -v s="$(cpu_of </tmp/srv.time)" "BEGIN{{printf \"%.1f\", (c + s) * 1000000 / $4}}")
     qa=""; [ $q -gt 1 ] && qa="-q $q"
     for try in 1 2; do
-        ( time -p $T $6 -s $3 -n $per $qa >/dev/null ) 2>/tmp/psrv.time & p=$!; sleep 1
-        pout=$( ( time -p $T $6 -s $3 -n $per $qa $A ) 2>&1 )
+        ( time -p $T $6 $PT_OPTS -s $3 -n $per $qa >/dev/null ) 2>/tmp/psrv.time & p=$!; sleep 1
+        pout=$( ( time -p $T $6 $PT_OPTS -s $3 -n $per $qa $A ) 2>&1 )
         if [ $7 = rate ]; then theirs=$(echo "$pout" | prate); else theirs=$(echo "$pout" | pbw); fi
         # A server whose client failed to meet it would wait for its watchdog: kill it.
         [ -n "$theirs" ] || kill $p 2>/dev/null
@@ -438,6 +453,43 @@ mod tests {
             std::process::Command::new("sh").arg("-n").stdin(std::process::Stdio::piped()).spawn().expect("sh runs");
         sh.stdin.take().expect("piped").write_all(compare_script(2).as_bytes()).expect("written");
         assert!(sh.wait().expect("sh exits").success(), "sh -n found a syntax error in the compare script");
+    }
+
+    #[test]
+    fn perftest_gets_the_device_and_rdma_cm_on_siw() {
+        let s = compare_script(1);
+        assert!(s.contains("PT_OPTS=\"-d $RDMA_DEV\"\n[ \"$RDMA_DEVICE\" = siw ] && PT_OPTS=\"-R $PT_OPTS\"\n"), "{s}");
+        // Every perftest invocation (server and client) carries the options.
+        for tool in ["ib_send_lat", "$6"] {
+            let calls: Vec<&str> = s.lines().filter(|l| l.contains(&format!("$T {tool} "))).collect();
+            assert_eq!(calls.len(), 2, "{tool}: {calls:?}");
+            assert!(calls.iter().all(|l| l.contains(&format!("$T {tool} $PT_OPTS "))), "{calls:?}");
+        }
+        // Inline data within siw's limit: `-I` only through PT_INLINE, or a literal at most 80.
+        let words: Vec<&str> = s.split_whitespace().collect();
+        for w in words.windows(2).filter(|w| w[0] == "-I") {
+            let ok = w[1].starts_with("$(PT_INLINE") || w[1].parse::<u32>().is_ok_and(|n| n <= SIW_MAX_INLINE);
+            assert!(ok, "perftest -I {} exceeds siw's {SIW_MAX_INLINE} bytes: write -I $(PT_INLINE N)", w[1]);
+        }
+    }
+
+    #[test]
+    fn pt_inline_caps_only_on_siw() {
+        let run = |device: &str, n: u32| {
+            let script = format!(
+                "{}\nPT_INLINE {n}\n",
+                compare_script(1).lines().find(|l| l.starts_with("PT_INLINE()")).expect("PT_INLINE")
+            );
+            let out = std::process::Command::new("sh")
+                .args(["-c", &script])
+                .env("RDMA_DEVICE", device)
+                .output()
+                .expect("sh runs");
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        assert_eq!(run("siw", 236), "80");
+        assert_eq!(run("siw", 64), "64");
+        assert_eq!(run("rxe", 236), "236");
     }
 
     #[test]

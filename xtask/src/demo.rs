@@ -2,7 +2,8 @@
 //!
 //! THE PLACE TO EDIT the demo's command lines: [`ECHO`], [`BLAST`], [`EMBED`], [`KV`] and
 //! [`RPING`] below. Each is a sh fragment run with `$BIN` (the project's binaries) and `$RDMA_ADDR` set, in
-//! the VM or on a host with an RDMA device. A fragment is used when its example source exists
+//! the VM (on the device `cargo xtask demo --device rxe|siw` chose: `$RDMA_ADDR` is its address)
+//! or on a host with an RDMA device. A fragment is used when its example source exists
 //! (`examples/echo.rs`, `examples/blast.rs`, `examples/embed.rs`); with neither echo nor blast,
 //! the rping pair runs instead.
 
@@ -74,6 +75,7 @@ src=$?
 /// The demo script for the examples this checkout has.
 pub fn script() -> String {
     let mut s = String::from("# cargo xtask demo (xtask/src/demo.rs)\n");
+    s.push_str("echo \"== device ${RDMA_DEV:-(this host's)}, address $RDMA_ADDR\"\n");
     let echo = project::has_example("echo");
     let blast = project::has_example("blast");
     if echo {

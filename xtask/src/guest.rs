@@ -30,6 +30,81 @@ pub const RDMA_ADDR: &str = "198.18.0.1";
 pub const NETDEV: &str = "d0";
 /// The soft-RoCE device's name.
 pub const RXE_DEV: &str = "rxe0";
+/// The Soft-iWARP device's name.
+pub const SIW_DEV: &str = "siw0";
+/// The netdev siw0 sits on in the single VM (a second dummy).
+pub const SIW_NETDEV: &str = "d1";
+/// The netdev siw0 sits on in a linked VM: a macvlan on the virtio NIC.
+pub const SIW_LINK_NETDEV: &str = "s0";
+
+/// Which soft RDMA device a boot's command is pointed at (`$RDMA_DEV`, `$RDMA_ADDR`, ...).
+/// Both devices are up in every boot; this only chooses what the variables name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    /// Soft-RoCE (`rdma_rxe`): RoCE v2, the default.
+    #[default]
+    Rxe,
+    /// Soft-iWARP (`siw`, built out of tree, [`crate::siw`]): iWARP over TCP.
+    Siw,
+}
+
+impl Device {
+    /// Its name on the command line and in row labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Rxe => "rxe",
+            Device::Siw => "siw",
+        }
+    }
+
+    /// The RDMA device's name (`$RDMA_DEV`): `rxe0` or `siw0`.
+    pub fn dev(self) -> &'static str {
+        match self {
+            Device::Rxe => RXE_DEV,
+            Device::Siw => SIW_DEV,
+        }
+    }
+
+    /// What it is, for headings: `Soft-RoCE` or `Soft-iWARP`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Device::Rxe => "Soft-RoCE",
+            Device::Siw => "Soft-iWARP",
+        }
+    }
+
+    /// Parses `rxe` or `siw`.
+    pub fn parse(s: &str) -> Result<Device> {
+        match s {
+            "rxe" => Ok(Device::Rxe),
+            "siw" => Ok(Device::Siw),
+            _ => Err(Error::new(format!("unknown device {s:?}: rxe or siw"))),
+        }
+    }
+
+    /// The IPv4 subnet's third octet and the IPv6 prefix's group of this device's netdev.
+    fn net(self) -> u8 {
+        match self {
+            Device::Rxe => 0,
+            Device::Siw => 1,
+        }
+    }
+}
+
+/// The IPv4 address of `device`'s netdev in VM `n` (1 for the single VM and A, 2 for B).
+pub fn addr4(device: Device, n: u8) -> String {
+    format!("198.18.{}.{n}", device.net())
+}
+
+/// The IPv6 (ULA) address of `device`'s netdev in VM `n` (`$RDMA_ADDR6`).
+pub fn addr6(device: Device, n: u8) -> String {
+    format!("fd18:{}::{n}", device.net())
+}
+
+/// The link-local IPv6 address of `device`'s netdev in VM `n` (`$RDMA_LL6`, without its scope).
+pub fn ll6(device: Device, n: u8) -> String {
+    format!("fe80::{}:{n}", device.net() + 1)
+}
 /// Where the project's binaries are inside the VM (`$BIN`).
 pub const BIN_DIR: &str = "/xtask/bin";
 /// The unprivileged user.
@@ -60,12 +135,16 @@ pub const TOOLS: &[&str] = &[
 ];
 
 /// Kernel modules loaded at boot, in this order (their dependencies come first).
-/// crc32_generic first: rdma_rxe needs a crc32 crypto driver or `rdma link add` fails.
-const MODULES: &[&str] = &["crc32_generic", "configfs", "dummy", "ib_uverbs", "rdma_ucm", "rdma_rxe"];
+/// crc32_generic first: rdma_rxe needs a crc32 crypto driver or `rdma link add` fails;
+/// crc32c_generic and libcrc32c for siw (its MPA CRC), which is loaded last, from
+/// [`crate::siw`]'s build.
+const MODULES: &[&str] =
+    &["crc32_generic", "crc32c_generic", "configfs", "dummy", "ib_uverbs", "rdma_ucm", "rdma_rxe", "libcrc32c"];
 /// Modules that newer kernels may not have (rxe there uses the crc32 library directly).
-const OPTIONAL_MODULES: &[&str] = &["crc32_generic"];
-/// More modules for a linked VM: its NIC, and netem for `tc qdisc ... netem`.
-const LINK_MODULES: &[&str] = &["virtio_pci", "virtio_net", "sch_netem"];
+const OPTIONAL_MODULES: &[&str] = &["crc32_generic", "crc32c_generic"];
+/// More modules for a linked VM: its NIC, netem for `tc qdisc ... netem`, and macvlan (siw0's
+/// netdev on the NIC).
+const LINK_MODULES: &[&str] = &["virtio_pci", "virtio_net", "sch_netem", "macvlan"];
 
 /// The two VMs of a linked pair, by name, and their addresses (TEST-NET-2, never routed; the
 /// frames travel only between the two qemu processes).
@@ -133,6 +212,8 @@ pub struct Guest<'a> {
     /// Add [`PROFILE_TOOLS`] (`perf`, `strace`) and let root profile the kernel too
     /// (`perf_event_paranoid` -1, `kptr_restrict` 0).
     pub profiling: bool,
+    /// The device the command's variables name.
+    pub device: Device,
 }
 
 /// Host programs copied into the VM only when it profiles (`vm --perf`, `bench`): perf's
@@ -170,19 +251,45 @@ exit $rc
     )
 }
 
-/// The network part of `/init` for the single VM: rxe0 on the dummy netdev `d0`.
+/// Shell lines giving `dev` its IPv4 and IPv6 addresses for `device` in VM `n` (no duplicate
+/// address detection: the addresses are usable at once) and bringing it up.
+fn addresses(dev: &str, device: Device, n: u8) -> String {
+    let (a4, a6, ll) = (addr4(device, n), addr6(device, n), ll6(device, n));
+    format!(
+        "out=$(ip addr add {a4}/24 dev {dev} 2>&1 && ip -6 addr add {a6}/64 dev {dev} nodad 2>&1 \
+         && ip -6 addr add {ll}/64 dev {dev} nodad 2>&1 && ip link set {dev} up 2>&1) || fail \"netdev {dev}: $out\"\n"
+    )
+}
+
+/// The network part of `/init` for the single VM: rxe0 on the dummy netdev `d0`, siw0 on the
+/// dummy `d1`.
 fn dummy_net() -> String {
     format!(
-        r#"out=$(ip link add {NETDEV} type dummy 2>&1 && ip addr add {RDMA_ADDR}/24 dev {NETDEV} 2>&1 && ip link set {NETDEV} up 2>&1) || fail "netdev {NETDEV}: $out"
-out=$(rdma link add {RXE_DEV} type rxe netdev {NETDEV} 2>&1) || fail "rdma link add {RXE_DEV}: $out"
-"#
+        r#"out=$(ip link add {NETDEV} type dummy 2>&1 && ip link add {SIW_NETDEV} type dummy 2>&1) || fail "dummy netdevs: $out"
+{}{}out=$(rdma link add {RXE_DEV} type rxe netdev {NETDEV} 2>&1) || fail "rdma link add {RXE_DEV}: $out"
+out=$(rdma link add {SIW_DEV} type siw netdev {SIW_NETDEV} 2>&1) || fail "rdma link add {SIW_DEV}: $out"
+"#,
+        addresses(NETDEV, Device::Rxe, 1),
+        addresses(SIW_NETDEV, Device::Siw, 1),
     )
 }
 
 /// The network part of `/init` for a linked VM: rxe0 on the virtio NIC (the one netdev besides
 /// `lo`), the environment naming both ends, and the signal server.
+/// A linked VM's number in the addresses: 1 for A, 2 for B.
+fn link_index(l: &Link) -> u8 {
+    if l.name == LINK_VMS[0].0 {
+        1
+    } else {
+        2
+    }
+}
+
 fn link_net(l: &Link) -> String {
     let (name, addr, peer) = (l.name, l.addr, l.peer);
+    let n = link_index(l);
+    let rxe_addrs = addresses("$nic", Device::Rxe, n);
+    let siw_addrs = addresses(SIW_LINK_NETDEV, Device::Siw, n);
     let host = format!("vm-{}", name.to_ascii_lowercase());
     format!(
         r#"hostname {host}
@@ -198,32 +305,69 @@ while :; do
     [ $i -gt 200 ] && fail "no NIC for the link appeared: $(ls /sys/class/net)"
     usleep 50000
 done
-export RDMA_NETDEV=$nic PEER_ADDR={peer} VM_NAME={name}
-out=$(ip addr add {addr}/24 dev $nic 2>&1 && ip link set $nic up 2>&1) || fail "NIC $nic: $out"
-out=$(rdma link add {RXE_DEV} type rxe netdev $nic 2>&1) || fail "rdma link add {RXE_DEV} netdev $nic: $out"
+export RXE_NETDEV=$nic VM_NAME={name} LINK_PEER_ADDR={peer}
+{rxe_addrs}out=$(ip link add link $nic name {SIW_LINK_NETDEV} type macvlan mode bridge 2>&1) || fail "macvlan {SIW_LINK_NETDEV}: $out"
+{siw_addrs}out=$(rdma link add {RXE_DEV} type rxe netdev $nic 2>&1) || fail "rdma link add {RXE_DEV} netdev $nic: $out"
+out=$(rdma link add {SIW_DEV} type siw netdev {SIW_LINK_NETDEV} 2>&1) || fail "rdma link add {SIW_DEV} netdev {SIW_LINK_NETDEV}: $out"
 mkdir -p {SIGNAL_DIR}
 out=$(httpd -p {addr}:{SIGNAL_PORT} -h {SIGNAL_DIR} 2>&1) || fail "httpd (the signal server): $out"
 "#
     )
 }
 
-fn init_script(g: &Guest, modules: &[String]) -> String {
+/// The `export` line naming the chosen device's addresses: `$RDMA_DEV`, `$RDMA_ADDR`,
+/// `$RDMA_ADDR6`, `$RDMA_LL6`, `$RDMA_NETDEV` (and in a linked VM `$PEER_ADDR`, `$PEER_ADDR6`,
+/// `$PEER_LL6`), plus both devices' own (`$RXE_ADDR`, `$SIW_ADDR`, ...), whichever is chosen.
+fn device_env(g: &Guest) -> String {
+    let (n, rxe_netdev, siw_netdev) = match &g.link {
+        None => (1, NETDEV.to_string(), SIW_NETDEV),
+        Some(l) => (link_index(l), "$RXE_NETDEV".to_string(), SIW_LINK_NETDEV),
+    };
+    let mut e = format!(
+        "export RXE_DEV={RXE_DEV} RXE_ADDR={} RXE_ADDR6={} RXE_NETDEV={rxe_netdev} \\\n    SIW_DEV={SIW_DEV} SIW_ADDR={} SIW_ADDR6={} SIW_NETDEV={siw_netdev}\n",
+        addr4(Device::Rxe, n),
+        addr6(Device::Rxe, n),
+        addr4(Device::Siw, n),
+        addr6(Device::Siw, n),
+    );
+    let d = g.device;
+    let (dev, netdev) = match d {
+        Device::Rxe => (RXE_DEV, rxe_netdev),
+        Device::Siw => (SIW_DEV, siw_netdev.to_string()),
+    };
+    e.push_str(&format!(
+        "export RDMA_DEVICE={} RDMA_DEV={dev} RDMA_ADDR={} RDMA_ADDR6={} RDMA_LL6={} RDMA_NETDEV={netdev}\n",
+        d.name(),
+        addr4(d, n),
+        addr6(d, n),
+        ll6(d, n)
+    ));
+    if g.link.is_some() {
+        let p = 3 - n;
+        e.push_str(&format!("export PEER_ADDR={} PEER_ADDR6={} PEER_LL6={}\n", addr4(d, p), addr6(d, p), ll6(d, p)));
+    }
+    e
+}
+
+fn init_script(g: &Guest, modules: &[String], prelude: &str) -> String {
     let m = marker_prefix(g.nonce);
+    let dev_env = device_env(g);
     let mut env = String::new();
     for (k, v) in g.env {
         env.push_str(&format!("export {k}={}\n", shell_quote(v)));
     }
     let mods = modules.join(" ");
-    let (addr, net, hostname) = match &g.link {
-        None => (RDMA_ADDR, dummy_net(), "hostname rxe-vm\n"),
-        Some(l) => (l.addr, link_net(l), ""),
+    let (net, hostname) = match &g.link {
+        None => (dummy_net(), "hostname rxe-vm\n"),
+        Some(l) => (link_net(l), ""),
     };
     format!(
         r#"#!/bin/sh
 # PID 1 of the rdma-reactor test VM, generated by `cargo xtask`.
 export PATH={BIN_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-export HOME=/root TMPDIR=/tmp BIN={BIN_DIR} RDMA_ADDR={addr} RDMA_DEV={RXE_DEV} RDMA_NETDEV={NETDEV}
+export HOME=/root TMPDIR=/tmp BIN={BIN_DIR}
 export RUST_BACKTRACE=1
+{prelude}
 fail() {{
     echo "{m}setup-failed $(echo "$*" | tr '\n' ' ')@@"
     poweroff -f
@@ -243,15 +387,20 @@ stty -onlcr 2>/dev/null
 done
 [ -d /sys/kernel/config ] && mount -t configfs configfs /sys/kernel/config 2>/dev/null
 ip link set lo up
-{net}i=0
-until rdma link show {RXE_DEV}/1 2>/dev/null | grep -q 'state ACTIVE'; do
-    i=$((i + 1))
-    [ $i -gt 200 ] && fail "{RXE_DEV} did not become ACTIVE: $(rdma link show 2>&1)"
-    usleep 50000
+# IPv6 addresses usable at once (no duplicate address detection on these private links).
+echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad
+echo 0 > /proc/sys/net/ipv6/conf/all/accept_dad
+{net}for d in {RXE_DEV} {SIW_DEV}; do
+    i=0
+    until rdma link show $d/1 2>/dev/null | grep -q 'state ACTIVE'; do
+        i=$((i + 1))
+        [ $i -gt 200 ] && fail "$d did not become ACTIVE: $(rdma link show 2>&1)"
+        usleep 50000
+    done
 done
 chmod 0666 /dev/infiniband/* 2>/dev/null
 ulimit -l unlimited
-{env}cd /tmp
+{dev_env}{env}cd /tmp
 echo "{m}start@@"
 sh /xtask/cmd.sh </dev/null
 echo "{m}exit=$?@@"
@@ -305,7 +454,7 @@ uptime_s() { read -r u _ < /proc/uptime; echo "${u%%.*}"; }
 end=$(( $(uptime_s) + secs ))
 while :; do
     # (busybox's static wget crashes; nc speaks enough HTTP/1.0)
-    resp=$(printf 'GET /%s HTTP/1.0\r\n\r\n' "$1" | timeout 5 nc -w 2 "$PEER_ADDR" SIGNAL_PORT 2>/dev/null | tr -d '\r')
+    resp=$(printf 'GET /%s HTTP/1.0\r\n\r\n' "$1" | timeout 5 nc -w 2 "$LINK_PEER_ADDR" SIGNAL_PORT 2>/dev/null | tr -d '\r')
     case $resp in
         "HTTP/1."?" 200 "*)
             printf '%s\n' "$resp" | sed '1,/^$/d'
@@ -313,7 +462,7 @@ while :; do
             ;;
     esac
     if [ "$(uptime_s)" -ge "$end" ]; then
-        echo "peer-wait: the peer ($PEER_ADDR) did not signal $1 within $secs s" >&2
+        echo "peer-wait: the peer ($LINK_PEER_ADDR) did not signal $1 within $secs s" >&2
         exit 1
     fi
     usleep 200000
@@ -365,27 +514,31 @@ fn host_tool(name: &str) -> Result<PathBuf> {
     })
 }
 
-/// The rxe verbs provider and its driver file (libibverbs dlopens them).
-fn add_rxe_provider(a: &mut Archive) -> Result<()> {
+/// The rxe and siw verbs providers and their driver files (libibverbs dlopens them).
+fn add_providers(a: &mut Archive) -> Result<()> {
     let libs = initramfs::ldd(&host_tool("ibv_devices")?)?;
     let ibverbs = libs
         .iter()
         .find(|l| l.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libibverbs.so")))
         .ok_or_else(|| Error::new("ibv_devices is not linked to libibverbs?"))?;
     let dir = ibverbs.parent().unwrap_or(Path::new("/")).join("libibverbs");
-    let provider = std::fs::read_dir(&dir)
-        .ok()
-        .and_then(|rd| {
-            rd.filter_map(|e| e.ok().map(|e| e.path()))
-                .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("librxe-rdmav")))
-        })
-        .ok_or_else(|| Error::new(format!("no librxe-rdmav*.so in {}: install ibverbs-providers", dir.display())))?;
-    initramfs::add_with_libs(a, &provider, None)?;
-    let driver = Path::new("/etc/libibverbs.d/rxe.driver");
-    if driver.is_file() {
-        a.host_file("etc/libibverbs.d/rxe.driver", driver)?;
-    } else {
-        a.data("etc/libibverbs.d/rxe.driver", "driver rxe\n", 0o644)?;
+    for name in ["rxe", "siw"] {
+        let prefix = format!("lib{name}-rdmav");
+        let provider = std::fs::read_dir(&dir)
+            .ok()
+            .and_then(|rd| {
+                rd.filter_map(|e| e.ok().map(|e| e.path()))
+                    .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&prefix)))
+            })
+            .ok_or_else(|| Error::new(format!("no {prefix}*.so in {}: install ibverbs-providers", dir.display())))?;
+        initramfs::add_with_libs(a, &provider, None)?;
+        let driver = PathBuf::from(format!("/etc/libibverbs.d/{name}.driver"));
+        let guest = format!("etc/libibverbs.d/{name}.driver");
+        if driver.is_file() {
+            a.host_file(&guest, &driver)?;
+        } else {
+            a.data(&guest, format!("driver {name}\n"), 0o644)?;
+        }
     }
     // pthread_exit/cancel dlopen libgcc_s for unwinding and abort without it.
     let libc = libs
@@ -428,7 +581,7 @@ fn add_base(a: &mut Archive, profiling: bool) -> Result<()> {
             taken.push(*t);
         }
     }
-    add_rxe_provider(a)?;
+    add_providers(a)?;
     initramfs::add_busybox(a, &taken)
 }
 
@@ -458,7 +611,13 @@ pub fn pack(kernel: &Kernel, bins: &Binaries, guest: &Guest) -> Result<Initrd> {
         wanted.extend_from_slice(LINK_MODULES);
     }
     let modules = initramfs::add_modules(&mut a, kernel, &wanted, OPTIONAL_MODULES, "xtask/modules")?;
-    let names: Vec<String> = modules.iter().map(|f| f.trim_end_matches(".ko").to_string()).collect();
+    let mut names: Vec<String> = modules.iter().map(|f| f.trim_end_matches(".ko").to_string()).collect();
+    // siw last: it needs ib_core and libcrc32c, loaded above.
+    let siw = crate::siw::module_path(kernel);
+    let siw_bytes = std::fs::read(&siw)
+        .map_err(|e| Error::new(format!("cannot read {} ({e}): run `cargo xtask setup`", siw.display())))?;
+    a.data("xtask/modules/siw.ko", siw_bytes, 0o644)?;
+    names.push("siw".into());
     a.dir(BIN_DIR, 0o755, 0, 0)?;
     for b in bins.all() {
         initramfs::add_with_libs(&mut a, &b.path, Some(&format!("{BIN_DIR}/{}", b.name)))?;
@@ -474,7 +633,7 @@ pub fn pack(kernel: &Kernel, bins: &Binaries, guest: &Guest) -> Result<Initrd> {
         a.data("xtask/iproute2.sh", iproute2_functions()?, 0o644)?;
         a.data("xtask/cases.sh", crate::vm2::CASES_SCRIPT, 0o755)?;
     }
-    a.data("init", init_script(guest, &names), 0o755)?;
+    a.data("init", init_script(guest, &names, &iproute2_functions()?), 0o755)?;
     a.data("xtask/cmd.sh", guest.script.clone(), 0o755)?;
     write(&a, &format!("initramfs-{}.cpio", guest.nonce)).map(Initrd)
 }
@@ -523,28 +682,53 @@ mod tests {
             env: &[("A".into(), "x y".into())],
             link: None,
             profiling: false,
+            device: Device::Rxe,
         };
-        let s = init_script(&g, &["dummy".into()]);
+        let s = init_script(&g, &["dummy".into()], "");
         assert!(s.contains("echo \"@@xtask-n1:start@@\""));
         assert!(s.contains("echo \"@@xtask-n1:exit=$?@@\""));
         assert!(s.contains("export A='x y'\n"));
         assert!(s.contains("for m in dummy; do"));
-        // The single VM: rxe0 on the dummy d0, nothing of the link.
+        // The single VM: rxe0 on the dummy d0, siw0 on the dummy d1, nothing of the link.
         assert!(s.contains("hostname rxe-vm\n"));
-        assert!(s.contains("ip link add d0 type dummy"));
-        assert!(s.contains("RDMA_ADDR=198.18.0.1 RDMA_DEV=rxe0 RDMA_NETDEV=d0"));
+        assert!(s.contains("ip link add d0 type dummy") && s.contains("ip link add d1 type dummy"));
+        assert!(
+            s.contains("rdma link add rxe0 type rxe netdev d0") && s.contains("rdma link add siw0 type siw netdev d1")
+        );
+        assert!(s.contains("ip -6 addr add fe80::2:1/64 dev d1 nodad"));
+        assert!(s.contains(
+            "export RDMA_DEVICE=rxe RDMA_DEV=rxe0 RDMA_ADDR=198.18.0.1 RDMA_ADDR6=fd18:0::1 RDMA_LL6=fe80::1:1 RDMA_NETDEV=d0\n"
+        ));
         assert!(!s.contains("PEER_ADDR") && !s.contains("httpd"));
+        let siw = init_script(&Guest { device: Device::Siw, ..g }, &[], "");
+        assert!(siw.contains(
+            "export RDMA_DEVICE=siw RDMA_DEV=siw0 RDMA_ADDR=198.18.1.1 RDMA_ADDR6=fd18:1::1 RDMA_LL6=fe80::2:1 RDMA_NETDEV=d1\n"
+        ));
     }
 
     #[test]
     fn a_linked_vm_uses_its_nic_and_serves_signals() {
         let link = Link { name: "B", addr: LINK_VMS[1].1, peer: LINK_VMS[0].1 };
-        let g = Guest { nonce: "n2", script: String::new(), env: &[], link: Some(link), profiling: false };
-        let s = init_script(&g, &["virtio_net".into()]);
-        assert!(s.contains("RDMA_ADDR=198.18.0.2 "));
-        assert!(s.contains("export RDMA_NETDEV=$nic PEER_ADDR=198.18.0.1 VM_NAME=B"));
+        let g = Guest {
+            nonce: "n2",
+            script: String::new(),
+            env: &[],
+            link: Some(link),
+            profiling: false,
+            device: Device::Siw,
+        };
+        let s = init_script(&g, &["virtio_net".into()], "");
+        assert!(s.contains("export RXE_NETDEV=$nic VM_NAME=B LINK_PEER_ADDR=198.18.0.1\n"));
         assert!(s.contains("ip addr add 198.18.0.2/24 dev $nic"));
+        assert!(s.contains("ip link add link $nic name s0 type macvlan mode bridge"));
+        assert!(s.contains("ip addr add 198.18.1.2/24 dev s0"));
         assert!(s.contains("rdma link add rxe0 type rxe netdev $nic"));
+        assert!(s.contains("rdma link add siw0 type siw netdev s0"));
+        // siw chosen: the variables name siw0 on s0, the peer's siw addresses.
+        assert!(s.contains(
+            "export RDMA_DEVICE=siw RDMA_DEV=siw0 RDMA_ADDR=198.18.1.2 RDMA_ADDR6=fd18:1::2 RDMA_LL6=fe80::2:2 RDMA_NETDEV=s0\n"
+        ));
+        assert!(s.contains("export PEER_ADDR=198.18.1.1 PEER_ADDR6=fd18:1::1 PEER_LL6=fe80::2:1\n"));
         assert!(s.contains("httpd -p 198.18.0.2:7999 -h /run/peer"));
         assert!(s.contains("hostname vm-b\n") && !s.contains("hostname rxe-vm"));
         assert!(!s.contains("type dummy"));

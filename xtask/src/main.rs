@@ -11,6 +11,7 @@ mod initramfs;
 mod json;
 mod project;
 mod setup;
+mod siw;
 mod test;
 mod util;
 mod vm;
@@ -47,15 +48,19 @@ commands:
                              124: timeout; 125: xtask or the VM failed)
   vm2 --cases [NAME...]      the two-VM cases (blast-loss, blast-delay, link-down-up,
                              peer-link-down, peer-killed) in one linked pair, as a table
-  test [options]             host unit tests, then every tests/*.rs binary in one VM boot
-                             (or here, when this host has an active RDMA device), then the
-                             two-VM cases in one linked pair (`vm2 --cases`)
+  test [options]             host unit tests, then every tests/*.rs binary in one VM boot per
+                             device, rxe0 then siw0 (or here, when this host has an active
+                             RDMA device), then the two-VM cases in one linked pair per device
+                             (`vm2 --cases`); tests that do not apply to iWARP are counted
+                             n/a and listed after the table
   demo [options]             run the echo and blast examples, server and client (rping
-                             until they exist), in the VM or on this host's RDMA device
-  bench [--compare] [--rounds N]
+                             until they exist), in the VM (on --device rxe|siw) or on this
+                             host's RDMA device
+  bench [--compare] [--rounds N] [--device rxe|siw]
                              the criterion benchmarks (benches/latency.rs, profile perf) in the VM; with
                              --compare: echo and blast against perftest and cmtime in ONE VM
-                             boot, interleaved over N rounds (default 3), as a table of ratios
+                             boot, interleaved over N rounds (default 3), as a table of ratios,
+                             on the chosen device (perftest with -R on siw)
   fuzz [--runs N] [--time SECS] [--seed N] [TARGET...]
                              the coverage-guided fuzz targets of fuzz/ (libFuzzer, stable
                              toolchain): connect_info, state_machines, flow (default: all),
@@ -69,15 +74,24 @@ options:
                              test: the VM's overall limit (default 180 + watchdogs)
   --test-timeout SECS        test: watchdog per test binary (default 300)
   --env KEY=VALUE            vm, vm2: set a variable for CMD (repeatable)
+  --device rxe|siw           vm, vm2, bench, demo: point $RDMA_DEV/$RDMA_ADDR/$PEER_ADDR...
+                             at Soft-RoCE (rxe0, the default) or Soft-iWARP (siw0); both
+                             devices are up in every VM; test: run the VM and two-VM
+                             stages on this device only (default: rxe, then siw)
   --verbose                  vm, vm2, test, demo: show the VM's whole console, boot included;
                              fuzz: all of libFuzzer's output
 
 in the VM: $BIN holds the project's examples and test binaries by name (on PATH; call
-\"$BIN\"/echo, sh has a builtin echo); $RDMA_ADDR=198.18.0.1 is rxe0's address;
-`runas rdmauser CMD [ARGS...]` runs CMD as the unprivileged uid 1000 (memlock
-$RUNAS_MEMLOCK KiB, default 8192); /tmp is a tmpfs; RUST_BACKTRACE=1.
-in vm2's VMs: $VM_NAME is A or B, $RDMA_ADDR 198.18.0.1 (A) or 198.18.0.2 (B), $PEER_ADDR
-the other's, $RDMA_NETDEV the virtio NIC under rxe0; `tc ... netem` works (iproute2's tc);
+\"$BIN\"/echo, sh has a builtin echo); $RDMA_DEV is the chosen device (rxe0 or siw0),
+$RDMA_DEVICE its kind (rxe or siw), $RDMA_ADDR its IPv4 address (rxe0 198.18.0.1 on the dummy
+d0, siw0 198.18.1.1 on the dummy d1), $RDMA_ADDR6 its IPv6 one (fd18:0::1, fd18:1::1),
+$RDMA_LL6 its link-local one (fe80::1:1, fe80::2:1; scope $RDMA_NETDEV); $RXE_* and $SIW_*
+name each device's own, whichever is chosen; `runas rdmauser CMD [ARGS...]` runs CMD as the
+unprivileged uid 1000 (memlock $RUNAS_MEMLOCK KiB, default 8192); /tmp is a tmpfs;
+RUST_BACKTRACE=1.
+in vm2's VMs: $VM_NAME is A or B, $RDMA_ADDR ends in .1 (A) or .2 (B) (::1, ::2 in IPv6),
+$PEER_ADDR, $PEER_ADDR6, $PEER_LL6 the other's; rxe0 sits on the virtio NIC, siw0 on the
+macvlan s0 over it ($RDMA_NETDEV is the chosen one's); `tc ... netem` works (iproute2's tc);
 `peer-signal NAME` / `peer-wait NAME [SECS]` / `peer-sync NAME [SECS]` coordinate the two
 commands (bounded waits), `vm-poweroff` pulls the VM's plug (counts as exit 0).
 
@@ -104,6 +118,9 @@ struct Opts {
     seed: Option<u64>,
     cases: bool,
     perf: bool,
+    /// `--device`: the soft RDMA device the command's variables name (vm, vm2, bench, demo), or
+    /// the one device `test` runs its VM stages on (default: both).
+    device: Option<guest::Device>,
     rest: Vec<String>,
 }
 
@@ -142,6 +159,10 @@ fn parse_opts(command: &str, args: &[String], takes_rest: bool) -> Result<Opts> 
             "--test-timeout" if command == "test" => o.test_timeout = Some(secs(name, value().as_ref())?),
             "--cases" if command == "vm2" => o.cases = true,
             "--perf" if command == "vm" => o.perf = true,
+            "--device" if matches!(command, "vm" | "vm2" | "bench" | "demo" | "test") => {
+                let v = value().unwrap_or_default();
+                o.device = Some(guest::Device::parse(&v).map_err(|e| Error::new(format!("{command}: --device: {e}")))?);
+            }
             "--env" if command == "vm" || command == "vm2" => {
                 let kv = value().ok_or_else(|| Error::new(format!("{command}: --env needs KEY=VALUE")))?;
                 let (k, v) = kv
@@ -215,8 +236,18 @@ fn run_in_vm_capture(
     captured: &mut Vec<u8>,
 ) -> Result<u8> {
     let nonce = vm::nonce();
-    let initrd =
-        guest::pack(kernel, bins, &guest::Guest { nonce: &nonce, script, env: &o.env, link: None, profiling: o.perf })?;
+    let initrd = guest::pack(
+        kernel,
+        bins,
+        &guest::Guest {
+            nonce: &nonce,
+            script,
+            env: &o.env,
+            link: None,
+            profiling: o.perf,
+            device: o.device.unwrap_or_default(),
+        },
+    )?;
     let accel = vm::choose_accel(kernel)?;
     let timeout = Duration::from_secs(o.timeout.unwrap_or(600));
     let boot = vm::Boot {
@@ -260,7 +291,8 @@ fn run_in_vm_capture(
 
 fn cmd_vm2(args: &[String]) -> Result<u8> {
     let o = parse_opts("vm2", args, true)?;
-    let pair = |timeout| vm2::PairOptions { timeout, verbose: o.verbose, env: &o.env };
+    let pair =
+        |timeout| vm2::PairOptions { timeout, verbose: o.verbose, env: &o.env, device: o.device.unwrap_or_default() };
     if o.cases {
         let names = vm2::select_cases(&o.rest)?;
         let kernel = setup::ensure(false)?;
@@ -290,6 +322,9 @@ fn cmd_demo(args: &[String]) -> Result<u8> {
     let o = parse_opts("demo", args, false)?;
     let script = demo::script();
     if host::use_host_rdma()? {
+        if o.device.is_some() {
+            eprintln!("xtask: demo: --device chooses a device of the VM; this host's own device is used instead");
+        }
         let addr = host::rdma_addr()?;
         let bins = project::build()?;
         let bin = host::bin_dir(&bins)?;
@@ -325,9 +360,13 @@ fn cmd_bench(args: &[String]) -> Result<u8> {
     let text = String::from_utf8_lossy(&output);
     let (table, complete) = bench::table(&bench::parse(&text), rounds);
     let machine = text.lines().find_map(|l| l.trim().strip_prefix("@@ machine ")).unwrap_or("?").to_string();
+    let device = o.device.unwrap_or_default();
     println!(
-        "\n`cargo xtask bench --compare --rounds {rounds}`: one VM boot, {rounds} interleaved rounds, {:.0} s; \
-         guest {machine}; accel {}\n",
+        "\n`cargo xtask bench --compare --rounds {rounds} --device {}`: on {} ({}), one VM boot, {rounds} \
+         interleaved rounds, {:.0} s; guest {machine}; accel {}\n",
+        device.name(),
+        device.dev(),
+        device.describe(),
         started.elapsed().as_secs_f64(),
         vm::choose_accel(&kernel).map(|a| format!("{a:?}")).unwrap_or_else(|_| "?".into())
     );
@@ -345,6 +384,7 @@ fn cmd_test(args: &[String]) -> Result<u8> {
         per_binary: Duration::from_secs(o.test_timeout.unwrap_or(300)),
         vm_timeout: o.timeout.map(Duration::from_secs),
         verbose: o.verbose,
+        device: o.device,
     };
     Ok(u8::try_from(test::run(&opts)?).unwrap_or(1))
 }
@@ -459,6 +499,11 @@ mod tests {
         assert!(parse_opts("demo", &v(&["--test-timeout", "3"]), false).is_err());
         assert_eq!(parse_opts("test", &v(&["--test-timeout", "30"]), false).unwrap().test_timeout, Some(30));
         assert!(parse_opts("test", &v(&["--runs", "3"]), false).is_err());
+        assert_eq!(parse_opts("test", &v(&["--device", "siw"]), false).unwrap().device, Some(guest::Device::Siw));
+        assert_eq!(parse_opts("bench", &v(&["--device=rxe"]), false).unwrap().device, Some(guest::Device::Rxe));
+        assert_eq!(parse_opts("test", &v(&[]), false).unwrap().device, None);
+        assert!(parse_opts("test", &v(&["--device", "mlx5"]), false).is_err());
+        assert!(parse_opts("fuzz", &v(&["--device", "siw"]), true).is_err());
         assert!(parse_opts("fuzz", &v(&["--runs", "0"]), true).is_err());
     }
 

@@ -3,7 +3,8 @@
 //! Idempotent: packages are checked with `dpkg-query` and apt is only called when something is
 //! missing; the kernel (the package `linux-image-amd64` depends on) is downloaded once with
 //! `apt-get download`, unpacked with `dpkg-deb -x` under `target/xtask/kernel/` and indexed with
-//! `depmod -b`.
+//! `depmod -b`. The Soft-iWARP module the Debian kernel lacks is built for it once (see
+//! [`crate::siw`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -320,6 +321,12 @@ pub fn ensure(report: bool) -> Result<Kernel> {
         Some(k) => k,
         None => download_kernel(&mut apt)?,
     };
+    let (siw, built) = crate::siw::ensure(&kernel)?;
+    if let Some(line) = built {
+        apt.actions.push(line);
+    } else if report {
+        eprintln!("xtask: setup: siw.ko is cached in {}", show(&siw));
+    }
     if report || !apt.actions.is_empty() {
         for a in &apt.actions {
             eprintln!("xtask: setup: {a}");

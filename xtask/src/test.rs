@@ -1,7 +1,12 @@
 //! `cargo xtask test`: the host's unit tests and a short run of each fuzz target, then the root
 //! crate's tests that need RDMA (the library's ignored unit tests and every integration-test
-//! binary) in one VM boot (or on this host when it has an active RDMA device), then the two-VM
-//! cases in one linked pair of VMs (`cargo xtask vm2 --cases`; not on a host with RDMA hardware).
+//! binary) in one VM boot per soft RDMA device, Soft-RoCE (`rxe0`) then Soft-iWARP (`siw0`) (or
+//! on this host when it has an active RDMA device), then the two-VM cases in one linked pair of
+//! VMs per device (`cargo xtask vm2 --cases`; not on a host with RDMA hardware).
+//!
+//! A test that does not apply to iWARP says so by name (`util::not_on_iwarp` in
+//! `tests/util/mod.rs`): it prints [`NOT_APPLICABLE`] and returns early; the runner counts it as
+//! `n/a` in its row and lists it after the table.
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
@@ -9,7 +14,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::fuzz;
-use crate::guest::{self, Guest};
+use crate::guest::{self, Device, Guest};
 use crate::host;
 use crate::project::{self, Binary};
 use crate::setup;
@@ -25,6 +30,39 @@ pub struct Options {
     pub vm_timeout: Option<Duration>,
     /// Show the VM's whole console.
     pub verbose: bool,
+    /// `--device`: run the VM stages on this soft RDMA device only (default: rxe, then siw).
+    pub device: Option<Device>,
+}
+
+impl Options {
+    /// The devices the VM stages run on, in order.
+    fn devices(&self) -> Vec<Device> {
+        match self.device {
+            Some(d) => vec![d],
+            None => vec![Device::Rxe, Device::Siw],
+        }
+    }
+}
+
+/// The line a test prints (to stdout, past libtest's capture) when it does not apply to the
+/// device's transport: `xtask-not-applicable: TEST: REASON` (`util::not_on_iwarp`).
+pub const NOT_APPLICABLE: &str = "xtask-not-applicable: ";
+
+/// The `(test, reason)` of every [`NOT_APPLICABLE`] line in a binary's output. The line may
+/// follow libtest's `test NAME ... ` on the same line (libtest prints the result after the
+/// test ran).
+fn parse_not_applicable(output: &[u8]) -> Vec<(String, String)> {
+    let mut found: Vec<(String, String)> = Vec::new();
+    for line in String::from_utf8_lossy(output).lines() {
+        let Some(i) = line.find(NOT_APPLICABLE) else { continue };
+        let rest = line[i + NOT_APPLICABLE.len()..].trim_end();
+        let (test, reason) = rest.split_once(": ").unwrap_or((rest, ""));
+        let entry = (test.trim().to_string(), reason.trim().to_string());
+        if !entry.0.is_empty() && !found.contains(&entry) {
+            found.push(entry);
+        }
+    }
+    found
 }
 
 /// libtest's counts from a `test result:` line.
@@ -78,6 +116,9 @@ struct Row {
     killed: bool,
     note: Option<String>,
     secs: Option<f64>,
+    /// The tests that reported themselves not applicable (`(test, reason)`); libtest counts
+    /// them among the passed.
+    not_applicable: Vec<(String, String)>,
 }
 
 impl Row {
@@ -93,12 +134,15 @@ impl Row {
     }
 
     fn render(&self) -> String {
-        let mut s = format!("  {:<5} {:<28}", self.place, self.name);
+        let mut s = format!("  {:<7} {:<28}", self.place, self.name);
         match self.counts {
             Some(c) => {
                 let _ = write!(s, " {} passed, {} failed, {} ignored", c.passed, c.failed, c.ignored);
             }
             None => s.push_str(" no test result"),
+        }
+        if !self.not_applicable.is_empty() {
+            let _ = write!(s, ", {} n/a", self.not_applicable.len());
         }
         if self.killed {
             s.push_str("; KILLED by the watchdog");
@@ -169,6 +213,7 @@ fn host_unit_tests() -> Result<Row> {
         killed: false,
         note: None,
         secs: Some(start.elapsed().as_secs_f64()),
+        not_applicable: Vec::new(),
     })
 }
 
@@ -183,6 +228,7 @@ fn fuzz_rows() -> Vec<Row> {
         killed: false,
         note: Some(note),
         secs,
+        not_applicable: Vec::new(),
     };
     let bins = match fuzz::build() {
         Ok(b) => b,
@@ -257,19 +303,40 @@ fn last_result(output: &[u8]) -> Option<Counts> {
     String::from_utf8_lossy(output).lines().rev().find_map(parse_result_line)
 }
 
-fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) -> Result<Vec<Row>> {
+/// The place of the single-VM stage's rows on `device`.
+fn vm_place(device: Device) -> &'static str {
+    match device {
+        Device::Rxe => "vm rxe",
+        Device::Siw => "vm siw",
+    }
+}
+
+/// The place of the two-VM stage's rows on `device`.
+fn vm2_place(device: Device) -> &'static str {
+    match device {
+        Device::Rxe => "vm2 rxe",
+        Device::Siw => "vm2 siw",
+    }
+}
+
+/// The single-VM stage on `device`: every RDMA test binary in one boot whose `$RDMA_DEV`,
+/// `$RDMA_ADDR`... name `device`; a row per binary.
+fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options, device: Device) -> Result<Vec<Row>> {
+    let place = vm_place(device);
     let nonce = vm::nonce();
     let tests = bins.rdma_tests();
     let script = runner_script(&nonce, &tests, opts.per_binary);
-    let initrd = guest::pack(kernel, bins, &Guest { nonce: &nonce, script, env: &[], link: None, profiling: false })?;
+    let initrd =
+        guest::pack(kernel, bins, &Guest { nonce: &nonce, script, env: &[], link: None, profiling: false, device })?;
     let accel = vm::choose_accel(kernel)?;
     let timeout = opts
         .vm_timeout
         .unwrap_or(Duration::from_secs(180) + (opts.per_binary + Duration::from_secs(5)) * tests.len() as u32);
     eprintln!(
-        "xtask: running {} test binar{} in the VM (watchdog {} s each, VM timeout {} s)",
+        "xtask: running {} test binar{} in the VM on {} (watchdog {} s each, VM timeout {} s)",
         tests.len(),
         if tests.len() == 1 { "y" } else { "ies" },
+        device.name(),
         opts.per_binary.as_secs(),
         timeout.as_secs()
     );
@@ -305,7 +372,7 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
         Event::Marker(m) => {
             if let Some(name) = m.strip_prefix("begin ") {
                 let filter = tests.iter().find(|(b, _)| b.name == name).map_or("", |(_, f)| *f);
-                eprintln!("xtask: [vm] {name} {filter} --test-threads=1");
+                eprintln!("xtask: [{place}] {name} {filter} --test-threads=1");
                 current = Some((name.to_string(), Vec::new(), Instant::now()));
             } else if let Some((name, rc, killed, vm_secs)) = parse_end(m) {
                 let (output, secs) = current
@@ -314,16 +381,17 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
                     .map(|(_, b, t)| (b, t.elapsed().as_secs_f64()))
                     .unwrap_or((Vec::new(), vm_secs));
                 if killed {
-                    eprintln!("xtask: [vm] {name}: killed by the {} s watchdog", opts.per_binary.as_secs());
+                    eprintln!("xtask: [{place}] {name}: killed by the {} s watchdog", opts.per_binary.as_secs());
                 }
                 rows.push(Row {
-                    place: "vm",
+                    place,
                     name,
                     counts: last_result(&output),
                     status: Some(rc),
                     killed,
                     note: None,
                     secs: Some(secs),
+                    not_applicable: parse_not_applicable(&output),
                 });
             }
         }
@@ -343,50 +411,57 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) ->
         if !rows.iter().any(|r| r.name == b.name) {
             let running = current.as_ref().is_some_and(|(n, _, _)| *n == b.name);
             rows.push(Row {
-                place: "vm",
+                place,
                 name: b.name.clone(),
                 counts: None,
                 status: None,
                 killed: false,
                 note: Some(if running { "the VM stopped while it ran" } else { "never ran" }.into()),
                 secs: None,
+                not_applicable: Vec::new(),
             });
         }
     }
     Ok(rows)
 }
 
-/// The two-VM stage: every case of [`vm2::CASES`] in one linked pair, a row per case.
-fn vm2_cases(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options) -> Vec<Row> {
+/// The two-VM stage on `device`: every case of [`vm2::CASES`] in one linked pair, a row per
+/// case.
+fn vm2_cases(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options, device: Device) -> Vec<Row> {
+    let place = vm2_place(device);
     eprintln!(
-        "xtask: the two-VM stage: {} cases in one pair of linked VMs (alone: cargo xtask vm2 --cases)",
-        vm2::CASES.len()
+        "xtask: the two-VM stage on {}: {} cases in one pair of linked VMs (alone: cargo xtask vm2 --cases --device {})",
+        device.name(),
+        vm2::CASES.len(),
+        device.name()
     );
-    let o = vm2::PairOptions { timeout: vm2::CASES_TIMEOUT, verbose: opts.verbose, env: &[] };
+    let o = vm2::PairOptions { timeout: vm2::CASES_TIMEOUT, verbose: opts.verbose, env: &[], device };
     let start = Instant::now();
     match vm2::run_cases(kernel, bins, vm2::CASES, &o) {
         Ok(results) => results
             .into_iter()
             .map(|r| Row {
-                place: "vm2",
+                place,
                 name: r.name,
                 counts: Some(Counts { passed: u64::from(r.passed), failed: u64::from(!r.passed), ignored: 0 }),
                 status: Some(if r.passed { 0 } else { 1 }),
                 killed: false,
                 note: Some(r.detail),
                 secs: r.secs,
+                not_applicable: Vec::new(),
             })
             .collect(),
         Err(e) => {
-            eprintln!("xtask: error: the two-VM stage: {e}");
+            eprintln!("xtask: error: the two-VM stage on {}: {e}", device.name());
             vec![Row {
-                place: "vm2",
+                place,
                 name: "two-VM cases".into(),
                 counts: None,
                 status: None,
                 killed: false,
                 note: Some(e.to_string()),
                 secs: Some(start.elapsed().as_secs_f64()),
+                not_applicable: Vec::new(),
             }]
         }
     }
@@ -419,6 +494,7 @@ fn host_rdma_tests(bins: &project::Binaries, opts: &Options) -> Result<Vec<Row>>
             killed: w.killed,
             note: None,
             secs: Some(w.elapsed.as_secs_f64()),
+            not_applicable: Vec::new(),
         });
     }
     Ok(rows)
@@ -427,6 +503,18 @@ fn host_rdma_tests(bins: &project::Binaries, opts: &Options) -> Result<Vec<Row>>
 fn signal_of(s: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     s.signal().unwrap_or(0)
+}
+
+/// The list after the results table of the tests that did not apply (`binary: test: reason`),
+/// or `None` when there are none. Only siw's rows can have any (`util::not_on_iwarp`).
+fn not_applicable_section(rows: &[Row]) -> Option<String> {
+    let mut s = String::new();
+    for r in rows {
+        for (test, reason) in &r.not_applicable {
+            let _ = writeln!(s, "  {}: {test}: {reason}", r.name);
+        }
+    }
+    (!s.is_empty()).then(|| format!("xtask: not applicable on siw (iWARP)\n{s}"))
 }
 
 /// Runs the suite; returns the process exit status (0 only when nothing failed).
@@ -443,9 +531,16 @@ pub fn run(opts: &Options) -> Result<i32> {
     if bins.rdma_tests().is_empty() {
         eprintln!("xtask: the root crate has no tests that need RDMA: nothing to run with RDMA");
     } else if let Some(kernel) = &kernel {
-        rows.extend(vm_tests(kernel, &bins, opts)?);
-        rows.extend(vm2_cases(kernel, &bins, opts));
+        for device in opts.devices() {
+            rows.extend(vm_tests(kernel, &bins, opts, device)?);
+        }
+        for device in opts.devices() {
+            rows.extend(vm2_cases(kernel, &bins, opts, device));
+        }
     } else {
+        if opts.device.is_some() {
+            eprintln!("xtask: --device chooses the VM's device; the RDMA tests run on this host's own device");
+        }
         rows.extend(host_rdma_tests(&bins, opts)?);
         eprintln!("xtask: the two-VM stage (cargo xtask vm2 --cases) boots VMs: not run on an RDMA host");
     }
@@ -456,7 +551,16 @@ pub fn run(opts: &Options) -> Result<i32> {
     for r in &rows {
         println!("{}", r.render());
     }
-    println!("{passed} passed, {failed} failed");
+    let na: usize = rows.iter().map(|r| r.not_applicable.len()).sum();
+    if na == 0 {
+        println!("{passed} passed, {failed} failed");
+    } else {
+        println!("{passed} passed ({na} of them n/a), {failed} failed");
+    }
+    if let Some(section) = not_applicable_section(&rows) {
+        println!();
+        print!("{section}");
+    }
     Ok(if failed == 0 { 0 } else { 1 })
 }
 
@@ -492,6 +596,7 @@ mod tests {
             killed,
             note: None,
             secs: None,
+            not_applicable: Vec::new(),
         };
         let c = |p, f| Some(Counts { passed: p, failed: f, ignored: 0 });
         assert_eq!(row(c(2, 0), Some(0), false).failed(), 0);
@@ -499,6 +604,58 @@ mod tests {
         assert_eq!(row(c(2, 0), Some(134), false).failed(), 1);
         assert_eq!(row(None, Some(137), true).failed(), 1);
         assert_eq!(row(None, None, false).failed(), 1);
+    }
+
+    #[test]
+    fn not_applicable_lines_are_collected_after_libtest_s_prefix_too() {
+        let out = b"running 3 tests\n\
+            test a ... xtask-not-applicable: a: iWARP has no immediate data\n\
+            ok\n\
+            test b ... ok\n\
+            xtask-not-applicable: c: no memory windows on siw\n\
+            xtask-not-applicable: c: no memory windows on siw\n\
+            test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out\n";
+        assert_eq!(
+            parse_not_applicable(out),
+            vec![
+                ("a".to_string(), "iWARP has no immediate data".to_string()),
+                ("c".to_string(), "no memory windows on siw".to_string())
+            ]
+        );
+        assert!(parse_not_applicable(b"test x ... ok\n").is_empty());
+    }
+
+    #[test]
+    fn rows_count_not_applicable_tests_and_list_them_after_the_table() {
+        let row = |place, na: Vec<(String, String)>| Row {
+            place,
+            name: "srq".into(),
+            counts: Some(Counts { passed: 3, failed: 0, ignored: 0 }),
+            status: Some(0),
+            killed: false,
+            note: None,
+            secs: None,
+            not_applicable: na,
+        };
+        let plain = row("vm rxe", Vec::new());
+        assert_eq!(plain.render(), format!("  {:<7} {:<28} 3 passed, 0 failed, 0 ignored", "vm rxe", "srq"));
+        let siw = row("vm siw", vec![("write_imm".into(), "iWARP has no immediate data".into())]);
+        assert_eq!(siw.failed(), 0, "a binary with n/a tests that exits 0 passes");
+        assert!(siw.render().ends_with(" 3 passed, 0 failed, 0 ignored, 1 n/a"), "{}", siw.render());
+        assert!(siw.render().starts_with("  vm siw  srq "), "{}", siw.render());
+        assert_eq!(not_applicable_section(&[plain]), None);
+        assert_eq!(
+            not_applicable_section(&[row("vm rxe", Vec::new()), siw]).as_deref(),
+            Some("xtask: not applicable on siw (iWARP)\n  srq: write_imm: iWARP has no immediate data\n")
+        );
+    }
+
+    #[test]
+    fn both_devices_unless_one_is_chosen() {
+        let o = |device| Options { per_binary: Duration::from_secs(1), vm_timeout: None, verbose: false, device };
+        assert_eq!(o(None).devices(), vec![Device::Rxe, Device::Siw]);
+        assert_eq!(o(Some(Device::Siw)).devices(), vec![Device::Siw]);
+        assert_eq!((vm_place(Device::Siw), vm2_place(Device::Rxe)), ("vm siw", "vm2 rxe"));
     }
 
     #[test]

@@ -139,6 +139,8 @@ pub struct PairOptions<'a> {
     pub verbose: bool,
     /// Extra environment for both commands.
     pub env: &'a [(String, String)],
+    /// The device the commands' variables name.
+    pub device: crate::guest::Device,
 }
 
 /// A pair run's result: how each VM ended and the markers they printed (`(vm index, text)`,
@@ -224,7 +226,8 @@ fn boot_one(
     index: usize,
     o: &PairOptions,
 ) -> End {
-    let guest = Guest { nonce, script: script.to_string(), env: o.env, link: Some(link), profiling: false };
+    let guest =
+        Guest { nonce, script: script.to_string(), env: o.env, link: Some(link), profiling: false, device: o.device };
     let initrd = match guest::pack(kernel, bins, &guest) {
         Ok(i) => i,
         Err(e) => return End::Failed(e.to_string()),
