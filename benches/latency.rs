@@ -32,8 +32,14 @@ use rdma_reactor::{
 };
 
 fn host(c: &mut Criterion) {
-    let info =
-        ConnectInfo { msg_size: 4096, msg_count: 1000, recv_depth: 16, flow_control: false, user: b"bench".to_vec() };
+    let info = ConnectInfo {
+        msg_size: 4096,
+        msg_count: 1000,
+        recv_depth: 16,
+        flow_control: false,
+        tail: false,
+        user: b"bench".to_vec(),
+    };
     let mut bytes = info.encode(56).unwrap();
     bytes.resize(56, 0);
     c.bench_function("wire/decode_connect_info_56B", |b| b.iter(|| ConnectInfo::decode(black_box(&bytes))));

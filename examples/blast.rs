@@ -36,7 +36,7 @@ use common::{check_pattern, fill_pattern, Args};
 use rdma_reactor::{
     Buf, CloseReason, Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision,
     ListenerHandler, Op, OpCode, OpError, Reactor, Region, RegionWindow, RejectCode, RejectReason, RemoteAccess,
-    RemoteSlice, Token, WcStatus,
+    RemoteSlice, Token, Transport, WcStatus,
 };
 
 const USAGE: &str = "\
@@ -287,11 +287,15 @@ impl ConnectionHandler for BlastAgent {
         match (c.opcode, c.result) {
             (OpCode::Recv, Ok(n)) => {
                 let buf = c.buf.expect("pool receive");
+                // On iWARP (no immediate data) a slot's WRITE is announced by an empty SEND
+                // after it: RC delivers it after the written bytes are placed.
+                let notice = self.write && !c.remote_write && n == 0;
+                let n = if notice { self.size as u32 } else { n };
                 if n as usize != self.size {
                     return self.fail(conn, format!("message {}: {n} bytes, expected {}", self.seq, self.size));
                 }
                 if self.verify {
-                    let bad = if c.remote_write {
+                    let bad = if c.remote_write || notice {
                         let slot = (self.seq % u64::from(self.depth)) as usize * self.size;
                         let mut data = vec![0u8; self.size];
                         let (ring, _) = self.ring.as_ref().expect("write mode has a ring");
@@ -413,6 +417,10 @@ fn server(args: Args) {
         send_depth: 16,
         spin: args.spin_or(BLAST_SPIN_US),
         shared_cq: shared_cq(&args),
+        // `--op write`'s ring on a device without memory windows (iWARP): a registration
+        // of its own, whose key any connection of this server on the device could use
+        // (Config::exposure_registration; ignored where windows exist).
+        exposure_registration: true,
         ..Config::default()
     }));
     let (verify, quiet, on_srq) = (args.switch("verify"), args.switch("quiet"), srq.is_some());
@@ -459,6 +467,8 @@ struct ClientTotals {
     /// connection has settled, as perftest's start once all its queue pairs are connected.
     settled: u64,
     clients: u64,
+    /// A connection ran on iWARP (`--op write` posts WRITE + SEND there).
+    iwarp: bool,
 }
 
 /// `on_timer` user data: see whether every connection has settled, and start.
@@ -469,6 +479,8 @@ struct BlastClient {
     size: usize,
     count: u64,
     write: bool,
+    /// The connection's device is iWARP: `--op write` posts a WRITE and an empty SEND.
+    iwarp: bool,
     verify: bool,
     window: u64,
     submitted: u64,
@@ -523,7 +535,19 @@ impl BlastClient {
                 Some(ring) => {
                     let slot = (seq % self.depth) as u32 * self.size as u32;
                     let dst = ring.slice(slot, self.size as u32).expect("slot inside the ring");
-                    Op::write_imm(buf, dst)
+                    if self.iwarp {
+                        // No immediate data on iWARP: the WRITE, then an empty SEND that tells
+                        // the server (RC keeps their order; the message counts at the SEND).
+                        if let Err(e) = conn.submit(Op::write(buf, dst).user_data(seq)) {
+                            return self.fail(conn, format!("submit message {seq}: {}", e.error));
+                        }
+                        match conn.alloc(0) {
+                            Ok(b) => Op::send(b),
+                            Err(e) => return self.fail(conn, format!("notice buffer: {}", common::report(&e))),
+                        }
+                    } else {
+                        Op::write_imm(buf, dst)
+                    }
                 }
                 None => Op::send(buf),
             };
@@ -553,6 +577,8 @@ impl ConnectionHandler for BlastClient {
     }
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {
+        self.iwarp = conn.transport() == Some(Transport::Iwarp);
+        self.totals.borrow_mut().iwarp |= self.iwarp;
         if let Some(info) = conn.peer_info() {
             self.depth = u64::from(info.recv_depth);
         }
@@ -592,15 +618,23 @@ impl ConnectionHandler for BlastClient {
                 let _ = conn.submit(Op::recv(buf));
                 self.pump(conn);
             }
+            (OpCode::Write, Ok(_)) if self.iwarp => {
+                // The WRITE of a WRITE + SEND pair: its buffer is free; the SEND counts.
+                if let Some(buf) = c.buf {
+                    self.free.push(buf);
+                }
+            }
             (OpCode::Send | OpCode::WriteImm, Ok(n)) => {
                 self.completed += 1;
+                // A WRITE + SEND pair's SEND is empty: the message is the WRITE's bytes.
+                let n = if self.iwarp && self.write { self.size as u32 } else { n };
                 {
                     let mut t = self.totals.borrow_mut();
                     t.msgs += 1;
                     t.bytes += u64::from(n);
                     t.last_tick = common::Clock::ticks();
                 }
-                if let Some(buf) = c.buf {
+                if let Some(buf) = c.buf.filter(|b| b.capacity() >= self.size) {
                     self.free.push(buf);
                 }
                 if self.completed == self.count {
@@ -682,6 +716,7 @@ fn client(args: Args) {
             size,
             count,
             write,
+            iwarp: false,
             verify,
             window,
             submitted: 0,
@@ -724,7 +759,11 @@ fn client(args: Args) {
         .filter(|_| t.msgs > 0)
         .map_or(whole, |first| clock.ns(t.last_tick.wrapping_sub(first)) as f64 / 1e9)
         .max(1e-9);
-    let op = if write { "RDMA WRITE with immediate" } else { "SEND" };
+    let op = match (write, t.iwarp) {
+        (true, false) => "RDMA WRITE with immediate",
+        (true, true) => "RDMA WRITE + SEND (iWARP: no immediate data)",
+        _ => "SEND",
+    };
     println!(
         "blast client: {} messages of {size} bytes ({} bytes) by {op} over {clients} connection(s) in {secs:.3} s: {}",
         t.msgs,

@@ -265,7 +265,10 @@ fn server(args: Args) {
             .unwrap_or_else(|e| common::die("kv", &format!("cannot make the table: {}", common::report(&e)))),
     );
     let mut reactor =
-        Reactor::new().unwrap_or_else(|e| common::die("kv", &format!("cannot start: {}", common::report(&e))));
+        // The table's window on a device without memory windows (iWARP): a registration of
+        // its own (Config::exposure_registration; ignored where windows exist).
+        Reactor::with_config(Config { exposure_registration: true, ..Config::default() })
+            .unwrap_or_else(|e| common::die("kv", &format!("cannot start: {}", common::report(&e))));
     let counts = Rc::new(RefCell::new(ServerCounts::default()));
     reactor
         .listen(bind, KvListener { table: table.clone(), counts: counts.clone() })

@@ -72,6 +72,9 @@ pub enum Error {
     BadAddress(String),
     /// A configuration value is out of range.
     Config(String),
+    /// The device cannot do this: its transport lacks it (for example immediate data or
+    /// memory windows on iWARP); the text says what and what to do instead.
+    Unsupported(String),
     /// Registering memory failed for lack of locked memory: the process may pin at most
     /// `limit` bytes (`RLIMIT_MEMLOCK`), and `asked` more were needed.
     Memlock {
@@ -145,6 +148,7 @@ impl fmt::Display for Error {
             Error::Closed(reason) => write!(f, "connection closed: {reason}"),
             Error::BadAddress(a) => write!(f, "bad address: {a}"),
             Error::Config(what) => write!(f, "bad configuration: {what}"),
+            Error::Unsupported(what) => write!(f, "not supported by the device: {what}"),
             Error::Limit { what, limit } => write!(f, "limit reached: {what} = {limit} (raise it in Config)"),
             Error::Memlock { asked, limit, context, .. } => {
                 let limit = limit.map_or("unlimited".to_string(), |l| format!("{l} bytes"));

@@ -780,3 +780,79 @@ fn send_recv_and_write_take_region_slices() {
     );
     assert_eq!((ours.registrations(), theirs.registrations()), (1, 1));
 }
+
+/// What `TransportProbe` saw on its connection.
+#[derive(Debug, Default)]
+struct Probed {
+    transport: Option<rdma_reactor::Transport>,
+    write_imm: Option<Result<(), String>>,
+    expose: Option<Result<u32, String>>,
+    done: bool,
+}
+
+/// Tries, once established, what iWARP lacks: an RDMA WRITE with immediate data (only where
+/// it is refused: elsewhere it would go to the peer) and an exposure.
+struct TransportProbe(Rc<RefCell<Probed>>);
+
+impl ConnectionHandler for TransportProbe {
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        let mut p = self.0.borrow_mut();
+        p.transport = conn.transport();
+        if p.transport == Some(rdma_reactor::Transport::Iwarp) {
+            let buf = conn.alloc(64).expect("alloc");
+            let bogus = rdma_reactor::RemoteSlice { addr: 0, len: 64, rkey: 0 };
+            p.write_imm = Some(match conn.submit(Op::write_imm(buf, bogus)) {
+                Ok(()) => Ok(()),
+                Err(e) => Err(e.error.to_string()),
+            });
+        }
+        let mut buf = conn.alloc(64).expect("alloc");
+        buf.fill_from(&[7; 64]).expect("fill");
+        p.expose = Some(match conn.expose(buf, rdma_reactor::RemoteAccess::READ) {
+            Ok(e) => Ok(e.remote().rkey),
+            Err(e) => Err(e.to_string()),
+        });
+        p.done = true;
+        conn.close();
+    }
+
+    fn on_completion(&mut self, _conn: &mut Conn<'_>, _c: Completion) {}
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, _reason: CloseReason) {}
+}
+
+fn probe_transport(cfg: rdma_reactor::Config) -> Probed {
+    let (mut srv, server) = echo_server();
+    let mut cli = Reactor::with_config(cfg).expect("client");
+    let state = Rc::new(RefCell::new(Probed::default()));
+    cli.connect(server, ConnectOptions::default(), TransportProbe(state.clone())).expect("connect");
+    pump(&mut [&mut srv, &mut cli], LIMIT, "the probe", || state.borrow().done);
+    run_until_idle(&mut cli, Duration::from_secs(5));
+    Rc::try_unwrap(state).expect("the probe is done").into_inner()
+}
+
+/// The transport's differences (`proto/transport.rs`), on whichever device the VM points at:
+/// on iWARP `Op::write_imm` is refused at submission and an exposure is refused unless
+/// `Config::exposure_registration` allows a registration; on RoCE the window is made either way.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn write_imm_and_exposures_follow_the_transport() {
+    let plain = probe_transport(rdma_reactor::Config::default());
+    let allowed = probe_transport(rdma_reactor::Config { exposure_registration: true, ..Default::default() });
+    println!("transport {:?}: default {plain:?}; with exposure_registration {allowed:?}", plain.transport);
+    match plain.transport.expect("the connection has a device") {
+        rdma_reactor::Transport::Iwarp => {
+            let e = plain.write_imm.expect("tried").expect_err("write_imm is refused on iWARP");
+            assert!(e.contains("immediate data") && e.contains("Op::write"), "{e}");
+            let e = plain.expose.expect("tried").expect_err("no windows: refused by default");
+            assert!(e.contains("exposure_registration") && e.contains("max_mw 0"), "{e}");
+            let rkey = allowed.expose.expect("tried").expect("registration allowed");
+            assert_ne!(rkey, 0);
+        }
+        _ => {
+            assert_eq!(plain.write_imm, None);
+            assert!(plain.expose.expect("tried").is_ok(), "a window on RoCE");
+            assert!(allowed.expose.expect("tried").is_ok(), "a window on RoCE: the option is ignored");
+        }
+    }
+}

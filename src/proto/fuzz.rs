@@ -87,7 +87,7 @@ fn reference_decode(d: &[u8]) -> Result<Option<ConnectInfo>, WireError> {
         return Err(E::Truncated { need: 20, have: d.len() });
     }
     let (version, header, user, flags) = (d[4], usize::from(d[5]), usize::from(d[6]), d[7]);
-    if version != 1 {
+    if version != 1 && version != 2 {
         return Err(E::UnsupportedVersion(version));
     }
     if header < 20 {
@@ -96,7 +96,9 @@ fn reference_decode(d: &[u8]) -> Result<Option<ConnectInfo>, WireError> {
     if d.len() < header + user {
         return Err(E::Truncated { need: header + user, have: d.len() });
     }
-    if flags > 1 || be(18, 2) != 0 {
+    // Version 1 knows flag bit 0; version 2 bits 0 and 1.
+    let max_flags = if version == 2 { 3 } else { 1 };
+    if flags > max_flags || be(18, 2) != 0 {
         return Err(E::ReservedNotZero);
     }
     if be(8, 4) == 0 {
@@ -106,7 +108,8 @@ fn reference_decode(d: &[u8]) -> Result<Option<ConnectInfo>, WireError> {
         msg_size: be(8, 4),
         msg_count: be(12, 4),
         recv_depth: be(16, 2) as u16,
-        flow_control: flags == 1,
+        flow_control: flags & 1 == 1,
+        tail: flags & 2 == 2,
         user: d[header..header + user].to_vec(),
     }))
 }
@@ -161,6 +164,7 @@ fn encode_connect_info(data: &[u8]) {
         msg_count: b.u32(),
         recv_depth: b.u32() as u16,
         flow_control: b.u8() & 1 == 1,
+        tail: b.u8() & 1 == 1,
         user: {
             let n = usize::from(b.u8());
             b.take(n).to_vec()
@@ -728,9 +732,16 @@ mod tests {
     #[test]
     fn connect_info_on_random_and_mutated_headers() {
         let mut rng = Rng(0x5eed_0001);
-        let good = ConnectInfo { msg_size: 4096, msg_count: 3, recv_depth: 16, flow_control: true, user: vec![7; 9] }
-            .encode(MAX_CONNECT_PRIVATE_DATA)
-            .expect("fits");
+        let good = ConnectInfo {
+            msg_size: 4096,
+            msg_count: 3,
+            recv_depth: 16,
+            flow_control: true,
+            tail: false,
+            user: vec![7; 9],
+        }
+        .encode(MAX_CONNECT_PRIVATE_DATA)
+        .expect("fits");
         for _ in 0..3000 {
             connect_info(&rng.bytes(80));
             let mut b = good.clone();

@@ -1,7 +1,7 @@
 //! The pure core: everything that decides, nothing that does I/O.
 //!
 //! Tokens ([`token`]), the wire formats carried in private data and messages ([`wire`]),
-//! receive-credit flow control ([`flow`]), the listener/agent/client state machines ([`conn`])
+//! receive-credit flow control ([`flow`]), what differs between transports ([`transport`]), the listener/agent/client state machines ([`conn`])
 //! and the data path's plain vocabulary ([`op`]: operation kinds, completion statuses).
 //!
 //! **Architecture invariant:** nothing here names `crate::sys`, `crate::reactor` or an FFI
@@ -14,4 +14,5 @@ pub(crate) mod flow;
 pub(crate) mod fuzz;
 pub(crate) mod op;
 pub(crate) mod token;
+pub(crate) mod transport;
 pub(crate) mod wire;

@@ -5,12 +5,14 @@
 //! ```text
 //! offset size field
 //!  0      4   magic          0x5244_5258 ("RDRX")
-//!  4      1   version        1
+//!  4      1   version        1, or 2 when flag bit 1 is set
 //!  5      1   header length  bytes from offset 0 to the user bytes (>= 20; longer headers are
 //!                            extensions a version-1 reader skips)
 //!  6      1   user length    bytes of opaque user data after the header
 //!  7      1   flags          bit 0: the sender uses receive-credit flow control
-//!                            (`crate::flow`); other bits reserved, 0
+//!                            (`crate::flow`); bit 1 (version 2 only): every message the
+//!                            sender sends ends in a 4-byte tail instead of carrying immediate
+//!                            data (iWARP, `crate::proto::transport`); other bits reserved, 0
 //!  8      4   message size   largest message the sender will send or can receive
 //! 12      4   message count  messages the sender intends to send (0: not stated)
 //! 16      2   receive depth  receives the sender keeps posted (its initial credit to the peer)
@@ -40,8 +42,11 @@ use std::fmt;
 pub const CONNECT_MAGIC: u32 = 0x5244_5258;
 /// Magic number opening a reject reason.
 pub const REJECT_MAGIC: u32 = 0x5244_524A;
-/// The only wire version this crate writes.
+/// The wire version of connect information without [`FLAG_TAIL`] (and of reject reasons).
 pub const VERSION: u8 = 1;
+/// The wire version of connect information with [`FLAG_TAIL`]: a version-1 reader (an older
+/// rdma-reactor) refuses it as an unsupported version rather than misreading tailed messages.
+pub const VERSION_TAIL: u8 = 2;
 /// Length of the version-1 connect header.
 pub const CONNECT_HEADER_LEN: usize = 20;
 /// Private data a connect request can carry on IB and RoCE (RDMA_PS_TCP).
@@ -52,6 +57,8 @@ pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
 pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
 /// Connect-information flag: the sender uses receive-credit flow control.
 pub const FLAG_FLOW_CONTROL: u8 = 1;
+/// Connect-information flag (version 2): the sender frames every message with a 4-byte tail.
+pub const FLAG_TAIL: u8 = 2;
 /// Length of the reject header before its text.
 const REJECT_HEADER_LEN: usize = 7;
 
@@ -122,6 +129,9 @@ pub struct ConnectInfo {
     pub recv_depth: u16,
     /// The sender uses receive-credit flow control (both sides must, for it to apply).
     pub flow_control: bool,
+    /// The sender frames every message with a 4-byte tail (a transport without immediate
+    /// data: iWARP); both sides must agree, or the connection is refused. Sent as version 2.
+    pub tail: bool,
     /// Opaque application bytes.
     pub user: Vec<u8>,
 }
@@ -149,10 +159,10 @@ impl ConnectInfo {
         }
         let mut out = Vec::with_capacity(CONNECT_HEADER_LEN + self.user.len());
         out.extend_from_slice(&CONNECT_MAGIC.to_be_bytes());
-        out.push(VERSION);
+        out.push(if self.tail { VERSION_TAIL } else { VERSION });
         out.push(CONNECT_HEADER_LEN as u8);
         out.push(self.user.len() as u8);
-        out.push(if self.flow_control { FLAG_FLOW_CONTROL } else { 0 });
+        out.push(if self.flow_control { FLAG_FLOW_CONTROL } else { 0 } | if self.tail { FLAG_TAIL } else { 0 });
         out.extend_from_slice(&self.msg_size.to_be_bytes());
         out.extend_from_slice(&self.msg_count.to_be_bytes());
         out.extend_from_slice(&self.recv_depth.to_be_bytes());
@@ -179,7 +189,7 @@ impl ConnectInfo {
             return Err(WireError::Truncated { need: CONNECT_HEADER_LEN, have: data.len() });
         }
         let version = data[4];
-        if version != VERSION {
+        if version != VERSION && version != VERSION_TAIL {
             return Err(WireError::UnsupportedVersion(version));
         }
         let header_len = data[5];
@@ -191,7 +201,8 @@ impl ConnectInfo {
         if data.len() < need {
             return Err(WireError::Truncated { need, have: data.len() });
         }
-        if data[7] & !FLAG_FLOW_CONTROL != 0 || be_u16(data, 18) != 0 {
+        let known = if version == VERSION_TAIL { FLAG_FLOW_CONTROL | FLAG_TAIL } else { FLAG_FLOW_CONTROL };
+        if data[7] & !known != 0 || be_u16(data, 18) != 0 {
             return Err(WireError::ReservedNotZero);
         }
         let info = ConnectInfo {
@@ -199,6 +210,7 @@ impl ConnectInfo {
             msg_count: be_u32(data, 12),
             recv_depth: be_u16(data, 16),
             flow_control: data[7] & FLAG_FLOW_CONTROL != 0,
+            tail: data[7] & FLAG_TAIL != 0,
             user: data[header_len as usize..need].to_vec(),
         };
         if info.msg_size == 0 {
@@ -372,7 +384,14 @@ mod tests {
     }
 
     fn sample() -> ConnectInfo {
-        ConnectInfo { msg_size: 4096, msg_count: 10_000, recv_depth: 16, flow_control: true, user: b"hello".to_vec() }
+        ConnectInfo {
+            msg_size: 4096,
+            msg_count: 10_000,
+            recv_depth: 16,
+            flow_control: true,
+            tail: false,
+            user: b"hello".to_vec(),
+        }
     }
 
     #[test]
@@ -427,6 +446,21 @@ mod tests {
     }
 
     #[test]
+    fn the_tail_flag_is_version_2_and_round_trips() {
+        let info = ConnectInfo { tail: true, ..sample() };
+        let bytes = info.encode(MAX_CONNECT_PRIVATE_DATA).unwrap();
+        assert_eq!(bytes[4], VERSION_TAIL);
+        assert_eq!(bytes[7], FLAG_FLOW_CONTROL | FLAG_TAIL);
+        assert_eq!(ConnectInfo::decode(&bytes).unwrap(), Some(info));
+        // Without the tail, version 1 as before: older peers on RoCE read it unchanged.
+        assert_eq!(sample().encode(MAX_CONNECT_PRIVATE_DATA).unwrap()[4], VERSION);
+        // The tail flag in a version-1 header is a reserved bit.
+        let mut v1 = sample().encode(MAX_CONNECT_PRIVATE_DATA).unwrap();
+        v1[7] |= FLAG_TAIL;
+        assert_eq!(ConnectInfo::decode(&v1), Err(WireError::ReservedNotZero));
+    }
+
+    #[test]
     fn malformed_headers_are_rejected_with_a_reason() {
         let good = sample().encode(MAX_CONNECT_PRIVATE_DATA).unwrap();
         let cases: Vec<(Vec<u8>, WireError)> = vec![
@@ -436,10 +470,10 @@ mod tests {
             (
                 {
                     let mut b = good.clone();
-                    b[4] = 2;
+                    b[4] = 3;
                     b
                 },
-                WireError::UnsupportedVersion(2),
+                WireError::UnsupportedVersion(3),
             ),
             (
                 {

@@ -147,6 +147,17 @@ pub struct Config {
     /// both keep at least 3 receives posted; the rule is in
     /// [`ConnectionHandler`](crate::ConnectionHandler)'s docs). Default on; required with `srq`.
     pub flow_control: bool,
+    /// On a device without memory windows (iWARP: Soft-iWARP has `max_mw` 0), expose memory
+    /// ([`Conn::expose`](crate::Conn::expose), [`Conn::expose_region`](crate::Conn::expose_region))
+    /// by registering a memory region with the remote rights for each exposure. Weaker
+    /// isolation than a window, hence off by default (then such an exposure is refused with
+    /// [`Error::Unsupported`](crate::Error::Unsupported)): a window's key works only on the
+    /// connection it was bound to, a registration's from any queue pair on the device's
+    /// protection domain, so a peer of another connection of this reactor on the device that
+    /// learned or guessed the key could use it while the exposure lives. Released as a window
+    /// is: when the exposure is dropped or its connection is destroyed. Devices with windows
+    /// ignore it.
+    pub exposure_registration: bool,
     /// Completions reaped from one CQ per tick before the others get a turn. Default 256.
     pub poll_budget: usize,
     /// Spin-then-sleep polling. Zero (the default) is pure event mode: a CQ found empty is
@@ -213,6 +224,7 @@ impl Default for Config {
             shared_cq: None,
             signal_every: 16,
             flow_control: true,
+            exposure_registration: false,
             poll_budget: 256,
             spin: Duration::ZERO,
             timeouts: Timeouts::default(),

@@ -16,6 +16,7 @@ use crate::proto::conn::{CloseReason, Input, State};
 use crate::proto::flow::Imm;
 use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, Key, Kind, OpKey, Token};
+use crate::proto::transport::unframe;
 use crate::sys::cq::{Cq, WcBatch, WorkCompletion, POLL_BATCH};
 
 /// A list of work the tick walks once while the walk may add to it (a CQ polled while
@@ -441,6 +442,14 @@ impl Core {
     /// and such a request completes no work request of this side): named as that.
     pub(super) fn work_error(&mut self, t: ConnKey, status: WcStatus) -> Input {
         let established = self.conns.get(t).is_some_and(|c| matches!(c.role.state(), State::Established));
+        let iwarp = self.conns.get(t).and_then(|c| c.placed).is_some_and(|p| self.devices[p.device].caps.tail());
+        if status == WcStatus::WrFlushErr && established && iwarp {
+            // On iWARP the peer's disconnect (its end of the TCP stream closing) flushes the
+            // queue pair before the connection manager reports it, and a peer's access
+            // violation ends the stream the same way (a TERMINATE, then the close): both
+            // read as the peer's disconnect (`proto::transport`).
+            return Input::Fault(CloseReason::Peer);
+        }
         if status == WcStatus::WrFlushErr && established {
             self.stats.peer_violations += 1;
             return Input::Fault(CloseReason::PeerViolation);
@@ -455,35 +464,69 @@ impl Core {
             // A credit-only send: nothing to deliver.
             return self.after_completion(t);
         }
+        let mut op = op;
+        let mut byte_len = wc.byte_len;
         if op.opcode == OpCode::Recv && wc.status == WcStatus::Success {
-            if let Some(c) = self.conns.get_mut(t) {
-                if let Some(flow) = c.sq.flow_mut() {
-                    // Every message consumed a receive we granted; one without immediate data
-                    // (a peer breaking the protocol) grants nothing.
-                    let imm = wc.imm.map_or(Imm { grant: 0, control: false }, Imm::decode);
-                    flow.on_receive(imm);
-                    let grant_due = flow.wants_control();
-                    if imm.control {
-                        // A credit-only message used this receive: post it again, unseen.
-                        let mut again = op;
-                        again.after_control = true;
-                        again.posted = false;
-                        let nt = self.ops.insert(again);
+            let tail = self.conns.get(t).and_then(|c| c.placed).is_some_and(|p| p.tail);
+            // The credits and kind: in the immediate data, or in the message's tail on a
+            // transport without it (`proto::transport`).
+            let imm = if tail {
+                match unframe(wc.byte_len, op.received_tail(wc.byte_len)) {
+                    Ok(u) => {
+                        byte_len = u.len;
+                        Some(u.imm)
+                    }
+                    Err(why) => {
+                        // The peer broke the framing: the receive goes back unposted (the
+                        // closing connection cancels it) and the connection closes.
+                        op.posted = false;
+                        let nt = self.ops.insert(op);
                         if let Some(c) = self.conns.get_mut(t) {
                             c.rq.push_front(nt);
                         }
-                        self.mark_dirty(t);
-                        return;
+                        return self.feed(t, Input::Fault(CloseReason::Protocol(why)));
                     }
-                    if grant_due {
-                        // The peer may be blocked at its last credit.
-                        self.mark_dirty(t);
+                }
+            } else {
+                wc.imm.map(Imm::decode)
+            };
+            if let Some(c) = self.conns.get_mut(t) {
+                // An iWARP agent's sends wait for its client's first message: this one.
+                let released = c.sq.release();
+                let mut control = false;
+                let mut grant_due = false;
+                if let Some(flow) = c.sq.flow_mut() {
+                    // Every message consumed a receive we granted; one without immediate data
+                    // (a peer breaking the protocol) grants nothing.
+                    let imm = imm.unwrap_or(Imm { grant: 0, control: false });
+                    flow.on_receive(imm);
+                    grant_due = flow.wants_control();
+                    control = imm.control;
+                } else if tail {
+                    // Without flow control a tail's only credit-only message is the client's
+                    // first (`SendQueue::set_hello`).
+                    control = imm.is_some_and(|i| i.control);
+                }
+                if control {
+                    // A credit-only message used this receive: post it again, unseen.
+                    let mut again = op;
+                    again.after_control = true;
+                    again.posted = false;
+                    let nt = self.ops.insert(again);
+                    if let Some(c) = self.conns.get_mut(t) {
+                        c.rq.push_front(nt);
                     }
+                    self.mark_dirty(t);
+                    return;
+                }
+                if grant_due || released {
+                    // The peer may be blocked at its last credit, or held sends may go.
+                    self.mark_dirty(t);
                 }
             }
         }
         let result = match (wc.status, op.opcode) {
-            (WcStatus::Success, OpCode::Recv) => Ok(wc.byte_len),
+            (WcStatus::Success, OpCode::Recv) => Ok(byte_len),
             // A send's byte_len is undefined in the completion; report what was posted.
             (WcStatus::Success, _) => Ok(op.sge().1),
             (status, _) => Err(OpError::Wc(status)),

@@ -336,6 +336,15 @@ impl<'a> Conn<'a> {
         self.ctx.core.conns.get(self.key).map(|c| &c.infos.local)
     }
 
+    /// The transport of the connection's device (from `on_ready` on; `None` before it has
+    /// one): InfiniBand's (IB, RoCE) or iWARP. On iWARP [`Op::write_imm`](crate::Op::write_imm)
+    /// is refused and exposures need [`Config::exposure_registration`](crate::Config); the
+    /// README's "Transports" section has the whole list.
+    pub fn transport(&self) -> Option<crate::Transport> {
+        let c = self.ctx.core.conns.get(self.key)?;
+        c.placed.map(|p| self.ctx.core.devices[p.device].caps.transport)
+    }
+
     /// The peer's address.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.ctx.core.conns.get(self.key).and_then(|c| c.ep.id()).and_then(|id| id.peer_addr())

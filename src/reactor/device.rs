@@ -69,6 +69,7 @@ use super::{os, ConnEntry, Core, Device, ListenerEntry};
 use crate::error::{Error, Result};
 use crate::proto::conn::{AsyncEventKind, CloseReason, Input};
 use crate::proto::token::{ConnKey, CqKey, Kind, ListenerKey, Token};
+use crate::proto::transport::Caps;
 use crate::sys::cq::CompChannel;
 use crate::sys::device::{self, AsyncElement, DeviceHold, DeviceRef};
 use crate::sys::pd::Pd;
@@ -142,12 +143,13 @@ impl Core {
             return Err(Error::NoDevice("the RDMA device was removed".into()));
         }
         let addr = addr.ok_or_else(|| Error::NoDevice("the id on the device has no local address".into()))?;
+        let caps = dev.caps().map_err(|e| Error::verb("ibv_query_device", "the device's transport and limits", e))?;
         let hold = DeviceHold::new(dev, addr)
             .map_err(|e| Error::verb("rdma_bind_addr", format!("a reference on the device's context ({addr})"), e))?;
         let pd = Pd::new(dev, &hold).map_err(|e| Error::verb("ibv_alloc_pd", "", e))?;
         let chan = CompChannel::new(dev, &hold).map_err(|e| Error::verb("ibv_create_comp_channel", "", e))?;
         dev.set_async_nonblocking().map_err(|e| Error::verb("fcntl", "the device's async event fd", e))?;
-        let pool = Pool::new(&pd, &self.cfg.pool)?;
+        let pool = Pool::new(&pd, &self.cfg.pool, caps.overhead() as usize)?;
         let index = self.devices.0.len();
         let token = Token::new(Kind::CompChannel, index as u32, 1);
         self.epoll.add(&*chan, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
@@ -163,6 +165,7 @@ impl Core {
             shared_cq: None,
             lost: false,
             port_down: false,
+            caps,
             srq: None,
             pool,
             chan,
@@ -188,6 +191,15 @@ impl Core {
             }
         }
         Ok(index)
+    }
+
+    /// What device `dev` adapts to: as its resources recorded it, or asked now (InfiniBand's
+    /// when the device cannot say).
+    pub(super) fn caps_of(&self, dev: DeviceRef) -> Caps {
+        match self.devices.find(dev) {
+            Some(d) => self.devices[d].caps,
+            None => dev.caps().unwrap_or(Caps::infiniband()),
+        }
     }
 
     /// The connections on device `d`: placed there, or, before they have a queue pair, with

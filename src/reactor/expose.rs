@@ -15,20 +15,20 @@ use super::Core;
 use crate::error::{Error, Result};
 use crate::proto::op::RemoteAccess;
 use crate::proto::token::{ConnKey, Key};
-use crate::sys::pool::{Buf, Exposed, RegionWindow};
+use crate::sys::pool::{Buf, Exposed, Exposure, RegionWindow};
 use crate::sys::qp::{SendOp, SendWr};
 use crate::sys::region::{Region, RegionSlice};
 
 impl Core {
     /// See [`Conn::expose`](super::Conn::expose).
     pub(crate) fn expose(&mut self, t: ConnKey, buf: Buf, access: RemoteAccess) -> Result<Exposed> {
-        let d = self.exposable(t)?;
+        let (d, how) = self.exposable(t)?;
         if !self.devices[d].pool.owns(&buf) {
             return Err(Error::Config("the buffer belongs to another device's pool".into()));
         }
         // What it exposes is this connection's; the rest of the chunk is foreign to it.
         buf.set_owner(self.conns.get(t).expect("checked").mem_owner, buf.len());
-        let (exposed, window) = Exposed::new(buf, access)?;
+        let (exposed, window) = Exposed::new(buf, access, how)?;
         self.queue_bind(t, &window);
         Ok(exposed)
     }
@@ -40,9 +40,9 @@ impl Core {
         slice: &RegionSlice,
         access: RemoteAccess,
     ) -> Result<RegionWindow> {
-        let d = self.exposable(t)?;
+        let (d, how) = self.exposable(t)?;
         let pd = self.devices[d].pd.clone();
-        let (exposed, window) = RegionWindow::new(slice, &pd, access)?;
+        let (exposed, window) = RegionWindow::new(slice, &pd, access, how)?;
         self.queue_bind(t, &window);
         Ok(exposed)
     }
@@ -53,22 +53,40 @@ impl Core {
         region.lkey(&self.devices[d].pd).map(|_| ())
     }
 
-    /// The device of a connection that can take a window now.
-    fn exposable(&self, t: ConnKey) -> Result<usize> {
+    /// The device of a connection that can take an exposure now, and how it exposes: by a
+    /// memory window, or on a device without them (iWARP) by a registration when
+    /// `Config::exposure_registration` allows it. Refused otherwise, saying why.
+    fn exposable(&self, t: ConnKey) -> Result<(usize, Exposure)> {
         let Some(c) = self.conns.get(t) else { return Err(Error::StaleToken(t.token().as_u64())) };
-        match c.placed.filter(|_| c.can_submit()) {
-            Some(placed) => Ok(placed.device),
-            None => Err(Error::NotConnected(format!("connection {:?} is {:?}", t.token(), c.role.state()))),
+        let Some(placed) = c.placed.filter(|_| c.can_submit()) else {
+            return Err(Error::NotConnected(format!("connection {:?} is {:?}", t.token(), c.role.state())));
+        };
+        let caps = self.devices[placed.device].caps;
+        if caps.windows() {
+            return Ok((placed.device, Exposure::Window));
         }
+        if self.cfg.exposure_registration {
+            return Ok((placed.device, Exposure::Registration));
+        }
+        Err(Error::Unsupported(format!(
+            "exposing memory: the connection's device ({} transport) has no memory windows (max_mw 0), which \
+             confine a remote key to one connection; set Config::exposure_registration to register each \
+             exposure instead, whose key any connection of this reactor on the device could use while it lives",
+            caps.transport.name()
+        )))
     }
 
     /// Queues a window's bind on the connection's send queue (FIFO: before anything submitted
     /// after it) and lists the window with the connection, which releases it when destroyed.
+    /// An exposure by registration has nothing to bind: it is only listed.
     fn queue_bind(&mut self, t: ConnKey, window: &std::rc::Rc<crate::sys::pool::Window>) {
-        let ot = self.ops.insert(OpEntry::bind(t, window.clone()));
         let c = self.conns.get_mut(t).expect("checked by the caller");
         c.windows.add(window);
-        c.sq.push(ot, false);
+        if window.bind().is_none() {
+            return;
+        }
+        let ot = self.ops.insert(OpEntry::bind(t, window.clone()));
+        self.conns.get_mut(t).expect("checked by the caller").sq.push(ot, false);
         self.mark_dirty(t);
     }
 }
@@ -86,5 +104,6 @@ pub(super) fn bind_wr(op: &OpEntry, w: &Planned) -> SendWr {
         lkey: 0,
         signaled: w.signaled,
         inline: false,
+        tail: None,
     }
 }

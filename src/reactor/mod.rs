@@ -74,6 +74,7 @@ mod send_queue;
 mod setup;
 mod srq;
 mod stats;
+mod tail;
 mod teardown;
 mod timers;
 mod userfd;
@@ -105,6 +106,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 use crate::error::{Error, Result};
 use crate::proto::conn::{Actions, Agent, Client, CloseReason, Input, Listener, State, Step};
 use crate::proto::token::{ConnKey, CqKey, FdKey, GenSlab, Key, Kind, ListenerKey, OpKey, TimerKey, Token};
+use crate::proto::transport::Caps;
 use crate::proto::wire::ConnectInfo;
 use crate::sys::cm::{CmId, EventChannel};
 use crate::sys::cq::CompChannel;
@@ -117,6 +119,7 @@ use device::Devices;
 use op::OpEntry;
 use remote::Inbox;
 use send_queue::{RecvQueue, SendQueue};
+use tail::TailRing;
 use timers::{TimerTarget, Timers, UserTimer};
 use userfd::UserFd;
 
@@ -184,6 +187,9 @@ struct Placement {
     cq: CqKey,
     /// Largest inline send the queue pair takes.
     max_inline: u32,
+    /// Its messages end in a tail instead of carrying immediate data (iWARP,
+    /// `proto::transport`): the connection has a [`TailRing`].
+    tail: bool,
     /// CQ room committed to its receives when it was placed (0 on a shared receive queue),
     /// given back exactly at destruction, whatever the device granted.
     recv_room: u32,
@@ -195,6 +201,9 @@ struct ConnEntry {
     windows: Windows,
     /// Dropped right after at destruction (queue pair, then id).
     ep: Endpoint,
+    /// The tails its sends end with, on a transport without immediate data: after `ep`, so
+    /// the queue pair that reads them is destroyed first.
+    tails: Option<TailRing>,
     role: Role,
     handler: Option<Guarded<dyn ConnectionHandler>>,
     placed: Option<Placement>,
@@ -224,6 +233,7 @@ impl ConnEntry {
         ConnEntry {
             windows: Windows::default(),
             ep: Endpoint::None,
+            tails: None,
             role,
             handler: Some(Guarded::new(handler)),
             placed: None,
@@ -296,6 +306,8 @@ struct Device {
     lost: bool,
     /// PORT_ERR seen and no PORT_ACTIVE since: keepalive probes wait (`device.rs`).
     port_down: bool,
+    /// Its transport and memory windows, asked once (`proto::transport`).
+    caps: Caps,
     // Field order is drop order: the SRQ (then the buffers posted to it), the pool's regions,
     // the channel, the PD.
     /// The shared receive queue, in `Config::srq` mode (`srq.rs`).

@@ -7,7 +7,10 @@
 
 use crate::proto::op::{OpCode, OpError};
 use crate::proto::token::ConnKey;
+use crate::proto::transport::TAIL_LEN;
 use crate::proto::wire::RemoteSlice;
+use crate::sys::mr::{Access, Mr};
+use crate::sys::pd::Pd;
 use crate::sys::pool::{Buf, Window};
 use crate::sys::qp::Bind;
 use crate::sys::region::RegionSlice;
@@ -189,6 +192,11 @@ impl Completion {
 
 /// A submitted operation while the reactor holds it: from submission to its completion.
 pub(crate) struct OpEntry {
+    /// On iWARP, a READ's sink registered with remote write over exactly its bytes (the
+    /// responder writes the data into it: RFC 5040's tagged sink), held until the READ
+    /// completes or is cancelled (declared first: deregistered before the memory under it
+    /// can go back to the pool or the application); its local key replaces the pool's or the region's.
+    pub(crate) sink: Option<Mr>,
     pub(crate) conn: ConnKey,
     pub(crate) user_data: u64,
     pub(crate) opcode: OpCode,
@@ -239,6 +247,7 @@ impl OpEntry {
             bind: None,
             after_control: false,
             posted: false,
+            sink: None,
         }
     }
 
@@ -285,6 +294,7 @@ impl OpEntry {
             bind: None,
             after_control: false,
             posted: false,
+            sink: None,
         }
     }
 
@@ -307,9 +317,17 @@ impl OpEntry {
 
     /// Local address, length and key of the work request.
     pub(crate) fn sge(&self) -> (u64, u32, u32) {
+        if let Some(mr) = &self.sink {
+            let (addr, len, _) = self.sge_of_memory();
+            return (addr, len, mr.lkey());
+        }
+        self.sge_of_memory()
+    }
+
+    fn sge_of_memory(&self) -> (u64, u32, u32) {
         match (&self.buf, &self.raw) {
             (Some(b), _) => {
-                let len = if self.opcode == OpCode::Recv { b.capacity() } else { b.len() };
+                let len = if self.opcode == OpCode::Recv { b.post_capacity() } else { b.len() };
                 (b.addr(), len as u32, b.lkey())
             }
             (None, Some(r)) => (r.addr, r.len, r.lkey),
@@ -317,9 +335,42 @@ impl OpEntry {
         }
     }
 
+    /// The last 4 of the `n` bytes a receive got: its tail, on a transport without immediate
+    /// data (`proto::transport`). `None` when fewer than 4 arrived or they lie outside the
+    /// posted memory.
+    pub(crate) fn received_tail(&mut self, n: u32) -> Option<[u8; 4]> {
+        let at = n.checked_sub(TAIL_LEN)? as usize;
+        let mut tail = [0u8; 4];
+        match (&mut self.buf, &self.region, &self.raw) {
+            (Some(b), _, _) => tail = b.tail_before(n as usize)?,
+            (None, Some(s), _) => {
+                if n as usize > s.len() {
+                    return None;
+                }
+                s.region().read_at(s.range().start + at, &mut tail).ok()?;
+            }
+            (None, None, Some(r)) => {
+                if n > r.len {
+                    return None;
+                }
+                #[allow(unsafe_code)]
+                // SAFETY: `Conn::submit_raw`'s contract keeps `r.addr..r.addr + r.len` valid
+                // until the completion is handed over, which has not happened yet; the
+                // device finished writing it (its completion was reaped); at + 4 <= n <= r.len.
+                unsafe {
+                    std::ptr::copy_nonoverlapping((r.addr as usize + at) as *const u8, tail.as_mut_ptr(), tail.len());
+                }
+            }
+            _ => return None,
+        }
+        Some(tail)
+    }
+
     /// The completion the handler sees: `result`, with the buffer handed back (a successful
     /// receive's length set to the bytes received).
     pub(crate) fn into_completion(self, result: Result<u32, OpError>, remote_write: bool) -> Completion {
+        // A READ sink's registration ends before the handler sees the memory.
+        drop(self.sink);
         let mut buf = self.buf;
         match (buf.as_mut(), self.opcode, &result) {
             // Exactly the bytes received (none for an RDMA WRITE with immediate data).
@@ -333,4 +384,27 @@ impl OpEntry {
         }
         Completion { user_data: self.user_data, opcode: self.opcode, result, buf, remote_write, region: self.region }
     }
+}
+
+/// On iWARP, the registration a READ's sink needs ([`OpEntry::sink`]): remote write over
+/// exactly the bytes the READ fills; `None` for other operations.
+pub(crate) fn read_sink(op: &Op, pd: &Rc<Pd>) -> crate::error::Result<Option<Mr>> {
+    let (addr, len) = match &op.body {
+        Body::Read(b, r) => (b.addr(), r.len as usize),
+        Body::ReadRegion(s, r) => (s.addr(), r.len as usize),
+        _ => return Ok(None),
+    };
+    if len == 0 {
+        return Ok(None);
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: the memory is the operation's (a pool chunk or a region slice), which its
+    // `OpEntry` holds (`buf` or `region`) after `sink`: the registration ends before that
+    // memory can be released or reused, whether the entry is dropped or taken apart
+    // (`OpEntry::into_completion` drops it first).
+    let mr =
+        unsafe { Mr::register(pd, addr as *mut u8, len, Access::LOCAL_WRITE | Access::REMOTE_WRITE) }.map_err(|e| {
+            crate::error::Error::verb("ibv_reg_mr", format!("an RDMA READ's sink of {len} bytes (iWARP)"), e)
+        })?;
+    Ok(Some(mr))
 }

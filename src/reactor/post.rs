@@ -8,11 +8,14 @@ use smallvec::SmallVec;
 
 use super::op::{Body, OpEntry};
 use super::send_queue::Planned;
+use super::TailRing;
 use super::{Core, Placement, SubmitError};
 use crate::error::Error;
 use crate::proto::conn::{CloseReason, Input, State};
+use crate::proto::flow::Imm;
 use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, Key, OpKey};
+use crate::proto::transport::{Tail, TAIL_LEN};
 use crate::reactor::Op;
 use crate::sys::qp::{RecvWr, SendOp, SendWr};
 
@@ -69,6 +72,13 @@ impl Core {
                 Body::ReadRegion(s, _) => Some((s.len(), "the local region slice's length")),
                 Body::Recv(_) | Body::RawRecv(_) | Body::RecvRegion(_) => None,
             };
+        if placed.tail && matches!(op.body, Body::WriteImm(..)) {
+            // No immediate data on this transport (`proto::transport`).
+            let what = "an RDMA WRITE with immediate data (Op::write_imm): this connection's device has no \
+                        immediate data (iWARP); post an Op::write, then an Op::send to notify the peer (RC keeps \
+                        their order)";
+            return Err(SubmitError::new(Error::Unsupported(what.into()), op));
+        }
         if let Some((max, limit)) = limit.filter(|(max, _)| len > *max) {
             return Err(SubmitError::new(Error::TooLarge { len, max, limit }, op));
         }
@@ -78,8 +88,20 @@ impl Core {
             Some(Ok(lkey)) => lkey,
             Some(Err(e)) => return Err(SubmitError::new(e, op)),
         };
+        // On iWARP a READ's sink takes a registration of its own with remote write
+        // (`OpEntry::sink`).
+        let sink = if self.devices[placed.device].caps.tail() {
+            match super::op::read_sink(&op, &self.devices[placed.device].pd) {
+                Ok(m) => m,
+                Err(e) => return Err(SubmitError::new(e, op)),
+            }
+        } else {
+            None
+        };
         let opcode = op.opcode();
-        let ot = self.ops.insert(OpEntry::new(t, op, lkey));
+        let mut entry = OpEntry::new(t, op, lkey);
+        entry.sink = sink;
+        let ot = self.ops.insert(entry);
         let c = self.conns.get_mut(t).expect("checked");
         if opcode == OpCode::Recv {
             c.rq.push(ot);
@@ -207,10 +229,11 @@ impl Core {
         let plan = c.sq.plan(&mut e.room, || ops.insert(OpEntry::control(t)));
         self.stats.cq_peak_reserved = self.stats.cq_peak_reserved.max(u64::from(e.room.reserved()));
         if !plan.wrs.is_empty() {
+            let mut tails = c.tails.as_mut();
             let wrs: SmallVec<[SendWr; 16]> = plan
                 .wrs
                 .iter()
-                .map(|w| send_wr(self.ops.get(w.op).expect("planned op"), w, placed.max_inline))
+                .map(|w| send_wr(self.ops.get(w.op).expect("planned op"), w, placed.max_inline, tails.as_deref_mut()))
                 .collect();
             #[cfg(feature = "fault-injection")]
             let wrs = {
@@ -297,14 +320,22 @@ impl Core {
     }
 }
 
-/// The work request of a planned send-queue operation.
-fn send_wr(op: &OpEntry, w: &Planned, max_inline: u32) -> SendWr {
+/// The work request of a planned send-queue operation; with `tails` (a transport without
+/// immediate data) a send carries its credits in a tail instead.
+fn send_wr(op: &OpEntry, w: &Planned, max_inline: u32, tails: Option<&mut TailRing>) -> SendWr {
     if op.bind.is_some() {
         return super::expose::bind_wr(op, w);
     }
     let (addr, len, lkey) = op.sge();
     let (raddr, rkey) = op.remote.map_or((0, 0), |r| (r.addr, r.rkey));
+    let tail = match tails {
+        Some(ring) if op.opcode == OpCode::Send => {
+            Some(ring.put(Tail(Imm::decode(w.imm.unwrap_or(Imm { grant: 0, control: op.control }.encode())))))
+        }
+        _ => None,
+    };
     let send_op = match (op.opcode, w.imm) {
+        (OpCode::Send, _) if tail.is_some() => SendOp::Send,
         (OpCode::Send, None) => SendOp::Send,
         (OpCode::Send, Some(imm)) => SendOp::SendImm(imm),
         (OpCode::Write, _) => SendOp::Write(raddr, rkey),
@@ -312,6 +343,7 @@ fn send_wr(op: &OpEntry, w: &Planned, max_inline: u32) -> SendWr {
         (OpCode::Read, _) => SendOp::Read(raddr, rkey),
         (OpCode::Recv, _) => unreachable!("receives are not on the send queue"),
     };
-    let inline = len > 0 && len <= max_inline && op.opcode != OpCode::Read;
-    SendWr { wr_id: w.op.token().as_u64(), op: send_op, addr, len, lkey, signaled: w.signaled, inline }
+    let total = len + if tail.is_some() { TAIL_LEN } else { 0 };
+    let inline = total > 0 && total <= max_inline && op.opcode != OpCode::Read;
+    SendWr { wr_id: w.op.token().as_u64(), op: send_op, addr, len, lkey, signaled: w.signaled, inline, tail }
 }

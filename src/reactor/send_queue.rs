@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use smallvec::SmallVec;
 
 use super::cq_room::CqRoom;
-use crate::proto::flow::Flow;
+use crate::proto::flow::{Flow, Imm};
 use crate::proto::token::OpKey;
 
 /// One send work request the plan says to post now.
@@ -61,6 +61,11 @@ pub(crate) struct SendQueue {
     signal_every: u32,
     /// Credit state, when both sides use flow control.
     flow: Option<Flow>,
+    /// Nothing may go yet: an iWARP agent waits for its client's first message
+    /// (`proto::transport`).
+    hold: bool,
+    /// A credit-only message goes first: an iWARP client speaks first.
+    hello: bool,
 }
 
 impl SendQueue {
@@ -74,6 +79,8 @@ impl SendQueue {
             capacity: 0,
             signal_every: signal_every.max(1),
             flow: None,
+            hold: false,
+            hello: false,
         }
     }
 
@@ -90,6 +97,22 @@ impl SendQueue {
     /// Turns flow control on with this credit state.
     pub(crate) fn set_flow(&mut self, flow: Option<Flow>) {
         self.flow = flow;
+    }
+
+    /// Holds every send back until [`SendQueue::release`] (an agent on iWARP before its
+    /// client's first message).
+    pub(crate) fn set_hold(&mut self, hold: bool) {
+        self.hold = hold;
+    }
+
+    /// The peer has spoken: what was held back may go. True when something was held.
+    pub(crate) fn release(&mut self) -> bool {
+        std::mem::replace(&mut self.hold, false)
+    }
+
+    /// Makes the next plan start with a credit-only message (a client on iWARP speaks first).
+    pub(crate) fn set_hello(&mut self, hello: bool) {
+        self.hello = hello;
     }
 
     /// The credit state, when flow control is on.
@@ -117,7 +140,7 @@ impl SendQueue {
     /// True when a plan could post something now or later: operations are pending or credits
     /// are owed.
     pub(crate) fn wants_post(&self) -> bool {
-        !self.pending.is_empty() || self.flow.as_ref().is_some_and(Flow::wants_control)
+        !self.hold && (!self.pending.is_empty() || self.hello || self.flow.as_ref().is_some_and(Flow::wants_control))
     }
 
     /// True when the next operation waits for the peer's credits (flow control on, it
@@ -130,10 +153,26 @@ impl SendQueue {
     /// Plans the chain to post now. Reserves CQ room and spends credits for every request in it;
     /// `new_control` makes the operation of a credit-only message when one is due. The caller
     /// posts the chain and reports with [`SendQueue::posted`].
-    pub(crate) fn plan(&mut self, room: &mut CqRoom, new_control: impl FnOnce() -> OpKey) -> Plan {
+    pub(crate) fn plan(&mut self, room: &mut CqRoom, mut new_control: impl FnMut() -> OpKey) -> Plan {
         let mut plan = Plan::default();
+        if self.hold {
+            return plan;
+        }
         let slots = self.capacity.saturating_sub(self.outstanding()) as usize;
-        while plan.wrs.len() < slots {
+        if self.hello && slots > 0 {
+            // The first message, before any data: credit-only (a grant of what is owed).
+            if room.reserve_send(1) == 1 {
+                self.hello = false;
+                let imm = match self.flow.as_mut() {
+                    Some(f) => f.send_control(),
+                    None => Imm { grant: 0, control: true },
+                };
+                plan.wrs.push(Planned { op: new_control(), imm: Some(imm.encode()), signaled: false });
+            } else {
+                plan.short_of_room = true;
+            }
+        }
+        while !self.hello && plan.wrs.len() < slots {
             let Some(&(op, consumes)) = self.pending.front() else { break };
             let flow = self.flow.as_mut().filter(|_| consumes);
             if flow.as_ref().is_some_and(|f| !f.can_send_data()) {
@@ -147,7 +186,7 @@ impl SendQueue {
             self.pending.pop_front();
             plan.wrs.push(Planned { op, imm, signaled: false });
         }
-        if plan.wrs.len() < slots {
+        if !self.hello && plan.wrs.len() < slots {
             if let Some(flow) = self.flow.as_mut().filter(|f| f.wants_control()) {
                 if room.reserve_send(1) == 1 {
                     let imm = Some(flow.send_control().encode());

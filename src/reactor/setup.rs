@@ -5,12 +5,13 @@ use std::net::SocketAddr;
 
 use super::{
     ConnEntry, ConnectOptions, ConnectRequest, ConnectionHandler, Core, Decision, Endpoint, ListenerEntry,
-    ListenerHandler, Placement, Role,
+    ListenerHandler, Placement, Role, TailRing,
 };
 use crate::error::{Error, Result};
 use crate::proto::conn::{Agent, Client, CloseReason, CmEventKind, Input, ListenerAction};
 use crate::proto::flow::{negotiate, MIN_DEPTH};
 use crate::proto::token::{ConnKey, Key, Kind, ListenerKey, Token};
+use crate::proto::transport::{normalize_reject_status, Caps};
 use crate::proto::wire::{ConnectInfo, RejectCode, RejectReason, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
 use crate::sys::cm::{CmEvent, CmId, ConnParam};
 use crate::sys::qp::{Qp, QpCaps};
@@ -74,6 +75,7 @@ impl Core {
             msg_count: opts.msg_count,
             recv_depth: 1,
             flow_control: false,
+            tail: false,
             user: opts.user_data,
         };
         local.encode(MAX_CONNECT_PRIVATE_DATA)?;
@@ -233,6 +235,20 @@ impl Core {
             Ok(info) => info,
             Err(e) => return refuse(self, child, RejectReason::new(RejectCode::BadConnectInfo, e.to_string())),
         };
+        let caps = child.device().map_or(Caps::infiniband(), |d| self.caps_of(d));
+        if let Some(i) = info.as_ref().filter(|i| i.tail != caps.tail()) {
+            // Tails frame every message on a transport without immediate data; a peer that
+            // disagrees would misread each one (`proto::transport`).
+            let text = if caps.tail() {
+                "this server's device has no immediate data (iWARP): its messages end in a tail, and the \
+                 connect information does not announce one (wire version 2)"
+                    .to_string()
+            } else {
+                format!("the connect information announces message tails, which {} does not use", caps.transport.name())
+            };
+            let _ = i;
+            return refuse(self, child, RejectReason::new(RejectCode::BadConnectInfo, text));
+        }
         if let Some(i) = &info {
             let max = self.max_msg();
             if i.msg_size as usize > max {
@@ -304,6 +320,9 @@ impl Core {
             }
         };
         let flow_offer = self.cfg.flow_control;
+        let c = self.conns.get_mut(t).expect("live");
+        let tail = c.placed.is_some_and(|p| p.tail);
+        // A tail lands in the slack after a full chunk (`Pool::new`): the whole chunk is payload.
         let msg_size = self.max_msg() as u32;
         let c = self.conns.get_mut(t).expect("live");
         let flow = negotiate(flow_offer, depth, c.infos.peer.as_ref());
@@ -312,8 +331,14 @@ impl Core {
             msg_count: 0,
             recv_depth: depth as u16,
             flow_control: flow.is_some(),
+            tail,
             user: Vec::new(),
         };
+        // The agent's sends wait for the client's first message (`proto::transport`); with
+        // no receives it cannot see one, and waits for nothing.
+        let first = c.placed.is_some_and(|p| self.devices[p.device].caps.client_sends_first());
+        let c = self.conns.get_mut(t).expect("live");
+        c.sq.set_hold(first && tail && depth > 0);
         c.sq.set_flow(flow);
         let bytes = local.encode(MAX_ACCEPT_PRIVATE_DATA).unwrap_or_default();
         c.infos.local = local;
@@ -344,16 +369,32 @@ impl Core {
         }
         let status = ev.status();
         let input = match kind {
-            CmEventKind::Rejected => Input::Rejected { status, reason: RejectReason::decode(&ev.private_data()) },
+            CmEventKind::Rejected => {
+                let reason = RejectReason::decode(&ev.private_data());
+                // iWARP reports a consumer's reject as a refused connection (`proto::transport`).
+                let transport = self.conns.get(t).and_then(|c| c.placed).map(|p| self.devices[p.device].caps.transport);
+                let status = transport.map_or(status, |tr| normalize_reject_status(tr, status, reason.is_some()));
+                Input::Rejected { status, reason }
+            }
             CmEventKind::Established => {
                 let c = self.conns.get_mut(t).expect("checked by caller");
                 if matches!(c.role, Role::Client(_)) {
                     match ConnectInfo::decode(&ev.private_data()) {
+                        Ok(info) if c.infos.local.tail && !info.as_ref().is_some_and(|i| i.tail) => {
+                            let _ = info;
+                            let why = "the server does not end its messages in tails, which this device (iWARP, no \
+                                       immediate data) needs: an older rdma-reactor, or another program";
+                            return self.feed(t, Input::SetupFailed(why.into()));
+                        }
                         Ok(info) => {
                             let local = &c.infos.local;
                             let flow = negotiate(local.flow_control, u32::from(local.recv_depth), info.as_ref());
                             let unguarded = flow.is_none() && c.srq_credit.is_some();
                             c.sq.set_flow(flow);
+                            // The initiator speaks first on iWARP: a credit-only message.
+                            let rule = c.placed.is_some_and(|p| self.devices[p.device].caps.client_sends_first());
+                            let first = rule && c.infos.local.tail && info.as_ref().is_some_and(|i| i.recv_depth > 0);
+                            c.sq.set_hello(first);
                             c.infos.peer = info;
                             if unguarded {
                                 // Our receives are the shared queue's: a server sending without
@@ -390,6 +431,8 @@ impl Core {
         };
         let flow_offer = self.cfg.flow_control;
         let c = self.conns.get_mut(t)?;
+        // Tails land in the receive buffers' slack (`Pool::new`): message sizes stay whole.
+        c.infos.local.tail = c.placed.is_some_and(|p| p.tail);
         c.infos.local.recv_depth = depth.min(u32::from(u16::MAX)) as u16;
         c.infos.local.flow_control = flow_offer && depth >= MIN_DEPTH;
         c.infos.sent = true;
@@ -449,6 +492,17 @@ impl Core {
             (dev, id.local_addr())
         };
         let d = self.device(dev.0, dev.1)?;
+        let c = self.conns.get(t).expect("checked above");
+        // Tails on a transport without immediate data, for a peer that speaks this crate's
+        // framing: a client that sends its connect information, an agent whose client sent
+        // one (a plain librdmacm peer gets raw messages, as on RoCE without flow control).
+        let tail = self.devices[d].caps.tail()
+            && match c.role {
+                Role::Client(_) => c.infos.raw_private_data.is_none(),
+                _ => c.infos.peer.is_some(),
+            };
+        let tails =
+            if tail { Some(TailRing::new(&self.devices[d].pool, self.cfg.send_depth, c.mem_owner)?) } else { None };
         // On the shared receive queue (`srq.rs`): the credit rule admits it or not; its
         // receive completions go to the SRQ's CQ, so it commits no receive room on its own.
         let srq = match self.cfg.srq {
@@ -496,6 +550,8 @@ impl Core {
             max_send_wr: self.cfg.send_depth,
             max_recv_wr: self.cfg.recv_depth,
             max_inline_data: self.cfg.max_inline,
+            // The payload and its tail.
+            max_send_sge: if tail { 2 } else { 1 },
         };
         let pd = self.devices[d].pd.clone();
         let e = self.cqs.get_mut(ct).expect("live");
@@ -529,7 +585,8 @@ impl Core {
                     self.devices[d].srq.as_mut().expect("checked above").qps.insert(qp_num, t);
                 }
                 c.ep = Endpoint::Qp(qp);
-                c.placed = Some(Placement { device: d, cq: ct, max_inline: granted.max_inline_data, recv_room });
+                c.tails = tails;
+                c.placed = Some(Placement { device: d, cq: ct, max_inline: granted.max_inline_data, recv_room, tail });
                 Ok(())
             }
             Err((id, err)) => {

@@ -77,6 +77,7 @@ use crate::proto::conn::{AsyncEventKind, CloseReason, Input};
 use crate::proto::flow::Imm;
 use crate::proto::op::{OpCode, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, GenSlab, Key, SrqKey, Token};
+use crate::proto::transport::unframe;
 use crate::sys::cq::WorkCompletion;
 use crate::sys::pool::{Buf, NO_OWNER};
 use crate::sys::qp::RecvWr;
@@ -314,7 +315,7 @@ impl Core {
             };
             let mut buf = buf;
             buf.lend_to_device(buf.capacity());
-            let (addr, len, lkey) = (buf.addr(), buf.capacity() as u32, buf.lkey());
+            let (addr, len, lkey) = (buf.addr(), buf.post_capacity() as u32, buf.lkey());
             let k = s.slots.insert(buf);
             wrs.push(RecvWr { wr_id: k.token().as_u64(), addr, len, lkey });
             owners.push(r.owner);
@@ -430,12 +431,35 @@ impl Core {
             let why = "the peer sent beyond its credit on the shared receive queue".to_string();
             return self.feed(t, Input::Fault(CloseReason::Protocol(why)));
         }
+        let mut buf = buf;
+        let mut byte_len = wc.byte_len;
+        // The credits and kind: in the immediate data, or in the message's tail on a
+        // transport without it (`proto::transport`).
+        let imm = if c.placed.is_some_and(|p| p.tail) {
+            match unframe(wc.byte_len, buf.tail_before(wc.byte_len as usize)) {
+                Ok(u) => {
+                    byte_len = u.len;
+                    u.imm
+                }
+                Err(why) => {
+                    let s = self.devices[d].srq.as_mut().expect("checked");
+                    s.repost.push(Repost { buf: Some(buf), owner: None });
+                    return self.feed(t, Input::Fault(CloseReason::Protocol(why)));
+                }
+            }
+        } else {
+            // A message without immediate data (a peer breaking the protocol) grants nothing.
+            wc.imm.map_or(Imm { grant: 0, control: false }, Imm::decode)
+        };
+        // An iWARP agent's sends wait for its client's first message: this one.
+        let released = c.sq.release();
         let mut control = false;
         if let Some(flow) = c.sq.flow_mut() {
-            // A message without immediate data (a peer breaking the protocol) grants nothing.
-            let imm = wc.imm.map_or(Imm { grant: 0, control: false }, Imm::decode);
             flow.on_receive(imm);
             control = imm.control;
+        }
+        if released {
+            self.mark_dirty(t);
         }
         let s = self.devices[d].srq.as_mut().expect("checked");
         if control {
@@ -445,16 +469,15 @@ impl Core {
             return self.after_completion(t);
         }
         s.repost.push(Repost { buf: None, owner: Some((t, false)) });
-        let mut buf = buf;
         // Exactly the bytes received (none for an RDMA WRITE with immediate data).
-        buf.received(if wc.remote_write { 0 } else { wc.byte_len as usize });
+        buf.received(if wc.remote_write { 0 } else { byte_len as usize });
         // The message is this connection's; the rest of the chunk is foreign to it.
         let n = buf.len();
         buf.set_owner(c_owner, n);
         let completion = Completion {
             user_data: Completion::SRQ_RECV,
             opcode: OpCode::Recv,
-            result: Ok(wc.byte_len),
+            result: Ok(byte_len),
             buf: Some(buf),
             remote_write: wc.remote_write,
             region: None,

@@ -10,6 +10,7 @@ use rdma_sys as ffi;
 
 use super::{c_str, cvt, cvt_nz, cvt_ptr, nonblock, set_nonblocking};
 use crate::proto::conn::AsyncEventKind;
+use crate::proto::transport::{Caps, Transport};
 
 /// A port's state (`enum ibv_port_state`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,7 +38,7 @@ pub enum PortState {
 pub enum LinkLayer {
     /// InfiniBand.
     InfiniBand,
-    /// Ethernet (RoCE, iWARP, Soft-RoCE).
+    /// Ethernet (RoCE, iWARP, Soft-RoCE, Soft-iWARP; [`DeviceInfo::transport`] tells which).
     Ethernet,
     /// A value this crate does not know.
     Unknown(u8),
@@ -97,6 +98,10 @@ pub struct DeviceInfo {
     pub max_qp_rd_atom: i32,
     /// Shared receive queues.
     pub max_srq: i32,
+    /// Memory windows it can allocate (0 on Soft-iWARP: exposures need another way).
+    pub max_mw: i32,
+    /// Its transport: InfiniBand's (IB and RoCE) or iWARP.
+    pub transport: Transport,
     /// Ports.
     pub ports: Vec<PortInfo>,
 }
@@ -214,6 +219,9 @@ fn query(dev: *mut ffi::ibv_device) -> io::Result<DeviceInfo> {
         max_pd: attr.max_pd,
         max_qp_rd_atom: attr.max_qp_rd_atom,
         max_srq: attr.max_srq,
+        max_mw: attr.max_mw,
+        // SAFETY: dev comes from a live device list.
+        transport: Transport::from_raw(unsafe { (*dev).transport_type }),
         ports,
     })
 }
@@ -234,6 +242,19 @@ impl DeviceRef {
 
     pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_context {
         self.0.as_ptr()
+    }
+
+    /// What the runtime adapts to on this device: its transport and memory windows
+    /// (`ibv_query_device` on the live context).
+    pub(crate) fn caps(&self) -> io::Result<Caps> {
+        let mut attr = MaybeUninit::<ffi::ibv_device_attr>::zeroed();
+        // SAFETY: the context is live (see DeviceRef); attr is a valid out-pointer.
+        cvt_nz(unsafe { ffi::ibv_query_device(self.0.as_ptr(), attr.as_mut_ptr()) })?;
+        // SAFETY: initialised by ibv_query_device.
+        let attr = unsafe { attr.assume_init() };
+        // SAFETY: the context is live, and its device with it.
+        let transport = Transport::from_raw(unsafe { (*(*self.0.as_ptr()).device).transport_type });
+        Ok(Caps { transport, max_mw: attr.max_mw.max(0) as u32 })
     }
 
     /// The device's identity in libibverbs' device list (its `ibv_device` address), kept as a

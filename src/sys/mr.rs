@@ -52,6 +52,12 @@ impl Mr {
         unsafe { self.raw.as_ref() }.lkey
     }
 
+    /// The remote key (meaningful for a region registered with remote rights).
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: self.raw is live.
+        unsafe { self.raw.as_ref() }.rkey
+    }
+
     pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_mr {
         self.raw.as_ptr()
     }

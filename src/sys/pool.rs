@@ -139,6 +139,8 @@ pub(crate) fn next_owner() -> u64 {
 /// One size class: clusters of equal chunks, with per-cluster free lists.
 struct Class {
     chunk_size: usize,
+    /// Bytes from one chunk's start to the next: the chunk and its slack (`Pool::new`).
+    stride: usize,
     per_cluster: usize,
     pd: Rc<Pd>,
     clusters: Vec<Option<Rc<Cluster>>>,
@@ -166,8 +168,12 @@ impl fmt::Debug for Pool {
 }
 
 impl Pool {
-    /// A pool on `pd`; registers one cluster of the smallest class now.
-    pub fn new(pd: &Rc<Pd>, cfg: &PoolConfig) -> Result<Pool> {
+    /// A pool on `pd`; registers one cluster of the smallest class now. Every chunk is
+    /// followed by at least `slack` bytes only the device writes (a message's tail after a
+    /// full chunk of payload on iWARP, `proto::transport`), never shown, sent or exposed;
+    /// rounded up to 64 so chunks stay cache-line aligned.
+    pub fn new(pd: &Rc<Pd>, cfg: &PoolConfig, slack: usize) -> Result<Pool> {
+        let slack = slack.div_ceil(64) * 64;
         let mut sizes = cfg.chunk_sizes.clone();
         sizes.sort_unstable();
         sizes.dedup();
@@ -180,6 +186,7 @@ impl Pool {
             .map(|&chunk_size| {
                 Rc::new(RefCell::new(Class {
                     chunk_size,
+                    stride: chunk_size + slack,
                     per_cluster: (cfg.cluster_bytes / chunk_size).max(1),
                     pd: pd.clone(),
                     clusters: Vec::new(),
@@ -223,7 +230,7 @@ impl Pool {
         let chunk = inner.free[slot].pop().expect("grow leaves free chunks");
         inner.in_use += 1;
         let cluster = inner.clusters[slot].clone().expect("a cluster with free chunks is present");
-        let cap = inner.chunk_size;
+        let (cap, stride) = (inner.chunk_size, inner.stride);
         drop(inner);
         let (dirty, left_by) = (cluster.dirty[chunk as usize].get() as usize, cluster.owner[chunk as usize].get());
         let marks = Marks::new(dirty, owner != NO_OWNER && left_by == owner);
@@ -234,6 +241,7 @@ impl Pool {
             chunk,
             len,
             cap,
+            stride,
             marks: Cell::new(marks),
             owner: Cell::new(owner),
             pool: Rc::as_ptr(&self.registered) as usize,
@@ -246,7 +254,7 @@ impl Pool {
         for (i, class) in self.classes.iter().enumerate() {
             let mut c = class.borrow_mut();
             let per = c.per_cluster;
-            let bytes = per * c.chunk_size;
+            let bytes = per * c.stride;
             let first = if i == 0 { 1 } else { 0 };
             for slot in first..c.clusters.len() {
                 if c.clusters[slot].is_some() && c.free[slot].len() == per {
@@ -267,7 +275,7 @@ impl Pool {
 impl Class {
     /// Registers one more cluster; returns its slot.
     fn grow(&mut self) -> Result<usize> {
-        let cluster_bytes = self.chunk_size * self.per_cluster;
+        let cluster_bytes = self.stride * self.per_cluster;
         if self.registered.get() + cluster_bytes > self.max_bytes.max(cluster_bytes) {
             return Err(Error::PoolExhausted { max_bytes: self.max_bytes });
         }
@@ -309,6 +317,8 @@ pub struct Buf {
     chunk: u32,
     len: usize,
     cap: usize,
+    /// The chunk and its slack (`Pool::new`).
+    stride: usize,
     /// Which bytes are this owner's (a `Cell`: the shared view zeroes lazily too).
     marks: Cell<Marks>,
     /// The connection whose buffer this is (module docs), or [`NO_OWNER`].
@@ -379,7 +389,7 @@ impl fmt::Debug for Buf {
 impl Buf {
     fn base(&self) -> *mut u8 {
         // SAFETY: chunk < chunks_per_cluster, so the offset stays inside the allocation.
-        unsafe { self.cluster.mem.ptr.as_ptr().add(self.chunk as usize * self.cap) }
+        unsafe { self.cluster.mem.ptr.as_ptr().add(self.chunk as usize * self.stride) }
     }
 
     /// Bytes of data (what a send sends; what a receive received).
@@ -469,6 +479,24 @@ impl Buf {
         self.base() as u64
     }
 
+    /// Bytes a receive posted on it may take: the capacity and the slack after it (a
+    /// message's tail on iWARP).
+    pub(crate) fn post_capacity(&self) -> usize {
+        self.stride
+    }
+
+    /// The 4 bytes before offset `n` of a receive that got `n` bytes: a message's tail, which
+    /// may lie in the slack past the capacity. `None` when `n` is under 4 or past the slack.
+    pub(crate) fn tail_before(&self, n: usize) -> Option<[u8; 4]> {
+        let at = n.checked_sub(4).filter(|_| n <= self.stride)?;
+        let mut tail = [0u8; 4];
+        // SAFETY: at + 4 <= stride: inside this chunk's stride, which this Buf owns; the device
+        // wrote these bytes for the receive whose completion was reaped, and nothing else
+        // writes them while the caller holds the Buf.
+        unsafe { std::ptr::copy_nonoverlapping(self.base().add(at), tail.as_mut_ptr(), 4) };
+        Some(tail)
+    }
+
     pub(crate) fn lkey(&self) -> u32 {
         self.cluster.mr.lkey()
     }
@@ -552,13 +580,38 @@ pub(crate) struct Window {
     // deregistered before the parked chunk goes back to the pool.
     binding: RefCell<Option<Binding>>,
     parked: RefCell<Option<Buf>>,
-    bind: Bind,
+    /// `None` for an exposure by registration ([`Exposure::Registration`]): nothing to bind.
+    bind: Option<Bind>,
+}
+
+/// How memory is exposed to one connection's peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Exposure {
+    /// A type-2 memory window bound to the connection's queue pair: its key works on that
+    /// queue pair only.
+    Window,
+    /// A memory region of its own with the remote rights, for a device without memory
+    /// windows (iWARP), opted into with `Config::exposure_registration`: its key works from
+    /// any queue pair on the device's protection domain, so any connection of the reactor on
+    /// that device could use it while it lives.
+    Registration,
+}
+
+fn remote_rights(access: RemoteAccess) -> Access {
+    let mut rights = Access::empty();
+    if access.contains(RemoteAccess::READ) {
+        rights |= Access::REMOTE_READ;
+    }
+    if access.contains(RemoteAccess::WRITE) {
+        rights |= Access::REMOTE_WRITE;
+    }
+    rights
 }
 
 /// A memory window and the memory region under it. Field order is drop order: rdma-core
 /// refuses to deregister a region with a window bound to it.
 struct Binding {
-    _mw: Mw,
+    _mw: Option<Mw>,
     _mem: Under,
 }
 
@@ -570,12 +623,16 @@ enum Under {
     /// An application region, which owns the MR (and keeps it, and the memory, while this
     /// handle lives).
     Region(Region),
+    /// A region of its own with remote rights ([`Exposure::Registration`]), over a pool
+    /// chunk's exposed bytes or (then the application region too, after it: deregistered
+    /// first) a slice of an application region.
+    Registered(Mr, Option<Region>),
 }
 
 impl Window {
     /// The bind work request, while the memory window exists.
     pub(crate) fn bind(&self) -> Option<Bind> {
-        self.binding.borrow().as_ref().map(|_| self.bind)
+        self.binding.borrow().as_ref().and(self.bind)
     }
 
     /// Deallocates the memory window and deregisters its region: peers lose access at once.
@@ -661,7 +718,7 @@ impl Exposed {
     /// earlier owner may have left, registers a region over exactly those bytes and allocates
     /// the memory window. The reactor posts the returned window's bind on the connection's
     /// send queue.
-    pub(crate) fn new(buf: Buf, access: RemoteAccess) -> Result<(Exposed, Rc<Window>)> {
+    pub(crate) fn new(buf: Buf, access: RemoteAccess, how: Exposure) -> Result<(Exposed, Rc<Window>)> {
         if access.is_empty() {
             return Err(Error::Config("exposing memory needs READ, WRITE or both".into()));
         }
@@ -670,6 +727,15 @@ impl Exposed {
         }
         buf.show();
         let pd = buf.class.borrow().pd.clone();
+        if how == Exposure::Registration {
+            // SAFETY: as below; the region is released with the window.
+            let mr = unsafe { Mr::register(&pd, buf.base(), buf.len, Access::LOCAL_WRITE | remote_rights(access)) }
+                .map_err(|e| super::reg_error(buf.len, format!("exposing {} bytes ({access:?})", buf.len), e))?;
+            let remote = RemoteSlice { addr: buf.addr(), len: buf.len as u32, rkey: mr.rkey() };
+            let binding = Binding { _mw: None, _mem: Under::Registered(mr, None) };
+            let win = Rc::new(Window { binding: RefCell::new(Some(binding)), parked: RefCell::new(None), bind: None });
+            return Ok((Exposed { buf: Some(buf), win: win.clone(), remote, access }, win));
+        }
         // SAFETY: the chunk stays allocated while the region lives: the region is released
         // (with the window, before it) by `Window::release` or the window's drop, and the chunk
         // is held until then by the `Exposed` or, once that is dropped, by the window itself.
@@ -677,19 +743,14 @@ impl Exposed {
             .map_err(|e| super::reg_error(buf.len, format!("exposing {} bytes ({access:?})", buf.len), e))?;
         let mw =
             Mw::alloc(&pd).map_err(|e| Error::verb("ibv_alloc_mw", "a type-2 memory window to expose memory", e))?;
-        let mut rights = Access::empty();
-        if access.contains(RemoteAccess::READ) {
-            rights |= Access::REMOTE_READ;
-        }
-        if access.contains(RemoteAccess::WRITE) {
-            rights |= Access::REMOTE_WRITE;
-        }
+        let rights = remote_rights(access);
         let rkey = next_rkey(mw.rkey());
         let bind =
             Bind { mw: mw.as_ptr(), rkey, mr: mr.as_ptr(), addr: buf.addr(), len: buf.len as u64, access: rights };
         let remote = RemoteSlice { addr: buf.addr(), len: buf.len as u32, rkey };
-        let binding = Binding { _mw: mw, _mem: Under::Chunk(mr) };
-        let win = Rc::new(Window { binding: RefCell::new(Some(binding)), parked: RefCell::new(None), bind });
+        let binding = Binding { _mw: Some(mw), _mem: Under::Chunk(mr) };
+        let win =
+            Rc::new(Window { binding: RefCell::new(Some(binding)), parked: RefCell::new(None), bind: Some(bind) });
         Ok((Exposed { buf: Some(buf), win: win.clone(), remote, access }, win))
     }
 
@@ -809,26 +870,39 @@ impl RegionWindow {
     /// A window over `slice` with `access`, not yet bound, on `pd`: the MR under it is the
     /// region's over exactly the slice (made now if needed; module docs of `region.rs` on why
     /// exactly). The reactor posts the returned window's bind on the connection's send queue.
-    pub(crate) fn new(slice: &RegionSlice, pd: &Rc<Pd>, access: RemoteAccess) -> Result<(RegionWindow, Rc<Window>)> {
+    pub(crate) fn new(
+        slice: &RegionSlice,
+        pd: &Rc<Pd>,
+        access: RemoteAccess,
+        how: Exposure,
+    ) -> Result<(RegionWindow, Rc<Window>)> {
         if access.is_empty() {
             return Err(Error::Config("exposing memory needs READ, WRITE or both".into()));
+        }
+        if how == Exposure::Registration {
+            let (addr, len) = (slice.addr(), slice.len());
+            // SAFETY: the slice lies in the region's memory, which never moves and is freed
+            // only after this registration: the binding holds the region after the MR.
+            let mr = unsafe { Mr::register(pd, addr as *mut u8, len, Access::LOCAL_WRITE | remote_rights(access)) }
+                .map_err(|e| {
+                    super::reg_error(len, format!("exposing a region slice of {len} bytes ({access:?})"), e)
+                })?;
+            let remote = RemoteSlice { addr, len: len as u32, rkey: mr.rkey() };
+            let binding = Binding { _mw: None, _mem: Under::Registered(mr, Some(slice.region().clone())) };
+            let win = Rc::new(Window { binding: RefCell::new(Some(binding)), parked: RefCell::new(None), bind: None });
+            return Ok((RegionWindow { win: win.clone(), remote, access }, win));
         }
         let (_, mr) = slice.region().registration(pd, slice.range())?;
         let mw =
             Mw::alloc(pd).map_err(|e| Error::verb("ibv_alloc_mw", "a type-2 memory window to expose a region", e))?;
-        let mut rights = Access::empty();
-        if access.contains(RemoteAccess::READ) {
-            rights |= Access::REMOTE_READ;
-        }
-        if access.contains(RemoteAccess::WRITE) {
-            rights |= Access::REMOTE_WRITE;
-        }
+        let rights = remote_rights(access);
         let rkey = next_rkey(mw.rkey());
         let (addr, len) = (slice.addr(), slice.len() as u64);
         let bind = Bind { mw: mw.as_ptr(), rkey, mr, addr, len, access: rights };
         let remote = RemoteSlice { addr, len: len as u32, rkey };
-        let binding = Binding { _mw: mw, _mem: Under::Region(slice.region().clone()) };
-        let win = Rc::new(Window { binding: RefCell::new(Some(binding)), parked: RefCell::new(None), bind });
+        let binding = Binding { _mw: Some(mw), _mem: Under::Region(slice.region().clone()) };
+        let win =
+            Rc::new(Window { binding: RefCell::new(Some(binding)), parked: RefCell::new(None), bind: Some(bind) });
         Ok((RegionWindow { win: win.clone(), remote, access }, win))
     }
 

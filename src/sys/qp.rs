@@ -14,6 +14,7 @@ use super::mr::Access;
 use super::pd::Pd;
 use super::srq::Srq;
 use super::{cvt, cvt_nz};
+use crate::proto::transport::TAIL_LEN;
 
 /// Capacities of a queue pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,6 +25,8 @@ pub struct QpCaps {
     pub max_recv_wr: u32,
     /// Largest inline send.
     pub max_inline_data: u32,
+    /// Scatter entries per send work request (2 for a payload and its tail on iWARP).
+    pub max_send_sge: u32,
 }
 
 /// The operation of a send-queue work request.
@@ -77,6 +80,9 @@ pub struct SendWr {
     pub signaled: bool,
     /// Copy the payload into the work request.
     pub inline: bool,
+    /// A second scatter entry after the payload, `(addr, lkey)` of 4 bytes: the message's tail
+    /// on a transport without immediate data.
+    pub tail: Option<(u64, u32)>,
 }
 
 /// One receive work request to post.
@@ -137,7 +143,7 @@ impl Qp {
             cap: ffi::ibv_qp_cap {
                 max_send_wr: want.max_send_wr,
                 max_recv_wr,
-                max_send_sge: 1,
+                max_send_sge: want.max_send_sge.max(1),
                 max_recv_sge: 1,
                 max_inline_data: want.max_inline_data,
             },
@@ -153,6 +159,7 @@ impl Qp {
             max_send_wr: attr.cap.max_send_wr,
             max_recv_wr: if srq.is_some() { 0 } else { attr.cap.max_recv_wr },
             max_inline_data: attr.cap.max_inline_data,
+            max_send_sge: attr.cap.max_send_sge,
         };
         Ok(Qp { id, _send_cq: send_cq.clone(), _recv_cq: recv_cq.clone(), _srq: srq.cloned(), _pd: pd.clone(), caps })
     }
@@ -198,15 +205,26 @@ impl Qp {
         if wrs.is_empty() {
             return Ok(());
         }
-        let mut sges: SmallVec<[ffi::ibv_sge; 16]> =
-            wrs.iter().map(|w| ffi::ibv_sge { addr: w.addr, length: w.len, lkey: w.lkey }).collect();
+        // Two entries per request: the payload's, and its tail's (used when it has one).
+        let mut sges: SmallVec<[ffi::ibv_sge; 32]> = wrs
+            .iter()
+            .flat_map(|w| {
+                let (taddr, tkey) = w.tail.unwrap_or((0, 0));
+                [
+                    ffi::ibv_sge { addr: w.addr, length: w.len, lkey: w.lkey },
+                    ffi::ibv_sge { addr: taddr, length: TAIL_LEN, lkey: tkey },
+                ]
+            })
+            .collect();
         // SAFETY: ibv_send_wr is plain old data (integers, pointers, unions thereof); zero is a
         // valid value for every field.
         let mut chain: SmallVec<[ffi::ibv_send_wr; 16]> = wrs.iter().map(|_| unsafe { std::mem::zeroed() }).collect();
-        for ((w, raw), sge) in wrs.iter().zip(chain.iter_mut()).zip(sges.iter_mut()) {
+        for ((w, raw), pair) in wrs.iter().zip(chain.iter_mut()).zip(sges.chunks_exact_mut(2)) {
             raw.wr_id = w.wr_id;
-            raw.sg_list = sge;
-            raw.num_sge = if w.len == 0 { 0 } else { 1 };
+            let payload = w.len > 0;
+            raw.num_sge = i32::from(payload) + i32::from(w.tail.is_some());
+            // The payload's entry, or the tail's alone for an empty payload.
+            raw.sg_list = if payload { &mut pair[0] } else { &mut pair[1] };
             let (opcode, imm, remote) = match w.op {
                 SendOp::Send => (ffi::ibv_wr_opcode::IBV_WR_SEND, None, None),
                 SendOp::SendImm(imm) => (ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, Some(imm), None),

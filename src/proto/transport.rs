@@ -1,0 +1,225 @@
+//! What differs between RDMA transports, as data: the one place that knows.
+//!
+//! Two transports run this crate's connections: InfiniBand's, which RoCE carries over
+//! Ethernet (rxe, and every RoCE NIC), and iWARP, RDMA over TCP (siw, Chelsio, Intel E810 in
+//! iWARP mode). The runtime asks each device which it is once, when it first uses the device
+//! ([`Transport`], from `ibv_device::transport_type`), and keeps the answer as [`Caps`]; every
+//! difference below is decided here from `Caps`, not by `if iwarp` where it matters.
+//!
+//! What iWARP lacks, and what the runtime does instead:
+//! - **No immediate data** (siw refuses SEND and WRITE with immediate). Credits, which ride in
+//!   the immediate on RoCE, ride in a 4-byte **tail** after every message's payload
+//!   ([`Tail`]): the sender adds it as a second scatter entry from a small registered ring of
+//!   its own, the receiver reads it from the last 4 bytes received and delivers the rest. A
+//!   credit-only message is a tail alone. Both sides announce the tail in their connect
+//!   information (wire version 2, [`FLAG_TAIL`](super::wire::FLAG_TAIL)), so a peer that does
+//!   not frame this way is refused at connect time, never misread. An RDMA WRITE with
+//!   immediate data is refused on such a device (`Op::write_imm`): a WRITE followed by a SEND
+//!   is the application's to post, in that order (RC keeps it).
+//! - **No memory windows** (`max_mw` 0): exposures are refused unless the application opts
+//!   in to a registration per exposure (`Config::exposure_registration`), whose key any queue
+//!   pair on the device's protection domain could use.
+//! - **The initiator sends first** (MPA, RFC 5044 section 7.1.2): a client's first message is
+//!   a credit-only one the runtime sends on its own ([`Caps::client_sends_first`]), and an
+//!   agent posts nothing before its first receive completes.
+//! - **A refused connect reports `-ECONNREFUSED`**, not the IB CM's reject status 28; the
+//!   reason in the private data reads the same ([`normalize_reject_status`]).
+
+use super::flow::{Imm, MAX_GRANT};
+
+/// The transport of a device (`enum ibv_transport_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Transport {
+    /// InfiniBand's transport: InfiniBand, and RoCE (Soft-RoCE `rxe`, RoCE NICs).
+    InfiniBand,
+    /// iWARP: RDMA over TCP (Soft-iWARP `siw`, Chelsio, Intel E810 in iWARP mode).
+    Iwarp,
+    /// A value this crate does not know (treated as InfiniBand's).
+    Unknown(i32),
+}
+
+impl Transport {
+    /// From `ibv_device::transport_type` (`IBV_TRANSPORT_IB` 0, `IBV_TRANSPORT_IWARP` 1).
+    pub fn from_raw(v: i32) -> Transport {
+        match v {
+            0 => Transport::InfiniBand,
+            1 => Transport::Iwarp,
+            other => Transport::Unknown(other),
+        }
+    }
+
+    /// A short name: `ib`, `iwarp`, `unknown`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::InfiniBand => "ib",
+            Transport::Iwarp => "iwarp",
+            Transport::Unknown(_) => "unknown",
+        }
+    }
+}
+
+/// What the runtime adapts to on one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caps {
+    /// The device's transport.
+    pub transport: Transport,
+    /// Memory windows the device can allocate (`ibv_device_attr::max_mw`).
+    pub max_mw: u32,
+}
+
+impl Caps {
+    /// Caps of a device with immediate data and memory windows (what the tests assume).
+    pub fn infiniband() -> Caps {
+        Caps { transport: Transport::InfiniBand, max_mw: u32::MAX }
+    }
+
+    /// Messages carry their credits in a [`Tail`] instead of immediate data.
+    pub fn tail(&self) -> bool {
+        self.transport == Transport::Iwarp
+    }
+
+    /// The device can expose memory through type-2 memory windows.
+    pub fn windows(&self) -> bool {
+        self.max_mw > 0
+    }
+
+    /// The client must send the first message after the connection is established.
+    pub fn client_sends_first(&self) -> bool {
+        self.transport == Transport::Iwarp
+    }
+
+    /// Bytes every message carries besides its payload.
+    pub fn overhead(&self) -> u32 {
+        if self.tail() {
+            TAIL_LEN
+        } else {
+            0
+        }
+    }
+}
+
+/// Length of a [`Tail`] on the wire.
+pub const TAIL_LEN: u32 = 4;
+
+/// The 4 bytes after a message's payload on a transport without immediate data: the same 32
+/// bits the immediate carries on RoCE ([`Imm`]: bit 31 credit-only, bits 0..=15 the grant,
+/// the rest reserved and zero), in network byte order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tail(pub Imm);
+
+impl Tail {
+    /// The bytes on the wire.
+    pub fn encode(self) -> [u8; 4] {
+        self.0.encode().to_be_bytes()
+    }
+
+    /// From the bytes on the wire.
+    pub fn decode(b: [u8; 4]) -> Tail {
+        Tail(Imm::decode(u32::from_be_bytes(b)))
+    }
+}
+
+/// A received message on a transport with tails, taken apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unframed {
+    /// The payload's length (what the application is given).
+    pub len: u32,
+    /// The credits and kind the tail carried.
+    pub imm: Imm,
+}
+
+/// Takes apart a message of `byte_len` bytes whose last 4 are `tail` (read by the caller from
+/// the receive buffer when `byte_len >= 4`). A message shorter than a tail, a credit-only
+/// message with a payload, or reserved bits set is the peer breaking the protocol: the error
+/// names what was wrong.
+pub fn unframe(byte_len: u32, tail: Option<[u8; 4]>) -> Result<Unframed, String> {
+    let Some(tail) = tail.filter(|_| byte_len >= TAIL_LEN) else {
+        return Err(format!("a message of {byte_len} bytes has no {TAIL_LEN}-byte tail (iWARP framing)"));
+    };
+    let raw = u32::from_be_bytes(tail);
+    let reserved = raw & !(MAX_GRANT | 1 << 31);
+    if reserved != 0 {
+        return Err(format!("a message's tail has reserved bits set ({raw:#010x})"));
+    }
+    let imm = Tail::decode(tail).0;
+    let len = byte_len - TAIL_LEN;
+    if imm.control && len != 0 {
+        return Err(format!("a credit-only message carries {len} bytes of payload"));
+    }
+    Ok(Unframed { len, imm })
+}
+
+/// The reject status a client reports, the same on both transports: iWARP reports a
+/// consumer's reject as `-ECONNREFUSED` (-111), as it does a port where nothing listens
+/// (the TCP connection is refused); with the runtime's reject reason in the private data it
+/// was a consumer's reject, which InfiniBand's CM reports as 28. Other statuses pass.
+pub fn normalize_reject_status(transport: Transport, status: i32, has_reason: bool) -> i32 {
+    const ECONNREFUSED: i32 = 111;
+    const IB_CM_REJ_CONSUMER_DEFINED: i32 = 28;
+    if transport == Transport::Iwarp && status == -ECONNREFUSED && has_reason {
+        IB_CM_REJ_CONSUMER_DEFINED
+    } else {
+        status
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transport_from_raw() {
+        assert_eq!(Transport::from_raw(0), Transport::InfiniBand);
+        assert_eq!(Transport::from_raw(1), Transport::Iwarp);
+        assert_eq!(Transport::from_raw(4), Transport::Unknown(4));
+        assert_eq!(Transport::from_raw(-1).name(), "unknown");
+    }
+
+    #[test]
+    fn caps_decide_each_difference() {
+        let ib = Caps::infiniband();
+        assert!(ib.windows() && !ib.tail() && !ib.client_sends_first());
+        assert_eq!(ib.overhead(), 0);
+        let siw = Caps { transport: Transport::Iwarp, max_mw: 0 };
+        assert!(!siw.windows() && siw.tail() && siw.client_sends_first());
+        assert_eq!(siw.overhead(), 4);
+    }
+
+    #[test]
+    fn a_tail_is_the_immediate_in_network_order() {
+        let t = Tail(Imm { grant: 0x1234, control: true });
+        assert_eq!(t.encode(), [0x80, 0x00, 0x12, 0x34]);
+        assert_eq!(Tail::decode(t.encode()), t);
+        let data = Tail(Imm { grant: 7, control: false });
+        assert_eq!(Tail::decode(data.encode()), data);
+    }
+
+    #[test]
+    fn unframe_splits_payload_and_tail() {
+        let t = Tail(Imm { grant: 3, control: false }).encode();
+        assert_eq!(unframe(104, Some(t)), Ok(Unframed { len: 100, imm: Imm { grant: 3, control: false } }));
+        assert_eq!(unframe(4, Some(t)).unwrap().len, 0);
+        let c = Tail(Imm { grant: 9, control: true }).encode();
+        assert_eq!(unframe(4, Some(c)), Ok(Unframed { len: 0, imm: Imm { grant: 9, control: true } }));
+    }
+
+    #[test]
+    fn unframe_refuses_what_breaks_the_framing() {
+        let t = Tail(Imm { grant: 1, control: false }).encode();
+        assert!(unframe(3, Some(t)).unwrap_err().contains("no 4-byte tail"));
+        assert!(unframe(0, None).is_err());
+        assert!(unframe(8, Some([0x40, 0, 0, 1])).unwrap_err().contains("reserved"));
+        let c = Tail(Imm { grant: 0, control: true }).encode();
+        assert!(unframe(5, Some(c)).unwrap_err().contains("credit-only"));
+    }
+
+    #[test]
+    fn iwarp_refusals_read_as_consumer_rejects_only_with_a_reason() {
+        assert_eq!(normalize_reject_status(Transport::Iwarp, -111, true), 28);
+        assert_eq!(normalize_reject_status(Transport::Iwarp, -111, false), -111);
+        assert_eq!(normalize_reject_status(Transport::InfiniBand, 28, true), 28);
+        assert_eq!(normalize_reject_status(Transport::InfiniBand, -111, true), -111);
+        assert_eq!(normalize_reject_status(Transport::Iwarp, 8, true), 8);
+    }
+}

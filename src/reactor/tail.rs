@@ -1,0 +1,47 @@
+//! The tails a connection's sends end with on a transport without immediate data (iWARP;
+//! the format is `proto::transport`'s [`Tail`]).
+//!
+//! A tail is the second scatter entry of a send's work request, so it must sit in registered
+//! memory until the device has read it: a ring of 4-byte slots in one pool chunk of the
+//! connection's own. Slot `i` is written again only after `slots` later sends were posted;
+//! the ring has more slots than the queue pair has send work requests, and an RC queue pair
+//! completes its sends in order, so by then the send that used slot `i` has completed (or
+//! the queue pair has failed, and reads nothing any more).
+
+use crate::error::Result;
+use crate::proto::transport::{Tail, TAIL_LEN};
+use crate::sys::pool::{Buf, Pool};
+
+/// One connection's ring of tails.
+#[derive(Debug)]
+pub(super) struct TailRing {
+    buf: Buf,
+    slots: u32,
+    next: u32,
+}
+
+impl TailRing {
+    /// A ring with more slots than `send_wrs` (the queue pair's send work requests), from
+    /// `pool`, for connection `owner`.
+    pub(super) fn new(pool: &Pool, send_wrs: u32, owner: u64) -> Result<TailRing> {
+        let want = (send_wrs as usize + 1) * TAIL_LEN as usize;
+        let mut buf = pool.alloc(want, owner)?;
+        let cap = buf.capacity();
+        buf.set_len(cap)?;
+        // Zeroes what an earlier owner left, once.
+        buf.as_mut_slice();
+        let slots = (cap / TAIL_LEN as usize) as u32;
+        debug_assert!(slots > send_wrs);
+        Ok(TailRing { buf, slots, next: 0 })
+    }
+
+    /// Writes `tail` into the next slot; returns the slot's address and local key, for the
+    /// send's second scatter entry.
+    pub(super) fn put(&mut self, tail: Tail) -> (u64, u32) {
+        let i = self.next as usize;
+        self.next = (self.next + 1) % self.slots;
+        let at = i * TAIL_LEN as usize;
+        self.buf.as_mut_slice()[at..at + TAIL_LEN as usize].copy_from_slice(&tail.encode());
+        (self.buf.addr() + at as u64, self.buf.lkey())
+    }
+}
