@@ -290,6 +290,9 @@ impl ConnectionHandler for Reader {
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn read_returns_exact_bytes_and_bad_keys_fail_alone() {
+    if not_on_iwarp("read_returns_exact_bytes_and_bad_keys_fail_alone", "exposes memory through type-2 memory windows, confined to one connection, which siw lacks (max_mw 0); the registration fallback (Config::exposure_registration) is tested by memory::write_imm_and_exposures_follow_the_transport and kv_e2e") {
+        return;
+    }
     let mut reactor = Reactor::new().expect("reactor");
     let server = addr();
     reactor.listen(server, Exposer).expect("listen");
@@ -517,6 +520,9 @@ impl ConnectionHandler for WinClient {
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn an_exposed_window_is_only_its_owners_bytes_and_only_for_its_connection() {
+    if not_on_iwarp("an_exposed_window_is_only_its_owners_bytes_and_only_for_its_connection", "exposes memory through type-2 memory windows, confined to one connection, which siw lacks (max_mw 0); the registration fallback (Config::exposure_registration) is tested by memory::write_imm_and_exposures_follow_the_transport and kv_e2e") {
+        return;
+    }
     // rdma_restrack records the thread that created an object.
     let pid = owner_id();
     let baseline = res_counts(pid);
@@ -663,6 +669,9 @@ fn an_exposed_window_is_only_its_owners_bytes_and_only_for_its_connection() {
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn a_stale_rkey_reaches_nothing() {
+    if not_on_iwarp("a_stale_rkey_reaches_nothing", "exposes memory through type-2 memory windows, confined to one connection, which siw lacks (max_mw 0); the registration fallback (Config::exposure_registration) is tested by memory::write_imm_and_exposures_follow_the_transport and kv_e2e") {
+        return;
+    }
     struct Dropper {
         exposed: Option<Exposed>,
     }

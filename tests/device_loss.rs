@@ -31,40 +31,55 @@ fn run(cmd: &str, args: &[&str]) -> bool {
     Command::new(cmd).args(args).status().is_ok_and(|s| s.success())
 }
 
-/// Adds a second device, rxe1 on dummy netdev d1; adds rxe0 back and removes rxe1 when
-/// dropped, so a failure here leaves the VM as the next test expects it.
+/// The device the tests remove (`$RDMA_DEV`: rxe0, or siw0 on Soft-iWARP) and its netdev.
+fn dev() -> String {
+    std::env::var("RDMA_DEV").unwrap_or_else(|_| "rxe0".into())
+}
+
+fn netdev() -> String {
+    std::env::var("RDMA_NETDEV").unwrap_or_else(|_| "d0".into())
+}
+
+/// The second device [`Restore`] adds: of the same kind, on dummy d2 (198.18.2.1).
+fn second() -> String {
+    format!("{}1", transport())
+}
+
+/// Adds a second device, rxe1 (siw1) on dummy netdev d2; adds the first back and removes the
+/// second when dropped, so a failure here leaves the VM as the next test expects it.
 struct Restore;
 
 impl Restore {
     fn new() -> Restore {
         let shown = Command::new("rdma").args(["link", "show"]).output().map(|o| o.stdout).unwrap_or_default();
-        if String::from_utf8_lossy(&shown).contains("rxe1") {
+        if String::from_utf8_lossy(&shown).contains(&second()) {
             // Left by an earlier test of this process (removed once the process exits).
             return Restore;
         }
-        assert!(run("ip", &["link", "add", "d1", "type", "dummy"]), "ip link add d1");
-        assert!(run("ip", &["addr", "add", "198.18.1.1/24", "dev", "d1"]), "ip addr add");
-        assert!(run("ip", &["link", "set", "d1", "up"]), "ip link set d1 up");
-        assert!(run("rdma", &["link", "add", "rxe1", "type", "rxe", "netdev", "d1"]), "rdma link add rxe1");
+        assert!(run("ip", &["link", "add", "d2", "type", "dummy"]), "ip link add d2");
+        assert!(run("ip", &["addr", "add", "198.18.2.1/24", "dev", "d2"]), "ip addr add");
+        assert!(run("ip", &["link", "set", "d2", "up"]), "ip link set d2 up");
+        assert!(run("rdma", &["link", "add", &second(), "type", transport(), "netdev", "d2"]), "rdma link add");
         Restore
     }
 
     fn add() {
-        assert!(run("rdma", &["link", "add", "rxe0", "type", "rxe", "netdev", "d0"]), "rdma link add rxe0");
+        assert!(run("rdma", &["link", "add", &dev(), "type", transport(), "netdev", &netdev()]), "rdma link add");
     }
 }
 
 impl Drop for Restore {
     fn drop(&mut self) {
         let shown = Command::new("rdma").args(["link", "show"]).output().map(|o| o.stdout).unwrap_or_default();
-        if !String::from_utf8_lossy(&shown).contains("rxe0") {
-            run("rdma", &["link", "add", "rxe0", "type", "rxe", "netdev", "d0"]);
+        if !String::from_utf8_lossy(&shown).contains(&dev()) {
+            run("rdma", &["link", "add", &dev(), "type", transport(), "netdev", &netdev()]);
         }
         // librdmacm opened rxe1's context too (it opens every device it lists) and keeps it
         // while the process lives: delete rxe1 from a process that waits for this one.
         let script = format!(
-            "while kill -0 {} 2>/dev/null; do sleep 0.1; done; rdma link delete rxe1; ip link delete d1",
-            std::process::id()
+            "while kill -0 {} 2>/dev/null; do sleep 0.1; done; rdma link delete {}; ip link delete d2",
+            std::process::id(),
+            second()
         );
         // Its output goes nowhere: it outlives this process, and holding a pipe of a parent's
         // (the two-reactor test runs in a child) would keep that parent waiting for it.
@@ -152,7 +167,7 @@ fn device_removal_closes_releases_and_comes_back() {
         // Delete the device while traffic runs. Without disassociation the kernel waits for
         // every user of the device to let go of it: the delete finishing is the proof that the
         // reactors released everything on it.
-        let mut delete = Proc::spawn("rdma link delete rxe0", "rdma", &["link", "delete", "rxe0"]);
+        let mut delete = Proc::spawn("rdma link delete", "rdma", &["link", "delete", &dev()]);
         let mut deleted = None;
         pump(&mut [&mut srv, &mut cli], LIMIT, "device removal handled", || {
             if deleted.is_none() {
@@ -208,7 +223,7 @@ fn port_down_and_up_reach_the_listener() {
     struct Up;
     impl Drop for Up {
         fn drop(&mut self) {
-            run("ip", &["link", "set", "d0", "up"]);
+            run("ip", &["link", "set", &netdev(), "up"]);
             let _ = std::panic::catch_unwind(|| wait_active(Duration::from_secs(30)));
         }
     }
@@ -220,7 +235,7 @@ fn port_down_and_up_reach_the_listener() {
         assert!(busy.borrow().echoed >= 20, "{:?}", busy.borrow());
         let before = r.stats().async_events;
         let up = Up;
-        assert!(run("ip", &["link", "set", "d0", "down"]), "ip link set d0 down");
+        assert!(run("ip", &["link", "set", &netdev(), "down"]), "ip link set down");
         pump(&mut [&mut r], LIMIT, "PORT_ERR reported", || !s.errors.borrow().is_empty());
         assert!(s.errors.borrow()[0].contains("went down (port down (PORT_ERR))"), "{:?}", s.errors.borrow());
         drop(up);
@@ -231,7 +246,7 @@ fn port_down_and_up_reach_the_listener() {
         assert_eq!(*s.closed.borrow(), None, "the listener stays");
         // Recreate the device (see above), through the reactor's own device-loss path.
         let _second = Restore::new();
-        let mut delete = Proc::spawn("rdma link delete rxe0", "rdma", &["link", "delete", "rxe0"]);
+        let mut delete = Proc::spawn("rdma link delete", "rdma", &["link", "delete", &dev()]);
         let mut deleted = None;
         pump(&mut [&mut r], LIMIT, "rxe0 deleted", || {
             deleted = deleted.or_else(|| delete.0.try_wait().expect("try_wait"));
@@ -295,7 +310,7 @@ fn tick_until(rs: &mut [&mut Reactor], what: &str, mut done: impl FnMut(&[&mut R
 /// `rdma_reactor::devices()` does, would wait for its removal.)
 fn rxe0_listed() -> bool {
     let Ok(dir) = std::fs::read_dir("/sys/class/infiniband_verbs") else { return false };
-    dir.flatten().any(|e| std::fs::read_to_string(e.path().join("ibdev")).is_ok_and(|n| n.trim() == "rxe0"))
+    dir.flatten().any(|e| std::fs::read_to_string(e.path().join("ibdev")).is_ok_and(|n| n.trim() == dev()))
 }
 
 /// Hostile review (issue 22), finding 1: librdmacm closes a removed device's context once no
@@ -318,7 +333,7 @@ fn a_buffer_kept_past_device_removal_keeps_the_context_until_it_is_dropped() {
         cli.connect(s.addr, opts, KeepOne { kept: kept.clone(), closed: closed.clone() }).expect("connect");
         pump(&mut [&mut srv, &mut cli], LIMIT, "the echo kept", || kept.borrow().is_some());
 
-        let mut delete = Proc::spawn("rdma link delete rxe0", "rdma", &["link", "delete", "rxe0"]);
+        let mut delete = Proc::spawn("rdma link delete", "rdma", &["link", "delete", &dev()]);
         tick_until(&mut [&mut srv, &mut cli], "both reactors released the device", |rs| {
             closed.borrow().is_some() && rs.iter().all(|r| r.stats().devices_released == 1)
         });
@@ -364,7 +379,7 @@ fn two_reactors_release_a_removed_device_in_either_order() {
         let s = listen(&mut a);
         let busy = ping(&mut b, s.addr, 1, u64::MAX);
         pump(&mut [&mut a, &mut b], LIMIT, "first echoes", || busy.borrow().echoed >= 5);
-        let mut delete = Proc::spawn("rdma link delete rxe0", "rdma", &["link", "delete", "rxe0"]);
+        let mut delete = Proc::spawn("rdma link delete", "rdma", &["link", "delete", &dev()]);
         // Only A ticks: it releases the device and resyncs until the device left the list.
         tick_until(&mut [&mut a], "A released the device", |rs| rs[0].stats().devices_released == 1);
         pump(&mut [&mut a], LIMIT, "rxe0 unlisted", || !rxe0_listed());

@@ -290,7 +290,9 @@ fn memlock_too_low_names_the_limit_and_how_to_raise_it() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("echo server as rdmauser with memlock 1024 KiB: {}", stderr.trim());
     assert!(!out.status.success(), "the server must fail: {stderr}");
-    for needle in ["RLIMIT_MEMLOCK", "4194304 bytes", "1048576 bytes", "ulimit -l", "LimitMEMLOCK", "smaller pool"] {
+    // A 4 MiB cluster; on iWARP each of its 1024 chunks has 64 bytes of slack for a tail.
+    let cluster = if transport() == "siw" { "4259840 bytes" } else { "4194304 bytes" };
+    for needle in ["RLIMIT_MEMLOCK", cluster, "1048576 bytes", "ulimit -l", "LimitMEMLOCK", "smaller pool"] {
         assert!(stderr.contains(needle), "{needle:?} missing from the server's error: {stderr}");
     }
 }
@@ -929,7 +931,11 @@ fn resolution_that_cannot_finish_is_a_typed_close() {
         let p = ping(&mut r, "198.18.0.50:7000".parse().unwrap(), 4, 1);
         pump(&mut [&mut r], LIMIT, || closed(&p));
         let control = p.borrow().closed.clone().expect("closed");
-        assert!(matches!(control, CloseReason::Rejected { status: 8, .. }), "with the address: {control:?}");
+        // iWARP: TCP refuses the connection at `rdma_connect` (-111), where IB's CM says 8.
+        assert!(
+            matches!(control, CloseReason::Rejected { status: 8 | -111, reason: None }),
+            "with the address: {control:?}"
+        );
         let started = Instant::now();
         let p = ping(&mut r, "198.18.0.50:7000".parse().unwrap(), 2, 1);
         ip(&["addr", "del", "198.18.0.50/24", "dev", &netdev]);
@@ -1115,7 +1121,11 @@ fn a_cq_overrun_closes_the_connections_on_that_cq_and_nothing_else() {
             for (what, t) in [("idle", &quiet), ("flooding", &flood)] {
                 let r = t.borrow().closed.clone().expect("closed");
                 println!("case 23: the {what} client closed with {r} ({:?} after the flood began)", t0.elapsed());
-                assert!(matches!(r, CloseReason::Peer | CloseReason::WorkError(_)), "{what} client: {r:?}");
+                // iWARP: the overrun peer TERMINATEs the stream, which its device reports as a
+                // fatal error of the queue pair.
+                let fatal =
+                    transport() == "siw" && matches!(r, CloseReason::AsyncEvent(rdma_reactor::AsyncEventKind::QpFatal));
+                assert!(matches!(r, CloseReason::Peer | CloseReason::WorkError(_)) || fatal, "{what} client: {r:?}");
             }
             let f = flood.borrow();
             assert_eq!(f.sends_ok + f.sends_failed, 16, "every send completed once: {f:?}");

@@ -270,11 +270,15 @@ fn send_larger_than_the_posted_receive_fails_that_connection_alone() {
         pump(&mut [&mut r, &mut h], LIMIT, "settle", || Instant::now() >= settle);
         let seen = seen.borrow();
         println!("oversized send: the sender saw {seen:?}; the agent closed: {:?}", s.agents_closed.borrow());
+        // iWARP completes a SEND once TCP took it: the sender sees no error of its own, only
+        // the end of the stream its peer TERMINATEd.
+        let iwarp_ok = transport() == "siw" && seen.errors.is_empty();
         assert!(
-            matches!(
-                seen.errors.as_slice(),
-                [OpError::Wc(WcStatus::RemOpErr | WcStatus::RemInvReqErr | WcStatus::RetryExcErr)]
-            ),
+            iwarp_ok
+                || matches!(
+                    seen.errors.as_slice(),
+                    [OpError::Wc(WcStatus::RemOpErr | WcStatus::RemInvReqErr | WcStatus::RetryExcErr)]
+                ),
             "{seen:?}"
         );
         assert!(matches!(seen.closed, Some(CloseReason::WorkError(_) | CloseReason::Peer)), "{seen:?}");
@@ -303,7 +307,15 @@ fn sends_without_credit_cost_only_the_sender() {
         // The flooder's own reactor has flow control off; its connect information says on.
         let cfg = Config { flow_control: false, ..Config::default() };
         let mut h = Reactor::with_config(cfg).expect("flooder reactor");
-        let claim = ConnectInfo { msg_size: SIZE as u32, recv_depth: 64, flow_control: true, ..ConnectInfo::default() };
+        // On iWARP it announces the tail framing too, or it would be refused at connect time;
+        // its messages carry none, which the server refuses as well.
+        let claim = ConnectInfo {
+            msg_size: SIZE as u32,
+            recv_depth: 64,
+            flow_control: true,
+            tail: transport() == "siw",
+            ..ConnectInfo::default()
+        };
         let raw = claim.encode(56).expect("encode");
         let opts = ConnectOptions { msg_size: SIZE as u32, raw_private_data: Some(raw), ..ConnectOptions::default() };
         let seen = Rc::new(RefCell::new(Hostile::default()));
@@ -327,7 +339,13 @@ fn sends_without_credit_cost_only_the_sender() {
             )),
             "{seen:?}"
         );
-        assert!(matches!(agents.as_slice(), [CloseReason::WorkError(_)]), "{agents:?}");
+        // iWARP has no RNR: a message without a receive (or without its tail) ends the stream.
+        let iwarp_end = transport() == "siw"
+            && matches!(
+                agents.as_slice(),
+                [CloseReason::Protocol(_) | CloseReason::Peer | CloseReason::AsyncEvent(_) | CloseReason::WorkError(_)]
+            );
+        assert!(matches!(agents.as_slice(), [CloseReason::WorkError(_)]) || iwarp_end, "{agents:?}");
         still_served(&mut [&mut r], &good, 20);
     }
     assert_baseline();
@@ -668,7 +686,9 @@ fn server_killed_before_accepting_rejects_its_client_with_28() {
         pump(&mut [&mut r], LIMIT, "the client closed", || first.borrow().closed.is_some());
         let f = first.borrow().closed.clone();
         println!("case 4 (a): the server killed before accepting: the client closed with {f:?}");
-        assert_eq!(f, Some(CloseReason::Rejected { status: 28, reason: None }), "{:?}", first.borrow());
+        // iWARP: the killed server's kernel resets the TCP connection, -ECONNRESET.
+        let status = if transport() == "siw" { -104 } else { 28 };
+        assert_eq!(f, Some(CloseReason::Rejected { status, reason: None }), "{:?}", first.borrow());
         assert_eq!(first.borrow().echoed, 0);
         let zero = ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 };
         assert_eq!(res_counts(pid), zero, "the killed server's kernel objects");
@@ -704,6 +724,9 @@ fn server_killed_before_accepting_rejects_its_client_with_28() {
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn client_killed_after_connect_fails_the_accept_once() {
+    if not_on_iwarp("client_killed_after_connect_fails_the_accept_once", "drives InfiniBand CM message timing (REQ, REJ, RTU and ib_cm's cm_rx_msgs counters); iWARP connects over TCP with MPA, which has none of them") {
+        return;
+    }
     {
         let mut r = Reactor::new().expect("reactor");
         let a = addr();
@@ -762,6 +785,9 @@ fn client_killed_after_connect_fails_the_accept_once() {
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn client_killed_after_the_accept_rejects_its_agent_with_28() {
+    if not_on_iwarp("client_killed_after_the_accept_rejects_its_agent_with_28", "drives InfiniBand CM message timing (REQ, REJ, RTU and ib_cm's cm_rx_msgs counters); iWARP connects over TCP with MPA, which has none of them") {
+        return;
+    }
     {
         let mut r = Reactor::new().expect("reactor");
         let a = addr();

@@ -1,7 +1,7 @@
 //! The examples over IPv6 on the VM's current device (`cargo xtask test` runs this once on
 //! Soft-RoCE and once on Soft-iWARP): an `echo` round trip to the device's global (ULA) address
 //! `$RDMA_ADDR6`, and to its link-local one `$RDMA_LL6`, scoped by the interface's name
-//! (`[fe80::2:1%d1]:PORT`), which `Args::addr` of the examples maps to its index.
+//! (`[fe80::2:1%s0]:PORT`), which `Args::addr` of the examples maps to its index.
 
 mod util;
 

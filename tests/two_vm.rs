@@ -13,6 +13,8 @@
 //! Flow control is off (`$TWO_VM_FLOW=1` turns it on), see [`reactor`]. Each half prints
 //! `RESULT ...` lines, which the cases script quotes.
 
+mod util;
+
 use std::cell::RefCell;
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Command, Stdio};
@@ -302,6 +304,9 @@ fn closed_text(w: &Watch, role: &str, since: Instant) -> Vec<String> {
 #[ignore = "needs two linked VMs: cargo xtask vm2 --cases"]
 fn peer_link_down_sender_gives_up() {
     let Some(vm) = vm() else { return };
+    if util::not_on_iwarp("peer_link_down_sender_gives_up", "a link outage does not end an iWARP connection within the RC retry budget: siw rides on TCP, which retransmits for minutes (tcp_retries2) and resumes when the link returns, so no retry-exceeded error comes to assert") {
+        return;
+    }
     let port = 7481;
     let w = Shared::default();
     let mut r = reactor(retry_count());
@@ -354,6 +359,9 @@ fn peer_link_down_sender_gives_up() {
 #[ignore = "needs two linked VMs: cargo xtask vm2 --cases"]
 fn link_down_up_busy_fails_new_works() {
     let Some(vm) = vm() else { return };
+    if util::not_on_iwarp("link_down_up_busy_fails_new_works", "a link outage does not end an iWARP connection within the RC retry budget: siw rides on TCP, which retransmits for minutes (tcp_retries2) and resumes when the link returns, so no retry-exceeded error comes to assert") {
+        return;
+    }
     let port = 7482;
     let w = Shared::default();
     let mut r = reactor(retry_count());

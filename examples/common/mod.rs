@@ -136,7 +136,7 @@ impl Args {
     }
 
     /// A required socket address: `IPV4:PORT`, `[IPV6]:PORT`, `[IPV6%SCOPE]:PORT` (the scope a
-    /// number or an interface's name, as in `[fe80::2:1%d1]:7471`) or `HOST:PORT`.
+    /// number or an interface's name, as in `[fe80::2:1%s0]:7471`) or `HOST:PORT`.
     pub fn addr(&self, name: &str) -> SocketAddr {
         let Some(v) = self.values.get(name) else { fail(self.usage, &format!("--{name} ADDR:PORT is required")) };
         parse_addr(v).unwrap_or_else(|e| fail(self.usage, &format!("--{name} {v:?}: {e}")))

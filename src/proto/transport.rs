@@ -66,12 +66,34 @@ pub struct Caps {
     pub transport: Transport,
     /// Memory windows the device can allocate (`ibv_device_attr::max_mw`).
     pub max_mw: u32,
+    /// `ibv_device_attr::vendor_id` (Soft-iWARP's is [`SIW_VENDOR_ID`]).
+    pub vendor_id: u32,
 }
+
+/// Soft-iWARP's vendor id (`"bmt"`, Linux `drivers/infiniband/sw/siw/siw.h`).
+pub const SIW_VENDOR_ID: u32 = 0x62_6d74;
+
+/// Entries of the CQ that plugs Soft-iWARP's bad mmap key ([`Caps::key_plug`]): 1 MiB of
+/// completion queue, 257 pages of mmap offsets.
+pub const KEY_PLUG_CQ_ENTRIES: u32 = 32 * 1024;
 
 impl Caps {
     /// Caps of a device with immediate data and memory windows (what the tests assume).
     pub fn infiniband() -> Caps {
-        Caps { transport: Transport::InfiniBand, max_mw: u32::MAX }
+        Caps { transport: Transport::InfiniBand, max_mw: u32::MAX, vendor_id: 0 }
+    }
+
+    /// The device is Soft-iWARP, whose user library refuses any queue whose mmap key is
+    /// 0x90000 (`SIW_INVAL_UOBJ_KEY` is `SIW_UOBJ_MAX_KEY + 1`, a page index from before the
+    /// kernel's keys became byte offsets; rdma-core's `libsiw` compares the key with it and
+    /// fails the create with no error of the kernel's, so `errno` is stale). The kernel hands
+    /// out keys first-fit from the lowest free page, so once a process's queues reach page
+    /// 144 every queue that lands there is refused, and a refused one frees the page again:
+    /// every later create fails (seen at 6 to 67 connections in one process). The runtime
+    /// creates one large CQ of [`KEY_PLUG_CQ_ENTRIES`] first on such a device: it spans page
+    /// 144 from below, and every later queue's key lies above it.
+    pub fn key_plug(&self) -> bool {
+        self.vendor_id == SIW_VENDOR_ID
     }
 
     /// Messages carry their credits in a [`Tail`] instead of immediate data.
@@ -151,13 +173,15 @@ pub fn unframe(byte_len: u32, tail: Option<[u8; 4]>) -> Result<Unframed, String>
 }
 
 /// The reject status a client reports, the same on both transports: iWARP reports a
-/// consumer's reject as `-ECONNREFUSED` (-111), as it does a port where nothing listens
-/// (the TCP connection is refused); with the runtime's reject reason in the private data it
-/// was a consumer's reject, which InfiniBand's CM reports as 28. Other statuses pass.
+/// consumer's reject (an MPA reject) as `-ECONNRESET` (-104, Soft-iWARP) or `-ECONNREFUSED`
+/// (-111); with the runtime's reject reason in the private data it was a consumer's reject,
+/// which InfiniBand's CM reports as 28. Other statuses pass (a port where nothing listens is
+/// refused by TCP at `rdma_connect`: -111, no reason).
 pub fn normalize_reject_status(transport: Transport, status: i32, has_reason: bool) -> i32 {
     const ECONNREFUSED: i32 = 111;
+    const ECONNRESET: i32 = 104;
     const IB_CM_REJ_CONSUMER_DEFINED: i32 = 28;
-    if transport == Transport::Iwarp && status == -ECONNREFUSED && has_reason {
+    if transport == Transport::Iwarp && (status == -ECONNREFUSED || status == -ECONNRESET) && has_reason {
         IB_CM_REJ_CONSUMER_DEFINED
     } else {
         status
@@ -181,7 +205,8 @@ mod tests {
         let ib = Caps::infiniband();
         assert!(ib.windows() && !ib.tail() && !ib.client_sends_first());
         assert_eq!(ib.overhead(), 0);
-        let siw = Caps { transport: Transport::Iwarp, max_mw: 0 };
+        let siw = Caps { transport: Transport::Iwarp, max_mw: 0, vendor_id: SIW_VENDOR_ID };
+        assert!(siw.key_plug() && !ib.key_plug());
         assert!(!siw.windows() && siw.tail() && siw.client_sends_first());
         assert_eq!(siw.overhead(), 4);
     }
@@ -217,6 +242,8 @@ mod tests {
     #[test]
     fn iwarp_refusals_read_as_consumer_rejects_only_with_a_reason() {
         assert_eq!(normalize_reject_status(Transport::Iwarp, -111, true), 28);
+        assert_eq!(normalize_reject_status(Transport::Iwarp, -104, true), 28);
+        assert_eq!(normalize_reject_status(Transport::Iwarp, -104, false), -104);
         assert_eq!(normalize_reject_status(Transport::Iwarp, -111, false), -111);
         assert_eq!(normalize_reject_status(Transport::InfiniBand, 28, true), 28);
         assert_eq!(normalize_reject_status(Transport::InfiniBand, -111, true), -111);

@@ -428,33 +428,36 @@ impl Core {
             self.finish_op(t, o, wc);
         }
         if wc.status != WcStatus::Success {
-            let input = self.work_error(t, wc.status);
-            self.feed(t, input);
+            if let Some(input) = self.work_error(t, wc.status) {
+                self.feed(t, input);
+            }
         } else if self.conns.get(t).is_some_and(|c| c.drained()) {
             self.feed(t, Input::Drained);
         }
     }
 
-    /// What a failed work request tells connection `t`. A flush is the first error of an
-    /// established connection no one was closing only when the device moved its queue pair
-    /// to the error state for a request of the peer's (a READ, WRITE or atomic outside what
-    /// was exposed to it: rxe raises no asynchronous event for it, Linux 6.1 `rxe_resp.c`,
-    /// and such a request completes no work request of this side): named as that.
-    pub(super) fn work_error(&mut self, t: ConnKey, status: WcStatus) -> Input {
+    /// What a failed work request tells connection `t`, if anything. A flush is the first
+    /// error of an established connection no one was closing only when the device moved its
+    /// queue pair to the error state for a request of the peer's (a READ, WRITE or atomic
+    /// outside what was exposed to it: rxe raises no asynchronous event for it, Linux 6.1
+    /// `rxe_resp.c`, and such a request completes no work request of this side): named as
+    /// that. On iWARP such a flush tells nothing yet: the peer's disconnect (its end of the TCP
+    /// stream closing) flushes the queue pair before the connection manager reports it, a
+    /// local error's flushed receives can come before that error's own completion, and a
+    /// peer's violation ends the stream (a TERMINATE, then the close): the connection waits
+    /// for what follows, DISCONNECTED (`Peer`) or the failed request (`WorkError`)
+    /// (`proto::transport`).
+    pub(super) fn work_error(&mut self, t: ConnKey, status: WcStatus) -> Option<Input> {
         let established = self.conns.get(t).is_some_and(|c| matches!(c.role.state(), State::Established));
         let iwarp = self.conns.get(t).and_then(|c| c.placed).is_some_and(|p| self.devices[p.device].caps.tail());
         if status == WcStatus::WrFlushErr && established && iwarp {
-            // On iWARP the peer's disconnect (its end of the TCP stream closing) flushes the
-            // queue pair before the connection manager reports it, and a peer's access
-            // violation ends the stream the same way (a TERMINATE, then the close): both
-            // read as the peer's disconnect (`proto::transport`).
-            return Input::Fault(CloseReason::Peer);
+            return None;
         }
         if status == WcStatus::WrFlushErr && established {
             self.stats.peer_violations += 1;
-            return Input::Fault(CloseReason::PeerViolation);
+            return Some(Input::Fault(CloseReason::PeerViolation));
         }
-        Input::WorkError(status)
+        Some(Input::WorkError(status))
     }
 
     /// Delivers one finished operation (or handles it, for the runtime's own).

@@ -69,8 +69,9 @@ use super::{os, ConnEntry, Core, Device, ListenerEntry};
 use crate::error::{Error, Result};
 use crate::proto::conn::{AsyncEventKind, CloseReason, Input};
 use crate::proto::token::{ConnKey, CqKey, Kind, ListenerKey, Token};
-use crate::proto::transport::Caps;
+use crate::proto::transport::{Caps, KEY_PLUG_CQ_ENTRIES};
 use crate::sys::cq::CompChannel;
+use crate::sys::cq::Cq;
 use crate::sys::device::{self, AsyncElement, DeviceHold, DeviceRef};
 use crate::sys::pd::Pd;
 use crate::sys::pool::Pool;
@@ -149,6 +150,14 @@ impl Core {
         let pd = Pd::new(dev, &hold).map_err(|e| Error::verb("ibv_alloc_pd", "", e))?;
         let chan = CompChannel::new(dev, &hold).map_err(|e| Error::verb("ibv_create_comp_channel", "", e))?;
         dev.set_async_nonblocking().map_err(|e| Error::verb("fcntl", "the device's async event fd", e))?;
+        // Before any queue of this process's on the device (`Caps::key_plug`).
+        let key_plug = if caps.key_plug() {
+            let cq = Cq::new(dev, &chan, KEY_PLUG_CQ_ENTRIES, 0, 1)
+                .map_err(|e| Error::verb("ibv_create_cq", "Soft-iWARP's mmap-key plug (Caps::key_plug)", e))?;
+            Some(cq)
+        } else {
+            None
+        };
         let pool = Pool::new(&pd, &self.cfg.pool, caps.overhead() as usize)?;
         let index = self.devices.0.len();
         let token = Token::new(Kind::CompChannel, index as u32, 1);
@@ -166,6 +175,7 @@ impl Core {
             lost: false,
             port_down: false,
             caps,
+            _key_plug: key_plug,
             srq: None,
             pool,
             chan,

@@ -308,6 +308,9 @@ struct Device {
     port_down: bool,
     /// Its transport and memory windows, asked once (`proto::transport`).
     caps: Caps,
+    /// On Soft-iWARP, the CQ that keeps every later queue's mmap key clear of the one its
+    /// user library refuses (`Caps::key_plug`); never armed or polled.
+    _key_plug: Option<Rc<crate::sys::cq::Cq>>,
     // Field order is drop order: the SRQ (then the buffers posted to it), the pool's regions,
     // the channel, the PD.
     /// The shared receive queue, in `Config::srq` mode (`srq.rs`).

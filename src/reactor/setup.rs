@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::proto::conn::{Agent, Client, CloseReason, CmEventKind, Input, ListenerAction};
 use crate::proto::flow::{negotiate, MIN_DEPTH};
 use crate::proto::token::{ConnKey, Key, Kind, ListenerKey, Token};
-use crate::proto::transport::{normalize_reject_status, Caps};
+use crate::proto::transport::{normalize_reject_status, Caps, Transport};
 use crate::proto::wire::{ConnectInfo, RejectCode, RejectReason, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
 use crate::sys::cm::{CmEvent, CmId, ConnParam};
 use crate::sys::qp::{Qp, QpCaps};
@@ -361,6 +361,18 @@ impl Core {
 
     fn on_conn_event(&mut self, t: ConnKey, ev: &CmEvent) {
         let kind = ev.kind();
+        if kind == CmEventKind::Disconnected {
+            // On iWARP the stream has closed (the graceful close `rdma_disconnect` starts ends
+            // here, after what was sent went out), but the queue pair was only drained of its
+            // sends (SQD): move it to the error state so its posted receives flush and the
+            // connection can drain (`Qp::set_error`).
+            let c = self.conns.get(t);
+            if c.and_then(|c| c.placed).is_some_and(|p| self.devices[p.device].caps.transport == Transport::Iwarp) {
+                if let Some(qp) = c.and_then(|c| c.ep.qp()) {
+                    let _ = qp.set_error();
+                }
+            }
+        }
         if kind == CmEventKind::DeviceRemoval {
             let dev = self.conns.get(t).and_then(|c| c.ep.id()).and_then(|id| id.device());
             if let Some(d) = dev.and_then(|dev| self.devices.index_of(dev)) {
@@ -379,7 +391,17 @@ impl Core {
             CmEventKind::Established => {
                 let c = self.conns.get_mut(t).expect("checked by caller");
                 if matches!(c.role, Role::Client(_)) {
-                    match ConnectInfo::decode(&ev.private_data()) {
+                    let decoded = ConnectInfo::decode(&ev.private_data());
+                    if matches!(decoded, Ok(None)) && c.infos.local.tail {
+                        // A plain librdmacm server (no accept information): raw messages, as
+                        // on RoCE without flow control; the tails are not used.
+                        c.infos.local.tail = false;
+                        if let Some(p) = c.placed.as_mut() {
+                            p.tail = false;
+                        }
+                        c.tails = None;
+                    }
+                    match decoded {
                         Ok(info) if c.infos.local.tail && !info.as_ref().is_some_and(|i| i.tail) => {
                             let _ = info;
                             let why = "the server does not end its messages in tails, which this device (iWARP, no \
@@ -443,6 +465,11 @@ impl Core {
         };
         let param = self.conn_param(&bytes, RD_ATOM, RD_ATOM);
         if let Err(e) = self.conns.get(t)?.ep.id()?.connect(&param) {
+            // On iWARP `rdma_connect` makes the TCP connection itself: a port where nothing
+            // listens refuses it right there, where InfiniBand's CM answers with a REJ later.
+            if e.raw_os_error() == Some(nix::libc::ECONNREFUSED) {
+                return Some(Input::Rejected { status: -nix::libc::ECONNREFUSED, reason: None });
+            }
             return Some(Input::SetupFailed(format!("rdma_connect: {e}")));
         }
         None

@@ -418,8 +418,10 @@ impl Core {
         };
         if wc.status != WcStatus::Success {
             s.repost.push(Repost { buf: Some(buf), owner: None });
-            let input = self.work_error(t, wc.status);
-            return self.feed(t, input);
+            if let Some(input) = self.work_error(t, wc.status) {
+                self.feed(t, input);
+            }
+            return;
         }
         let c = self.conns.get_mut(t).expect("checked");
         let c_owner = c.mem_owner;

@@ -254,7 +254,7 @@ impl DeviceRef {
         let attr = unsafe { attr.assume_init() };
         // SAFETY: the context is live, and its device with it.
         let transport = Transport::from_raw(unsafe { (*(*self.0.as_ptr()).device).transport_type });
-        Ok(Caps { transport, max_mw: attr.max_mw.max(0) as u32 })
+        Ok(Caps { transport, max_mw: attr.max_mw.max(0) as u32, vendor_id: attr.vendor_id })
     }
 
     /// The device's identity in libibverbs' device list (its `ibv_device` address), kept as a

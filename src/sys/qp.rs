@@ -186,6 +186,18 @@ impl Qp {
         self.caps
     }
 
+    /// Moves the queue pair to the error state (`ibv_modify_qp`, `IBV_QPS_ERR`): every
+    /// outstanding work request completes, flushed. `rdma_disconnect` does that on InfiniBand
+    /// but only moves an iWARP queue pair to SQD (a graceful close of the stream), which leaves
+    /// its posted receives outstanding.
+    pub(crate) fn set_error(&self) -> io::Result<()> {
+        // SAFETY: ibv_qp_attr is plain old data; zero is valid for every field.
+        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ffi::ibv_qp_state::IBV_QPS_ERR;
+        // SAFETY: the QP is live while self lives; attr is valid for the call.
+        cvt_nz(unsafe { ffi::ibv_modify_qp(self.raw(), &mut attr, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32) })
+    }
+
     fn raw(&self) -> *mut ffi::ibv_qp {
         // SAFETY: the id is live and its QP was created in Qp::create.
         unsafe { (*self.id.id()).qp }

@@ -553,8 +553,12 @@ impl ConnectionHandler for PingClient {
     }
 }
 
-/// rxe's per-port counters (`rdma statistic show link DEV/1`), by name.
+/// rxe's per-port counters (`rdma statistic show link DEV/1`), by name. siw has none (the
+/// command fails with EINVAL): empty there, and [`assert_no_rnr`] says why that is enough.
 pub fn link_counters() -> std::collections::HashMap<String, u64> {
+    if transport() == "siw" {
+        return std::collections::HashMap::new();
+    }
     let dev = std::env::var("RDMA_DEV").unwrap_or_else(|_| "rxe0".to_string());
     let out = Command::new("rdma")
         .args(["statistic", "show", "link", &format!("{dev}/1")])
@@ -576,6 +580,12 @@ pub fn assert_no_rnr(
     after: &std::collections::HashMap<String, u64>,
     what: &str,
 ) {
+    if transport() == "siw" {
+        // iWARP has no RNR NAK: a message that finds no posted receive ends the connection
+        // (a DDP error, then TERMINATE), which the caller's outcome checks already catch.
+        println!("{what}: iWARP has no RNR NAK to count; no connection ended, so no message found its receive missing");
+        return;
+    }
     for counter in RNR_COUNTERS {
         assert!(after.contains_key(counter), "rxe has no counter {counter}: {after:?}");
         assert_eq!(after.get(counter), before.get(counter), "{what}: {counter} moved: an RNR NAK happened");

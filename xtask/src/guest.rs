@@ -33,7 +33,7 @@ pub const RXE_DEV: &str = "rxe0";
 /// The Soft-iWARP device's name.
 pub const SIW_DEV: &str = "siw0";
 /// The netdev siw0 sits on in the single VM (a second dummy).
-pub const SIW_NETDEV: &str = "d1";
+pub const SIW_NETDEV: &str = "s0";
 /// The netdev siw0 sits on in a linked VM: a macvlan on the virtio NIC.
 pub const SIW_LINK_NETDEV: &str = "s0";
 
@@ -262,7 +262,7 @@ fn addresses(dev: &str, device: Device, n: u8) -> String {
 }
 
 /// The network part of `/init` for the single VM: rxe0 on the dummy netdev `d0`, siw0 on the
-/// dummy `d1`.
+/// dummy `s0` (a linked VM names its macvlan the same).
 fn dummy_net() -> String {
     format!(
         r#"out=$(ip link add {NETDEV} type dummy 2>&1 && ip link add {SIW_NETDEV} type dummy 2>&1) || fail "dummy netdevs: $out"
@@ -689,20 +689,20 @@ mod tests {
         assert!(s.contains("echo \"@@xtask-n1:exit=$?@@\""));
         assert!(s.contains("export A='x y'\n"));
         assert!(s.contains("for m in dummy; do"));
-        // The single VM: rxe0 on the dummy d0, siw0 on the dummy d1, nothing of the link.
+        // The single VM: rxe0 on the dummy d0, siw0 on the dummy s0, nothing of the link.
         assert!(s.contains("hostname rxe-vm\n"));
-        assert!(s.contains("ip link add d0 type dummy") && s.contains("ip link add d1 type dummy"));
+        assert!(s.contains("ip link add d0 type dummy") && s.contains("ip link add s0 type dummy"));
         assert!(
-            s.contains("rdma link add rxe0 type rxe netdev d0") && s.contains("rdma link add siw0 type siw netdev d1")
+            s.contains("rdma link add rxe0 type rxe netdev d0") && s.contains("rdma link add siw0 type siw netdev s0")
         );
-        assert!(s.contains("ip -6 addr add fe80::2:1/64 dev d1 nodad"));
+        assert!(s.contains("ip -6 addr add fe80::2:1/64 dev s0 nodad"));
         assert!(s.contains(
             "export RDMA_DEVICE=rxe RDMA_DEV=rxe0 RDMA_ADDR=198.18.0.1 RDMA_ADDR6=fd18:0::1 RDMA_LL6=fe80::1:1 RDMA_NETDEV=d0\n"
         ));
         assert!(!s.contains("PEER_ADDR") && !s.contains("httpd"));
         let siw = init_script(&Guest { device: Device::Siw, ..g }, &[], "");
         assert!(siw.contains(
-            "export RDMA_DEVICE=siw RDMA_DEV=siw0 RDMA_ADDR=198.18.1.1 RDMA_ADDR6=fd18:1::1 RDMA_LL6=fe80::2:1 RDMA_NETDEV=d1\n"
+            "export RDMA_DEVICE=siw RDMA_DEV=siw0 RDMA_ADDR=198.18.1.1 RDMA_ADDR6=fd18:1::1 RDMA_LL6=fe80::2:1 RDMA_NETDEV=s0\n"
         ));
     }
 

@@ -84,7 +84,7 @@ options:
 in the VM: $BIN holds the project's examples and test binaries by name (on PATH; call
 \"$BIN\"/echo, sh has a builtin echo); $RDMA_DEV is the chosen device (rxe0 or siw0),
 $RDMA_DEVICE its kind (rxe or siw), $RDMA_ADDR its IPv4 address (rxe0 198.18.0.1 on the dummy
-d0, siw0 198.18.1.1 on the dummy d1), $RDMA_ADDR6 its IPv6 one (fd18:0::1, fd18:1::1),
+d0, siw0 198.18.1.1 on the dummy s0), $RDMA_ADDR6 its IPv6 one (fd18:0::1, fd18:1::1),
 $RDMA_LL6 its link-local one (fe80::1:1, fe80::2:1; scope $RDMA_NETDEV); $RXE_* and $SIW_*
 name each device's own, whichever is chosen; `runas rdmauser CMD [ARGS...]` runs CMD as the
 unprivileged uid 1000 (memlock $RUNAS_MEMLOCK KiB, default 8192); /tmp is a tmpfs;

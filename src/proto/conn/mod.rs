@@ -171,7 +171,8 @@ pub enum CloseReason {
     /// The peer disconnected.
     Peer,
     /// The server rejected the connection (`status` is the rdma_cm status: 28 for a consumer
-    /// reject, 8 when nothing listens on the port).
+    /// reject, 8 when nothing listens on the port; on iWARP -111 when nothing listens, and a
+    /// reject with the runtime's reason reads 28 too, `proto::transport`).
     Rejected {
         /// The event status.
         status: i32,
@@ -240,6 +241,9 @@ impl fmt::Display for CloseReason {
             }
             CloseReason::Rejected { status: 8, reason: None } => {
                 f.write_str("rejected: nothing listens on that port (status 8)")
+            }
+            CloseReason::Rejected { status: -111, reason: None } => {
+                f.write_str("rejected: connection refused, nothing listens on that port (status -111, iWARP)")
             }
             CloseReason::Rejected { status, reason: None } => write!(f, "rejected (status {status})"),
             CloseReason::AddrError(s) => write!(f, "address resolution failed (status {s}{})", errno_hint(*s)),
