@@ -849,8 +849,14 @@ fn a_connect_flood_beyond_the_backlog_is_served_or_fails_cleanly() {
         }
 
         let failures: Vec<&str> = text.lines().filter(|l| l.contains("FAILED")).collect();
-        let allowed =
-            |l: &&str| l.contains("unreachable") || l.contains("timed out") || l.contains("max_pending_accepts");
+        // iWARP: a request beyond the backlog is a TCP connection the kernel resets, -104.
+        let iwarp = transport() == "siw";
+        let allowed = |l: &&str| {
+            l.contains("unreachable")
+                || l.contains("timed out")
+                || l.contains("max_pending_accepts")
+                || (iwarp && l.contains("rejected (status -104)"))
+        };
         assert!(failures.iter().all(allowed), "only unreachable, timed out or refused may fail:\n{text}");
         for l in failures.iter().take(3) {
             println!("case 7: e.g. {l}");

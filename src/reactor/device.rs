@@ -64,6 +64,7 @@ use std::time::Duration;
 
 use nix::sys::epoll::{EpollEvent, EpollFlags};
 
+use super::tail;
 use super::timers::TimerTarget;
 use super::{os, ConnEntry, Core, Device, ListenerEntry};
 use crate::error::{Error, Result};
@@ -159,6 +160,7 @@ impl Core {
             None
         };
         let pool = Pool::new(&pd, &self.cfg.pool, caps.overhead() as usize)?;
+        let tails = if caps.tail() { Some(tail::ring_pool(&pd, &self.cfg)?) } else { None };
         let index = self.devices.0.len();
         let token = Token::new(Kind::CompChannel, index as u32, 1);
         self.epoll.add(&*chan, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
@@ -176,6 +178,7 @@ impl Core {
             port_down: false,
             caps,
             _key_plug: key_plug,
+            tails,
             srq: None,
             pool,
             chan,

@@ -226,6 +226,11 @@ struct ConnEntry {
     srq_credit: Option<u32>,
     /// Whose bytes this connection's buffers hold (`sys/pool.rs`): unique in the process.
     mem_owner: u64,
+    /// iWARP only: the stream ended (DISCONNECTED) and the queue pair was moved to the error
+    /// state. Soft-iWARP flushes the receives posted at that moment, never one posted later:
+    /// the drain waits for sends only, and a receive still posted at destruction is reported
+    /// flushed (`Core::cancel_ops`): no message can land in it any more.
+    stream_closed: bool,
 }
 
 impl ConnEntry {
@@ -248,6 +253,7 @@ impl ConnEntry {
             close_reason: None,
             srq_credit: None,
             mem_owner: crate::sys::pool::next_owner(),
+            stream_closed: false,
         }
     }
 
@@ -267,7 +273,7 @@ impl ConnEntry {
 
     /// True when the connection is draining and nothing is outstanding.
     fn drained(&self) -> bool {
-        self.role.state().is_draining() && self.sq.awaited() == 0 && self.rq.outstanding() == 0
+        self.role.state().is_draining() && self.sq.awaited() == 0 && (self.rq.outstanding() == 0 || self.stream_closed)
     }
 }
 
@@ -311,6 +317,9 @@ struct Device {
     /// On Soft-iWARP, the CQ that keeps every later queue's mmap key clear of the one its
     /// user library refuses (`Caps::key_plug`); never armed or polled.
     _key_plug: Option<Rc<crate::sys::cq::Cq>>,
+    /// On a device with tails, the connections' tail rings (`tail.rs`): one size class of
+    /// ring-sized chunks, so thousands of connections share one registered cluster.
+    tails: Option<Pool>,
     // Field order is drop order: the SRQ (then the buffers posted to it), the pool's regions,
     // the channel, the PD.
     /// The shared receive queue, in `Config::srq` mode (`srq.rs`).
@@ -684,7 +693,11 @@ impl Drop for Reactor {
 
 impl Core {
     fn stats(&self) -> Stats {
-        let registered = self.devices.iter().map(|d| d.pool.registered_bytes() as u64).sum();
+        let registered = self
+            .devices
+            .iter()
+            .map(|d| (d.pool.registered_bytes() + d.tails.as_ref().map_or(0, Pool::registered_bytes)) as u64)
+            .sum();
         let srq_receives = self.devices.iter().filter_map(|d| d.srq.as_ref()).map(|s| s.posted() as u64).sum();
         Stats {
             registered_bytes: registered,

@@ -366,10 +366,29 @@ impl Core {
             // here, after what was sent went out), but the queue pair was only drained of its
             // sends (SQD): move it to the error state so its posted receives flush and the
             // connection can drain (`Qp::set_error`).
-            let c = self.conns.get(t);
-            if c.and_then(|c| c.placed).is_some_and(|p| self.devices[p.device].caps.transport == Transport::Iwarp) {
-                if let Some(qp) = c.and_then(|c| c.ep.qp()) {
+            let iwarp = self
+                .conns
+                .get(t)
+                .and_then(|c| c.placed)
+                .is_some_and(|p| self.devices[p.device].caps.transport == Transport::Iwarp);
+            if let Some(c) = self.conns.get_mut(t).filter(|_| iwarp) {
+                if let Some(qp) = c.ep.qp() {
                     let _ = qp.set_error();
+                }
+                // The flush is synchronous: every completion of what was posted is in the CQ
+                // now. Reap them all (the handler hears them while the connection is still
+                // established); what stays posted after that never completes
+                // (`ConnEntry::stream_closed`).
+                let cq = c.placed.map(|p| p.cq);
+                let on_srq = c.srq_credit.and(c.placed).map(|p| p.device);
+                if let Some(cq) = cq {
+                    self.poll_cq(cq, usize::MAX);
+                }
+                if let Some(rcq) = on_srq.and_then(|d| self.devices.get(d)).and_then(|x| x.srq.as_ref()).map(|s| s.cq) {
+                    self.poll_cq(rcq, usize::MAX);
+                }
+                if let Some(c) = self.conns.get_mut(t) {
+                    c.stream_closed = true;
                 }
             }
         }
@@ -528,8 +547,10 @@ impl Core {
                 Role::Client(_) => c.infos.raw_private_data.is_none(),
                 _ => c.infos.peer.is_some(),
             };
-        let tails =
-            if tail { Some(TailRing::new(&self.devices[d].pool, self.cfg.send_depth, c.mem_owner)?) } else { None };
+        let tails = match self.devices[d].tails.as_ref().filter(|_| tail) {
+            Some(rings) => Some(TailRing::new(rings, self.cfg.send_depth, c.mem_owner)?),
+            None => None,
+        };
         // On the shared receive queue (`srq.rs`): the credit rule admits it or not; its
         // receive completions go to the SRQ's CQ, so it commits no receive room on its own.
         let srq = match self.cfg.srq {

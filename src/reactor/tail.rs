@@ -2,15 +2,35 @@
 //! the format is `proto::transport`'s [`Tail`]).
 //!
 //! A tail is the second scatter entry of a send's work request, so it must sit in registered
-//! memory until the device has read it: a ring of 4-byte slots in one pool chunk of the
-//! connection's own. Slot `i` is written again only after `slots` later sends were posted;
+//! memory until the device has read it: a ring of 4-byte slots in one chunk of the connection's
+//! own, from the device's ring pool ([`ring_pool`]: one size class of ring-sized chunks in
+//! 2 MiB clusters, so 6 553 connections of the default send depth share one registration, and
+//! registered memory does not grow with the connections). Slot `i` is written again only after `slots` later sends were posted;
 //! the ring has more slots than the queue pair has send work requests, and an RC queue pair
 //! completes its sends in order, so by then the send that used slot `i` has completed (or
 //! the queue pair has failed, and reads nothing any more).
 
+use std::rc::Rc;
+
 use crate::error::Result;
 use crate::proto::transport::{Tail, TAIL_LEN};
+use crate::reactor::Config;
+use crate::sys::pd::Pd;
+use crate::sys::pool::PoolConfig;
 use crate::sys::pool::{Buf, Pool};
+
+/// Bytes of one connection's ring: more slots than `send_depth`, in whole cache lines.
+fn ring_bytes(send_depth: u32) -> usize {
+    ((send_depth as usize + 1) * TAIL_LEN as usize).div_ceil(64) * 64
+}
+
+/// The device's pool of tail rings for connections of `cfg` (`Device::tails`).
+pub(super) fn ring_pool(pd: &Rc<Pd>, cfg: &Config) -> Result<Pool> {
+    let chunk = ring_bytes(cfg.send_depth);
+    let rings =
+        PoolConfig { chunk_sizes: vec![chunk], cluster_bytes: (2 << 20).max(chunk), max_bytes: cfg.pool.max_bytes };
+    Pool::new(pd, &rings, 0)
+}
 
 /// One connection's ring of tails.
 #[derive(Debug)]
@@ -24,7 +44,7 @@ impl TailRing {
     /// A ring with more slots than `send_wrs` (the queue pair's send work requests), from
     /// `pool`, for connection `owner`.
     pub(super) fn new(pool: &Pool, send_wrs: u32, owner: u64) -> Result<TailRing> {
-        let want = (send_wrs as usize + 1) * TAIL_LEN as usize;
+        let want = ring_bytes(send_wrs);
         let mut buf = pool.alloc(want, owner)?;
         let cap = buf.capacity();
         buf.set_len(cap)?;

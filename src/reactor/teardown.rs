@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::{Conn, Core, Ctx, Endpoint};
 use crate::proto::conn::{CloseReason, Input, ListenerAction, State};
-use crate::proto::op::OpError;
+use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, Key, ListenerKey, Token};
 use crate::reactor::Completion;
 
@@ -156,6 +156,7 @@ impl Core {
     fn cancel_ops(&mut self, t: ConnKey, cq: Option<CqKey>) -> Vec<Completion> {
         let Some(c) = self.conns.get_mut(t) else { return Vec::new() };
         let room = cq.and_then(|cq| self.cqs.get_mut(cq)).map(|e| &mut e.room);
+        let stream_closed = c.stream_closed;
         let mut mine = c.sq.clear(room);
         mine.extend(c.rq.clear());
         let mut out = Vec::with_capacity(mine.len());
@@ -163,8 +164,13 @@ impl Core {
             let Some(op) = self.ops.remove(o) else { continue };
             if !op.control {
                 // Posted with no completion seen (its CQ failed, or the drain timed out):
-                // it may or may not have run. Never posted: cancelled.
-                let err = if op.posted { OpError::Unconfirmed } else { OpError::Cancelled };
+                // it may or may not have run. Never posted: cancelled. A receive posted on an
+                // iWARP queue pair whose stream ended: flushed (`ConnEntry::stream_closed`).
+                let err = match (op.posted, op.opcode) {
+                    (true, OpCode::Recv) if stream_closed => OpError::Wc(WcStatus::WrFlushErr),
+                    (true, _) => OpError::Unconfirmed,
+                    (false, _) => OpError::Cancelled,
+                };
                 out.push(op.into_completion(Err(err), false));
             }
         }
