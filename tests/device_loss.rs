@@ -393,7 +393,12 @@ fn two_reactors_release_a_removed_device_in_either_order() {
             deleted.is_some()
         });
         assert!(deleted.is_some_and(|st| st.success()), "rdma link delete rxe0: {deleted:?}");
-        assert_eq!(busy.borrow().closed, Some(CloseReason::DeviceRemoval));
+        // iWARP: the removal also ends the TCP stream under the connection, whose DISCONNECTED
+        // can reach the client first.
+        let closed = busy.borrow().closed.clone();
+        let ok =
+            closed == Some(CloseReason::DeviceRemoval) || (transport() == "siw" && closed == Some(CloseReason::Peer));
+        assert!(ok, "{closed:?}");
         Restore::add();
         wait_active(Duration::from_secs(30));
     }

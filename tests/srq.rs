@@ -343,7 +343,15 @@ fn a_peer_beyond_its_credit_is_closed() {
     let log = Rc::new(RefCell::new(AgentLog::default()));
     srv.listen(server, SrqListener { log: log.clone() }).expect("listen");
     let mut cli = Reactor::with_config(Config { flow_control: false, ..Config::default() }).expect("client");
-    let lie = rdma_reactor::ConnectInfo { msg_size: 64, recv_depth: 64, flow_control: true, ..Default::default() };
+    // On iWARP it frames with tails too (or it is refused at connect time): it lies about
+    // credits only.
+    let lie = rdma_reactor::ConnectInfo {
+        msg_size: 64,
+        recv_depth: 64,
+        flow_control: true,
+        tail: transport() == "siw",
+        ..Default::default()
+    };
     let opts = ConnectOptions { raw_private_data: Some(lie.encode(56).expect("encode")), ..Default::default() };
     let closed = Rc::new(RefCell::new(None));
     cli.connect(server, opts, Flood { closed: closed.clone(), sent: Rc::default() }).expect("connect");
@@ -407,7 +415,15 @@ fn flood_while_busy(shared_cq: Option<u32>) {
 
     // The flooder: established with the server ticking, then the server stops ticking.
     let mut cli = Reactor::with_config(Config { flow_control: false, ..Config::default() }).expect("client");
-    let lie = rdma_reactor::ConnectInfo { msg_size: 64, recv_depth: 64, flow_control: true, ..Default::default() };
+    // On iWARP it frames with tails too (or it is refused at connect time): it lies about
+    // credits only.
+    let lie = rdma_reactor::ConnectInfo {
+        msg_size: 64,
+        recv_depth: 64,
+        flow_control: true,
+        tail: transport() == "siw",
+        ..Default::default()
+    };
     let opts = ConnectOptions { raw_private_data: Some(lie.encode(56).expect("encode")), ..Default::default() };
     let (closed, sent) = (Rc::new(RefCell::new(None)), Rc::new(RefCell::new((0, false))));
     cli.connect(server, opts, Flood { closed: closed.clone(), sent: sent.clone() }).expect("connect");
@@ -733,7 +749,15 @@ type FloodLog = (Rc<RefCell<Option<CloseReason>>>, Rc<RefCell<(u64, bool)>>);
 /// messages as soon as it is established.
 fn connect_flooder(server: std::net::SocketAddr) -> (Reactor, FloodLog) {
     let mut bad = Reactor::with_config(Config { flow_control: false, ..Config::default() }).expect("client");
-    let lie = rdma_reactor::ConnectInfo { msg_size: 64, recv_depth: 64, flow_control: true, ..Default::default() };
+    // On iWARP it frames with tails too (or it is refused at connect time): it lies about
+    // credits only.
+    let lie = rdma_reactor::ConnectInfo {
+        msg_size: 64,
+        recv_depth: 64,
+        flow_control: true,
+        tail: transport() == "siw",
+        ..Default::default()
+    };
     let opts = ConnectOptions { raw_private_data: Some(lie.encode(56).expect("encode")), ..Default::default() };
     let (closed, sent) = (Rc::new(RefCell::new(None)), Rc::new(RefCell::new((0, false))));
     bad.connect(server, opts, Flood { closed: closed.clone(), sent: sent.clone() }).expect("connect");

@@ -254,7 +254,7 @@ fn port_events_reach_the_listeners_of_every_reactor() {
     struct Up;
     impl Drop for Up {
         fn drop(&mut self) {
-            let _ = Command::new("ip").args(["link", "set", "d0", "up"]).status();
+            let _ = Command::new("ip").args(["link", "set", &netdev(), "up"]).status();
         }
     }
     let limit = Duration::from_secs(60);
@@ -263,7 +263,7 @@ fn port_events_reach_the_listeners_of_every_reactor() {
     a.listen(addr(), PortWatch(ea.clone())).expect("listen a");
     b.listen(addr(), PortWatch(eb.clone())).expect("listen b");
     let up = Up;
-    assert!(Command::new("ip").args(["link", "set", "d0", "down"]).status().is_ok_and(|s| s.success()));
+    assert!(Command::new("ip").args(["link", "set", &netdev(), "down"]).status().is_ok_and(|s| s.success()));
     let heard = |e: &Rc<RefCell<Vec<String>>>, what: &str| e.borrow().iter().any(|x| x.contains(what));
     pump(&mut [&mut a, &mut b], limit, "PORT_ERR at both", || heard(&ea, "PORT_ERR") && heard(&eb, "PORT_ERR"));
     drop(up);
@@ -278,7 +278,8 @@ fn port_events_reach_the_listeners_of_every_reactor() {
     // Wait until the port is active again, for the tests after this one.
     let deadline = Instant::now() + limit;
     loop {
-        let out = Command::new("rdma").args(["link", "show", "rxe0/1"]).output().expect("rdma link show");
+        let dev = std::env::var("RDMA_DEV").unwrap_or_else(|_| "rxe0".into());
+        let out = Command::new("rdma").args(["link", "show", &format!("{dev}/1")]).output().expect("rdma link show");
         if String::from_utf8_lossy(&out.stdout).contains("state ACTIVE") {
             break;
         }
@@ -428,4 +429,9 @@ fn a_reactor_that_is_gone_is_never_chosen() {
     }
     let zero = ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 };
     assert_eq!(res_counts(owner_id()), zero, "every kernel object of this test destroyed");
+}
+
+/// The netdev under the device the tests run on (`$RDMA_NETDEV`: d0 under rxe0, s0 under siw0).
+fn netdev() -> String {
+    std::env::var("RDMA_NETDEV").unwrap_or_else(|_| "d0".into())
 }

@@ -544,7 +544,12 @@ impl Core {
         // one (a plain librdmacm peer gets raw messages, as on RoCE without flow control).
         let tail = self.devices[d].caps.tail()
             && match c.role {
-                Role::Client(_) => c.infos.raw_private_data.is_none(),
+                // Raw private data frames with tails only when it announces them itself.
+                Role::Client(_) => c
+                    .infos
+                    .raw_private_data
+                    .as_deref()
+                    .map_or(true, |raw| ConnectInfo::decode(raw).ok().flatten().is_some_and(|i| i.tail)),
                 _ => c.infos.peer.is_some(),
             };
         let tails = match self.devices[d].tails.as_ref().filter(|_| tail) {

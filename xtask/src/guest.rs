@@ -390,6 +390,9 @@ ip link set lo up
 # IPv6 addresses usable at once (no duplicate address detection on these private links).
 echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad
 echo 0 > /proc/sys/net/ipv6/conf/all/accept_dad
+# ... and kept when a test takes the netdev down and up (Linux drops IPv6 addresses then).
+echo 1 > /proc/sys/net/ipv6/conf/default/keep_addr_on_down
+echo 1 > /proc/sys/net/ipv6/conf/all/keep_addr_on_down
 {net}for d in {RXE_DEV} {SIW_DEV}; do
     i=0
     until rdma link show $d/1 2>/dev/null | grep -q 'state ACTIVE'; do
