@@ -73,11 +73,18 @@ pub fn ensure(kernel: &Kernel) -> Result<(PathBuf, Option<String>)> {
                 );
             }
             eprintln!("xtask: setup: installing {headers} (to build siw.ko for the guest)");
-            util::run(
-                Command::new("apt-get")
-                    .args(["install", "-y", "-q", "--no-install-recommends", &headers])
-                    .env("DEBIAN_FRONTEND", "noninteractive"),
-            )?;
+            let install = || {
+                util::run(
+                    Command::new("apt-get")
+                        .args(["install", "-y", "-q", "--no-install-recommends", &headers])
+                        .env("DEBIAN_FRONTEND", "noninteractive"),
+                )
+            };
+            if install().is_err() {
+                // Stale package lists may not name it yet: update once, then retry.
+                util::run(Command::new("apt-get").args(["update", "-q"]).env("DEBIAN_FRONTEND", "noninteractive"))?;
+                install()?;
+            }
         }
         if !build_dir.join("Makefile").is_file() {
             bail!("{headers} is installed but {} has no Makefile", build_dir.display());
@@ -98,7 +105,15 @@ pub fn ensure(kernel: &Kernel) -> Result<(PathBuf, Option<String>)> {
         None => source.clone(),
     };
     eprintln!("xtask: setup: downloading {wanted} (apt-get download; only drivers/infiniband/sw/siw is unpacked)");
-    util::output(Command::new("apt-get").args(["download", "-q", &wanted]).current_dir(&work))?;
+    let download = || util::output(Command::new("apt-get").args(["download", "-q", &wanted]).current_dir(&work));
+    if let Err(first) = download() {
+        // Stale package lists may not name it: update once (as root), then retry.
+        if !util::is_root() {
+            return Err(first);
+        }
+        util::run(Command::new("apt-get").args(["update", "-q"]).env("DEBIAN_FRONTEND", "noninteractive"))?;
+        download()?;
+    }
     let deb = std::fs::read_dir(&work)
         .context(|| format!("cannot list {}", work.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
