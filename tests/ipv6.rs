@@ -47,7 +47,10 @@ fn echo_round_trip(addr: &str, listen: SocketAddr) {
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn echo_over_global_ipv6() {
-    let Some(v) = var("RDMA_ADDR6") else { return };
+    let Some(v) = var("RDMA_ADDR6") else {
+        not_applicable("echo_over_global_ipv6", "RDMA_ADDR6 not set");
+        return;
+    };
     let listen = SocketAddr::new(IpAddr::V6(ip6("RDMA_ADDR6", &v)), port());
     let addr = listen.to_string();
     assert!(addr.starts_with('['), "{addr}");
@@ -59,10 +62,30 @@ fn echo_over_global_ipv6() {
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn echo_over_link_local_ipv6_scoped_by_interface_name() {
-    let (Some(ll), Some(netdev)) = (var("RDMA_LL6"), var("RDMA_NETDEV")) else { return };
+    let (Some(ll), Some(netdev)) = (var("RDMA_LL6"), var("RDMA_NETDEV")) else {
+        not_applicable("echo_over_link_local_ipv6_scoped_by_interface_name", "RDMA_LL6 or RDMA_NETDEV not set");
+        return;
+    };
     let ip = ip6("RDMA_LL6", &ll);
     assert!(ip.segments()[0] & 0xffc0 == 0xfe80, "RDMA_LL6={ll} is not link-local");
+    // A netdev taken down and up by an earlier test keeps the address (keep_addr_on_down) but
+    // the RoCE GID table does not get a manual link-local address back: add it again, which
+    // puts it there (and is harmless where it still is).
+    let cidr = format!("{ll}/64");
+    let _ = std::process::Command::new("ip").args(["-6", "addr", "del", &cidr, "dev", &netdev]).status();
+    let added = std::process::Command::new("ip").args(["-6", "addr", "add", &cidr, "dev", &netdev, "nodad"]).status();
+    assert!(added.is_ok_and(|s| s.success()), "ip -6 addr add {cidr} dev {netdev}");
+    std::thread::sleep(std::time::Duration::from_millis(200));
     let port = port();
     let addr = format!("[{ll}%{netdev}]:{port}");
     echo_round_trip(&addr, SocketAddr::new(IpAddr::V6(ip), port));
+}
+
+/// Reports a test that cannot run here by name (past libtest's capture, as
+/// `util::not_on_iwarp` does): a host without the test bed's IPv6 variables.
+fn not_applicable(test: &str, reason: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "xtask-not-applicable: {test}: {reason}");
+    let _ = out.flush();
 }
