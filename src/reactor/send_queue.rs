@@ -357,6 +357,43 @@ mod tests {
     }
 
     #[test]
+    fn a_held_queue_posts_nothing_until_released() {
+        let k = keys(2);
+        let mut q = filled(16, &k, true);
+        q.set_flow(flow(8, 8));
+        q.set_hold(true);
+        let mut room = CqRoom::new(64, 16);
+        assert!(!q.wants_post());
+        assert!(q.plan(&mut room, || unreachable!()).wrs.is_empty(), "an iWARP agent before its client spoke");
+        assert!(q.release());
+        assert!(!q.release(), "released once");
+        assert_eq!(ops(&q.plan(&mut room, || unreachable!())), k);
+    }
+
+    #[test]
+    fn a_hello_goes_first_credit_only_and_spends_one_credit() {
+        let k = keys(3);
+        let hello = keys(1)[0];
+        let mut q = filled(16, &k[..2], true);
+        q.set_flow(flow(3, 8));
+        q.set_hello(true);
+        assert!(q.wants_post());
+        let mut room = CqRoom::new(64, 16);
+        let plan = q.plan(&mut room, || hello);
+        // The hello took one of the 3 credits; one data message may go, one stays in reserve.
+        assert_eq!(ops(&plan), vec![hello, k[0]]);
+        assert_eq!(plan.wrs[0].imm.map(Imm::decode), Some(Imm { grant: 0, control: true }));
+        assert_eq!(plan.wrs[1].imm.map(Imm::decode), Some(Imm { grant: 0, control: false }));
+        // Without flow control the hello still goes first, marked credit-only.
+        let mut plain = filled(16, &k[2..], true);
+        plain.set_hello(true);
+        let plan = plain.plan(&mut room, || hello);
+        assert_eq!(ops(&plan), vec![hello, k[2]]);
+        assert_eq!(plan.wrs[0].imm.map(Imm::decode), Some(Imm { grant: 0, control: true }));
+        assert_eq!(plan.wrs[1].imm, None);
+    }
+
+    #[test]
     fn fifo_order_holds_behind_a_credit_blocked_op() {
         let k = keys(6);
         let mut q = SendQueue::new(16);
