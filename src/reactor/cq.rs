@@ -441,7 +441,7 @@ impl Core {
     /// queue pair to the error state for a request of the peer's (a READ, WRITE or atomic
     /// outside what was exposed to it: rxe raises no asynchronous event for it, Linux 6.1
     /// `rxe_resp.c`, and such a request completes no work request of this side): named as
-    /// that. On iWARP such a flush tells nothing yet: the peer's disconnect (its end of the TCP
+    /// that. On iWARP such a flush (or one before establishment) tells nothing yet: the peer's disconnect (its end of the TCP
     /// stream closing) flushes the queue pair before the connection manager reports it, a
     /// local error's flushed receives can come before that error's own completion, and a
     /// peer's violation ends the stream (a TERMINATE, then the close): the connection waits
@@ -450,7 +450,11 @@ impl Core {
     pub(super) fn work_error(&mut self, t: ConnKey, status: WcStatus) -> Option<Input> {
         let established = self.conns.get(t).is_some_and(|c| matches!(c.role.state(), State::Established));
         let iwarp = self.conns.get(t).and_then(|c| c.placed).is_some_and(|p| self.devices[p.device].caps.tail());
-        if status == WcStatus::WrFlushErr && established && iwarp {
+        let setting_up =
+            self.conns.get(t).is_some_and(|c| matches!(c.role.state(), State::Connecting | State::Accepting));
+        if status == WcStatus::WrFlushErr && (established || setting_up) && iwarp {
+            // (Before establishment too: a refused connect flushes the receives before the
+            // reject is reported, which then says why.)
             return None;
         }
         if status == WcStatus::WrFlushErr && established {

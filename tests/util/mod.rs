@@ -543,12 +543,9 @@ impl ConnectionHandler for PingClient {
                 assert!(c.buf.is_some(), "the buffer comes back");
                 self.result.borrow_mut().cancelled += 1;
             }
-            // iWARP: a refused connect flushes the posted receives before the reject is
-            // reported (the close reason tells what happened).
-            (OpCode::Recv, Err(OpError::Wc(rdma_reactor::WcStatus::WrFlushErr)))
-                if conn.state().is_some_and(|s| !s.is_established())
-                    && self.result.borrow().echoed == 0
-                    && transport() == "siw" => {}
+            // iWARP: the end of the stream (a refused connect, a peer gone) flushes the posted
+            // receives before the connection manager says why; `on_closed` tells.
+            (OpCode::Recv, Err(OpError::Wc(rdma_reactor::WcStatus::WrFlushErr))) if transport() == "siw" => {}
             (op, Err(e)) if self.seq < self.count => self.fail(conn, format!("{op:?} failed: {e}")),
             _ => {}
         }
