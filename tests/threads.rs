@@ -270,21 +270,14 @@ fn port_events_reach_the_listeners_of_every_reactor() {
     pump(&mut [&mut a, &mut b], limit, "PORT_ACTIVE at both", || {
         heard(&ea, "PORT_ACTIVE") && heard(&eb, "PORT_ACTIVE")
     });
-    // A link going down and up raises more than the two port events (GID changes of its
-    // addresses, IPv6 included): let the last one passed on reach the other reactor too.
-    let settled = |a: &Reactor, b: &Reactor| {
-        let (sa, sb) = (a.stats(), b.stats());
-        sa.async_events + sb.async_events == sa.shared_async_events + sb.shared_async_events
-    };
-    let calm = Instant::now() + Duration::from_secs(10);
-    while !settled(&a, &b) && Instant::now() < calm {
-        a.run_once(Some(Duration::from_millis(5))).expect("run_once");
-        b.run_once(Some(Duration::from_millis(5))).expect("run_once");
-    }
     let (sa, sb) = (a.stats(), b.stats());
     println!("reactor a heard {:?} ({sa:?})\nreactor b heard {:?} ({sb:?})", ea.borrow(), eb.borrow());
-    // Each event was read once, by one of them, and passed to the other.
-    assert_eq!(sa.async_events + sb.async_events, sa.shared_async_events + sb.shared_async_events);
+    // Each port event was read once, by one of them, and passed to the other (both heard
+    // both, above). A link going down and up raises other kinds too, which no one acts on and
+    // the reader keeps to itself (GID changes of the netdev's addresses, IPv6 ones included):
+    // read, not passed.
+    let (read, passed) = (sa.async_events + sb.async_events, sa.shared_async_events + sb.shared_async_events);
+    assert!(passed >= 2 && passed <= read, "read {read}, passed on {passed}");
     assert!(sa.async_events + sb.async_events >= 2, "PORT_ERR and PORT_ACTIVE were read");
     // Wait until the port is active again, for the tests after this one.
     let deadline = Instant::now() + limit;
