@@ -356,15 +356,7 @@ fn a_peer_beyond_its_credit_is_closed() {
     let log = Rc::new(RefCell::new(AgentLog::default()));
     srv.listen(server, SrqListener { log: log.clone() }).expect("listen");
     let mut cli = Reactor::with_config(Config { flow_control: false, ..Config::default() }).expect("client");
-    // On iWARP it frames with tails too (or it is refused at connect time): it lies about
-    // credits only.
-    let lie = rdma_reactor::ConnectInfo {
-        msg_size: 64,
-        recv_depth: 64,
-        flow_control: true,
-        tail: transport() == "siw",
-        ..Default::default()
-    };
+    let lie = lying_info();
     let opts = ConnectOptions { raw_private_data: Some(lie.encode(56).expect("encode")), ..Default::default() };
     let closed = Rc::new(RefCell::new(None));
     cli.connect(server, opts, Flood { closed: closed.clone(), sent: Rc::default() }).expect("connect");
@@ -428,15 +420,7 @@ fn flood_while_busy(shared_cq: Option<u32>) {
 
     // The flooder: established with the server ticking, then the server stops ticking.
     let mut cli = Reactor::with_config(Config { flow_control: false, ..Config::default() }).expect("client");
-    // On iWARP it frames with tails too (or it is refused at connect time): it lies about
-    // credits only.
-    let lie = rdma_reactor::ConnectInfo {
-        msg_size: 64,
-        recv_depth: 64,
-        flow_control: true,
-        tail: transport() == "siw",
-        ..Default::default()
-    };
+    let lie = lying_info();
     let opts = ConnectOptions { raw_private_data: Some(lie.encode(56).expect("encode")), ..Default::default() };
     let (closed, sent) = (Rc::new(RefCell::new(None)), Rc::new(RefCell::new((0, false))));
     cli.connect(server, opts, Flood { closed: closed.clone(), sent: sent.clone() }).expect("connect");
@@ -767,15 +751,7 @@ type FloodLog = (Rc<RefCell<Option<CloseReason>>>, Rc<RefCell<(u64, bool)>>);
 /// messages as soon as it is established.
 fn connect_flooder(server: std::net::SocketAddr) -> (Reactor, FloodLog) {
     let mut bad = Reactor::with_config(Config { flow_control: false, ..Config::default() }).expect("client");
-    // On iWARP it frames with tails too (or it is refused at connect time): it lies about
-    // credits only.
-    let lie = rdma_reactor::ConnectInfo {
-        msg_size: 64,
-        recv_depth: 64,
-        flow_control: true,
-        tail: transport() == "siw",
-        ..Default::default()
-    };
+    let lie = lying_info();
     let opts = ConnectOptions { raw_private_data: Some(lie.encode(56).expect("encode")), ..Default::default() };
     let (closed, sent) = (Rc::new(RefCell::new(None)), Rc::new(RefCell::new((0, false))));
     bad.connect(server, opts, Flood { closed: closed.clone(), sent: sent.clone() }).expect("connect");
@@ -1045,4 +1021,17 @@ fn clients_killed_mid_message_lose_no_srq_receive() {
     assert_eq!((l.sent, l.error.as_deref(), &l.closed), (240, None, &None), "no receive was missing");
     assert_eq!(seen.borrow().0, got + 240);
     assert_no_rnr(&before, &link_counters(), "after the kills");
+}
+
+/// Connect information that claims flow control with 64 receives, from a client that keeps to
+/// no credit. On iWARP it frames with tails too (or it is refused at connect time): it lies
+/// about credits only.
+fn lying_info() -> rdma_reactor::ConnectInfo {
+    rdma_reactor::ConnectInfo {
+        msg_size: 64,
+        recv_depth: 64,
+        flow_control: true,
+        tail: transport() == "siw",
+        ..Default::default()
+    }
 }
