@@ -101,6 +101,9 @@ fn reference_decode(d: &[u8]) -> Result<Option<ConnectInfo>, WireError> {
     if flags > max_flags || be(18, 2) != 0 {
         return Err(E::ReservedNotZero);
     }
+    if version == 2 && flags & 2 == 0 {
+        return Err(E::BadField { field: "version 2 without the tail flag", value: 2 });
+    }
     if be(8, 4) == 0 {
         return Err(E::BadField { field: "message size", value: 0 });
     }

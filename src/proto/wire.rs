@@ -5,7 +5,7 @@
 //! ```text
 //! offset size field
 //!  0      4   magic          0x5244_5258 ("RDRX")
-//!  4      1   version        1, or 2 when flag bit 1 is set
+//!  4      1   version        1, or 2 exactly when flag bit 1 is set
 //!  5      1   header length  bytes from offset 0 to the user bytes (>= 20; longer headers are
 //!                            extensions a version-1 reader skips)
 //!  6      1   user length    bytes of opaque user data after the header
@@ -204,6 +204,10 @@ impl ConnectInfo {
         let known = if version == VERSION_TAIL { FLAG_FLOW_CONTROL | FLAG_TAIL } else { FLAG_FLOW_CONTROL };
         if data[7] & !known != 0 || be_u16(data, 18) != 0 {
             return Err(WireError::ReservedNotZero);
+        }
+        if version == VERSION_TAIL && data[7] & FLAG_TAIL == 0 {
+            // Version 2 is the tail framing: one encoding per meaning.
+            return Err(WireError::BadField { field: "version 2 without the tail flag", value: 2 });
         }
         let info = ConnectInfo {
             msg_size: be_u32(data, 8),
@@ -451,13 +455,18 @@ mod tests {
         let bytes = info.encode(MAX_CONNECT_PRIVATE_DATA).unwrap();
         assert_eq!(bytes[4], VERSION_TAIL);
         assert_eq!(bytes[7], FLAG_FLOW_CONTROL | FLAG_TAIL);
-        assert_eq!(ConnectInfo::decode(&bytes).unwrap(), Some(info));
+        assert_eq!(ConnectInfo::decode(&bytes).unwrap(), Some(info.clone()));
         // Without the tail, version 1 as before: older peers on RoCE read it unchanged.
         assert_eq!(sample().encode(MAX_CONNECT_PRIVATE_DATA).unwrap()[4], VERSION);
         // The tail flag in a version-1 header is a reserved bit.
         let mut v1 = sample().encode(MAX_CONNECT_PRIVATE_DATA).unwrap();
         v1[7] |= FLAG_TAIL;
         assert_eq!(ConnectInfo::decode(&v1), Err(WireError::ReservedNotZero));
+        // Version 2 is the tail framing: without its flag it is refused (one encoding per
+        // meaning; the fuzz target found the version-2 header without it re-encoding as 1).
+        let mut v2 = info.encode(MAX_CONNECT_PRIVATE_DATA).unwrap();
+        v2[7] &= !FLAG_TAIL;
+        assert!(matches!(ConnectInfo::decode(&v2), Err(WireError::BadField { value: 2, .. })));
     }
 
     #[test]
