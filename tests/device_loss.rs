@@ -36,10 +36,6 @@ fn dev() -> String {
     std::env::var("RDMA_DEV").unwrap_or_else(|_| "rxe0".into())
 }
 
-fn netdev() -> String {
-    std::env::var("RDMA_NETDEV").unwrap_or_else(|_| "d0".into())
-}
-
 /// The second device [`Restore`] adds: of the same kind, on dummy d2 (198.18.2.1).
 fn second() -> String {
     format!("{}1", transport())

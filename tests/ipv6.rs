@@ -80,12 +80,3 @@ fn echo_over_link_local_ipv6_scoped_by_interface_name() {
     let addr = format!("[{ll}%{netdev}]:{port}");
     echo_round_trip(&addr, SocketAddr::new(IpAddr::V6(ip), port));
 }
-
-/// Reports a test that cannot run here by name (past libtest's capture, as
-/// `util::not_on_iwarp` does): a host without the test bed's IPv6 variables.
-fn not_applicable(test: &str, reason: &str) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "xtask-not-applicable: {test}: {reason}");
-    let _ = out.flush();
-}

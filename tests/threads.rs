@@ -434,8 +434,3 @@ fn a_reactor_that_is_gone_is_never_chosen() {
     let zero = ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 };
     assert_eq!(res_counts(owner_id()), zero, "every kernel object of this test destroyed");
 }
-
-/// The netdev under the device the tests run on (`$RDMA_NETDEV`: d0 under rxe0, s0 under siw0).
-fn netdev() -> String {
-    std::env::var("RDMA_NETDEV").unwrap_or_else(|_| "d0".into())
-}

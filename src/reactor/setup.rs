@@ -379,14 +379,8 @@ impl Core {
                 // now. Reap them all (the handler hears them while the connection is still
                 // established); what stays posted after that never completes
                 // (`ConnEntry::stream_closed`).
-                let cq = c.placed.map(|p| p.cq);
-                let on_srq = c.srq_credit.and(c.placed).map(|p| p.device);
-                if let Some(cq) = cq {
-                    self.poll_cq(cq, usize::MAX);
-                }
-                if let Some(rcq) = on_srq.and_then(|d| self.devices.get(d)).and_then(|x| x.srq.as_ref()).map(|s| s.cq) {
-                    self.poll_cq(rcq, usize::MAX);
-                }
+                let (cq, on_srq) = (c.placed.map(|p| p.cq), c.srq_credit.and(c.placed).map(|p| p.device));
+                self.reap_conn_cqs(cq, on_srq);
                 if let Some(c) = self.conns.get_mut(t) {
                     c.stream_closed = true;
                 }

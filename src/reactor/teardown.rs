@@ -86,13 +86,7 @@ impl Core {
         let qp_num = c.ep.qp().map(|q| q.qp_num());
         c.windows.release();
         drop(std::mem::replace(&mut c.ep, Endpoint::None));
-        if let Some(cq) = cq {
-            self.poll_cq(cq, usize::MAX);
-        }
-        if let Some(rcq) = on_srq.and_then(|d| self.devices.get(d)).and_then(|x| x.srq.as_ref()).map(|s| s.cq) {
-            // Its receive completions are on the SRQ's CQ: they reach its handler too.
-            self.poll_cq(rcq, usize::MAX);
-        }
+        self.reap_conn_cqs(cq, on_srq);
         if let Some(s) = on_srq.and_then(|d| self.devices.get_mut(d)).and_then(|x| x.srq.as_mut()) {
             // Its queue pair is gone and its CQs drained: no completion names it any more.
             if let Some(n) = qp_num {
@@ -147,6 +141,18 @@ impl Core {
         drop(l.id.take());
         if let Some(mut h) = l.handler.take() {
             self.deliver(|core| h.on_closed(&mut Ctx::new(core, None), reason));
+        }
+    }
+
+    /// Polls a connection's CQ (`cq`) and, on a shared receive queue (of device `on_srq`), the
+    /// SRQ's CQ until they are empty: every completion they hold reaches its handler.
+    pub(super) fn reap_conn_cqs(&mut self, cq: Option<CqKey>, on_srq: Option<usize>) {
+        if let Some(cq) = cq {
+            self.poll_cq(cq, usize::MAX);
+        }
+        if let Some(rcq) = on_srq.and_then(|d| self.devices.get(d)).and_then(|x| x.srq.as_ref()).map(|s| s.cq) {
+            // Its receive completions are on the SRQ's CQ: they reach its handler too.
+            self.poll_cq(rcq, usize::MAX);
         }
     }
 

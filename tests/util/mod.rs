@@ -48,13 +48,25 @@ pub fn not_on_iwarp(test: &str, reason: &str) -> bool {
     if transport() != "siw" {
         return false;
     }
+    not_applicable(test, reason);
+    true
+}
+
+/// Reports a test that cannot run here by name: one `xtask-not-applicable: TEST: REASON`
+/// line, which `cargo xtask test` counts `n/a` and lists.
+pub fn not_applicable(test: &str, reason: &str) {
     use std::io::Write;
     // `std::io::stdout()`, not `println!`: libtest captures only the print macros, and drops a
     // passing test's capture.
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "xtask-not-applicable: {test}: {reason}");
     let _ = out.flush();
-    true
+}
+
+/// The netdev under the device the tests run on (`$RDMA_NETDEV`: d0 under rxe0, s0 under
+/// siw0), `d0` when it is not set.
+pub fn netdev() -> String {
+    std::env::var("RDMA_NETDEV").unwrap_or_else(|_| "d0".into())
 }
 
 static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
