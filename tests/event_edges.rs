@@ -436,11 +436,12 @@ fn signals_and_spurious_wakeups_cost_nothing() {
     print!("{stdout}");
     let st = r.stats();
     println!(
-        "{secs:.1} s: {sent} signals sent ({:.0}/s), {signals} handled; interrupted_waits {}; {} remote messages; \
+        "{secs:.1} s: {sent} signals sent ({:.0}/s), {signals} handled; interrupted_waits {}, interrupted_connects {}; {} remote messages; \
          wakeups {}, spurious_wakeups {}; channel_reads {} = cm_events {} + cq_events {} + {} that found EAGAIN; \
          spurious_cq_events {}, cq_rearm_catches {}; cq_events_acked {}",
         sent as f64 / secs,
         st.interrupted_waits,
+        st.interrupted_connects,
         received.get(),
         st.wakeups,
         st.spurious_wakeups,
@@ -459,7 +460,7 @@ fn signals_and_spurious_wakeups_cost_nothing() {
     for (id, p) in pings.iter().enumerate() {
         let p = p.borrow();
         assert_eq!(p.error, None, "client {id}: no error reached its callbacks");
-        assert_eq!(p.echoed, COUNT, "client {id}: every message echoed and verified");
+        assert_eq!(p.echoed, COUNT, "client {id}: every message echoed and verified (closed: {:?})", p.closed);
         assert_eq!(p.verified_bytes, COUNT * 64, "client {id}");
         assert_eq!(p.closed, Some(CloseReason::Local), "client {id}");
     }
@@ -474,6 +475,9 @@ fn signals_and_spurious_wakeups_cost_nothing() {
     assert_eq!(out_of_order.get(), None, "Remote messages in order");
     assert!(signals > 0 && st.interrupted_waits > 0, "the signals interrupted epoll_wait: {st:?}");
     assert!(st.interrupted_waits <= signals, "an EINTR counted without a signal: {st:?}");
+    if transport() != "siw" {
+        assert_eq!(st.interrupted_connects, 0, "only iWARP connects inside rdma_connect: {st:?}");
+    }
     assert!(st.spurious_wakeups > 0, "a wakeup found nothing to do: {st:?}");
     assert!(st.channel_reads > st.cm_events + st.cq_events, "some reads found EAGAIN (no event): {st:?}");
     assert_eq!(st.cq_events_acked, st.cq_events, "every completion event acked once, none without a get: {st:?}");

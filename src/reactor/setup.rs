@@ -2,6 +2,7 @@
 //! per-device resources.
 
 use std::net::SocketAddr;
+use std::time::Instant;
 
 use super::{
     ConnEntry, ConnectOptions, ConnectRequest, ConnectionHandler, Core, Decision, Endpoint, ListenerEntry,
@@ -477,7 +478,17 @@ impl Core {
             (None, Err(e)) => return Some(Input::SetupFailed(format!("connect information: {e}"))),
         };
         let param = self.conn_param(&bytes, RD_ATOM, RD_ATOM);
-        if let Err(e) = self.conns.get(t)?.ep.id()?.connect(&param) {
+        // On iWARP `rdma_connect` makes the TCP connection inside the call (siw's
+        // `kernel_connect` blocks), so a signal can interrupt it: the kernel then undoes the
+        // attempt (the id is back to route-resolved), and the call is made again, as
+        // `SA_RESTART` would, for at most the connect step's deadline.
+        let deadline = Instant::now() + self.cfg.timeouts.connect;
+        let mut result = self.conns.get(t)?.ep.id()?.connect(&param);
+        while result.as_ref().is_err_and(|e| e.raw_os_error() == Some(nix::libc::EINTR)) && Instant::now() < deadline {
+            self.stats.interrupted_connects += 1;
+            result = self.conns.get(t)?.ep.id()?.connect(&param);
+        }
+        if let Err(e) = result {
             // On iWARP `rdma_connect` makes the TCP connection itself: a port where nothing
             // listens refuses it right there, where InfiniBand's CM answers with a REJ later.
             if e.raw_os_error() == Some(nix::libc::ECONNREFUSED) {
