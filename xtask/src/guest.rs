@@ -34,8 +34,16 @@ pub const RXE_DEV: &str = "rxe0";
 pub const SIW_DEV: &str = "siw0";
 /// The netdev siw0 sits on in the single VM (a second dummy).
 pub const SIW_NETDEV: &str = "s0";
-/// The netdev siw0 sits on in a linked VM: a macvlan on the virtio NIC.
+/// The netdev siw0 sits on in a linked VM: its own virtio NIC, renamed (rxe0 has the other).
 pub const SIW_LINK_NETDEV: &str = "s0";
+/// A linked VM's NICs: the first for rxe0, the second for siw0, each on a link of its own.
+pub const LINK_NICS: usize = 2;
+
+/// The MAC address of NIC `nic` (0: rxe0's, 1: siw0's) of linked VM `vm` (0: A, 1: B); the
+/// guest tells its NICs apart by it.
+pub fn link_mac(nic: usize, vm: usize) -> String {
+    format!("52:54:00:{:02x}:00:{:02x}", 0x18 + nic, vm + 1)
+}
 
 /// Which soft RDMA device a boot's command is pointed at (`$RDMA_DEV`, `$RDMA_ADDR`, ...).
 /// Both devices are up in every boot; this only chooses what the variables name.
@@ -142,9 +150,8 @@ const MODULES: &[&str] =
     &["crc32_generic", "crc32c_generic", "configfs", "dummy", "ib_uverbs", "rdma_ucm", "rdma_rxe", "libcrc32c"];
 /// Modules that newer kernels may not have (rxe there uses the crc32 library directly).
 const OPTIONAL_MODULES: &[&str] = &["crc32_generic", "crc32c_generic"];
-/// More modules for a linked VM: its NIC, netem for `tc qdisc ... netem`, and macvlan (siw0's
-/// netdev on the NIC).
-const LINK_MODULES: &[&str] = &["virtio_pci", "virtio_net", "sch_netem", "macvlan"];
+/// More modules for a linked VM: its NICs, and netem for `tc qdisc ... netem`.
+const LINK_MODULES: &[&str] = &["virtio_pci", "virtio_net", "sch_netem"];
 
 /// The two VMs of a linked pair, by name, and their addresses (TEST-NET-2, never routed; the
 /// frames travel only between the two qemu processes).
@@ -262,7 +269,7 @@ fn addresses(dev: &str, device: Device, n: u8) -> String {
 }
 
 /// The network part of `/init` for the single VM: rxe0 on the dummy netdev `d0`, siw0 on the
-/// dummy `s0` (a linked VM names its macvlan the same).
+/// dummy `s0` (a linked VM names siw0's NIC the same).
 fn dummy_net() -> String {
     format!(
         r#"out=$(ip link add {NETDEV} type dummy 2>&1 && ip link add {SIW_NETDEV} type dummy 2>&1) || fail "dummy netdevs: $out"
@@ -291,23 +298,28 @@ fn link_net(l: &Link) -> String {
     let rxe_addrs = addresses("$nic", Device::Rxe, n);
     let siw_addrs = addresses(SIW_LINK_NETDEV, Device::Siw, n);
     let host = format!("vm-{}", name.to_ascii_lowercase());
+    let n0 = link_mac(0, n as usize - 1);
+    let n1 = link_mac(1, n as usize - 1);
     format!(
         r#"hostname {host}
 nic=
+snic=
 i=0
 while :; do
     for n in /sys/class/net/*; do
-        n=${{n##*/}}
-        [ "$n" != lo ] && [ -e "/sys/class/net/$n/device" ] && nic=$n && break
+        case "$(cat $n/address 2>/dev/null)" in
+        {n0}) nic=${{n##*/}} ;;
+        {n1}) snic=${{n##*/}} ;;
+        esac
     done
-    [ -n "$nic" ] && break
+    [ -n "$nic" ] && [ -n "$snic" ] && break
     i=$((i + 1))
-    [ $i -gt 200 ] && fail "no NIC for the link appeared: $(ls /sys/class/net)"
+    [ $i -gt 200 ] && fail "the link's two NICs ({n0}, {n1}) did not appear: $(ls /sys/class/net)"
     usleep 50000
 done
+out=$(ip link set dev $snic name {SIW_LINK_NETDEV} 2>&1) || fail "rename $snic to {SIW_LINK_NETDEV}: $out"
 export RXE_NETDEV=$nic VM_NAME={name} LINK_PEER_ADDR={peer}
-{rxe_addrs}out=$(ip link add link $nic name {SIW_LINK_NETDEV} type macvlan mode bridge 2>&1) || fail "macvlan {SIW_LINK_NETDEV}: $out"
-{siw_addrs}out=$(rdma link add {RXE_DEV} type rxe netdev $nic 2>&1) || fail "rdma link add {RXE_DEV} netdev $nic: $out"
+{rxe_addrs}{siw_addrs}out=$(rdma link add {RXE_DEV} type rxe netdev $nic 2>&1) || fail "rdma link add {RXE_DEV} netdev $nic: $out"
 out=$(rdma link add {SIW_DEV} type siw netdev {SIW_LINK_NETDEV} 2>&1) || fail "rdma link add {SIW_DEV} netdev {SIW_LINK_NETDEV}: $out"
 mkdir -p {SIGNAL_DIR}
 out=$(httpd -p {addr}:{SIGNAL_PORT} -h {SIGNAL_DIR} 2>&1) || fail "httpd (the signal server): $out"
@@ -723,7 +735,8 @@ mod tests {
         let s = init_script(&g, &["virtio_net".into()], "");
         assert!(s.contains("export RXE_NETDEV=$nic VM_NAME=B LINK_PEER_ADDR=198.18.0.1\n"));
         assert!(s.contains("ip addr add 198.18.0.2/24 dev $nic"));
-        assert!(s.contains("ip link add link $nic name s0 type macvlan mode bridge"));
+        assert!(s.contains("52:54:00:18:00:02) nic=") && s.contains("52:54:00:19:00:02) snic="));
+        assert!(s.contains("ip link set dev $snic name s0"));
         assert!(s.contains("ip addr add 198.18.1.2/24 dev s0"));
         assert!(s.contains("rdma link add rxe0 type rxe netdev $nic"));
         assert!(s.contains("rdma link add siw0 type siw netdev s0"));

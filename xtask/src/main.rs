@@ -90,8 +90,8 @@ name each device's own, whichever is chosen; `runas rdmauser CMD [ARGS...]` runs
 unprivileged uid 1000 (memlock $RUNAS_MEMLOCK KiB, default 8192); /tmp is a tmpfs;
 RUST_BACKTRACE=1.
 in vm2's VMs: $VM_NAME is A or B, $RDMA_ADDR ends in .1 (A) or .2 (B) (::1, ::2 in IPv6),
-$PEER_ADDR, $PEER_ADDR6, $PEER_LL6 the other's; rxe0 sits on the virtio NIC, siw0 on the
-macvlan s0 over it ($RDMA_NETDEV is the chosen one's); `tc ... netem` works (iproute2's tc);
+$PEER_ADDR, $PEER_ADDR6, $PEER_LL6 the other's; rxe0 sits on one virtio NIC, siw0 on a
+second one, s0, on a link of its own ($RDMA_NETDEV is the chosen one's); `tc ... netem` works (iproute2's tc);
 `peer-signal NAME` / `peer-wait NAME [SECS]` / `peer-sync NAME [SECS]` coordinate the two
 commands (bounded waits), `vm-poweroff` pulls the VM's plug (counts as exit 0).
 
@@ -259,7 +259,7 @@ fn run_in_vm_capture(
         accel,
         report_boot: true,
         label: "",
-        nic: None,
+        nics: Vec::new(),
         stop: None,
     };
     let stdout = std::io::stdout();

@@ -349,7 +349,7 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options, de
         accel,
         report_boot: true,
         label: "",
-        nic: None,
+        nics: Vec::new(),
         stop: None,
     };
     let mut rows: Vec<Row> = Vec::new();
@@ -546,32 +546,6 @@ pub fn run(opts: &Options) -> Result<i32> {
             rows.extend(vm_tests(kernel, &bins, opts, device)?);
         }
         for device in opts.devices() {
-            if device == Device::Siw {
-                // Said, not skipped silently (issue 19's closing note): across the two VMs'
-                // link the first siw connection of a run times out at connect (20 s) while
-                // ping works; the cases that need RC retries are not applicable on iWARP
-                // anyway (tests/two_vm.rs). `cargo xtask vm2 --cases --device siw` runs them.
-                eprintln!(
-                    "xtask: the two-VM stage on siw is not run: OPEN, the first siw connection across the link \
-                     times out at connect; `cargo xtask vm2 --cases --device siw` runs it"
-                );
-                rows.push(Row {
-                    place: "vm2 siw",
-                    name: "two-VM cases".into(),
-                    counts: Some(Counts { passed: 0, failed: 0, ignored: 0 }),
-                    status: Some(0),
-                    killed: false,
-                    note: Some("not run: OPEN, the first siw connection across the link times out at connect".into()),
-                    secs: None,
-                    not_applicable: vec![(
-                        "two-VM cases on siw".into(),
-                        "OPEN, not a transport limit: the first siw connection across the link times out at connect \
-                         (20 s) while ping works; cause not found yet"
-                            .into(),
-                    )],
-                });
-                continue;
-            }
             rows.extend(vm2_cases(kernel, &bins, opts, device));
         }
     } else {

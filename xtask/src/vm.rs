@@ -169,6 +169,8 @@ pub const LINK_HOST: &str = "127.0.0.1";
 /// [`LINK_HOST`] (qemu's `dgram` netdev): two VMs with mirrored ports share one Ethernet link.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Nic {
+    /// Which of the VM's links this is (qemu's netdev `link{index}`).
+    pub index: usize,
     /// The UDP port this VM's qemu receives on.
     pub local_port: u16,
     /// The UDP port the peer's qemu receives on.
@@ -183,28 +185,29 @@ impl Nic {
         vec![
             "-netdev".into(),
             format!(
-                "dgram,id=link0,local.type=inet,local.host={LINK_HOST},local.port={},\
+                "dgram,id=link{},local.type=inet,local.host={LINK_HOST},local.port={},\
                  remote.type=inet,remote.host={LINK_HOST},remote.port={}",
-                self.local_port, self.remote_port
+                self.index, self.local_port, self.remote_port
             ),
             "-device".into(),
             // No option ROM: the kernel is booted directly, nothing PXE-boots.
-            format!("virtio-net-pci,netdev=link0,mac={},romfile=", self.mac),
+            format!("virtio-net-pci,netdev=link{},mac={},romfile=", self.index, self.mac),
         ]
     }
 }
 
-/// Two free UDP ports on [`LINK_HOST`] (bound, read, released: another program may take them
-/// before qemu does, which makes qemu fail to start with "Address already in use").
-pub fn free_udp_ports() -> Result<(u16, u16)> {
-    let bind = || {
-        std::net::UdpSocket::bind((LINK_HOST, 0))
-            .and_then(|s| Ok((s.local_addr()?.port(), s)))
-            .map_err(|e| Error::new(format!("cannot find a free UDP port on {LINK_HOST}: {e}")))
-    };
-    let (a, _sa) = bind()?;
-    let (b, _sb) = bind()?;
-    Ok((a, b))
+/// `n` distinct free UDP ports on [`LINK_HOST`] (bound together, read, released: another
+/// program may take them before qemu does, which makes qemu fail to start with "Address already
+/// in use").
+pub fn free_udp_ports(n: usize) -> Result<Vec<u16>> {
+    let sockets = (0..n)
+        .map(|_| {
+            std::net::UdpSocket::bind((LINK_HOST, 0))
+                .and_then(|s| Ok((s.local_addr()?.port(), s)))
+                .map_err(|e| Error::new(format!("cannot find a free UDP port on {LINK_HOST}: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(sockets.into_iter().map(|(port, _)| port).collect())
 }
 
 /// One boot's parameters.
@@ -225,8 +228,8 @@ pub struct Boot<'a> {
     pub report_boot: bool,
     /// How this VM is named in xtask's messages (`A`, `B`; empty for the single VM).
     pub label: &'a str,
-    /// A NIC on a link to another VM; `None`: no network device at all (`-nic none`).
-    pub nic: Option<Nic>,
+    /// NICs on links to another VM; none: no network device at all (`-nic none`).
+    pub nics: Vec<Nic>,
     /// When set (checked every 100 ms), qemu is killed and the run ends with
     /// [`Outcome::Stopped`].
     pub stop: Option<&'a AtomicBool>,
@@ -259,10 +262,12 @@ fn qemu_command(b: &Boot) -> Command {
     cmd.args(["-smp", "2", "-m", &MEMORY_MIB.to_string()])
         .args(["-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none", "-serial", "stdio"])
         .arg("-no-reboot");
-    match &b.nic {
-        Some(nic) => cmd.args(nic.qemu_args()),
-        None => cmd.args(["-nic", "none"]),
-    };
+    if b.nics.is_empty() {
+        cmd.args(["-nic", "none"]);
+    }
+    for nic in &b.nics {
+        cmd.args(nic.qemu_args());
+    }
     cmd.arg("-kernel")
         .arg(b.kernel)
         .arg("-initrd")
@@ -490,7 +495,7 @@ pub fn choose_accel(kernel: &Kernel) -> Result<Accel> {
         accel: Accel::Kvm,
         report_boot: false,
         label: "",
-        nic: None,
+        nics: Vec::new(),
         stop: None,
     };
     let t = Instant::now();
@@ -575,16 +580,16 @@ mod tests {
 
     #[test]
     fn the_link_uses_the_loopback_only() {
-        let nic = Nic { local_port: 4000, remote_port: 4001, mac: "52:54:00:18:00:01".into() };
+        let nic = Nic { index: 1, local_port: 4000, remote_port: 4001, mac: "52:54:00:19:00:01".into() };
         let args = nic.qemu_args();
         assert_eq!(
             args[1],
-            "dgram,id=link0,local.type=inet,local.host=127.0.0.1,local.port=4000,\
+            "dgram,id=link1,local.type=inet,local.host=127.0.0.1,local.port=4000,\
              remote.type=inet,remote.host=127.0.0.1,remote.port=4001"
         );
-        assert_eq!(args[3], "virtio-net-pci,netdev=link0,mac=52:54:00:18:00:01,romfile=");
-        let (a, b) = free_udp_ports().unwrap();
-        assert!(a != 0 && b != 0 && a != b);
+        assert_eq!(args[3], "virtio-net-pci,netdev=link1,mac=52:54:00:19:00:01,romfile=");
+        let p = free_udp_ports(4).unwrap();
+        assert!(p.iter().all(|&x| x != 0) && (1..4).all(|i| !p[..i].contains(&p[i])), "{p:?}");
     }
 
     #[test]

@@ -17,6 +17,9 @@ use crate::setup::Kernel;
 use crate::util::{Error, Result};
 use crate::vm::{self, Boot, Event, Nic, Outcome};
 
+/// The NICs, and links, of each VM of the pair: rxe0's and siw0's.
+const LINKS: usize = guest::LINK_NICS;
+
 /// The script of the two-VM cases; it runs in both VMs as `/xtask/cases.sh [NAME...]`.
 pub const CASES_SCRIPT: &str = include_str!("vm2_cases.sh");
 
@@ -155,18 +158,31 @@ pub struct PairRun {
 /// Boots VM A and VM B, linked, running `scripts[0]` and `scripts[1]` as their `cmd.sh`.
 pub fn run_pair(kernel: &Kernel, bins: &Binaries, scripts: [String; 2], o: &PairOptions) -> Result<PairRun> {
     let accel = vm::choose_accel(kernel)?;
-    let (port_a, port_b) = vm::free_udp_ports()?;
-    let ports = [(port_a, port_b), (port_b, port_a)];
+    // Two links: the first carries rxe0 (and the signals), the second siw0. They cannot share
+    // a NIC: RoCE's GID table takes the addresses of a NIC's upper devices too (a macvlan's),
+    // so rdma_cm would bind siw0's address to rxe0.
+    let p = vm::free_udp_ports(2 * LINKS)?;
+    let ports = |vm: usize, link: usize| {
+        let (a, b) = (p[2 * link], p[2 * link + 1]);
+        if vm == 0 {
+            (a, b)
+        } else {
+            (b, a)
+        }
+    };
     let stop = [AtomicBool::new(false), AtomicBool::new(false)];
     let done = [AtomicBool::new(false), AtomicBool::new(false)];
     let markers = Mutex::new(Vec::new());
     let base = vm::nonce();
     eprintln!(
-        "xtask: vm2: booting VM A ({}) and VM B ({}), linked through UDP {}:{port_a} <-> {}:{port_b}",
+        "xtask: vm2: booting VM A ({}) and VM B ({}), linked through UDP {h}:{} <-> {h}:{} (rxe) and {h}:{} <-> {h}:{} (siw)",
         guest::LINK_VMS[0].1,
         guest::LINK_VMS[1].1,
-        vm::LINK_HOST,
-        vm::LINK_HOST
+        p[0],
+        p[1],
+        p[2],
+        p[3],
+        h = vm::LINK_HOST,
     );
     let ends: Vec<End> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..2)
@@ -176,12 +192,13 @@ pub fn run_pair(kernel: &Kernel, bins: &Binaries, scripts: [String; 2], o: &Pair
                     let (name, addr) = guest::LINK_VMS[i];
                     let link = Link { name, addr, peer: guest::LINK_VMS[1 - i].1 };
                     let nonce = format!("{base}{}", name.to_ascii_lowercase());
-                    let nic = Nic {
-                        local_port: ports[i].0,
-                        remote_port: ports[i].1,
-                        mac: format!("52:54:00:18:00:{:02x}", i + 1),
-                    };
-                    let end = boot_one(kernel, bins, &nonce, script, link, nic, accel, &stop[i], markers, i, o);
+                    let nics = (0..LINKS)
+                        .map(|l| {
+                            let (local_port, remote_port) = ports(i, l);
+                            Nic { index: l, local_port, remote_port, mac: guest::link_mac(l, i) }
+                        })
+                        .collect();
+                    let end = boot_one(kernel, bins, &nonce, script, link, nics, accel, &stop[i], markers, i, o);
                     done[i].store(true, Ordering::SeqCst);
                     if !end.ok() && end != End::Stopped {
                         eprintln!("xtask: {name}: {}", end.describe());
@@ -219,7 +236,7 @@ fn boot_one(
     nonce: &str,
     script: &str,
     link: Link,
-    nic: Nic,
+    nics: Vec<Nic>,
     accel: vm::Accel,
     stop: &AtomicBool,
     markers: &Mutex<Vec<(usize, String, Instant)>>,
@@ -241,7 +258,7 @@ fn boot_one(
         accel,
         report_boot: true,
         label: link.name,
-        nic: Some(nic),
+        nics,
         stop: Some(stop),
     };
     let mut lines = LinePrefixer::new(&format!("{}| ", link.name));
