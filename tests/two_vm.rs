@@ -118,7 +118,8 @@ impl ConnectionHandler for SinkConn {
     fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
         if let (OpCode::Recv, Ok(len)) = (c.opcode, &c.result) {
             let expected = self.messages as u8;
-            let intact = *len as usize == SIZE && c.buf.as_ref().is_some_and(|b| b.as_slice().iter().all(|&x| x == expected));
+            let intact =
+                *len as usize == SIZE && c.buf.as_ref().is_some_and(|b| b.as_slice().iter().all(|&x| x == expected));
             self.messages += 1;
             let mut w = self.shared.borrow_mut();
             w.received += 1;
@@ -486,10 +487,7 @@ fn link_down_up_iwarp(vm: &Vm) {
     signal("ldu.done");
     assert_eq!(closed_before_up, 0, "B's busy connection ended while A's link was down, across it: {first}");
     assert!(ended, "B's busy connection did not end within {NOTICE:?} of A's link coming back");
-    println!(
-        "RESULT B's busy connection ended {} after A's link came back: {first}",
-        secs(after_up)
-    );
+    println!("RESULT B's busy connection ended {} after A's link came back: {first}", secs(after_up));
     assert!(second_done, "the new connection did not finish within 60 s");
     let w = w.borrow();
     let second = &w.closed[before];

@@ -281,8 +281,8 @@ impl Qp {
         let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
         // SAFETY: the QP is live while self lives; the chain and its SGEs are valid for the
         // call; the memory they name is the caller's to keep valid (this fn's contract).
-        let r = cvt_nz(unsafe { ffi::ibv_post_send(self.raw(), base, &mut bad) });
-        r.map_err(|error| PostError { posted: failed_index(bad, base, wrs.len()), error })
+        let ret = unsafe { ffi::ibv_post_send(self.raw(), base, &mut bad) };
+        post_outcome(ret, bad, base, wrs.len())
     }
 
     /// Posts `wrs` as one chain (one doorbell).
@@ -326,8 +326,8 @@ pub(super) fn post_recv_chain(
     link(&mut chain, |wr, next| wr.next = next);
     let base = chain.as_mut_ptr();
     let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
-    let r = cvt_nz(post(base, &mut bad));
-    r.map_err(|error| PostError { posted: failed_index(bad, base, wrs.len()), error })
+    let ret = post(base, &mut bad);
+    post_outcome(ret, bad, base, wrs.len())
 }
 
 pub(super) fn link<T>(chain: &mut [T], set_next: impl Fn(&mut T, *mut T)) {
@@ -344,6 +344,24 @@ pub(super) fn link<T>(chain: &mut [T], set_next: impl Fn(&mut T, *mut T)) {
 /// not say), every request is taken to be posted: reading it as "none posted" would hand back
 /// buffers the device may still write. The caller then closes the queue pair, whose
 /// destruction (or flush) settles them.
+/// What a post call of a chain of `len` requests at `base` did, from its return value and
+/// the first refused request it reported in `bad` (NULL before the call).
+///
+/// A refused request reported with a return value of 0 is a failure too: libsiw (rdma-core
+/// `providers/siw/siw.c`, `siw_post_send`) overwrites the error of a request it refused with
+/// the result of the doorbell it then rings for the requests before it, so it returns 0 having
+/// posted only those. Its refusals are `EINVAL` (a request it cannot encode, such as inline
+/// data beyond its limit), which is what such a failure is reported as. (A nonzero return
+/// may also be a negated errno: libsiw returns `-EINVAL`; `cvt_nz` takes either sign.)
+pub(super) fn post_outcome<T>(ret: i32, bad: *mut T, base: *mut T, len: usize) -> Result<(), PostError> {
+    let error = match cvt_nz(ret) {
+        Err(e) => e,
+        Ok(()) if failed_index(bad, base, len) < len => io::Error::from_raw_os_error(nix::libc::EINVAL),
+        Ok(()) => return Ok(()),
+    };
+    Err(PostError { posted: failed_index(bad, base, len), error })
+}
+
 pub(super) fn failed_index<T>(bad: *mut T, base: *mut T, len: usize) -> usize {
     let (bad, base) = (bad as usize, base as usize);
     let size = std::mem::size_of::<T>().max(1);
@@ -356,7 +374,7 @@ pub(super) fn failed_index<T>(bad: *mut T, base: *mut T, len: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::failed_index;
+    use super::{failed_index, post_outcome};
 
     /// Hostile review (issue 22), finding 7: an unknown failing request was read as "nothing
     /// posted" (0), so the callers handed back receive buffers (or freed SRQ slots) the device
@@ -373,5 +391,23 @@ mod tests {
         assert_eq!(failed_index(at(5), base, 5), 5, "past the chain: all");
         assert_eq!(failed_index(base.wrapping_sub(1), base, 5), 5, "before the chain: all");
         assert_eq!(failed_index(base.cast::<u8>().wrapping_add(3).cast::<u64>(), base, 5), 5, "not a request: all");
+    }
+
+    /// libsiw returns 0 from a post that refused a request part-way (the doorbell's result
+    /// overwrites the refusal), with the refused request in `bad`: that is a failure at it, not
+    /// a success, or the requests after it would wait for completions that never come.
+    #[test]
+    fn a_refused_request_reported_with_success_is_a_failure() {
+        let mut chain = [0u64; 8];
+        let base = chain.as_mut_ptr();
+        // SAFETY: an offset within the array.
+        let sixth = unsafe { base.add(5) };
+        let e = post_outcome(0, sixth, base, 8).expect_err("refused at the sixth");
+        assert_eq!((e.posted, e.error.raw_os_error()), (5, Some(nix::libc::EINVAL)));
+        assert!(post_outcome(0, std::ptr::null_mut(), base, 8).is_ok(), "NULL: all posted");
+        let e = post_outcome(-nix::libc::EINVAL, sixth, base, 8).expect_err("a negated errno");
+        assert_eq!((e.posted, e.error.raw_os_error()), (5, Some(nix::libc::EINVAL)));
+        let e = post_outcome(nix::libc::ENOMEM, std::ptr::null_mut(), base, 8).expect_err("unknown request");
+        assert_eq!((e.posted, e.error.raw_os_error()), (8, Some(nix::libc::ENOMEM)));
     }
 }
