@@ -634,7 +634,9 @@ impl ConnectionHandler for BlastClient {
                     t.bytes += u64::from(n);
                     t.last_tick = common::Clock::ticks();
                 }
-                if let Some(buf) = c.buf.filter(|b| b.capacity() >= self.size) {
+                // A message's buffer is used again; a WRITE + SEND pair's empty SEND is not a
+                // message's (its length is 0: reused, it would WRITE nothing into the slot).
+                if let Some(buf) = c.buf.filter(|b| b.len() == self.size) {
                     self.free.push(buf);
                 }
                 if self.completed == self.count {

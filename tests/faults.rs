@@ -96,6 +96,69 @@ fn assert_baseline() {
     assert_eq!(res_counts(owner_id()), zero, "every kernel object of this test destroyed");
 }
 
+/// Whether a TCP socket listens on `a` (`/proc/net/tcp`: an iWARP listener's is siw's kernel
+/// socket).
+fn tcp_listening(a: SocketAddr) -> bool {
+    let port = format!(":{:04X} ", a.port());
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    table.lines().any(|l| l.contains(&port) && l.split_whitespace().nth(3) == Some("0A"))
+}
+
+/// Plain TCP clients that connect to a listener's port and close at once (a port scan, a load
+/// balancer's health check). On RoCE nothing listens on TCP: each is refused, and the listener
+/// serves a verified ping-pong after. On Soft-iWARP (Linux 6.1) this is a kernel defect the
+/// runtime cannot see or repair: a connection that closes before siw's own accept work ran
+/// makes siw close its *listening* socket (the accepted socket still carries the listener's
+/// callbacks and endpoint, so its close is taken for the listener's), while rdma_cm keeps the
+/// listener in LISTEN and no event reaches user space: every later connect is refused with
+/// "nothing listens". The test asserts that defect, so that a kernel without it says so
+/// (then FAULTS.md and `churn::Client::may_die` are to be updated).
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_tcp_probe_of_the_listening_port() {
+    const PROBES: usize = 1000;
+    let siw = transport() == "siw";
+    {
+        let (mut srv, a, heard) = server(Config::default());
+        assert_eq!(tcp_listening(a), siw, "only iWARP listens on TCP");
+        let (mut connected, mut refused) = (0, 0);
+        for _ in 0..PROBES {
+            match std::net::TcpStream::connect(a) {
+                Ok(s) => {
+                    connected += 1;
+                    drop(s);
+                }
+                Err(e) => {
+                    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+                    refused += 1;
+                }
+            }
+            srv.run_once(Some(Duration::ZERO)).expect("run_once");
+            if siw && !tcp_listening(a) {
+                break;
+            }
+        }
+        println!("{connected} TCP probes connected, {refused} refused; a TCP socket listens: {}", tcp_listening(a));
+        if siw {
+            assert!(
+                !tcp_listening(a),
+                "siw kept its listening socket through {PROBES} TCP probes: the Linux 6.1 defect is not in this \
+                 kernel; update FAULTS.md and churn::Client::may_die"
+            );
+            assert!(connected >= 1 && refused == 0, "siw listened until the defect struck");
+            println!("siw dropped its listening socket after {connected} probes; rdma_cm still listens, unaware");
+        } else {
+            assert_eq!(refused, PROBES, "nothing listens on TCP");
+            let mut cli = Reactor::new().expect("client reactor");
+            let p = ping(&mut cli, a, 7, 20);
+            pump(&mut [&mut srv, &mut cli], LIMIT, || closed(&p));
+            assert_served(&p, 20);
+        }
+        assert_eq!(heard.borrow().accepted, usize::from(!siw), "a TCP probe is no connect request");
+    }
+    assert_baseline();
+}
+
 /// Catalogue case 7: `max_connections` refuses the request beyond it with a reason the client
 /// and the listener can read; the connections within it keep working; a slot freed by a close
 /// is usable again; a client reactor at its limit refuses `connect` with `Error::Limit`.
