@@ -87,6 +87,12 @@ pub enum Error {
         /// The OS error `ibv_reg_mr` reported (`ENOMEM`).
         source: io::Error,
     },
+    /// A future of the async face (`rdma_reactor::io`) was polled where no reactor polls it:
+    /// outside [`Reactor::block_on`](crate::Reactor::block_on), a task
+    /// [`spawn`](crate::Reactor::spawn)ed on a reactor, or the tokio driver.
+    NoReactor,
+    /// A submitted operation completed with an error (the device's, a flush, a cancel).
+    Operation(crate::proto::op::OpError),
     /// A limit of [`Config`](crate::Config) was reached.
     Limit {
         /// Which one, e.g. `"max_connections"`.
@@ -150,6 +156,11 @@ impl fmt::Display for Error {
             Error::Config(what) => write!(f, "bad configuration: {what}"),
             Error::Unsupported(what) => write!(f, "not supported by the device: {what}"),
             Error::Limit { what, limit } => write!(f, "limit reached: {what} = {limit} (raise it in Config)"),
+            Error::NoReactor => f.write_str(
+                "no reactor polls this future: await it in Reactor::block_on, a task of Reactor::spawn, \
+                 or the tokio driver (rdma_reactor::io::tokio)",
+            ),
+            Error::Operation(_) => f.write_str("operation failed"),
             Error::Memlock { asked, limit, context, .. } => {
                 let limit = limit.map_or("unlimited".to_string(), |l| format!("{l} bytes"));
                 write!(
@@ -169,6 +180,7 @@ impl std::error::Error for Error {
         match self {
             Error::Verb { source, .. } | Error::Os { source, .. } | Error::Memlock { source, .. } => Some(source),
             Error::Wire(e) => Some(e),
+            Error::Operation(e) => Some(e),
             _ => None,
         }
     }

@@ -82,6 +82,43 @@ pub use reactor::{
     SubmitError, Timeouts,
 };
 pub use sys::device::{devices, DeviceInfo, LinkLayer, PortInfo, PortState};
+
+/// The async face: connections, listeners and operations as futures, on the reactor's own
+/// thread ([`Reactor::block_on`], [`Reactor::spawn`], or the tokio driver with the `tokio`
+/// feature). A thin layer over the callback API, with the same tick: what the tasks polled in
+/// a tick submit is posted at its end, one chain per queue pair.
+///
+/// ```no_run
+/// use rdma_reactor::io::{Connection, Listener};
+/// use rdma_reactor::{ConnectOptions, Reactor};
+///
+/// let mut reactor = Reactor::new()?;
+/// let addr = "198.18.0.1:7471".parse().unwrap();
+/// let listener = reactor.block_on(async { Listener::bind(addr) })??;
+/// reactor.spawn(async move {
+///     while let Ok(conn) = listener.accept().await {
+///         while let Ok(msg) = conn.recv().await {
+///             let (sent, _buf) = conn.send(msg).await; // echo it back
+///             if sent.is_err() {
+///                 break;
+///             }
+///         }
+///     }
+/// });
+/// let conn = reactor.block_on(Connection::connect(addr, ConnectOptions::default()))??;
+/// # Ok::<(), rdma_reactor::Error>(())
+/// ```
+pub mod io {
+    pub use crate::reactor::aio::{Accept, Close, Connect, Connection, Listener, OpFuture, Recv};
+    pub use crate::reactor::exec::{spawn, stats, JoinHandle};
+
+    /// The tokio driver (feature `tokio`): [`drive`](tokio::drive) runs a reactor inside a
+    /// tokio task, so RDMA futures and tokio's own are awaited in the same task.
+    #[cfg(feature = "tokio")]
+    pub mod tokio {
+        pub use crate::reactor::tokio_drive::{drive, Drive};
+    }
+}
 pub use sys::pool::{Buf, Exposed, PoolConfig, RegionWindow};
 pub use sys::region::{Region, RegionSlice};
 

@@ -175,7 +175,16 @@ fn device_removal_closes_releases_and_comes_back() {
                 && !s.agents_closed.borrow().is_empty()
         });
         assert!(deleted.is_some_and(|st| st.success()), "rdma link delete rxe0 failed: {deleted:?}");
-        assert_eq!(busy.borrow().closed, Some(CloseReason::DeviceRemoval), "the client");
+        // On siw the removal can tear the agent's stream down before the client's id hears
+        // DEVICE_REMOVAL: the client then closes with the peer's close (both are in this
+        // process, on the one device).
+        let client = busy.borrow().closed.clone();
+        let allowed = if transport() == "siw" {
+            matches!(client, Some(CloseReason::DeviceRemoval | CloseReason::Peer))
+        } else {
+            client == Some(CloseReason::DeviceRemoval)
+        };
+        assert!(allowed, "the client: {client:?}");
         assert_eq!(*s.agents_closed.borrow(), vec![CloseReason::DeviceRemoval], "the agent");
         assert_eq!(*s.closed.borrow(), Some(CloseReason::DeviceRemoval), "the listener");
         assert!(srv.is_idle() && cli.is_idle());

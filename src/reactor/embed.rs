@@ -50,7 +50,8 @@ impl Core {
             || !self.dirty.is_empty()
             || !self.closing.is_empty()
             || !self.closing_listeners.is_empty()
-            || !self.graveyard.is_empty();
+            || !self.graveyard.is_empty()
+            || self.exec.has_work();
         if busy {
             return Some(Duration::ZERO);
         }

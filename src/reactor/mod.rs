@@ -24,6 +24,8 @@
 //! 4. Poll hot CQs in batches under a per-CQ budget. A CQ found empty stays unarmed for now;
 //!    a CQ that used its budget stays hot for the next tick.
 //! 5. Fire expired deadlines and timers (`timers.rs`).
+//!    5b. Close what lost its last async handle and poll the woken tasks (`exec.rs`): what
+//!    they submit is posted in step 6.
 //! 6. Post the operations submitted during the tick: first each device's shared receive queue
 //!    refill (`srq.rs`, one chain per device), then one chain per queue pair and direction
 //!    (`post.rs`, planned by `send_queue.rs`). Then poll the CQs emptied in step 4 once more
@@ -57,6 +59,7 @@
 //! handle), `handoff.rs` (spreading a listener's connections over reactors), `userfd.rs` (application fds), `embed.rs` (the epoll fd and `next_timeout` for an
 //! outer loop).
 
+pub(crate) mod aio;
 mod config;
 mod cq;
 mod cq_room;
@@ -64,6 +67,7 @@ mod ctx;
 mod device;
 mod drive;
 mod embed;
+pub(crate) mod exec;
 mod expose;
 mod handler;
 mod handoff;
@@ -77,6 +81,8 @@ mod stats;
 mod tail;
 mod teardown;
 mod timers;
+#[cfg(feature = "tokio")]
+pub(crate) mod tokio_drive;
 mod userfd;
 
 pub use config::{Config, ConnectOptions, SrqConfig, Timeouts};
@@ -333,6 +339,8 @@ struct Device {
 /// connections (queue pairs, ids) before the operations' buffers, before the CQs, before the
 /// listeners, before the devices (pools, completion channels, PDs), before the CM channel.
 pub(crate) struct Core {
+    /// Tasks (`exec.rs`): dropped first, while everything their handles name still exists.
+    exec: exec::Exec,
     /// Ids of rejected connect requests, destroyed at the end of the tick.
     graveyard: Vec<CmId>,
     /// Connect requests chosen for other reactors, migrated once their event is acked
@@ -483,6 +491,7 @@ impl Reactor {
         let inbox = Inbox::new(&epoll, Some(cm.channel_ref()))?;
         Ok(Reactor {
             core: Core {
+                exec: exec::Exec::new(inbox.remote()),
                 graveyard: Vec::new(),
                 outgoing: Vec::new(),
                 conns: GenSlab::new(),
@@ -699,8 +708,10 @@ impl Core {
             .map(|d| (d.pool.registered_bytes() + d.tails.as_ref().map_or(0, Pool::registered_bytes)) as u64)
             .sum();
         let srq_receives = self.devices.iter().filter_map(|d| d.srq.as_ref()).map(|s| s.posted() as u64).sum();
+        let buffers_in_use = self.devices.iter().map(|d| d.pool.in_use() as u64).sum();
         Stats {
             registered_bytes: registered,
+            buffers_in_use,
             connections: self.conns.len() as u64,
             srq_receives,
             timer_entries: self.timers.len() as u64,
@@ -713,6 +724,7 @@ impl Core {
     }
 
     fn tick(&mut self, timeout: Option<Duration>) -> Result<usize> {
+        let _inside = exec::Inside::enter();
         if self.spin_on && self.spin_skipped < SPIN_WAIT_EVERY {
             return Ok(self.spin_tick());
         }
@@ -737,7 +749,8 @@ impl Core {
             || !self.hot.is_empty()
             || !self.dirty.is_empty()
             || !self.closing.is_empty()
-            || !self.closing_listeners.is_empty();
+            || !self.closing_listeners.is_empty()
+            || self.exec.has_work();
         let mut wait = if busy { Some(Duration::ZERO) } else { timeout };
         if let Some(t) = self.timer_wait(now, precise) {
             wait = Some(wait.map_or(t, |w| w.min(t)));
@@ -786,6 +799,7 @@ impl Core {
         }
         work += self.poll_hot();
         work += self.fire_timers(self.clock);
+        work += self.run_tasks();
         self.flush_posts();
         if !spin && !self.spinning.is_empty() {
             // Arm what the tick emptied only after its posts: a send that completes at once
@@ -831,6 +845,9 @@ impl Core {
         self.spin_skipped += 1;
         let mut work = self.poll_spinning(true);
         work += self.poll_hot();
+        if self.exec.has_work() {
+            work += self.run_tasks();
+        }
         self.flush_posts();
         self.flush_acks();
         work += self.reap();

@@ -152,6 +152,14 @@ impl Op {
         }
     }
 
+    /// The pool buffer of the operation, if it has one (an operation that was not taken).
+    pub(crate) fn into_buf(self) -> Option<Buf> {
+        match self.body {
+            Body::Send(b) | Body::Recv(b) | Body::Write(b, _) | Body::WriteImm(b, _) | Body::Read(b, _) => Some(b),
+            _ => None,
+        }
+    }
+
     pub(crate) fn is_raw(&self) -> bool {
         matches!(self.body, Body::RawSend(_) | Body::RawRecv(_))
     }

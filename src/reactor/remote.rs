@@ -84,6 +84,8 @@ pub(super) struct Queue {
     pub(super) handoff_seq: u32,
     /// Asynchronous device events other reactors read (`Core::share_async`).
     shared_async: Vec<SharedAsync>,
+    /// Tasks of this reactor's executor woken on other threads (`exec.rs`).
+    tasks: Vec<u64>,
 }
 
 impl Shared {
@@ -182,6 +184,24 @@ impl Remote {
         Ok(())
     }
 
+    /// Wakes task `task` of the reactor's executor from another thread (`exec.rs`).
+    pub(super) fn wake_task(&self, task: u64) -> std::result::Result<(), ReactorGone> {
+        {
+            let mut q = self.shared.lock();
+            if q.closed {
+                return Err(ReactorGone);
+            }
+            q.tasks.push(task);
+        }
+        self.shared.wake();
+        Ok(())
+    }
+
+    /// Makes the reactor's `epoll_wait` return (a task was woken on its thread outside a tick).
+    pub(super) fn nudge(&self) {
+        self.shared.wake();
+    }
+
     /// True while the reactor exists.
     pub fn is_alive(&self) -> bool {
         !self.shared.lock().closed
@@ -218,6 +238,8 @@ pub(super) struct Inbox {
     taken: VecDeque<u64>,
     /// Shared asynchronous events taken with the messages.
     taken_async: Vec<SharedAsync>,
+    /// Tasks woken on other threads, taken with the messages.
+    pub(super) taken_tasks: Vec<u64>,
     /// The load last published (`Shared::load`).
     published: usize,
 }
@@ -238,7 +260,14 @@ impl Inbox {
             all.retain(|w| w.strong_count() > 0);
             all.push(Arc::downgrade(&shared));
         }
-        Ok(Inbox { shared, handler: None, taken: VecDeque::new(), taken_async: Vec::new(), published: 0 })
+        Ok(Inbox {
+            shared,
+            handler: None,
+            taken: VecDeque::new(),
+            taken_async: Vec::new(),
+            taken_tasks: Vec::new(),
+            published: 0,
+        })
     }
 
     pub(super) fn remote(&self) -> Remote {
@@ -270,6 +299,7 @@ impl Inbox {
         let mut q = self.shared.lock();
         std::mem::swap(&mut q.messages, &mut self.taken);
         std::mem::swap(&mut q.shared_async, &mut self.taken_async);
+        std::mem::swap(&mut q.tasks, &mut self.taken_tasks);
         std::mem::take(&mut q.stop)
     }
 }
@@ -286,6 +316,7 @@ impl Drop for Inbox {
         // rejects their requests.
         q.parcels.clear();
         q.shared_async.clear();
+        q.tasks.clear();
     }
 }
 
@@ -304,7 +335,9 @@ impl Core {
         // was read: one queued later comes with a later write.
         let adopted = self.take_handoffs();
         let shared = std::mem::take(&mut self.inbox.taken_async);
-        let mut n = adopted + shared.len();
+        let tasks = std::mem::take(&mut self.inbox.taken_tasks);
+        let mut n = adopted + shared.len() + tasks.len();
+        self.exec.woken_elsewhere(tasks);
         for ev in shared {
             self.on_shared_async(ev);
         }

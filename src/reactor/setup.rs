@@ -111,7 +111,7 @@ impl Core {
 
     /// The largest message a connection takes: the pool's largest chunk, or on a shared
     /// receive queue its buffer size.
-    fn max_msg(&self) -> usize {
+    pub(super) fn max_msg(&self) -> usize {
         let max = self.cfg.pool.max_chunk();
         self.cfg.srq.map_or(max, |s| max.min(s.buf_size as usize))
     }

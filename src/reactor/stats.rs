@@ -108,6 +108,10 @@ pub struct Stats {
     /// counter). With a shared receive queue (`Config::srq`) it does not grow with the number
     /// of connections.
     pub registered_bytes: u64,
+    /// Pool buffers handed out and not yet back, over every device: what the application
+    /// holds, what is posted (receives, sends in flight) and what completions carry. Back to
+    /// its earlier value once everything handed out since was dropped.
+    pub buffers_in_use: u64,
     /// Receives posted to shared receive queues (`Config::srq`).
     pub srq_posted: u64,
     /// `ibv_post_srq_recv` calls.

@@ -212,6 +212,11 @@ impl Pool {
         self.registered.get()
     }
 
+    /// Chunks handed out and not yet back (buffers the application or the device holds).
+    pub fn in_use(&self) -> usize {
+        self.classes.iter().map(|c| c.borrow().in_use).sum()
+    }
+
     /// Takes a free chunk of the smallest class that holds `len` bytes, registering a new
     /// cluster when that class has none free and the maximum allows, for `owner` (a
     /// connection's owner id, [`next_owner`], or [`NO_OWNER`]). The buffer's length is `len`; bytes of another

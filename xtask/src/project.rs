@@ -89,8 +89,9 @@ fn artifacts(stdout: &str, manifest: &Path, kind: &str) -> Result<Vec<Binary>> {
 }
 
 fn cargo_json(args: &[&str]) -> Result<String> {
-    // The fault suite's injections (`Reactor::inject_short_cq`); one build for everything.
-    cargo_json_as(args, PROFILE, &["--features", "fault-injection"])
+    // The fault suite's injections (`Reactor::inject_short_cq`) and the tokio driver (its
+    // example and tests); one build for everything.
+    cargo_json_as(args, PROFILE, &["--features", "fault-injection,tokio"])
 }
 
 /// The profile of the binaries that are measured (`cargo xtask bench`, `vm --perf`): release,
@@ -149,7 +150,11 @@ pub fn build() -> Result<Binaries> {
 pub fn build_perf() -> Result<Binaries> {
     let manifest = util::workspace_root().join("Cargo.toml");
     eprintln!("xtask: building examples and benches to measure (cargo --profile {PERF_PROFILE})");
-    let examples = artifacts(&cargo_json_as(&["build", "--examples"], PERF_PROFILE, &[])?, &manifest, "example")?;
+    let examples = artifacts(
+        &cargo_json_as(&["build", "--examples"], PERF_PROFILE, &["--features", "tokio"])?,
+        &manifest,
+        "example",
+    )?;
     let benches = artifacts(&cargo_json_as(&["bench", "--no-run"], PERF_PROFILE, &[])?, &manifest, "bench")?;
     Ok(Binaries { examples, tests: Vec::new(), lib_tests: None, benches })
 }

@@ -1,0 +1,771 @@
+//! The async face, `rdma_reactor::io`: connections, listeners and operations as futures, run
+//! on the reactor's own thread by [`Reactor::block_on`](crate::Reactor::block_on), a task
+//! ([`Reactor::spawn`](crate::Reactor::spawn)) or the tokio driver.
+//!
+//! It is a thin layer over the callback API: each connection has an ordinary
+//! [`ConnectionHandler`] of this module's ([`AsyncConn`]) whose callbacks store what happened in
+//! the connection's shared state and wake the task that waits for it; the futures reach the
+//! reactor through `exec::with_core` while they are polled. Nothing here locks: the state is
+//! `Rc<RefCell<..>>` on the reactor's thread.
+//!
+//! How a completion reaches a waker: an operation future submits its [`Op`] with the index of
+//! a slot of the connection's state as user_data and keeps the slot; the completion comes to
+//! `AsyncConn::on_completion` in the tick that polled it, which puts it in the slot and wakes
+//! the slot's waker (for a task of this reactor, a push onto a thread-local list the same tick
+//! takes). A slot whose future was dropped is marked abandoned: its completion is still reaped
+//! (the device owns the buffer until then) and then dropped, which returns the buffer to the
+//! pool. The work itself is not cancelled: a posted request cannot be taken back from the
+//! device, and a send may already be at the peer.
+//!
+//! Receives are the runtime's: with flow control the receive depth is announced at connect
+//! time, before the application can ask for a message, so the connection keeps its receives
+//! posted itself and queues what arrives; [`Connection::recv`] hands out the next message in
+//! the buffer it arrived in (no copy).
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use slab::Slab;
+
+use super::exec::{with_core, Orphans};
+use super::{Completion, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision, ListenerHandler, Op};
+use crate::error::{Error, Result};
+use crate::proto::conn::CloseReason;
+use crate::proto::op::{OpCode, RemoteAccess};
+use crate::proto::token::{ConnKey, Key, Token};
+use crate::proto::transport::Transport;
+use crate::proto::wire::{ConnectInfo, RemoteSlice};
+use crate::sys::pool::{Buf, Exposed};
+
+/// The user_data of the receives the connection posts itself.
+const RECV: u64 = u64::MAX - 1;
+
+/// Receive size for a peer that states none (a plain librdmacm client).
+const DEFAULT_MSG: usize = 4096;
+
+/// Where a connection is in its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    Connecting,
+    Established,
+    Closed(CloseReason),
+}
+
+/// One operation's completion, as its future waits for it.
+enum Slot {
+    Waiting(Option<Waker>),
+    Done(Completion),
+    /// Its future was dropped: the completion is dropped when it comes.
+    Abandoned,
+}
+
+/// What the handler and the handles of one connection share.
+struct ConnState {
+    token: Option<Token>,
+    phase: Phase,
+    /// A connect future, or the tasks waiting for the close.
+    waiters: Vec<Waker>,
+    /// Messages received and not yet handed out, in order.
+    inbox: VecDeque<Buf>,
+    /// Tasks waiting for a message, in the order they asked.
+    recv_waiters: VecDeque<Waker>,
+    /// Receives posted now, and the most kept posted.
+    posted: u32,
+    depth: u32,
+    /// The size each receive is posted with.
+    recv_size: usize,
+    /// On a shared receive queue (`Config::srq`) the runtime posts the receives.
+    srq: bool,
+    slots: Slab<Slot>,
+    /// The connect future or the handles are gone before the connection was up: close it
+    /// once it is.
+    abandoned: bool,
+    orphans: Orphans,
+}
+
+type Shared = Rc<RefCell<ConnState>>;
+
+impl ConnState {
+    fn new(orphans: Orphans, recv_size: usize) -> Shared {
+        Rc::new(RefCell::new(ConnState {
+            token: None,
+            phase: Phase::Connecting,
+            waiters: Vec::new(),
+            inbox: VecDeque::new(),
+            recv_waiters: VecDeque::new(),
+            posted: 0,
+            depth: 0,
+            recv_size,
+            srq: false,
+            slots: Slab::new(),
+            abandoned: false,
+            orphans,
+        }))
+    }
+
+    fn wake_all(&mut self) {
+        for w in self.waiters.drain(..).chain(self.recv_waiters.drain(..)) {
+            w.wake();
+        }
+        for (_, s) in self.slots.iter_mut() {
+            if let Slot::Waiting(Some(w)) = s {
+                w.wake_by_ref();
+            }
+        }
+    }
+
+    /// Posts receives until `depth` are posted or `limit` more were.
+    fn replenish(&mut self, conn: &mut Conn<'_>, limit: u32) {
+        let mut n = 0;
+        while !self.srq && self.posted < self.depth && n < limit {
+            let Ok(buf) = conn.alloc(self.recv_size) else { break };
+            if conn.submit(Op::recv(buf).user_data(RECV)).is_err() {
+                break;
+            }
+            self.posted += 1;
+            n += 1;
+        }
+    }
+}
+
+/// The callback side of an async connection.
+pub(crate) struct AsyncConn {
+    st: Shared,
+    /// An accepted connection: where it goes once established.
+    accept: Option<Rc<RefCell<ListenState>>>,
+}
+
+impl ConnectionHandler for AsyncConn {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        let mut st = self.st.borrow_mut();
+        st.token = Some(conn.token());
+        if let Some(size) = conn.peer_info().map(|i| i.msg_size as usize).filter(|s| *s > 0) {
+            if self.accept.is_some() {
+                st.recv_size = size;
+            }
+        }
+        let capacity = conn.recv_capacity();
+        st.srq = capacity == 0;
+        st.depth = conn.ctx().core.cfg.recv_depth.min(capacity);
+        let depth = st.depth;
+        st.replenish(conn, depth);
+    }
+
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        let abandoned = {
+            let mut st = self.st.borrow_mut();
+            st.phase = Phase::Established;
+            st.wake_all();
+            st.abandoned
+        };
+        if abandoned {
+            return conn.close();
+        }
+        if let Some(q) = &self.accept {
+            let mut q = q.borrow_mut();
+            if q.closed {
+                drop(q);
+                return conn.close();
+            }
+            q.ready.push_back(Connection::from_state(self.st.clone()));
+            if let Some(w) = q.waiters.pop_front() {
+                w.wake();
+            }
+        }
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        let mut st = self.st.borrow_mut();
+        if c.opcode == OpCode::Recv && (c.user_data == RECV || c.user_data == Completion::SRQ_RECV) {
+            if c.user_data == RECV {
+                st.posted -= 1;
+            }
+            if let (Ok(_), Some(buf)) = (c.result, c.buf) {
+                st.inbox.push_back(buf);
+                if let Some(w) = st.recv_waiters.pop_front() {
+                    w.wake();
+                }
+                // Up to `depth` messages may wait unread while the peer keeps its full credit;
+                // beyond that its credit shrinks until the application catches up.
+                if st.inbox.len() <= st.depth as usize {
+                    st.replenish(conn, 1);
+                }
+            }
+            return;
+        }
+        let key = c.user_data as usize;
+        match st.slots.get_mut(key) {
+            Some(Slot::Waiting(w)) => {
+                let w = w.take();
+                st.slots[key] = Slot::Done(c);
+                if let Some(w) = w {
+                    w.wake();
+                }
+            }
+            Some(Slot::Abandoned) => {
+                st.slots.remove(key);
+            }
+            Some(Slot::Done(_)) | None => {}
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        let mut st = self.st.borrow_mut();
+        st.phase = Phase::Closed(reason);
+        st.wake_all();
+    }
+}
+
+/// Closes the connection when the last handle is dropped.
+struct Handle {
+    st: Shared,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let mut st = self.st.borrow_mut();
+        st.abandoned = true;
+        if let (Some(t), Phase::Established | Phase::Connecting) = (st.token, &st.phase) {
+            st.orphans.borrow_mut().push(t);
+        }
+    }
+}
+
+/// A connection of the async face: cheap to clone (every clone is the same connection), used
+/// by any number of tasks at once. Dropping the last clone closes it.
+///
+/// Operations take owned buffers and give them back with their result, as tokio-uring does:
+/// no borrowed memory can be freed under the device. A future dropped before its completion
+/// does not cancel the operation (a posted request cannot be taken back, and a send may
+/// already be at the peer): the completion is still reaped, then its buffer goes back to the
+/// pool.
+#[derive(Clone)]
+pub struct Connection {
+    handle: Rc<Handle>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.handle.st.borrow();
+        f.debug_struct("Connection").field("token", &st.token).field("phase", &st.phase).finish()
+    }
+}
+
+impl Connection {
+    fn from_state(st: Shared) -> Connection {
+        Connection { handle: Rc::new(Handle { st }) }
+    }
+
+    fn st(&self) -> &Shared {
+        &self.handle.st
+    }
+
+    /// Connects to `addr` (address and route resolution, connect). Resolves once the
+    /// connection is established, with this side's receives posted.
+    ///
+    /// Dropping the future before it resolves closes the connection attempt.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Closed`] with the reason when the connection fails (rejected, unreachable, a
+    /// timeout), what [`Ctx::connect`] fails with at once, and [`Error::NoReactor`] outside a
+    /// reactor.
+    pub fn connect(addr: SocketAddr, opts: ConnectOptions) -> Connect {
+        Connect { start: Some((addr, opts)), st: None }
+    }
+
+    /// The connection's token (as the callback API names it).
+    pub fn token(&self) -> Option<Token> {
+        self.st().borrow().token
+    }
+
+    /// How the connection ended, once it has.
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        match &self.st().borrow().phase {
+            Phase::Closed(r) => Some(r.clone()),
+            _ => None,
+        }
+    }
+
+    /// Runs `f` with the connection's callback context.
+    fn with_conn<R>(&self, f: impl FnOnce(&mut Conn<'_>) -> Result<R>) -> Result<R> {
+        let token = self.token().ok_or_else(|| Error::NotConnected("the connection has no queue pair yet".into()))?;
+        let key = ConnKey::of(token).ok_or(Error::StaleToken(token.as_u64()))?;
+        with_core(|core| {
+            if core.conns.get(key).is_none() {
+                return Err(Error::StaleToken(token.as_u64()));
+            }
+            f(&mut Conn::new(core, key))
+        })?
+    }
+
+    /// A buffer of `len` bytes from the connection's device pool ([`Conn::alloc`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Conn::alloc`]; [`Error::NoReactor`] outside a reactor.
+    pub fn alloc(&self, len: usize) -> Result<Buf> {
+        self.with_conn(|c| c.alloc(len))
+    }
+
+    /// A buffer holding `bytes`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::alloc`].
+    pub fn alloc_from(&self, bytes: &[u8]) -> Result<Buf> {
+        let mut b = self.alloc(bytes.len())?;
+        b.fill_from(bytes)?;
+        Ok(b)
+    }
+
+    /// Sends `buf.len()` bytes; resolves when the device completed the send, with the
+    /// buffer.
+    pub fn send(&self, buf: Buf) -> OpFuture {
+        OpFuture::new(self.st().clone(), Op::send(buf))
+    }
+
+    /// Writes `local.len()` bytes into the peer's memory at `remote`; resolves with the
+    /// buffer.
+    pub fn write(&self, local: Buf, remote: RemoteSlice) -> OpFuture {
+        OpFuture::new(self.st().clone(), Op::write(local, remote))
+    }
+
+    /// Reads `remote.len` bytes of the peer's memory into `local`; resolves with the buffer
+    /// (its length set to the bytes read).
+    pub fn read(&self, local: Buf, remote: RemoteSlice) -> OpFuture {
+        OpFuture::new(self.st().clone(), Op::read(local, remote))
+    }
+
+    /// The next message, in the buffer it arrived in (its length is the message's). Messages
+    /// are handed out in arrival order, one per call, to the callers in the order they asked.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Closed`] once the connection has ended and every message was handed out.
+    pub fn recv(&self) -> Recv {
+        Recv { st: self.st().clone(), waker: None }
+    }
+
+    /// Exposes `buf` to the peer with `access` ([`Conn::expose`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Conn::expose`]; [`Error::NoReactor`] outside a reactor.
+    pub fn expose(&self, buf: Buf, access: RemoteAccess) -> Result<Exposed> {
+        self.with_conn(|c| c.expose(buf, access))
+    }
+
+    /// What the peer sent when connecting or accepting.
+    pub fn peer_info(&self) -> Option<ConnectInfo> {
+        self.with_conn(|c| Ok(c.peer_info().cloned())).ok().flatten()
+    }
+
+    /// The transport of the connection's device.
+    pub fn transport(&self) -> Option<Transport> {
+        self.with_conn(|c| Ok(c.transport())).ok().flatten()
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.with_conn(|c| Ok(c.peer_addr())).ok().flatten()
+    }
+
+    /// Closes the connection (disconnect, drain, destroy); resolves with how it ended.
+    /// Operations still waiting complete first (flushed or cancelled). Closing a closed
+    /// connection resolves at once.
+    pub fn close(&self) -> Close {
+        Close { st: self.st().clone(), asked: false }
+    }
+
+    /// Resolves with how the connection ended, once it has, without closing it (the peer's
+    /// close, a failure, another task's [`close`](Connection::close)).
+    pub fn closed(&self) -> Close {
+        Close { st: self.st().clone(), asked: true }
+    }
+}
+
+/// [`Connection::connect`]'s future.
+pub struct Connect {
+    start: Option<(SocketAddr, ConnectOptions)>,
+    st: Option<Shared>,
+}
+
+impl std::fmt::Debug for Connect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connect").field("started", &self.st.is_some()).finish()
+    }
+}
+
+impl Future for Connect {
+    type Output = Result<Connection>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Some((addr, opts)) = self.start.take() {
+            let st = with_core(|core| {
+                let size = if opts.msg_size == 0 { core.max_msg() } else { opts.msg_size as usize };
+                let st = ConnState::new(core.exec.orphans.clone(), size);
+                let handler = AsyncConn { st: st.clone(), accept: None };
+                core.connect(addr, opts, Box::new(handler)).map(|t| {
+                    st.borrow_mut().token = Some(t);
+                    st
+                })
+            });
+            match st {
+                Ok(Ok(st)) => self.st = Some(st),
+                Ok(Err(e)) | Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        let Some(st) = &self.st else {
+            return Poll::Ready(Err(Error::Config("Connect polled after it resolved".into())));
+        };
+        let mut s = st.borrow_mut();
+        match &s.phase {
+            Phase::Established => {
+                drop(s);
+                let st = self.st.take().expect("checked");
+                Poll::Ready(Ok(Connection::from_state(st)))
+            }
+            Phase::Closed(r) => {
+                let r = r.clone();
+                drop(s);
+                self.st = None;
+                Poll::Ready(Err(Error::Closed(r)))
+            }
+            Phase::Connecting => {
+                s.waiters.retain(|w| !w.will_wake(cx.waker()));
+                s.waiters.push(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for Connect {
+    fn drop(&mut self) {
+        if let Some(st) = self.st.take() {
+            // Not handed out yet: the handle closes it.
+            drop(Handle { st });
+        }
+    }
+}
+
+/// An operation's future ([`Connection::send`], [`Connection::write`],
+/// [`Connection::read`]): resolves with the result (the bytes moved) and the buffer.
+pub struct OpFuture {
+    st: Shared,
+    op: Option<Op>,
+    slot: Option<usize>,
+}
+
+impl std::fmt::Debug for OpFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpFuture").field("slot", &self.slot).finish()
+    }
+}
+
+impl OpFuture {
+    fn new(st: Shared, op: Op) -> OpFuture {
+        OpFuture { st, op: Some(op), slot: None }
+    }
+}
+
+impl Future for OpFuture {
+    type Output = (Result<u32>, Option<Buf>);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Some(op) = self.op.take() {
+            let token = {
+                let st = self.st.borrow();
+                match (&st.phase, st.token) {
+                    (Phase::Closed(r), _) => return Poll::Ready((Err(Error::Closed(r.clone())), op.into_buf())),
+                    (_, Some(t)) => t,
+                    (_, None) => {
+                        let e = Error::NotConnected("the connection has no queue pair yet".into());
+                        return Poll::Ready((Err(e), op.into_buf()));
+                    }
+                }
+            };
+            let slot = self.st.borrow_mut().slots.insert(Slot::Waiting(Some(cx.waker().clone())));
+            let submitted = with_core(|core| Ctx::new(core, None).submit(token, op.user_data(slot as u64)));
+            let failed = match submitted {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some((*e.error, e.op.into_buf())),
+                Err(e) => Some((e, None)),
+            };
+            if let Some((e, buf)) = failed {
+                self.st.borrow_mut().slots.remove(slot);
+                return Poll::Ready((Err(e), buf));
+            }
+            self.slot = Some(slot);
+            return Poll::Pending;
+        }
+        let Some(slot) = self.slot else {
+            return Poll::Ready((Err(Error::Config("polled after it resolved".into())), None));
+        };
+        let mut st = self.st.borrow_mut();
+        match st.slots.get_mut(slot) {
+            Some(Slot::Done(_)) => {
+                let Slot::Done(c) = st.slots.remove(slot) else { unreachable!("matched") };
+                drop(st);
+                self.slot = None;
+                Poll::Ready((c.result.map_err(Error::Operation), c.buf))
+            }
+            Some(Slot::Waiting(w)) => {
+                *w = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            Some(Slot::Abandoned) | None => {
+                Poll::Ready((Err(Error::Config("the operation's slot is gone".into())), None))
+            }
+        }
+    }
+}
+
+impl Drop for OpFuture {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            let mut st = self.st.borrow_mut();
+            match st.slots.get(slot) {
+                Some(Slot::Done(_)) => {
+                    st.slots.remove(slot);
+                }
+                Some(Slot::Waiting(_)) => st.slots[slot] = Slot::Abandoned,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// [`Connection::recv`]'s future.
+pub struct Recv {
+    st: Shared,
+    /// The waker it queued, to take it out again.
+    waker: Option<Waker>,
+}
+
+impl std::fmt::Debug for Recv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recv").field("waiting", &self.waker.is_some()).finish()
+    }
+}
+
+impl Recv {
+    /// Takes this future's waker out of the queue.
+    fn unqueue(&mut self, st: &mut ConnState) {
+        if let Some(w) = self.waker.take() {
+            st.recv_waiters.retain(|q| !q.will_wake(&w));
+        }
+    }
+}
+
+impl Future for Recv {
+    type Output = Result<Buf>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let st_rc = self.st.clone();
+        let mut st = st_rc.borrow_mut();
+        self.unqueue(&mut st);
+        if let Some(buf) = st.inbox.pop_front() {
+            if !st.inbox.is_empty() {
+                if let Some(w) = st.recv_waiters.pop_front() {
+                    w.wake();
+                }
+            }
+            let refill = !st.srq && st.posted < st.depth && st.inbox.len() < st.depth as usize;
+            let key = st.token.and_then(ConnKey::of);
+            drop(st);
+            if let (true, Some(key)) = (refill, key) {
+                // Room again under the peer's credit: post a receive for the one handed out.
+                let _ = with_core(|core| {
+                    if core.conns.get(key).is_some() {
+                        st_rc.borrow_mut().replenish(&mut Conn::new(core, key), 1);
+                    }
+                });
+            }
+            return Poll::Ready(Ok(buf));
+        }
+        if let Phase::Closed(r) = &st.phase {
+            return Poll::Ready(Err(Error::Closed(r.clone())));
+        }
+        st.recv_waiters.push_back(cx.waker().clone());
+        drop(st);
+        self.waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+impl Drop for Recv {
+    fn drop(&mut self) {
+        let st_rc = self.st.clone();
+        let mut st = st_rc.borrow_mut();
+        if self.waker.is_some() {
+            self.unqueue(&mut st);
+            // A message it was woken for goes to the next caller.
+            if !st.inbox.is_empty() {
+                if let Some(w) = st.recv_waiters.pop_front() {
+                    w.wake();
+                }
+            }
+        }
+    }
+}
+
+/// [`Connection::close`]'s and [`Connection::closed`]'s future.
+pub struct Close {
+    st: Shared,
+    asked: bool,
+}
+
+impl std::fmt::Debug for Close {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Close").field("asked", &self.asked).finish()
+    }
+}
+
+impl Future for Close {
+    type Output = CloseReason;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CloseReason> {
+        if let Phase::Closed(r) = &self.st.borrow().phase {
+            return Poll::Ready(r.clone());
+        }
+        if !self.asked {
+            self.asked = true;
+            let token = self.st.borrow().token;
+            if let Some(t) = token {
+                if with_core(|core| core.close(t)).is_err() {
+                    // No reactor here: the reactor closes it at its next tick.
+                    self.st.borrow().orphans.borrow_mut().push(t);
+                }
+            }
+        }
+        let mut st = self.st.borrow_mut();
+        st.waiters.retain(|w| !w.will_wake(cx.waker()));
+        st.waiters.push(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+/// What a listener's handler and its handle share.
+struct ListenState {
+    /// Established connections not yet taken by `accept`.
+    ready: VecDeque<Connection>,
+    waiters: VecDeque<Waker>,
+    closed: bool,
+    reason: Option<CloseReason>,
+    orphans: Orphans,
+}
+
+/// The callback side of an async listener: accepts every request.
+struct AsyncListener {
+    st: Rc<RefCell<ListenState>>,
+}
+
+impl ListenerHandler for AsyncListener {
+    fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, req: &ConnectRequest) -> Decision {
+        let size = req.info.as_ref().map_or(DEFAULT_MSG, |i| i.msg_size as usize);
+        let orphans = self.st.borrow().orphans.clone();
+        let st = ConnState::new(orphans, size);
+        Decision::Accept(Box::new(AsyncConn { st, accept: Some(self.st.clone()) }))
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, reason: CloseReason) {
+        let mut st = self.st.borrow_mut();
+        st.closed = true;
+        st.reason = Some(reason);
+        for w in st.waiters.drain(..) {
+            w.wake();
+        }
+    }
+}
+
+/// A listener of the async face: [`accept`](Listener::accept) yields its connections once
+/// they are established. Dropping it stops listening (connections already accepted live on).
+pub struct Listener {
+    st: Rc<RefCell<ListenState>>,
+    token: Token,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener").field("token", &self.token).finish()
+    }
+}
+
+impl Listener {
+    /// Binds to `addr` and listens, on the reactor polling this code.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ctx::listen`]; [`Error::NoReactor`] outside a reactor.
+    pub fn bind(addr: SocketAddr) -> Result<Listener> {
+        with_core(|core| {
+            let st = Rc::new(RefCell::new(ListenState {
+                ready: VecDeque::new(),
+                waiters: VecDeque::new(),
+                closed: false,
+                reason: None,
+                orphans: core.exec.orphans.clone(),
+            }));
+            let token = core.listen(addr, Box::new(AsyncListener { st: st.clone() }))?;
+            Ok(Listener { st, token })
+        })?
+    }
+
+    /// The listener's token.
+    pub fn token(&self) -> Token {
+        self.token
+    }
+
+    /// The next established connection.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Closed`] once the listener is closed (its device lost, the reactor shut down).
+    pub fn accept(&self) -> Accept<'_> {
+        Accept { listener: self }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let mut st = self.st.borrow_mut();
+        st.closed = true;
+        st.ready.clear();
+        st.orphans.borrow_mut().push(self.token);
+    }
+}
+
+/// [`Listener::accept`]'s future.
+pub struct Accept<'a> {
+    listener: &'a Listener,
+}
+
+impl std::fmt::Debug for Accept<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Accept").finish()
+    }
+}
+
+impl Future for Accept<'_> {
+    type Output = Result<Connection>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut st = self.listener.st.borrow_mut();
+        if let Some(c) = st.ready.pop_front() {
+            return Poll::Ready(Ok(c));
+        }
+        if st.closed {
+            return Poll::Ready(Err(Error::Closed(st.reason.clone().unwrap_or(CloseReason::Local))));
+        }
+        st.waiters.retain(|w| !w.will_wake(cx.waker()));
+        st.waiters.push_back(cx.waker().clone());
+        Poll::Pending
+    }
+}

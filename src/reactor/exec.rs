@@ -1,0 +1,457 @@
+//! The reactor's local executor: `!Send` tasks polled by its own tick ([`Reactor::spawn`]),
+//! a future driven to completion on it ([`Reactor::block_on`]), and the access the async face
+//! (`aio.rs`) has to the reactor while one of them is polled.
+//!
+//! # How a task runs
+//!
+//! A task is a boxed future in a slot of [`Exec`]. Its waker ([`TaskWaker`]) names the
+//! executor and the slot. Woken on the reactor's thread (the usual case: a completion, a
+//! close, another task), the wake is one push onto a thread-local list; from another thread
+//! it goes through the reactor's [`Remote`] inbox (a lock and an eventfd write). Step 5b of the
+//! tick (`Core::run_tasks`, after the timers and before the posts) takes this executor's
+//! entries and polls each woken task once, so what the tasks submit is posted in the same
+//! tick, one chain per queue pair.
+//!
+//! # Reaching the reactor from a future
+//!
+//! A future cannot hold `&mut Core`: the reactor owns the future. While the executor polls a
+//! task (or `block_on` its future), and only then, a thread-local holds a pointer to the
+//! polling reactor's `Core` ([`CURRENT`]); [`with_core`] takes it out for the length of one
+//! call and puts it back, so a call made through it that would reach it again (a callback that
+//! polls nothing but could, in principle, call the async face) finds none and fails with
+//! [`Error::NoReactor`] instead of aliasing. Polled anywhere else (another executor's task, a
+//! thread without a reactor), the async face fails the same way.
+//!
+//! [`Remote`]: super::Remote
+
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::ThreadId;
+
+use slab::Slab;
+
+use super::{Core, Reactor, Remote};
+use crate::error::{Error, Result};
+use crate::proto::token::Token;
+
+/// The task id of [`Reactor::block_on`]'s future.
+const MAIN: u64 = u64::MAX;
+
+/// How many times one tick polls the woken tasks again when polling them woke more: a task
+/// that wakes itself for ever still lets the tick go on (it is polled again next tick).
+const ROUNDS: usize = 8;
+
+static NEXT_EXEC: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// Tasks woken on this thread and not yet taken: (executor, task).
+    static WOKEN: RefCell<Vec<(u64, u64)>> = const { RefCell::new(Vec::new()) };
+    /// The reactor whose task or `block_on` future this thread is polling, while it is; null
+    /// otherwise, and while a call made through it runs ([`with_core`]).
+    static CURRENT: Cell<*mut Core> = const { Cell::new(std::ptr::null_mut()) };
+    /// Inside a reactor's tick or `block_on` poll: a wake on this thread will be seen before
+    /// the reactor sleeps, so it needs no eventfd write.
+    static INSIDE: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Marks this thread inside a reactor's tick or poll for the guard's life.
+pub(super) struct Inside(());
+
+impl Inside {
+    pub(super) fn enter() -> Inside {
+        INSIDE.with(|i| i.set(i.get() + 1));
+        Inside(())
+    }
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        INSIDE.with(|i| i.set(i.get() - 1));
+    }
+}
+
+/// Puts the previous [`CURRENT`] back, also when the poll or call panics.
+struct Restore(*mut Core);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(self.0));
+    }
+}
+
+/// Runs `f` with the reactor whose task or `block_on` future is being polled on this thread.
+///
+/// # Errors
+///
+/// [`Error::NoReactor`] when no reactor is polling here (a future of the async face polled by
+/// another executor, or from inside a call made through this function).
+pub(crate) fn with_core<R>(f: impl FnOnce(&mut Core) -> R) -> Result<R> {
+    let p = CURRENT.with(|c| c.replace(std::ptr::null_mut()));
+    if p.is_null() {
+        return Err(Error::NoReactor);
+    }
+    let _restore = Restore(p);
+    #[allow(unsafe_code)]
+    // SAFETY: `p` was set by `poll_with_core` from a `&mut Core` that the polling function does
+    // not use while the poll runs (the polled future is not stored in the `Core`: it was taken
+    // out of its slot, or lives on `block_on`'s stack), and it is cleared again when the poll
+    // ends. Taking it out of `CURRENT` (it is null until `_restore` puts it back) makes this
+    // the only reference derived from it meanwhile: a nested `with_core` finds null. The
+    // reference does not escape `f`.
+    let core = unsafe { &mut *p };
+    Ok(f(core))
+}
+
+/// Polls `fut` with `core` reachable through [`with_core`].
+pub(super) fn poll_with_core<T>(core: &mut Core, fut: Pin<&mut dyn Future<Output = T>>, waker: &Waker) -> Poll<T> {
+    let _inside = Inside::enter();
+    let prev = CURRENT.with(|c| c.replace(core as *mut Core));
+    let _restore = Restore(prev);
+    fut.poll(&mut Context::from_waker(waker))
+}
+
+/// What [`Core`] keeps for its tasks.
+pub(super) struct Exec {
+    /// This executor's id in wakers (process-unique).
+    id: u64,
+    tasks: Slab<Task>,
+    /// Generation of the next task: with the slot index it makes the task id, so a stale wake
+    /// of a slot reused since is ignored.
+    generation: u32,
+    /// Tokens of connections and listeners whose last async handle was dropped: closed at
+    /// the next tick (a handle may be dropped anywhere, without the reactor at hand).
+    pub(super) orphans: Orphans,
+    /// For wakes from other threads (and a same-thread wake outside the reactor's tick).
+    remote: Remote,
+    /// `block_on`'s future was woken.
+    main_woken: bool,
+}
+
+/// Tokens whose last async handle is gone, shared by the handles and the reactor.
+pub(crate) type Orphans = Rc<RefCell<Vec<Token>>>;
+
+struct Task {
+    generation: u32,
+    /// `None` while it is being polled.
+    fut: Option<Pin<Box<dyn Future<Output = ()>>>>,
+    waker: Waker,
+}
+
+impl Exec {
+    pub(super) fn new(remote: Remote) -> Exec {
+        Exec {
+            id: NEXT_EXEC.fetch_add(1, Ordering::Relaxed),
+            tasks: Slab::new(),
+            generation: 0,
+            orphans: Rc::default(),
+            remote,
+            main_woken: false,
+        }
+    }
+
+    fn waker(&self, task: u64) -> Waker {
+        Waker::from(Arc::new(TaskWaker {
+            exec: self.id,
+            task,
+            owner: std::thread::current().id(),
+            remote: self.remote.clone(),
+        }))
+    }
+
+    /// True when a tick has tasks to poll or handles to close: the reactor must not sleep.
+    pub(super) fn has_work(&self) -> bool {
+        !self.orphans.borrow().is_empty() || WOKEN.with(|w| w.borrow().iter().any(|(e, _)| *e == self.id))
+    }
+
+    /// Live tasks.
+    pub(super) fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Takes this executor's woken tasks off the thread's list.
+    fn take_woken(&mut self, into: &mut Vec<u64>) {
+        let id = self.id;
+        WOKEN.with(|w| {
+            w.borrow_mut().retain(|&(e, t)| {
+                if e != id {
+                    return true;
+                }
+                if t == MAIN {
+                    self.main_woken = true;
+                } else if !into.contains(&t) {
+                    into.push(t);
+                }
+                false
+            })
+        });
+    }
+
+    /// Whether `block_on`'s future was woken (and forgets it).
+    fn take_main(&mut self) -> bool {
+        let id = self.id;
+        WOKEN.with(|w| {
+            w.borrow_mut().retain(|&(e, t)| {
+                let main = e == id && t == MAIN;
+                self.main_woken |= main;
+                !main
+            })
+        });
+        std::mem::take(&mut self.main_woken)
+    }
+
+    /// Tasks other threads woke (taken from the inbox by the reactor): as if woken here.
+    pub(super) fn woken_elsewhere(&mut self, tasks: impl IntoIterator<Item = u64>) {
+        let id = self.id;
+        WOKEN.with(|w| w.borrow_mut().extend(tasks.into_iter().map(|t| (id, t))));
+    }
+
+    fn spawn(&mut self, fut: Pin<Box<dyn Future<Output = ()>>>) {
+        self.generation = self.generation.wrapping_add(1);
+        let generation = self.generation;
+        let id = u64::from(generation) << 32 | self.tasks.vacant_key() as u64;
+        let waker = self.waker(id);
+        self.tasks.insert(Task { generation, fut: Some(fut), waker });
+        WOKEN.with(|w| w.borrow_mut().push((self.id, id)));
+    }
+}
+
+/// A task's waker: the executor and the task, the thread that owns them, and the way to wake
+/// that reactor from elsewhere.
+struct TaskWaker {
+    exec: u64,
+    task: u64,
+    owner: ThreadId,
+    remote: Remote,
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if std::thread::current().id() == self.owner {
+            WOKEN.with(|w| w.borrow_mut().push((self.exec, self.task)));
+            // Outside the reactor's tick (a timer of another runtime, a future the
+            // application polls): make a sleeping reactor look.
+            if INSIDE.with(Cell::get) == 0 {
+                self.remote.nudge();
+            }
+        } else {
+            // A dropped reactor has no tasks left to wake.
+            let _ = self.remote.wake_task(self.task);
+        }
+    }
+}
+
+impl Core {
+    /// Step 5b of the tick: closes what lost its last async handle, then polls the woken tasks
+    /// (again while polling them woke more, at most [`ROUNDS`] times). Returns the tasks polled.
+    pub(super) fn run_tasks(&mut self) -> usize {
+        let orphans = std::mem::take(&mut *self.exec.orphans.borrow_mut());
+        for t in orphans {
+            self.close(t);
+        }
+        let mut polled = 0;
+        let mut woken = Vec::new();
+        for _ in 0..ROUNDS {
+            self.exec.take_woken(&mut woken);
+            if woken.is_empty() {
+                break;
+            }
+            for id in woken.drain(..) {
+                polled += usize::from(self.poll_task(id));
+            }
+        }
+        polled
+    }
+
+    /// Polls task `id` once if it still exists; true when it did. A finished task is
+    /// dropped, with the reactor reachable (its handles may close connections).
+    fn poll_task(&mut self, id: u64) -> bool {
+        let (index, generation) = ((id & 0xFFFF_FFFF) as usize, (id >> 32) as u32);
+        let Some(task) = self.exec.tasks.get_mut(index).filter(|t| t.generation == generation) else { return false };
+        let Some(mut fut) = task.fut.take() else { return false };
+        let waker = task.waker.clone();
+        // A panic is the task's: `spawn`'s wrapper catches it for its JoinHandle, so this one
+        // only guards the reactor against a future polled after it panicked.
+        let r = catch_unwind(AssertUnwindSafe(|| poll_with_core(self, fut.as_mut(), &waker)));
+        match r {
+            Ok(Poll::Pending) => {
+                if let Some(t) = self.exec.tasks.get_mut(index) {
+                    t.fut = Some(fut);
+                }
+            }
+            Ok(Poll::Ready(())) | Err(_) => {
+                self.exec.tasks.remove(index);
+                let _inside = Inside::enter();
+                let prev = CURRENT.with(|c| c.replace(self as *mut Core));
+                let _restore = Restore(prev);
+                drop(fut);
+            }
+        }
+        true
+    }
+}
+
+/// The output of a spawned task, or its panic.
+struct JoinState<T> {
+    result: Option<std::thread::Result<T>>,
+    waker: Option<Waker>,
+}
+
+/// A spawned task's result: a future that resolves to the task's output, or to the payload
+/// of its panic (as [`std::thread::JoinHandle::join`] does). Dropping it detaches the task,
+/// which runs on.
+#[must_use = "dropping a JoinHandle detaches the task"]
+pub struct JoinHandle<T> {
+    state: Rc<RefCell<JoinState<T>>>,
+}
+
+impl<T> std::fmt::Debug for JoinHandle<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JoinHandle").field("finished", &self.state.borrow().result.is_some()).finish()
+    }
+}
+
+impl<T> Future for JoinHandle<T> {
+    type Output = std::thread::Result<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut s = self.state.borrow_mut();
+        match s.result.take() {
+            Some(r) => Poll::Ready(r),
+            None => {
+                s.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// A task's future with its panic caught: a panicking task ends, its handles are dropped (its
+/// connections close), and the panic goes to its [`JoinHandle`], not out of the reactor.
+struct CatchPanic<F: Future> {
+    fut: Pin<Box<F>>,
+    state: Rc<RefCell<JoinState<F::Output>>>,
+}
+
+impl<F: Future> Future for CatchPanic<F> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let r: std::result::Result<Poll<F::Output>, Box<dyn Any + Send>> =
+            catch_unwind(AssertUnwindSafe(|| self.fut.as_mut().poll(cx)));
+        let done = match r {
+            Ok(Poll::Pending) => return Poll::Pending,
+            Ok(Poll::Ready(v)) => Ok(v),
+            Err(panic) => Err(panic),
+        };
+        let waker = {
+            let mut s = self.state.borrow_mut();
+            s.result = Some(done);
+            s.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        Poll::Ready(())
+    }
+}
+
+fn spawn_on<F>(exec: &mut Exec, fut: F) -> JoinHandle<F::Output>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    let state = Rc::new(RefCell::new(JoinState { result: None, waker: None }));
+    exec.spawn(Box::pin(CatchPanic { fut: Box::pin(fut), state: state.clone() }));
+    JoinHandle { state }
+}
+
+/// Spawns a task on the reactor whose task (or `block_on` future) is polling this one: the
+/// async counterpart of [`Reactor::spawn`], for use inside async code.
+///
+/// # Errors
+///
+/// [`Error::NoReactor`] outside a reactor's task or `block_on`.
+pub fn spawn<F>(fut: F) -> Result<JoinHandle<F::Output>>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    with_core(|core| spawn_on(&mut core.exec, fut))
+}
+
+/// The statistics of the reactor whose task (or `block_on` future) is polling this one.
+///
+/// # Errors
+///
+/// [`Error::NoReactor`] outside a reactor's task or `block_on`.
+pub fn stats() -> Result<super::Stats> {
+    with_core(|core| core.stats())
+}
+
+impl Reactor {
+    /// Spawns a task: a future run by this reactor's own tick, on its thread (it need not be
+    /// `Send`). It is first polled in the next tick, and again each time it is woken; what it
+    /// submits is posted in the tick that polled it, with the tick's other operations (one
+    /// chain per queue pair). The async face (`rdma_reactor::io`) works inside it.
+    ///
+    /// A panic in the task ends the task (its handles are dropped, so connections only it held
+    /// are closed) and reaches the [`JoinHandle`], not the reactor.
+    pub fn spawn<F>(&mut self, fut: F) -> JoinHandle<F::Output>
+    where
+        F: Future + 'static,
+        F::Output: 'static,
+    {
+        spawn_on(&mut self.core.exec, fut)
+    }
+
+    /// Runs `fut` to completion on this thread, running the reactor (its ticks, its spawned
+    /// tasks) meanwhile; the async face (`rdma_reactor::io`) works inside it. Between polls
+    /// the thread sleeps in the reactor's `epoll_wait` as [`Reactor::run_once`] does.
+    ///
+    /// # Errors
+    ///
+    /// As [`Reactor::run_once`] (the loop itself failed).
+    ///
+    /// # Panics
+    ///
+    /// A panic of `fut` propagates; one of a callback is resumed as [`Reactor::run_once`]
+    /// resumes it.
+    pub fn block_on<F: Future>(&mut self, fut: F) -> Result<F::Output> {
+        let mut fut = std::pin::pin!(fut);
+        let waker = self.core.exec.waker(MAIN);
+        self.core.exec.main_woken = true;
+        loop {
+            if self.core.exec.take_main() {
+                let f: Pin<&mut dyn Future<Output = F::Output>> = fut.as_mut();
+                if let Poll::Ready(v) = poll_with_core(&mut self.core, f, &waker) {
+                    return Ok(v);
+                }
+                if self.core.exec.take_main() {
+                    // It woke itself (a yield): poll it again, after a tick that does not wait.
+                    self.core.exec.main_woken = true;
+                    self.run_once(Some(std::time::Duration::ZERO))?;
+                    continue;
+                }
+            }
+            // Sleeps only when nothing is ready: woken tasks and what the future submitted
+            // make the tick's wait zero.
+            self.run_once(None)?;
+        }
+    }
+
+    /// Live tasks spawned on this reactor.
+    pub fn tasks(&self) -> usize {
+        self.core.exec.len()
+    }
+}

@@ -1,0 +1,111 @@
+//! The tokio driver (feature `tokio`): a reactor run inside a tokio task, through
+//! [`AsyncFd`] on its epoll fd and a tokio timer for [`Reactor::next_timeout`], so RDMA
+//! futures and tokio's own (TCP, timers, channels) are awaited in the same task.
+
+use std::future::Future;
+use std::os::fd::{AsRawFd, RawFd};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+use tokio::time::{Instant, Sleep};
+
+use super::exec::poll_with_core;
+use super::Reactor;
+use crate::error::{Error, Result};
+
+/// How many ticks one poll of the driver runs at most before it yields to tokio.
+const TICKS_PER_POLL: usize = 16;
+
+/// The reactor's epoll fd, as tokio registers it.
+struct EpollFd(RawFd);
+
+impl AsRawFd for EpollFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// [`drive`]'s future.
+pub struct Drive<'r, F: Future> {
+    reactor: &'r mut Reactor,
+    fut: Pin<Box<F>>,
+    fd: AsyncFd<EpollFd>,
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl<F: Future> std::fmt::Debug for Drive<'_, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Drive").field("reactor", &self.reactor).finish()
+    }
+}
+
+/// Runs `fut` to completion inside a tokio task, running `reactor` (its ticks and its
+/// spawned tasks) meanwhile: the async face (`rdma_reactor::io`) works inside `fut` next to
+/// tokio's own futures. Await it on a current-thread runtime or in a
+/// [`LocalSet`](tokio::task::LocalSet) (the reactor is not `Send`).
+///
+/// The task sleeps in tokio: the reactor's epoll fd is registered with tokio's
+/// ([`AsyncFd`]), and a tokio timer covers [`Reactor::next_timeout`]. Each wakeup runs the
+/// reactor's ticks without blocking ([`Reactor::run_once`] with a zero timeout), at most 16
+/// in a row before it yields to tokio's other tasks.
+///
+/// # Errors
+///
+/// Registering the fd with tokio failed (not inside a tokio runtime with IO enabled), or the
+/// reactor's loop failed ([`Reactor::run_once`]'s errors).
+pub fn drive<F: Future>(reactor: &mut Reactor, fut: F) -> Result<Drive<'_, F>> {
+    // `with_interest` (deprecated in tokio 1.54 for `register_with_interest`, which is
+    // `unsafe` and not in the older tokio this crate accepts): the fd is the reactor's epoll fd,
+    // which outlives the `AsyncFd`, since `Drive` borrows the reactor and drops the `AsyncFd`
+    // with itself; it is not closed or replaced meanwhile.
+    #[allow(deprecated)]
+    let fd = AsyncFd::with_interest(EpollFd(reactor.as_raw_fd()), tokio::io::Interest::READABLE)
+        .map_err(|source| Error::Os { call: "tokio AsyncFd::new (the reactor's epoll fd)", source })?;
+    Ok(Drive { reactor, fut: Box::pin(fut), fd, sleep: Box::pin(tokio::time::sleep(Duration::ZERO)) })
+}
+
+impl<F: Future> Future for Drive<'_, F> {
+    type Output = Result<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        for _ in 0..TICKS_PER_POLL {
+            let f: Pin<&mut dyn Future<Output = F::Output>> = this.fut.as_mut();
+            if let Poll::Ready(v) = poll_with_core(&mut this.reactor.core, f, cx.waker()) {
+                return Poll::Ready(Ok(v));
+            }
+            if let Err(e) = this.reactor.run_once(Some(Duration::ZERO)) {
+                return Poll::Ready(Err(e));
+            }
+            // Registered before the timeout is read: an event after it makes the fd readable.
+            let fd_ready = match this.fd.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut guard)) => {
+                    guard.clear_ready();
+                    true
+                }
+                Poll::Ready(Err(source)) => {
+                    return Poll::Ready(Err(Error::Os { call: "tokio AsyncFd::poll_read_ready", source }))
+                }
+                Poll::Pending => false,
+            };
+            match this.reactor.next_timeout() {
+                Some(t) if t.is_zero() => continue,
+                Some(t) => {
+                    this.sleep.as_mut().reset(Instant::now() + t);
+                    if this.sleep.as_mut().poll(cx).is_ready() {
+                        continue;
+                    }
+                }
+                None => {}
+            }
+            if !fd_ready {
+                return Poll::Pending;
+            }
+        }
+        // Still busy after a burst: let tokio's other tasks run, then come back.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}

@@ -1,0 +1,372 @@
+//! The async face (`rdma_reactor::io`, issue 20) on a real device: many tasks on one
+//! connection and across connections with every byte verified, a future dropped mid-flight,
+//! a peer's close reaching every waiting task, a panicking task, and `aecho` against `echo`
+//! both ways.
+
+mod util;
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use rdma_reactor::io::{self, Connection, Listener};
+use rdma_reactor::{CloseReason, ConnectOptions, Error, Reactor};
+use util::*;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// Ends the process with a message if it is not dropped within `limit`: `block_on` sleeps
+/// until an event, so a future that never resolves would otherwise hang the test.
+struct Watchdog(Arc<AtomicBool>);
+
+impl Watchdog {
+    fn new(what: &'static str, limit: Duration) -> Watchdog {
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        std::thread::spawn(move || {
+            let end = Instant::now() + limit;
+            while Instant::now() < end {
+                if d.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            eprintln!("{what}: not done after {limit:?}");
+            std::process::exit(101);
+        });
+        Watchdog(done)
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Serves `listener`: one task per connection, echoing every message until the peer closes.
+/// Returns how each served connection ended, as the tasks record it.
+fn echo_server(reactor: &mut Reactor, listener: Listener) -> Rc<RefCell<Vec<String>>> {
+    let ends = Rc::new(RefCell::new(Vec::new()));
+    let e = ends.clone();
+    let _accept = reactor.spawn(async move {
+        while let Ok(conn) = listener.accept().await {
+            let e = e.clone();
+            let _task = io::spawn(async move {
+                let why = loop {
+                    match conn.recv().await {
+                        Ok(msg) => {
+                            if let (Err(err), _) = conn.send(msg).await {
+                                break format!("echo failed: {err}");
+                            }
+                        }
+                        Err(Error::Closed(r)) => break r.to_string(),
+                        Err(err) => break format!("recv failed: {err}"),
+                    }
+                };
+                e.borrow_mut().push(why);
+            })
+            .expect("on the reactor");
+        }
+    });
+    ends
+}
+
+/// Header of a tagged message: the sender task and the sequence number, then the pattern.
+fn tagged(len: usize, task: u64, seq: u64) -> Vec<u8> {
+    let mut m = pattern(len, task, seq);
+    m[..8].copy_from_slice(&task.to_be_bytes());
+    m[8..16].copy_from_slice(&seq.to_be_bytes());
+    m
+}
+
+/// Connections × sender tasks each: every task sends its messages concurrently with the
+/// others on the same connection; one receiver task per connection takes every echo and
+/// checks it against the pattern its header names. Every message arrives once, every byte as
+/// sent.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn many_tasks_on_one_connection_and_across_connections_every_byte_verified() {
+    const CONNS: u64 = 4;
+    const SENDERS: u64 = 8;
+    const MESSAGES: u64 = 40;
+    const SIZE: usize = 1024;
+    let _w = Watchdog::new("many tasks", LIMIT);
+    {
+        let mut r = Reactor::new().expect("reactor");
+        let a = addr();
+        let listener = r.block_on(async { Listener::bind(a) }).expect("block_on").expect("listen");
+        let ends = echo_server(&mut r, listener);
+        let before = r.stats();
+        let verified = r
+            .block_on(async move {
+                let mut conns = Vec::new();
+                for c in 0..CONNS {
+                    let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+                    conns.push((c, Connection::connect(a, opts).await.expect("connect")));
+                }
+                let mut joins = Vec::new();
+                for (c, conn) in &conns {
+                    for s in 0..SENDERS {
+                        let (conn, task) = (conn.clone(), c * 100 + s);
+                        joins.push(
+                            io::spawn(async move {
+                                let mut buf = conn.alloc(SIZE).expect("buffer");
+                                for seq in 0..MESSAGES {
+                                    buf.fill_from(&tagged(SIZE, task, seq)).expect("fits");
+                                    let (sent, back) = conn.send(buf).await;
+                                    sent.expect("send");
+                                    buf = back.expect("the buffer comes back");
+                                }
+                                0
+                            })
+                            .expect("spawn"),
+                        );
+                    }
+                    let conn = conn.clone();
+                    let c = *c;
+                    joins.push(
+                        io::spawn(async move {
+                            let mut seen = std::collections::BTreeSet::new();
+                            for _ in 0..SENDERS * MESSAGES {
+                                let m = conn.recv().await.expect("echo");
+                                let b = m.as_slice();
+                                let task = u64::from_be_bytes(b[..8].try_into().unwrap());
+                                let seq = u64::from_be_bytes(b[8..16].try_into().unwrap());
+                                assert_eq!(task / 100, c, "an echo of another connection's message");
+                                assert_eq!(b, &tagged(SIZE, task, seq)[..], "task {task} message {seq}");
+                                assert!(seen.insert((task, seq)), "task {task} message {seq} twice");
+                            }
+                            let reason = conn.close().await;
+                            assert_eq!(reason, CloseReason::Local);
+                            seen.len() as u64
+                        })
+                        .expect("spawn"),
+                    );
+                }
+                let mut verified = 0;
+                for j in joins {
+                    verified += j.await.expect("no task panicked");
+                }
+                verified
+            })
+            .expect("block_on");
+        run_until(&mut r, LIMIT, || ends.borrow().len() == CONNS as usize);
+        let st = r.stats();
+        println!(
+            "{CONNS} connections x {SENDERS} sender tasks x {MESSAGES} messages of {SIZE} B: {verified} echoes \
+             verified; server ends {:?}; post_send calls {} for {} requests; tasks left {}",
+            ends.borrow(),
+            st.post_send_calls - before.post_send_calls,
+            st.wrs_posted - before.wrs_posted,
+            r.tasks()
+        );
+        assert_eq!(verified, CONNS * SENDERS * MESSAGES, "every message echoed once, every byte as sent");
+        assert!(ends.borrow().iter().all(|e| e == "peer disconnected"), "{:?}", ends.borrow());
+        assert!(
+            st.post_send_calls - before.post_send_calls < st.wrs_posted - before.wrs_posted,
+            "sends of tasks polled in one tick are posted as one chain"
+        );
+        assert_eq!(r.tasks(), 1, "only the accept loop is left");
+    }
+    assert_eq!(res_counts(owner_id()), ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 });
+}
+
+/// Polls a future once, then drops it (a task that gave up on an operation).
+struct PollOnce<F>(Option<Pin<Box<F>>>);
+
+impl<F: Future> Future for PollOnce<F> {
+    type Output = bool;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+        let mut f = self.0.take().expect("polled once");
+        let ready = f.as_mut().poll(cx).is_ready();
+        drop(f);
+        Poll::Ready(ready)
+    }
+}
+
+/// Sends whose futures are dropped right after they were submitted: the operations are not
+/// cancelled (the peer gets every message), their completions are reaped, and their buffers
+/// go back to the pool: the buffers in use return to the baseline, and nothing is left of the
+/// connections.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_future_dropped_mid_flight_returns_its_buffer_and_leaks_nothing() {
+    const DROPPED: u64 = 16;
+    let _w = Watchdog::new("dropped futures", LIMIT);
+    {
+        let mut r = Reactor::new().expect("reactor");
+        let a = addr();
+        let listener = r.block_on(async { Listener::bind(a) }).expect("block_on").expect("listen");
+        let received = Rc::new(RefCell::new(Vec::new()));
+        let rx = received.clone();
+        let _server = r.spawn(async move {
+            let conn = listener.accept().await.expect("accept");
+            while let Ok(m) = conn.recv().await {
+                rx.borrow_mut().push(m.as_slice().to_vec());
+            }
+        });
+        let conn = r
+            .block_on(Connection::connect(a, ConnectOptions { msg_size: 256, ..ConnectOptions::default() }))
+            .expect("block_on")
+            .expect("connect");
+        // Settled: the server task waits for a message, both sides' receives are posted.
+        let end = Instant::now() + LIMIT;
+        while r.stats().connections < 2
+            || (0..20).any(|_| r.run_once(Some(Duration::from_millis(1))).expect("tick") > 0)
+        {
+            assert!(Instant::now() < end, "not settled: {:?}", r.stats());
+            r.run_once(Some(Duration::from_millis(10))).expect("run_once");
+        }
+        let baseline = r.stats().buffers_in_use;
+        let c = conn.clone();
+        let resolved = r
+            .block_on(async move {
+                let mut resolved = 0;
+                for i in 0..DROPPED {
+                    let buf = c.alloc_from(&pattern(256, 7, i)).expect("buffer");
+                    resolved += u64::from(PollOnce(Some(Box::pin(c.send(buf)))).await);
+                }
+                resolved
+            })
+            .expect("block_on");
+        run_until(&mut r, LIMIT, || received.borrow().len() as u64 == DROPPED);
+        for _ in 0..20 {
+            r.run_once(Some(Duration::from_millis(1))).expect("run_once");
+        }
+        let after = r.stats().buffers_in_use;
+        println!(
+            "{DROPPED} sends dropped after their submission ({resolved} had resolved at once); the peer received {}; \
+             buffers in use {baseline} before, {after} after",
+            received.borrow().len()
+        );
+        assert_eq!(resolved, 0, "a send cannot complete in the poll that submits it");
+        for (i, m) in received.borrow().iter().enumerate() {
+            assert_eq!(m, &pattern(256, 7, i as u64), "message {i}: not cancelled, every byte as sent");
+        }
+        assert_eq!(after, baseline, "every dropped future's buffer went back to the pool");
+        drop(conn);
+        let end = Instant::now() + LIMIT;
+        while r.stats().connections > 0 {
+            assert!(Instant::now() < end, "the dropped connection did not close: {:?}", r.stats());
+            r.run_once(Some(Duration::from_millis(10))).expect("run_once");
+        }
+    }
+    assert_eq!(res_counts(owner_id()), ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 });
+}
+
+/// Five tasks wait on one connection (four for a message, one for its close) when the peer
+/// closes it: each wakes, with the close reason.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_peer_close_wakes_every_waiting_task_with_the_reason() {
+    let _w = Watchdog::new("peer close", LIMIT);
+    let mut r = Reactor::new().expect("reactor");
+    let a = addr();
+    let listener = r.block_on(async { Listener::bind(a) }).expect("block_on").expect("listen");
+    let server = r.spawn(async move {
+        let conn = listener.accept().await.expect("accept");
+        // Closes once the client's five tasks wait (a message says so).
+        let m = conn.recv().await.expect("the go-ahead");
+        assert_eq!(m.as_slice(), b"waiting");
+        conn.close().await
+    });
+    let heard = r
+        .block_on(async move {
+            let conn = Connection::connect(a, ConnectOptions::default()).await.expect("connect");
+            let mut waits = Vec::new();
+            for _ in 0..4 {
+                let c = conn.clone();
+                waits.push(io::spawn(async move { format!("{:?}", c.recv().await.map(|b| b.len())) }).expect("spawn"));
+            }
+            let c = conn.clone();
+            waits.push(io::spawn(async move { format!("close {}", c.closed().await) }).expect("spawn"));
+            // Let the five tasks reach their await, then tell the server.
+            io::spawn(async {}).expect("spawn").await.expect("a yield");
+            let go = conn.alloc_from(b"waiting").expect("buffer");
+            conn.send(go).await.0.expect("send");
+            let mut heard = Vec::new();
+            for w in waits {
+                heard.push(w.await.expect("no panic"));
+            }
+            heard
+        })
+        .expect("block_on");
+    let server_end = r.block_on(server).expect("block_on").expect("no panic");
+    println!("the server closed ({server_end}); the client's tasks heard {heard:?}");
+    assert_eq!(server_end, CloseReason::Local);
+    let closed = format!("{:?}", Err::<usize, _>(Error::Closed(CloseReason::Peer)));
+    assert_eq!(heard[..4], vec![closed; 4][..], "each waiting receiver woke with the reason");
+    assert_eq!(heard[4], "close peer disconnected", "the close waiter too");
+}
+
+/// A task panics holding a connection: the panic reaches its JoinHandle, not the reactor; the
+/// connection closes (its only handle was the task's), the server hears `Peer`; the reactor
+/// serves a new connection after.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_panicking_task_closes_its_connection_and_the_reactor_goes_on() {
+    let _w = Watchdog::new("panicking task", LIMIT);
+    {
+        let mut r = Reactor::new().expect("reactor");
+        let a = addr();
+        let listener = r.block_on(async { Listener::bind(a) }).expect("block_on").expect("listen");
+        let ends = echo_server(&mut r, listener);
+        let doomed = r.spawn(async move {
+            let conn = Connection::connect(a, ConnectOptions::default()).await.expect("connect");
+            let m = conn.alloc_from(b"before the panic").expect("buffer");
+            conn.send(m).await.0.expect("send");
+            let echo = conn.recv().await.expect("echo");
+            assert_eq!(echo.as_slice(), b"before the panic");
+            panic!("a task's bug");
+        });
+        let joined = r.block_on(doomed).expect("block_on");
+        let payload = joined.expect_err("the panic reaches the JoinHandle");
+        let text = payload.downcast_ref::<&str>().copied().unwrap_or("?");
+        run_until(&mut r, LIMIT, || ends.borrow().len() == 1);
+        println!("the task panicked ({text:?}); the server's end of its connection: {:?}", ends.borrow());
+        assert_eq!(text, "a task's bug");
+        assert_eq!(ends.borrow()[0], "peer disconnected", "the panicking task's connection closed");
+        let again = r
+            .block_on(async move {
+                let conn = Connection::connect(a, ConnectOptions::default()).await?;
+                let (sent, _) = conn.send(conn.alloc_from(b"after")?).await;
+                sent?;
+                let echo = conn.recv().await?;
+                conn.close().await;
+                Ok::<_, Error>(echo.as_slice().to_vec())
+            })
+            .expect("block_on")
+            .expect("a new connection is served");
+        assert_eq!(again, b"after");
+        run_until(&mut r, LIMIT, || ends.borrow().len() == 2);
+    }
+    assert_eq!(res_counts(owner_id()), ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 });
+}
+
+/// `aecho client` against an `echo server`, and `echo client` against an `aecho server`, each
+/// with 4 connections of 200 verified round trips.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn aecho_and_echo_interoperate_both_ways() {
+    for (server, client) in [("echo", "aecho"), ("aecho", "echo")] {
+        let a = addr();
+        let at = a.to_string();
+        let srv = Proc::spawn("server", bin(server), &["server", "--bind", &at, "--exit-after", "4", "--quiet"]);
+        wait_listening(a, Duration::from_secs(30));
+        let args = ["client", "--connect", &at, "--size", "512", "--count", "200", "--clients", "4", "--verify"];
+        let (ok, out) = run_output(bin(client), &args, LIMIT);
+        println!("{client} client against {server} server:\n{out}");
+        assert!(ok, "{client} client failed:\n{out}");
+        assert!(out.contains("800 round trips of 512 bytes over 4 connection(s)"), "{out}");
+        assert!(out.contains("every byte verified"), "{out}");
+        let st = srv.wait(Duration::from_secs(60));
+        assert!(st.success(), "{server} server: {st}");
+    }
+}
