@@ -1,6 +1,6 @@
 //! `cargo xtask demo`: the project's main job in one command.
 //!
-//! THE PLACE TO EDIT the demo's command lines: [`ECHO`], [`BLAST`], [`EMBED`], [`KV`] and
+//! THE PLACE TO EDIT the demo's command lines: [`ECHO`], [`BLAST`], [`EMBED`], [`KV`], [`ASYNC`] and
 //! [`RPING`] below. Each is a sh fragment run with `$BIN` (the project's binaries) and `$RDMA_ADDR` set, in
 //! the VM (on the device `cargo xtask demo --device rxe|siw` chose: `$RDMA_ADDR` is its address)
 //! or on a host with an RDMA device. A fragment is used when its example source exists
@@ -58,6 +58,30 @@ src=$?
 [ $src -eq 0 ] || { echo "== kv server failed: exit $src"; exit $src; }
 "#;
 
+/// The async examples: an `aecho` server (one task per connection) with an `aecho` client and
+/// an `echo` client (the two interoperate), then the tokio program serving RDMA echo and a TCP
+/// control port in one task, asked for its statistics and told to quit over TCP (busybox `nc`).
+pub const ASYNC: &str = r#"
+echo "== aecho: async server on $RDMA_ADDR:7475; an aecho client (4 tasks x 500 x 4096 B, verified), then an echo client"
+"$BIN"/aecho server --bind "$RDMA_ADDR:7475" --exit-after 5 --quiet &
+server=$!
+sleep 1
+"$BIN"/aecho client --connect "$RDMA_ADDR:7475" --clients 4 --size 4096 --count 500 --verify || { echo "== aecho client failed"; exit 1; }
+"$BIN"/echo client --connect "$RDMA_ADDR:7475" --size 4096 --count 500 --verify || { echo "== echo client against aecho failed"; exit 1; }
+wait $server || { echo "== aecho server failed"; exit 1; }
+echo "== tokio_control: RDMA echo on $RDMA_ADDR:7476 and a TCP control port on 127.0.0.1:7477, one tokio task"
+"$BIN"/tokio_control --bind "$RDMA_ADDR:7476" --control 127.0.0.1:7477 &
+server=$!
+sleep 1
+"$BIN"/echo client --connect "$RDMA_ADDR:7476" --clients 2 --size 256 --count 300 --verify || { echo "== echo client against tokio_control failed"; exit 1; }
+sleep 0.5
+echo "-- control: stats"; printf 'stats
+' | nc -w 2 127.0.0.1 7477
+echo "-- control: quit"; printf 'quit
+' | nc -w 2 127.0.0.1 7477
+wait $server || { echo "== tokio_control failed"; exit 1; }
+"#;
+
 /// Until the examples exist: rdma-core's rping, server and client, 5 verified pings.
 pub const RPING: &str = r#"
 echo "== rping (the echo/blast examples do not exist yet): server and client on $RDMA_ADDR, 5 pings"
@@ -89,6 +113,9 @@ pub fn script() -> String {
     }
     if project::has_example("kv") {
         s.push_str(KV);
+    }
+    if project::has_example("aecho") && project::has_example("tokio_control") {
+        s.push_str(ASYNC);
     }
     if !echo && !blast {
         s.push_str(RPING);
