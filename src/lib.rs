@@ -88,25 +88,34 @@ pub use sys::device::{devices, DeviceInfo, LinkLayer, PortInfo, PortState};
 /// feature). A thin layer over the callback API, with the same tick: what the tasks polled in
 /// a tick submit is posted at its end, one chain per queue pair.
 ///
-/// ```no_run
-/// use rdma_reactor::io::{Connection, Listener};
-/// use rdma_reactor::{ConnectOptions, Reactor};
+/// The same echo server as the crate's example, with a task per connection (the README's
+/// "The same with async/await" has the rules):
 ///
-/// let mut reactor = Reactor::new()?;
-/// let addr = "198.18.0.1:7471".parse().unwrap();
-/// let listener = reactor.block_on(async { Listener::bind(addr) })??;
-/// reactor.spawn(async move {
-///     while let Ok(conn) = listener.accept().await {
-///         while let Ok(msg) = conn.recv().await {
-///             let (sent, _buf) = conn.send(msg).await; // echo it back
-///             if sent.is_err() {
-///                 break;
-///             }
+/// ```no_run
+/// use rdma_reactor::io::{self, Listener};
+/// use rdma_reactor::Reactor;
+///
+/// fn main() -> rdma_reactor::Result<()> {
+///     let mut reactor = Reactor::new()?;
+///     let addr = "198.18.0.1:7471".parse().unwrap();
+///     reactor.block_on(async move {
+///         let listener = Listener::bind(addr)?;
+///         while let Ok(conn) = listener.accept().await {
+///             // Established, its receives posted. One task per connection: the next message,
+///             // in the buffer it arrived in, sent back as it is; the send gives the buffer back
+///             // with its result.
+///             let _task = io::spawn(async move {
+///                 while let Ok(msg) = conn.recv().await {
+///                     let (sent, _buf) = conn.send(msg).await;
+///                     if sent.is_err() {
+///                         break;
+///                     }
+///                 }
+///             })?;
 ///         }
-///     }
-/// });
-/// let conn = reactor.block_on(Connection::connect(addr, ConnectOptions::default()))??;
-/// # Ok::<(), rdma_reactor::Error>(())
+///         Ok(())
+///     })?
+/// }
 /// ```
 pub mod io {
     pub use crate::reactor::aio::{Accept, Close, Connect, Connection, Listener, OpFuture, Recv};

@@ -120,6 +120,27 @@ pub const ROWS: &[Row] = &[
         target: 1.2,
     },
     Row {
+        id: "aecho64_spin",
+        what: "async face: 64 B round trip, spin (aecho p50 vs the callback echo's, both --spin-us 1000)",
+        unit: "us",
+        better: Better::Lower,
+        target: 1.1,
+    },
+    Row {
+        id: "aecho64_event",
+        what: "async face: 64 B round trip, event mode (aecho p50 vs the callback echo's)",
+        unit: "us",
+        better: Better::Lower,
+        target: 1.1,
+    },
+    Row {
+        id: "aecho64_rate16",
+        what: "async face: 64 B message rate, 16 connections ping-ponging on one reactor (aecho vs the callback echo)",
+        unit: "msg/s",
+        better: Better::Higher,
+        target: 0.9,
+    },
+    Row {
         id: "idle100_event",
         what: "idle echo server holding 100 connections, event mode (share of a core)",
         unit: "%",
@@ -219,6 +240,18 @@ blast_bw() {{ # ROW ROUND SIZE COUNT OP PERFTEST FIELD(rate|bw) [CLIENTS [SERVER
     [ $7 = bw ] && [ -n "$theirs" ] && theirs=$(awk "BEGIN{{printf \"%.1f\", $theirs * 1.048576}}")
     echo "@@ row=$1 round=$2 ours=$ours theirs=$theirs cpu=$cpu tcpu=$tcpu"
 }}
+aecho_cmp() {{ # ROW ROUND SIZE SPIN CLIENTS FIELD(lat|rate): the async face against the callbacks
+    # Ours: an aecho server and client; theirs: an echo server and client, same arguments.
+    for prog in aecho echo; do
+        server $prog --spin-us $4
+        out=$( ( time -p $T "$BIN"/$prog client --connect $A:$port --size $3 --count {N_LAT} --clients $5 --spin-us $4 ) 2>&1 )
+        stop
+        if [ $6 = lat ]; then v=$(echo "$out" | sed -n 's/.*p50 \([0-9.]*\) us.*/\1/p'); else v=$(echo "$out" | sed -n 's/^rate: \([0-9]*\) messages\/s$/\1/p'); fi
+        c=$(echo "$out" | cpu_of | awk -v n=$5 '{{printf "%.1f", $1 * 1000000 / ({N_LAT} * n)}}')
+        if [ $prog = aecho ]; then ours=$v; cpu=$c; else theirs=$v; tcpu=$c; fi
+    done
+    echo "@@ row=$1 round=$2 ours=$ours theirs=$theirs cpu=$cpu tcpu=$tcpu"
+}}
 conns() {{ # ROUND
     server echo
     out=$( ( time -p $T "$BIN"/echo client --connect $A:$port --size 64 --count 1 --clients {N_CONN} ) 2>&1 )
@@ -256,6 +289,9 @@ blast_bw blast64_c64 {r} 64 {N_RATE} send ib_send_bw rate 64
 blast_bw blast64_c8_t2 {r} 64 {N_RATE} send ib_send_bw rate 8 2
 blast_bw blast64k_send {r} 65536 {N_BW} send ib_send_bw bw
 blast_bw blast64k_write {r} 65536 {N_BW} write ib_write_bw bw
+aecho_cmp aecho64_spin {r} 64 1000 1 lat
+aecho_cmp aecho64_event {r} 64 0 1 lat
+aecho_cmp aecho64_rate16 {r} 64 0 16 rate
 conns {r}
 idle idle100_event {r} 0
 idle idle100_spin {r} 1000
