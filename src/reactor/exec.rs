@@ -50,6 +50,8 @@ const ROUNDS: usize = 8;
 
 static NEXT_EXEC: AtomicU64 = AtomicU64::new(1);
 
+// Every access is `try_with`: a reactor kept in a thread-local is dropped (and shut down,
+// ticking) while this thread's locals are destroyed, and must not panic there.
 thread_local! {
     /// Tasks woken on this thread and not yet taken: (executor, task).
     static WOKEN: RefCell<Vec<(u64, u64)>> = const { RefCell::new(Vec::new()) };
@@ -66,14 +68,14 @@ pub(super) struct Inside(());
 
 impl Inside {
     pub(super) fn enter() -> Inside {
-        INSIDE.with(|i| i.set(i.get() + 1));
+        let _ = INSIDE.try_with(|i| i.set(i.get() + 1));
         Inside(())
     }
 }
 
 impl Drop for Inside {
     fn drop(&mut self) {
-        INSIDE.with(|i| i.set(i.get() - 1));
+        let _ = INSIDE.try_with(|i| i.set(i.get() - 1));
     }
 }
 
@@ -82,7 +84,7 @@ struct Restore(*mut Core);
 
 impl Drop for Restore {
     fn drop(&mut self) {
-        CURRENT.with(|c| c.set(self.0));
+        let _ = CURRENT.try_with(|c| c.set(self.0));
     }
 }
 
@@ -93,7 +95,7 @@ impl Drop for Restore {
 /// [`Error::NoReactor`] when no reactor is polling here (a future of the async face polled by
 /// another executor, or from inside a call made through this function).
 pub(crate) fn with_core<R>(f: impl FnOnce(&mut Core) -> R) -> Result<R> {
-    let p = CURRENT.with(|c| c.replace(std::ptr::null_mut()));
+    let p = CURRENT.try_with(|c| c.replace(std::ptr::null_mut())).unwrap_or(std::ptr::null_mut());
     if p.is_null() {
         return Err(Error::NoReactor);
     }
@@ -112,7 +114,7 @@ pub(crate) fn with_core<R>(f: impl FnOnce(&mut Core) -> R) -> Result<R> {
 /// Polls `fut` with `core` reachable through [`with_core`].
 pub(super) fn poll_with_core<T>(core: &mut Core, fut: Pin<&mut dyn Future<Output = T>>, waker: &Waker) -> Poll<T> {
     let _inside = Inside::enter();
-    let prev = CURRENT.with(|c| c.replace(core as *mut Core));
+    let prev = CURRENT.try_with(|c| c.replace(core as *mut Core)).unwrap_or(std::ptr::null_mut());
     let _restore = Restore(prev);
     fut.poll(&mut Context::from_waker(waker))
 }
@@ -167,7 +169,8 @@ impl Exec {
 
     /// True when a tick has tasks to poll or handles to close: the reactor must not sleep.
     pub(super) fn has_work(&self) -> bool {
-        !self.orphans.borrow().is_empty() || WOKEN.with(|w| w.borrow().iter().any(|(e, _)| *e == self.id))
+        !self.orphans.borrow().is_empty()
+            || WOKEN.try_with(|w| w.borrow().iter().any(|(e, _)| *e == self.id)).unwrap_or(false)
     }
 
     /// Live tasks.
@@ -178,7 +181,7 @@ impl Exec {
     /// Takes this executor's woken tasks off the thread's list.
     fn take_woken(&mut self, into: &mut Vec<u64>) {
         let id = self.id;
-        WOKEN.with(|w| {
+        let _ = WOKEN.try_with(|w| {
             w.borrow_mut().retain(|&(e, t)| {
                 if e != id {
                     return true;
@@ -196,7 +199,7 @@ impl Exec {
     /// Whether `block_on`'s future was woken (and forgets it).
     fn take_main(&mut self) -> bool {
         let id = self.id;
-        WOKEN.with(|w| {
+        let _ = WOKEN.try_with(|w| {
             w.borrow_mut().retain(|&(e, t)| {
                 let main = e == id && t == MAIN;
                 self.main_woken |= main;
@@ -209,7 +212,7 @@ impl Exec {
     /// Tasks other threads woke (taken from the inbox by the reactor): as if woken here.
     pub(super) fn woken_elsewhere(&mut self, tasks: impl IntoIterator<Item = u64>) {
         let id = self.id;
-        WOKEN.with(|w| w.borrow_mut().extend(tasks.into_iter().map(|t| (id, t))));
+        let _ = WOKEN.try_with(|w| w.borrow_mut().extend(tasks.into_iter().map(|t| (id, t))));
     }
 
     fn spawn(&mut self, fut: Pin<Box<dyn Future<Output = ()>>>) {
@@ -218,7 +221,7 @@ impl Exec {
         let id = u64::from(generation) << 32 | self.tasks.vacant_key() as u64;
         let waker = self.waker(id);
         self.tasks.insert(Task { generation, fut: Some(fut), waker });
-        WOKEN.with(|w| w.borrow_mut().push((self.id, id)));
+        let _ = WOKEN.try_with(|w| w.borrow_mut().push((self.id, id)));
     }
 }
 
@@ -238,10 +241,10 @@ impl Wake for TaskWaker {
 
     fn wake_by_ref(self: &Arc<Self>) {
         if std::thread::current().id() == self.owner {
-            WOKEN.with(|w| w.borrow_mut().push((self.exec, self.task)));
+            let _ = WOKEN.try_with(|w| w.borrow_mut().push((self.exec, self.task)));
             // Outside the reactor's tick (a timer of another runtime, a future the
             // application polls): make a sleeping reactor look.
-            if INSIDE.with(Cell::get) == 0 {
+            if INSIDE.try_with(Cell::get).unwrap_or(0) == 0 {
                 self.remote.nudge();
             }
         } else {
@@ -292,7 +295,7 @@ impl Core {
             Ok(Poll::Ready(())) | Err(_) => {
                 self.exec.tasks.remove(index);
                 let _inside = Inside::enter();
-                let prev = CURRENT.with(|c| c.replace(self as *mut Core));
+                let prev = CURRENT.try_with(|c| c.replace(self as *mut Core)).unwrap_or(std::ptr::null_mut());
                 let _restore = Restore(prev);
                 drop(fut);
             }
