@@ -134,7 +134,9 @@ fn a_tcp_probe_of_the_listening_port() {
                 }
             }
             srv.run_once(Some(Duration::ZERO)).expect("run_once");
-            if siw && !tcp_listening(a) {
+            // On siw: stop once the listening socket is gone (a probe may already have been
+            // refused when the check sees it: siw closes it in a worker, in the background).
+            if siw && (refused > 0 || !tcp_listening(a)) {
                 break;
             }
         }
@@ -145,7 +147,7 @@ fn a_tcp_probe_of_the_listening_port() {
                 "siw kept its listening socket through {PROBES} TCP probes: the Linux 6.1 defect is not in this \
                  kernel; update FAULTS.md and churn::Client::may_die"
             );
-            assert!(connected >= 1 && refused == 0, "siw listened until the defect struck");
+            assert!(connected >= 1 && refused <= 1, "siw listened until the defect struck");
             println!("siw dropped its listening socket after {connected} probes; rdma_cm still listens, unaware");
         } else {
             assert_eq!(refused, PROBES, "nothing listens on TCP");
