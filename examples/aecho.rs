@@ -95,11 +95,10 @@ async fn serve(conn: Connection) -> (u64, String) {
             Err(Error::Closed(reason)) => return (echoed, reason.to_string()),
             Err(e) => return (echoed, format!("receive failed: {}", common::report(&e))),
         };
-        let (sent, _buf) = conn.send(msg).await;
-        if let Err(e) = sent {
-            let reason = conn.close().await;
-            return (echoed, format!("echo failed: {} ({reason})", common::report(&e)));
-        }
+        // The echo is submitted as its future is made. Not awaiting it lets the next message
+        // be taken at once, as the callback server does: its completion returns the buffer
+        // to the pool, and a failure closes the connection, which the next recv reports.
+        drop(conn.send(msg));
         echoed += 1;
     }
 }
@@ -180,10 +179,13 @@ async fn ping(dst: SocketAddr, index: u64, size: usize, count: u64, verify: bool
             fill_pattern(buf.as_mut_slice(), index, seq);
         }
         let sent_at = common::Clock::ticks();
-        let (sent, back) = conn.send(buf).await;
-        sent.map_err(|e| format!("send {seq}: {}", common::report(&e)))?;
+        // Submitted now; awaited after the echo, as the callback client takes its send buffer
+        // back whenever the send completes.
+        let sending = conn.send(buf);
         let echo = conn.recv().await.map_err(|e| format!("message {seq}: no echo: {}", common::report(&e)))?;
         times.push(common::Clock::ticks().wrapping_sub(sent_at));
+        let (sent, back) = sending.await;
+        sent.map_err(|e| format!("send {seq}: {}", common::report(&e)))?;
         if echo.len() != size {
             return Err(format!("message {seq}: echo of {} bytes, sent {size}", echo.len()));
         }

@@ -457,10 +457,19 @@ impl Drop for Connect {
 
 /// An operation's future ([`Connection::send`], [`Connection::write`],
 /// [`Connection::read`]): resolves with the result (the bytes moved) and the buffer.
+///
+/// The operation is submitted when the future is made, inside a reactor (as io_uring submits
+/// at the call), or else at its first poll: `let sent = conn.send(buf);` goes out with the
+/// tick's posts while the task awaits something else (its echo, say), and `sent.await` then
+/// gives the buffer back.
 pub struct OpFuture {
     st: Shared,
+    /// Not submitted yet (made where no reactor polls).
     op: Option<Op>,
+    /// Submitted: the slot its completion lands in.
     slot: Option<usize>,
+    /// The submission failed: the result, handed out at the first poll.
+    failed: Option<(Result<u32>, Option<Buf>)>,
 }
 
 impl std::fmt::Debug for OpFuture {
@@ -471,7 +480,50 @@ impl std::fmt::Debug for OpFuture {
 
 impl OpFuture {
     fn new(st: Shared, op: Op) -> OpFuture {
-        OpFuture { st, op: Some(op), slot: None }
+        let mut f = OpFuture { st, op: Some(op), slot: None, failed: None };
+        f.submit(None);
+        f
+    }
+
+    /// Submits the operation if a reactor is at hand (or `waker` is given: the first poll,
+    /// which must submit or fail). Leaves it for the first poll otherwise.
+    fn submit(&mut self, waker: Option<&Waker>) {
+        let Some(op) = self.op.take() else { return };
+        let token = {
+            let st = self.st.borrow();
+            match (&st.phase, st.token) {
+                (Phase::Closed(r), _) => {
+                    self.failed = Some((Err(Error::Closed(r.clone())), op.into_buf()));
+                    return;
+                }
+                (_, Some(t)) => t,
+                (_, None) => {
+                    let e = Error::NotConnected("the connection has no queue pair yet".into());
+                    self.failed = Some((Err(e), op.into_buf()));
+                    return;
+                }
+            }
+        };
+        let slot = self.st.borrow_mut().slots.insert(Slot::Waiting(waker.cloned()));
+        let mut op = Some(op.user_data(slot as u64));
+        let submitted = with_core(|core| Ctx::new(core, None).submit(token, op.take().expect("once")));
+        match submitted {
+            Ok(Ok(())) => self.slot = Some(slot),
+            Ok(Err(refused)) => {
+                self.st.borrow_mut().slots.remove(slot);
+                self.failed = Some((Err(*refused.error), refused.op.into_buf()));
+            }
+            Err(e) => {
+                self.st.borrow_mut().slots.remove(slot);
+                let op = op.take().expect("not submitted");
+                if waker.is_some() {
+                    self.failed = Some((Err(e), op.into_buf()));
+                } else {
+                    // No reactor here: submitted at the first poll.
+                    self.op = Some(op);
+                }
+            }
+        }
     }
 }
 
@@ -479,31 +531,11 @@ impl Future for OpFuture {
     type Output = (Result<u32>, Option<Buf>);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if let Some(op) = self.op.take() {
-            let token = {
-                let st = self.st.borrow();
-                match (&st.phase, st.token) {
-                    (Phase::Closed(r), _) => return Poll::Ready((Err(Error::Closed(r.clone())), op.into_buf())),
-                    (_, Some(t)) => t,
-                    (_, None) => {
-                        let e = Error::NotConnected("the connection has no queue pair yet".into());
-                        return Poll::Ready((Err(e), op.into_buf()));
-                    }
-                }
-            };
-            let slot = self.st.borrow_mut().slots.insert(Slot::Waiting(Some(cx.waker().clone())));
-            let submitted = with_core(|core| Ctx::new(core, None).submit(token, op.user_data(slot as u64)));
-            let failed = match submitted {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some((*e.error, e.op.into_buf())),
-                Err(e) => Some((e, None)),
-            };
-            if let Some((e, buf)) = failed {
-                self.st.borrow_mut().slots.remove(slot);
-                return Poll::Ready((Err(e), buf));
-            }
-            self.slot = Some(slot);
-            return Poll::Pending;
+        if self.op.is_some() {
+            self.submit(Some(cx.waker()));
+        }
+        if let Some(out) = self.failed.take() {
+            return Poll::Ready(out);
         }
         let Some(slot) = self.slot else {
             return Poll::Ready((Err(Error::Config("polled after it resolved".into())), None));

@@ -58,6 +58,8 @@ thread_local! {
     /// The reactor whose task or `block_on` future this thread is polling, while it is; null
     /// otherwise, and while a call made through it runs ([`with_core`]).
     static CURRENT: Cell<*mut Core> = const { Cell::new(std::ptr::null_mut()) };
+    /// This thread's id (read once: `thread::current()` clones a handle each time).
+    static THREAD: ThreadId = std::thread::current().id();
     /// Inside a reactor's tick or `block_on` poll: a wake on this thread will be seen before
     /// the reactor sleeps, so it needs no eventfd write.
     static INSIDE: Cell<u32> = const { Cell::new(0) };
@@ -134,6 +136,8 @@ pub(super) struct Exec {
     remote: Remote,
     /// `block_on`'s future was woken.
     main_woken: bool,
+    /// The woken tasks a round of `run_tasks` polls (kept: no allocation per tick).
+    woken: Vec<u64>,
 }
 
 /// Tokens whose last async handle is gone, shared by the handles and the reactor.
@@ -155,6 +159,7 @@ impl Exec {
             orphans: Rc::default(),
             remote,
             main_woken: false,
+            woken: Vec::new(),
         }
     }
 
@@ -240,7 +245,7 @@ impl Wake for TaskWaker {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        if std::thread::current().id() == self.owner {
+        if THREAD.try_with(|t| *t == self.owner).unwrap_or(false) {
             let _ = WOKEN.try_with(|w| w.borrow_mut().push((self.exec, self.task)));
             // Outside the reactor's tick (a timer of another runtime, a future the
             // application polls): make a sleeping reactor look.
@@ -263,7 +268,7 @@ impl Core {
             self.close(t);
         }
         let mut polled = 0;
-        let mut woken = Vec::new();
+        let mut woken = std::mem::take(&mut self.exec.woken);
         for _ in 0..ROUNDS {
             self.exec.take_woken(&mut woken);
             if woken.is_empty() {
@@ -273,6 +278,7 @@ impl Core {
                 polled += usize::from(self.poll_task(id));
             }
         }
+        self.exec.woken = woken;
         polled
     }
 
