@@ -289,7 +289,17 @@ impl Core {
                 let found = found.map(|(t, _)| t);
                 match found {
                     Some(t) => {
-                        self.feed(t, Input::Fault(reason));
+                        // The request that broke the queue pair usually completed in error
+                        // first, and that status says more than the event does (a wrong key,
+                        // not just "fatal"). Its completion may sit unread in the CQ when the
+                        // epoll wait returned both fds: reap it first, so the close names it
+                        // whatever order the fds are read in (siw raises the event at once).
+                        let placed = self.conns.get(t).and_then(|c| c.placed);
+                        let on_srq = self.conns.get(t).and_then(|c| c.srq_credit.and(c.placed)).map(|p| p.device);
+                        self.reap_conn_cqs(placed.map(|p| p.cq), on_srq);
+                        if self.conns.contains(t) {
+                            self.feed(t, Input::Fault(reason));
+                        }
                         return true;
                     }
                     None => self.stats.stale_async_events += 1,

@@ -629,7 +629,14 @@ pub fn run_output(program: impl AsRef<std::ffi::OsStr>, args: &[&str], limit: Du
         Ok(Err(e)) => panic!("waiting for {:?}: {e}", program.as_ref()),
         Err(_) => {
             let _ = Command::new("kill").arg(pid.to_string()).status();
-            panic!("{:?} {args:?} did not finish within {limit:?}", program.as_ref());
+            // What it printed before it was stopped says where it stood.
+            let text = match rx.recv_timeout(Duration::from_secs(10)) {
+                Ok(Ok(out)) => {
+                    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+                }
+                _ => "(no output: it did not exit within 10 s of SIGTERM)".to_string(),
+            };
+            panic!("{:?} {args:?} did not finish within {limit:?}; it printed:\n{text}", program.as_ref());
         }
     }
 }
