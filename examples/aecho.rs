@@ -44,6 +44,7 @@ client: ping-pongs messages and reports round-trip latency.
   --clients K          connections (tasks) from one reactor (default 1)";
 
 fn main() {
+    common::observe::init_logging("aecho");
     let mut argv = std::env::args().skip(1);
     match argv.next().as_deref() {
         Some("server") => server(Args::parse(argv, &["quiet"], USAGE)),

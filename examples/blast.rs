@@ -3,7 +3,7 @@
 //! ```text
 //! blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet] [--spin-us N]
 //!              [--srq [--srq-receives N] [--srq-credit N] [--srq-reserve N] [--srq-size BYTES]]
-//!              [--threads N] [--balance round-robin|fewest] [--shared-cq N]
+//!              [--threads N] [--balance round-robin|fewest] [--shared-cq N] [--metrics ADDR:PORT]
 //! blast client --connect ADDR:PORT --size BYTES --count N [--clients K] [--op send|write]
 //!              [--verify] [--window N] [--spin-us N] [--shared-cq N]
 //! ```
@@ -42,7 +42,7 @@ use rdma_reactor::{
 const USAGE: &str = "\
 usage: blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet]
                     [--spin-us N] [--srq [--srq-receives N] [--srq-credit N] [--srq-reserve N] [--srq-size BYTES]]
-                    [--threads N] [--balance round-robin|fewest] [--shared-cq N]
+                    [--threads N] [--balance round-robin|fewest] [--shared-cq N] [--metrics ADDR:PORT]
        blast client --connect ADDR:PORT --size BYTES --count N [--clients K]
                     [--op send|write] [--verify] [--window N] [--spin-us N] [--shared-cq N]
 
@@ -55,6 +55,9 @@ server: receives from any number of clients at once, from one thread.
   --threads N        reactors, one per thread (default 1); the first listens and spreads the
                      connections over all; at exit each prints what it served
   --balance B        how: round-robin (default) or fewest (live connections)
+  --metrics ADDR:PORT serve GET /metrics (Prometheus text: the reactor's counters and each
+                     connection's) on a TCP port, from the reactor's thread; reactor i of
+                     --threads on PORT + i
   --quiet            no per-connection lines
   --spin-us N        (both) poll for N microseconds after work before sleeping (default 1000,
                      as perftest's bandwidth tests poll; 0: event mode)
@@ -88,6 +91,7 @@ client: streams N messages of BYTES on each of K connections.
 const USER_MAGIC: &[u8; 4] = b"BLST";
 
 fn main() {
+    common::observe::init_logging("blast");
     let mut argv = std::env::args().skip(1);
     match argv.next().as_deref() {
         Some("server") => server(Args::parse(argv, &["verify", "quiet", "srq"], USAGE)),
@@ -393,7 +397,7 @@ fn shared_cq(args: &Args) -> Option<u32> {
 }
 
 fn server(args: Args) {
-    let own = ["bind", "depth", "exit-after", "spin-us", "threads", "balance", "shared-cq"];
+    let own = ["bind", "depth", "exit-after", "spin-us", "threads", "balance", "shared-cq", "metrics"];
     args.finish(&[&own[..], &Args::LIVENESS[..], &Args::SRQ[..]].concat());
     let bind = args.addr("bind");
     // Not given: each connection's depth follows its message size (`auto_depth`).
@@ -408,7 +412,7 @@ fn server(args: Args) {
     }
     let balance = group::balance(&args.get("balance", "round-robin".to_string()))
         .unwrap_or_else(|| common::fail(USAGE, "--balance is round-robin or fewest"));
-    let group = Group::new(threads, args.get("exit-after", 0));
+    let group = Group::new(threads, args.get("exit-after", 0), args.metrics());
     let srq = args.srq();
     // On a shared receive queue each connection's credit window is the SRQ's credit.
     let depth = srq.map_or(depth, |s| s.credit);

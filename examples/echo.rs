@@ -3,7 +3,7 @@
 //! ```text
 //! echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
 //!             [--srq [--srq-receives N] [--srq-credit N] [--srq-reserve N] [--srq-size BYTES]] [--marks N,N,..]
-//!             [--threads N] [--balance round-robin|fewest] [--accept-delay-ms N]
+//!             [--threads N] [--balance round-robin|fewest] [--accept-delay-ms N] [--metrics ADDR:PORT]
 //! echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
 //!             [--stall-timeout SECS] [--spin-us N] [--hold-ms N] [--hold-until PATH]
 //! ```
@@ -33,7 +33,7 @@ use rdma_reactor::{
 const USAGE: &str = "\
 usage: echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
                    [--srq [--srq-receives N] [--srq-credit N] [--srq-reserve N] [--srq-size BYTES]] [--marks N,N,..]
-                   [--threads N] [--balance round-robin|fewest] [--accept-delay-ms N]
+                   [--threads N] [--balance round-robin|fewest] [--accept-delay-ms N] [--metrics ADDR:PORT]
        echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
                    [--stall-timeout SECS] [--spin-us N] [--hold-ms N] [--hold-until PATH]
 
@@ -45,6 +45,9 @@ server: echoes every message on every connection, from one thread.
   --threads N          reactors, one per thread (default 1); the first listens and spreads the
                        connections over all; at exit each prints what it served
   --balance B          how: round-robin (default) or fewest (live connections)
+  --metrics ADDR:PORT  serve GET /metrics (Prometheus text: the reactor's counters and each
+                       connection's) on a TCP port, from the reactor's thread; reactor i of
+                       --threads on PORT + i
   --spin-us N          (both) poll for N microseconds after work before sleeping (default 0:
                        event mode)
   --keepalive-ms N     (both) probe an idle connection every N ms (zero-length RDMA WRITE), so
@@ -78,6 +81,7 @@ client: ping-pongs messages and reports round-trip latency.
   --hold-until PATH    keep every connection open after its round trips until PATH exists";
 
 fn main() {
+    common::observe::init_logging("echo");
     let mut argv = std::env::args().skip(1);
     match argv.next().as_deref() {
         Some("server") => server(Args::parse(argv, &["quiet", "srq"], USAGE)),
@@ -218,7 +222,7 @@ impl ConnectionHandler for EchoAgent {
 }
 
 fn server(args: Args) {
-    let own = ["bind", "depth", "exit-after", "spin-us", "marks", "threads", "balance", "accept-delay-ms"];
+    let own = ["bind", "depth", "exit-after", "spin-us", "marks", "threads", "balance", "accept-delay-ms", "metrics"];
     args.finish(&[&own[..], &Args::LIVENESS[..], &Args::SRQ[..]].concat());
     let bind = args.addr("bind");
     let depth: u32 = args.get("depth", 16);
@@ -233,7 +237,7 @@ fn server(args: Args) {
         .unwrap_or_else(|| common::fail(USAGE, "--balance is round-robin or fewest"));
     let (quiet, marks) = (args.switch("quiet"), args.marks());
     let accept_delay = Duration::from_millis(args.get("accept-delay-ms", 0));
-    let group = Group::new(threads, args.get("exit-after", 0));
+    let group = Group::new(threads, args.get("exit-after", 0), args.metrics());
     let srq = args.srq();
     let cfg =
         args.with_srq(args.liveness(Config { recv_depth: depth.max(16), spin: args.spin(), ..Config::default() }));

@@ -201,6 +201,7 @@ fn poll_timeout(t: Option<Duration>) -> PollTimeout {
 }
 
 fn main() {
+    common::observe::init_logging("embed");
     let args = Args::parse(std::env::args().skip(1), &[], USAGE);
     args.finish(&["bind", "clients", "count", "size", "exit-after", "timeout"]);
     let bind = args.addr("bind");

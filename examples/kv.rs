@@ -73,6 +73,7 @@ fn msg_size(b: usize) -> usize {
 }
 
 fn main() {
+    common::observe::init_logging("kv");
     let mut argv = std::env::args().skip(1);
     match argv.next().as_deref() {
         Some("server") => server(Args::parse(argv, &["quiet"], USAGE)),

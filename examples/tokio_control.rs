@@ -87,6 +87,7 @@ async fn control(tcp: tokio::net::TcpListener, counts: Rc<RefCell<Counts>>) -> s
 }
 
 fn main() {
+    common::observe::init_logging("tokio_control");
     let args = Args::parse(std::env::args().skip(1), &[], USAGE);
     args.finish(&["bind", "control"]);
     let bind = args.addr("bind");

@@ -72,6 +72,7 @@ mod sys;
 
 pub use error::{Error, Result};
 pub use proto::conn::{AsyncEventKind, CloseReason, State, Step};
+pub use proto::metrics::ConnMetrics;
 pub use proto::op::{OpCode, OpError, RemoteAccess, WcStatus};
 pub use proto::token::Token;
 pub use proto::transport::Transport;

@@ -24,17 +24,20 @@ pub struct Group {
     closed: AtomicU64,
     served: Vec<Served>,
     remotes: OnceLock<Vec<Remote>>,
+    /// `--metrics`: where reactor 0 serves `GET /metrics` (reactor i on the port + i).
+    metrics: Option<SocketAddr>,
 }
 
 impl Group {
     /// A group of `threads` reactors that stops once `exit_after` connections closed (0:
-    /// never).
-    pub fn new(threads: usize, exit_after: u64) -> Arc<Group> {
+    /// never), each serving its metrics when `metrics` is given.
+    pub fn new(threads: usize, exit_after: u64, metrics: Option<SocketAddr>) -> Arc<Group> {
         Arc::new(Group {
             exit_after,
             closed: AtomicU64::new(0),
             served: (0..threads).map(|_| Served::default()).collect(),
             remotes: OnceLock::new(),
+            metrics,
         })
     }
 
@@ -113,6 +116,7 @@ pub fn serve<H, F>(
     F: Fn(usize) -> H + Send + Sync + 'static,
 {
     let threads = group.served.len();
+    let metrics = group.metrics;
     let make = Arc::new(make);
     let (tx, rx) = mpsc::channel();
     let workers: Vec<_> = (1..threads)
@@ -126,6 +130,9 @@ pub fn serve<H, F>(
                     reactor.accept_handoffs(make(i)).unwrap_or_else(|e| {
                         super::die(program, &format!("cannot take hand-offs: {}", super::report(&e)))
                     });
+                    if let Some(m) = metrics {
+                        serve_metrics(program, &mut reactor, m, i);
+                    }
                     tx.send((i, reactor.remote())).expect("the main thread waits");
                     if let Err(e) = reactor.run() {
                         super::die(program, &format!("reactor {i} failed: {}", super::report(&e)));
@@ -148,6 +155,9 @@ pub fn serve<H, F>(
         reactor.listen(bind, make(0))
     };
     listening.unwrap_or_else(|e| super::die(program, &format!("cannot listen on {bind}: {}", super::report(&e))));
+    if let Some(m) = metrics {
+        serve_metrics(program, &mut reactor, m, 0);
+    }
     println!("{program} server: listening on {bind} (pid {}, {threads} reactor threads){note}", std::process::id());
     if let Err(e) = reactor.run() {
         super::die(program, &format!("reactor failed: {}", super::report(&e)));
@@ -157,4 +167,13 @@ pub fn serve<H, F>(
     }
     drop(reactor);
     group.print(program);
+}
+
+/// Reactor `index`'s metrics endpoint: `GET /metrics` on `base`'s address, port + `index`.
+fn serve_metrics(program: &str, reactor: &mut Reactor, base: SocketAddr, index: usize) {
+    let addr = SocketAddr::new(base.ip(), base.port().wrapping_add(index as u16));
+    match super::observe::serve_metrics(&mut reactor.ctx(), addr, index) {
+        Ok(()) => println!("{program} server: reactor {index} serves GET /metrics on {addr}"),
+        Err(e) => super::die(program, &format!("cannot serve metrics on {addr}: {e}")),
+    }
 }

@@ -7,6 +7,7 @@ use std::process::exit;
 use std::str::FromStr;
 
 pub mod group;
+pub mod observe;
 
 /// Parsed `--flag value` and `--switch` arguments.
 pub struct Args {
@@ -87,6 +88,12 @@ impl Args {
             credit_timeout: ms("credit-timeout-ms"),
             ..cfg
         }
+    }
+
+    /// `--metrics ADDR:PORT`: where a server serves `GET /metrics` (`observe::serve_metrics`;
+    /// reactor `i` of `--threads N` on PORT + i).
+    pub fn metrics(&self) -> Option<SocketAddr> {
+        self.given("metrics").then(|| self.addr("metrics"))
     }
 
     /// The flags [`Args::liveness`] reads.

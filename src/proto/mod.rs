@@ -2,7 +2,8 @@
 //!
 //! Tokens ([`token`]), the wire formats carried in private data and messages ([`wire`]),
 //! receive-credit flow control ([`flow`]), what differs between transports ([`transport`]), the listener/agent/client state machines ([`conn`])
-//! and the data path's plain vocabulary ([`op`]: operation kinds, completion statuses).
+//! the data path's plain vocabulary ([`op`]: operation kinds, completion statuses) and the
+//! per-connection counters with their Prometheus text ([`metrics`]).
 //!
 //! **Architecture invariant:** nothing here names `crate::sys`, `crate::reactor` or an FFI
 //! type, performs I/O or can fail with an OS error; all of it is unit-tested on a host without
@@ -12,6 +13,7 @@ pub(crate) mod conn;
 pub(crate) mod flow;
 #[cfg(any(test, feature = "fuzz-internals"))]
 pub(crate) mod fuzz;
+pub(crate) mod metrics;
 pub(crate) mod op;
 pub(crate) mod token;
 pub(crate) mod transport;

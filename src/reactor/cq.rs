@@ -468,7 +468,12 @@ impl Core {
     fn finish_op(&mut self, t: ConnKey, ot: OpKey, wc: WorkCompletion) {
         let Some(op) = self.ops.remove(ot) else { return };
         if op.control {
-            // A credit-only send: nothing to deliver.
+            // A credit-only send (or a keepalive probe, a window bind): nothing to deliver.
+            if op.opcode == OpCode::Send && op.bind.is_none() && wc.status == WcStatus::Success {
+                if let Some(c) = self.conns.get_mut(t) {
+                    c.meter.credit_message(true);
+                }
+            }
             return self.after_completion(t);
         }
         let mut op = op;
@@ -516,6 +521,9 @@ impl Core {
                 }
                 if control {
                     // A credit-only message used this receive: post it again, unseen.
+                    if let Some(c) = self.conns.get_mut(t) {
+                        c.meter.credit_message(false);
+                    }
                     let mut again = op;
                     again.after_control = true;
                     again.posted = false;
@@ -539,6 +547,9 @@ impl Core {
             (status, _) => Err(OpError::Wc(status)),
         };
         let completion = op.into_completion(result, wc.remote_write);
+        if let Some(c) = self.conns.get_mut(t) {
+            c.meter.completed(completion.opcode, &completion.result);
+        }
         self.with_conn(t, |h, conn| h.on_completion(conn, completion));
         self.after_completion(t);
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::{ConnectOptions, ConnectionHandler, Core, ListenerHandler, Op, Stats};
 use crate::error::{Error, Result};
 use crate::proto::conn::State;
+use crate::proto::metrics::ConnMetrics;
 use crate::proto::op::RemoteAccess;
 use crate::proto::token::{ConnKey, Key, Token};
 use crate::proto::wire::ConnectInfo;
@@ -124,6 +125,18 @@ impl<'a> Ctx<'a> {
     /// Live connections.
     pub fn connections(&self) -> usize {
         self.core.conns.len()
+    }
+
+    /// Connection `token`'s counters, while it lives (`None` for another kind of token, or
+    /// once the connection is gone).
+    pub fn conn_metrics(&self, token: Token) -> Option<ConnMetrics> {
+        self.core.conn_metrics(token)
+    }
+
+    /// The reactor's [`Stats`] and every live connection's [`ConnMetrics`] in the Prometheus
+    /// text format ([`Reactor::prometheus`](crate::Reactor::prometheus)).
+    pub fn prometheus(&self, labels: &[(&str, &str)]) -> String {
+        self.core.prometheus(labels)
     }
 }
 
@@ -369,5 +382,11 @@ impl<'a> Conn<'a> {
     /// Send work requests this connection's queue pair holds at most.
     pub fn send_capacity(&self) -> u32 {
         self.ctx.core.conns.get(self.key).map_or(0, |c| c.sq.capacity())
+    }
+
+    /// This connection's counters so far: messages and bytes each way, operations by kind,
+    /// credit waits and their time, errors ([`ConnMetrics`]).
+    pub fn metrics(&self) -> ConnMetrics {
+        self.ctx.core.conns.get(self.key).map(|c| c.meter.snapshot(std::time::Instant::now())).unwrap_or_default()
     }
 }

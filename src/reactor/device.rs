@@ -263,6 +263,11 @@ impl Core {
             drop(ev);
             n += 1;
             self.stats.async_events += 1;
+            event!(
+                warn,
+                "device {}: asynchronous event {kind} ({element:?})",
+                self.devices.get(d).map_or_else(String::new, |x| x.dev.name())
+            );
             let ours = self.on_async(d, kind, element);
             // The fd is the process's, not this reactor's: the others hear it too, if it is a
             // kind anyone acts on (not COMM_EST, nor the LAST_WQE_REACHED a queue pair on an

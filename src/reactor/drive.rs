@@ -57,6 +57,16 @@ impl Core {
             Action::Connect => return self.client_connect(t),
             Action::Established => {
                 self.stats.established += 1;
+                event!(
+                    info,
+                    "{:?}: established with {}",
+                    crate::proto::token::Key::token(t),
+                    self.conns
+                        .get(t)
+                        .and_then(|c| c.ep.id())
+                        .and_then(|id| id.peer_addr())
+                        .map_or_else(String::new, |a| a.to_string())
+                );
                 // Sends submitted before ESTABLISHED (a peer's first message can complete a
                 // receive before the event arrives) go out now.
                 self.mark_dirty(t);

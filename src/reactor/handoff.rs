@@ -175,6 +175,7 @@ impl Core {
                 Ok(()) => {
                     o.peer.wake();
                     self.stats.handed_off += 1;
+                    event!(debug, "a connect request handed to another reactor");
                 }
                 Err((child, why)) => {
                     self.stats.handoffs_failed += 1;
@@ -205,6 +206,7 @@ impl Core {
 
     fn adopt(&mut self, p: Parcel) {
         self.stats.handoffs_received += 1;
+        event!(debug, "a connect request handed over by another reactor");
         let Some(child) = p.id.into_id(&self.cm) else {
             // Not on this reactor's channel (cannot happen: the source migrates to the
             // channel its inbox names); the id was destroyed, which rejects the request.

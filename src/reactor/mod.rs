@@ -59,6 +59,17 @@
 //! handle), `handoff.rs` (spreading a listener's connections over reactors), `userfd.rs` (application fds), `embed.rs` (the epoll fd and `next_timeout` for an
 //! outer loop).
 
+/// An operator's log line through the `log` facade (target `rdma_reactor`) with the feature
+/// `log`; without it nothing is compiled and the arguments are not evaluated.
+macro_rules! event {
+    ($level:ident, $($arg:tt)+) => {
+        #[cfg(feature = "log")]
+        {
+            log::$level!(target: "rdma_reactor", $($arg)+);
+        }
+    };
+}
+
 pub(crate) mod aio;
 mod config;
 mod cq;
@@ -111,6 +122,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 
 use crate::error::{Error, Result};
 use crate::proto::conn::{Actions, Agent, Client, CloseReason, Input, Listener, State, Step};
+use crate::proto::metrics::{ConnMeter, ConnMetrics};
 use crate::proto::token::{ConnKey, CqKey, FdKey, GenSlab, Key, Kind, ListenerKey, OpKey, TimerKey, Token};
 use crate::proto::transport::Caps;
 use crate::proto::wire::ConnectInfo;
@@ -237,6 +249,8 @@ struct ConnEntry {
     /// the drain waits for sends only, and a receive still posted at destruction is reported
     /// flushed (`Core::cancel_ops`): no message can land in it any more.
     stream_closed: bool,
+    /// Its counters (`Conn::metrics`): each completion handed to its handler, its credit waits.
+    meter: ConnMeter,
 }
 
 impl ConnEntry {
@@ -260,6 +274,7 @@ impl ConnEntry {
             srq_credit: None,
             mem_owner: crate::sys::pool::next_owner(),
             stream_closed: false,
+            meter: ConnMeter::default(),
         }
     }
 
@@ -602,6 +617,27 @@ impl Reactor {
     /// Statistics since creation.
     pub fn stats(&self) -> Stats {
         self.core.stats()
+    }
+
+    /// Connection `token`'s counters, while it lives ([`Conn::metrics`]).
+    pub fn conn_metrics(&self, token: Token) -> Option<ConnMetrics> {
+        self.core.conn_metrics(token)
+    }
+
+    /// The reactor's [`Stats`] and every live connection's [`ConnMetrics`] in the Prometheus
+    /// text exposition format (0.0.4), for an application to serve (the library runs no HTTP
+    /// server; the `echo` and `blast` servers' `--metrics ADDR:PORT` show one way, on a socket
+    /// registered with [`Ctx::register_fd`]).
+    ///
+    /// Families are named `rdma_reactor_<field>` after [`Stats`]' fields (counters with
+    /// `_total`; the gauges `connections`, `timer_entries`, `registered_bytes`,
+    /// `buffers_in_use`, `srq_receives` and `cq_peak_reserved` without) and
+    /// `rdma_reactor_conn_<counter>_total` after [`ConnMetrics`]' (credit wait time in
+    /// `rdma_reactor_conn_credit_wait_seconds_total`), each connection's samples labelled `conn`
+    /// (its [`Token::as_u64`]) and `peer` (its peer's address). `labels` are added to every
+    /// sample (for example `[("reactor", "0")]` when several reactors share one endpoint).
+    pub fn prometheus(&self, labels: &[(&str, &str)]) -> String {
+        self.core.prometheus(labels)
     }
 
     /// The configuration.

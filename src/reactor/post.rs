@@ -276,6 +276,17 @@ impl Core {
     /// forgotten) when nothing waits for credits. A grant that lets a send go therefore restarts
     /// the bound: it measures time without progress, not time spent short of credits in total.
     fn watch_credits(&mut self, t: ConnKey) {
+        // The connection's credit waits (`Conn::metrics`): the clock is read only when a wait
+        // begins or ends.
+        if let Some(c) = self.conns.get(t) {
+            let blocked = c.sq.credit_blocked();
+            if blocked != c.meter.waiting() {
+                let now = self.read_clock();
+                if let Some(c) = self.conns.get_mut(t) {
+                    c.meter.credit_state(blocked, now);
+                }
+            }
+        }
         let Some(limit) = self.cfg.credit_timeout else { return };
         let Some(c) = self.conns.get_mut(t) else { return };
         match (c.sq.credit_blocked(), c.stall) {
@@ -301,6 +312,7 @@ impl Core {
             return 0;
         }
         self.stats.credit_stalls += 1;
+        event!(warn, "{:?}: closing: its sends waited {limit:?} for the peer's credits", t.token());
         self.feed(t, Input::Fault(CloseReason::Stalled(limit)));
         1
     }
@@ -314,6 +326,9 @@ impl Core {
                 continue;
             }
             let completion = op.into_completion(Err(OpError::Post(errno)), false);
+            if let Some(c) = self.conns.get_mut(t) {
+                c.meter.completed(completion.opcode, &completion.result);
+            }
             self.with_conn(t, |h, conn| h.on_completion(conn, completion));
         }
         self.feed(t, Input::WorkError(WcStatus::LocQpOpErr));

@@ -41,6 +41,7 @@ impl Core {
         })();
         match setup {
             Ok(id) => {
+                event!(info, "{:?}: listening on {addr}", t.token());
                 self.listeners.get_mut(t).expect("inserted").id = Some(id);
                 Ok(t.token())
             }
@@ -191,6 +192,11 @@ impl Core {
     /// Rejects a connect request's new id with `reason`; the id is destroyed at the end of the
     /// tick, after its CONNECT_REQUEST is acked.
     pub(super) fn reject_child(&mut self, child: CmId, reason: &RejectReason) {
+        event!(
+            info,
+            "rejected a connect request from {}: {reason}",
+            child.peer_addr().map_or_else(|| "an unknown address".to_string(), |a| a.to_string())
+        );
         let _ = child.reject(&reason.encode());
         self.stats.rejected += 1;
         self.graveyard.push(child);
@@ -348,13 +354,27 @@ impl Core {
         let param = self.conn_param(&bytes, initiator.min(RD_ATOM), responder.min(RD_ATOM));
         let c = self.conns.get(t).expect("live");
         match c.ep.id().expect("live id").accept(&param) {
-            Ok(()) => self.stats.accepted += 1,
+            Ok(()) => {
+                self.stats.accepted += 1;
+                event!(
+                    info,
+                    "{:?}: accepted a connect request from {}",
+                    t.token(),
+                    c.ep.id().and_then(|id| id.peer_addr()).map_or_else(String::new, |a| a.to_string())
+                );
+            }
             Err(e) => self.feed(t, Input::SetupFailed(format!("rdma_accept: {e}"))),
         }
     }
 
     fn reject_accepted(&mut self, t: ConnKey, code: RejectCode, text: &str) {
         if let Some(id) = self.conns.get(t).and_then(|c| c.ep.id()) {
+            event!(
+                info,
+                "{:?}: rejected the connect request from {}: {code}: {text}",
+                t.token(),
+                id.peer_addr().map_or_else(String::new, |a| a.to_string())
+            );
             let _ = id.reject(&RejectReason::new(code, text).encode());
             self.stats.rejected += 1;
         }

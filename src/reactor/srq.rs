@@ -460,6 +460,9 @@ impl Core {
             flow.on_receive(imm);
             control = imm.control;
         }
+        if control {
+            c.meter.credit_message(false);
+        }
         if released {
             self.mark_dirty(t);
         }
@@ -484,6 +487,9 @@ impl Core {
             remote_write: wc.remote_write,
             region: None,
         };
+        if let Some(c) = self.conns.get_mut(t) {
+            c.meter.completed(OpCode::Recv, &completion.result);
+        }
         self.with_conn(t, |h, conn| h.on_completion(conn, completion));
         self.after_completion(t);
         if self.conns.get(t).is_some_and(|c| c.drained()) {

@@ -1,5 +1,11 @@
 //! Counters the user can read.
 
+use std::time::Instant;
+
+use super::Core;
+use crate::proto::metrics::{conn_families, ConnMetrics, Exposition, Kind};
+use crate::proto::token::{Key, Token};
+
 /// Reactor statistics since creation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -135,4 +141,105 @@ pub struct Stats {
     /// ([`CloseReason::PeerViolation`](crate::CloseReason::PeerViolation)): a remote access
     /// violation, most often.
     pub peer_violations: u64,
+}
+
+/// The reactor-wide families of [`Stats`], each `(field, kind, help)`, then its value.
+macro_rules! families {
+    ($s:expr; counters: $($c:ident),* ; gauges: $($g:ident),* $(,)?) => {
+        vec![
+            $((stringify!($c), Kind::Counter, concat!("Stats::", stringify!($c), " (rdma-reactor's docs)."), $s.$c),)*
+            $((stringify!($g), Kind::Gauge, concat!("Stats::", stringify!($g), " (rdma-reactor's docs)."), $s.$g),)*
+        ]
+    };
+}
+
+impl Stats {
+    /// Every field as a Prometheus family: `(name, kind, help, value)`.
+    pub(crate) fn families(&self) -> Vec<(&'static str, Kind, &'static str, u64)> {
+        families!(self;
+            counters: wakeups, interrupted_waits, interrupted_connects, channel_reads, spurious_wakeups,
+                cm_events, stale_cm_events, cq_events, spurious_cq_events, cq_ack_calls, cq_events_acked,
+                cq_arms, cq_rearm_catches, spin_polls, cq_polls, completions, stale_completions,
+                budget_exhausted, cq_room_waits, post_send_calls, post_recv_calls, wrs_posted, accepted,
+                rejected, established, closed, async_events, stale_async_events, shared_async_events,
+                devices_lost, devices_released, keepalives, credit_stalls, handed_off, handoffs_received,
+                handoffs_failed, timer_compactions, srq_posted, srq_post_calls, srq_consumed, srq_stale,
+                srq_limit_events, srq_refused, srq_overdrawn, peer_violations;
+            gauges: cq_peak_reserved, connections, timer_entries, registered_bytes, buffers_in_use, srq_receives,
+        )
+    }
+}
+
+impl Core {
+    /// Connection `token`'s counters, while it lives.
+    pub(super) fn conn_metrics(&self, token: Token) -> Option<ConnMetrics> {
+        let t = self.conns.key_of(token)?;
+        self.conns.get(t).map(|c| c.meter.snapshot(Instant::now()))
+    }
+
+    /// The reactor's [`Stats`] and every live connection's [`ConnMetrics`] in the Prometheus
+    /// text format (`Reactor::prometheus`).
+    pub(super) fn prometheus(&self, labels: &[(&str, &str)]) -> String {
+        let mut e = Exposition::default();
+        for (name, kind, help, value) in self.stats().families() {
+            e.family(name, kind, help).sample(labels, value);
+        }
+        let now = Instant::now();
+        let conns: Vec<(String, String, ConnMetrics)> = self
+            .conns
+            .iter()
+            .map(|(k, c)| {
+                let peer = c.ep.id().and_then(|id| id.peer_addr()).map_or_else(String::new, |a| a.to_string());
+                (k.token().as_u64().to_string(), peer, c.meter.snapshot(now))
+            })
+            .collect();
+        if let Some((_, _, first)) = conns.first() {
+            let count = conn_families(first).len();
+            for i in 0..count {
+                let (name, kind, help, _) = conn_families(first)[i];
+                let mut f = e.family(name, kind, help);
+                for (token, peer, m) in &conns {
+                    let mut l: Vec<(&str, &str)> = labels.to_vec();
+                    l.push(("conn", token));
+                    l.push(("peer", peer));
+                    f.sample(&l, Number(conn_families(m)[i].3));
+                }
+            }
+        }
+        e.finish()
+    }
+}
+
+/// A sample's value: integers without a fraction, the rest as Rust prints an `f64`.
+struct Number(f64);
+
+impl std::fmt::Display for Number {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.fract() == 0.0 && self.0.abs() < 9.0e15 {
+            write!(f, "{}", self.0 as i64)
+        } else {
+            write!(f, "{}", self.0)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_field_is_a_family_once() {
+        let s = Stats { wakeups: 3, buffers_in_use: 7, ..Stats::default() };
+        let f = s.families();
+        let names: std::collections::HashSet<_> = f.iter().map(|x| x.0).collect();
+        assert_eq!(names.len(), f.len(), "no field twice");
+        // Debug lists every field of the struct: a field added later without a family fails here.
+        let debug = format!("{s:?}");
+        assert_eq!(debug.matches(": ").count(), f.len(), "{debug}");
+        for (name, ..) in &f {
+            assert!(debug.contains(&format!(" {name}: ")), "{name} is not a field");
+        }
+        assert!(f.contains(&("wakeups", Kind::Counter, "Stats::wakeups (rdma-reactor's docs).", 3)));
+        assert!(f.contains(&("buffers_in_use", Kind::Gauge, "Stats::buffers_in_use (rdma-reactor's docs).", 7)));
+    }
 }

@@ -101,6 +101,13 @@ impl Core {
             self.accepting = self.accepting.saturating_sub(1);
         }
         self.stats.closed += 1;
+        event!(info, "{:?}: closed: {}{}", t.token(), c.close_reason.as_ref().unwrap_or(&CloseReason::Local), {
+            let m = c.meter.snapshot(std::time::Instant::now());
+            format!(
+                " ({} messages and {} bytes sent, {} and {} received, {} errors)",
+                m.sends, m.send_bytes, m.recvs, m.recv_bytes, m.errors
+            )
+        });
         for k in c.timers.drain(..) {
             self.user_timers.remove(k);
         }

@@ -257,6 +257,14 @@ impl DeviceRef {
         Ok(Caps { transport, max_mw: attr.max_mw.max(0) as u32, vendor_id: attr.vendor_id })
     }
 
+    /// The device's name (`ibv_get_device_name`), for messages.
+    #[cfg_attr(not(feature = "log"), allow(dead_code))]
+    pub(crate) fn name(&self) -> String {
+        // SAFETY: the context is live, and its device with it; the name is a NUL-terminated
+        // string the device owns, copied here.
+        unsafe { c_str(ffi::ibv_get_device_name((*self.0.as_ptr()).device)) }
+    }
+
     /// The device's identity in libibverbs' device list (its `ibv_device` address), kept as a
     /// number to compare with later lists, never dereferenced.
     pub(crate) fn identity(&self) -> usize {

@@ -89,9 +89,10 @@ fn artifacts(stdout: &str, manifest: &Path, kind: &str) -> Result<Vec<Binary>> {
 }
 
 fn cargo_json(args: &[&str]) -> Result<String> {
-    // The fault suite's injections (`Reactor::inject_short_cq`) and the tokio driver (its
-    // example and tests); one build for everything.
-    cargo_json_as(args, PROFILE, &["--features", "fault-injection,tokio"])
+    // The fault suite's injections (`Reactor::inject_short_cq`), the tokio driver (its
+    // example and tests) and the log lines (`RUST_LOG` in the examples); one build for
+    // everything.
+    cargo_json_as(args, PROFILE, &["--features", "fault-injection,tokio,log"])
 }
 
 /// The profile of the binaries that are measured (`cargo xtask bench`, `vm --perf`): release,
