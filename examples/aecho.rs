@@ -22,7 +22,7 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-use common::{check_pattern, fill_pattern, percentile, us, Args};
+use common::{check_pattern, fill_pattern, Args};
 use rdma_reactor::io::{self, Connection, Listener};
 use rdma_reactor::{Config, ConnectOptions, Error, Reactor};
 
@@ -244,23 +244,7 @@ fn client(args: Args) {
         }
     }
     lat.sort_unstable();
-    let msgs = lat.len() as u64;
-    println!(
-        "aecho client: {msgs} round trips of {size} bytes over {clients} connection(s) in {:.3} s{}",
-        elapsed.as_secs_f64(),
-        if verify { ", every byte verified" } else { "" }
-    );
-    if !lat.is_empty() {
-        println!(
-            "latency: min {}  p50 {}  p99 {}  p99.9 {}  max {}",
-            us(lat[0]),
-            us(percentile(&lat, 50.0)),
-            us(percentile(&lat, 99.0)),
-            us(percentile(&lat, 99.9)),
-            us(lat[lat.len() - 1])
-        );
-        println!("rate: {:.0} messages/s", msgs as f64 / elapsed.as_secs_f64());
-    }
+    common::print_round_trips("aecho", &lat, size, clients, elapsed, verify);
     if !failures.is_empty() {
         for f in &failures {
             eprintln!("aecho client: FAILED {f}");

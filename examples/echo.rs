@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::group::{self, Group};
-use common::{check_pattern, fill_pattern, percentile, us, Args};
+use common::{check_pattern, fill_pattern, Args};
 use rdma_reactor::{
     Buf, CloseReason, Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision,
     ListenerHandler, Op, OpCode, OpError, Reactor, RejectReason, Token, WcStatus,
@@ -528,22 +528,7 @@ fn client(args: Args) {
             per(stats.cq_events)
         );
     }
-    println!(
-        "echo client: {msgs} round trips of {size} bytes over {clients} connection(s) in {:.3} s{}",
-        elapsed.as_secs_f64(),
-        if verify { ", every byte verified" } else { "" }
-    );
-    if !lat.is_empty() {
-        println!(
-            "latency: min {}  p50 {}  p99 {}  p99.9 {}  max {}",
-            us(lat[0]),
-            us(percentile(&lat, 50.0)),
-            us(percentile(&lat, 99.0)),
-            us(percentile(&lat, 99.9)),
-            us(lat[lat.len() - 1])
-        );
-        println!("rate: {:.0} messages/s", msgs as f64 / elapsed.as_secs_f64());
-    }
+    common::print_round_trips("echo", &lat, size, clients, elapsed, verify);
     if !r.failures.is_empty() {
         for f in &r.failures {
             eprintln!("echo client: FAILED {f}");

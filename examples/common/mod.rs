@@ -347,6 +347,35 @@ pub fn us(ns: u64) -> String {
     format!("{:.1} us", ns as f64 / 1000.0)
 }
 
+/// The round-trip report of the echo clients (`cargo xtask bench` reads its `p50` and `rate:`
+/// lines): what ran, the latency distribution of `sorted` (nanoseconds, sorted) and the rate.
+pub fn print_round_trips(
+    program: &str,
+    sorted: &[u64],
+    size: usize,
+    clients: u64,
+    elapsed: std::time::Duration,
+    verify: bool,
+) {
+    let msgs = sorted.len() as u64;
+    println!(
+        "{program} client: {msgs} round trips of {size} bytes over {clients} connection(s) in {:.3} s{}",
+        elapsed.as_secs_f64(),
+        if verify { ", every byte verified" } else { "" }
+    );
+    if let (Some(min), Some(max)) = (sorted.first(), sorted.last()) {
+        println!(
+            "latency: min {}  p50 {}  p99 {}  p99.9 {}  max {}",
+            us(*min),
+            us(percentile(sorted, 50.0)),
+            us(percentile(sorted, 99.0)),
+            us(percentile(sorted, 99.9)),
+            us(*max)
+        );
+        println!("rate: {:.0} messages/s", msgs as f64 / elapsed.as_secs_f64());
+    }
+}
+
 /// A deterministic byte pattern for message `seq` of connection `conn`, so every byte can be
 /// checked.
 pub fn fill_pattern(buf: &mut [u8], conn: u64, seq: u64) {

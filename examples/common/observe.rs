@@ -69,7 +69,8 @@ pub fn serve_metrics(ctx: &mut Ctx<'_>, addr: SocketAddr, index: usize) -> std::
                     continue;
                 }
                 let mut http = Http { stream, request: Vec::new(), answer: Vec::new(), sent: 0, index };
-                let registered = stream_fd(&http.stream).and_then(|fd| {
+                // The reactor registers a duplicate of this one, closed when it returns.
+                let registered = http.stream.try_clone().and_then(|fd| {
                     ctx.register_fd(&fd, Interest::READABLE, 0, move |ctx: &mut Ctx<'_>, ev: FdEvent| {
                         http.on_ready(ctx, ev)
                     })
@@ -89,12 +90,6 @@ pub fn serve_metrics(ctx: &mut Ctx<'_>, addr: SocketAddr, index: usize) -> std::
     })
     .map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok(())
-}
-
-/// A duplicate of the stream's fd to register (the reactor keeps its own duplicate in turn;
-/// this one is closed when it returns).
-fn stream_fd(s: &TcpStream) -> std::io::Result<TcpStream> {
-    s.try_clone()
 }
 
 /// One HTTP connection of the metrics endpoint.

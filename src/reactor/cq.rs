@@ -547,11 +547,17 @@ impl Core {
             (status, _) => Err(OpError::Wc(status)),
         };
         let completion = op.into_completion(result, wc.remote_write);
+        self.deliver_completion(t, completion);
+        self.after_completion(t);
+    }
+
+    /// Hands `completion` to connection `t`'s handler, counted first (`Conn::metrics`): every
+    /// completion of a live connection reaches its handler through here.
+    pub(super) fn deliver_completion(&mut self, t: ConnKey, completion: super::Completion) {
         if let Some(c) = self.conns.get_mut(t) {
             c.meter.completed(completion.opcode, &completion.result);
         }
         self.with_conn(t, |h, conn| h.on_completion(conn, completion));
-        self.after_completion(t);
     }
 
     /// After a completion: post what waited for queue room or credit, or grant credits.

@@ -299,9 +299,8 @@ impl Core {
                         // not just "fatal"). Its completion may sit unread in the CQ when the
                         // epoll wait returned both fds: reap it first, so the close names it
                         // whatever order the fds are read in (siw raises the event at once).
-                        let placed = self.conns.get(t).and_then(|c| c.placed);
-                        let on_srq = self.conns.get(t).and_then(|c| c.srq_credit.and(c.placed)).map(|p| p.device);
-                        self.reap_conn_cqs(placed.map(|p| p.cq), on_srq);
+                        let (cq, on_srq) = self.conns.get(t).map_or((None, None), |c| c.cqs());
+                        self.reap_conn_cqs(cq, on_srq);
                         if self.conns.contains(t) {
                             self.feed(t, Input::Fault(reason));
                         }

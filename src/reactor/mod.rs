@@ -292,6 +292,12 @@ impl ConnEntry {
         self.placed.is_some() && !self.role.state().is_closed()
     }
 
+    /// The CQs its completions land on: its own (or shared) CQ, and the device whose SRQ's CQ
+    /// takes its receives when it is on a shared receive queue (`Core::reap_conn_cqs`).
+    fn cqs(&self) -> (Option<CqKey>, Option<usize>) {
+        (self.placed.map(|p| p.cq), self.srq_credit.and(self.placed).map(|p| p.device))
+    }
+
     /// True when the connection is draining and nothing is outstanding.
     fn drained(&self) -> bool {
         self.role.state().is_draining() && self.sq.awaited() == 0 && (self.rq.outstanding() == 0 || self.stream_closed)

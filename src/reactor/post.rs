@@ -275,21 +275,16 @@ impl Core {
     /// its next send waits for credits and none is running, and stops it (lazily: the key is
     /// forgotten) when nothing waits for credits. A grant that lets a send go therefore restarts
     /// the bound: it measures time without progress, not time spent short of credits in total.
+    /// Also counts the connection's credit waits (`Conn::metrics`), reading the clock only when
+    /// one begins or ends.
     fn watch_credits(&mut self, t: ConnKey) {
-        // The connection's credit waits (`Conn::metrics`): the clock is read only when a wait
-        // begins or ends.
-        if let Some(c) = self.conns.get(t) {
-            let blocked = c.sq.credit_blocked();
-            if blocked != c.meter.waiting() {
-                let now = self.read_clock();
-                if let Some(c) = self.conns.get_mut(t) {
-                    c.meter.credit_state(blocked, now);
-                }
-            }
+        let Some(c) = self.conns.get_mut(t) else { return };
+        let blocked = c.sq.credit_blocked();
+        if blocked != c.meter.waiting() {
+            c.meter.credit_state(blocked, std::time::Instant::now());
         }
         let Some(limit) = self.cfg.credit_timeout else { return };
-        let Some(c) = self.conns.get_mut(t) else { return };
-        match (c.sq.credit_blocked(), c.stall) {
+        match (blocked, c.stall) {
             (true, None) => {
                 if let Some(at) = self.read_clock().checked_add(limit) {
                     let key = self.timers.schedule(at, super::timers::TimerTarget::Stall(t));
@@ -326,10 +321,7 @@ impl Core {
                 continue;
             }
             let completion = op.into_completion(Err(OpError::Post(errno)), false);
-            if let Some(c) = self.conns.get_mut(t) {
-                c.meter.completed(completion.opcode, &completion.result);
-            }
-            self.with_conn(t, |h, conn| h.on_completion(conn, completion));
+            self.deliver_completion(t, completion);
         }
         self.feed(t, Input::WorkError(WcStatus::LocQpOpErr));
     }

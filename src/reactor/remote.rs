@@ -154,15 +154,7 @@ impl Remote {
     ///
     /// [`ReactorGone`] if the reactor has been dropped (the message is not queued).
     pub fn send(&self, message: u64) -> std::result::Result<(), ReactorGone> {
-        {
-            let mut q = self.shared.lock();
-            if q.closed {
-                return Err(ReactorGone);
-            }
-            q.messages.push_back(message);
-        }
-        self.shared.wake();
-        Ok(())
+        self.queue(|q| q.messages.push_back(message))
     }
 
     /// Asks the reactor to stop: [`Reactor::run`] returns after the tick that sees the request
@@ -173,25 +165,23 @@ impl Remote {
     ///
     /// [`ReactorGone`] if the reactor has been dropped.
     pub fn stop(&self) -> std::result::Result<(), ReactorGone> {
-        {
-            let mut q = self.shared.lock();
-            if q.closed {
-                return Err(ReactorGone);
-            }
-            q.stop = true;
-        }
-        self.shared.wake();
-        Ok(())
+        self.queue(|q| q.stop = true)
     }
 
     /// Wakes task `task` of the reactor's executor from another thread (`exec.rs`).
     pub(super) fn wake_task(&self, task: u64) -> std::result::Result<(), ReactorGone> {
+        self.queue(|q| q.tasks.push(task))
+    }
+
+    /// Changes the reactor's queue with `f` under its lock, then wakes the reactor; refused
+    /// once the reactor is gone.
+    fn queue(&self, f: impl FnOnce(&mut Queue)) -> std::result::Result<(), ReactorGone> {
         {
             let mut q = self.shared.lock();
             if q.closed {
                 return Err(ReactorGone);
             }
-            q.tasks.push(task);
+            f(&mut q);
         }
         self.shared.wake();
         Ok(())

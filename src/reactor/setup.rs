@@ -400,7 +400,7 @@ impl Core {
                 // now. Reap them all (the handler hears them while the connection is still
                 // established); what stays posted after that never completes
                 // (`ConnEntry::stream_closed`).
-                let (cq, on_srq) = (c.placed.map(|p| p.cq), c.srq_credit.and(c.placed).map(|p| p.device));
+                let (cq, on_srq) = c.cqs();
                 self.reap_conn_cqs(cq, on_srq);
                 if let Some(c) = self.conns.get_mut(t) {
                     c.stream_closed = true;

@@ -487,10 +487,7 @@ impl Core {
             remote_write: wc.remote_write,
             region: None,
         };
-        if let Some(c) = self.conns.get_mut(t) {
-            c.meter.completed(OpCode::Recv, &completion.result);
-        }
-        self.with_conn(t, |h, conn| h.on_completion(conn, completion));
+        self.deliver_completion(t, completion);
         self.after_completion(t);
         if self.conns.get(t).is_some_and(|c| c.drained()) {
             self.feed(t, Input::Drained);

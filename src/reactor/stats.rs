@@ -184,25 +184,24 @@ impl Core {
         for (name, kind, help, value) in self.stats().families() {
             e.family(name, kind, help).sample(labels, value);
         }
+        // Each connection's labels and values, then one family after another over them all.
         let now = Instant::now();
-        let conns: Vec<(String, String, ConnMetrics)> = self
+        let conns: Vec<(String, String, _)> = self
             .conns
             .iter()
             .map(|(k, c)| {
                 let peer = c.ep.id().and_then(|id| id.peer_addr()).map_or_else(String::new, |a| a.to_string());
-                (k.token().as_u64().to_string(), peer, c.meter.snapshot(now))
+                (k.token().as_u64().to_string(), peer, conn_families(&c.meter.snapshot(now)))
             })
             .collect();
-        if let Some((_, _, first)) = conns.first() {
-            let count = conn_families(first).len();
-            for i in 0..count {
-                let (name, kind, help, _) = conn_families(first)[i];
+        if !conns.is_empty() {
+            for (i, (name, kind, help, _)) in conn_families(&ConnMetrics::default()).into_iter().enumerate() {
                 let mut f = e.family(name, kind, help);
-                for (token, peer, m) in &conns {
+                for (token, peer, values) in &conns {
                     let mut l: Vec<(&str, &str)> = labels.to_vec();
                     l.push(("conn", token));
                     l.push(("peer", peer));
-                    f.sample(&l, Number(conn_families(m)[i].3));
+                    f.sample(&l, Number(values[i].3));
                 }
             }
         }

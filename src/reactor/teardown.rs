@@ -80,9 +80,8 @@ impl Core {
     /// Destroys one closed connection, in the order the module docs give.
     fn destroy_conn(&mut self, t: ConnKey) {
         let Some(c) = self.conns.get_mut(t) else { return };
-        let cq = c.placed.map(|p| p.cq);
+        let (cq, on_srq) = c.cqs();
         let recv_room = c.placed.map_or(0, |p| p.recv_room);
-        let on_srq = c.srq_credit.and(c.placed).map(|p| p.device);
         let qp_num = c.ep.qp().map(|q| q.qp_num());
         c.windows.release();
         drop(std::mem::replace(&mut c.ep, Endpoint::None));

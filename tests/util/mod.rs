@@ -607,6 +607,11 @@ pub fn assert_no_rnr(
     }
 }
 
+/// A finished program's stdout, then its stderr.
+fn text(out: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
 /// Runs a program to completion with a time limit; returns (success, stdout + stderr).
 pub fn run_output(program: impl AsRef<std::ffi::OsStr>, args: &[&str], limit: Duration) -> (bool, String) {
     let child = Command::new(program.as_ref())
@@ -622,18 +627,13 @@ pub fn run_output(program: impl AsRef<std::ffi::OsStr>, args: &[&str], limit: Du
         let _ = tx.send(child.wait_with_output());
     });
     match rx.recv_timeout(limit) {
-        Ok(Ok(out)) => {
-            let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-            (out.status.success(), text)
-        }
+        Ok(Ok(out)) => (out.status.success(), text(&out)),
         Ok(Err(e)) => panic!("waiting for {:?}: {e}", program.as_ref()),
         Err(_) => {
             let _ = Command::new("kill").arg(pid.to_string()).status();
             // What it printed before it was stopped says where it stood.
             let text = match rx.recv_timeout(Duration::from_secs(10)) {
-                Ok(Ok(out)) => {
-                    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
-                }
+                Ok(Ok(out)) => text(&out),
                 _ => "(no output: it did not exit within 10 s of SIGTERM)".to_string(),
             };
             panic!("{:?} {args:?} did not finish within {limit:?}; it printed:\n{text}", program.as_ref());
