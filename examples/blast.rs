@@ -5,7 +5,7 @@
 //!              [--srq [--srq-receives N] [--srq-credit N] [--srq-reserve N] [--srq-size BYTES]]
 //!              [--threads N] [--balance round-robin|fewest] [--shared-cq N] [--metrics ADDR:PORT]
 //! blast client --connect ADDR:PORT --size BYTES --count N [--clients K] [--op send|write]
-//!              [--verify] [--window N] [--spin-us N] [--shared-cq N]
+//!              [--verify] [--window N] [--spin-us N] [--shared-cq N] [--reconnect N]
 //! ```
 //!
 //! With `--op send` every message is a SEND into one of the server's posted receives. With
@@ -26,6 +26,7 @@
 mod common;
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::process::exit;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -35,8 +36,8 @@ use common::group::{self, Group};
 use common::{check_pattern, fill_pattern, Args};
 use rdma_reactor::{
     Buf, CloseReason, Completion, Config, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision,
-    ListenerHandler, Op, OpCode, OpError, Reactor, Region, RegionWindow, RejectCode, RejectReason, RemoteAccess,
-    RemoteSlice, Token, Transport, WcStatus,
+    ListenerHandler, Op, OpCode, OpError, Reactor, Reconnect, Region, RegionWindow, RejectCode, RejectReason,
+    RemoteAccess, RemoteSlice, Token, Transport, WcStatus,
 };
 
 const USAGE: &str = "\
@@ -45,6 +46,7 @@ usage: blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--
                     [--threads N] [--balance round-robin|fewest] [--shared-cq N] [--metrics ADDR:PORT]
        blast client --connect ADDR:PORT --size BYTES --count N [--clients K]
                     [--op send|write] [--verify] [--window N] [--spin-us N] [--shared-cq N]
+                    [--reconnect N]
 
 server: receives from any number of clients at once, from one thread.
   --bind ADDR:PORT   address of an RDMA device to listen on
@@ -85,10 +87,27 @@ client: streams N messages of BYTES on each of K connections.
   --clients K        connections from one reactor (default 1)
   --op send|write    SEND, or RDMA WRITE with immediate into the server's ring (default send)
   --verify           fill every message with a checkable pattern
-  --window N         messages submitted ahead per connection (default 128)";
+  --window N         messages submitted ahead per connection (default 128)
+  --reconnect N      after a failure, connect again (at most N failed attempts in a row,
+                     backoff from 100 ms, give up after 60 s; --op send only). Messages carry
+                     their number; on each connection the server says where to resume (the
+                     first message it lacks) and, once it has them all, that the client is
+                     done: the count finishes over as many connections as it takes, nothing
+                     lost (a SEND's completion does not say the server's application got it)";
 
-/// Connect-information user bytes: magic, op, client id.
+/// Connect-information user bytes: magic, flags (`FLAG_WRITE`, `FLAG_NUMBERED`), client id.
 const USER_MAGIC: &[u8; 4] = b"BLST";
+/// `--op write`.
+const FLAG_WRITE: u8 = 1;
+/// `--reconnect`: messages carry their number (`common::fill_numbered`) and may come over
+/// several connections, some twice. The server tells the client where to resume ([`RESUME`]).
+const FLAG_NUMBERED: u8 = 2;
+/// With `FLAG_NUMBERED`, the server's messages: `RESUME` and the number of the first message
+/// it has not received (little endian), when a connection is established and when it has
+/// them all. The client (re)sends from there, and finishes when told it has them all: a
+/// SEND's completion says the local device is done with it (on iWARP: handed to TCP), not that
+/// the server's application got it, so only the server can say which messages a failure lost.
+const RESUME: &[u8; 4] = b"RSUM";
 
 fn main() {
     common::observe::init_logging("blast");
@@ -133,6 +152,48 @@ struct Totals {
     /// This reactor's index in the group.
     reactor: usize,
     group: Arc<Group>,
+    /// Numbered messages seen, per reconnecting client (`FLAG_NUMBERED`), over all its
+    /// connections to this reactor.
+    numbered: HashMap<u64, Coverage>,
+}
+
+/// Which numbered messages of one reconnecting client arrived.
+#[derive(Default)]
+struct Coverage {
+    seen: Vec<bool>,
+    /// The first message not received: every one before it was.
+    floor: u64,
+    duplicates: u64,
+    connections: u64,
+}
+
+impl Coverage {
+    fn record(&mut self, seq: u64) {
+        let i = seq as usize;
+        if self.seen.len() <= i {
+            self.seen.resize(i + 1, false);
+        }
+        if std::mem::replace(&mut self.seen[i], true) {
+            self.duplicates += 1;
+        }
+        while self.seen.get(self.floor as usize).copied().unwrap_or(false) {
+            self.floor += 1;
+        }
+    }
+}
+
+/// A [`RESUME`] message for `next`.
+fn resume_message(conn: &mut Conn<'_>, next: u64) -> Result<Op, String> {
+    let mut b = conn.alloc(12).map_err(|e| format!("resume buffer: {}", common::report(&e)))?;
+    let mut bytes = RESUME.to_vec();
+    bytes.extend_from_slice(&next.to_le_bytes());
+    b.fill_from(&bytes).expect("12 bytes fit");
+    Ok(Op::send(b))
+}
+
+/// The message number a [`RESUME`] message carries.
+fn resume_of(data: &[u8]) -> Option<u64> {
+    (data.len() == 12 && &data[..4] == RESUME).then(|| u64::from_le_bytes(data[4..].try_into().expect("8 bytes")))
 }
 
 struct BlastListener {
@@ -159,7 +220,8 @@ impl ListenerHandler for BlastListener {
         if user.len() < 13 || &user[..4] != USER_MAGIC {
             return Decision::Reject(RejectReason::new(RejectCode::Unsupported, "not a blast client"));
         }
-        let write = user[4] == 1;
+        let write = user[4] & FLAG_WRITE != 0;
+        let numbered = user[4] & FLAG_NUMBERED != 0;
         let client_id = u64::from_be_bytes(user[5..13].try_into().expect("8 bytes"));
         let size = info.msg_size as usize;
         let base = if self.auto { auto_depth(size) } else { self.depth };
@@ -180,6 +242,7 @@ impl ListenerHandler for BlastListener {
             expected: u64::from(info.msg_count),
             size,
             write,
+            numbered,
             client_id,
             verify: self.verify,
             quiet: self.quiet,
@@ -220,6 +283,8 @@ struct BlastAgent {
     expected: u64,
     size: usize,
     write: bool,
+    /// Its client reconnects: messages are numbered (`FLAG_NUMBERED`).
+    numbered: bool,
     client_id: u64,
     verify: bool,
     quiet: bool,
@@ -236,6 +301,18 @@ impl BlastAgent {
     fn fail(&mut self, conn: &mut Conn<'_>, what: String) {
         self.error.get_or_insert(what);
         conn.close();
+    }
+
+    /// Tells a numbered client to (re)send from message `next` (`RESUME`).
+    fn announce(&mut self, conn: &mut Conn<'_>, next: u64) {
+        match resume_message(conn, next) {
+            Ok(op) => {
+                if let Err(e) = conn.submit(op) {
+                    self.fail(conn, format!("send the resume point: {}", e.error));
+                }
+            }
+            Err(e) => self.fail(conn, e),
+        }
     }
 }
 
@@ -260,6 +337,12 @@ impl ConnectionHandler for BlastAgent {
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {
         self.started = Some(Instant::now());
+        if self.numbered {
+            // Where the client resumes: the first message this reactor has not received
+            // from it (0 for a new client, or after this server was restarted).
+            let next = self.totals.borrow().numbered.get(&self.client_id).map_or(0, |c| c.floor);
+            self.announce(conn, next);
+        }
         if !self.write {
             return;
         }
@@ -298,7 +381,29 @@ impl ConnectionHandler for BlastAgent {
                 if n as usize != self.size {
                     return self.fail(conn, format!("message {}: {n} bytes, expected {}", self.seq, self.size));
                 }
-                if self.verify {
+                if self.numbered {
+                    // Numbered: checked by its own number, which may repeat or skip ahead
+                    // (a reconnecting client resends what it could not confirm).
+                    let seq = match common::check_numbered(buf.as_slice(), self.client_id) {
+                        Ok(seq) if self.expected == 0 || seq < self.expected => seq,
+                        Ok(seq) => return self.fail(conn, format!("message number {seq} of {}", self.expected)),
+                        Err(at) if self.verify || at < 8 => {
+                            return self.fail(conn, format!("message {}: byte {at} differs", self.seq))
+                        }
+                        Err(_) => u64::from_le_bytes(buf.as_slice()[..8].try_into().expect("8 bytes")),
+                    };
+                    let floor = {
+                        let mut t = self.totals.borrow_mut();
+                        let cov = t.numbered.entry(self.client_id).or_default();
+                        let before = cov.floor;
+                        cov.record(seq);
+                        (before < self.expected && cov.floor >= self.expected).then_some(cov.floor)
+                    };
+                    if let Some(all) = floor {
+                        // Every message is here: the client may finish.
+                        self.announce(conn, all);
+                    }
+                } else if self.verify {
                     let bad = if c.remote_write || notice {
                         let slot = (self.seq % u64::from(self.depth)) as usize * self.size;
                         let mut data = vec![0u8; self.size];
@@ -339,10 +444,29 @@ impl ConnectionHandler for BlastAgent {
         let mut t = self.totals.borrow_mut();
         t.closed += 1;
         t.active = t.active.saturating_sub(1);
-        if self.error.is_none() && self.expected > 0 && self.seq != self.expected {
+        let mut all = String::new();
+        if self.numbered {
+            // Judged over all of the client's connections, when it closes one cleanly (at the
+            // end of its count): every message from the first this reactor saw has arrived.
+            // Connections that failed are the reason it reconnects, not a failure of the run.
+            // Whether they all came is the client's to judge (it finishes only when told so):
+            // a connection that ended first, cleanly or not, is why it reconnects.
+            let cov = t.numbered.entry(self.client_id).or_default();
+            cov.connections += 1;
+            if self.error.is_none() && self.expected > 0 && cov.floor >= self.expected {
+                let verified = if self.verify { ", every byte verified" } else { "" };
+                all = format!(
+                    "; client {}: all messages 0..{} arrived over {} connection(s), {} twice{verified}",
+                    self.client_id,
+                    self.expected - 1,
+                    cov.connections,
+                    cov.duplicates
+                );
+            }
+        } else if self.error.is_none() && self.expected > 0 && self.seq != self.expected {
             self.error = Some(format!("received {} of the {} messages announced", self.seq, self.expected));
         }
-        let failed = self.error.is_some() || !reason.is_clean();
+        let failed = self.error.is_some() || (!reason.is_clean() && !self.numbered);
         if failed {
             t.failed += 1;
         }
@@ -350,7 +474,7 @@ impl ConnectionHandler for BlastAgent {
             let verified = if self.verify { ", every byte verified" } else { "" };
             let err = self.error.as_ref().map_or(String::new(), |e| format!(", FAILED: {e}"));
             println!(
-                "blast server: {token:?} client {}: {} messages, {} bytes, {}{verified} ({reason}){err}",
+                "blast server: {token:?} client {}: {} messages, {} bytes, {}{verified} ({reason}){err}{all}",
                 self.client_id,
                 self.seq,
                 self.bytes,
@@ -445,6 +569,7 @@ fn server(args: Args) {
             active: 0,
             reactor,
             group: g.clone(),
+            numbered: HashMap::new(),
         })),
         ticking: false,
         last_tick: Instant::now(),
@@ -473,6 +598,9 @@ struct ClientTotals {
     clients: u64,
     /// A connection ran on iWARP (`--op write` posts WRITE + SEND there).
     iwarp: bool,
+    /// `--reconnect`: connections made again, and messages sent again.
+    reconnected: u64,
+    resent: u64,
 }
 
 /// `on_timer` user data: see whether every connection has settled, and start.
@@ -486,6 +614,17 @@ struct BlastClient {
     /// The connection's device is iWARP: `--op write` posts a WRITE and an empty SEND.
     iwarp: bool,
     verify: bool,
+    /// `--reconnect`: messages are numbered, sent from where the server says to resume
+    /// (`RESUME`, after each connection is made), and the client finishes when the server
+    /// says it has them all (`confirmed`). `submitted` is then the next message to send.
+    numbered: bool,
+    /// Numbered: messages submitted and not completed (in flight on the device, or waiting
+    /// for a new connection).
+    in_flight: u64,
+    /// Numbered: this connection's `RESUME` has arrived: messages may go.
+    resumed: bool,
+    /// Numbered: the server has every message.
+    confirmed: bool,
     window: u64,
     submitted: u64,
     completed: u64,
@@ -523,16 +662,19 @@ impl BlastClient {
     }
 
     fn pump(&mut self, conn: &mut Conn<'_>) {
-        if !self.started || (self.write && self.ring.is_none()) {
-            return; // Waiting for the server's ring descriptor.
+        if !self.started || (self.write && self.ring.is_none()) || (self.numbered && !self.resumed) {
+            return; // Waiting for the server's ring descriptor, or where to resume.
         }
-        while self.submitted < self.count && self.submitted - self.completed < self.window {
+        let room = |c: &Self| if c.numbered { c.in_flight < c.window } else { c.submitted - c.completed < c.window };
+        while self.submitted < self.count && room(self) {
             let seq = self.submitted;
             let mut buf = match self.free.pop().map_or_else(|| conn.alloc(self.size), Ok) {
                 Ok(b) => b,
                 Err(e) => return self.fail(conn, format!("buffer: {}", common::report(&e))),
             };
-            if self.verify {
+            if self.numbered {
+                common::fill_numbered(buf.as_mut_slice(), self.id, seq);
+            } else if self.verify {
                 fill_pattern(buf.as_mut_slice(), self.id, seq);
             }
             let op = match self.ring {
@@ -562,6 +704,7 @@ impl BlastClient {
                 self.totals.borrow_mut().first_tick.get_or_insert_with(common::Clock::ticks);
             }
             self.submitted += 1;
+            self.in_flight += u64::from(self.numbered);
         }
     }
 }
@@ -603,6 +746,27 @@ impl ConnectionHandler for BlastClient {
         self.start_when_all_settled(conn);
     }
 
+    fn on_reconnecting(&mut self, _conn: &mut Conn<'_>, reason: &CloseReason, attempt: u32, delay: Duration) {
+        // Nothing new goes until the next connection's server says where to resume.
+        self.resumed = false;
+        println!(
+            "blast client: connection {}: {reason} with {} of {} messages sent; reconnecting in {} ms (attempt {attempt})",
+            self.id,
+            self.submitted,
+            self.count,
+            delay.as_millis()
+        );
+    }
+
+    fn on_reconnected(&mut self, conn: &mut Conn<'_>) {
+        self.totals.borrow_mut().reconnected += 1;
+        if !conn.peer_info().is_some_and(|i| i.flow_control) {
+            return self.fail(conn, "the server does not use flow control".into());
+        }
+        // The messages that waited for it go now; the server's RESUME says where the rest start.
+        println!("blast client: connection {}: reconnected", self.id);
+    }
+
     fn on_timer(&mut self, conn: &mut Conn<'_>, user_data: u64) {
         if user_data == START && !self.started {
             self.start_when_all_settled(conn);
@@ -618,6 +782,21 @@ impl ConnectionHandler for BlastClient {
                         Some(r) if u64::from(r.len) >= self.depth * self.size as u64 => self.ring = Some(r),
                         _ => return self.fail(conn, "bad ring descriptor from the server".into()),
                     }
+                }
+                if self.numbered {
+                    let Some(next) = resume_of(&buf.as_slice()[..n as usize]) else {
+                        return self.fail(conn, "a message from the server that is not RESUME".into());
+                    };
+                    if next >= self.count {
+                        self.confirmed = true;
+                        return conn.close();
+                    }
+                    if next < self.submitted {
+                        self.totals.borrow_mut().resent += self.submitted - next;
+                        println!("blast client: connection {}: resuming at message {next}", self.id);
+                    }
+                    self.submitted = next;
+                    self.resumed = true;
                 }
                 let _ = conn.submit(Op::recv(buf));
                 self.pump(conn);
@@ -643,10 +822,21 @@ impl ConnectionHandler for BlastClient {
                 if let Some(buf) = c.buf.filter(|b| b.len() == self.size) {
                     self.free.push(buf);
                 }
-                if self.completed == self.count {
+                self.in_flight = self.in_flight.saturating_sub(u64::from(self.numbered));
+                if self.completed == self.count && !self.numbered {
                     return conn.close();
                 }
                 self.pump(conn);
+            }
+            // Its receives (for credits) end with the connection; the new one gets its own.
+            (OpCode::Recv, Err(_)) if self.numbered => {}
+            (OpCode::Send, Err(_)) if self.numbered => {
+                // In flight at a failure, or cancelled: the server's RESUME on the next
+                // connection says whether it arrived.
+                self.in_flight -= 1;
+                if let Some(buf) = c.buf.filter(|b| b.len() == self.size) {
+                    self.free.push(buf);
+                }
             }
             (_, Err(OpError::Wc(WcStatus::WrFlushErr) | OpError::Cancelled)) => {}
             (op, Err(e)) => self.fail(conn, format!("{op:?} failed: {}", common::report(&e))),
@@ -661,7 +851,14 @@ impl ConnectionHandler for BlastClient {
         }
         if let Some(e) = self.error.take() {
             t.failures.push(format!("connection {}: {e} ({reason})", self.id));
-        } else if self.completed < self.count {
+        } else if self.numbered && !self.confirmed {
+            let what = format!(
+                "connection {}: closed with {} of {} messages sent and the server's confirmation of all not \
+                 received: {reason}",
+                self.id, self.submitted, self.count
+            );
+            t.failures.push(what);
+        } else if !self.numbered && self.completed < self.count {
             let what =
                 format!("connection {}: closed after {} of {} messages: {reason}", self.id, self.completed, self.count);
             t.failures.push(what);
@@ -673,8 +870,11 @@ impl ConnectionHandler for BlastClient {
 
 fn client(args: Args) {
     args.finish(
-        &[&["connect", "size", "count", "clients", "op", "window", "spin-us", "shared-cq"][..], &Args::LIVENESS[..]]
-            .concat(),
+        &[
+            &["connect", "size", "count", "clients", "op", "window", "spin-us", "shared-cq", "reconnect"][..],
+            &Args::LIVENESS[..],
+        ]
+        .concat(),
     );
     let dst = args.addr("connect");
     let size = args.size("size", 0);
@@ -693,6 +893,11 @@ fn client(args: Args) {
         common::fail(USAGE, "--clients and --window must be at least 1");
     }
     let verify = args.switch("verify");
+    let reconnect: u32 = args.get("reconnect", 0);
+    let numbered = reconnect > 0;
+    if numbered && (write || size < 8) {
+        common::fail(USAGE, "--reconnect takes --op send and messages of at least 8 bytes (they carry their number)");
+    }
     let send_depth = 64.max(window as u32).min(1024);
     let recv_depth = 4;
     // Several connections share one CQ by default, as perftest's QPs do (`-q N`): a spinning
@@ -715,7 +920,7 @@ fn client(args: Args) {
     for i in 0..clients {
         let id = base + i;
         let mut user = USER_MAGIC.to_vec();
-        user.push(u8::from(write));
+        user.push(if write { FLAG_WRITE } else { 0 } | if numbered { FLAG_NUMBERED } else { 0 });
         user.extend_from_slice(&id.to_be_bytes());
         let handler = BlastClient {
             id,
@@ -724,6 +929,10 @@ fn client(args: Args) {
             write,
             iwarp: false,
             verify,
+            numbered,
+            in_flight: 0,
+            resumed: false,
+            confirmed: false,
             window,
             submitted: 0,
             completed: 0,
@@ -735,8 +944,13 @@ fn client(args: Args) {
             started: false,
             free: Vec::new(),
         };
-        let opts =
-            ConnectOptions { msg_size: size as u32, msg_count: count as u32, user_data: user, ..Default::default() };
+        let opts = ConnectOptions {
+            msg_size: size as u32,
+            msg_count: count as u32,
+            user_data: user,
+            reconnect: numbered.then(|| Reconnect { attempts: reconnect, ..Reconnect::default() }),
+            ..Default::default()
+        };
         if let Err(e) = reactor.connect(dst, opts, handler) {
             common::die("blast", &format!("cannot connect to {dst}: {}", common::report(&e)));
         }
@@ -786,6 +1000,12 @@ fn client(args: Args) {
             per(system)
         );
     }
+    if numbered {
+        println!(
+            "blast client: {} reconnections, {} messages sent again (the server's RESUME)",
+            t.reconnected, t.resent
+        );
+    }
     let stats = reactor.stats();
     println!(
         "blast client: {} posts for {} work requests, {} completion events, {} acks",
@@ -800,7 +1020,8 @@ fn client(args: Args) {
         }
         exit(1);
     }
-    if t.done != clients || t.msgs != clients * count {
+    // Numbered messages may be sent more than once (resumed); the server confirmed them all.
+    if t.done != clients || (t.msgs != clients * count && !numbered) {
         eprintln!("blast client: FAILED {} of {clients} connections completed, {} messages", t.done, t.msgs);
         exit(1);
     }

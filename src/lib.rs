@@ -74,6 +74,7 @@ pub use error::{Error, Result};
 pub use proto::conn::{AsyncEventKind, CloseReason, State, Step};
 pub use proto::metrics::ConnMetrics;
 pub use proto::op::{OpCode, OpError, RemoteAccess, WcStatus};
+pub use proto::reconnect::Reconnect;
 pub use proto::token::Token;
 pub use proto::transport::Transport;
 pub use proto::wire::{ConnectInfo, RejectCode, RejectReason, RemoteSlice, WireError};

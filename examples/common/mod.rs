@@ -395,3 +395,24 @@ pub fn check_pattern(buf: &[u8], conn: u64, seq: u64) -> Option<usize> {
     fill_pattern(&mut want, conn, seq);
     buf.iter().zip(&want).position(|(a, b)| a != b)
 }
+
+/// A numbered message (at least 8 bytes): its sequence number in the first 8 bytes (little
+/// endian), then the pattern of ([`fill_pattern`]) `conn` and `seq`. A receiver checks it
+/// without knowing which message comes next (a reconnecting sender resends what it could not
+/// confirm, over a new connection).
+pub fn fill_numbered(buf: &mut [u8], conn: u64, seq: u64) {
+    fill_pattern(buf, conn, seq);
+    buf[..8].copy_from_slice(&seq.to_le_bytes());
+}
+
+/// A numbered message's sequence number, or the index of its first byte that is not as
+/// [`fill_numbered`] wrote it.
+pub fn check_numbered(buf: &[u8], conn: u64) -> Result<u64, usize> {
+    let seq = u64::from_le_bytes(buf.get(..8).ok_or(buf.len())?.try_into().expect("8 bytes"));
+    let mut want = vec![0u8; buf.len()];
+    fill_numbered(&mut want, conn, seq);
+    match buf.iter().zip(&want).position(|(a, b)| a != b) {
+        None => Ok(seq),
+        Some(at) => Err(at),
+    }
+}

@@ -3,7 +3,8 @@
 //! Tokens ([`token`]), the wire formats carried in private data and messages ([`wire`]),
 //! receive-credit flow control ([`flow`]), what differs between transports ([`transport`]), the listener/agent/client state machines ([`conn`])
 //! the data path's plain vocabulary ([`op`]: operation kinds, completion statuses) and the
-//! per-connection counters with their Prometheus text ([`metrics`]).
+//! per-connection counters with their Prometheus text ([`metrics`]) and a reconnecting client's
+//! policy and backoff ([`reconnect`]).
 //!
 //! **Architecture invariant:** nothing here names `crate::sys`, `crate::reactor` or an FFI
 //! type, performs I/O or can fail with an OS error; all of it is unit-tested on a host without
@@ -15,6 +16,7 @@ pub(crate) mod flow;
 pub(crate) mod fuzz;
 pub(crate) mod metrics;
 pub(crate) mod op;
+pub(crate) mod reconnect;
 pub(crate) mod token;
 pub(crate) mod transport;
 pub(crate) mod wire;

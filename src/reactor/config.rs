@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::proto::conn::Step;
 use crate::proto::flow::MIN_DEPTH;
+use crate::proto::reconnect::Reconnect;
 use crate::sys::pool::PoolConfig;
 
 /// Deadlines of the connection-manager steps, and of shutdown.
@@ -316,6 +317,11 @@ pub struct ConnectOptions {
     /// Sends these bytes as the connect private data instead of the connect information (at
     /// most 56). For interoperability and fault tests: a server of this crate validates them.
     pub raw_private_data: Option<Vec<u8>>,
+    /// Reconnect to the same address after a failure, with this policy, instead of closing
+    /// (`None`, the default: a failure closes the connection). See
+    /// [`ConnectionHandler::on_reconnecting`](crate::ConnectionHandler::on_reconnecting) for what
+    /// a reconnection keeps.
+    pub reconnect: Option<Reconnect>,
 }
 
 #[cfg(test)]

@@ -73,7 +73,7 @@ impl Core {
                 if let Some(interval) = self.cfg.keepalive {
                     self.schedule_keepalive(t, interval);
                 }
-                self.with_conn(t, |h, conn| h.on_established(conn));
+                self.established_callback(t);
             }
             Action::Disconnect => {
                 if let Some(id) = self.conns.get(t).and_then(|c| c.ep.id()) {

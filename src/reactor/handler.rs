@@ -5,6 +5,7 @@
 //! go out and closed objects are destroyed at the end of the tick.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use super::{Completion, Conn, Ctx};
 use crate::proto::conn::CloseReason;
@@ -71,7 +72,10 @@ pub trait ListenerHandler {
 /// [`on_closed`](Self::on_closed). A connection that fails before it is established gets
 /// `on_closed` with the reason (rejected, unreachable, timeout, ...). Every submitted
 /// operation completes exactly once, before `on_closed`, also when the reactor is shut down or
-/// dropped.
+/// dropped. A client with a reconnect policy may instead, after a failure, get
+/// [`on_reconnecting`](Self::on_reconnecting), then `on_ready` and
+/// [`on_reconnected`](Self::on_reconnected) for the new connection, as many times as the
+/// policy allows, and `on_closed` once at the end.
 ///
 /// **Receive credits.** With flow control (the default, [`Config::flow_control`](crate::Config::flow_control);
 /// it applies when both sides offer it and each keeps at least 3 receives posted), the peer
@@ -102,6 +106,46 @@ pub trait ConnectionHandler {
     /// A timer set with [`Ctx::set_timer`] (through [`Conn::ctx`]) fired.
     fn on_timer(&mut self, conn: &mut Conn<'_>, user_data: u64) {
         let _ = (conn, user_data);
+    }
+
+    /// A client with a reconnect policy ([`ConnectOptions::reconnect`](crate::ConnectOptions::reconnect))
+    /// lost its connection, or an attempt to make it again failed, for `reason`: attempt
+    /// `attempt` of the series starts after `delay`. Called instead of `on_closed` while the
+    /// policy allows another attempt (see [`Reconnect`](crate::Reconnect) for which failures
+    /// and how many).
+    ///
+    /// What a reconnection keeps, and what it does not:
+    /// - **The token and the handler stay**, and so do this connection's user timers and
+    ///   counters ([`Conn::metrics`]).
+    /// - **Operations not yet posted** (waiting for credits, send slots or CQ room) **wait** and
+    ///   are posted on the new connection, in their order: SENDs and receives. Operations
+    ///   submitted while it reconnects wait with them.
+    /// - **Operations on the device at the failure complete with their error** right after
+    ///   this call (flushed, or [`OpError::Unconfirmed`](crate::OpError::Unconfirmed)): the
+    ///   runtime cannot know whether the peer processed a SEND; retrying it is the handler's
+    ///   decision (submitting it again here queues it for the new connection).
+    /// - **A SEND that completed successfully is not known to have been processed either**:
+    ///   on RoCE its completion says the peer's device acknowledged it (the peer's process may
+    ///   still die before reading it), on iWARP only that the local device handed it to TCP
+    ///   (a link outage lost such messages in the two-VM test). An application that must not
+    ///   lose messages acknowledges them end to end (as `blast client --reconnect` does).
+    /// - **One-sided operations** (WRITE, READ and WRITE with immediate data) not yet posted
+    ///   complete with [`OpError::Cancelled`](crate::OpError::Cancelled), and new ones are refused
+    ///   until the new connection is established: they name the old peer's remote keys,
+    ///   which are invalid on a new connection. So are this side's exposures
+    ///   ([`Conn::expose`], [`Conn::expose_region`]): their windows are released with the old
+    ///   queue pair; expose again and send the new keys after [`on_reconnected`](Self::on_reconnected).
+    /// - The new queue pair gets [`on_ready`](Self::on_ready) again (post its first receives
+    ///   there), then `on_reconnected`.
+    fn on_reconnecting(&mut self, conn: &mut Conn<'_>, reason: &CloseReason, attempt: u32, delay: Duration) {
+        let _ = (conn, reason, attempt, delay);
+    }
+
+    /// A client's connection was made again after [`on_reconnecting`](Self::on_reconnecting):
+    /// data may flow, and the operations that waited are posted. Called instead of
+    /// `on_established`; the default calls [`on_established`](Self::on_established).
+    fn on_reconnected(&mut self, conn: &mut Conn<'_>) {
+        self.on_established(conn);
     }
 
     /// The connection is over and its resources are destroyed.

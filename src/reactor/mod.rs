@@ -84,6 +84,7 @@ mod handler;
 mod handoff;
 mod op;
 mod post;
+mod reconnect;
 mod remote;
 mod send_queue;
 mod setup;
@@ -251,6 +252,10 @@ struct ConnEntry {
     stream_closed: bool,
     /// Its counters (`Conn::metrics`): each completion handed to its handler, its credit waits.
     meter: ConnMeter,
+    /// The keepalive timer's key while probes are scheduled (`Config::keepalive`).
+    keepalive: Option<u64>,
+    /// A client with a reconnect policy (`ConnectOptions::reconnect`, `reconnect.rs`).
+    redial: Option<Box<reconnect::Redial>>,
 }
 
 impl ConnEntry {
@@ -275,7 +280,16 @@ impl ConnEntry {
             mem_owner: crate::sys::pool::next_owner(),
             stream_closed: false,
             meter: ConnMeter::default(),
+            keepalive: None,
+            redial: None,
         }
+    }
+
+    /// While a client waits to reconnect or makes a new attempt (no queue pair yet): the
+    /// device of its last queue pair, where operations submitted meanwhile are checked
+    /// (`reconnect.rs`).
+    fn waiting_device(&self) -> Option<usize> {
+        self.redial.as_ref().filter(|_| self.placed.is_none() && !self.role.state().is_closed()).and_then(|r| r.device)
     }
 
     /// True when operations may be posted: the queue pair exists and the connection is being

@@ -50,6 +50,14 @@ impl Body {
             _ => None,
         }
     }
+
+    /// A WRITE, WRITE with immediate data or READ: it names a peer's remote key.
+    pub(crate) fn one_sided(&self) -> bool {
+        matches!(
+            self,
+            Body::Write(..) | Body::WriteImm(..) | Body::Read(..) | Body::WriteRegion(..) | Body::ReadRegion(..)
+        )
+    }
 }
 
 /// One submission: what to do, and the user_data its completion will carry.

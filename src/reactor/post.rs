@@ -26,11 +26,25 @@ impl Core {
         let Some(c) = self.conns.get(t) else {
             return Err(SubmitError::new(Error::StaleToken(t.token().as_u64()), op));
         };
-        let Some(placed) = c.placed.filter(|_| c.can_submit()) else {
-            let what = format!("connection {:?} is {:?}", t.token(), c.role.state());
-            return Err(SubmitError::new(Error::NotConnected(what), op));
+        let (device, tail) = match (c.placed.filter(|_| c.can_submit()), c.waiting_device()) {
+            (Some(p), _) => (p.device, p.tail),
+            // Reconnecting (`reconnect.rs`): a two-sided operation waits for the new queue
+            // pair; it is checked against the last one's device and peer.
+            (None, Some(device)) if !op.body.one_sided() => (device, false),
+            (None, Some(_)) => {
+                let what = format!(
+                    "connection {:?} is reconnecting: a one-sided operation names the old peer's remote keys, \
+                     which are invalid on the new connection (submit it after on_reconnected, with the new ones)",
+                    t.token()
+                );
+                return Err(SubmitError::new(Error::NotConnected(what), op));
+            }
+            (None, None) => {
+                let what = format!("connection {:?} is {:?}", t.token(), c.role.state());
+                return Err(SubmitError::new(Error::NotConnected(what), op));
+            }
         };
-        let pool = &self.devices[placed.device].pool;
+        let pool = &self.devices[device].pool;
         // A pool buffer, and the bytes of it the connection is given: what it sends (or
         // writes), nothing of a receive's or READ's target (the device overwrites it).
         let buf = match &op.body {
@@ -72,7 +86,7 @@ impl Core {
                 Body::ReadRegion(s, _) => Some((s.len(), "the local region slice's length")),
                 Body::Recv(_) | Body::RawRecv(_) | Body::RecvRegion(_) => None,
             };
-        if placed.tail && matches!(op.body, Body::WriteImm(..)) {
+        if tail && matches!(op.body, Body::WriteImm(..)) {
             // No immediate data on this transport (`proto::transport`).
             let what = "an RDMA WRITE with immediate data (Op::write_imm): this connection's device has no \
                         immediate data (iWARP); post an Op::write, then an Op::send to notify the peer (RC keeps \
@@ -83,15 +97,15 @@ impl Core {
             return Err(SubmitError::new(Error::TooLarge { len, max, limit }, op));
         }
         // A region is registered on this device at its first operation here.
-        let lkey = match op.body.region().map(|s| s.region().lkey(&self.devices[placed.device].pd)) {
+        let lkey = match op.body.region().map(|s| s.region().lkey(&self.devices[device].pd)) {
             None => 0,
             Some(Ok(lkey)) => lkey,
             Some(Err(e)) => return Err(SubmitError::new(e, op)),
         };
         // On iWARP a READ's sink takes a registration of its own with remote write
         // (`OpEntry::sink`).
-        let sink = if self.devices[placed.device].caps.tail() {
-            match super::op::read_sink(&op, &self.devices[placed.device].pd) {
+        let sink = if self.devices[device].caps.tail() {
+            match super::op::read_sink(&op, &self.devices[device].pd) {
                 Ok(m) => m,
                 Err(e) => return Err(SubmitError::new(e, op)),
             }
@@ -114,9 +128,11 @@ impl Core {
 
     /// Connection `t`'s keepalive probe is due (`Config::keepalive`): queues one and schedules
     /// the next. Returns 1 when one was queued.
-    pub(super) fn keepalive(&mut self, t: ConnKey) -> usize {
+    pub(super) fn keepalive(&mut self, t: ConnKey, key: u64) -> usize {
         let Some(interval) = self.cfg.keepalive else { return 0 };
-        let Some(c) = self.conns.get(t).filter(|c| c.role.state().is_established()) else { return 0 };
+        // The key: a reconnected client's probes are the new queue pair's, not the old one's.
+        let live = |c: &&super::ConnEntry| c.role.state().is_established() && c.keepalive == Some(key);
+        let Some(c) = self.conns.get(t).filter(live) else { return 0 };
         if c.placed.and_then(|p| self.devices.get(p.device)).is_some_and(|d| d.port_down) {
             // Through a downed port a probe fails at once: wait for the port (device.rs).
             self.schedule_keepalive(t, interval);
@@ -132,7 +148,10 @@ impl Core {
 
     pub(super) fn schedule_keepalive(&mut self, t: ConnKey, interval: std::time::Duration) {
         if let Some(at) = self.read_clock().checked_add(interval) {
-            self.timers.schedule(at, super::timers::TimerTarget::Keepalive(t));
+            let key = self.timers.schedule(at, super::timers::TimerTarget::Keepalive(t));
+            if let Some(c) = self.conns.get_mut(t) {
+                c.keepalive = Some(key);
+            }
         }
     }
 

@@ -247,6 +247,26 @@ impl SendQueue {
         let posted = self.posted.drain(..);
         posted.chain(self.pending.drain(..).map(|(op, _)| op)).collect()
     }
+
+    /// For a reconnection (`reactor/reconnect.rs`; the queue pair is gone): gives back the CQ
+    /// room of the posted requests and returns them, keeps the pending operations for which
+    /// `keep` is true (in their order) and returns the others after the posted ones, and
+    /// forgets everything of the old queue pair (slots, signaling, credits, iWARP's hold and
+    /// hello), as a new queue would.
+    pub(crate) fn carry(&mut self, room: Option<&mut CqRoom>, mut keep: impl FnMut(OpKey) -> bool) -> Vec<OpKey> {
+        if let Some(room) = room {
+            room.release_send(self.outstanding());
+        }
+        let mut gone: Vec<OpKey> = self.posted.drain(..).collect();
+        self.pending.retain(|&(op, _)| {
+            keep(op) || {
+                gone.push(op);
+                false
+            }
+        });
+        *self = SendQueue { pending: std::mem::take(&mut self.pending), ..SendQueue::new(self.signal_every) };
+        gone
+    }
 }
 
 /// The receive side of one connection: pending receives and the posted ones, which an RC
@@ -316,6 +336,13 @@ impl RecvQueue {
             }
             None => false,
         }
+    }
+
+    /// For a reconnection: returns the posted receives and keeps the pending ones for the new
+    /// queue pair.
+    pub(crate) fn carry(&mut self) -> Vec<OpKey> {
+        self.capacity = 0;
+        self.posted.drain(..).collect()
     }
 
     /// Empties the queue for teardown; returns every receive, posted first.
@@ -578,6 +605,44 @@ mod tests {
         assert!(q.plan(&mut room, || unreachable!()).wrs.is_empty(), "no slot left");
         assert_eq!(q.clear(Some(&mut room)), k, "posted first, then pending");
         assert_eq!(room.reserved(), 0);
+    }
+
+    /// A reconnection: the posted requests come back (their room given back), the pending
+    /// ones the caller keeps wait in order for a new queue pair, and nothing of the old one's
+    /// credits, slots or signaling is left.
+    #[test]
+    fn a_reconnection_keeps_what_was_never_posted_and_forgets_the_queue_pair() {
+        let k = keys(6);
+        let mut q = SendQueue::new(4);
+        q.set_capacity(2);
+        q.set_flow(flow(4, 4));
+        q.set_hold(false);
+        let mut room = CqRoom::new(64, 16);
+        for op in &k {
+            q.push(*op, true);
+        }
+        let plan = q.plan(&mut room, || unreachable!());
+        q.posted(&plan, 2, &mut room);
+        assert_eq!(room.reserved(), 2);
+        // k[3] is one the caller drops (a one-sided operation: its remote key is the old peer's).
+        let gone = q.carry(Some(&mut room), |op| op != k[3]);
+        assert_eq!(gone, vec![k[0], k[1], k[3]], "posted first, then the pending ones not kept");
+        assert_eq!(room.reserved(), 0);
+        assert_eq!((q.outstanding(), q.capacity(), q.flow_mut().is_some()), (0, 0, false));
+        q.set_capacity(16);
+        let plan = q.plan(&mut room, || unreachable!());
+        assert_eq!(ops(&plan), vec![k[2], k[4], k[5]], "in their order, on the new queue pair");
+
+        let mut r = RecvQueue::default();
+        r.set_capacity(1);
+        r.push(k[0]);
+        r.push(k[1]);
+        let first = r.plan();
+        r.posted(&first, 1);
+        assert_eq!(r.carry(), vec![k[0]], "the posted receive");
+        assert_eq!((r.outstanding(), r.capacity()), (0, 0));
+        r.set_capacity(4);
+        assert_eq!(r.plan().to_vec(), vec![k[1]], "the pending one waits for the new queue pair");
     }
 
     #[test]

@@ -84,7 +84,14 @@ impl Core {
         if opts.raw_private_data.as_ref().is_some_and(|r| r.len() > MAX_CONNECT_PRIVATE_DATA) {
             return Err(Error::Config(format!("raw private data is limited to {MAX_CONNECT_PRIVATE_DATA} bytes")));
         }
-        let entry = ConnEntry::new(Role::Client(client), handler, self.cfg.signal_every, local);
+        if let Some(Err(why)) = opts.reconnect.as_ref().map(|r| r.check()) {
+            return Err(Error::Config(why));
+        }
+        let mut entry = ConnEntry::new(Role::Client(client), handler, self.cfg.signal_every, local);
+        if let Some(policy) = opts.reconnect {
+            let seed = entry.mem_owner ^ u64::from(std::process::id()).rotate_left(32);
+            entry.redial = Some(Box::new(super::reconnect::Redial::new(dst, opts.src, policy, seed)));
+        }
         let t = self.conns.insert(entry);
         let what = format!("client to {dst}");
         let ms = millis(self.cfg.timeouts.resolve_addr);
@@ -563,7 +570,9 @@ impl Core {
             (dev, id.local_addr())
         };
         let d = self.device(dev.0, dev.1)?;
-        let c = self.conns.get(t).expect("checked above");
+        // A reconnection on another device cannot post what waited for it (`reconnect.rs`).
+        self.carried_to(t, d);
+        let c = self.conns.get(t).ok_or(Error::StaleToken(t.token().as_u64()))?;
         // Tails on a transport without immediate data, for a peer that speaks this crate's
         // framing: a client that sends its connect information, an agent whose client sent
         // one (a plain librdmacm peer gets raw messages, as on RoCE without flow control).
@@ -688,8 +697,12 @@ impl Core {
     /// The device of a connection that has one (from `on_ready` on).
     pub(super) fn placed_device(&self, t: ConnKey) -> Result<usize> {
         let c = self.conns.get(t).ok_or(Error::StaleToken(t.token().as_u64()))?;
-        let p = c.placed.ok_or_else(|| Error::NotConnected(format!("connection {:?} has no device yet", t.token())))?;
-        Ok(p.device)
+        match (c.placed, c.waiting_device()) {
+            (Some(p), _) => Ok(p.device),
+            // Reconnecting: the last connection's (`reconnect.rs`).
+            (None, Some(d)) => Ok(d),
+            (None, None) => Err(Error::NotConnected(format!("connection {:?} has no device yet", t.token()))),
+        }
     }
 }
 

@@ -77,6 +77,11 @@ pub struct Stats {
     pub established: u64,
     /// Connections closed.
     pub closed: u64,
+    /// Reconnect attempts scheduled by clients with a reconnect policy
+    /// (`ConnectOptions::reconnect`): one per failure that did not close the connection.
+    pub reconnects: u64,
+    /// Connections made again by a reconnect attempt (`on_reconnected`).
+    pub reconnected: u64,
     /// Asynchronous device events read (and acked).
     pub async_events: u64,
     /// Asynchronous events naming a queue pair or CQ this reactor does not have.
@@ -161,7 +166,7 @@ impl Stats {
                 cm_events, stale_cm_events, cq_events, spurious_cq_events, cq_ack_calls, cq_events_acked,
                 cq_arms, cq_rearm_catches, spin_polls, cq_polls, completions, stale_completions,
                 budget_exhausted, cq_room_waits, post_send_calls, post_recv_calls, wrs_posted, accepted,
-                rejected, established, closed, async_events, stale_async_events, shared_async_events,
+                rejected, established, closed, reconnects, reconnected, async_events, stale_async_events, shared_async_events,
                 devices_lost, devices_released, keepalives, credit_stalls, handed_off, handoffs_received,
                 handoffs_failed, timer_compactions, srq_posted, srq_post_calls, srq_consumed, srq_stale,
                 srq_limit_events, srq_refused, srq_overdrawn, peer_violations;

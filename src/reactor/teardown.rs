@@ -24,6 +24,10 @@ impl Core {
     /// Closes a connection (through its state machine) or a listener; a stale token is ignored.
     pub(crate) fn close(&mut self, t: Token) {
         if let Some(k) = self.conns.key_of(t) {
+            if let Some(r) = self.conns.get_mut(k).and_then(|c| c.redial.as_mut()) {
+                // Also when it is already closing for a failure: no further attempt.
+                r.stopped = true;
+            }
             self.feed(k, Input::Close);
         } else if let Some(k) = self.listeners.key_of(t) {
             self.close_listener(k, CloseReason::Local);
@@ -93,7 +97,18 @@ impl Core {
             }
             s.budget.leave();
         }
-        let completions = self.cancel_ops(t, cq);
+        // A client with a reconnect policy may try again instead (`reconnect.rs`); asked after
+        // the reap above, whose completions may have made its handler close it.
+        let shutting_down = self.shutting_down;
+        let again = self.conns.get_mut(t).and_then(|c| {
+            let reason = c.close_reason.clone().unwrap_or(CloseReason::Local);
+            c.redial.as_mut().filter(|_| !shutting_down).and_then(|r| r.failed(&reason))
+        });
+        let completions = self.cancel_ops(t, cq, again.is_some());
+        if let Some((attempt, delay)) = again {
+            self.wait_to_redial(t, attempt, delay, completions);
+            return;
+        }
         let Some(mut c) = self.conns.remove(t) else { return };
         if matches!(c.role.state(), State::Accepting) {
             // Destroyed without leaving the state (a forced close at the end of a shutdown).
@@ -112,23 +127,7 @@ impl Core {
         }
         let reason = c.close_reason.take().unwrap_or(CloseReason::Local);
         let handler = c.handler.take();
-        if let Some(cq) = cq {
-            if let Some(e) = self.cqs.get_mut(cq) {
-                e.waiting.retain(|w| *w != t);
-                // Exactly the room committed for its receives when it was placed (none on the
-                // SRQ, `srq.rs`), not the receive capacity the device granted, which may be less.
-                e.room.leave(recv_room);
-                if e.shared {
-                    // Its receive entries, and the sends cancelled above, are free again: a
-                    // connection waiting for room must not wait for a poll that may never come.
-                    self.wake_waiting(cq);
-                } else {
-                    // Drop acks the counted events (counted in `remove_cq`), then
-                    // ibv_destroy_cq.
-                    self.remove_cq(cq);
-                }
-            }
-        }
+        self.release_conn_cq(t, cq, recv_room);
         drop(c);
         if let Some(mut h) = handler {
             // Each call catches its own panic (resumed at the end of the tick), so every
@@ -137,6 +136,25 @@ impl Core {
                 self.deliver(|core| h.on_completion(&mut Conn::new(core, t), completion));
             }
             self.deliver(|core| h.on_closed(&mut Ctx::new(core, None), t.token(), reason));
+        }
+    }
+
+    /// Step 4: a closed connection `t` gives up its CQ `cq`: the room committed for its
+    /// receives (`recv_room`) and its place in the CQ's waiting list; its own CQ is destroyed.
+    pub(super) fn release_conn_cq(&mut self, t: ConnKey, cq: Option<CqKey>, recv_room: u32) {
+        let Some(cq) = cq else { return };
+        let Some(e) = self.cqs.get_mut(cq) else { return };
+        e.waiting.retain(|w| *w != t);
+        // Exactly the room committed for its receives when it was placed (none on the SRQ,
+        // `srq.rs`), not the receive capacity the device granted, which may be less.
+        e.room.leave(recv_room);
+        if e.shared {
+            // Its receive entries, and the sends cancelled before, are free again: a
+            // connection waiting for room must not wait for a poll that may never come.
+            self.wake_waiting(cq);
+        } else {
+            // Drop acks the counted events (counted in `remove_cq`), then ibv_destroy_cq.
+            self.remove_cq(cq);
         }
     }
 
@@ -164,13 +182,25 @@ impl Core {
 
     /// Completions for a connection's operations that will never complete on the device: its
     /// queue pair is destroyed and its CQ drained. Gives back their CQ reservations. Costs the
-    /// connection's own operations, not every live one: its queues hold them all.
-    fn cancel_ops(&mut self, t: ConnKey, cq: Option<CqKey>) -> Vec<Completion> {
+    /// connection's own operations, not every live one: its queues hold them all. With
+    /// `carry` (a reconnection, `reconnect.rs`) the ones never posted that a new queue pair
+    /// can take (SENDs and receives) stay queued.
+    fn cancel_ops(&mut self, t: ConnKey, cq: Option<CqKey>, carry: bool) -> Vec<Completion> {
         let Some(c) = self.conns.get_mut(t) else { return Vec::new() };
         let room = cq.and_then(|cq| self.cqs.get_mut(cq)).map(|e| &mut e.room);
         let stream_closed = c.stream_closed;
-        let mut mine = c.sq.clear(room);
-        mine.extend(c.rq.clear());
+        let mine = if carry {
+            let ops = &self.ops;
+            // Not the runtime's own, and naming no remote key of the old peer.
+            let goes_on = |k| ops.get(k).is_some_and(|o: &super::OpEntry| !o.control && o.remote.is_none());
+            let mut gone = c.sq.carry(room, goes_on);
+            gone.extend(c.rq.carry());
+            gone
+        } else {
+            let mut all = c.sq.clear(room);
+            all.extend(c.rq.clear());
+            all
+        };
         let mut out = Vec::with_capacity(mine.len());
         for o in mine {
             let Some(op) = self.ops.remove(o) else { continue };

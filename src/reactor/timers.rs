@@ -46,6 +46,8 @@ pub(super) enum TimerTarget {
     Stall(ConnKey),
     /// Shared-receive-queue receives wait for pool buffers (`srq.rs`): try again.
     SrqRefill,
+    /// A reconnecting client's next attempt (`reconnect.rs`).
+    Redial(ConnKey),
 }
 
 /// A timer set by a callback: whose `on_timer` to call, with what.
@@ -86,7 +88,8 @@ impl Core {
                 self.forget_devices();
                 0
             }
-            TimerTarget::Keepalive(t) => self.keepalive(t),
+            TimerTarget::Keepalive(t) => self.keepalive(t, key),
+            TimerTarget::Redial(t) => self.redial(t, key),
             TimerTarget::Stall(t) => self.credit_stall(t, key),
             TimerTarget::SrqRefill => {
                 // The tick's posting tries the refill again (and re-arms this if it still
@@ -202,7 +205,10 @@ impl Core {
             TimerTarget::Deadline(t) => conns.get(t).is_some_and(|c| c.deadline.is_some_and(|(k, _)| k == key)),
             TimerTarget::Stall(t) => conns.get(t).is_some_and(|c| c.stall == Some(key)),
             // Not keyed: one per live connection at a time (re-scheduled as it fires).
-            TimerTarget::Keepalive(t) => conns.contains(t),
+            TimerTarget::Keepalive(t) => conns.get(t).is_some_and(|c| c.keepalive == Some(key)),
+            TimerTarget::Redial(t) => {
+                conns.get(t).is_some_and(|c| c.redial.as_ref().is_some_and(|r| r.timer == Some(key)))
+            }
             TimerTarget::User(tt) => user_timers.contains(tt),
             TimerTarget::ForgetDevices | TimerTarget::SrqRefill => true,
         });

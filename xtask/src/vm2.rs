@@ -25,7 +25,15 @@ pub const CASES_SCRIPT: &str = include_str!("vm2_cases.sh");
 
 /// The cases of [`CASES_SCRIPT`], in the order it runs them (`peer-killed` powers VM B off, so
 /// it is last).
-pub const CASES: &[&str] = &["blast-loss", "blast-delay", "link-down-up", "peer-link-down", "peer-killed"];
+pub const CASES: &[&str] = &[
+    "blast-loss",
+    "blast-delay",
+    "link-down-up",
+    "peer-link-down",
+    "reconnect-link",
+    "reconnect-restart",
+    "peer-killed",
+];
 
 /// The VM limit of a `--cases` run (each case bounds its own waits well below this).
 pub const CASES_TIMEOUT: Duration = Duration::from_secs(600);
