@@ -492,3 +492,21 @@ fn a_waker_called_from_another_thread_wakes_the_task_on_the_reactor() {
     assert_eq!(from_main, 11);
     assert_eq!(r.tasks(), 0);
 }
+
+/// The async face refuses a reconnect policy (its state follows one queue pair), before it
+/// needs a reactor or a device: runs on the host.
+#[test]
+fn a_reconnect_policy_is_refused_by_the_async_face() {
+    use std::task::{Wake, Waker};
+    struct Nothing;
+    impl Wake for Nothing {
+        fn wake(self: Arc<Self>) {}
+    }
+    let opts = ConnectOptions { reconnect: Some(rdma_reactor::Reconnect::default()), ..ConnectOptions::default() };
+    let mut connect = std::pin::pin!(Connection::connect("127.0.0.1:1".parse().expect("address"), opts));
+    let waker = Waker::from(Arc::new(Nothing));
+    match connect.as_mut().poll(&mut Context::from_waker(&waker)) {
+        Poll::Ready(Err(Error::Unsupported(why))) => assert!(why.contains("reconnect"), "{why}"),
+        other => panic!("{:?}", other.map(|r| r.map(|_| ()))),
+    }
+}

@@ -475,9 +475,9 @@ fn signals_and_spurious_wakeups_cost_nothing() {
     assert_eq!(out_of_order.get(), None, "Remote messages in order");
     assert!(signals > 0 && st.interrupted_waits > 0, "the signals interrupted epoll_wait: {st:?}");
     assert!(st.interrupted_waits <= signals, "an EINTR counted without a signal: {st:?}");
-    if transport() != "siw" {
-        assert_eq!(st.interrupted_connects, 0, "only iWARP connects inside rdma_connect: {st:?}");
-    }
+    // Only iWARP connects inside rdma_connect, and there the runtime defers the thread's signals
+    // for the call (an interrupted connect corrupts Soft-iWARP's listener: FAULTS.md).
+    assert_eq!(st.interrupted_connects, 0, "no signal interrupted a connect: {st:?}");
     assert!(st.spurious_wakeups > 0, "a wakeup found nothing to do: {st:?}");
     assert!(st.channel_reads > st.cm_events + st.cq_events, "some reads found EAGAIN (no event): {st:?}");
     assert_eq!(st.cq_events_acked, st.cq_events, "every completion event acked once, none without a get: {st:?}");

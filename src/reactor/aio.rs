@@ -273,8 +273,9 @@ impl Connection {
     /// # Errors
     ///
     /// [`Error::Closed`] with the reason when the connection fails (rejected, unreachable, a
-    /// timeout), what [`Ctx::connect`] fails with at once, and [`Error::NoReactor`] outside a
-    /// reactor.
+    /// timeout), what [`Ctx::connect`] fails with at once, [`Error::NoReactor`] outside a
+    /// reactor, and [`Error::Unsupported`] when `opts.reconnect` is set (reconnecting clients
+    /// are the callback API's for now: [`ConnectionHandler::on_reconnecting`](crate::ConnectionHandler::on_reconnecting)).
     pub fn connect(addr: SocketAddr, opts: ConnectOptions) -> Connect {
         Connect { start: Some((addr, opts)), st: None }
     }
@@ -407,6 +408,13 @@ impl Future for Connect {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if let Some((addr, opts)) = self.start.take() {
+            if opts.reconnect.is_some() {
+                // The async face's state (its receives, waiting futures, the end of the
+                // connection) follows one queue pair; it does not know reconnections yet.
+                let what = "ConnectOptions::reconnect on the async face (io::Connection): reconnecting clients \
+                            are supported through the callback API (ConnectionHandler::on_reconnecting)";
+                return Poll::Ready(Err(Error::Unsupported(what.into())));
+            }
             let st = with_core(|core| {
                 let size = if opts.msg_size == 0 { core.max_msg() } else { opts.msg_size as usize };
                 let st = ConnState::new(core.exec.orphans.clone(), size);

@@ -100,6 +100,8 @@ impl Core {
         c.stream_closed = false;
         c.waiting_room = false;
         c.infos.sent = false;
+        // A wait for the old peer's credits ends with it.
+        c.meter.credit_state(false, Instant::now());
         c.role = Role::Client(Client::resolving().0);
         let at = self.read_clock().checked_add(delay);
         let key = at.map(|at| self.timers.schedule(at, TimerTarget::Redial(t)));

@@ -493,6 +493,8 @@ impl Core {
             Err(e) => return Some(Input::SetupFailed(e.chain())),
         };
         let flow_offer = self.cfg.flow_control;
+        let placed = self.conns.get(t)?.placed;
+        let iwarp = placed.is_some_and(|p| self.devices[p.device].caps.transport == Transport::Iwarp);
         let c = self.conns.get_mut(t)?;
         // Tails land in the receive buffers' slack (`Pool::new`): message sizes stay whole.
         c.infos.local.tail = c.placed.is_some_and(|p| p.tail);
@@ -506,13 +508,21 @@ impl Core {
         };
         let param = self.conn_param(&bytes, RD_ATOM, RD_ATOM);
         // On iWARP `rdma_connect` makes the TCP connection inside the call (siw's
-        // `kernel_connect` blocks), so a signal can interrupt it: the kernel then undoes the
-        // attempt (the id is back to route-resolved), and the call is made again, as
+        // `kernel_connect` blocks), so a signal could interrupt it: the kernel then undoes the
+        // attempt, closing a TCP stream the server's listener may have queued but siw not yet
+        // accepted, which corrupts Soft-iWARP's listener (Linux 6.1: the listening socket stops
+        // accepting, and `siw_destroy_listen` hits a kernel BUG when the server exits; FAULTS.md,
+        // "a signal while connecting"). So the thread's signals wait for the call's end
+        // (`DeferSignals`); should one interrupt it all the same, the call is made again, as
         // `SA_RESTART` would, for at most the connect step's deadline.
         let deadline = Instant::now() + self.cfg.timeouts.connect;
-        let mut result = self.conns.get(t)?.ep.id()?.connect(&param);
+        let mut result = {
+            let _deferred = DeferSignals::new(iwarp);
+            self.conns.get(t)?.ep.id()?.connect(&param)
+        };
         while result.as_ref().is_err_and(|e| e.raw_os_error() == Some(nix::libc::EINTR)) && Instant::now() < deadline {
             self.stats.interrupted_connects += 1;
+            let _deferred = DeferSignals::new(iwarp);
             result = self.conns.get(t)?.ep.id()?.connect(&param);
         }
         if let Err(e) = result {
@@ -702,6 +712,35 @@ impl Core {
             // Reconnecting: the last connection's (`reconnect.rs`).
             (None, Some(d)) => Ok(d),
             (None, None) => Err(Error::NotConnected(format!("connection {:?} has no device yet", t.token()))),
+        }
+    }
+}
+
+/// While it lives, the calling thread's signals are blocked (`pthread_sigmask`): they stay
+/// pending and are delivered when it drops, which restores the mask. For a system call that a
+/// signal must not interrupt (Soft-iWARP's blocking `rdma_connect`). SIGKILL and SIGSTOP cannot
+/// be blocked, and are not.
+struct DeferSignals(Option<nix::sys::signal::SigSet>);
+
+impl DeferSignals {
+    fn new(on: bool) -> DeferSignals {
+        use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow};
+        if !on {
+            return DeferSignals(None);
+        }
+        let mut old = SigSet::empty();
+        match pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&SigSet::all()), Some(&mut old)) {
+            Ok(()) => DeferSignals(Some(old)),
+            // Nothing blocked: an interrupted call is made again (the caller's loop).
+            Err(_) => DeferSignals(None),
+        }
+    }
+}
+
+impl Drop for DeferSignals {
+    fn drop(&mut self) {
+        if let Some(old) = self.0.take() {
+            let _ = nix::sys::signal::pthread_sigmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&old), None);
         }
     }
 }

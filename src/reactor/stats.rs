@@ -17,8 +17,9 @@ pub struct Stats {
     /// them at once, with an event or `EAGAIN`, so a signal cannot interrupt them.)
     pub interrupted_waits: u64,
     /// `rdma_connect` calls a signal interrupted (`EINTR`), each made again within the
-    /// connect deadline. Only iWARP makes its TCP connection inside the call, so only there
-    /// can a signal interrupt it.
+    /// connect deadline. Only iWARP makes its TCP connection inside the call, and there the
+    /// runtime blocks the thread's signals for its duration (they are delivered after it), so
+    /// this stays 0 unless blocking them failed.
     pub interrupted_connects: u64,
     /// Reads of the rdma_cm and completion channels (`rdma_get_cm_event`, `ibv_get_cq_event`),
     /// the ones that found nothing (`EAGAIN`) included.
