@@ -392,14 +392,14 @@ impl ConnectionHandler for BlastAgent {
                         }
                         Err(_) => u64::from_le_bytes(buf.as_slice()[..8].try_into().expect("8 bytes")),
                     };
-                    let floor = {
+                    let complete = {
                         let mut t = self.totals.borrow_mut();
                         let cov = t.numbered.entry(self.client_id).or_default();
                         let before = cov.floor;
                         cov.record(seq);
                         (before < self.expected && cov.floor >= self.expected).then_some(cov.floor)
                     };
-                    if let Some(all) = floor {
+                    if let Some(all) = complete {
                         // Every message is here: the client may finish.
                         self.announce(conn, all);
                     }

@@ -34,7 +34,6 @@ use super::timers::TimerTarget;
 use super::{Conn, Core, Endpoint, Role};
 use crate::error::Error;
 use crate::proto::conn::{Client, CloseReason, Input};
-use crate::proto::op::OpError;
 use crate::proto::reconnect::{Backoff, Reconnect};
 use crate::proto::token::{ConnKey, Key};
 use crate::reactor::Completion;
@@ -121,7 +120,7 @@ impl Core {
         );
         self.with_conn(t, |h, conn| h.on_reconnecting(conn, &reason, attempt, delay));
         for completion in done {
-            self.with_conn(t, |h, conn| h.on_completion(conn, completion));
+            self.deliver_completion(t, completion);
         }
     }
 
@@ -157,22 +156,14 @@ impl Core {
     /// A reconnection's queue pair is on device `device`: if the carried operations' buffers
     /// are another device's, they cannot go on it and are cancelled.
     pub(super) fn carried_to(&mut self, t: ConnKey, device: usize) {
-        let Some(c) = self.conns.get_mut(t) else { return };
-        let Some(r) = c.redial.as_mut() else { return };
+        let Some(r) = self.conns.get_mut(t).and_then(|c| c.redial.as_mut()) else { return };
         let old = r.device.replace(device);
         if old.is_none() || old == Some(device) {
             return;
         }
-        let mut gone = c.sq.carry(None, |_| false);
-        gone.extend(c.rq.clear());
-        let done: Vec<Completion> = gone
-            .into_iter()
-            .filter_map(|o| self.ops.remove(o))
-            .filter(|op| !op.control)
-            .map(|op| op.into_completion(Err(OpError::Cancelled), false))
-            .collect();
-        for completion in done {
-            self.with_conn(t, |h, conn| h.on_completion(conn, completion));
+        // Nothing of it is posted (no queue pair yet): each completes `Cancelled`.
+        for completion in self.cancel_ops(t, None, false) {
+            self.deliver_completion(t, completion);
         }
     }
 
@@ -181,7 +172,7 @@ impl Core {
     pub(super) fn established_callback(&mut self, t: ConnKey) {
         let again = match self.conns.get_mut(t).and_then(|c| c.redial.as_mut()) {
             Some(r) => {
-                r.backoff_connected();
+                r.backoff.connected();
                 std::mem::replace(&mut r.established, true)
             }
             None => false,
@@ -192,11 +183,5 @@ impl Core {
         } else {
             self.with_conn(t, |h, conn| h.on_established(conn));
         }
-    }
-}
-
-impl Redial {
-    fn backoff_connected(&mut self) {
-        self.backoff.connected();
     }
 }

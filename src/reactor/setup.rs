@@ -497,7 +497,7 @@ impl Core {
         let iwarp = placed.is_some_and(|p| self.devices[p.device].caps.transport == Transport::Iwarp);
         let c = self.conns.get_mut(t)?;
         // Tails land in the receive buffers' slack (`Pool::new`): message sizes stay whole.
-        c.infos.local.tail = c.placed.is_some_and(|p| p.tail);
+        c.infos.local.tail = placed.is_some_and(|p| p.tail);
         c.infos.local.recv_depth = depth.min(u32::from(u16::MAX)) as u16;
         c.infos.local.flow_control = flow_offer && depth >= MIN_DEPTH;
         c.infos.sent = true;

@@ -185,7 +185,7 @@ impl Core {
     /// connection's own operations, not every live one: its queues hold them all. With
     /// `carry` (a reconnection, `reconnect.rs`) the ones never posted that a new queue pair
     /// can take (SENDs and receives) stay queued.
-    fn cancel_ops(&mut self, t: ConnKey, cq: Option<CqKey>, carry: bool) -> Vec<Completion> {
+    pub(super) fn cancel_ops(&mut self, t: ConnKey, cq: Option<CqKey>, carry: bool) -> Vec<Completion> {
         let Some(c) = self.conns.get_mut(t) else { return Vec::new() };
         let room = cq.and_then(|cq| self.cqs.get_mut(cq)).map(|e| &mut e.room);
         let stream_closed = c.stream_closed;

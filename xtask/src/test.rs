@@ -489,8 +489,8 @@ fn vm_tests_in_one_boot(
             if failure.is_none() {
                 // The last few lines, so a message split between two reads is still seen.
                 recent.extend_from_slice(t);
-                let keep = recent.len().saturating_sub(4096);
-                recent.drain(..keep);
+                let older = recent.len().saturating_sub(4096);
+                recent.drain(..older);
                 if let Some(line) = kernel_failure(&String::from_utf8_lossy(&recent)) {
                     eprintln!("\nxtask: the guest kernel failed ({line}): stopping the VM");
                     failure = Some(line);
