@@ -310,7 +310,14 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// Boots, feeds the command's output and markers to `on`, and returns how it ended.
+/// How long a boot may take to start its command. Boots take 4 to 11 s under TCG (the 109 of
+/// four full CI runs, stop 27); one in those runs never did, its console silent, and held the
+/// run for its whole VM timeout (485 s). A boot past this limit is killed and reported as an
+/// error with its console's last lines.
+pub const BOOT_LIMIT: Duration = Duration::from_secs(120);
+
+/// Boots, feeds the command's output and markers to `on`, and returns how it ended. A boot
+/// that does not start its command within [`BOOT_LIMIT`] is an error.
 pub fn run(b: &Boot, on: &mut dyn FnMut(Event)) -> Result<Outcome> {
     let mut cmd = qemu_command(b);
     let started = Instant::now();
@@ -332,6 +339,7 @@ pub fn run(b: &Boot, on: &mut dyn FnMut(Event)) -> Result<Outcome> {
     let mut setup_failed: Option<String> = None;
     let mut exit_deadline: Option<Instant> = None;
     let deadline = started + b.timeout;
+    let boot_deadline = started + BOOT_LIMIT.min(b.timeout);
     let poll = Duration::from_millis(100);
 
     let outcome = loop {
@@ -343,6 +351,22 @@ pub fn run(b: &Boot, on: &mut dyn FnMut(Event)) -> Result<Outcome> {
         let mut until = exit_deadline.map_or(deadline, |d| d.min(deadline));
         if b.stop.is_some() {
             until = until.min(now + poll);
+        }
+        if !running {
+            if now >= boot_deadline {
+                kill(&mut child);
+                let console = String::from_utf8_lossy(&console);
+                bail!(
+                    "the VM did not finish booting within {} s (boots take seconds: it hung){}",
+                    BOOT_LIMIT.min(b.timeout).as_secs(),
+                    if console.trim().is_empty() {
+                        "; its console printed nothing".to_string()
+                    } else {
+                        format!("\n--- VM console (last lines) ---\n{}", tail(&console, 40))
+                    }
+                );
+            }
+            until = until.min(boot_deadline);
         }
         if now >= until {
             if exit_deadline.is_some_and(|d| now >= d) {
