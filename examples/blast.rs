@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet] [--spin-us N]
-//!              [--srq [--srq-receives N] [--srq-credit N] [--srq-reserve N] [--srq-size BYTES]]
+//!              [--srq [--srq-receives N] [--srq-credit N] [--srq-max-credit N] [--srq-reserve N] [--srq-size BYTES]]
 //!              [--threads N] [--balance round-robin|fewest] [--shared-cq N] [--metrics ADDR:PORT]
 //! blast client --connect ADDR:PORT --size BYTES --count N [--clients K] [--op send|write]
 //!              [--verify] [--window N] [--spin-us N] [--shared-cq N] [--reconnect N]
@@ -42,7 +42,7 @@ use rdma_reactor::{
 
 const USAGE: &str = "\
 usage: blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet]
-                    [--spin-us N] [--srq [--srq-receives N] [--srq-credit N] [--srq-reserve N] [--srq-size BYTES]]
+                    [--spin-us N] [--srq [--srq-receives N] [--srq-credit N] [--srq-max-credit N] [--srq-reserve N] [--srq-size BYTES]]
                     [--threads N] [--balance round-robin|fewest] [--shared-cq N] [--metrics ADDR:PORT]
        blast client --connect ADDR:PORT --size BYTES --count N [--clients K]
                     [--op send|write] [--verify] [--window N] [--spin-us N] [--shared-cq N]
@@ -72,10 +72,11 @@ server: receives from any number of clients at once, from one thread.
   --credit-timeout-ms N (both) close a connection whose sends waited this long for the
                      peer's credits (a stopped peer; default: wait for ever)
   --srq              receives from one shared receive queue the runtime keeps filled; the
-                     credit window is --srq-credit instead of --depth
-  --srq-receives N   receives on the shared queue (default 4096; (N - reserve) / credit
+                     credit window starts at --srq-credit instead of --depth
+  --srq-receives N   receives on the shared queue (default 3840; (N - reserve) / credit
                      connections)
-  --srq-credit N     receive depth granted to each connection (default 8, at least 3)
+  --srq-credit N     receive depth each connection starts with and keeps (default 3, at least 3)
+  --srq-max-credit N most a busy connection is granted from the free receives (default 32)
   --srq-reserve N    receives granted to no connection, taken by a peer that breaks its
                      credit before it is closed (default a sixteenth of --srq-receives)
   --srq-size BYTES   buffer of each shared receive: the largest message (default 4K)
@@ -197,8 +198,9 @@ fn resume_of(data: &[u8]) -> Option<u64> {
 }
 
 struct BlastListener {
-    /// The receive depth (`--depth`, or the SRQ's credit); with `auto`, the most
-    /// [`auto_depth`] gives.
+    /// The receive depth (`--depth`; on a shared receive queue the most credit a connection can
+    /// be granted, `--srq-max-credit`, so that `--op write`'s ring has a slot for every message
+    /// its credit lets the client have in flight); with `auto`, the most [`auto_depth`] gives.
     depth: u32,
     /// No `--depth`: each connection's depth follows its message size ([`auto_depth`]).
     auto: bool,
@@ -538,8 +540,11 @@ fn server(args: Args) {
         .unwrap_or_else(|| common::fail(USAGE, "--balance is round-robin or fewest"));
     let group = Group::new(threads, args.get("exit-after", 0), args.metrics());
     let srq = args.srq();
-    // On a shared receive queue each connection's credit window is the SRQ's credit.
+    // On a shared receive queue each connection's credit window starts at the SRQ's credit
+    // and may grow to its maximum (credit that follows activity): a write ring needs a slot for
+    // each.
     let depth = srq.map_or(depth, |s| s.credit);
+    let slots = srq.map_or(depth, |s| s.max_credit.max(s.credit));
     let cfg = args.with_srq(args.liveness(Config {
         recv_depth: depth,
         send_depth: 16,
@@ -554,7 +559,7 @@ fn server(args: Args) {
     let (verify, quiet, on_srq) = (args.switch("verify"), args.switch("quiet"), srq.is_some());
     let g = group.clone();
     group::serve("blast", &group, bind, cfg, balance, "", move |reactor| BlastListener {
-        depth,
+        depth: slots,
         auto: auto && !on_srq,
         srq: on_srq,
         verify,
@@ -779,7 +784,13 @@ impl ConnectionHandler for BlastClient {
                 let buf = c.buf.expect("pool receive");
                 if self.write && self.ring.is_none() {
                     match RemoteSlice::decode(&buf.as_slice()[..n as usize]) {
-                        Some(r) if u64::from(r.len) >= self.depth * self.size as u64 => self.ring = Some(r),
+                        Some(r) if u64::from(r.len) >= self.depth * self.size as u64 => {
+                            // A slot for each message in flight: the server sizes its ring for the
+                            // most credit it may grant (more than its advertised depth on a
+                            // shared receive queue, whose credit follows activity).
+                            self.depth = u64::from(r.len) / self.size.max(1) as u64;
+                            self.ring = Some(r);
+                        }
                         _ => return self.fail(conn, "bad ring descriptor from the server".into()),
                     }
                 }

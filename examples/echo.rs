@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
-//!             [--srq [--srq-receives N] [--srq-credit N] [--srq-reserve N] [--srq-size BYTES]] [--marks N,N,..]
+//!             [--srq [--srq-receives N] [--srq-credit N] [--srq-max-credit N] [--srq-reserve N] [--srq-size BYTES]] [--marks N,N,..]
 //!             [--threads N] [--balance round-robin|fewest] [--accept-delay-ms N] [--metrics ADDR:PORT]
 //! echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
 //!             [--stall-timeout SECS] [--spin-us N] [--hold-ms N] [--hold-until PATH]
@@ -32,7 +32,7 @@ use rdma_reactor::{
 
 const USAGE: &str = "\
 usage: echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
-                   [--srq [--srq-receives N] [--srq-credit N] [--srq-reserve N] [--srq-size BYTES]] [--marks N,N,..]
+                   [--srq [--srq-receives N] [--srq-credit N] [--srq-max-credit N] [--srq-reserve N] [--srq-size BYTES]] [--marks N,N,..]
                    [--threads N] [--balance round-robin|fewest] [--accept-delay-ms N] [--metrics ADDR:PORT]
        echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
                    [--stall-timeout SECS] [--spin-us N] [--hold-ms N] [--hold-until PATH]
@@ -58,9 +58,11 @@ server: echoes every message on every connection, from one thread.
                        peer's credits (a stopped peer; default: wait for ever)
   --srq                receives from one shared receive queue the runtime keeps filled, not
                        --depth per connection: registered memory does not grow with connections
-  --srq-receives N     receives on the shared queue (default 4096); at most
+  --srq-receives N     receives on the shared queue (default 3840); at most
                        (N - reserve) / credit connections are accepted
-  --srq-credit N       receive depth each connection is granted (default 8, at least 3)
+  --srq-credit N       receive depth each connection starts with and keeps (default 3, the
+                       least flow control works with)
+  --srq-max-credit N   most a busy connection is granted from the free receives (default 32)
   --srq-reserve N      receives granted to no connection: what a peer that breaks its credit
                        takes before it is closed (default N / 16 of --srq-receives)
   --srq-size BYTES     buffer of each shared receive: the largest message (default 4K)

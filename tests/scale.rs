@@ -224,3 +224,142 @@ fn five_thousand_connections_on_one_srq() {
     assert_no_rnr(&before, &after, "five thousand connections");
     println!("five thousand connections: {:.1} s in all; rxe counters {after:?}", started.elapsed().as_secs_f64());
 }
+
+/// Issue 21: `echo server --srq` at its defaults (3 840 receives of 4 KiB, credit 3 growing to
+/// 32 while busy, reserve 240) holds 1 200 connections from eleven client processes (100, then
+/// ten of 110; one verified round trip each, all at once, then held open), with the same
+/// registered memory and memory regions at 100 and at 1 200; the 1 201st is refused by the
+/// credit rule, and its client says so; after all closed the server's `rdma res` counts are
+/// back to the baseline; rxe counted no RNR NAK.
+///
+/// Registered memory follows the traffic in flight, not the connections: each message handed
+/// to a handler is replaced on the queue at once, from the 256 chunks the defaults leave free
+/// in the receives' clusters. (With 4 096 receives, which took every chunk, the first burst of
+/// 118 round trips at once registered a fifth 4 MiB cluster; 100 had not: the defaults were
+/// changed for it.) (The issue asked for 10 000 at the defaults: with buffered receives that
+/// cannot be had at a memory that does not grow with the connections; `SrqConfig`'s docs say
+/// why.)
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn echo_server_srq_at_its_defaults_holds_1200_connections() {
+    const STEPS: [usize; 11] = [100, 110, 110, 110, 110, 110, 110, 110, 110, 110, 110];
+    const MAX: usize = 1_200;
+    let started = Instant::now();
+    let before = link_counters();
+    let server = addr();
+    let s = server.to_string();
+    let marks_arg: Vec<String> = STEPS
+        .iter()
+        .scan(0, |sum, n| {
+            *sum += n;
+            Some(sum.to_string())
+        })
+        .collect();
+    let marks_arg = marks_arg.join(",");
+    let child = Command::new(bin("echo"))
+        .args(["server", "--bind", &s, "--quiet", "--srq", "--marks", &marks_arg])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start echo server");
+    let mut srv = Proc(child, "echo server");
+    let stdout = srv.0.stdout.take().expect("piped stdout");
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    wait_listening(server, Duration::from_secs(30));
+    let baseline = res_counts(srv.pid());
+    let release = std::env::temp_dir().join(format!("defaults-release-{}", srv.pid()));
+    let _ = std::fs::remove_file(&release);
+    let release_arg = release.to_string_lossy().to_string();
+    let client = |n: usize| {
+        Command::new(bin("echo"))
+            .args([
+                "client",
+                "--connect",
+                &s,
+                "--size",
+                "64",
+                "--count",
+                "1",
+                "--verify",
+                "--clients",
+                &n.to_string(),
+                "--stall-timeout",
+                "120",
+                "--hold-until",
+                &release_arg,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start echo client")
+    };
+    let mut clients = Vec::new();
+    let mut marks = Vec::new();
+    let mut total = 0;
+    for n in STEPS {
+        let child = client(n);
+        let pid = child.id();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        clients.push((pid, rx, n));
+        total += n;
+        let m = wait_mark(&lines, total as u64, Duration::from_secs(120));
+        println!("{} live after {:.1} s: {m:?}, {:?}", m.live, started.elapsed().as_secs_f64(), res_counts(srv.pid()));
+        marks.push((m, res_counts(srv.pid()).mr));
+    }
+    assert_eq!(total, MAX);
+    let (at_100, mr_100) = marks[0];
+    let (at_max, mr_max) = marks[marks.len() - 1];
+    assert_eq!(at_100.live, 100, "{at_100:?}");
+    assert_eq!(at_max.live, MAX as u64, "all {MAX} open at once: {at_max:?}");
+    assert_eq!(res_counts(srv.pid()).qp, MAX, "the server holds {MAX} queue pairs");
+    assert_eq!(at_max.registered, at_100.registered, "registered bytes at 100 and at {MAX} connections");
+    assert_eq!(mr_max, mr_100, "memory regions at 100 and at {MAX} connections");
+    assert_eq!(at_max.srq_receives, at_100.srq_receives, "the SRQ's receives are the same");
+
+    // One more: the credit rule refuses it, and the client is told why.
+    let (ok, text) = run_output(
+        bin("echo"),
+        &["client", "--connect", &s, "--size", "64", "--count", "1", "--stall-timeout", "60"],
+        Duration::from_secs(90),
+    );
+    println!("the connection beyond {MAX}: {}", text.trim());
+    assert!(!ok, "a connection beyond {MAX} was served: {text}");
+    assert!(text.contains("limit reached") && text.contains("1200"), "the refusal names the limit: {text}");
+
+    std::fs::write(&release, b"go").expect("create the release file");
+    for (pid, rx, n) in clients {
+        let out = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(Ok(out)) => out,
+            Ok(Err(e)) => panic!("echo client {pid}: {e}"),
+            Err(_) => {
+                let _ = Command::new("kill").arg(pid.to_string()).status();
+                panic!("echo client {pid} did not finish after its release");
+            }
+        };
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "echo client {pid} failed:\n{text}");
+        let want = format!("{n} round trips of 64 bytes over {n} connection(s)");
+        assert!(text.contains(&want) && text.contains("every byte verified"), "{text}");
+    }
+    let _ = std::fs::remove_file(&release);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut now = res_counts(srv.pid());
+    while now != baseline && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        now = res_counts(srv.pid());
+    }
+    assert_eq!(now, baseline, "the server's resources after all {MAX} connections closed");
+    assert_no_rnr(&before, &link_counters(), "1 200 connections at the defaults");
+    println!("1 200 connections at the defaults: {:.1} s in all", started.elapsed().as_secs_f64());
+}

@@ -83,7 +83,7 @@ fn srq_reactor(receives: u32, credit: u32) -> Reactor {
 }
 
 fn srq_reactor_with(receives: u32, credit: u32, shared_cq: Option<u32>) -> Reactor {
-    let srq = SrqConfig { receives, credit, buf_size: 4096, low_water: receives / 4, reserve: 0 };
+    let srq = SrqConfig { receives, credit, max_credit: credit, buf_size: 4096, low_water: receives / 4, reserve: 0 };
     Reactor::with_config(Config { srq: Some(srq), shared_cq, ..Config::default() }).expect("SRQ reactor")
 }
 
@@ -244,11 +244,14 @@ fn srv_closed(log: &Rc<RefCell<AgentLog>>) -> usize {
 
 /// `blast` with flow control into an SRQ server: 4 clients stream 20 000 verified messages
 /// each (SEND, then RDMA WRITE with immediate) at a window far above the credit of 4: no
-/// RNR NAK, nothing lost.
+/// RNR NAK, nothing lost. On 17 receives the credits cannot grow; on 256 they grow to 32 (credit
+/// that follows activity), and the WRITEs land in a ring with a slot for each (the server sizes
+/// it by `--srq-max-credit`, the client takes the slot count from the ring's length: with slots
+/// for the base credit only, a grown credit overwrote slots not yet read).
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn blast_into_an_srq_server_flow_control_no_rnr() {
-    for op in ["send", "write"] {
+    for (op, receives) in [("send", "17"), ("write", "17"), ("write", "256")] {
         let before = link_counters();
         let server = addr();
         let s = server.to_string();
@@ -265,7 +268,7 @@ fn blast_into_an_srq_server_flow_control_no_rnr() {
                 "4",
                 "--srq",
                 "--srq-receives",
-                "17",
+                receives,
                 "--srq-credit",
                 "4",
             ],
@@ -396,7 +399,7 @@ fn a_flood_while_the_server_is_busy_overruns_no_shared_cq() {
 
 fn flood_while_busy(shared_cq: Option<u32>) {
     let server = addr();
-    let srq = SrqConfig { receives: 64, credit: 4, buf_size: 4096, low_water: 16, reserve: 0 };
+    let srq = SrqConfig { receives: 64, credit: 4, max_credit: 4, buf_size: 4096, low_water: 16, reserve: 0 };
     let cfg = Config { srq: Some(srq), send_depth: 8, shared_cq, ..Config::default() };
     let mut srv = Reactor::with_config(cfg).expect("SRQ reactor");
     let log = Rc::new(RefCell::new(AgentLog::default()));
@@ -516,7 +519,8 @@ impl ConnectionHandler for Sender {
 fn buffers_released_outside_the_reactor_refill_the_srq() {
     const N: u64 = 60;
     {
-        let srq = SrqConfig { receives: 8, credit: 4, buf_size: HOARD_SIZE as u32, low_water: 0, reserve: 0 };
+        let srq =
+            SrqConfig { receives: 8, credit: 4, max_credit: 4, buf_size: HOARD_SIZE as u32, low_water: 0, reserve: 0 };
         // 32 chunks of 4 KiB in all: 8 posted, so the handler can hold 24 before the pool is dry.
         let pool =
             // (On iWARP each chunk has 64 bytes of slack for a tail: two clusters are a bit more.)
@@ -666,7 +670,7 @@ fn no_rnr_tolerance() -> Reactor {
 fn a_peer_without_flow_control_is_refused_and_cannot_starve_the_srq() {
     let before = link_counters();
     let server = addr();
-    let srq = SrqConfig { receives: 64, credit: 8, buf_size: 4096, low_water: 16, reserve: 0 };
+    let srq = SrqConfig { receives: 64, credit: 8, max_credit: 8, buf_size: 4096, low_water: 16, reserve: 0 };
     let mut srv = Reactor::with_config(Config { srq: Some(srq), ..Config::default() }).expect("SRQ reactor");
     let log = Rc::new(RefCell::new(AgentLog::default()));
     srv.listen(server, SrqListener { log: log.clone() }).expect("listen");
@@ -714,7 +718,7 @@ fn a_peer_without_flow_control_is_refused_and_cannot_starve_the_srq() {
 /// of credit 4) and a reserve of 64.
 fn overdraw_server() -> (Reactor, std::net::SocketAddr, Rc<RefCell<AgentLog>>) {
     let server = addr();
-    let srq = SrqConfig { receives: 16 + 64, credit: 4, buf_size: 4096, low_water: 0, reserve: 64 };
+    let srq = SrqConfig { receives: 16 + 64, credit: 4, max_credit: 4, buf_size: 4096, low_water: 0, reserve: 64 };
     let mut srv = Reactor::with_config(Config { srq: Some(srq), ..Config::default() }).expect("SRQ reactor");
     let log = Rc::new(RefCell::new(AgentLog::default()));
     srv.listen(server, SrqListener { log: log.clone() }).expect("listen");
@@ -883,7 +887,7 @@ impl ListenerHandler for KeeperListener {
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn one_dip_below_the_srq_mark_raises_one_event_shared_with_no_one() {
     let server = addr();
-    let srq = SrqConfig { receives: 64, credit: 60, buf_size: 4096, low_water: 32, reserve: 0 };
+    let srq = SrqConfig { receives: 64, credit: 60, max_credit: 60, buf_size: 4096, low_water: 32, reserve: 0 };
     let pool = rdma_reactor::PoolConfig { chunk_sizes: vec![4096], cluster_bytes: 64 * 4096, max_bytes: 64 * 4096 };
     let mut srv = Reactor::with_config(Config { srq: Some(srq), pool, ..Config::default() }).expect("SRQ reactor");
     let kept = Rc::new(RefCell::new(Vec::new()));
@@ -965,7 +969,7 @@ fn clients_killed_mid_message_lose_no_srq_receive() {
     let before = link_counters();
     let server = addr();
     let s = server.to_string();
-    let srq = SrqConfig { receives: 16, credit: 16, buf_size: SIZE as u32, low_water: 0, reserve: 0 };
+    let srq = SrqConfig { receives: 16, credit: 16, max_credit: 16, buf_size: SIZE as u32, low_water: 0, reserve: 0 };
     let mut srv = Reactor::with_config(Config { srq: Some(srq), ..Config::default() }).expect("SRQ reactor");
     let seen = Rc::new(RefCell::new((0u64, Vec::new())));
     srv.listen(server, SinkListener(seen.clone())).expect("listen");
@@ -1024,4 +1028,140 @@ fn lying_info() -> rdma_reactor::ConnectInfo {
         tail: transport() == "siw",
         ..Default::default()
     }
+}
+
+/// Streams `stream` messages (up to 64 in flight; the runtime holds what its credit does not
+/// cover), then ping-pongs `pings`, every echo verified; then closes.
+struct Phases {
+    id: u64,
+    size: usize,
+    stream: u64,
+    pings: u64,
+    submitted: u64,
+    echoed: u64,
+    log: Rc<RefCell<StreamLog>>,
+}
+
+impl Phases {
+    fn total(&self) -> u64 {
+        self.stream + self.pings
+    }
+
+    /// Sends what the phase allows: in the stream, up to 64 beyond the echoes; in the
+    /// ping-pong, one at a time.
+    fn send(&mut self, conn: &mut Conn<'_>) {
+        let window = if self.submitted < self.stream { 64 } else { 1 };
+        while self.submitted < self.total() && self.submitted - self.echoed < window {
+            let mut buf = conn.alloc(self.size).expect("buffer");
+            buf.fill_from(&pattern(self.size, self.id, self.submitted)).expect("fill");
+            if conn.submit(Op::send(buf)).is_err() {
+                return;
+            }
+            self.submitted += 1;
+            if self.submitted == self.stream {
+                // The stream's last: the ping-pong starts once every echo is back.
+                return;
+            }
+        }
+    }
+}
+
+impl ConnectionHandler for Phases {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        post_recvs(conn, 64, self.size);
+    }
+
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        self.log.borrow_mut().established = true;
+        self.send(conn);
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        match (c.opcode, c.result) {
+            (OpCode::Send, Ok(_)) => self.log.borrow_mut().sent += 1,
+            (OpCode::Recv, Ok(n)) => {
+                let buf = c.buf.expect("buffer");
+                if n as usize != self.size || buf.as_slice() != pattern(self.size, self.id, self.echoed).as_slice() {
+                    self.log.borrow_mut().error.get_or_insert(format!("echo {} differs", self.echoed));
+                    return conn.close();
+                }
+                self.echoed += 1;
+                let _ = conn.submit(Op::recv(buf));
+                if self.echoed == self.total() {
+                    return conn.close();
+                }
+                self.send(conn);
+            }
+            (op, Err(e)) if self.echoed < self.total() => {
+                self.log.borrow_mut().error.get_or_insert(format!("{op:?}: {e}"));
+            }
+            _ => {}
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        self.log.borrow_mut().closed = Some(reason);
+    }
+}
+
+/// Issue 21, credit that follows activity: on an SRQ of 256 receives (credit 3, growing to 32,
+/// reserve 16) with eight idle connections, a client that tolerates no RNR NAK streams 1 500
+/// messages of 1 KiB (64 in flight), then ping-pongs 800, every echo verified. While it streams
+/// its share grows (`Stats::srq_grown`, fewer free receives: `Stats::srq_free`); in the
+/// ping-pong it gives the growth back (`srq_shrunk`), so before it closes every connection is
+/// at its base again; after all closed every receive is free. No RNR NAK counted by rxe.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_busy_connection_grows_its_share_of_the_srq_and_gives_it_back() {
+    let before = link_counters();
+    let server = addr();
+    let (receives, credit, reserve) = (256, 3, 16);
+    let srq = SrqConfig { receives, credit, max_credit: 32, buf_size: 4096, low_water: 0, reserve };
+    let mut srv = Reactor::with_config(Config { srq: Some(srq), ..Config::default() }).expect("SRQ reactor");
+    let log = Rc::new(RefCell::new(AgentLog::default()));
+    srv.listen(server, SrqListener { log: log.clone() }).expect("listen");
+    let opts = || ConnectOptions { msg_size: 1024, ..Default::default() };
+    let mut idle = Reactor::new().expect("client");
+    let idle_logs: Vec<_> = (0..8)
+        .map(|_| {
+            let (s, l) = Streamer::new(64, 0, 0, 8);
+            idle.connect(server, opts(), s).expect("connect");
+            l
+        })
+        .collect();
+    let mut busy = no_rnr_tolerance();
+    let phases_log = Rc::new(RefCell::new(StreamLog::default()));
+    let phases =
+        Phases { id: 5, size: 1024, stream: 1500, pings: 800, submitted: 0, echoed: 0, log: phases_log.clone() };
+    busy.connect(server, opts(), phases).expect("connect");
+    let all_base = receives - reserve - 9 * credit;
+    pump(&mut [&mut srv, &mut idle, &mut busy], Duration::from_secs(60), "the connections", || {
+        phases_log.borrow().sent >= 750 && idle_logs.iter().all(|l| l.borrow().established)
+    });
+    let mid = srv.stats();
+    println!("half way through the stream: grown {}, shrunk {}, free {}", mid.srq_grown, mid.srq_shrunk, mid.srq_free);
+    assert!(mid.srq_grown > 0, "the stream's share grew: {mid:?}");
+    assert!(mid.srq_free < u64::from(all_base), "it holds more than its base now: {mid:?}");
+    pump(&mut [&mut srv, &mut idle, &mut busy], Duration::from_secs(120), "the stream and the ping-pong", || {
+        phases_log.borrow().closed.is_some()
+    });
+    let end = srv.stats();
+    let p = phases_log.borrow();
+    println!(
+        "after the ping-pong: grown {}, shrunk {}, free {} (all at the base: {all_base}); client {:?}",
+        end.srq_grown, end.srq_shrunk, end.srq_free, *p
+    );
+    assert_eq!(p.error, None);
+    assert_eq!(p.sent, 2300, "every message sent and echoed (verified)");
+    assert!(end.srq_shrunk > 0, "the ping-pong gave the growth back: {end:?}");
+    assert_eq!(end.srq_grown, end.srq_shrunk, "as much given back as grown: every share at its base");
+    assert_eq!(end.srq_overdrawn, 0);
+    drop(p);
+    for l in &idle_logs {
+        assert_eq!(l.borrow().closed, None, "the idle connections are still open");
+    }
+    drop(idle);
+    pump(&mut [&mut srv], Duration::from_secs(30), "the server's closes", || srv_closed(&log) == 9);
+    assert_eq!(srv.stats().srq_free, u64::from(receives - reserve), "after all closed every receive is free");
+    assert_no_rnr(&before, &link_counters(), "credit that follows activity");
 }

@@ -99,8 +99,8 @@ impl Args {
     /// The flags [`Args::liveness`] reads.
     pub const LIVENESS: [&'static str; 4] = ["keepalive-ms", "ack-timeout-ms", "retry-count", "credit-timeout-ms"];
 
-    /// `--srq` (a switch) with `--srq-receives N`, `--srq-credit N`, `--srq-reserve N` (default
-    /// a sixteenth of the receives) and `--srq-size BYTES`: a shared receive queue per device
+    /// `--srq` (a switch) with `--srq-receives N`, `--srq-credit N`, `--srq-max-credit N`,
+    /// `--srq-reserve N` (default a sixteenth of the receives) and `--srq-size BYTES`: a shared receive queue per device
     /// (`Config::srq`), or `None` without `--srq`.
     pub fn srq(&self) -> Option<rdma_reactor::SrqConfig> {
         if !self.switch("srq") {
@@ -111,6 +111,7 @@ impl Args {
         Some(rdma_reactor::SrqConfig {
             receives,
             credit: self.get("srq-credit", d.credit),
+            max_credit: self.get("srq-max-credit", d.max_credit),
             buf_size: self.size("srq-size", d.buf_size as usize) as u32,
             low_water: receives / 4,
             reserve: self.get("srq-reserve", receives / 16),
@@ -131,7 +132,7 @@ impl Args {
     }
 
     /// The value flags [`Args::srq`] reads (`srq` itself is a switch).
-    pub const SRQ: [&'static str; 4] = ["srq-receives", "srq-credit", "srq-size", "srq-reserve"];
+    pub const SRQ: [&'static str; 5] = ["srq-receives", "srq-credit", "srq-max-credit", "srq-size", "srq-reserve"];
 
     /// `--marks N,N,...`: live-connection counts at which a server prints a `mark` line.
     pub fn marks(&self) -> Vec<u64> {

@@ -146,6 +146,25 @@ impl Flow {
         self.credits = self.credits.saturating_add(imm.grant);
     }
 
+    /// Receives granted to the peer that no message of its has consumed yet, as far as we know
+    /// (its credits plus its messages in flight): how much room the peer has left.
+    pub fn unused(&self) -> u32 {
+        self.granted
+    }
+
+    /// One more posted receive for the peer, not one its message consumed: a connection on a
+    /// shared receive queue granted more of the queue while it is busy (`reactor/srq.rs`).
+    /// Owed like a receive re-posted after data, so it goes out with the next grant.
+    pub fn grant_more(&mut self) {
+        self.owed_data += 1;
+    }
+
+    /// The receives this side now keeps for the peer changed to `depth` (a connection on a
+    /// shared receive queue whose share grew or shrank): grants are batched for half of it.
+    pub fn resize(&mut self, depth: u32) {
+        self.threshold = (depth / 2).max(1);
+    }
+
     /// A receive was posted again after a message consumed it; `control` when that message
     /// was credit-only.
     pub fn on_repost(&mut self, control: bool) {

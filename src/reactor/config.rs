@@ -62,13 +62,27 @@ impl Timeouts {
 /// of `buf_size` bytes posted on it for every connection of the reactor on that device, so the
 /// registered receive memory does not grow with the number of connections.
 ///
-/// **The credit rule.** Each connection tells its peer `credit` as its receive depth, and each
-/// receive its peer's message consumed is granted back once posted again; a connection is
-/// admitted only while `connections × credit + reserve <= receives`, so a peer that keeps to
-/// its credit never finds the queue empty (no receiver-not-ready NAK). The most connections per
-/// device are therefore `(receives - reserve) / credit`; one beyond is refused with
+/// **The credit rule.** Every receive is granted to at most one connection: each connection
+/// has a share of the queue, and its peer's grants never exceed it, so a peer that keeps to its
+/// credit never finds the queue empty (no receiver-not-ready NAK). A connection starts with a
+/// share of `credit`, which it tells its peer as its receive depth; each receive its peer's
+/// message consumed is granted back once posted again. **Credit follows activity:** while a
+/// connection is busy (its peer has used most of its grants, and sent at least a share's
+/// worth of messages since it last grew: a handshake grows nothing) each receive posted again
+/// for it comes back with one more from the receives no connection holds, up to `max_credit`, as long
+/// as more than an eighth of the queue stays free for connections yet to come; a connection
+/// whose peer leaves half its grants unused gives one back each time its peer sends, down to
+/// `credit` (as does every grown one while fewer than an eighth are free). A connection is
+/// admitted while the free receives cover its `credit`: at most `(receives - reserve) /
+/// credit` per device, all of them at their base. One beyond is refused with
 /// [`RejectCode::NoResources`](crate::RejectCode::NoResources) (a listener's `on_refused`),
-/// or its connect fails (a client) with [`Error::Limit`] naming these settings.
+/// or its connect fails (a client) with [`Error::Limit`] naming these settings. A peer that
+/// went idle after being busy keeps its grown share until it sends again: grants cannot be
+/// taken back, only not renewed. The receives and their memory are fixed when the queue is
+/// created, whatever the number of connections. **A peer may so hold up to `max_credit`
+/// grants, more than the depth the connect information advertised:** a protocol that gives
+/// its peer one slot of application memory per credit (RDMA WRITE with immediate data into a
+/// ring, as `blast --op write` does) sizes the ring for `max_credit`.
 ///
 /// **Flow control is required** on the SRQ: without it nothing stops one peer from consuming
 /// every receive of the queue, which starves every other connection on it. A connect request
@@ -100,9 +114,13 @@ pub struct SrqConfig {
     /// Bytes of each receive buffer: the largest message a connection on the SRQ takes (it is
     /// the message size its connect information states). At most the pool's largest chunk.
     pub buf_size: u32,
-    /// The receive depth each connection advertises and the credit its peer gets (at least 3,
-    /// the flow-control minimum).
+    /// The receive depth each connection advertises and the credit its peer starts with: its
+    /// share of the queue when admitted, and the least it keeps (at least 3, the flow-control
+    /// minimum).
     pub credit: u32,
+    /// The most a busy connection's share grows to (see the type's docs); `credit` or less:
+    /// shares never grow.
+    pub max_credit: u32,
     /// Low-water mark: the SRQ raises its limit event when fewer receives than this are left
     /// posted (a backstop: the runtime refills it every tick); the limit is armed again only
     /// once a refill brought the SRQ back to the mark, so one dip raises one event. Zero: not
@@ -115,10 +133,13 @@ pub struct SrqConfig {
 }
 
 impl Default for SrqConfig {
-    /// 4 096 receives of 4 KiB, a credit of 8, a low-water mark of 1 024 and a reserve of 256:
-    /// 480 connections per device.
+    /// 3 840 receives of 4 KiB, a credit of 3 growing to 32 while busy, a low-water mark of
+    /// 960 and a reserve of 240 (a sixteenth): 1 200 connections per device. The receives take
+    /// fifteen sixteenths of the 16 MiB the pool registers in four of its clusters; the rest
+    /// holds messages handed to handlers (each is replaced on the queue at once), so a burst of
+    /// up to 256 of them in flight registers nothing more.
     fn default() -> Self {
-        SrqConfig { receives: 4096, buf_size: 4096, credit: 8, low_water: 1024, reserve: 256 }
+        SrqConfig { receives: 3840, buf_size: 4096, credit: 3, max_credit: 32, low_water: 960, reserve: 240 }
     }
 }
 
@@ -283,6 +304,9 @@ impl SrqConfig {
         }
         if self.credit > u32::from(u16::MAX) {
             return bad(format!("credit {} does not fit the connect information (at most 65535)", self.credit));
+        }
+        if self.max_credit > u32::from(u16::MAX) {
+            return bad(format!("max credit {} is above 65535", self.max_credit));
         }
         if u64::from(self.receives) < u64::from(self.credit) + u64::from(self.reserve) {
             return bad(format!(

@@ -240,9 +240,9 @@ struct ConnEntry {
     timers: Vec<TimerKey>,
     infos: Infos,
     close_reason: Option<CloseReason>,
-    /// On its device's shared receive queue (`Config::srq`): the credit it was granted there
-    /// (committed on its CQ instead of a receive depth).
-    srq_credit: Option<u32>,
+    /// On its device's shared receive queue (`Config::srq`): its share of the queue, which
+    /// follows its activity (`srq.rs`, `SrqBudget`), instead of a receive depth.
+    srq_share: Option<srq::ConnShare>,
     /// Whose bytes this connection's buffers hold (`sys/pool.rs`): unique in the process.
     mem_owner: u64,
     /// iWARP only: the stream ended (DISCONNECTED) and the queue pair was moved to the error
@@ -276,7 +276,7 @@ impl ConnEntry {
             timers: Vec::new(),
             infos: Infos { local, peer: None, raw_private_data: None, sent: false },
             close_reason: None,
-            srq_credit: None,
+            srq_share: None,
             mem_owner: crate::sys::pool::next_owner(),
             stream_closed: false,
             meter: ConnMeter::default(),
@@ -309,7 +309,7 @@ impl ConnEntry {
     /// The CQs its completions land on: its own (or shared) CQ, and the device whose SRQ's CQ
     /// takes its receives when it is on a shared receive queue (`Core::reap_conn_cqs`).
     fn cqs(&self) -> (Option<CqKey>, Option<usize>) {
-        (self.placed.map(|p| p.cq), self.srq_credit.and(self.placed).map(|p| p.device))
+        (self.placed.map(|p| p.cq), self.srq_share.and(self.placed).map(|p| p.device))
     }
 
     /// True when the connection is draining and nothing is outstanding.
@@ -764,12 +764,14 @@ impl Core {
             .map(|d| (d.pool.registered_bytes() + d.tails.as_ref().map_or(0, Pool::registered_bytes)) as u64)
             .sum();
         let srq_receives = self.devices.iter().filter_map(|d| d.srq.as_ref()).map(|s| s.posted() as u64).sum();
+        let srq_free = self.devices.iter().filter_map(|d| d.srq.as_ref()).map(|s| u64::from(s.budget.free())).sum();
         let buffers_in_use = self.devices.iter().map(|d| d.pool.in_use() as u64).sum();
         Stats {
             registered_bytes: registered,
             buffers_in_use,
             connections: self.conns.len() as u64,
             srq_receives,
+            srq_free,
             timer_entries: self.timers.len() as u64,
             ..self.stats
         }

@@ -66,7 +66,7 @@ impl Core {
             Body::RawSend(r) | Body::RawRecv(r) => r.len as usize,
             Body::SendRegion(s) | Body::RecvRegion(s) | Body::WriteRegion(s, _) => s.len(),
         };
-        if c.srq_credit.is_some() && matches!(op.body, Body::Recv(_) | Body::RawRecv(_) | Body::RecvRegion(_)) {
+        if c.srq_share.is_some() && matches!(op.body, Body::Recv(_) | Body::RawRecv(_) | Body::RecvRegion(_)) {
             let what = format!(
                 "connection {:?} takes its receives from the shared receive queue (Config::srq): \
                  the runtime posts them",

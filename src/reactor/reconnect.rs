@@ -91,7 +91,7 @@ impl Core {
         let device = c.placed.map(|p| p.device);
         let reason = c.close_reason.take().unwrap_or(CloseReason::Local);
         c.placed = None;
-        c.srq_credit = None;
+        c.srq_share = None;
         c.tails = None;
         c.deadline = None;
         c.stall = None;

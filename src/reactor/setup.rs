@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
+use super::srq::ConnShare;
 use super::{
     ConnEntry, ConnectOptions, ConnectRequest, ConnectionHandler, Core, Decision, Endpoint, ListenerEntry,
     ListenerHandler, Placement, Role, TailRing,
@@ -452,7 +453,7 @@ impl Core {
                         Ok(info) => {
                             let local = &c.infos.local;
                             let flow = negotiate(local.flow_control, u32::from(local.recv_depth), info.as_ref());
-                            let unguarded = flow.is_none() && c.srq_credit.is_some();
+                            let unguarded = flow.is_none() && c.srq_share.is_some();
                             c.sq.set_flow(flow);
                             // The initiator speaks first on iWARP: a credit-only message.
                             let rule = c.placed.is_some_and(|p| self.devices[p.device].caps.client_sends_first());
@@ -552,7 +553,7 @@ impl Core {
             return Ok(None);
         }
         // On the shared receive queue the first credit is the connection's credit there.
-        Ok(self.conns.get(t).map(|c| c.srq_credit.unwrap_or(c.rq.outstanding()).min(u32::from(u16::MAX))))
+        Ok(self.conns.get(t).map(|c| c.srq_share.map_or(c.rq.outstanding(), |s| s.receives).min(u32::from(u16::MAX))))
     }
 
     fn conn_param<'a>(&self, private_data: &'a [u8], responder: u8, initiator: u8) -> ConnParam<'a> {
@@ -617,7 +618,7 @@ impl Core {
                     });
                 }
                 let Some(rcq) = self.cqs.get(s.cq).filter(|e| !e.failed).map(|e| e.cq.clone()) else {
-                    s.budget.leave();
+                    s.budget.leave(cfg.credit);
                     return Err(Error::NoDevice("the shared receive queue's CQ failed".into()));
                 };
                 Some((s.srq.clone(), cfg.credit, rcq))
@@ -627,7 +628,7 @@ impl Core {
         let leave_srq = |core: &mut Core| {
             if srq.is_some() {
                 if let Some(s) = core.devices[d].srq.as_mut() {
-                    s.budget.leave();
+                    s.budget.leave(s.budget.credit());
                 }
             }
         };
@@ -677,7 +678,7 @@ impl Core {
                 c.sq.set_capacity(granted.max_send_wr.min(want.max_send_wr));
                 c.rq.set_capacity(granted.max_recv_wr.min(want.max_recv_wr));
                 if let Some((_, credit, _)) = srq {
-                    c.srq_credit = Some(credit);
+                    c.srq_share = Some(ConnShare::new(credit));
                     let qp_num = qp.qp_num();
                     self.devices[d].srq.as_mut().expect("checked above").qps.insert(qp_num, t);
                 }

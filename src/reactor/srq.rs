@@ -17,14 +17,31 @@
 //! (`Stats::srq_limit_events`), and armed again only by the posting that brings the SRQ back
 //! to its mark (armed while below it, it would fire at every receive consumed).
 //!
-//! **The credit rule.** A connection on the SRQ advertises `SrqConfig::credit` as its receive
-//! depth in its connect information; with flow control (`proto/flow.rs`) each SRQ receive a
-//! message of its peer consumed is granted back to that connection once it has been posted
-//! again, so the grants a connection has outstanding never exceed its credit. A connection is
-//! admitted only while `(connections on the SRQ + 1) × credit + reserve <= receives`
-//! ([`SrqBudget`]); one beyond that is refused (a listener's `on_refused` with `NoResources`,
-//! a client's connect fails). So a peer that respects its credit can never find the SRQ empty:
-//! no receiver-not-ready NAK.
+//! **The credit rule.** Each receive of the SRQ is in exactly one place: the reserve, a
+//! connection's share, or free ([`SrqBudget`]). A connection is admitted with a share of
+//! `SrqConfig::credit`, which it advertises as its receive depth in its connect information,
+//! while the free receives cover it; one beyond that is refused (a listener's `on_refused`
+//! with `NoResources`, a client's connect fails). With flow control (`proto/flow.rs`) each SRQ
+//! receive a message of its peer consumed goes back to that connection once it has been
+//! posted again (`post_srq`), so the grants a connection has outstanding never exceed its
+//! share. So a peer that respects its credit can never find the SRQ empty: no
+//! receiver-not-ready NAK.
+//!
+//! **Credit follows activity** (`SrqBudget::on_repost`, at that re-post): a connection whose
+//! peer ran low (all but a quarter of its share consumed and not yet granted back) and sent a
+//! share's worth of messages since it was admitted or last grew (so a handshake grows nothing)
+//! gets the receive back with one more from the free ones (`Flow::grant_more`: owed like any re-posted
+//! receive, it rides the next grant), up to `SrqConfig::max_credit`, while more than an
+//! eighth of the queue is free, and only when no receive waits unposted, so that every free
+//! receive is on the queue. A connection whose peer sent a whole share's worth of messages
+//! without once running low keeps the receive instead of granting it back (its share one
+//! smaller), down to its base, as does every grown one while fewer than an eighth are free.
+//! The share never falls below the base (at least `MIN_DEPTH`), so flow control's guarantee
+//! of progress holds as with a fixed depth. Grants cannot be taken back: a peer that stops
+//! sending keeps its share until it sends again. `Stats::srq_grown`, `srq_shrunk`,
+//! `srq_free`. The rule is unit-tested with a model of the SRQ (connections streaming,
+//! ping-ponging, idle, joining and leaving; at every step no message finds the queue below its
+//! reserve and every receive is in one place).
 //!
 //! **Peers that do not.** Flow control is required (`setup.rs`: a request that does not offer
 //! it is refused with `Unsupported`, a client whose server does not agree is closed before
@@ -86,40 +103,149 @@ use crate::sys::srq::Srq;
 /// How soon receives left unposted for want of pool buffers are tried again.
 const SRQ_REFILL_RETRY: Duration = Duration::from_millis(5);
 
-/// The credit rule's arithmetic, pure: connections admitted to an SRQ of `receives` receives,
-/// each granted `credit`, with `reserve` receives never granted to anyone (what a peer that
-/// breaks its credit consumes before it is closed).
+/// The credit rule's arithmetic, pure: which connections an SRQ of `receives` receives admits,
+/// and how much of it each is granted. Every receive is in exactly one place: the `reserve`
+/// (granted to nobody: what a peer that breaks its credit consumes before it is closed), a
+/// connection's share (granted to its peer, owed to it, or consumed by its peer and waiting to
+/// be posted again), or `free`. So `reserve + free + Σ shares = receives` at every moment,
+/// and a connection's grants never exceed its share.
+///
+/// A connection is admitted with a share of `credit` (the base, at least `MIN_DEPTH`) while
+/// `free` covers it. Its share then follows what its peer needs ([`SrqBudget::on_repost`]):
+/// a peer that ran low (it had used all but a quarter of its grants when one of its receives
+/// came back), having sent a share's worth of messages since the connection was admitted or
+/// last grew, is granted one more from `free`, up to `max_credit`, while more than `keep`
+/// receives are free (room kept for connections yet to come); a connection whose peer sent
+/// a whole share's worth of messages without once running low gives one back, down to the
+/// base, and so does every grown one while fewer than `keep` are free. A share never falls
+/// below the base, so a peer is never left without the credit flow control needs to go on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SrqBudget {
     receives: u32,
     credit: u32,
+    max_credit: u32,
     reserve: u32,
+    keep: u32,
     conns: u32,
+    free: u32,
+}
+
+/// One connection's share of its SRQ ([`SrqBudget`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ConnShare {
+    /// Receives of the SRQ it holds: granted to its peer, owed to it, or consumed and waiting
+    /// to be posted again.
+    pub(crate) receives: u32,
+    /// Its receives posted again since its peer last ran low.
+    quiet: u32,
+    /// Its receives posted again since it was admitted or last grew.
+    since_growth: u32,
+}
+
+impl ConnShare {
+    /// A connection just admitted with `credit`.
+    pub(crate) fn new(credit: u32) -> ConnShare {
+        ConnShare { receives: credit, quiet: 0, since_growth: 0 }
+    }
+}
+
+/// What one of a connection's receives, posted again, does to its share ([`SrqBudget::on_repost`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Share {
+    /// Granted back to the connection: its share stays.
+    Return,
+    /// Granted back with one more from the free receives: its share grew by one.
+    Grow,
+    /// Not granted back: it is free now, and the connection's share one smaller.
+    Shrink,
 }
 
 impl SrqBudget {
-    pub(crate) fn new(receives: u32, credit: u32, reserve: u32) -> SrqBudget {
-        SrqBudget { receives, credit: credit.max(1), reserve, conns: 0 }
+    /// An SRQ of `receives`, connections starting at `credit` and growing to `max_credit`,
+    /// `reserve` granted to nobody.
+    pub(crate) fn new(receives: u32, credit: u32, max_credit: u32, reserve: u32) -> SrqBudget {
+        let credit = credit.max(1);
+        SrqBudget {
+            receives,
+            credit,
+            max_credit: max_credit.max(credit),
+            reserve,
+            keep: receives / KEEP_FREE_DIVISOR,
+            conns: 0,
+            free: receives.saturating_sub(reserve),
+        }
     }
 
-    /// Admits one more connection if `(conns + 1) × credit + reserve <= receives`.
+    /// Admits one more connection with a share of `credit`, if the free receives cover it.
     pub(crate) fn admit(&mut self) -> bool {
-        let need = (u64::from(self.conns) + 1) * u64::from(self.credit) + u64::from(self.reserve);
-        let fits = need <= u64::from(self.receives);
+        let fits = self.free >= self.credit;
         if fits {
+            self.free -= self.credit;
             self.conns += 1;
         }
         fits
     }
 
-    /// A connection left.
-    pub(crate) fn leave(&mut self) {
+    /// A connection holding `share` receives left: they are free again.
+    pub(crate) fn leave(&mut self, share: u32) {
         self.conns = self.conns.saturating_sub(1);
+        self.free = self.free.saturating_add(share).min(self.receives.saturating_sub(self.reserve));
     }
 
-    /// The most connections the SRQ admits.
+    /// The most connections the SRQ admits (each at its base credit).
     pub(crate) fn max_conns(&self) -> u32 {
         self.receives.saturating_sub(self.reserve) / self.credit
+    }
+
+    /// The base credit: what a connection is admitted with and advertises.
+    pub(crate) fn credit(&self) -> u32 {
+        self.credit
+    }
+
+    /// Receives in no connection's share and not in the reserve.
+    pub(crate) fn free(&self) -> u32 {
+        self.free
+    }
+
+    /// One of a connection's receives, consumed by its peer, has been posted again: whether it
+    /// goes back to the connection, with one more, or to the free receives. `share` is the
+    /// connection's (updated here); `held` what its peer holds or is about to: its grants not
+    /// yet consumed, messages in flight included, plus the receives owed to it, this one not
+    /// counted ([`Flow::unused`](crate::proto::flow::Flow::unused) +
+    /// [`Flow::owed`](crate::proto::flow::Flow::owed)); `all_posted`: no receive of the SRQ
+    /// waits to be posted, so every free one is on the queue and may be granted.
+    ///
+    /// The peer ran low when `held` is at most a quarter of the share (at least 1): a peer that
+    /// spent all it could (it keeps one credit back) is at 1 when the first receive of its
+    /// burst comes back; a ping-pong peer is at `share - 1`. It grows only if it also sent a
+    /// whole share's worth of messages since it was admitted or last grew: a connection's
+    /// first few messages (a handshake, a credit-only message beside it) grow nothing, else
+    /// thousands of connections that each said hello once would hold the free receives.
+    pub(crate) fn on_repost(&mut self, share: &mut ConnShare, held: u32, all_posted: bool) -> Share {
+        let s = share.receives;
+        let ran_low = held <= (s / 4).max(1);
+        share.since_growth = share.since_growth.saturating_add(1);
+        if ran_low {
+            share.quiet = 0;
+        } else {
+            share.quiet = share.quiet.saturating_add(1);
+        }
+        // A whole share's worth without running low, not less: a peer held back by its credit
+        // runs low once per burst (the first of its receives to come back), and the rest of the
+        // burst's receives come back with more and more owed to it.
+        if s > self.credit && (share.quiet >= s || self.free < self.keep) {
+            share.receives -= 1;
+            share.quiet = 0;
+            self.free += 1;
+            return Share::Shrink;
+        }
+        if ran_low && share.since_growth >= s && all_posted && s < self.max_credit && self.free > self.keep {
+            share.receives += 1;
+            share.since_growth = 0;
+            self.free -= 1;
+            return Share::Grow;
+        }
+        Share::Return
     }
 
     /// Connections admitted now.
@@ -128,6 +254,10 @@ impl SrqBudget {
         self.conns
     }
 }
+
+/// Shares grow only while more than `receives / KEEP_FREE_DIVISOR` receives are free: room kept
+/// for connections yet to come (a grown share comes back only as its peer sends).
+const KEEP_FREE_DIVISOR: u32 = 8;
 
 /// A receive to post (again): its buffer (none: allocate a fresh one), and the connection
 /// whose credit it returns once posted, with whether a credit-only message consumed it.
@@ -241,7 +371,7 @@ impl Core {
             cq,
             slots: GenSlab::new(),
             repost,
-            budget: SrqBudget::new(cfg.receives, cfg.credit, cfg.reserve),
+            budget: SrqBudget::new(cfg.receives, cfg.credit, cfg.max_credit, cfg.reserve),
             qps: QpMap::default(),
             buf_size: cfg.buf_size as usize,
             low_water: cfg.low_water,
@@ -346,14 +476,33 @@ impl Core {
             }
             s.failed = true;
         }
+        // Each receive goes back to the connection whose peer consumed it, with one more if
+        // it is busy, or to the free receives (`SrqBudget::on_repost`). Growth only while no
+        // receive waits unposted: then every free receive is on the queue.
+        let all_posted = s.repost.is_empty();
+        let mut dirty: SmallVec<[ConnKey; 16]> = SmallVec::new();
         for (t, control) in owners[..n].iter().flatten().copied() {
             let Some(c) = self.conns.get_mut(t) else { continue };
-            if let Some(flow) = c.sq.flow_mut() {
-                flow.on_repost(control);
-                if flow.wants_control() {
-                    self.mark_dirty(t);
+            let (Some(share), Some(flow)) = (c.srq_share.as_mut(), c.sq.flow_mut()) else { continue };
+            match s.budget.on_repost(share, flow.unused() + flow.owed(), all_posted) {
+                Share::Return => flow.on_repost(control),
+                Share::Grow => {
+                    flow.on_repost(control);
+                    flow.grant_more();
+                    flow.resize(share.receives);
+                    self.stats.srq_grown += 1;
+                }
+                Share::Shrink => {
+                    flow.resize(share.receives);
+                    self.stats.srq_shrunk += 1;
                 }
             }
+            if flow.wants_control() {
+                dirty.push(t);
+            }
+        }
+        for t in dirty {
+            self.mark_dirty(t);
         }
         if let Err(e) = r {
             let errno = e.error.raw_os_error().unwrap_or(0);
@@ -497,7 +646,10 @@ impl Core {
 
 #[cfg(test)]
 mod tests {
-    use super::{QpMap, SrqBudget};
+    use std::collections::VecDeque;
+
+    use super::{ConnShare, QpMap, Share, SrqBudget};
+    use crate::proto::flow::{Flow, Imm, MIN_DEPTH};
     use crate::proto::token::{ConnKey, GenSlab};
 
     #[test]
@@ -524,50 +676,420 @@ mod tests {
 
     #[test]
     fn the_credit_rule_admits_exactly_what_the_receives_cover() {
-        let mut b = SrqBudget::new(8, 3, 0);
+        let mut b = SrqBudget::new(8, 3, 3, 0);
         assert_eq!(b.max_conns(), 2);
         assert!(b.admit());
         assert!(b.admit());
         assert!(!b.admit(), "a third connection would need 9 receives of 8");
         assert_eq!(b.conns(), 2);
-        b.leave();
+        b.leave(3);
         assert!(b.admit(), "room again after one left");
-        b.leave();
-        b.leave();
-        b.leave();
+        b.leave(3);
+        b.leave(3);
+        b.leave(3);
         assert_eq!(b.conns(), 0, "leaving never underflows");
+        assert_eq!(b.free(), 8, "nor frees more than there is");
     }
 
     #[test]
     fn the_credit_rule_does_not_overflow() {
-        let mut b = SrqBudget::new(u32::MAX, u32::MAX, 0);
+        let mut b = SrqBudget::new(u32::MAX, u32::MAX, u32::MAX, 0);
         assert!(b.admit());
-        assert!(!b.admit(), "2 × u32::MAX is computed in 64 bits");
-        let mut z = SrqBudget::new(10, 0, 0);
+        assert!(!b.admit());
+        let mut z = SrqBudget::new(10, 0, 0, 0);
         assert_eq!(z.max_conns(), 10, "a zero credit counts as one (Config::validate refuses it)");
         assert!(z.admit());
     }
 
-    /// Finding 2 of the hostile review: the reserve is never granted to a connection.
+    /// Finding 2 of the hostile review: the reserve is never granted to a connection, not even
+    /// to a busy one growing.
     #[test]
     fn the_reserve_is_granted_to_no_connection() {
-        let mut b = SrqBudget::new(80, 4, 64);
+        let mut b = SrqBudget::new(80, 4, 4, 64);
         assert_eq!(b.max_conns(), 4);
         for _ in 0..4 {
             assert!(b.admit());
         }
         assert!(!b.admit(), "a fifth connection would take the reserve");
-        assert_eq!(SrqBudget::new(60, 4, 64).max_conns(), 0, "a reserve above the receives admits nothing");
-        assert!(!SrqBudget::new(60, 4, 64).admit());
+        assert_eq!(SrqBudget::new(60, 4, 4, 64).max_conns(), 0, "a reserve above the receives admits nothing");
+        assert!(!SrqBudget::new(60, 4, 4, 64).admit());
+        let mut g = SrqBudget::new(80, 4, 1000, 64);
+        assert!(g.admit());
+        let mut share = ConnShare::new(4);
+        for _ in 0..10_000 {
+            g.on_repost(&mut share, 0, true);
+        }
+        assert_eq!(share.receives + g.free() + 64, 80, "grown into the free receives only");
+        assert!(g.free() <= 80 / 8 + 1, "and no further than the room kept for newcomers");
     }
 
     /// 5 000 connections of credit 3 on 15 360 receives: every one admitted, the 5 121st not.
     #[test]
     fn five_thousand_connections_fit_their_receives() {
-        let mut b = SrqBudget::new(15_360, 3, 0);
+        let mut b = SrqBudget::new(15_360, 3, 32, 0);
         for _ in 0..5_120 {
             assert!(b.admit());
         }
         assert!(!b.admit());
+    }
+
+    /// The defaults (`SrqConfig::default`): 1 200 connections at their base credit.
+    #[test]
+    fn the_defaults_admit_1200_connections() {
+        let d = crate::SrqConfig::default();
+        let mut b = SrqBudget::new(d.receives, d.credit, d.max_credit, d.reserve);
+        assert_eq!(b.max_conns(), 1200);
+        for _ in 0..1200 {
+            assert!(b.admit());
+        }
+        assert!(!b.admit());
+    }
+
+    #[test]
+    fn a_peer_that_runs_low_grows_its_share_and_one_that_does_not_gives_it_back() {
+        let mut b = SrqBudget::new(1024, 3, 32, 0);
+        assert!(b.admit());
+        let mut share = ConnShare::new(3);
+        assert_eq!(b.on_repost(&mut share, 1, true), Share::Return, "low, but its first message: a hello");
+        assert_eq!(b.on_repost(&mut share, 2, true), Share::Return, "two of three unused: not low");
+        assert_eq!(b.on_repost(&mut share, 1, false), Share::Return, "low, but a receive waits unposted");
+        for want in 4..=32 {
+            // A share's worth of messages, running low, for each receive more (the first: the
+            // three above were a share's worth already).
+            for _ in 0..if want == 4 { 0 } else { want - 2 } {
+                assert_eq!(b.on_repost(&mut share, 1, true), Share::Return);
+            }
+            assert_eq!(b.on_repost(&mut share, 1, true), Share::Grow);
+            assert_eq!(share.receives, want);
+        }
+        assert_eq!(b.on_repost(&mut share, 1, true), Share::Return, "at max_credit");
+        assert_eq!(b.free(), 1024 - 32);
+        // A stream that runs low once per share's worth of messages keeps its share.
+        for _ in 0..100 {
+            for _ in 0..31 {
+                assert_eq!(b.on_repost(&mut share, 20, true), Share::Return);
+            }
+            assert_eq!(b.on_repost(&mut share, 8, true), Share::Return, "low (a quarter left)");
+        }
+        // Its peer now never runs low (a ping-pong): one back per share's worth of messages.
+        let mut messages = 0;
+        while share.receives > 3 {
+            let before = share.receives;
+            let got = b.on_repost(&mut share, before - 1, true);
+            messages += 1;
+            assert!(got == Share::Return || (got == Share::Shrink && share.receives == before - 1));
+        }
+        assert_eq!(messages, (4..=32).sum::<u32>(), "a share's worth of messages per receive given back");
+        for _ in 0..100 {
+            assert_eq!(b.on_repost(&mut share, 2, true), Share::Return, "never below the base");
+        }
+        assert_eq!(b.free(), 1024 - 3);
+    }
+
+    #[test]
+    fn growth_stops_and_shares_shrink_when_newcomers_need_the_room() {
+        // 1 024 receives keep 128 free for newcomers.
+        let mut b = SrqBudget::new(1024, 3, 64, 0);
+        assert!(b.admit());
+        let mut busy = ConnShare::new(3);
+        for _ in 0..10_000 {
+            b.on_repost(&mut busy, 0, true);
+        }
+        assert_eq!(busy.receives, 64);
+        let mut n = 1;
+        while b.free() >= 3 + 128 {
+            assert!(b.admit());
+            n += 1;
+        }
+        assert_eq!(b.on_repost(&mut busy, 0, true), Share::Return, "at the room kept: no growth");
+        while b.admit() {
+            n += 1;
+        }
+        assert!(b.free() < 3, "admitted down to the last receive");
+        assert_eq!(b.on_repost(&mut busy, 0, true), Share::Shrink, "few free: even a busy one gives back");
+        for _ in 0..60 {
+            b.on_repost(&mut busy, 0, true);
+        }
+        assert_eq!(busy.receives, 3);
+        while b.admit() {
+            n += 1;
+        }
+        assert_eq!(n, 1024 / 3, "every connection the receives cover, once the busy one is back at its base");
+    }
+
+    /// A model of the shared receive queue on the host, as `Flow`'s is: connections of four
+    /// kinds (streaming, ping-pong, streaming then ping-pong, idle) on one SRQ, the server's
+    /// side of each with its `Flow` and share, the client's with its own receives; messages
+    /// land (consuming a receive of the SRQ), are reaped, and their receives posted again
+    /// (granted back, grown or shrunk by `SrqBudget::on_repost`) in random order; idle
+    /// connections join and leave. At every step: no message lands on an SRQ without a
+    /// receive beyond the reserve (no RNR, the reserve untouched), no peer sends beyond its
+    /// credit, every receive is in exactly one place (`reserve + free + shares = receives`),
+    /// each share is its peer's unused grants plus what is owed plus what waits to be posted,
+    /// and within `credit..=max_credit`. At the end: every message delivered, the streams grew,
+    /// and the connections that turned to ping-pong are back at the base.
+    fn simulate_srq(receives: u32, credit: u32, max_credit: u32, reserve: u32, seed: u64) {
+        #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+        enum Kind {
+            Stream,
+            PingPong,
+            StreamThenPingPong,
+            Idle,
+        }
+        struct C {
+            kind: Kind,
+            server: Flow,
+            client: Flow,
+            share: ConnShare,
+            peak: u32,
+            /// Messages the client still sends in its streaming phase, then in ping-pong.
+            stream: u32,
+            pings: u32,
+            awaiting: bool,
+            replies: u32,
+            wire: VecDeque<Imm>,
+            unreaped: VecDeque<Imm>,
+            queued: u32,
+            delivered: u32,
+            expected: u32,
+            gone: bool,
+        }
+        const CLIENT_DEPTH: u32 = 64;
+        let new_conn = |kind: Kind, stream: u32, pings: u32| C {
+            kind,
+            server: Flow::new(CLIENT_DEPTH, credit),
+            client: Flow::new(credit, CLIENT_DEPTH),
+            share: ConnShare::new(credit),
+            peak: credit,
+            stream,
+            pings,
+            awaiting: false,
+            replies: 0,
+            wire: VecDeque::new(),
+            unreaped: VecDeque::new(),
+            queued: 0,
+            delivered: 0,
+            expected: stream + pings,
+            gone: false,
+        };
+        let mut b = SrqBudget::new(receives, credit, max_credit, reserve);
+        let mut conns: Vec<C> = Vec::new();
+        for (kind, stream, pings) in [
+            (Kind::Stream, 1500, 0),
+            (Kind::Stream, 1000, 0),
+            (Kind::PingPong, 0, 300),
+            (Kind::StreamThenPingPong, 1000, 700),
+            (Kind::StreamThenPingPong, 500, 800),
+            (Kind::Idle, 0, 0),
+        ] {
+            assert!(b.admit(), "the first connections fit");
+            conns.push(new_conn(kind, stream, pings));
+        }
+        let mut posted = receives;
+        // Receives reaped and waiting to be posted again, in order: (connection, control).
+        let mut repost: VecDeque<(usize, bool)> = VecDeque::new();
+        let mut rng = seed | 1;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let (mut grown, mut shrunk, mut idle_rounds) = (0u32, 0u32, 0u32);
+        for _step in 0..2_000_000 {
+            let r = next();
+            let i = (r >> 16) as usize % conns.len();
+            let mut progressed = false;
+            match r % 6 {
+                // The client sends data (a stream, or a ping when no reply is awaited), or a
+                // credit-only message.
+                0 => {
+                    let c = &mut conns[i];
+                    if !c.gone {
+                        let ping = c.stream == 0 && c.pings > 0 && !c.awaiting;
+                        if (c.stream > 0 || ping) && c.client.can_send_data() {
+                            let imm = c.client.send_data();
+                            if c.stream > 0 {
+                                c.stream -= 1;
+                            } else {
+                                c.pings -= 1;
+                                c.awaiting = true;
+                            }
+                            c.wire.push_back(imm);
+                            progressed = true;
+                        } else if c.client.wants_control() {
+                            let imm = c.client.send_control();
+                            c.wire.push_back(imm);
+                            progressed = true;
+                        }
+                    }
+                }
+                // A message lands: the device takes a receive of the SRQ.
+                1 => {
+                    if let Some(imm) = conns[i].wire.pop_front() {
+                        assert!(posted > reserve, "RNR or the reserve taken: a message landed with {posted} posted");
+                        posted -= 1;
+                        conns[i].unreaped.push_back(imm);
+                        progressed = true;
+                    }
+                }
+                // The server reaps one.
+                2 => {
+                    let c = &mut conns[i];
+                    if let Some(imm) = c.unreaped.pop_front() {
+                        assert!(!c.server.exhausted(), "a peer keeping to its credit overdrew it");
+                        c.server.on_receive(imm);
+                        c.queued += 1;
+                        repost.push_back((i, imm.control));
+                        if !imm.control {
+                            c.delivered += 1;
+                            if c.awaiting {
+                                c.replies += 1;
+                            }
+                        }
+                        progressed = true;
+                    }
+                }
+                // The tick's posting: every waiting receive, or (a pool short of buffers) some.
+                3 => {
+                    if !repost.is_empty() {
+                        let n = if next() % 4 == 0 { 1 + next() as usize % repost.len() } else { repost.len() };
+                        let batch: Vec<(usize, bool)> = repost.drain(..n).collect();
+                        let all_posted = repost.is_empty();
+                        for (j, control) in batch {
+                            posted += 1;
+                            let c = &mut conns[j];
+                            c.queued -= 1;
+                            let held = c.server.unused() + c.server.owed();
+                            match b.on_repost(&mut c.share, held, all_posted) {
+                                Share::Return => c.server.on_repost(control),
+                                Share::Grow => {
+                                    c.server.on_repost(control);
+                                    c.server.grant_more();
+                                    c.server.resize(c.share.receives);
+                                    grown += 1;
+                                }
+                                Share::Shrink => {
+                                    c.server.resize(c.share.receives);
+                                    shrunk += 1;
+                                }
+                            }
+                            c.peak = c.peak.max(c.share.receives);
+                        }
+                        progressed = true;
+                    }
+                }
+                // The server answers a ping (its grants ride on it), or sends a credit-only
+                // message; the client's own receives are always posted again at once.
+                4 => {
+                    let c = &mut conns[i];
+                    if c.replies > 0 && c.server.can_send_data() {
+                        let imm = c.server.send_data();
+                        c.replies -= 1;
+                        c.awaiting = false;
+                        c.client.on_receive(imm);
+                        c.client.on_repost(false);
+                        progressed = true;
+                    } else if c.server.wants_control() {
+                        let imm = c.server.send_control();
+                        c.client.on_receive(imm);
+                        c.client.on_repost(true);
+                        progressed = true;
+                    }
+                }
+                // Now and then an idle connection joins, or a quiet idle one leaves.
+                _ => {
+                    if next() % 64 == 0 {
+                        let idle = conns.iter().filter(|c| c.kind == Kind::Idle && !c.gone).count();
+                        if next() % 2 == 0 && idle < 24 {
+                            if b.admit() {
+                                // In the place of one that left (nothing of it is queued), so the
+                                // list stays short.
+                                match conns.iter().position(|c| c.gone) {
+                                    Some(k) => conns[k] = new_conn(Kind::Idle, 0, 0),
+                                    None => conns.push(new_conn(Kind::Idle, 0, 0)),
+                                }
+                            }
+                        } else if let Some(c) = conns.iter_mut().find(|c| {
+                            c.kind == Kind::Idle
+                                && !c.gone
+                                && c.wire.is_empty()
+                                && c.unreaped.is_empty()
+                                && c.queued == 0
+                        }) {
+                            c.gone = true;
+                            b.leave(c.share.receives);
+                        }
+                    }
+                }
+            }
+            let held: u32 = conns.iter().filter(|c| !c.gone).map(|c| c.share.receives).sum();
+            assert_eq!(reserve + b.free() + held, receives, "every receive in exactly one place");
+            for c in conns.iter().filter(|c| !c.gone) {
+                let share = c.share.receives;
+                assert_eq!(share, c.server.unused() + c.server.owed() + c.queued, "{:?}'s share", c.kind);
+                assert!((credit..=max_credit.max(credit)).contains(&share), "{:?}'s share {share}", c.kind);
+            }
+            idle_rounds = if progressed { 0 } else { idle_rounds + 1 };
+            if idle_rounds > 20_000 {
+                break;
+            }
+        }
+        for c in &conns {
+            assert_eq!(
+                c.delivered,
+                c.expected,
+                "{:?}: every message delivered (SRQ {receives}/{credit}/{max_credit}/{reserve}: share {}, server's peer unused {} owed {}, client's credits {} unused {} owed {}, free {}; wire {} unreaped {} queued {} stream {} pings {} awaiting {} replies {}; idle rounds {idle_rounds})",
+                c.kind,
+                c.share.receives,
+                c.server.unused(),
+                c.server.owed(),
+                c.client.credits(),
+                c.client.unused(),
+                c.client.owed(),
+                b.free(),
+                c.wire.len(),
+                c.unreaped.len(),
+                c.queued,
+                c.stream,
+                c.pings,
+                c.awaiting,
+                c.replies
+            );
+            assert!(c.wire.is_empty() && c.unreaped.is_empty() && c.queued == 0, "quiescent");
+        }
+        assert!(repost.is_empty());
+        if max_credit > credit {
+            assert!(grown > 0 && shrunk > 0, "grew {grown}, shrank {shrunk}");
+            for c in conns.iter().filter(|c| c.kind == Kind::Stream) {
+                assert!(c.peak > credit, "a stream of {} grew (peak {})", c.expected, c.peak);
+            }
+            for c in conns.iter().filter(|c| matches!(c.kind, Kind::StreamThenPingPong | Kind::PingPong)) {
+                assert_eq!(c.share.receives, credit, "{:?} is back at the base after its ping-pong (peak {}, SRQ {receives}/{credit}/{max_credit}/{reserve}, quiet {})", c.kind, c.peak, c.share.quiet);
+            }
+        }
+    }
+
+    #[test]
+    fn srq_credit_follows_activity_no_rnr_no_loss() {
+        let mut seed = 0x5eed_0f5a_5000_0001u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed
+        };
+        // Roomy, tight (growth stops near the kept room), with a reserve, static shares, and
+        // the defaults.
+        for (receives, credit, max_credit, reserve) in [
+            (1024, 3, 32, 0),
+            (256, 3, 32, 16),
+            (64, 3, 16, 8),
+            (48, MIN_DEPTH, 8, 4),
+            (96, 4, 4, 0),
+            (4096, 3, 32, 256),
+        ] {
+            for _ in 0..3 {
+                simulate_srq(receives, credit, max_credit, reserve, next());
+            }
+        }
     }
 }

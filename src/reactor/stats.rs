@@ -143,6 +143,15 @@ pub struct Stats {
     pub srq_overdrawn: u64,
     /// Receives posted to shared receive queues now (a gauge).
     pub srq_receives: u64,
+    /// Receives of shared receive queues granted to busy connections beyond their base credit
+    /// (`SrqConfig::max_credit`): each one grew a connection's share by one.
+    pub srq_grown: u64,
+    /// Receives of shared receive queues given back by connections whose peers left them
+    /// unused (or, when few are free, by any grown connection): each one shrank a share by one.
+    pub srq_shrunk: u64,
+    /// Receives of shared receive queues in no connection's share and not in the reserve now
+    /// (a gauge): what admits new connections and what busy ones grow into.
+    pub srq_free: u64,
     /// Connections the device ended for a request of the peer's
     /// ([`CloseReason::PeerViolation`](crate::CloseReason::PeerViolation)): a remote access
     /// violation, most often.
@@ -170,8 +179,9 @@ impl Stats {
                 rejected, established, closed, reconnects, reconnected, async_events, stale_async_events, shared_async_events,
                 devices_lost, devices_released, keepalives, credit_stalls, handed_off, handoffs_received,
                 handoffs_failed, timer_compactions, srq_posted, srq_post_calls, srq_consumed, srq_stale,
-                srq_limit_events, srq_refused, srq_overdrawn, peer_violations;
+                srq_limit_events, srq_refused, srq_overdrawn, srq_grown, srq_shrunk, peer_violations;
             gauges: cq_peak_reserved, connections, timer_entries, registered_bytes, buffers_in_use, srq_receives,
+                srq_free,
         )
     }
 }

@@ -87,6 +87,7 @@ impl Core {
         let (cq, on_srq) = c.cqs();
         let recv_room = c.placed.map_or(0, |p| p.recv_room);
         let qp_num = c.ep.qp().map(|q| q.qp_num());
+        let share = c.srq_share.map_or(0, |s| s.receives);
         c.windows.release();
         drop(std::mem::replace(&mut c.ep, Endpoint::None));
         self.reap_conn_cqs(cq, on_srq);
@@ -95,7 +96,7 @@ impl Core {
             if let Some(n) = qp_num {
                 s.qps.remove(n);
             }
-            s.budget.leave();
+            s.budget.leave(share);
         }
         // A client with a reconnect policy may try again instead (`reconnect.rs`); asked after
         // the reap above, whose completions may have made its handler close it.
