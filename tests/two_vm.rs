@@ -15,7 +15,7 @@
 
 mod util;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::rc::Rc;
@@ -82,6 +82,9 @@ struct Watch {
     corrupt: u64,
     /// Closed connections: which side, messages it moved, why it ended, when.
     closed: Vec<Closed>,
+    /// Credit-only messages the streams that finished their count had received (flow control
+    /// at work).
+    credit_messages: u64,
 }
 
 struct Closed {
@@ -152,11 +155,23 @@ struct Stream {
     submitted: u64,
     completed: u64,
     error: Option<String>,
+    /// Receives it keeps posted: 0, or at least 3 to take part in flow control (the peer's
+    /// credit-only messages consume them; the runtime posts those again).
+    recvs: u32,
+    /// When set: at its count it waits for this to become true before it closes (the peer's
+    /// word that everything arrived), looking every 20 ms.
+    hold: Option<Rc<Cell<bool>>>,
 }
 
 impl Stream {
     fn new(shared: &Shared, limit: u64) -> Self {
-        Stream { shared: shared.clone(), limit, submitted: 0, completed: 0, error: None }
+        Stream { shared: shared.clone(), limit, submitted: 0, completed: 0, error: None, recvs: 0, hold: None }
+    }
+
+    /// A stream under flow control: it keeps 4 receives posted, as flow control needs (each
+    /// side at least 3), in a reactor that offers it.
+    fn flow_controlled(shared: &Shared, limit: u64) -> Self {
+        Stream { recvs: 4, ..Stream::new(shared, limit) }
     }
 
     fn pump(&mut self, conn: &mut Conn<'_>) {
@@ -172,6 +187,13 @@ impl Stream {
 }
 
 impl ConnectionHandler for Stream {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        for _ in 0..self.recvs {
+            let buf = conn.alloc(64).expect("receive buffer");
+            conn.submit(Op::recv(buf)).expect("post receive");
+        }
+    }
+
     fn on_established(&mut self, conn: &mut Conn<'_>) {
         log("sending connection established");
         self.pump(conn);
@@ -183,6 +205,10 @@ impl ConnectionHandler for Stream {
                 self.completed += 1;
                 self.shared.borrow_mut().sent += 1;
                 if self.completed == self.limit {
+                    self.shared.borrow_mut().credit_messages += conn.metrics().credit_messages_received;
+                    if self.hold.is_some() {
+                        return self.on_timer(conn, 0);
+                    }
                     return conn.close();
                 }
                 self.pump(conn);
@@ -192,6 +218,13 @@ impl ConnectionHandler for Stream {
                 self.error.get_or_insert(format!("{op:?} failed: {e}"));
             }
             (_, Ok(_)) => {}
+        }
+    }
+
+    fn on_timer(&mut self, conn: &mut Conn<'_>, _user_data: u64) {
+        let released = self.hold.as_ref().is_some_and(|h| h.get());
+        if released || conn.ctx().set_timer(Duration::from_millis(20), 0).is_err() {
+            conn.close();
         }
     }
 
@@ -441,20 +474,30 @@ fn link_down_up_busy_fails_new_works() {
 /// A's connection closes during its outage, B's busy one after the link is back, and a new
 /// connection afterwards carries its 64 messages, every byte as sent.
 ///
-/// Flow control is on here. Without it the stream is paced by [`WINDOW`] completions, and
+/// The new connection runs with flow control (B makes it from a second reactor that offers
+/// it, and its stream keeps 4 receives posted, as flow control needs of each side; A offers
+/// it to both). Without it the stream is paced by [`WINDOW`] completions, and
 /// Soft-iWARP completes a SEND once TCP has taken it, not once it was received: the stream can
 /// run any distance ahead of the receives the sink has posted again, and a SEND that finds
 /// none ends the connection (no RNR retry on iWARP: the receiving device terminates the stream,
 /// and the sink sees a close like a peer's, short of the 64; FAULTS.md, "a send ... without
-/// credit"). That was this test's failure in a CI run of stop 27: 60 of 64 received, every
-/// send completed. On RoCE the same overrun is an RNR NAK, retried. Credits bound it on both.
-/// The busy connection still ends as asserted: siw closes the stream from A's side, whatever
-/// B waits for.
+/// credit"). That was this test's failure in a run of stop 27: 60 of 64 received, every send
+/// completed. On RoCE the same overrun is an RNR NAK, retried.
+///
+/// And the new connection closes only once A said it has all 64. Under flow control, closing
+/// right after the 64th SEND completed still lost the last message in 1 run of 4 (63 of 64,
+/// stop 28): on iWARP a completed SEND may still be in the sender's TCP send buffer when the
+/// close begins, and it did not reach the receiver (FAULTS.md, iWARP, "a close right after the
+/// last SEND completed"). An application that must know its messages arrived waits for its
+/// peer's word, as here. The busy connection is made as before, without flow control. (A first attempt only made both reactors offer flow control;
+/// with no receives posted by the streams it never applied, three runs passed all the same,
+/// and in the next CI run B's busy connection met A's reset within a second of the outage,
+/// `LocQpOpErr`, which this test had never seen: not understood, left as it was.)
 fn link_down_up_iwarp(vm: &Vm) {
     let port = 7482;
     let w = Shared::default();
-    let mut r = reactor_with(retry_count(), true);
     if vm.name == "A" {
+        let mut r = reactor_with(retry_count(), true);
         r.listen(SocketAddr::new(vm.me, port), Sink(w.clone())).expect("listen");
         signal("ldu.listening");
         assert!(wait_serving(&mut r, "ldu.down", Duration::from_secs(60)), "B's stream did not start");
@@ -465,6 +508,12 @@ fn link_down_up_iwarp(vm: &Vm) {
         link(vm, "up");
         assert!(serve_until_active(&mut r), "siw0 did not come back ACTIVE within 30 s of the link coming up");
         signal("ldu.up");
+        // The new connection's 64 messages, then B may close it (see the doc comment).
+        let received_before = w.borrow().received;
+        let got = run_until(&mut r, Duration::from_secs(120), || w.borrow().received >= received_before + 64);
+        if got {
+            signal("ldu.got");
+        }
         let done = wait_serving(&mut r, "ldu.done", Duration::from_secs(120));
         run_until(&mut r, Duration::from_secs(5), || w.borrow().closed.len() >= 2);
         let w = w.borrow();
@@ -485,6 +534,8 @@ fn link_down_up_iwarp(vm: &Vm) {
         return;
     }
     wait("ldu.listening", Duration::from_secs(60));
+    // B's busy connection without flow control, its new one with it (see above).
+    let mut r = reactor(retry_count());
     r.connect(SocketAddr::new(vm.peer, port), ConnectOptions::default(), Stream::new(&w, u64::MAX)).expect("connect");
     assert!(run_until(&mut r, Duration::from_secs(30), || w.borrow().sent >= 32), "the stream did not start");
     let t0 = Instant::now();
@@ -497,9 +548,18 @@ fn link_down_up_iwarp(vm: &Vm) {
     let after_up = t_up.elapsed();
     assert!(came_back, "A's link did not come back");
     let before = w.borrow().closed.len();
-    r.connect(SocketAddr::new(vm.peer, port), ConnectOptions::default(), Stream::new(&w, 64)).expect("connect again");
-    let second_done = run_until(&mut r, Duration::from_secs(60), || w.borrow().closed.len() > before);
+    let mut r = reactor_with(retry_count(), true);
+    let release = Rc::new(Cell::new(false));
+    let again = Stream { hold: Some(release.clone()), ..Stream::flow_controlled(&w, 64) };
+    r.connect(SocketAddr::new(vm.peer, port), ConnectOptions::default(), again).expect("connect again");
+    // Its 64 SENDs completed, it closes once A says it has them all (see the doc comment).
+    let sent_before = w.borrow().sent;
+    run_until(&mut r, Duration::from_secs(60), || w.borrow().sent >= sent_before + 64);
+    let got = wait_serving(&mut r, "ldu.got", Duration::from_secs(60));
+    release.set(true);
+    let second_done = run_until(&mut r, Duration::from_secs(30), || w.borrow().closed.len() > before);
     signal("ldu.done");
+    assert!(got, "A did not say it had the new connection's 64 messages");
     assert_eq!(closed_before_up, 0, "B's busy connection ended while A's link was down, across it: {first}");
     assert!(ended, "B's busy connection did not end within {NOTICE:?} of A's link coming back");
     println!("RESULT B's busy connection ended {} after A's link came back: {first}", secs(after_up));
@@ -507,7 +567,11 @@ fn link_down_up_iwarp(vm: &Vm) {
     let w = w.borrow();
     let second = &w.closed[before];
     assert!(second.clean && second.messages == 64, "the new connection: {} messages, {}", second.messages, second.why);
-    println!("RESULT a new connection after the link came up: 64 messages of {SIZE} bytes, {}", second.why);
+    assert!(w.credit_messages > 0, "the new connection ran under flow control (A granted credits)");
+    println!(
+        "RESULT a new connection after the link came up: 64 messages of {SIZE} bytes under flow control ({} credit messages from A), {}",
+        w.credit_messages, second.why
+    );
 }
 
 /// Case 13b: A and B stream to each other; B's VM powers off at once. A's sending connection
