@@ -4,6 +4,7 @@
 mod util;
 
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -64,52 +65,27 @@ fn wait_mark(lines: &mpsc::Receiver<String>, n: u64, limit: Duration) -> Mark {
     }
 }
 
-/// 5 000 connections from 11 `echo client` processes (100, then 400, then 500 each; one
-/// verified round trip each, then held open) into one `echo server --srq`: the server sees
-/// all 5 000 live at once; its registered memory (`Stats::registered_bytes`, and its MR count
-/// in `rdma res show`) is the same with 100 connections (the first client alone) and with
-/// 5 000; after every client closed, its `rdma res show`
-/// counts are back to the baseline; rxe counted no RNR NAK.
-#[test]
-#[ignore = "needs an RDMA device: cargo xtask test"]
-fn five_thousand_connections_on_one_srq() {
-    let started = Instant::now();
-    let before = link_counters();
-    let server = addr();
-    let s = server.to_string();
-    let totals: Vec<usize> = PER_CLIENT
+/// Running totals of `steps`: the live connections after each client process.
+fn cumulative(steps: &[usize]) -> Vec<usize> {
+    steps
         .iter()
         .scan(0, |sum, n| {
             *sum += n;
             Some(*sum)
         })
-        .collect();
-    assert_eq!(totals.last(), Some(&TOTAL));
-    let marks: Vec<String> = totals.iter().map(|n| n.to_string()).collect();
+        .collect()
+}
+
+/// `echo server --bind SERVER --quiet --srq SRQ_FLAGS... --marks MARKS` with its output lines
+/// on a channel; returns once it listens.
+fn start_srq_server(server: SocketAddr, srq_flags: &[&str], marks: &[usize]) -> (Proc, mpsc::Receiver<String>) {
+    let s = server.to_string();
+    let marks = marks.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(",");
+    let mut args = vec!["server", "--bind", &s, "--quiet", "--srq"];
+    args.extend_from_slice(srq_flags);
+    args.extend_from_slice(&["--marks", &marks]);
     let child = Command::new(bin("echo"))
-        .args([
-            "server",
-            "--bind",
-            &s,
-            "--quiet",
-            "--srq",
-            // 5 000 connections × a credit of 3, plus a reserve of 500: 15 500 receives of
-            // 1 KiB, in four 4 MiB clusters of 1 KiB chunks (16 384). The 884 chunks left over
-            // hold the echoes in flight: one client process's 500 connections can each have
-            // one, while the SRQ is refilled from the pool. (With 16 000 receives, 384 were
-            // left, and a burst of echoes registered a fifth cluster in one CI run: more
-            // memory for a moment's traffic, not per connection.)
-            "--srq-receives",
-            "15500",
-            "--srq-reserve",
-            "500",
-            "--srq-credit",
-            "3",
-            "--srq-size",
-            "1024",
-            "--marks",
-            &marks.join(","),
-        ])
+        .args(&args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -125,35 +101,35 @@ fn five_thousand_connections_on_one_srq() {
         }
     });
     wait_listening(server, Duration::from_secs(30));
-    let baseline = res_counts(srv.pid());
-    let mem_before = mem_available_kib();
-    println!("baseline {baseline:?}, MemAvailable {mem_before} KiB");
-    assert_eq!(baseline.qp, 0, "{baseline:?}");
+    (srv, lines)
+}
 
-    let release = std::env::temp_dir().join(format!("scale-release-{}", srv.pid()));
-    let _ = std::fs::remove_file(&release);
-    let release_arg = release.to_string_lossy().to_string();
-    let mut clients = Vec::new();
-    let mut at_100 = None;
-    let mut mr_100 = None;
-    let mut last = None;
-    for (i, (&per_client, &total)) in PER_CLIENT.iter().zip(&totals).enumerate() {
+/// An `echo client` process of `n` connections, each with one verified round trip of 64
+/// bytes, holding them open until `release` exists.
+struct HeldClient {
+    pid: u32,
+    n: usize,
+    out: mpsc::Receiver<std::io::Result<std::process::Output>>,
+}
+
+impl HeldClient {
+    fn start(server: SocketAddr, n: usize, release: &std::path::Path) -> HeldClient {
         let child = Command::new(bin("echo"))
             .args([
                 "client",
                 "--connect",
-                &s,
+                &server.to_string(),
                 "--size",
                 "64",
                 "--count",
                 "1",
                 "--verify",
                 "--clients",
-                &per_client.to_string(),
+                &n.to_string(),
                 "--stall-timeout",
                 "120",
                 "--hold-until",
-                &release_arg,
+                &release.to_string_lossy(),
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -161,11 +137,89 @@ fn five_thousand_connections_on_one_srq() {
             .spawn()
             .expect("start echo client");
         let pid = child.id();
-        let (tx, rx) = mpsc::channel();
+        let (tx, out) = mpsc::channel();
         std::thread::spawn(move || {
             let _ = tx.send(child.wait_with_output());
         });
-        clients.push((pid, rx, per_client));
+        HeldClient { pid, n, out }
+    }
+
+    /// After the release: it exits successfully with its `n` round trips, every byte
+    /// verified (killed and failed after 120 s); returns `n`.
+    fn finish(self) -> usize {
+        let (pid, n) = (self.pid, self.n);
+        let out = match self.out.recv_timeout(Duration::from_secs(120)) {
+            Ok(Ok(out)) => out,
+            Ok(Err(e)) => panic!("echo client {pid}: {e}"),
+            Err(_) => {
+                let _ = Command::new("kill").arg(pid.to_string()).status();
+                panic!("echo client {pid} did not finish after its release");
+            }
+        };
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "echo client {pid} failed:\n{text}");
+        let want = format!("{n} round trips of 64 bytes over {n} connection(s)");
+        assert!(text.contains(&want) && text.contains("every byte verified"), "{text}");
+        n
+    }
+}
+
+/// Releases every held client, checks each finished, and removes the release file; returns
+/// the round trips in all.
+fn release_all(clients: Vec<HeldClient>, release: &std::path::Path) -> usize {
+    std::fs::write(release, b"go").expect("create the release file");
+    let round_trips = clients.into_iter().map(HeldClient::finish).sum();
+    let _ = std::fs::remove_file(release);
+    round_trips
+}
+
+/// The server's `rdma res` counts once back at `baseline` (it destroys each connection as its
+/// DISCONNECTED arrives), or as they are after 120 s.
+fn settled_res_counts(pid: u32, baseline: &ResCounts) -> ResCounts {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut now = res_counts(pid);
+    while now != *baseline && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        now = res_counts(pid);
+    }
+    now
+}
+
+/// 5 000 connections from 11 `echo client` processes (100, then 400, then 500 each; one
+/// verified round trip each, then held open) into one `echo server --srq`: the server sees
+/// all 5 000 live at once; its registered memory (`Stats::registered_bytes`, and its MR count
+/// in `rdma res show`) is the same with 100 connections (the first client alone) and with
+/// 5 000; after every client closed, its `rdma res show`
+/// counts are back to the baseline; rxe counted no RNR NAK.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn five_thousand_connections_on_one_srq() {
+    let started = Instant::now();
+    let before = link_counters();
+    let server = addr();
+    let totals = cumulative(&PER_CLIENT);
+    assert_eq!(totals.last(), Some(&TOTAL));
+    // 5 000 connections × a credit of 3, plus a reserve of 500: 15 500 receives of 1 KiB, in
+    // four 4 MiB clusters of 1 KiB chunks (16 384). The 884 chunks left over hold the echoes in
+    // flight: one client process's 500 connections can each have one, while the SRQ is
+    // refilled from the pool. (With 16 000 receives, 384 were left, and a burst of echoes
+    // registered a fifth cluster in one CI run: more memory for a moment's traffic, not per
+    // connection.)
+    let srq_flags = ["--srq-receives", "15500", "--srq-reserve", "500", "--srq-credit", "3", "--srq-size", "1024"];
+    let (srv, lines) = start_srq_server(server, &srq_flags, &totals);
+    let baseline = res_counts(srv.pid());
+    let mem_before = mem_available_kib();
+    println!("baseline {baseline:?}, MemAvailable {mem_before} KiB");
+    assert_eq!(baseline.qp, 0, "{baseline:?}");
+
+    let release = std::env::temp_dir().join(format!("scale-release-{}", srv.pid()));
+    let _ = std::fs::remove_file(&release);
+    let mut clients = Vec::new();
+    let mut at_100 = None;
+    let mut mr_100 = None;
+    let mut last = None;
+    for (i, (&per_client, &total)) in PER_CLIENT.iter().zip(&totals).enumerate() {
+        clients.push(HeldClient::start(server, per_client, &release));
         let m = wait_mark(&lines, total as u64, Duration::from_secs(120));
         println!("{} live after {:.1} s: {m:?}", m.live, started.elapsed().as_secs_f64());
         if i == 0 {
@@ -192,33 +246,8 @@ fn five_thousand_connections_on_one_srq() {
     assert_eq!(Some(full.mr), mr_100, "memory regions at 100 and at {TOTAL} connections");
     assert_eq!(at_full.srq_receives, at_100.srq_receives, "the SRQ's receives are the same");
 
-    std::fs::write(&release, b"go").expect("create the release file");
-    let mut round_trips = 0;
-    for (pid, rx, per_client) in clients {
-        let out = match rx.recv_timeout(Duration::from_secs(120)) {
-            Ok(Ok(out)) => out,
-            Ok(Err(e)) => panic!("echo client {pid}: {e}"),
-            Err(_) => {
-                let _ = Command::new("kill").arg(pid.to_string()).status();
-                panic!("echo client {pid} did not finish after its release");
-            }
-        };
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "echo client {pid} failed:\n{text}");
-        let want = format!("{per_client} round trips of 64 bytes over {per_client} connection(s)");
-        assert!(text.contains(&want) && text.contains("every byte verified"), "{text}");
-        round_trips += per_client;
-    }
-    let _ = std::fs::remove_file(&release);
-    assert_eq!(round_trips, TOTAL);
-
-    // The server destroys each connection as its DISCONNECTED arrives.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut now = res_counts(srv.pid());
-    while now != baseline && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(500));
-        now = res_counts(srv.pid());
-    }
+    assert_eq!(release_all(clients, &release), TOTAL);
+    let now = settled_res_counts(srv.pid(), &baseline);
     assert_eq!(now, baseline, "the server's resources after all {TOTAL} connections closed");
     let after = link_counters();
     assert_no_rnr(&before, &after, "five thousand connections");
@@ -248,76 +277,20 @@ fn echo_server_srq_at_its_defaults_holds_1200_connections() {
     let before = link_counters();
     let server = addr();
     let s = server.to_string();
-    let marks_arg: Vec<String> = STEPS
-        .iter()
-        .scan(0, |sum, n| {
-            *sum += n;
-            Some(sum.to_string())
-        })
-        .collect();
-    let marks_arg = marks_arg.join(",");
-    let child = Command::new(bin("echo"))
-        .args(["server", "--bind", &s, "--quiet", "--srq", "--marks", &marks_arg])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start echo server");
-    let mut srv = Proc(child, "echo server");
-    let stdout = srv.0.stdout.take().expect("piped stdout");
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    wait_listening(server, Duration::from_secs(30));
+    let totals = cumulative(&STEPS);
+    let (srv, lines) = start_srq_server(server, &[], &totals);
     let baseline = res_counts(srv.pid());
     let release = std::env::temp_dir().join(format!("defaults-release-{}", srv.pid()));
     let _ = std::fs::remove_file(&release);
-    let release_arg = release.to_string_lossy().to_string();
-    let client = |n: usize| {
-        Command::new(bin("echo"))
-            .args([
-                "client",
-                "--connect",
-                &s,
-                "--size",
-                "64",
-                "--count",
-                "1",
-                "--verify",
-                "--clients",
-                &n.to_string(),
-                "--stall-timeout",
-                "120",
-                "--hold-until",
-                &release_arg,
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start echo client")
-    };
     let mut clients = Vec::new();
     let mut marks = Vec::new();
-    let mut total = 0;
-    for n in STEPS {
-        let child = client(n);
-        let pid = child.id();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(child.wait_with_output());
-        });
-        clients.push((pid, rx, n));
-        total += n;
+    for (&n, &total) in STEPS.iter().zip(&totals) {
+        clients.push(HeldClient::start(server, n, &release));
         let m = wait_mark(&lines, total as u64, Duration::from_secs(120));
         println!("{} live after {:.1} s: {m:?}, {:?}", m.live, started.elapsed().as_secs_f64(), res_counts(srv.pid()));
         marks.push((m, res_counts(srv.pid()).mr));
     }
-    assert_eq!(total, MAX);
+    assert_eq!(totals.last(), Some(&MAX));
     let (at_100, mr_100) = marks[0];
     let (at_max, mr_max) = marks[marks.len() - 1];
     assert_eq!(at_100.live, 100, "{at_100:?}");
@@ -337,28 +310,8 @@ fn echo_server_srq_at_its_defaults_holds_1200_connections() {
     assert!(!ok, "a connection beyond {MAX} was served: {text}");
     assert!(text.contains("limit reached") && text.contains("1200"), "the refusal names the limit: {text}");
 
-    std::fs::write(&release, b"go").expect("create the release file");
-    for (pid, rx, n) in clients {
-        let out = match rx.recv_timeout(Duration::from_secs(120)) {
-            Ok(Ok(out)) => out,
-            Ok(Err(e)) => panic!("echo client {pid}: {e}"),
-            Err(_) => {
-                let _ = Command::new("kill").arg(pid.to_string()).status();
-                panic!("echo client {pid} did not finish after its release");
-            }
-        };
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "echo client {pid} failed:\n{text}");
-        let want = format!("{n} round trips of 64 bytes over {n} connection(s)");
-        assert!(text.contains(&want) && text.contains("every byte verified"), "{text}");
-    }
-    let _ = std::fs::remove_file(&release);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut now = res_counts(srv.pid());
-    while now != baseline && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(500));
-        now = res_counts(srv.pid());
-    }
+    assert_eq!(release_all(clients, &release), MAX);
+    let now = settled_res_counts(srv.pid(), &baseline);
     assert_eq!(now, baseline, "the server's resources after all {MAX} connections closed");
     assert_no_rnr(&before, &link_counters(), "1 200 connections at the defaults");
     println!("1 200 connections at the defaults: {:.1} s in all", started.elapsed().as_secs_f64());
