@@ -618,7 +618,7 @@ impl Core {
                     });
                 }
                 let Some(rcq) = self.cqs.get(s.cq).filter(|e| !e.failed).map(|e| e.cq.clone()) else {
-                    s.budget.leave(cfg.credit);
+                    s.budget.leave(s.budget.credit());
                     return Err(Error::NoDevice("the shared receive queue's CQ failed".into()));
                 };
                 Some((s.srq.clone(), cfg.credit, rcq))
