@@ -38,6 +38,7 @@ fn host(c: &mut Criterion) {
         recv_depth: 16,
         flow_control: false,
         tail: false,
+        farewell: false,
         user: b"bench".to_vec(),
     };
     let mut bytes = info.encode(56).unwrap();

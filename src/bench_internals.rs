@@ -42,7 +42,7 @@ impl Dispatch {
         let mut sum = self.ops.remove(found).unwrap_or(0);
         if let Some(flow) = self.sq.flow_mut() {
             flow.on_repost(false);
-            flow.on_receive(crate::proto::flow::Imm { grant: 1, control: false });
+            flow.on_receive(crate::proto::flow::Imm::data(1));
         }
         let s = self.ops.insert(user_data ^ 1);
         self.sq.push(s, true);

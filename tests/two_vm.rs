@@ -15,7 +15,7 @@
 
 mod util;
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::rc::Rc;
@@ -158,14 +158,11 @@ struct Stream {
     /// Receives it keeps posted: 0, or at least 3 to take part in flow control (the peer's
     /// credit-only messages consume them; the runtime posts those again).
     recvs: u32,
-    /// When set: at its count it waits for this to become true before it closes (the peer's
-    /// word that everything arrived), looking every 20 ms.
-    hold: Option<Rc<Cell<bool>>>,
 }
 
 impl Stream {
     fn new(shared: &Shared, limit: u64) -> Self {
-        Stream { shared: shared.clone(), limit, submitted: 0, completed: 0, error: None, recvs: 0, hold: None }
+        Stream { shared: shared.clone(), limit, submitted: 0, completed: 0, error: None, recvs: 0 }
     }
 
     /// A stream under flow control: it keeps 4 receives posted, as flow control needs (each
@@ -206,9 +203,6 @@ impl ConnectionHandler for Stream {
                 self.shared.borrow_mut().sent += 1;
                 if self.completed == self.limit {
                     self.shared.borrow_mut().credit_messages += conn.metrics().credit_messages_received;
-                    if self.hold.is_some() {
-                        return self.on_timer(conn, 0);
-                    }
                     return conn.close();
                 }
                 self.pump(conn);
@@ -218,13 +212,6 @@ impl ConnectionHandler for Stream {
                 self.error.get_or_insert(format!("{op:?} failed: {e}"));
             }
             (_, Ok(_)) => {}
-        }
-    }
-
-    fn on_timer(&mut self, conn: &mut Conn<'_>, _user_data: u64) {
-        let released = self.hold.as_ref().is_some_and(|h| h.get());
-        if released || conn.ctx().set_timer(Duration::from_millis(20), 0).is_err() {
-            conn.close();
         }
     }
 
@@ -484,12 +471,13 @@ fn link_down_up_busy_fails_new_works() {
 /// credit"). That was this test's failure in a run of stop 27: 60 of 64 received, every send
 /// completed. On RoCE the same overrun is an RNR NAK, retried.
 ///
-/// And the new connection closes only once A said it has all 64. Under flow control, closing
-/// right after the 64th SEND completed still lost the last message in 1 run of 4 (63 of 64,
-/// stop 28): on iWARP a completed SEND may still be in the sender's TCP send buffer when the
-/// close begins, and it did not reach the receiver (FAULTS.md, iWARP, "a close right after the
-/// last SEND completed"). An application that must know its messages arrived waits for its
-/// peer's word, as here. The busy connection is made as before, without flow control. (A first attempt only made both reactors offer flow control;
+/// And the new connection closes right after its 64th SEND completed. Before the close
+/// handshake that lost the last message in 1 run of 4 (63 of 64, stop 28): on iWARP a
+/// completed SEND may still be in the sender's TCP send buffer when the close begins (FAULTS.md,
+/// iWARP, "a close right after the last SEND completed"; the case `close-after-send` measures
+/// it). Stop 28 made this connection wait for A's word before closing; now the runtime waits
+/// for A's answer to its farewell (`Config::close_handshake`, on by default), and the test
+/// checks that it did. The busy connection is made as before, without flow control. (A first attempt only made both reactors offer flow control;
 /// with no receives posted by the streams it never applied, three runs passed all the same,
 /// and in the next CI run B's busy connection met A's reset within a second of the outage,
 /// `LocQpOpErr`, which this test had never seen: not understood, left as it was.)
@@ -508,12 +496,6 @@ fn link_down_up_iwarp(vm: &Vm) {
         link(vm, "up");
         assert!(serve_until_active(&mut r), "siw0 did not come back ACTIVE within 30 s of the link coming up");
         signal("ldu.up");
-        // The new connection's 64 messages, then B may close it (see the doc comment).
-        let received_before = w.borrow().received;
-        let got = run_until(&mut r, Duration::from_secs(120), || w.borrow().received >= received_before + 64);
-        if got {
-            signal("ldu.got");
-        }
         let done = wait_serving(&mut r, "ldu.done", Duration::from_secs(120));
         run_until(&mut r, Duration::from_secs(5), || w.borrow().closed.len() >= 2);
         let w = w.borrow();
@@ -549,17 +531,12 @@ fn link_down_up_iwarp(vm: &Vm) {
     assert!(came_back, "A's link did not come back");
     let before = w.borrow().closed.len();
     let mut r = reactor_with(retry_count(), true);
-    let release = Rc::new(Cell::new(false));
-    let again = Stream { hold: Some(release.clone()), ..Stream::flow_controlled(&w, 64) };
+    // Its 64 SENDs completed, it closes at once: the close handshake (see the doc comment).
+    let again = Stream::flow_controlled(&w, 64);
     r.connect(SocketAddr::new(vm.peer, port), ConnectOptions::default(), again).expect("connect again");
-    // Its 64 SENDs completed, it closes once A says it has them all (see the doc comment).
-    let sent_before = w.borrow().sent;
-    run_until(&mut r, Duration::from_secs(60), || w.borrow().sent >= sent_before + 64);
-    let got = wait_serving(&mut r, "ldu.got", Duration::from_secs(60));
-    release.set(true);
-    let second_done = run_until(&mut r, Duration::from_secs(30), || w.borrow().closed.len() > before);
+    let second_done = run_until(&mut r, Duration::from_secs(90), || w.borrow().closed.len() > before);
     signal("ldu.done");
-    assert!(got, "A did not say it had the new connection's 64 messages");
+    let farewells = (r.stats().farewells_answered, r.stats().farewells_unanswered);
     assert_eq!(closed_before_up, 0, "B's busy connection ended while A's link was down, across it: {first}");
     assert!(ended, "B's busy connection did not end within {NOTICE:?} of A's link coming back");
     println!("RESULT B's busy connection ended {} after A's link came back: {first}", secs(after_up));
@@ -568,10 +545,93 @@ fn link_down_up_iwarp(vm: &Vm) {
     let second = &w.closed[before];
     assert!(second.clean && second.messages == 64, "the new connection: {} messages, {}", second.messages, second.why);
     assert!(w.credit_messages > 0, "the new connection ran under flow control (A granted credits)");
+    assert_eq!(farewells, (1, 0), "the new connection closed by the close handshake, A answered its farewell");
     println!(
-        "RESULT a new connection after the link came up: 64 messages of {SIZE} bytes under flow control ({} credit messages from A), {}",
+        "RESULT a new connection after the link came up: 64 messages of {SIZE} bytes under flow control ({} credit messages from A), {}, its farewell answered",
         w.credit_messages, second.why
     );
+}
+
+/// Streams per round of [`close_right_after_the_last_send`], and rounds per phase.
+const CLOSE_CONNS: usize = 8;
+const CLOSE_ROUNDS: usize = 4;
+
+/// B's reactor for [`close_right_after_the_last_send`]: flow control on, the close handshake
+/// as given.
+fn close_reactor(close_handshake: bool) -> Reactor {
+    let cfg = Config { send_depth: 64, recv_depth: RECV_DEPTH, close_handshake, ..Config::default() };
+    Reactor::with_config(cfg).expect("reactor")
+}
+
+/// FAULTS.md, iWARP, "a close right after the last SEND completed": B streams 64 messages of
+/// 64 KiB on each of [`CLOSE_CONNS`] connections to A, [`CLOSE_ROUNDS`] rounds, and closes each
+/// connection in its last SEND's completion; A's sink verifies every byte and counts. First
+/// with B's close handshake off (`Config::close_handshake`): on iWARP a completed SEND may
+/// still be in B's TCP send buffer, and what is lost is printed, not asserted (a race); on RoCE
+/// nothing may be lost. Then with it on: nothing may be lost, and on iWARP every farewell was
+/// answered.
+#[test]
+#[ignore = "needs two linked VMs: cargo xtask vm2 --cases"]
+fn close_right_after_the_last_send() {
+    let Some(vm) = vm() else { return };
+    let port = 7484;
+    let iwarp = util::transport() == "siw";
+    let per_phase = CLOSE_CONNS * CLOSE_ROUNDS;
+    let w = Shared::default();
+    if vm.name == "A" {
+        let mut r = reactor_with(retry_count(), true);
+        r.listen(SocketAddr::new(vm.me, port), Sink(w.clone())).expect("listen");
+        signal("cl.listening");
+        let mut lost = Vec::new();
+        for phase in ["off", "on"] {
+            let before = w.borrow().closed.len();
+            let all = run_until(&mut r, Duration::from_secs(120), || w.borrow().closed.len() >= before + per_phase);
+            let w = w.borrow();
+            let got: Vec<u64> = w.closed[before..].iter().map(|c| c.messages).collect();
+            let n: u64 = got.iter().sum();
+            println!(
+                "RESULT A, B's close handshake {phase}: {n} of {} messages received ({} connections with fewer than 64)",
+                64 * per_phase,
+                got.iter().filter(|&&m| m < 64).count()
+            );
+            assert!(all, "handshake {phase}: only {} of {per_phase} connections closed", got.len());
+            lost.push(64 * per_phase as u64 - n);
+            signal(&format!("cl.{phase}"));
+        }
+        assert_eq!(w.borrow().corrupt, 0, "every byte as sent");
+        if !iwarp {
+            assert_eq!(lost[0], 0, "on RoCE a completed SEND is one the peer acknowledged");
+        }
+        assert_eq!(lost[1], 0, "nothing lost with the close handshake");
+        return;
+    }
+    wait("cl.listening", Duration::from_secs(60));
+    for (phase, on) in [("off", false), ("on", true)] {
+        let mut r = close_reactor(on);
+        for round in 0..CLOSE_ROUNDS {
+            let before = w.borrow().closed.len();
+            for _ in 0..CLOSE_CONNS {
+                let s = Stream::flow_controlled(&w, 64);
+                r.connect(SocketAddr::new(vm.peer, port), ConnectOptions::default(), s).expect("connect");
+            }
+            let done = run_until(&mut r, Duration::from_secs(60), || w.borrow().closed.len() >= before + CLOSE_CONNS);
+            assert!(done, "handshake {phase}, round {round}: the streams did not all close");
+            let w = w.borrow();
+            for c in &w.closed[before..] {
+                assert!(c.clean && c.messages == 64, "handshake {phase}: {} sends completed, {}", c.messages, c.why);
+            }
+        }
+        let s = r.stats();
+        println!(
+            "RESULT B, close handshake {phase}: {per_phase} streams of 64 closed at their last completion; farewells \
+             answered {}, unanswered {}",
+            s.farewells_answered, s.farewells_unanswered
+        );
+        let want = if on && iwarp { per_phase as u64 } else { 0 };
+        assert_eq!((s.farewells_answered, s.farewells_unanswered), (want, 0), "handshake {phase}");
+        drop(r);
+        wait(&format!("cl.{phase}"), Duration::from_secs(120));
+    }
 }
 
 /// Case 13b: A and B stream to each other; B's VM powers off at once. A's sending connection

@@ -32,6 +32,12 @@
 //! posted it again to the SRQ. The SRQ admits connections only while their credits sum to at
 //! most the receives it keeps posted, so every grant stands for a posted receive.
 //!
+//! Closing on iWARP (where a completed SEND is no receipt), a side that negotiated it says
+//! goodbye with a credit-only message ([`Farewell`]) and waits for the peer's answer before it
+//! disconnects. Both are ordinary credit-only messages for the arithmetic here; after its
+//! farewell a side sends no data, but still returns credits, so a peer at its last credit can
+//! answer.
+//!
 //! Why credit-only traffic dies out: right after a credit-only message we have granted every
 //! receive we have posted, at least `MIN_DEPTH = 3`. The peer's credit-only messages consume
 //! one each, so we send the next one only after the peer sent at least two since our last; and
@@ -47,26 +53,73 @@ pub const MIN_DEPTH: u32 = 3;
 pub const MAX_GRANT: u32 = 0xFFFF;
 
 /// The immediate data of a flow-controlled message: bit 31 marks a credit-only message, the
-/// low 16 bits carry a grant.
+/// low 16 bits carry a grant, and bits 30 and 29 of a credit-only message say goodbye
+/// ([`Farewell`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Imm {
     /// Credits granted to the receiver of this message.
     pub grant: u32,
     /// A zero-length credit-only message (not delivered to the application).
     pub control: bool,
+    /// What a credit-only message says about closing ([`Farewell::None`] on every other).
+    pub farewell: Farewell,
+}
+
+/// The close handshake a credit-only message can carry (iWARP, where a completed SEND is no
+/// receipt: `proto::transport`, `Caps::close_handshake`). A side that closes sends `Leaving`
+/// after its last message and disconnects only once the peer's `Heard` arrives (or its
+/// `Timeouts::finish` passes); the peer sends `Heard` once it has received the `Leaving`, so
+/// every message before it. Bits 30 and 29 of the immediate were reserved and ignored before:
+/// an older peer reads either as a plain credit-only message, and the closing side's deadline
+/// covers the `Heard` it never sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Farewell {
+    /// No word about closing.
+    #[default]
+    None,
+    /// The sender sends nothing more and will disconnect once it hears back.
+    Leaving,
+    /// The sender received the peer's `Leaving`, and so every message before it.
+    Heard,
 }
 
 impl Imm {
     const CONTROL: u32 = 1 << 31;
+    const LEAVING: u32 = 1 << 30;
+    const HEARD: u32 = 1 << 29;
 
-    /// Packs into the 32-bit immediate (host order; the verbs layer converts).
-    pub fn encode(self) -> u32 {
-        self.grant.min(MAX_GRANT) | if self.control { Self::CONTROL } else { 0 }
+    /// A data message's immediate granting `grant`.
+    pub fn data(grant: u32) -> Imm {
+        Imm { grant, control: false, farewell: Farewell::None }
     }
 
-    /// Unpacks; bits 16..=30 are reserved and ignored.
+    /// A credit-only message's immediate granting `grant`.
+    pub fn control(grant: u32) -> Imm {
+        Imm { grant, control: true, farewell: Farewell::None }
+    }
+
+    /// Packs into the 32-bit immediate (host order; the verbs layer converts). A farewell goes
+    /// only on a credit-only message.
+    pub fn encode(self) -> u32 {
+        let farewell = match self.farewell {
+            _ if !self.control => 0,
+            Farewell::None => 0,
+            Farewell::Leaving => Self::LEAVING,
+            Farewell::Heard => Self::HEARD,
+        };
+        self.grant.min(MAX_GRANT) | if self.control { Self::CONTROL } else { 0 } | farewell
+    }
+
+    /// Unpacks; bits 16..=28 are reserved and ignored, and so are bits 29 and 30 on a data
+    /// message or both set at once.
     pub fn decode(v: u32) -> Imm {
-        Imm { grant: v & MAX_GRANT, control: v & Self::CONTROL != 0 }
+        let control = v & Self::CONTROL != 0;
+        let farewell = match (control, v & Self::LEAVING != 0, v & Self::HEARD != 0) {
+            (true, true, false) => Farewell::Leaving,
+            (true, false, true) => Farewell::Heard,
+            _ => Farewell::None,
+        };
+        Imm { grant: v & MAX_GRANT, control, farewell }
     }
 }
 
@@ -109,7 +162,12 @@ impl Flow {
     pub fn send_data(&mut self) -> Imm {
         debug_assert!(self.can_send_data());
         self.credits -= 1;
-        Imm { grant: self.take_owed(), control: false }
+        Imm::data(self.take_owed())
+    }
+
+    /// True when a credit-only message may go out now (the reserved credit is there).
+    pub fn can_send_control(&self) -> bool {
+        self.credits >= 1
     }
 
     /// True when a credit-only message should go out now.
@@ -122,7 +180,7 @@ impl Flow {
     pub fn send_control(&mut self) -> Imm {
         debug_assert!(self.credits >= 1);
         self.credits -= 1;
-        Imm { grant: self.take_owed(), control: true }
+        Imm::control(self.take_owed())
     }
 
     fn take_owed(&mut self) -> u32 {
@@ -205,15 +263,28 @@ mod tests {
 
     #[test]
     fn imm_round_trip() {
-        for imm in [
-            Imm { grant: 0, control: false },
-            Imm { grant: 7, control: true },
-            Imm { grant: MAX_GRANT, control: false },
-        ] {
+        for imm in [Imm::data(0), Imm::control(7), Imm::data(MAX_GRANT)] {
             assert_eq!(Imm::decode(imm.encode()), imm);
         }
-        assert_eq!(Imm::decode(0x7FFF_0003), Imm { grant: 3, control: false }, "reserved bits ignored");
-        assert_eq!(Imm { grant: 1 << 20, control: false }.encode(), MAX_GRANT, "grants saturate");
+        assert_eq!(Imm::decode(0x7FFF_0003), Imm::data(3), "reserved bits ignored");
+        assert_eq!(Imm::data(1 << 20).encode(), MAX_GRANT, "grants saturate");
+    }
+
+    #[test]
+    fn a_farewell_rides_only_on_a_credit_only_message() {
+        for farewell in [Farewell::None, Farewell::Leaving, Farewell::Heard] {
+            let imm = Imm { farewell, ..Imm::control(5) };
+            assert_eq!(Imm::decode(imm.encode()), imm, "{farewell:?}");
+            let data = Imm { farewell, ..Imm::data(5) };
+            assert_eq!(Imm::decode(data.encode()), Imm::data(5), "a data message says no farewell");
+        }
+        assert_eq!(Imm::decode(0xC000_0001), Imm { farewell: Farewell::Leaving, ..Imm::control(1) });
+        assert_eq!(Imm::decode(0xA000_0001), Imm { farewell: Farewell::Heard, ..Imm::control(1) });
+        assert_eq!(Imm::decode(0xE000_0001), Imm::control(1), "both bits at once mean nothing");
+        assert_eq!(Imm::decode(0x6000_0001), Imm::data(1), "a data message's bits 29 and 30 are ignored");
+        // What an older peer (bits 16..=30 ignored) makes of a farewell: a credit-only message.
+        let old = |v: u32| (v & MAX_GRANT, v & (1 << 31) != 0);
+        assert_eq!(old(Imm { farewell: Farewell::Leaving, ..Imm::control(2) }.encode()), (2, true));
     }
 
     #[test]
@@ -233,13 +304,13 @@ mod tests {
         f.on_repost(false);
         f.on_repost(true);
         let imm = f.send_data();
-        assert_eq!(imm, Imm { grant: 2, control: false });
+        assert_eq!(imm, Imm::data(2));
         assert_eq!(f.owed(), 0);
     }
 
     /// A message of the peer arrives and its receive is posted again.
     fn consume_and_repost(f: &mut Flow, control: bool) {
-        f.on_receive(Imm { grant: 0, control });
+        f.on_receive(Imm { grant: 0, control, farewell: Farewell::None });
         f.on_repost(control);
     }
 
@@ -257,7 +328,7 @@ mod tests {
         assert!(!g.wants_control(), "below the threshold");
         consume_and_repost(&mut g, false);
         assert!(g.wants_control());
-        assert_eq!(g.send_control(), Imm { grant: 2, control: true });
+        assert_eq!(g.send_control(), Imm::control(2));
         assert!(!g.wants_control());
     }
 
@@ -269,13 +340,13 @@ mod tests {
     fn a_receiver_keeping_few_receives_posted_still_grants() {
         let mut f = Flow::new(8, 8);
         for _ in 0..7 {
-            f.on_receive(Imm { grant: 0, control: false });
+            f.on_receive(Imm::data(0));
         }
         for _ in 0..3 {
             f.on_repost(false);
         }
         assert!(f.wants_control(), "the peer holds one credit and cannot send data: grant what is posted");
-        assert_eq!(f.send_control(), Imm { grant: 3, control: true });
+        assert_eq!(f.send_control(), Imm::control(3));
         assert!(!f.wants_control());
     }
 

@@ -97,8 +97,9 @@ fn reference_decode(d: &[u8]) -> Result<Option<ConnectInfo>, WireError> {
         return Err(E::Truncated { need: header + user, have: d.len() });
     }
     // Version 1 knows flag bit 0; version 2 bits 0 and 1.
-    let max_flags = if version == 2 { 3 } else { 1 };
-    if flags > max_flags || be(18, 2) != 0 {
+    // Flow control and the close handshake in either version, the tail only in version 2.
+    let known = 1 | 4 | if version == 2 { 2 } else { 0 };
+    if flags & !known != 0 || be(18, 2) != 0 {
         return Err(E::ReservedNotZero);
     }
     if version == 2 && flags & 2 == 0 {
@@ -113,6 +114,7 @@ fn reference_decode(d: &[u8]) -> Result<Option<ConnectInfo>, WireError> {
         recv_depth: be(16, 2) as u16,
         flow_control: flags & 1 == 1,
         tail: flags & 2 == 2,
+        farewell: flags & 4 == 4,
         user: d[header..header + user].to_vec(),
     }))
 }
@@ -168,6 +170,7 @@ fn encode_connect_info(data: &[u8]) {
         recv_depth: b.u32() as u16,
         flow_control: b.u8() & 1 == 1,
         tail: b.u8() & 1 == 1,
+        farewell: b.u8() & 1 == 1,
         user: {
             let n = usize::from(b.u8());
             b.take(n).to_vec()
@@ -363,11 +366,13 @@ fn input(b: &mut Bytes<'_>) -> Input {
         11 => Input::Fault(crate::proto::conn::CloseReason::AsyncEvent(crate::proto::conn::AsyncEventKind::QpFatal)),
         12 => Input::Abort(crate::proto::conn::CloseReason::CqFailed { call: "ibv_poll_cq", errno: i32::from(b.u8()) }),
         // The next step of a connection going well, so that sequences get far often.
-        _ => match b.u8() % 5 {
+        _ => match b.u8() % 7 {
             0 => Input::Cm(K::AddrResolved, 0),
             1 => Input::Cm(K::RouteResolved, 0),
             2 => Input::Cm(K::Established, 0),
             3 => Input::Cm(K::Disconnected, 0),
+            4 => Input::Finish(crate::proto::conn::CloseReason::Local),
+            5 => Input::Finished,
             _ => Input::Drained,
         },
     }
@@ -473,19 +478,20 @@ fn legal(role: Role, before: &State, actions: &[Action]) -> Result<(), String> {
     let own_step = |s: &Step| match s {
         Step::ResolveAddr | Step::ResolveRoute | Step::Connect => client,
         Step::Accept => !client,
-        Step::Disconnect | Step::Drain => true,
+        Step::Disconnect | Step::Drain | Step::Finish => true,
     };
     for a in actions {
         let ok = match a {
             Action::ResolveRoute => client && *before == State::ResolvingAddr,
             Action::Connect => client && *before == State::ResolvingRoute,
             Action::Established => *before == if client { State::Connecting } else { State::Accepting },
-            Action::Disconnect => before.is_established(),
+            Action::Disconnect => before.is_connected(),
+            Action::SendFarewell => before.is_established(),
             Action::SetDeadline(s) => own_step(s),
             Action::ClearDeadline => !before.is_closed(),
             Action::Closed(reason) => match reason {
                 CloseReason::AddrError(_) | CloseReason::RouteError(_) => client,
-                CloseReason::Timeout(s) => own_step(s) && !matches!(s, Step::Disconnect | Step::Drain),
+                CloseReason::Timeout(s) => own_step(s) && !matches!(s, Step::Disconnect | Step::Drain | Step::Finish),
                 CloseReason::Rejected { .. } | CloseReason::ConnectError(_) => {
                     matches!(before, State::Connecting | State::Accepting)
                 }
@@ -675,7 +681,10 @@ pub(crate) fn flow(data: &[u8]) {
     let mut b = Bytes(data);
     let v = b.u32();
     let imm = Imm::decode(v);
-    assert_eq!(imm.encode(), v & (MAX_GRANT | 1 << 31), "reserved bits are dropped, the rest kept");
+    // A credit-only message keeps one farewell bit (30 or 29, not both); the rest is reserved.
+    let farewell = v & (1 << 30 | 1 << 29);
+    let kept = if v & 1 << 31 != 0 && farewell != 1 << 30 | 1 << 29 { farewell } else { 0 };
+    assert_eq!(imm.encode(), v & (MAX_GRANT | 1 << 31) | kept, "reserved bits are dropped, the rest kept");
     assert_eq!(Imm::decode(imm.encode()), imm);
     let depth = [MIN_DEPTH + u32::from(b.u8() % 62), MIN_DEPTH + u32::from(b.u8() % 62)];
     let keep = [0, 1].map(|i| MIN_DEPTH + u32::from(b.u8()) % (depth[i] - MIN_DEPTH + 1));
@@ -741,6 +750,7 @@ mod tests {
             recv_depth: 16,
             flow_control: true,
             tail: false,
+            farewell: false,
             user: vec![7; 9],
         }
         .encode(MAX_CONNECT_PRIVATE_DATA)

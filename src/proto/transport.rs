@@ -78,6 +78,16 @@ pub const SIW_VENDOR_ID: u32 = 0x62_6d74;
 pub const KEY_PLUG_CQ_ENTRIES: u32 = 32 * 1024;
 
 impl Caps {
+    /// True when a completed SEND is no receipt, so a close right after the last one can lose
+    /// it: iWARP, where a SEND completes once TCP has taken it, and where the closing side's
+    /// stream can end before its last bytes reach the peer (a reset, when data the closing side
+    /// never read was waiting). There, under flow control, a closing side says goodbye and
+    /// disconnects only once the peer answers ([`Farewell`](super::flow::Farewell)). On
+    /// InfiniBand and RoCE a SEND completes when the peer acknowledged it: nothing to wait for.
+    pub fn close_handshake(&self) -> bool {
+        self.transport == Transport::Iwarp
+    }
+
     /// Caps of a device with immediate data and memory windows (what the tests assume).
     pub fn infiniband() -> Caps {
         Caps { transport: Transport::InfiniBand, max_mw: u32::MAX, vendor_id: 0 }
@@ -126,7 +136,8 @@ pub const TAIL_LEN: u32 = 4;
 
 /// The 4 bytes after a message's payload on a transport without immediate data: the same 32
 /// bits the immediate carries on RoCE ([`Imm`]: bit 31 credit-only, bits 0..=15 the grant,
-/// the rest reserved and zero), in network byte order.
+/// bits 30 and 29 a credit-only message's farewell, the rest reserved and zero), in network
+/// byte order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tail(pub Imm);
 
@@ -160,7 +171,10 @@ pub fn unframe(byte_len: u32, tail: Option<[u8; 4]>) -> Result<Unframed, String>
         return Err(format!("a message of {byte_len} bytes has no {TAIL_LEN}-byte tail (iWARP framing)"));
     };
     let raw = u32::from_be_bytes(tail);
-    let reserved = raw & !(MAX_GRANT | 1 << 31);
+    // A credit-only message may say one farewell (bit 30 or 29, not both); a data message none.
+    let farewell = raw & (1 << 30 | 1 << 29);
+    let one_farewell = raw & 1 << 31 != 0 && farewell != 1 << 30 | 1 << 29;
+    let reserved = raw & !(MAX_GRANT | 1 << 31 | if one_farewell { farewell } else { 0 });
     if reserved != 0 {
         return Err(format!("a message's tail has reserved bits set ({raw:#010x})"));
     }
@@ -191,6 +205,7 @@ pub fn normalize_reject_status(transport: Transport, status: i32, has_reason: bo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::flow::Farewell;
 
     #[test]
     fn transport_from_raw() {
@@ -213,30 +228,42 @@ mod tests {
 
     #[test]
     fn a_tail_is_the_immediate_in_network_order() {
-        let t = Tail(Imm { grant: 0x1234, control: true });
+        let t = Tail(Imm::control(0x1234));
         assert_eq!(t.encode(), [0x80, 0x00, 0x12, 0x34]);
         assert_eq!(Tail::decode(t.encode()), t);
-        let data = Tail(Imm { grant: 7, control: false });
+        let data = Tail(Imm::data(7));
         assert_eq!(Tail::decode(data.encode()), data);
     }
 
     #[test]
     fn unframe_splits_payload_and_tail() {
-        let t = Tail(Imm { grant: 3, control: false }).encode();
-        assert_eq!(unframe(104, Some(t)), Ok(Unframed { len: 100, imm: Imm { grant: 3, control: false } }));
+        let t = Tail(Imm::data(3)).encode();
+        assert_eq!(unframe(104, Some(t)), Ok(Unframed { len: 100, imm: Imm::data(3) }));
         assert_eq!(unframe(4, Some(t)).unwrap().len, 0);
-        let c = Tail(Imm { grant: 9, control: true }).encode();
-        assert_eq!(unframe(4, Some(c)), Ok(Unframed { len: 0, imm: Imm { grant: 9, control: true } }));
+        let c = Tail(Imm::control(9)).encode();
+        assert_eq!(unframe(4, Some(c)), Ok(Unframed { len: 0, imm: Imm::control(9) }));
     }
 
     #[test]
     fn unframe_refuses_what_breaks_the_framing() {
-        let t = Tail(Imm { grant: 1, control: false }).encode();
+        let t = Tail(Imm::data(1)).encode();
         assert!(unframe(3, Some(t)).unwrap_err().contains("no 4-byte tail"));
         assert!(unframe(0, None).is_err());
         assert!(unframe(8, Some([0x40, 0, 0, 1])).unwrap_err().contains("reserved"));
-        let c = Tail(Imm { grant: 0, control: true }).encode();
+        let c = Tail(Imm::control(0)).encode();
         assert!(unframe(5, Some(c)).unwrap_err().contains("credit-only"));
+        // Bit 30 or 29 only on a credit-only message, and never both.
+        assert!(unframe(8, Some([0x20, 0, 0, 1])).unwrap_err().contains("reserved"));
+        assert!(unframe(4, Some([0xE0, 0, 0, 1])).unwrap_err().contains("reserved"));
+        assert!(unframe(4, Some([0x90, 0, 0, 1])).unwrap_err().contains("reserved"));
+    }
+
+    #[test]
+    fn a_farewell_travels_in_a_tail() {
+        for farewell in [Farewell::Leaving, Farewell::Heard] {
+            let imm = Imm { farewell, ..Imm::control(2) };
+            assert_eq!(unframe(4, Some(Tail(imm).encode())), Ok(Unframed { len: 0, imm }));
+        }
     }
 
     #[test]

@@ -12,7 +12,9 @@
 //!  7      1   flags          bit 0: the sender uses receive-credit flow control
 //!                            (`crate::flow`); bit 1 (version 2 only): every message the
 //!                            sender sends ends in a 4-byte tail instead of carrying immediate
-//!                            data (iWARP, `crate::proto::transport`); other bits reserved, 0
+//!                            data (iWARP, `crate::proto::transport`); bit 2: the sender
+//!                            takes part in the close handshake (`crate::proto::flow::Farewell`,
+//!                            sent with flow control on iWARP); other bits reserved, 0
 //!  8      4   message size   largest message the sender will send or can receive
 //! 12      4   message count  messages the sender intends to send (0: not stated)
 //! 16      2   receive depth  receives the sender keeps posted (its initial credit to the peer)
@@ -59,6 +61,10 @@ pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
 pub const FLAG_FLOW_CONTROL: u8 = 1;
 /// Connect-information flag (version 2): the sender frames every message with a 4-byte tail.
 pub const FLAG_TAIL: u8 = 2;
+/// Connect-information flag: the sender takes part in the close handshake
+/// ([`Farewell`](crate::proto::flow::Farewell)); sent with flow control on iWARP only, so a
+/// connection on InfiniBand or RoCE reads exactly as before it existed.
+pub const FLAG_FAREWELL: u8 = 4;
 /// Length of the reject header before its text.
 const REJECT_HEADER_LEN: usize = 7;
 
@@ -132,6 +138,9 @@ pub struct ConnectInfo {
     /// The sender frames every message with a 4-byte tail (a transport without immediate
     /// data: iWARP); both sides must agree, or the connection is refused. Sent as version 2.
     pub tail: bool,
+    /// The sender takes part in the close handshake (connect flag bit 2); both sides must, and
+    /// use flow control, for it to apply.
+    pub farewell: bool,
     /// Opaque application bytes.
     pub user: Vec<u8>,
 }
@@ -162,7 +171,12 @@ impl ConnectInfo {
         out.push(if self.tail { VERSION_TAIL } else { VERSION });
         out.push(CONNECT_HEADER_LEN as u8);
         out.push(self.user.len() as u8);
-        out.push(if self.flow_control { FLAG_FLOW_CONTROL } else { 0 } | if self.tail { FLAG_TAIL } else { 0 });
+        let flag = |on: bool, bit: u8| if on { bit } else { 0 };
+        out.push(
+            flag(self.flow_control, FLAG_FLOW_CONTROL)
+                | flag(self.tail, FLAG_TAIL)
+                | flag(self.farewell, FLAG_FAREWELL),
+        );
         out.extend_from_slice(&self.msg_size.to_be_bytes());
         out.extend_from_slice(&self.msg_count.to_be_bytes());
         out.extend_from_slice(&self.recv_depth.to_be_bytes());
@@ -201,7 +215,7 @@ impl ConnectInfo {
         if data.len() < need {
             return Err(WireError::Truncated { need, have: data.len() });
         }
-        let known = if version == VERSION_TAIL { FLAG_FLOW_CONTROL | FLAG_TAIL } else { FLAG_FLOW_CONTROL };
+        let known = FLAG_FLOW_CONTROL | FLAG_FAREWELL | if version == VERSION_TAIL { FLAG_TAIL } else { 0 };
         if data[7] & !known != 0 || be_u16(data, 18) != 0 {
             return Err(WireError::ReservedNotZero);
         }
@@ -215,6 +229,7 @@ impl ConnectInfo {
             recv_depth: be_u16(data, 16),
             flow_control: data[7] & FLAG_FLOW_CONTROL != 0,
             tail: data[7] & FLAG_TAIL != 0,
+            farewell: data[7] & FLAG_FAREWELL != 0,
             user: data[header_len as usize..need].to_vec(),
         };
         if info.msg_size == 0 {
@@ -394,6 +409,7 @@ mod tests {
             recv_depth: 16,
             flow_control: true,
             tail: false,
+            farewell: false,
             user: b"hello".to_vec(),
         }
     }
@@ -447,6 +463,20 @@ mod tests {
         bytes[5] = 24;
         bytes.splice(20..20, [9, 9, 9, 9]);
         assert_eq!(ConnectInfo::decode(&bytes).unwrap(), Some(sample()));
+    }
+
+    #[test]
+    fn the_farewell_flag_round_trips_in_both_versions() {
+        for tail in [false, true] {
+            let info = ConnectInfo { tail, farewell: true, ..sample() };
+            let bytes = info.encode(MAX_CONNECT_PRIVATE_DATA).unwrap();
+            assert_eq!(bytes[7] & FLAG_FAREWELL, FLAG_FAREWELL);
+            assert_eq!(ConnectInfo::decode(&bytes).unwrap(), Some(info));
+        }
+        // Bit 3 and up stay reserved.
+        let mut bytes = sample().encode(MAX_CONNECT_PRIVATE_DATA).unwrap();
+        bytes[7] |= 8;
+        assert_eq!(ConnectInfo::decode(&bytes), Err(WireError::ReservedNotZero));
     }
 
     #[test]

@@ -25,6 +25,10 @@ pub struct Timeouts {
     pub disconnect: Duration,
     /// From DISCONNECTED until every outstanding work request has completed. Default 5 s.
     pub drain: Duration,
+    /// How long a closing connection that uses the close handshake (iWARP under flow control,
+    /// both sides this crate: [`State::Finishing`](crate::State::Finishing)) waits for the
+    /// peer to answer its farewell before it disconnects anyway. Default 2 s.
+    pub finish: Duration,
     /// How long dropping the [`Reactor`](crate::Reactor) lets connections close cleanly before
     /// it closes the rest at once (see [`Reactor::shutdown`](crate::Reactor::shutdown)).
     /// Default 2 s.
@@ -40,6 +44,7 @@ impl Default for Timeouts {
             accept: Duration::from_secs(20),
             disconnect: Duration::from_secs(5),
             drain: Duration::from_secs(5),
+            finish: Duration::from_secs(2),
             shutdown: Duration::from_secs(2),
         }
     }
@@ -54,6 +59,7 @@ impl Timeouts {
             Step::Accept => self.accept,
             Step::Disconnect => self.disconnect,
             Step::Drain => self.drain,
+            Step::Finish => self.finish,
         }
     }
 }
@@ -169,6 +175,16 @@ pub struct Config {
     /// both keep at least 3 receives posted; the rule is in
     /// [`ConnectionHandler`](crate::ConnectionHandler)'s docs). Default on; required with `srq`.
     pub flow_control: bool,
+    /// Offer the close handshake to peers (it applies on iWARP when both sides offer it and
+    /// use flow control). On iWARP a SEND completes once TCP has taken it, and a connection
+    /// closed right after its last SEND completed can lose that message (the stream's end
+    /// can overtake it). With the handshake a closing side sends a farewell after its last
+    /// message and disconnects only once the peer answers that it has it, or after
+    /// [`Timeouts::finish`]; the connection is [`State::Finishing`](crate::State::Finishing)
+    /// meanwhile. Off: a close disconnects at once, and an application that needs its last
+    /// messages delivered must hear back from the peer before it closes. No effect on
+    /// InfiniBand or RoCE, where a SEND completes only once the peer acknowledged it. Default on.
+    pub close_handshake: bool,
     /// On a device without memory windows (iWARP: Soft-iWARP has `max_mw` 0), expose memory
     /// ([`Conn::expose`](crate::Conn::expose), [`Conn::expose_region`](crate::Conn::expose_region))
     /// by registering a memory region with the remote rights for each exposure. Weaker
@@ -246,6 +262,7 @@ impl Default for Config {
             shared_cq: None,
             signal_every: 16,
             flow_control: true,
+            close_handshake: true,
             exposure_registration: false,
             poll_budget: 256,
             spin: Duration::ZERO,

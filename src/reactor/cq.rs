@@ -13,7 +13,7 @@ use super::cq_room::CqRoom;
 use super::Core;
 use crate::error::{Error, Result};
 use crate::proto::conn::{CloseReason, Input, State};
-use crate::proto::flow::Imm;
+use crate::proto::flow::{Farewell, Imm};
 use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, Key, Kind, OpKey, Token};
 use crate::proto::transport::unframe;
@@ -448,7 +448,8 @@ impl Core {
     /// for what follows, DISCONNECTED (`Peer`) or the failed request (`WorkError`)
     /// (`proto::transport`).
     pub(super) fn work_error(&mut self, t: ConnKey, status: WcStatus) -> Option<Input> {
-        let established = self.conns.get(t).is_some_and(|c| matches!(c.role.state(), State::Established));
+        // Saying goodbye counts as established: the queue pair is still connected.
+        let established = self.conns.get(t).is_some_and(|c| c.role.state().is_connected());
         let iwarp = self.conns.get(t).and_then(|c| c.placed).is_some_and(|p| self.devices[p.device].caps.tail());
         let setting_up =
             self.conns.get(t).is_some_and(|c| matches!(c.role.state(), State::Connecting | State::Accepting));
@@ -507,13 +508,15 @@ impl Core {
                 let released = c.sq.release();
                 let mut control = false;
                 let mut grant_due = false;
+                let mut farewell = Farewell::None;
                 if let Some(flow) = c.sq.flow_mut() {
                     // Every message consumed a receive we granted; one without immediate data
                     // (a peer breaking the protocol) grants nothing.
-                    let imm = imm.unwrap_or(Imm { grant: 0, control: false });
+                    let imm = imm.unwrap_or(Imm::data(0));
                     flow.on_receive(imm);
                     grant_due = flow.wants_control();
                     control = imm.control;
+                    farewell = imm.farewell;
                 } else if tail {
                     // Without flow control a tail's only credit-only message is the client's
                     // first (`SendQueue::set_hello`).
@@ -532,7 +535,7 @@ impl Core {
                         c.rq.push_front(nt);
                     }
                     self.mark_dirty(t);
-                    return;
+                    return self.on_farewell(t, farewell);
                 }
                 if grant_due || released {
                     // The peer may be blocked at its last credit, or held sends may go.
@@ -549,6 +552,27 @@ impl Core {
         let completion = op.into_completion(result, wc.remote_write);
         self.deliver_completion(t, completion);
         self.after_completion(t);
+    }
+
+    /// A credit-only message of connection `t`'s peer said `farewell` (the close handshake,
+    /// `proto::flow::Farewell`): its goodbye is answered, its answer to ours lets us
+    /// disconnect. Ignored on a connection that did not negotiate the handshake.
+    pub(super) fn on_farewell(&mut self, t: ConnKey, farewell: Farewell) {
+        let Some(c) = self.conns.get_mut(t).filter(|c| c.sq.farewell()) else { return };
+        match farewell {
+            Farewell::None => {}
+            Farewell::Leaving => {
+                if c.role.state().is_connected() {
+                    // Every message it sent before its goodbye has reached us: say so.
+                    c.sq.answer_farewell();
+                    self.mark_dirty(t);
+                }
+            }
+            Farewell::Heard => {
+                self.stats.farewells_answered += 1;
+                self.feed(t, Input::Finished);
+            }
+        }
     }
 
     /// Hands `completion` to connection `t`'s handler, counted first (`Conn::metrics`): every

@@ -330,6 +330,9 @@ impl<'a> Conn<'a> {
     }
 
     /// Starts closing this connection (disconnect, drain outstanding operations, destroy).
+    /// Operations submitted and not yet posted are cancelled. On iWARP with the close
+    /// handshake ([`Config::close_handshake`](crate::Config::close_handshake)) the disconnect
+    /// waits until the peer confirmed it has every message posted before the close.
     pub fn close(&mut self) {
         self.ctx.core.close(self.key.token());
     }

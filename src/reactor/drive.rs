@@ -88,6 +88,12 @@ impl Core {
                 self.conns.get_mut(t)?.deadline = Some((key, step));
             }
             Action::ClearDeadline => self.conns.get_mut(t)?.deadline = None,
+            Action::SendFarewell => {
+                event!(debug, "{:?}: closing: saying goodbye (close handshake)", crate::proto::token::Key::token(t));
+                let c = self.conns.get_mut(t)?;
+                c.sq.say_farewell();
+                self.mark_dirty(t);
+            }
             Action::Closed(reason) => {
                 let c = self.conns.get_mut(t)?;
                 if c.close_reason.is_none() {

@@ -293,9 +293,14 @@ impl ConnEntry {
     }
 
     /// True when operations may be posted: the queue pair exists and the connection is being
-    /// set up or is established.
+    /// set up, is established, or says goodbye (its farewell and receives still go; its send
+    /// queue holds back the rest, `SendQueue::say_farewell`).
     fn can_post(&self) -> bool {
-        self.ep.qp().is_some() && matches!(self.role.state(), State::Accepting | State::Connecting | State::Established)
+        self.ep.qp().is_some()
+            && matches!(
+                self.role.state(),
+                State::Accepting | State::Connecting | State::Established | State::Finishing(_)
+            )
     }
 
     /// True when operations are accepted: from the queue pair's creation until the connection

@@ -11,8 +11,8 @@ use super::send_queue::Planned;
 use super::TailRing;
 use super::{Core, Placement, SubmitError};
 use crate::error::Error;
-use crate::proto::conn::{CloseReason, Input, State};
-use crate::proto::flow::Imm;
+use crate::proto::conn::{CloseReason, Input};
+use crate::proto::flow::{Farewell, Imm};
 use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, Key, OpKey};
 use crate::proto::transport::{Tail, TAIL_LEN};
@@ -184,7 +184,8 @@ impl Core {
         c.dirty = false;
         let Some(placed) = c.placed.filter(|_| c.can_post()) else { return };
         self.post_recvs(t);
-        if self.conns.get(t).is_some_and(|c| matches!(c.role.state(), State::Established)) {
+        // Saying goodbye, the farewell (and credit-only messages) still go (`SendQueue`).
+        if self.conns.get(t).is_some_and(|c| c.role.state().is_connected()) {
             self.post_sends(t, placed);
         }
     }
@@ -355,9 +356,9 @@ fn send_wr(op: &OpEntry, w: &Planned, max_inline: u32, tails: Option<&mut TailRi
     let (addr, len, lkey) = op.sge();
     let (raddr, rkey) = op.remote.map_or((0, 0), |r| (r.addr, r.rkey));
     let tail = match tails {
-        Some(ring) if op.opcode == OpCode::Send => {
-            Some(ring.put(Tail(Imm::decode(w.imm.unwrap_or(Imm { grant: 0, control: op.control }.encode())))))
-        }
+        Some(ring) if op.opcode == OpCode::Send => Some(ring.put(Tail(Imm::decode(
+            w.imm.unwrap_or(Imm { grant: 0, control: op.control, farewell: Farewell::None }.encode()),
+        )))),
         _ => None,
     };
     let send_op = match (op.opcode, w.imm) {

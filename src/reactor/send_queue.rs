@@ -11,6 +11,12 @@
 //! so operations reach the peer in submission order. When credits are owed and no data message
 //! carries them, the plan adds a credit-only message ([`Flow::wants_control`]).
 //!
+//! **The close handshake** (iWARP under flow control, `proto::flow::Farewell`): once the
+//! connection asks to say goodbye ([`SendQueue::say_farewell`]), no data goes any more; the
+//! farewell goes as soon as a credit allows, after everything posted before it. Credit-only
+//! messages still go when due: a peer that spent its last credit needs our grant to answer. The answer to the peer's farewell ([`SendQueue::answer_farewell`])
+//! goes after the data planned with it.
+//!
 //! Signaling is selective: one work request in `signal_every` asks for a completion, and so
 //! does the last of each chain. A signaled completion means the unsignaled requests before it
 //! are complete too (RC completes in order); [`SendQueue::complete`] hands them back in order
@@ -21,7 +27,7 @@ use std::collections::VecDeque;
 use smallvec::SmallVec;
 
 use super::cq_room::CqRoom;
-use crate::proto::flow::{Flow, Imm};
+use crate::proto::flow::{Farewell, Flow, Imm};
 use crate::proto::token::OpKey;
 
 /// One send work request the plan says to post now.
@@ -66,6 +72,20 @@ pub(crate) struct SendQueue {
     hold: bool,
     /// A credit-only message goes first: an iWARP client speaks first.
     hello: bool,
+    /// Both sides take part in the close handshake (negotiated at connect time).
+    farewell: bool,
+    /// Our farewell: not asked for, waiting for a credit, or sent.
+    leaving: Leaving,
+    /// The peer's farewell arrived and our answer has not gone yet.
+    answer_due: bool,
+}
+
+/// Where our farewell stands ([`SendQueue::say_farewell`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Leaving {
+    No,
+    Due,
+    Sent,
 }
 
 impl SendQueue {
@@ -81,7 +101,34 @@ impl SendQueue {
             flow: None,
             hold: false,
             hello: false,
+            farewell: false,
+            leaving: Leaving::No,
+            answer_due: false,
         }
+    }
+
+    /// Turns the close handshake on (both sides agreed, under flow control).
+    pub(crate) fn set_farewell(&mut self, on: bool) {
+        self.farewell = on && self.flow.is_some();
+    }
+
+    /// True when the connection closes with the close handshake.
+    pub(crate) fn farewell(&self) -> bool {
+        self.farewell
+    }
+
+    /// Asks for our farewell: it goes after everything posted so far, as soon as a credit
+    /// allows, and no data goes after it (operations still pending stay unposted); credit-only
+    /// messages still do.
+    pub(crate) fn say_farewell(&mut self) {
+        if self.farewell && self.leaving == Leaving::No {
+            self.leaving = Leaving::Due;
+        }
+    }
+
+    /// The peer's farewell arrived: answer it (once).
+    pub(crate) fn answer_farewell(&mut self) {
+        self.answer_due |= self.farewell;
     }
 
     /// Sets the send work requests the queue pair holds.
@@ -140,14 +187,22 @@ impl SendQueue {
     /// True when a plan could post something now or later: operations are pending or credits
     /// are owed.
     pub(crate) fn wants_post(&self) -> bool {
-        !self.hold && (!self.pending.is_empty() || self.hello || self.flow.as_ref().is_some_and(Flow::wants_control))
+        let quiet = self.leaving != Leaving::No;
+        !self.hold
+            && ((!quiet && !self.pending.is_empty())
+                || self.hello
+                || self.leaving == Leaving::Due
+                || self.answer_due
+                || self.flow.as_ref().is_some_and(Flow::wants_control))
     }
 
     /// True when the next operation waits for the peer's credits (flow control on, it
     /// consumes a peer receive, and a data message may not go now).
     pub(crate) fn credit_blocked(&self) -> bool {
         let head_consumes = self.pending.front().is_some_and(|&(_, consumes)| consumes);
-        head_consumes && self.flow.as_ref().is_some_and(|f| !f.can_send_data())
+        // Saying goodbye, nothing pending goes any more: nothing waits for credit.
+        let quiet = self.leaving != Leaving::No;
+        !quiet && head_consumes && self.flow.as_ref().is_some_and(|f| !f.can_send_data())
     }
 
     /// Plans the chain to post now. Reserves CQ room and spends credits for every request in it;
@@ -165,14 +220,15 @@ impl SendQueue {
                 self.hello = false;
                 let imm = match self.flow.as_mut() {
                     Some(f) => f.send_control(),
-                    None => Imm { grant: 0, control: true },
+                    None => Imm::control(0),
                 };
                 plan.wrs.push(Planned { op: new_control(), imm: Some(imm.encode()), signaled: false });
             } else {
                 plan.short_of_room = true;
             }
         }
-        while !self.hello && plan.wrs.len() < slots {
+        let quiet = self.leaving != Leaving::No;
+        while !self.hello && !quiet && plan.wrs.len() < slots {
             let Some(&(op, consumes)) = self.pending.front() else { break };
             let flow = self.flow.as_mut().filter(|_| consumes);
             if flow.as_ref().is_some_and(|f| !f.can_send_data()) {
@@ -186,6 +242,28 @@ impl SendQueue {
             self.pending.pop_front();
             plan.wrs.push(Planned { op, imm, signaled: false });
         }
+        // The close handshake's messages: credit-only, each with the grants owed.
+        for farewell in [Farewell::Heard, Farewell::Leaving] {
+            let due = match farewell {
+                Farewell::Heard => self.answer_due,
+                _ => self.leaving == Leaving::Due,
+            };
+            if self.hello || !due || plan.wrs.len() >= slots {
+                continue;
+            }
+            let Some(flow) = self.flow.as_mut().filter(|f| f.can_send_control()) else { continue };
+            if room.reserve_send(1) == 0 {
+                plan.short_of_room = true;
+                continue;
+            }
+            let imm = Imm { farewell, ..flow.send_control() };
+            plan.wrs.push(Planned { op: new_control(), imm: Some(imm.encode()), signaled: false });
+            match farewell {
+                Farewell::Heard => self.answer_due = false,
+                _ => self.leaving = Leaving::Sent,
+            }
+        }
+        // Credit-only messages go on after our farewell: the peer may need the grant to answer.
         if !self.hello && plan.wrs.len() < slots {
             if let Some(flow) = self.flow.as_mut().filter(|f| f.wants_control()) {
                 if room.reserve_send(1) == 1 {
@@ -409,14 +487,14 @@ mod tests {
         let plan = q.plan(&mut room, || hello);
         // The hello took one of the 3 credits; one data message may go, one stays in reserve.
         assert_eq!(ops(&plan), vec![hello, k[0]]);
-        assert_eq!(plan.wrs[0].imm.map(Imm::decode), Some(Imm { grant: 0, control: true }));
-        assert_eq!(plan.wrs[1].imm.map(Imm::decode), Some(Imm { grant: 0, control: false }));
+        assert_eq!(plan.wrs[0].imm.map(Imm::decode), Some(Imm::control(0)));
+        assert_eq!(plan.wrs[1].imm.map(Imm::decode), Some(Imm::data(0)));
         // Without flow control the hello still goes first, marked credit-only.
         let mut plain = filled(16, &k[2..], true);
         plain.set_hello(true);
         let plan = plain.plan(&mut room, || hello);
         assert_eq!(ops(&plan), vec![hello, k[2]]);
-        assert_eq!(plan.wrs[0].imm.map(Imm::decode), Some(Imm { grant: 0, control: true }));
+        assert_eq!(plan.wrs[0].imm.map(Imm::decode), Some(Imm::control(0)));
         assert_eq!(plan.wrs[1].imm, None);
     }
 
@@ -443,7 +521,7 @@ mod tests {
         assert!(q.credit_blocked(), "the second send waits for credit (the credit-stall timer runs)");
         // Nothing moves until credit arrives, and then in order.
         assert!(q.plan(&mut room, || unreachable!()).wrs.is_empty());
-        q.flow_mut().unwrap().on_receive(Imm { grant: 2, control: false });
+        q.flow_mut().unwrap().on_receive(Imm::data(2));
         let plan = q.plan(&mut room, || unreachable!());
         assert_eq!(ops(&plan), vec![k[2], k[3]]);
         assert!(!q.credit_blocked(), "nothing waits");
@@ -556,7 +634,7 @@ mod tests {
             } else {
                 assert_eq!(ops(&plan), vec![k[0]], "4 owed: one credit-only message");
                 let imm = Imm::decode(plan.wrs[0].imm.unwrap());
-                assert_eq!(imm, Imm { grant: 4, control: true });
+                assert_eq!(imm, Imm::control(4));
                 assert!(plan.wrs[0].signaled, "the last of its chain");
             }
         }
@@ -568,7 +646,7 @@ mod tests {
         q.push(k[1], true);
         let plan = q.plan(&mut room, || unreachable!("the data message carries the grant"));
         assert_eq!(ops(&plan), vec![k[1]]);
-        assert_eq!(Imm::decode(plan.wrs[0].imm.unwrap()), Imm { grant: 4, control: false });
+        assert_eq!(Imm::decode(plan.wrs[0].imm.unwrap()), Imm::data(4));
     }
 
     #[test]
@@ -667,5 +745,76 @@ mod tests {
         r.push_front(fresh);
         assert_eq!(r.plan().to_vec(), vec![fresh], "a re-posted receive goes first");
         assert_eq!(r.clear(), vec![k[1], k[3], k[4]], "posted first, then pending");
+    }
+
+    fn farewell_of(w: &Planned) -> Option<Farewell> {
+        w.imm.map(Imm::decode).filter(|i| i.control).map(|i| i.farewell)
+    }
+
+    #[test]
+    fn a_farewell_goes_after_what_was_posted_and_nothing_goes_after_it() {
+        let k = keys(5);
+        let mut q = filled(16, &k[..2], true);
+        q.set_flow(flow(8, 8));
+        q.set_farewell(true);
+        let mut room = CqRoom::new(64, 16);
+        assert_eq!(ops(&q.plan(&mut room, || unreachable!())), k[..2].to_vec());
+        q.push(k[2], true);
+        q.say_farewell();
+        assert!(!q.credit_blocked(), "nothing waits for credit once saying goodbye");
+        let plan = q.plan(&mut room, || k[3]);
+        assert_eq!(ops(&plan), vec![k[3]], "the farewell alone, not the data submitted after the close");
+        assert_eq!(farewell_of(&plan.wrs[0]), Some(Farewell::Leaving));
+        assert!(plan.wrs[0].signaled);
+        assert!(!q.wants_post(), "after the farewell no data goes");
+        q.say_farewell();
+        assert!(q.plan(&mut room, || unreachable!()).wrs.is_empty(), "one farewell");
+        // The peer spent its credits: our grant still goes, so that it can answer.
+        for _ in 0..7 {
+            q.flow_mut().unwrap().on_receive(Imm::control(0));
+            q.flow_mut().unwrap().on_repost(true);
+        }
+        assert!(q.wants_post());
+        let plan = q.plan(&mut room, || k[4]);
+        assert_eq!(ops(&plan), vec![k[4]], "a credit-only message, not the pending data");
+        assert_eq!(farewell_of(&plan.wrs[0]), Some(Farewell::None));
+    }
+
+    #[test]
+    fn farewells_wait_for_a_credit_and_the_answer_goes_first() {
+        let k = keys(5);
+        let mut q = filled(16, &k[..2], true);
+        q.set_flow(flow(3, 8));
+        q.set_farewell(true);
+        let mut room = CqRoom::new(64, 16);
+        assert_eq!(ops(&q.plan(&mut room, || unreachable!())), k[..2].to_vec(), "the last credit is kept");
+        q.answer_farewell();
+        q.say_farewell();
+        let plan = q.plan(&mut room, || k[2]);
+        assert_eq!(ops(&plan), vec![k[2]], "one credit: the answer goes, the farewell waits");
+        assert_eq!(farewell_of(&plan.wrs[0]), Some(Farewell::Heard));
+        assert!(q.wants_post(), "the farewell still waits");
+        assert!(q.plan(&mut room, || unreachable!()).wrs.is_empty(), "no credit");
+        q.flow_mut().unwrap().on_receive(Imm::control(2));
+        let plan = q.plan(&mut room, || k[3]);
+        assert_eq!(ops(&plan), vec![k[3]]);
+        assert_eq!(farewell_of(&plan.wrs[0]), Some(Farewell::Leaving));
+        assert!(!q.wants_post());
+    }
+
+    #[test]
+    fn without_the_handshake_a_close_changes_nothing_here() {
+        let k = keys(2);
+        let mut q = filled(16, &k, true);
+        q.set_flow(flow(8, 8));
+        q.set_farewell(false);
+        q.say_farewell();
+        q.answer_farewell();
+        let mut room = CqRoom::new(64, 16);
+        assert_eq!(ops(&q.plan(&mut room, || unreachable!())), k.to_vec());
+        // And it needs flow control: without it there is no credit to say goodbye with.
+        let mut plain = SendQueue::new(16);
+        plain.set_farewell(true);
+        assert!(!plain.farewell());
     }
 }

@@ -79,6 +79,7 @@ impl Core {
             recv_depth: 1,
             flow_control: false,
             tail: false,
+            farewell: false,
             user: opts.user_data,
         };
         local.encode(MAX_CONNECT_PRIVATE_DATA)?;
@@ -341,12 +342,18 @@ impl Core {
         let msg_size = self.max_msg() as u32;
         let c = self.conns.get_mut(t).expect("live");
         let flow = negotiate(flow_offer, depth, c.infos.peer.as_ref());
+        // The close handshake, where a completed SEND is no receipt, when both sides take part.
+        let handshake =
+            self.cfg.close_handshake && c.placed.is_some_and(|p| self.devices[p.device].caps.close_handshake());
+        let c = self.conns.get_mut(t).expect("live");
+        let farewell = handshake && flow.is_some() && c.infos.peer.as_ref().is_some_and(|p| p.farewell);
         let local = ConnectInfo {
             msg_size,
             msg_count: 0,
             recv_depth: depth as u16,
             flow_control: flow.is_some(),
             tail,
+            farewell,
             user: Vec::new(),
         };
         // The agent's sends wait for the client's first message (`proto::transport`); with
@@ -355,6 +362,7 @@ impl Core {
         let c = self.conns.get_mut(t).expect("live");
         c.sq.set_hold(first && tail && depth > 0);
         c.sq.set_flow(flow);
+        c.sq.set_farewell(farewell);
         let bytes = local.encode(MAX_ACCEPT_PRIVATE_DATA).unwrap_or_default();
         c.infos.local = local;
         c.infos.sent = true;
@@ -454,7 +462,10 @@ impl Core {
                             let local = &c.infos.local;
                             let flow = negotiate(local.flow_control, u32::from(local.recv_depth), info.as_ref());
                             let unguarded = flow.is_none() && c.srq_share.is_some();
+                            let farewell =
+                                flow.is_some() && local.farewell && info.as_ref().is_some_and(|i| i.farewell);
                             c.sq.set_flow(flow);
+                            c.sq.set_farewell(farewell);
                             // The initiator speaks first on iWARP: a credit-only message.
                             let rule = c.placed.is_some_and(|p| self.devices[p.device].caps.client_sends_first());
                             let first = rule && c.infos.local.tail && info.as_ref().is_some_and(|i| i.recv_depth > 0);
@@ -496,11 +507,15 @@ impl Core {
         let flow_offer = self.cfg.flow_control;
         let placed = self.conns.get(t)?.placed;
         let iwarp = placed.is_some_and(|p| self.devices[p.device].caps.transport == Transport::Iwarp);
+        let handshake =
+            self.cfg.close_handshake && placed.is_some_and(|p| self.devices[p.device].caps.close_handshake());
         let c = self.conns.get_mut(t)?;
         // Tails land in the receive buffers' slack (`Pool::new`): message sizes stay whole.
         c.infos.local.tail = placed.is_some_and(|p| p.tail);
         c.infos.local.recv_depth = depth.min(u32::from(u16::MAX)) as u16;
         c.infos.local.flow_control = flow_offer && depth >= MIN_DEPTH;
+        // The close handshake where a completed SEND is no receipt (`Caps::close_handshake`).
+        c.infos.local.farewell = c.infos.local.flow_control && handshake;
         c.infos.sent = true;
         let bytes = match (&c.infos.raw_private_data, c.infos.local.encode(MAX_CONNECT_PRIVATE_DATA)) {
             (Some(raw), _) => raw.clone(),

@@ -91,7 +91,7 @@ use super::timers::TimerTarget;
 use super::Core;
 use crate::error::{Error, Result};
 use crate::proto::conn::{AsyncEventKind, CloseReason, Input};
-use crate::proto::flow::Imm;
+use crate::proto::flow::{Farewell, Imm};
 use crate::proto::op::{OpCode, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, GenSlab, Key, SrqKey, Token};
 use crate::proto::transport::unframe;
@@ -600,14 +600,16 @@ impl Core {
             }
         } else {
             // A message without immediate data (a peer breaking the protocol) grants nothing.
-            wc.imm.map_or(Imm { grant: 0, control: false }, Imm::decode)
+            wc.imm.map_or(Imm::data(0), Imm::decode)
         };
         // An iWARP agent's sends wait for its client's first message: this one.
         let released = c.sq.release();
         let mut control = false;
+        let mut farewell = Farewell::None;
         if let Some(flow) = c.sq.flow_mut() {
             flow.on_receive(imm);
             control = imm.control;
+            farewell = imm.farewell;
         }
         if control {
             c.meter.credit_message(false);
@@ -620,7 +622,8 @@ impl Core {
             // A credit-only message: its buffer goes back unseen, and returns its credit.
             s.repost.push(Repost { buf: Some(buf), owner: Some((t, true)) });
             // Its grant may let queued sends go.
-            return self.after_completion(t);
+            self.after_completion(t);
+            return self.on_farewell(t, farewell);
         }
         s.repost.push(Repost { buf: None, owner: Some((t, false)) });
         // Exactly the bytes received (none for an RDMA WRITE with immediate data).

@@ -78,6 +78,12 @@ pub struct Stats {
     pub established: u64,
     /// Connections closed.
     pub closed: u64,
+    /// Closes by the close handshake (iWARP under flow control: a SEND's completion is no
+    /// receipt there) whose farewell the peer answered: it had everything this side sent.
+    pub farewells_answered: u64,
+    /// Closes by the close handshake whose farewell was not answered within
+    /// `Timeouts::finish` (a peer gone, or one that stopped reading): disconnected anyway.
+    pub farewells_unanswered: u64,
     /// Reconnect attempts scheduled by clients with a reconnect policy
     /// (`ConnectOptions::reconnect`): one per failure that did not close the connection.
     pub reconnects: u64,
@@ -176,7 +182,7 @@ impl Stats {
                 cm_events, stale_cm_events, cq_events, spurious_cq_events, cq_ack_calls, cq_events_acked,
                 cq_arms, cq_rearm_catches, spin_polls, cq_polls, completions, stale_completions,
                 budget_exhausted, cq_room_waits, post_send_calls, post_recv_calls, wrs_posted, accepted,
-                rejected, established, closed, reconnects, reconnected, async_events, stale_async_events, shared_async_events,
+                rejected, established, closed, farewells_answered, farewells_unanswered, reconnects, reconnected, async_events, stale_async_events, shared_async_events,
                 devices_lost, devices_released, keepalives, credit_stalls, handed_off, handoffs_received,
                 handoffs_failed, timer_compactions, srq_posted, srq_post_calls, srq_consumed, srq_stale,
                 srq_limit_events, srq_refused, srq_overdrawn, srq_grown, srq_shrunk, peer_violations;

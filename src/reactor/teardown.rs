@@ -28,9 +28,20 @@ impl Core {
                 // Also when it is already closing for a failure: no further attempt.
                 r.stopped = true;
             }
-            self.feed(k, Input::Close);
+            let input = self.close_input(k, CloseReason::Local);
+            self.feed(k, input);
         } else if let Some(k) = self.listeners.key_of(t) {
             self.close_listener(k, CloseReason::Local);
+        }
+    }
+
+    /// How a connection is told to close for `reason` (`Local` or `Shutdown`): with the close
+    /// handshake when it negotiated one (`SendQueue::farewell`), else at once.
+    fn close_input(&self, k: ConnKey, reason: CloseReason) -> Input {
+        match self.conns.get(k) {
+            Some(c) if c.sq.farewell() => Input::Finish(reason),
+            _ if reason == CloseReason::Shutdown => Input::Shutdown,
+            _ => Input::Close,
         }
     }
 
@@ -227,7 +238,8 @@ impl Core {
             self.close_listener(t, CloseReason::Shutdown);
         }
         for t in self.conns.keys() {
-            self.feed(t, Input::Shutdown);
+            let input = self.close_input(t, CloseReason::Shutdown);
+            self.feed(t, input);
         }
         // Let connections close cleanly: DISCONNECTED, flushes, drain.
         let deadline = Instant::now().checked_add(grace);

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use super::Core;
 use crate::error::{Error, Result};
-use crate::proto::conn::Input;
+use crate::proto::conn::{Input, Step};
 use crate::proto::token::{ConnKey, Key, Kind, ListenerKey, TimerKey, Token};
 
 /// What a heap entry fires.
@@ -78,6 +78,15 @@ impl Core {
                 match c.deadline {
                     Some((k, step)) if k == key => {
                         c.deadline = None;
+                        if step == Step::Finish {
+                            self.stats.farewells_unanswered += 1;
+                            event!(
+                                info,
+                                "{:?}: the peer did not answer the farewell within {:?}: disconnecting anyway",
+                                crate::proto::token::Key::token(t),
+                                self.cfg.timeouts.finish
+                            );
+                        }
                         self.feed(t, Input::Timeout(step));
                         1
                     }

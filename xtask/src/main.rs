@@ -47,7 +47,8 @@ commands:
                              exits non-zero when either fails (the first failure's status;
                              124: timeout; 125: xtask or the VM failed)
   vm2 --cases [NAME...]      the two-VM cases (blast-loss, blast-delay, link-down-up,
-                             peer-link-down, reconnect-link, reconnect-restart, peer-killed)
+                             close-after-send, peer-link-down, reconnect-link,
+                             reconnect-restart, peer-killed)
                              in one linked pair, as a table
   test [options]             host unit tests, then every tests/*.rs binary in one VM boot per
                              device, rxe0 then siw0 (or here, when this host has an active

@@ -29,6 +29,7 @@ pub const CASES: &[&str] = &[
     "blast-loss",
     "blast-delay",
     "link-down-up",
+    "close-after-send",
     "peer-link-down",
     "reconnect-link",
     "reconnect-restart",

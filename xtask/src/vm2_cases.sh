@@ -12,7 +12,7 @@
 # that `blast server --verify` checks byte by byte.
 . /xtask/iproute2.sh
 
-ALL="blast-loss blast-delay link-down-up peer-link-down reconnect-link reconnect-restart peer-killed"
+ALL="blast-loss blast-delay link-down-up close-after-send peer-link-down reconnect-link reconnect-restart peer-killed"
 # Blast cases: messages of SIZE (each 64 packets at rxe's 1024-byte MTU).
 SIZE=64K
 
@@ -272,6 +272,7 @@ run_case() {
     blast-loss) blast_netem blast-loss 7471 32 loss 1% ;;
     blast-delay) blast_netem blast-delay 7472 64 delay 5ms ;;
     link-down-up) two_vm link-down-up link_down_up_busy_fails_new_works ;;
+    close-after-send) two_vm close-after-send close_right_after_the_last_send ;;
     peer-link-down) two_vm peer-link-down peer_link_down_sender_gives_up ;;
     reconnect-link) reconnect_case reconnect-link 7473 link ;;
     reconnect-restart) reconnect_case reconnect-restart 7474 restart ;;

@@ -7,8 +7,10 @@
 //! connection; nothing here panics.
 //!
 //! Agent and client differ only until the connection is established; from then on both run the
-//! same shared phase (established → disconnecting → draining → closed), coded once in
-//! [`Phase`].
+//! same shared phase (established → (saying goodbye →) disconnecting → draining → closed),
+//! coded once in [`Phase`]. Saying goodbye (`Finishing`) is the close handshake of a
+//! connection that negotiated it (iWARP, `crate::proto::flow::Farewell`): the reactor feeds
+//! `Finish` instead of `Close`, and the disconnect waits for the peer's `Finished`.
 
 mod agent;
 mod client;
@@ -147,6 +149,8 @@ pub enum Step {
     Disconnect,
     /// Either side: after DISCONNECTED, until every outstanding work request has completed.
     Drain,
+    /// From our farewell to the peer's answer (the close handshake, `Input::Finish`).
+    Finish,
 }
 
 impl fmt::Display for Step {
@@ -158,6 +162,7 @@ impl fmt::Display for Step {
             Step::Accept => "accept",
             Step::Disconnect => "disconnect",
             Step::Drain => "drain",
+            Step::Finish => "close handshake",
         })
     }
 }
@@ -316,6 +321,14 @@ pub enum Input {
     /// A failure after which nothing of the connection can be trusted (its completion queue
     /// or device failed): closed at once in any state, without waiting for its completions.
     Abort(CloseReason),
+    /// Close (`CloseReason::Local`) or shut down (`CloseReason::Shutdown`) with the close
+    /// handshake: say goodbye and disconnect once the peer answers ([`Input::Finished`]) or
+    /// [`Step::Finish`] times out. The reactor sends it instead of `Close` or `Shutdown` on a
+    /// connection that negotiated the handshake (`crate::proto::flow::Farewell`). Before
+    /// establishment it is a plain close; while closing, ignored.
+    Finish(CloseReason),
+    /// The peer answered our farewell: it has received everything we sent before it.
+    Finished,
 }
 
 /// What the reactor must do for a connection.
@@ -335,6 +348,9 @@ pub enum Action {
     ClearDeadline,
     /// The connection is over: tell the handler, destroy its resources at the end of the tick.
     Closed(CloseReason),
+    /// Send the farewell after everything posted so far (a credit-only message saying
+    /// `Farewell::Leaving`), and post no further message.
+    SendFarewell,
 }
 
 /// The actions one input produces.
@@ -357,6 +373,9 @@ pub enum State {
     Disconnecting(CloseReason),
     /// Disconnected; waiting for outstanding work requests to complete or flush.
     Draining(CloseReason),
+    /// Our farewell is sent (or waits for a credit); waiting for the peer's answer before
+    /// `rdma_disconnect` (the close handshake, [`Config::close_handshake`](crate::Config::close_handshake)).
+    Finishing(CloseReason),
     /// Over. Every further input is ignored.
     Closed,
 }
@@ -365,6 +384,12 @@ impl State {
     /// True once the connection is established and until it starts closing.
     pub fn is_established(&self) -> bool {
         matches!(self, State::Established)
+    }
+
+    /// True from establishment until our `rdma_disconnect` or the peer's (established, or
+    /// saying goodbye): the states a disconnect leaves.
+    pub(crate) fn is_connected(&self) -> bool {
+        matches!(self, State::Established | State::Finishing(_))
     }
 
     /// True while waiting for outstanding work requests after a disconnect.
@@ -386,6 +411,7 @@ impl State {
             State::Established => "established",
             State::Disconnecting(_) => "disconnecting",
             State::Draining(_) => "draining",
+            State::Finishing(_) => "saying goodbye",
             State::Closed => "closed",
         }
     }
@@ -411,13 +437,14 @@ impl Phase {
         let out = match input {
             Input::Close => Phase::close_early(state, CloseReason::Local),
             Input::Shutdown => Phase::close_early(state, CloseReason::Shutdown),
+            Input::Finish(reason) => Phase::close_early(state, reason.clone()),
             Input::SetupFailed(what) => Phase::close_early(state, CloseReason::Setup(what.clone())),
             Input::WorkError(s) => Phase::close_early(state, CloseReason::WorkError(*s)),
             Input::Cm(CmEventKind::DeviceRemoval, _) => Phase::close_early(state, CloseReason::DeviceRemoval),
             Input::Fault(reason) | Input::Abort(reason) => Phase::close_early(state, reason.clone()),
             // Neither needs an answer before establishment.
             Input::Cm(CmEventKind::AddrChange | CmEventKind::TimewaitExit, _) => Actions::new(),
-            Input::Drained => Actions::new(),
+            Input::Drained | Input::Finished => Actions::new(),
             _ => return None,
         };
         Some(out)
@@ -425,7 +452,7 @@ impl Phase {
 
     fn unexpected(state: &mut State, input: &Input) -> Actions {
         let what = format!("unexpected {input:?} while {}", state.name());
-        if matches!(state, State::Established) {
+        if state.is_connected() {
             *state = State::Disconnecting(CloseReason::Protocol(what));
             acts([Action::Disconnect, Action::SetDeadline(Step::Disconnect)])
         } else {
@@ -438,6 +465,45 @@ impl Phase {
         use CmEventKind as K;
         match (&*state, input) {
             (State::Closed, _) => Actions::new(),
+
+            (State::Established, Input::Finish(reason)) => {
+                *state = State::Finishing(reason);
+                acts([Action::SendFarewell, Action::SetDeadline(Step::Finish)])
+            }
+            (State::Finishing(reason), Input::Finished | Input::Timeout(Step::Finish)) => {
+                // The peer has everything we sent (or did not answer in time): disconnect.
+                *state = State::Disconnecting(reason.clone());
+                acts([Action::Disconnect, Action::SetDeadline(Step::Disconnect)])
+            }
+            (State::Finishing(reason), Input::Cm(K::Disconnected, _)) => {
+                // The peer disconnected first: nothing more can arrive from us anyway.
+                *state = State::Draining(reason.clone());
+                acts([Action::Disconnect, Action::SetDeadline(Step::Drain)])
+            }
+            (State::Finishing(_), Input::Cm(K::Unreachable, s)) => {
+                *state = State::Disconnecting(CloseReason::Unreachable(s));
+                acts([Action::Disconnect, Action::SetDeadline(Step::Disconnect)])
+            }
+            (State::Finishing(_), Input::WorkError(s)) => {
+                *state = State::Disconnecting(CloseReason::WorkError(s));
+                acts([Action::Disconnect, Action::SetDeadline(Step::Disconnect)])
+            }
+            (State::Finishing(_), Input::Fault(reason)) => {
+                *state = State::Disconnecting(reason);
+                acts([Action::Disconnect, Action::SetDeadline(Step::Disconnect)])
+            }
+            (
+                State::Finishing(_),
+                Input::Close
+                | Input::Shutdown
+                | Input::Finish(_)
+                | Input::Drained
+                | Input::Timeout(_)
+                | Input::SetupFailed(_)
+                | Input::Cm(K::AddrChange | K::TimewaitExit, _),
+            ) => Actions::new(),
+            (_, Input::Finished) => Actions::new(),
+            (State::Disconnecting(_) | State::Draining(_), Input::Finish(_)) => Actions::new(),
 
             (State::Established, Input::Close) => {
                 *state = State::Disconnecting(CloseReason::Local);
@@ -500,7 +566,10 @@ impl Phase {
             }
             (State::Draining(_), Input::Cm(K::Disconnected | K::AddrChange | K::TimewaitExit, _)) => Actions::new(),
 
-            (State::Established | State::Disconnecting(_) | State::Draining(_), Input::Cm(K::DeviceRemoval, _)) => {
+            (
+                State::Established | State::Finishing(_) | State::Disconnecting(_) | State::Draining(_),
+                Input::Cm(K::DeviceRemoval, _),
+            ) => {
                 *state = State::Closed;
                 acts([Action::ClearDeadline, Action::Closed(CloseReason::DeviceRemoval)])
             }

@@ -30,8 +30,8 @@ pub(crate) const KNOWN_KINDS: [K; 16] = [
 ];
 
 /// Every step with a deadline. The tests check it is complete.
-pub(crate) const ALL_STEPS: [Step; 6] =
-    [Step::ResolveAddr, Step::ResolveRoute, Step::Connect, Step::Accept, Step::Disconnect, Step::Drain];
+pub(crate) const ALL_STEPS: [Step; 7] =
+    [Step::ResolveAddr, Step::ResolveRoute, Step::Connect, Step::Accept, Step::Disconnect, Step::Drain, Step::Finish];
 
 /// The Protocol reason the machines build for `input` arriving in `state`.
 pub(crate) fn proto(state: &State, input: &Input) -> CloseReason {
@@ -53,6 +53,7 @@ pub(crate) fn armed_in(state: &State) -> Option<Step> {
         State::Established | State::Closed => None,
         State::Disconnecting(_) => Some(Step::Disconnect),
         State::Draining(_) => Some(Step::Drain),
+        State::Finishing(_) => Some(Step::Finish),
     }
 }
 
@@ -83,6 +84,18 @@ pub(crate) fn spec(state: &State, input: &Input) -> Want {
         (_, Input::Cm(K::DeviceRemoval, _)) => close(CloseReason::DeviceRemoval),
         // Nothing of the connection can be trusted: closed at once, whatever its state.
         (_, Input::Abort(r)) => close(r.clone()),
+        // The close handshake: say goodbye, disconnect once the peer answers or the deadline
+        // passes; the peer disconnecting first ends it too.
+        (S::Established, Input::Finish(r)) => {
+            Go(S::Finishing(r.clone()), vec![A::SendFarewell, A::SetDeadline(Step::Finish)])
+        }
+        (_, Input::Finish(r)) if early => close(r.clone()),
+        (S::Finishing(r), Input::Finished) => disconnect(r.clone()),
+        (_, Input::Finished | Input::Finish(_)) => Ignore,
+        (S::Finishing(r), Input::Cm(K::Disconnected, _)) => {
+            Go(S::Draining(r.clone()), vec![A::Disconnect, A::SetDeadline(Step::Drain)])
+        }
+        (S::Finishing(_), Input::Cm(K::Unreachable, s)) => disconnect(CloseReason::Unreachable(*s)),
         (S::ResolvingAddr, Input::Cm(K::AddrResolved, _)) => {
             Go(S::ResolvingRoute, vec![A::ClearDeadline, A::ResolveRoute, A::SetDeadline(Step::ResolveRoute)])
         }
@@ -119,6 +132,7 @@ pub(crate) fn spec(state: &State, input: &Input) -> Want {
         // Only the armed deadline counts; any other one is stale.
         (_, Input::Timeout(t)) if armed_in(state) != Some(*t) => Ignore,
         (S::Disconnecting(r), Input::Timeout(_)) => Go(S::Draining(r.clone()), vec![A::SetDeadline(Step::Drain)]),
+        (S::Finishing(r), Input::Timeout(_)) => disconnect(r.clone()),
         (S::Draining(r), Input::Timeout(_) | Input::Drained) => close(r.clone()),
         (_, Input::Timeout(t)) => close(CloseReason::Timeout(*t)),
 
@@ -126,12 +140,14 @@ pub(crate) fn spec(state: &State, input: &Input) -> Want {
         (_, Input::Shutdown) if early => close(CloseReason::Shutdown),
         (_, Input::WorkError(w)) if early => close(CloseReason::WorkError(*w)),
         (_, Input::Fault(r)) if early => close(r.clone()),
-        (S::Established, Input::Fault(r)) => disconnect(r.clone()),
+        (S::Established | S::Finishing(_), Input::Fault(r)) => disconnect(r.clone()),
         (_, Input::Fault(_)) if closing => Ignore,
         (_, Input::SetupFailed(what)) if early => close(CloseReason::Setup(what.clone())),
         (S::Established, Input::Close) => disconnect(CloseReason::Local),
         (S::Established, Input::Shutdown) => disconnect(CloseReason::Shutdown),
-        (S::Established, Input::WorkError(w)) => disconnect(CloseReason::WorkError(*w)),
+        (S::Established | S::Finishing(_), Input::WorkError(w)) => disconnect(CloseReason::WorkError(*w)),
+        // Saying goodbye already: a second close changes nothing.
+        (S::Finishing(_), Input::Close | Input::Shutdown | Input::SetupFailed(_)) => Ignore,
         // The machine asks for no verb while established, so this "cannot happen".
         (S::Established, Input::SetupFailed(_)) => Protocol,
         (_, Input::Close | Input::Shutdown | Input::WorkError(_) | Input::SetupFailed(_)) if closing => Ignore,
@@ -224,8 +240,13 @@ impl Tracker {
                     if self.disconnects > 1 {
                         return Err("Disconnect twice".into());
                     }
-                    if !before.is_established() {
+                    if !before.is_connected() {
                         return Err(format!("Disconnect while {before:?}"));
+                    }
+                }
+                A::SendFarewell => {
+                    if !matches!((before, after), (State::Established, State::Finishing(_))) {
+                        return Err(format!("SendFarewell from {before:?} to {after:?}"));
                     }
                 }
                 A::ResolveRoute => self.resolve_routes += 1,
@@ -258,7 +279,7 @@ pub(crate) fn expected(before: &State, input: &Input) -> (State, Vec<A>) {
     match spec(before, input) {
         Want::Ignore => (before.clone(), vec![]),
         Want::Go(s, a) => (s, a),
-        Want::Protocol if before.is_established() => {
+        Want::Protocol if before.is_connected() => {
             (State::Disconnecting(proto(before, input)), vec![A::Disconnect, A::SetDeadline(Step::Disconnect)])
         }
         Want::Protocol => (State::Closed, closed(proto(before, input)).to_vec()),

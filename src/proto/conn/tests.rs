@@ -124,6 +124,8 @@ fn paths<M: Machine>() -> Vec<(&'static str, Vec<Input>)> {
     v.extend([
         ("established", after(&[])),
         ("disconnecting (local)", after(&[Input::Close])),
+        ("saying goodbye", after(&[Input::Finish(CloseReason::Local)])),
+        ("disconnecting (farewell answered)", after(&[Input::Finish(CloseReason::Local), Input::Finished])),
         ("disconnecting (protocol)", after(&[cm(K::Established)])),
         ("draining (peer)", after(&[cm(K::Disconnected)])),
         ("draining (local)", after(&[Input::Close, cm(K::Disconnected)])),
@@ -189,7 +191,7 @@ fn kind_ordinal(k: K) -> usize {
     }
 }
 
-fn all_steps() -> [Step; 6] {
+fn all_steps() -> [Step; 7] {
     ALL_STEPS
 }
 
@@ -202,6 +204,7 @@ fn step_ordinal(s: Step) -> usize {
         Step::Accept => 3,
         Step::Disconnect => 4,
         Step::Drain => 5,
+        Step::Finish => 6,
     }
 }
 
@@ -220,6 +223,9 @@ fn alphabet() -> Vec<Input> {
     v.extend(all_steps().map(Input::Timeout));
     v.push(Input::Close);
     v.push(Input::Shutdown);
+    v.push(Input::Finish(CloseReason::Local));
+    v.push(Input::Finish(CloseReason::Shutdown));
+    v.push(Input::Finished);
     v.push(Input::Drained);
     v.push(Input::WorkError(WcStatus::RetryExcErr));
     v.push(Input::WorkError(WcStatus::Unknown(77)));
@@ -243,6 +249,8 @@ fn input_ordinal(i: &Input) -> usize {
         Input::Shutdown => 7,
         Input::Fault(_) => 8,
         Input::Abort(_) => 9,
+        Input::Finish(_) => 10,
+        Input::Finished => 11,
     }
 }
 
@@ -251,10 +259,10 @@ fn alphabet_covers_every_variant() {
     let mut kinds = [false; 17];
     all_kinds().into_iter().for_each(|k| kinds[kind_ordinal(k)] = true);
     assert!(kinds.iter().all(|&b| b), "all_kinds misses a CmEventKind");
-    let mut steps = [false; 6];
+    let mut steps = [false; 7];
     all_steps().into_iter().for_each(|s| steps[step_ordinal(s)] = true);
     assert!(steps.iter().all(|&b| b), "all_steps misses a Step");
-    let mut inputs = [false; 10];
+    let mut inputs = [false; 12];
     alphabet().iter().for_each(|i| inputs[input_ordinal(i)] = true);
     assert!(inputs.iter().all(|&b| b), "alphabet misses an Input variant");
 }
@@ -755,7 +763,64 @@ fn stale_timeouts_while_closing_are_ignored<M: Machine>() {
     }
 }
 
+/// The close handshake: our farewell, then the peer's answer (or the deadline) lets us
+/// disconnect; the peer disconnecting first ends it; the reason is the one it started with.
+fn the_close_handshake_disconnects_once_answered<M: Machine>() {
+    for reason in [CloseReason::Local, CloseReason::Shutdown] {
+        let finishing = State::Finishing(reason.clone());
+        let m = check(
+            established::<M>(),
+            &[Input::Finish(reason.clone())],
+            finishing.clone(),
+            &[A::SendFarewell, A::SetDeadline(Step::Finish)],
+        );
+        // A second close, a stray deadline, a drain: nothing.
+        for i in [Input::Close, Input::Shutdown, Input::Finish(CloseReason::Local), Input::Timeout(Step::Disconnect)] {
+            check(m.clone(), [i], finishing.clone(), &[]);
+        }
+        let disconnecting = State::Disconnecting(reason.clone());
+        let go = [A::Disconnect, A::SetDeadline(Step::Disconnect)];
+        let answered = check(m.clone(), &[Input::Finished], disconnecting.clone(), &go);
+        check(m.clone(), &[Input::Timeout(Step::Finish)], disconnecting, &go);
+        let path = [cm(K::Disconnected), Input::Drained];
+        check(answered, &path, State::Closed, &closed(reason.clone()));
+        // The peer leaves first: draining, still for our reason.
+        let m = check(
+            m,
+            &[cm(K::Disconnected)],
+            State::Draining(reason.clone()),
+            &[A::Disconnect, A::SetDeadline(Step::Drain)],
+        );
+        check(m, &[Input::Drained], State::Closed, &closed(reason));
+    }
+    // An answer nobody asked for, and a farewell before establishment (a plain close).
+    check(established::<M>(), &[Input::Finished], State::Established, &[]);
+    let m = check(fresh::<M>(), &[Input::Finish(CloseReason::Local)], State::Closed, &closed(CloseReason::Local));
+    check(m, &[Input::Finished], State::Closed, &[]);
+    // Failures while saying goodbye disconnect for their own reason.
+    let m = check(
+        established::<M>(),
+        &[Input::Finish(CloseReason::Local)],
+        State::Finishing(CloseReason::Local),
+        &[A::SendFarewell, A::SetDeadline(Step::Finish)],
+    );
+    let w = CloseReason::WorkError(WcStatus::RetryExcErr);
+    check(
+        m.clone(),
+        &[Input::WorkError(WcStatus::RetryExcErr)],
+        State::Disconnecting(w),
+        &[A::Disconnect, A::SetDeadline(Step::Disconnect)],
+    );
+    check(
+        m,
+        &[cm(K::Unreachable)],
+        State::Disconnecting(CloseReason::Unreachable(0)),
+        &[A::Disconnect, A::SetDeadline(Step::Disconnect)],
+    );
+}
+
 both!(
+    the_close_handshake_disconnects_once_answered,
     disconnect_timeout_moves_to_draining,
     drain_timeout_closes_with_the_original_reason,
     stale_timeouts_while_closing_are_ignored
@@ -1013,8 +1078,16 @@ fn explore<M: Machine>() -> (usize, Vec<&'static str>) {
 fn every_input_in_every_reachable_state_matches_spec_client() {
     let (n, mut kinds) = explore::<Client>();
     kinds.sort_unstable();
-    let mut want =
-        ["resolving address", "resolving route", "connecting", "established", "disconnecting", "draining", "closed"];
+    let mut want = [
+        "resolving address",
+        "resolving route",
+        "connecting",
+        "established",
+        "saying goodbye",
+        "disconnecting",
+        "draining",
+        "closed",
+    ];
     want.sort_unstable();
     assert_eq!(kinds, want);
     assert!(n > 50, "only {n} states explored");
@@ -1024,7 +1097,7 @@ fn every_input_in_every_reachable_state_matches_spec_client() {
 fn every_input_in_every_reachable_state_matches_spec_agent() {
     let (n, mut kinds) = explore::<Agent>();
     kinds.sort_unstable();
-    let mut want = ["accepting", "established", "disconnecting", "draining", "closed"];
+    let mut want = ["accepting", "established", "saying goodbye", "disconnecting", "draining", "closed"];
     want.sort_unstable();
     assert_eq!(kinds, want);
     assert!(n > 50, "only {n} states explored");
@@ -1057,9 +1130,17 @@ fn plausible(state: &State) -> Vec<Input> {
             cm(K::Disconnected),
             Input::Close,
             Input::Shutdown,
+            Input::Finish(CloseReason::Local),
             Input::WorkError(WcStatus::RemOpErr),
             Input::Timeout(Step::Connect),
             Input::Timeout(Step::Accept),
+        ],
+        State::Finishing(_) => vec![
+            Input::Finished,
+            Input::Timeout(Step::Finish),
+            cm(K::Disconnected),
+            Input::Close,
+            Input::Timeout(Step::Disconnect),
         ],
         State::Disconnecting(_) => vec![
             cm(K::Disconnected),
