@@ -73,13 +73,13 @@ server: receives from any number of clients at once, from one thread.
                      peer's credits (a stopped peer; default: wait for ever)
   --srq              receives from one shared receive queue the runtime keeps filled; the
                      credit window starts at --srq-credit instead of --depth
-  --srq-receives N   receives on the shared queue (default 3840; (N - reserve) / credit
+  --srq-receives N   receives on the shared queue (default 31232; (N - reserve) / credit
                      connections)
   --srq-credit N     receive depth each connection starts with and keeps (default 3, at least 3)
   --srq-max-credit N most a busy connection is granted from the free receives (default 32)
   --srq-reserve N    receives granted to no connection, taken by a peer that breaks its
-                     credit before it is closed (default a sixteenth of --srq-receives)
-  --srq-size BYTES   buffer of each shared receive: the largest message (default 4K)
+                     credit before it is closed (default a thirty-second of --srq-receives)
+  --srq-size BYTES   buffer of each shared receive: the largest message (default 1K)
 client: streams N messages of BYTES on each of K connections.
   --connect ADDR:PORT
   --size BYTES       message size (suffixes K, M); with --op write the server's ring (depth

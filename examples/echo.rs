@@ -58,14 +58,14 @@ server: echoes every message on every connection, from one thread.
                        peer's credits (a stopped peer; default: wait for ever)
   --srq                receives from one shared receive queue the runtime keeps filled, not
                        --depth per connection: registered memory does not grow with connections
-  --srq-receives N     receives on the shared queue (default 3840); at most
+  --srq-receives N     receives on the shared queue (default 31232); at most
                        (N - reserve) / credit connections are accepted
   --srq-credit N       receive depth each connection starts with and keeps (default 3, the
                        least flow control works with)
   --srq-max-credit N   most a busy connection is granted from the free receives (default 32)
   --srq-reserve N      receives granted to no connection: what a peer that breaks its credit
-                       takes before it is closed (default N / 16 of --srq-receives)
-  --srq-size BYTES     buffer of each shared receive: the largest message (default 4K)
+                       takes before it is closed (default N / 32 of --srq-receives)
+  --srq-size BYTES     buffer of each shared receive: the largest message (default 1K)
   --marks N,N,..       print a `mark` line (live connections, registered bytes) when the live
                        connections reach each N (per reactor)
   --accept-delay-ms N  test hook: on each connect request print `echo server: connect request

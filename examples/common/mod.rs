@@ -100,7 +100,7 @@ impl Args {
     pub const LIVENESS: [&'static str; 4] = ["keepalive-ms", "ack-timeout-ms", "retry-count", "credit-timeout-ms"];
 
     /// `--srq` (a switch) with `--srq-receives N`, `--srq-credit N`, `--srq-max-credit N`,
-    /// `--srq-reserve N` (default a sixteenth of the receives) and `--srq-size BYTES`: a shared receive queue per device
+    /// `--srq-reserve N` (default a thirty-second of the receives) and `--srq-size BYTES`: a shared receive queue per device
     /// (`Config::srq`), or `None` without `--srq`.
     pub fn srq(&self) -> Option<rdma_reactor::SrqConfig> {
         if !self.switch("srq") {
@@ -114,21 +114,14 @@ impl Args {
             max_credit: self.get("srq-max-credit", d.max_credit),
             buf_size: self.size("srq-size", d.buf_size as usize) as u32,
             low_water: receives / 4,
-            reserve: self.get("srq-reserve", receives / 16),
+            reserve: self.get("srq-reserve", receives / 32),
         })
     }
 
-    /// `cfg` with the shared receive queue of [`Args::srq`], if any, and a pool size class of
-    /// exactly its buffer size when that is below the pool's smallest (a 64-byte message
-    /// then pins 1 KiB, not 4 KiB, per receive).
+    /// `cfg` with the shared receive queue of [`Args::srq`], if any (the runtime gives each
+    /// device's pool a size class of exactly its buffer size when that is below the smallest).
     pub fn with_srq(&self, cfg: rdma_reactor::Config) -> rdma_reactor::Config {
-        let Some(srq) = self.srq() else { return cfg };
-        let mut pool = cfg.pool.clone();
-        let size = srq.buf_size as usize;
-        if pool.chunk_sizes.iter().all(|c| *c > size) {
-            pool.chunk_sizes.insert(0, size);
-        }
-        rdma_reactor::Config { srq: Some(srq), pool, ..cfg }
+        rdma_reactor::Config { srq: self.srq(), ..cfg }
     }
 
     /// The value flags [`Args::srq`] reads (`srq` itself is a switch).

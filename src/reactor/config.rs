@@ -66,7 +66,19 @@ impl Timeouts {
 
 /// A shared receive queue per device ([`Config::srq`]): the runtime keeps `receives` buffers
 /// of `buf_size` bytes posted on it for every connection of the reactor on that device, so the
-/// registered receive memory does not grow with the number of connections.
+/// registered receive memory does not grow with the number of connections. The device's pool
+/// gets a size class of exactly `buf_size` when that is below its smallest (a receive then pins
+/// `buf_size` bytes, not a larger chunk).
+///
+/// **The defaults** serve many mostly idle connections with small messages (requests,
+/// replies, control; bulk data goes by RDMA WRITE or READ, or on connections of a reactor
+/// without an SRQ): 31 232 receives of 1 KiB, a credit of 3 growing to 32 while busy, a
+/// reserve of 976: 10 085 connections per device, in 32 MiB registered when the queue is
+/// created (eight 4 MiB clusters of 1 KiB chunks; the 1 536 chunks the receives leave hold
+/// messages handed to handlers, each replaced on the queue at once, so a burst of that many
+/// in flight registers nothing more). Messages are then at most 1 KiB on every connection of
+/// the reactor; a larger `buf_size` admits `(receives - reserve) / credit` connections all
+/// the same, at `receives × buf_size` of memory.
 ///
 /// **The credit rule.** Every receive is granted to at most one connection: each connection
 /// has a share of the queue, and its peer's grants never exceed it, so a peer that keeps to its
@@ -139,13 +151,12 @@ pub struct SrqConfig {
 }
 
 impl Default for SrqConfig {
-    /// 3 840 receives of 4 KiB, a credit of 3 growing to 32 while busy, a low-water mark of
-    /// 960 and a reserve of 240 (a sixteenth): 1 200 connections per device. The receives take
-    /// fifteen sixteenths of the 16 MiB the pool registers in four of its clusters; the rest
-    /// holds messages handed to handlers (each is replaced on the queue at once), so a burst of
-    /// up to 256 of them in flight registers nothing more.
+    /// 31 232 receives of 1 KiB, a credit of 3 growing to 32 while busy, a low-water mark of
+    /// 7 808 (a quarter) and a reserve of 976 (a thirty-second): 10 085 connections per device,
+    /// in 32 MiB registered (see the type's docs). The receives are within Soft-RoCE's CQ limit
+    /// (32 767), which the SRQ's receive CQ is sized by.
     fn default() -> Self {
-        SrqConfig { receives: 3840, buf_size: 4096, credit: 3, max_credit: 32, low_water: 960, reserve: 240 }
+        SrqConfig { receives: 31_232, buf_size: 1024, credit: 3, max_credit: 32, low_water: 7_808, reserve: 976 }
     }
 }
 
@@ -281,6 +292,19 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The pool each device gets: `pool`, with a size class of exactly the SRQ's buffer size
+    /// when that is below its smallest (see [`SrqConfig`]).
+    pub(crate) fn device_pool(&self) -> PoolConfig {
+        let mut pool = self.pool.clone();
+        if let Some(srq) = self.srq {
+            let size = srq.buf_size as usize;
+            if size > 0 && pool.chunk_sizes.iter().all(|&c| c > size) {
+                pool.chunk_sizes.insert(0, size);
+            }
+        }
+        pool
+    }
+
     /// Checks the values a reactor cannot work with.
     pub(crate) fn validate(&self) -> Result<()> {
         if self.send_depth == 0 || self.recv_depth == 0 {

@@ -159,7 +159,7 @@ impl Core {
         } else {
             None
         };
-        let pool = Pool::new(&pd, &self.cfg.pool, caps.overhead() as usize)?;
+        let pool = Pool::new(&pd, &self.cfg.device_pool(), caps.overhead() as usize)?;
         let tails = if caps.tail() { Some(tail::ring_pool(&pd, &self.cfg)?) } else { None };
         let index = self.devices.0.len();
         let token = Token::new(Kind::CompChannel, index as u32, 1);

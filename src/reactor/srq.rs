@@ -736,16 +736,20 @@ mod tests {
         assert!(!b.admit());
     }
 
-    /// The defaults (`SrqConfig::default`): 1 200 connections at their base credit.
+    /// The defaults (`SrqConfig::default`): 10 085 connections at their base credit, in
+    /// receives that fit Soft-RoCE's CQ and leave 1 536 chunks of their eight clusters free.
     #[test]
-    fn the_defaults_admit_1200_connections() {
+    fn the_defaults_admit_10085_connections() {
         let d = crate::SrqConfig::default();
         let mut b = SrqBudget::new(d.receives, d.credit, d.max_credit, d.reserve);
-        assert_eq!(b.max_conns(), 1200);
-        for _ in 0..1200 {
+        assert_eq!(b.max_conns(), 10_085);
+        for _ in 0..10_085 {
             assert!(b.admit());
         }
         assert!(!b.admit());
+        assert!(d.receives <= 32_767, "rxe's max_cqe");
+        let chunks = 8 * (4 << 20) / d.buf_size;
+        assert_eq!(chunks - d.receives, 1_536);
     }
 
     #[test]

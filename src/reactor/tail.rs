@@ -4,8 +4,9 @@
 //! A tail is the second scatter entry of a send's work request, so it must sit in registered
 //! memory until the device has read it: a ring of 4-byte slots in one chunk of the connection's
 //! own, from the device's ring pool ([`ring_pool`]: one size class of ring-sized chunks in
-//! 2 MiB clusters, so 6 553 connections of the default send depth share one registration, and
-//! registered memory does not grow with the connections). Slot `i` is written again only after `slots` later sends were posted;
+//! 2 MiB clusters, so 6 553 connections of the default send depth share one registration; with
+//! a shared receive queue, in clusters that hold a ring for every connection the queue admits,
+//! so registered memory does not grow with the connections). Slot `i` is written again only after `slots` later sends were posted;
 //! the ring has more slots than the queue pair has send work requests, and an RC queue pair
 //! completes its sends in order, so by then the send that used slot `i` has completed (or
 //! the queue pair has failed, and reads nothing any more).
@@ -24,11 +25,14 @@ fn ring_bytes(send_depth: u32) -> usize {
     ((send_depth as usize + 1) * TAIL_LEN as usize).div_ceil(64) * 64
 }
 
-/// The device's pool of tail rings for connections of `cfg` (`Device::tails`).
+/// The device's pool of tail rings for connections of `cfg` (`Device::tails`): clusters of
+/// 2 MiB, or of a ring for each connection the device's shared receive queue admits when that
+/// is more (its admission limit is per device, so one registration serves them all).
 pub(super) fn ring_pool(pd: &Rc<Pd>, cfg: &Config) -> Result<Pool> {
     let chunk = ring_bytes(cfg.send_depth);
-    let rings =
-        PoolConfig { chunk_sizes: vec![chunk], cluster_bytes: (2 << 20).max(chunk), max_bytes: cfg.pool.max_bytes };
+    let srq_conns = cfg.srq.map_or(0, |s| (s.receives.saturating_sub(s.reserve) / s.credit.max(1)) as usize);
+    let cluster_bytes = (2 << 20).max(chunk).max(chunk.saturating_mul(srq_conns));
+    let rings = PoolConfig { chunk_sizes: vec![chunk], cluster_bytes, max_bytes: cfg.pool.max_bytes };
     Pool::new(pd, &rings, 0)
 }
 

@@ -83,6 +83,11 @@ impl Core {
         if n > 0 {
             for d in self.devices.iter() {
                 d.pool.trim();
+                // A ring cluster registered for a moment's excess (a connection refused after
+                // its ring was taken, closing ones not yet destroyed) goes once empty.
+                if let Some(tails) = d.tails.as_ref() {
+                    tails.trim();
+                }
             }
             self.reap_retired_cqs();
         }
