@@ -145,7 +145,7 @@ fn rust_log_tells_an_operator_what_happened() {
         .expect("echo server");
     let srv = Proc(child, "echo server");
     wait_listening(server, LIMIT);
-    // Refused by the runtime: larger than the shared receive queue's buffers (4 KiB).
+    // Refused by the runtime: larger than the shared receive queue's buffers (1 KiB at the defaults).
     let (ok, text) = run_output(bin("echo"), &["client", "--connect", &s, "--size", "8192", "--count", "1"], LIMIT);
     assert!(!ok, "a client of 8 KiB messages is refused:\n{text}");
     let (ok, text) = run_output(bin("echo"), &["client", "--connect", &s, "--size", "64", "--count", "5"], LIMIT);
@@ -175,7 +175,7 @@ fn rust_log_tells_an_operator_what_happened() {
         "INFO  echo rdma_reactor] ",
         ": listening on ",
         "rejected a connect request from ",
-        "message size 8192 exceeds the server's maximum 4096",
+        "message size 8192 exceeds the server's maximum 1024",
         "accepted a connect request from ",
         "established with ",
         ": closed: ",

@@ -203,7 +203,15 @@ impl Core {
 
     fn post_recvs(&mut self, t: ConnKey) {
         let c = self.conns.get_mut(t).expect("live");
-        let keys = c.rq.plan();
+        let keys = if c.role.state().is_connected() && !c.role.state().is_established() {
+            // Saying goodbye: what the handler submitted is never posted (a closing connection
+            // cancels it), but a receive a credit-only message consumed goes back, so that its
+            // grant can reach a peer that needs it to answer our farewell.
+            let ops = &self.ops;
+            c.rq.plan_only(|k| ops.get(k).is_some_and(|o| o.after_control))
+        } else {
+            c.rq.plan()
+        };
         if keys.is_empty() {
             return;
         }

@@ -394,6 +394,22 @@ impl RecvQueue {
         self.pending.drain(..n as usize).collect()
     }
 
+    /// Like [`RecvQueue::plan`], but takes only the receives `want` accepts; the others stay
+    /// pending, in order (a connection saying goodbye posts the runtime's re-posts only).
+    pub(crate) fn plan_only(&mut self, mut want: impl FnMut(OpKey) -> bool) -> SmallVec<[OpKey; 16]> {
+        let room = self.capacity.saturating_sub(self.outstanding()) as usize;
+        let mut out = SmallVec::new();
+        let mut i = 0;
+        while i < self.pending.len() && out.len() < room {
+            if want(self.pending[i]) {
+                out.extend(self.pending.remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+
     /// The device took the first `n` of the planned receives `planned`.
     pub(crate) fn posted(&mut self, planned: &[OpKey], n: usize) {
         self.posted.extend(&planned[..n]);
@@ -745,6 +761,21 @@ mod tests {
         r.push_front(fresh);
         assert_eq!(r.plan().to_vec(), vec![fresh], "a re-posted receive goes first");
         assert_eq!(r.clear(), vec![k[1], k[3], k[4]], "posted first, then pending");
+    }
+
+    #[test]
+    fn plan_only_takes_the_wanted_receives_and_keeps_the_rest_in_order() {
+        let k = keys(5);
+        let mut r = RecvQueue::default();
+        r.set_capacity(2);
+        for op in &k {
+            r.push(*op);
+        }
+        assert_eq!(r.plan_only(|o| o == k[1] || o == k[3] || o == k[4]).to_vec(), vec![k[1], k[3]], "room for two");
+        r.posted(&[k[1], k[3]], 2);
+        assert!(r.plan_only(|_| true).is_empty(), "no room");
+        assert!(r.complete(k[1]));
+        assert_eq!(r.plan().to_vec(), vec![k[0]], "the rest stayed, in order");
     }
 
     fn farewell_of(w: &Planned) -> Option<Farewell> {
