@@ -129,11 +129,14 @@ impl Http {
     /// `self.answer`.
     fn read_request(&mut self, ctx: &mut Ctx<'_>, ev: FdEvent) -> bool {
         let mut chunk = [0u8; 2048];
+        // The client may close its side right after its request (`nc`, HTTP/1.0 clients): what
+        // came before the end is still a request to answer.
+        let mut ended = false;
         loop {
             match self.stream.read(&mut chunk) {
                 Ok(0) => {
-                    ctx.deregister_fd(ev.token);
-                    return false;
+                    ended = true;
+                    break;
                 }
                 Ok(n) => self.request.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
@@ -148,6 +151,10 @@ impl Http {
             }
         }
         let complete = self.request.windows(4).any(|w| w == b"\r\n\r\n");
+        if !complete && ended {
+            ctx.deregister_fd(ev.token);
+            return false;
+        }
         if !complete && self.request.len() <= MAX_REQUEST {
             return false;
         }
