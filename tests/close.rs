@@ -66,10 +66,7 @@ struct SinkConn {
 
 impl ConnectionHandler for SinkConn {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
-        for _ in 0..RECV_DEPTH {
-            let buf = conn.alloc(SIZE).expect("receive buffer");
-            conn.submit(Op::recv(buf)).expect("post receive");
-        }
+        post_recvs(conn, RECV_DEPTH.into(), SIZE);
     }
 
     fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
@@ -116,10 +113,7 @@ impl Stream {
 
 impl ConnectionHandler for Stream {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
-        for _ in 0..4 {
-            let buf = conn.alloc(64).expect("receive buffer");
-            conn.submit(Op::recv(buf)).expect("post receive");
-        }
+        post_recvs(conn, 4, 64);
     }
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {

@@ -25,7 +25,7 @@
 //! - **A refused connect reports `-ECONNREFUSED`**, not the IB CM's reject status 28; the
 //!   reason in the private data reads the same ([`normalize_reject_status`]).
 
-use super::flow::{Imm, MAX_GRANT};
+use super::flow::Imm;
 
 /// The transport of a device (`enum ibv_transport_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,14 +171,12 @@ pub fn unframe(byte_len: u32, tail: Option<[u8; 4]>) -> Result<Unframed, String>
         return Err(format!("a message of {byte_len} bytes has no {TAIL_LEN}-byte tail (iWARP framing)"));
     };
     let raw = u32::from_be_bytes(tail);
-    // A credit-only message may say one farewell (bit 30 or 29, not both); a data message none.
-    let farewell = raw & (1 << 30 | 1 << 29);
-    let one_farewell = raw & 1 << 31 != 0 && farewell != 1 << 30 | 1 << 29;
-    let reserved = raw & !(MAX_GRANT | 1 << 31 | if one_farewell { farewell } else { 0 });
-    if reserved != 0 {
+    let imm = Tail::decode(tail).0;
+    // What `Imm` does not read back is reserved: bits 16..=28, and bits 29 and 30 unless a
+    // credit-only message says one farewell with them.
+    if imm.encode() != raw {
         return Err(format!("a message's tail has reserved bits set ({raw:#010x})"));
     }
-    let imm = Tail::decode(tail).0;
     let len = byte_len - TAIL_LEN;
     if imm.control && len != 0 {
         return Err(format!("a credit-only message carries {len} bytes of payload"));

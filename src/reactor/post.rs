@@ -11,7 +11,7 @@ use super::send_queue::Planned;
 use super::TailRing;
 use super::{Core, Placement, SubmitError};
 use crate::error::Error;
-use crate::proto::conn::{CloseReason, Input};
+use crate::proto::conn::{CloseReason, Input, State};
 use crate::proto::flow::{Farewell, Imm};
 use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, Key, OpKey};
@@ -203,7 +203,7 @@ impl Core {
 
     fn post_recvs(&mut self, t: ConnKey) {
         let c = self.conns.get_mut(t).expect("live");
-        let keys = if c.role.state().is_connected() && !c.role.state().is_established() {
+        let keys = if matches!(c.role.state(), State::Finishing(_)) {
             // Saying goodbye: what the handler submitted is never posted (a closing connection
             // cancels it), but a receive a credit-only message consumed goes back, so that its
             // grant can reach a peer that needs it to answer our farewell.

@@ -119,6 +119,13 @@ impl Core {
         }
     }
 
+    /// True when connection `t` offers the close handshake: `Config::close_handshake`, on a
+    /// device where a completed SEND is no receipt (`Caps::close_handshake`).
+    fn offers_close_handshake(&self, t: ConnKey) -> bool {
+        let placed = self.conns.get(t).and_then(|c| c.placed);
+        self.cfg.close_handshake && placed.is_some_and(|p| self.devices[p.device].caps.close_handshake())
+    }
+
     /// The largest message a connection takes: the pool's largest chunk, or on a shared
     /// receive queue its buffer size.
     pub(super) fn max_msg(&self) -> usize {
@@ -340,12 +347,10 @@ impl Core {
         let tail = c.placed.is_some_and(|p| p.tail);
         // A tail lands in the slack after a full chunk (`Pool::new`): the whole chunk is payload.
         let msg_size = self.max_msg() as u32;
+        // The close handshake, when both sides take part.
+        let handshake = self.offers_close_handshake(t);
         let c = self.conns.get_mut(t).expect("live");
         let flow = negotiate(flow_offer, depth, c.infos.peer.as_ref());
-        // The close handshake, where a completed SEND is no receipt, when both sides take part.
-        let handshake =
-            self.cfg.close_handshake && c.placed.is_some_and(|p| self.devices[p.device].caps.close_handshake());
-        let c = self.conns.get_mut(t).expect("live");
         let farewell = handshake && flow.is_some() && c.infos.peer.as_ref().is_some_and(|p| p.farewell);
         let local = ConnectInfo {
             msg_size,
@@ -507,14 +512,12 @@ impl Core {
         let flow_offer = self.cfg.flow_control;
         let placed = self.conns.get(t)?.placed;
         let iwarp = placed.is_some_and(|p| self.devices[p.device].caps.transport == Transport::Iwarp);
-        let handshake =
-            self.cfg.close_handshake && placed.is_some_and(|p| self.devices[p.device].caps.close_handshake());
+        let handshake = self.offers_close_handshake(t);
         let c = self.conns.get_mut(t)?;
         // Tails land in the receive buffers' slack (`Pool::new`): message sizes stay whole.
         c.infos.local.tail = placed.is_some_and(|p| p.tail);
         c.infos.local.recv_depth = depth.min(u32::from(u16::MAX)) as u16;
         c.infos.local.flow_control = flow_offer && depth >= MIN_DEPTH;
-        // The close handshake where a completed SEND is no receipt (`Caps::close_handshake`).
         c.infos.local.farewell = c.infos.local.flow_control && handshake;
         c.infos.sent = true;
         let bytes = match (&c.infos.raw_private_data, c.infos.local.encode(MAX_CONNECT_PRIVATE_DATA)) {
