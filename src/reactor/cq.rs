@@ -565,14 +565,53 @@ impl Core {
                 if c.role.state().is_connected() {
                     // Every message it sent before its goodbye has reached us: say so.
                     c.sq.answer_farewell();
+                    self.stats.farewells_heard += 1;
+                    if c.parting.is_none() {
+                        // It disconnects once it has the answer. Should its disconnect never
+                        // arrive (its kernel dropped the stream without a word: FAULTS.md),
+                        // this timer ends the connection instead of leaving it for ever.
+                        if let Some(at) = self.read_clock().checked_add(self.cfg.timeouts.finish) {
+                            let key = self.timers.schedule(at, super::timers::TimerTarget::Parting(t));
+                            self.conns.get_mut(t).expect("checked").parting = Some(key);
+                        }
+                    }
                     self.mark_dirty(t);
                 }
             }
             Farewell::Heard => {
-                self.stats.farewells_answered += 1;
-                self.feed(t, Input::Finished);
+                // Counted only while waiting for it: an answer after `Timeouts::finish` was
+                // counted unanswered, and the connection is disconnecting already.
+                if matches!(c.role.state(), State::Finishing(_)) {
+                    self.stats.farewells_answered += 1;
+                    #[cfg(feature = "fault-injection")]
+                    {
+                        c.mute = std::mem::take(&mut self.silent_parting);
+                    }
+                    self.feed(t, Input::Finished);
+                }
             }
         }
+    }
+
+    /// Connection `t`'s parting timer `key` fired: its peer said goodbye, was answered
+    /// `Timeouts::finish` ago and has not disconnected. If the connection is still
+    /// established, it disconnects now and closes as the peer's close
+    /// (`Stats::silent_partings`); a connection closing already is left to its own deadlines.
+    pub(super) fn parting(&mut self, t: ConnKey, key: u64) -> usize {
+        let Some(c) = self.conns.get_mut(t).filter(|c| c.parting == Some(key)) else { return 0 };
+        c.parting = None;
+        if !c.role.state().is_established() {
+            return 0;
+        }
+        self.stats.silent_partings += 1;
+        event!(
+            warn,
+            "{:?}: the peer said goodbye and has not disconnected within {:?}: disconnecting",
+            t.token(),
+            self.cfg.timeouts.finish
+        );
+        self.feed(t, Input::Fault(CloseReason::Peer));
+        1
     }
 
     /// Hands `completion` to connection `t`'s handler, counted first (`Conn::metrics`): every

@@ -76,6 +76,10 @@ impl Core {
                 self.established_callback(t);
             }
             Action::Disconnect => {
+                #[cfg(feature = "fault-injection")]
+                if self.conns.get(t).is_some_and(|c| c.mute) {
+                    return None;
+                }
                 if let Some(id) = self.conns.get(t).and_then(|c| c.ep.id()) {
                     // EINVAL (already disconnected) is success; any other failure still ends
                     // in DISCONNECTED or the disconnect deadline.

@@ -254,6 +254,14 @@ struct ConnEntry {
     meter: ConnMeter,
     /// The keepalive timer's key while probes are scheduled (`Config::keepalive`).
     keepalive: Option<u64>,
+    /// The parting timer's key: the peer said goodbye (the close handshake) and we answered;
+    /// should its disconnect not arrive within `Timeouts::finish`, we disconnect (`cq.rs`,
+    /// `Core::on_farewell`).
+    parting: Option<u64>,
+    /// Fault injection (`Reactor::inject_silent_parting`): this connection skips its
+    /// `rdma_disconnect` after its farewell was answered.
+    #[cfg(feature = "fault-injection")]
+    mute: bool,
     /// A client with a reconnect policy (`ConnectOptions::reconnect`, `reconnect.rs`).
     redial: Option<Box<reconnect::Redial>>,
 }
@@ -281,6 +289,9 @@ impl ConnEntry {
             stream_closed: false,
             meter: ConnMeter::default(),
             keepalive: None,
+            parting: None,
+            #[cfg(feature = "fault-injection")]
+            mute: false,
             redial: None,
         }
     }
@@ -458,6 +469,10 @@ pub(crate) struct Core {
     /// than this, the request at this index is one the device refuses.
     #[cfg(feature = "fault-injection")]
     refuse_send: Option<usize>,
+    /// A fault injected by a test (`fault-injection` feature): the next connection whose
+    /// farewell is answered never calls `rdma_disconnect`.
+    #[cfg(feature = "fault-injection")]
+    silent_parting: bool,
     stats: Stats,
 }
 
@@ -574,6 +589,8 @@ impl Reactor {
                 short_rq: None,
                 #[cfg(feature = "fault-injection")]
                 refuse_send: None,
+                #[cfg(feature = "fault-injection")]
+                silent_parting: false,
                 stats: Stats::default(),
             },
         })
@@ -637,6 +654,17 @@ impl Reactor {
     #[doc(hidden)]
     pub fn inject_refused_send(&mut self, index: usize) {
         self.core.refuse_send = Some(index);
+    }
+
+    /// Hidden and unstable, behind the `fault-injection` feature, for the fault suite only: the
+    /// next connection of this reactor whose farewell its peer answers (the close handshake)
+    /// skips its `rdma_disconnect` and waits in `Disconnecting`, as a peer whose kernel dropped
+    /// its stream without a word looks from the other end (FAULTS.md, iWARP, "a peer that said
+    /// goodbye and never disconnected").
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fn inject_silent_parting(&mut self) {
+        self.core.silent_parting = true;
     }
 
     /// Statistics since creation.

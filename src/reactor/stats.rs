@@ -84,6 +84,13 @@ pub struct Stats {
     /// Closes by the close handshake whose farewell was not answered within
     /// `Timeouts::finish` (a peer gone, or one that stopped reading): disconnected anyway.
     pub farewells_unanswered: u64,
+    /// Peers' farewells this reactor answered (the close handshake, the other side of
+    /// [`farewells_answered`](Stats::farewells_answered)).
+    pub farewells_heard: u64,
+    /// Peers that said goodbye, were answered and had not disconnected `Timeouts::finish`
+    /// later: this reactor disconnected them (closed as `CloseReason::Peer`). Their kernel may
+    /// have dropped the stream without a word (FAULTS.md, iWARP).
+    pub silent_partings: u64,
     /// Reconnect attempts scheduled by clients with a reconnect policy
     /// (`ConnectOptions::reconnect`): one per failure that did not close the connection.
     pub reconnects: u64,
@@ -182,7 +189,7 @@ impl Stats {
                 cm_events, stale_cm_events, cq_events, spurious_cq_events, cq_ack_calls, cq_events_acked,
                 cq_arms, cq_rearm_catches, spin_polls, cq_polls, completions, stale_completions,
                 budget_exhausted, cq_room_waits, post_send_calls, post_recv_calls, wrs_posted, accepted,
-                rejected, established, closed, farewells_answered, farewells_unanswered, reconnects, reconnected, async_events, stale_async_events, shared_async_events,
+                rejected, established, closed, farewells_answered, farewells_unanswered, farewells_heard, silent_partings, reconnects, reconnected, async_events, stale_async_events, shared_async_events,
                 devices_lost, devices_released, keepalives, credit_stalls, handed_off, handoffs_received,
                 handoffs_failed, timer_compactions, srq_posted, srq_post_calls, srq_consumed, srq_stale,
                 srq_limit_events, srq_refused, srq_overdrawn, srq_grown, srq_shrunk, peer_violations;

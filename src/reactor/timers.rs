@@ -48,6 +48,9 @@ pub(super) enum TimerTarget {
     SrqRefill,
     /// A reconnecting client's next attempt (`reconnect.rs`).
     Redial(ConnKey),
+    /// A peer that said goodbye and was answered has not disconnected within
+    /// `Timeouts::finish` (`cq.rs`, `Core::on_farewell`).
+    Parting(ConnKey),
 }
 
 /// A timer set by a callback: whose `on_timer` to call, with what.
@@ -100,6 +103,7 @@ impl Core {
             TimerTarget::Keepalive(t) => self.keepalive(t, key),
             TimerTarget::Redial(t) => self.redial(t, key),
             TimerTarget::Stall(t) => self.credit_stall(t, key),
+            TimerTarget::Parting(t) => self.parting(t, key),
             TimerTarget::SrqRefill => {
                 // The tick's posting tries the refill again (and re-arms this if it still
                 // finds the pool empty).
@@ -196,10 +200,10 @@ impl Core {
     }
 
     /// At most how many heap entries can be live: every user timer; per connection its
-    /// connection-manager deadline, its keepalive and its credit-stall timer; the retry of
-    /// forgetting devices and the SRQ refill.
+    /// connection-manager deadline, its keepalive, its credit-stall and its parting timer (a
+    /// redial replaces the deadline); the retry of forgetting devices and the SRQ refill.
     fn live_timer_bound(&self) -> usize {
-        self.user_timers.len() + 3 * self.conns.len() + 2
+        self.user_timers.len() + 4 * self.conns.len() + 2
     }
 
     /// Drops the heap's stale entries once more than half of it (beyond a slack) must be
@@ -213,6 +217,7 @@ impl Core {
         self.timers.retain(|key, target| match target {
             TimerTarget::Deadline(t) => conns.get(t).is_some_and(|c| c.deadline.is_some_and(|(k, _)| k == key)),
             TimerTarget::Stall(t) => conns.get(t).is_some_and(|c| c.stall == Some(key)),
+            TimerTarget::Parting(t) => conns.get(t).is_some_and(|c| c.parting == Some(key)),
             // Not keyed: one per live connection at a time (re-scheduled as it fires).
             TimerTarget::Keepalive(t) => conns.get(t).is_some_and(|c| c.keepalive == Some(key)),
             TimerTarget::Redial(t) => {
