@@ -337,6 +337,13 @@ impl Config {
 }
 
 impl SrqConfig {
+    /// The most connections one device's shared receive queue admits, each at its base
+    /// credit: `(receives - reserve) / credit` (10 085 at the defaults). The next is refused
+    /// ([`RejectCode::NoResources`](crate::RejectCode::NoResources), "limit reached").
+    pub fn max_connections(&self) -> u32 {
+        self.receives.saturating_sub(self.reserve) / self.credit.max(1)
+    }
+
     /// Checks the values a shared receive queue cannot work with.
     fn validate(&self, max_chunk: usize) -> Result<()> {
         let bad = |what: String| Err(Error::Config(format!("srq: {what}")));

@@ -704,6 +704,25 @@ mod tests {
         assert!(z.admit());
     }
 
+    /// `SrqConfig::max_connections` (what the tail-ring pool is sized for) is what the budget
+    /// admits: 10 085 at the defaults, and the next is refused.
+    #[test]
+    fn the_config_says_what_the_budget_admits() {
+        for cfg in [
+            crate::SrqConfig::default(),
+            crate::SrqConfig { receives: 80, credit: 4, reserve: 64, ..Default::default() },
+            crate::SrqConfig { receives: 60, credit: 4, reserve: 64, ..Default::default() },
+        ] {
+            let mut b = SrqBudget::new(cfg.receives, cfg.credit, cfg.max_credit, cfg.reserve);
+            assert_eq!(b.max_conns(), cfg.max_connections(), "{cfg:?}");
+            for _ in 0..cfg.max_connections() {
+                assert!(b.admit());
+            }
+            assert!(!b.admit(), "{cfg:?}");
+        }
+        assert_eq!(crate::SrqConfig::default().max_connections(), 10_085);
+    }
+
     /// Finding 2 of the hostile review: the reserve is never granted to a connection, not even
     /// to a busy one growing.
     #[test]

@@ -30,7 +30,7 @@ fn ring_bytes(send_depth: u32) -> usize {
 /// is more (its admission limit is per device, so one registration serves them all).
 pub(super) fn ring_pool(pd: &Rc<Pd>, cfg: &Config) -> Result<Pool> {
     let chunk = ring_bytes(cfg.send_depth);
-    let srq_conns = cfg.srq.map_or(0, |s| (s.receives.saturating_sub(s.reserve) / s.credit.max(1)) as usize);
+    let srq_conns = cfg.srq.map_or(0, |s| s.max_connections() as usize);
     let cluster_bytes = (2 << 20).max(chunk).max(chunk.saturating_mul(srq_conns));
     let rings = PoolConfig { chunk_sizes: vec![chunk], cluster_bytes, max_bytes: cfg.pool.max_bytes };
     Pool::new(pd, &rings, 0)
