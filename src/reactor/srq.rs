@@ -704,8 +704,9 @@ mod tests {
         assert!(z.admit());
     }
 
-    /// `SrqConfig::max_connections` (what the tail-ring pool is sized for) is what the budget
-    /// admits: 10 085 at the defaults, and the next is refused.
+    /// `SrqConfig::max_connections` (what the tail-ring pool is sized for, read from the
+    /// budget's own rule) is what the budget admits: 10 085 at the defaults, and the next is
+    /// refused.
     #[test]
     fn the_config_says_what_the_budget_admits() {
         for cfg in [
