@@ -66,6 +66,7 @@ mod error;
 #[cfg(feature = "fuzz-internals")]
 #[doc(hidden)]
 pub mod fuzz_internals;
+pub mod io;
 mod proto;
 mod reactor;
 mod sys;
@@ -85,51 +86,6 @@ pub use reactor::{
 };
 pub use sys::device::{devices, DeviceInfo, LinkLayer, PortInfo, PortState};
 
-/// The async face: connections, listeners and operations as futures, on the reactor's own
-/// thread ([`Reactor::block_on`], [`Reactor::spawn`], or the tokio driver with the `tokio`
-/// feature). A thin layer over the callback API, with the same tick: what the tasks polled in
-/// a tick submit is posted at its end, one chain per queue pair.
-///
-/// The same echo server as the crate's example, with a task per connection (the README's
-/// "The same with async/await" has the rules):
-///
-/// ```no_run
-/// use rdma_reactor::io::{self, Listener};
-/// use rdma_reactor::Reactor;
-///
-/// fn main() -> rdma_reactor::Result<()> {
-///     let mut reactor = Reactor::new()?;
-///     let addr = "198.18.0.1:7471".parse().unwrap();
-///     reactor.block_on(async move {
-///         let listener = Listener::bind(addr)?;
-///         while let Ok(conn) = listener.accept().await {
-///             // Established, its receives posted. One task per connection: the next message,
-///             // in the buffer it arrived in, sent back as it is; the send gives the buffer back
-///             // with its result.
-///             let _task = io::spawn(async move {
-///                 while let Ok(msg) = conn.recv().await {
-///                     let (sent, _buf) = conn.send(msg).await;
-///                     if sent.is_err() {
-///                         break;
-///                     }
-///                 }
-///             })?;
-///         }
-///         Ok(())
-///     })?
-/// }
-/// ```
-pub mod io {
-    pub use crate::reactor::aio::{Accept, Close, Connect, Connection, Listener, OpFuture, Recv};
-    pub use crate::reactor::exec::{spawn, stats, JoinHandle};
-
-    /// The tokio driver (feature `tokio`): [`drive`](tokio::drive) runs a reactor inside a
-    /// tokio task, so RDMA futures and tokio's own are awaited in the same task.
-    #[cfg(feature = "tokio")]
-    pub mod tokio {
-        pub use crate::reactor::tokio_drive::{drive, Drive};
-    }
-}
 pub use sys::pool::{Buf, Exposed, PoolConfig, RegionWindow};
 pub use sys::region::{Region, RegionSlice};
 

@@ -3,7 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::{ConnectOptions, ConnectionHandler, Core, ListenerHandler, Op, Stats};
+use super::exec::Orphans;
+use super::{Config, ConnectOptions, ConnectionHandler, Core, ListenerHandler, Op, Stats};
 use crate::error::{Error, Result};
 use crate::proto::conn::State;
 use crate::proto::metrics::ConnMetrics;
@@ -115,6 +116,28 @@ impl<'a> Ctx<'a> {
     /// Cancels a timer; a fired or stale one is ignored.
     pub fn cancel_timer(&mut self, timer: Token) {
         self.core.cancel_timer(timer);
+    }
+
+    /// The live connection `key` names, as its callbacks see it (the async face, `crate::io`).
+    pub(crate) fn conn(&mut self, key: ConnKey) -> Option<Conn<'_>> {
+        self.core.conns.get(key)?;
+        Some(Conn::new(self.core, key))
+    }
+
+    /// The reactor's configuration.
+    pub(crate) fn config(&self) -> &Config {
+        &self.core.cfg
+    }
+
+    /// The largest message a connection takes (`Core::max_msg`): the pool's largest chunk, or on
+    /// a shared receive queue its buffer size.
+    pub(crate) fn max_msg(&self) -> usize {
+        self.core.max_msg()
+    }
+
+    /// Where the async face's handles leave the tokens they stop holding (`exec.rs`).
+    pub(crate) fn orphans(&self) -> Orphans {
+        self.core.exec.orphans.clone()
     }
 
     /// Reactor statistics.

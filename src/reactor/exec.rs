@@ -1,6 +1,6 @@
 //! The reactor's local executor: `!Send` tasks polled by its own tick ([`Reactor::spawn`]),
 //! a future driven to completion on it ([`Reactor::block_on`]), and the access the async face
-//! (`aio.rs`) has to the reactor while one of them is polled.
+//! (`crate::io`) has to the reactor while one of them is polled.
 //!
 //! # How a task runs
 //!
@@ -16,7 +16,8 @@
 //!
 //! A future cannot hold `&mut Core`: the reactor owns the future. While the executor polls a
 //! task (or `block_on` its future), and only then, a thread-local holds a pointer to the
-//! polling reactor's `Core` ([`CURRENT`]); [`with_core`] takes it out for the length of one
+//! polling reactor's `Core` ([`CURRENT`]); [`with_core`] (and [`with_ctx`], the async face's
+//! way in, `crate::io`) takes it out for the length of one
 //! call and puts it back, so a call made through it that would reach it again (a callback that
 //! polls nothing but could, in principle, call the async face) finds none and fails with
 //! [`Error::NoReactor`] instead of aliasing. Polled anywhere else (another executor's task, a
@@ -37,7 +38,7 @@ use std::thread::ThreadId;
 
 use slab::Slab;
 
-use super::{Core, Reactor, Remote};
+use super::{Core, Ctx, Reactor, Remote};
 use crate::error::{Error, Result};
 use crate::proto::token::Token;
 
@@ -96,7 +97,7 @@ impl Drop for Restore {
 ///
 /// [`Error::NoReactor`] when no reactor is polling here (a future of the async face polled by
 /// another executor, or from inside a call made through this function).
-pub(crate) fn with_core<R>(f: impl FnOnce(&mut Core) -> R) -> Result<R> {
+fn with_core<R>(f: impl FnOnce(&mut Core) -> R) -> Result<R> {
     let p = CURRENT.try_with(|c| c.replace(std::ptr::null_mut())).unwrap_or(std::ptr::null_mut());
     if p.is_null() {
         return Err(Error::NoReactor);
@@ -111,6 +112,17 @@ pub(crate) fn with_core<R>(f: impl FnOnce(&mut Core) -> R) -> Result<R> {
     // reference does not escape `f`.
     let core = unsafe { &mut *p };
     Ok(f(core))
+}
+
+/// Runs `f` with a context of the reactor whose task or `block_on` future is being polled on
+/// this thread: the async face's only way in (`crate::io` names the callback API, never
+/// `Core`). The context has no owner (a task is no callback: it sets no timers).
+///
+/// # Errors
+///
+/// As [`with_core`].
+pub(crate) fn with_ctx<R>(f: impl FnOnce(&mut Ctx<'_>) -> R) -> Result<R> {
+    with_core(|core| f(&mut Ctx::new(core, None)))
 }
 
 /// Polls `fut` with `core` reachable through [`with_core`].
@@ -457,6 +469,12 @@ impl Reactor {
             // make the tick's wait zero.
             self.run_once(None)?;
         }
+    }
+
+    /// Polls `fut` once with this reactor reachable through [`with_ctx`], as its tasks are
+    /// polled (the tokio driver's poll of its future, `crate::io::tokio`).
+    pub(crate) fn poll_inside<T>(&mut self, fut: Pin<&mut dyn Future<Output = T>>, waker: &Waker) -> Poll<T> {
+        poll_with_core(&mut self.core, fut, waker)
     }
 
     /// Live tasks spawned on this reactor.

@@ -70,7 +70,6 @@ macro_rules! event {
     };
 }
 
-pub(crate) mod aio;
 mod config;
 mod cq;
 mod cq_room;
@@ -78,7 +77,7 @@ mod ctx;
 mod device;
 mod drive;
 mod embed;
-pub(crate) mod exec;
+mod exec;
 mod expose;
 mod handler;
 mod handoff;
@@ -93,8 +92,6 @@ mod stats;
 mod tail;
 mod teardown;
 mod timers;
-#[cfg(feature = "tokio")]
-pub(crate) mod tokio_drive;
 mod userfd;
 
 pub use config::{Config, ConnectOptions, SrqConfig, Timeouts};
@@ -106,6 +103,8 @@ pub(crate) mod bench {
     pub(crate) use super::send_queue::{RecvQueue, SendQueue};
 }
 pub use ctx::{Conn, Ctx, SubmitError};
+pub use exec::{spawn, stats, JoinHandle};
+pub(crate) use exec::{with_ctx, Orphans};
 pub use handler::{ConnectRequest, ConnectionHandler, Decision, ListenerHandler};
 pub use handoff::Balance;
 pub use op::{Completion, Op, RawBuf};

@@ -1,4 +1,4 @@
-//! The tokio driver (feature `tokio`): a reactor run inside a tokio task, through
+//! The tokio driver (feature `tokio`): [`drive`] runs a reactor inside a tokio task, through
 //! [`AsyncFd`] on its epoll fd and a tokio timer for [`Reactor::next_timeout`], so RDMA
 //! futures and tokio's own (TCP, timers, channels) are awaited in the same task.
 
@@ -8,12 +8,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::unix::AsyncFd;
-use tokio::time::{Instant, Sleep};
+use ::tokio::io::unix::AsyncFd;
+use ::tokio::time::{Instant, Sleep};
 
-use super::exec::poll_with_core;
-use super::Reactor;
 use crate::error::{Error, Result};
+use crate::reactor::Reactor;
 
 /// How many ticks one poll of the driver runs at most before it yields to tokio.
 const TICKS_PER_POLL: usize = 16;
@@ -73,7 +72,7 @@ impl<F: Future> Future for Drive<'_, F> {
         let this = self.get_mut();
         for _ in 0..TICKS_PER_POLL {
             let f: Pin<&mut dyn Future<Output = F::Output>> = this.fut.as_mut();
-            if let Poll::Ready(v) = poll_with_core(&mut this.reactor.core, f, cx.waker()) {
+            if let Poll::Ready(v) = this.reactor.poll_inside(f, cx.waker()) {
                 return Poll::Ready(Ok(v));
             }
             if let Err(e) = this.reactor.run_once(Some(Duration::ZERO)) {

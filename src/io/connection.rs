@@ -5,7 +5,7 @@
 //! It is a thin layer over the callback API: each connection has an ordinary
 //! [`ConnectionHandler`] of this module's ([`AsyncConn`]) whose callbacks store what happened in
 //! the connection's shared state and wake the task that waits for it; the futures reach the
-//! reactor through `exec::with_core` while they are polled. Nothing here locks: the state is
+//! reactor through `reactor::with_ctx` (a [`Ctx`]) while they are polled. Nothing here locks: the state is
 //! `Rc<RefCell<..>>` on the reactor's thread.
 //!
 //! How a completion reaches a waker: an operation future submits its [`Op`] with the index of
@@ -32,21 +32,21 @@ use std::task::{Context, Poll, Waker};
 
 use slab::Slab;
 
-use super::exec::{with_core, Orphans};
-use super::{Completion, Conn, ConnectOptions, ConnectRequest, ConnectionHandler, Ctx, Decision, ListenerHandler, Op};
+use super::listener::ListenState;
 use crate::error::{Error, Result};
 use crate::proto::conn::CloseReason;
 use crate::proto::op::{OpCode, RemoteAccess};
 use crate::proto::token::{ConnKey, Key, Token};
 use crate::proto::transport::Transport;
 use crate::proto::wire::{ConnectInfo, RemoteSlice};
+use crate::reactor::{with_ctx, Completion, Conn, ConnectOptions, ConnectionHandler, Ctx, Op, Orphans};
 use crate::sys::pool::{Buf, Exposed};
 
 /// The user_data of the receives the connection posts itself.
 const RECV: u64 = u64::MAX - 1;
 
 /// Receive size for a peer that states none (a plain librdmacm client).
-const DEFAULT_MSG: usize = 4096;
+pub(super) const DEFAULT_MSG: usize = 4096;
 
 /// Where a connection is in its life.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,7 +65,7 @@ enum Slot {
 }
 
 /// What the handler and the handles of one connection share.
-struct ConnState {
+pub(super) struct ConnState {
     token: Option<Token>,
     phase: Phase,
     /// A connect future, or the tasks waiting for the close.
@@ -91,7 +91,7 @@ struct ConnState {
 type Shared = Rc<RefCell<ConnState>>;
 
 impl ConnState {
-    fn new(orphans: Orphans, recv_size: usize) -> Shared {
+    pub(super) fn new(orphans: Orphans, recv_size: usize) -> Shared {
         Rc::new(RefCell::new(ConnState {
             token: None,
             phase: Phase::Connecting,
@@ -135,9 +135,9 @@ impl ConnState {
 
 /// The callback side of an async connection.
 pub(crate) struct AsyncConn {
-    st: Shared,
+    pub(super) st: Shared,
     /// An accepted connection: where it goes once established.
-    accept: Option<Rc<RefCell<ListenState>>>,
+    pub(super) accept: Option<Rc<RefCell<ListenState>>>,
 }
 
 impl ConnectionHandler for AsyncConn {
@@ -151,7 +151,7 @@ impl ConnectionHandler for AsyncConn {
         }
         let capacity = conn.recv_capacity();
         st.srq = capacity == 0;
-        st.depth = conn.ctx().core.cfg.recv_depth.min(capacity);
+        st.depth = conn.ctx().config().recv_depth.min(capacity);
         let depth = st.depth;
         st.replenish(conn, depth);
     }
@@ -257,7 +257,7 @@ impl std::fmt::Debug for Connection {
 }
 
 impl Connection {
-    fn from_state(st: Shared) -> Connection {
+    pub(super) fn from_state(st: Shared) -> Connection {
         Connection { handle: Rc::new(Handle { st }) }
     }
 
@@ -297,11 +297,9 @@ impl Connection {
     fn with_conn<R>(&self, f: impl FnOnce(&mut Conn<'_>) -> Result<R>) -> Result<R> {
         let token = self.token().ok_or_else(|| Error::NotConnected("the connection has no queue pair yet".into()))?;
         let key = ConnKey::of(token).ok_or(Error::StaleToken(token.as_u64()))?;
-        with_core(|core| {
-            if core.conns.get(key).is_none() {
-                return Err(Error::StaleToken(token.as_u64()));
-            }
-            f(&mut Conn::new(core, key))
+        with_ctx(|ctx| match ctx.conn(key) {
+            Some(mut conn) => f(&mut conn),
+            None => Err(Error::StaleToken(token.as_u64())),
         })?
     }
 
@@ -415,11 +413,11 @@ impl Future for Connect {
                             are supported through the callback API (ConnectionHandler::on_reconnecting)";
                 return Poll::Ready(Err(Error::Unsupported(what.into())));
             }
-            let st = with_core(|core| {
-                let size = if opts.msg_size == 0 { core.max_msg() } else { opts.msg_size as usize };
-                let st = ConnState::new(core.exec.orphans.clone(), size);
+            let st = with_ctx(|ctx| {
+                let size = if opts.msg_size == 0 { ctx.max_msg() } else { opts.msg_size as usize };
+                let st = ConnState::new(ctx.orphans(), size);
                 let handler = AsyncConn { st: st.clone(), accept: None };
-                core.connect(addr, opts, Box::new(handler)).map(|t| {
+                ctx.connect(addr, opts, handler).map(|t| {
                     st.borrow_mut().token = Some(t);
                     st
                 })
@@ -514,7 +512,7 @@ impl OpFuture {
         };
         let slot = self.st.borrow_mut().slots.insert(Slot::Waiting(waker.cloned()));
         let mut op = Some(op.user_data(slot as u64));
-        let submitted = with_core(|core| Ctx::new(core, None).submit(token, op.take().expect("once")));
+        let submitted = with_ctx(|ctx| ctx.submit(token, op.take().expect("once")));
         match submitted {
             Ok(Ok(())) => self.slot = Some(slot),
             Ok(Err(refused)) => {
@@ -622,9 +620,9 @@ impl Future for Recv {
             drop(st);
             if let (true, Some(key)) = (refill, key) {
                 // Room again under the peer's credit: post a receive for the one handed out.
-                let _ = with_core(|core| {
-                    if core.conns.get(key).is_some() {
-                        st_rc.borrow_mut().replenish(&mut Conn::new(core, key), 1);
+                let _ = with_ctx(|ctx| {
+                    if let Some(mut conn) = ctx.conn(key) {
+                        st_rc.borrow_mut().replenish(&mut conn, 1);
                     }
                 });
             }
@@ -679,7 +677,7 @@ impl Future for Close {
             self.asked = true;
             let token = self.st.borrow().token;
             if let Some(t) = token {
-                if with_core(|core| core.close(t)).is_err() {
+                if with_ctx(|ctx| ctx.close(t)).is_err() {
                     // No reactor here: the reactor closes it at its next tick.
                     self.st.borrow().orphans.borrow_mut().push(t);
                 }
@@ -688,124 +686,6 @@ impl Future for Close {
         let mut st = self.st.borrow_mut();
         st.waiters.retain(|w| !w.will_wake(cx.waker()));
         st.waiters.push(cx.waker().clone());
-        Poll::Pending
-    }
-}
-
-/// What a listener's handler and its handle share.
-struct ListenState {
-    /// Established connections not yet taken by `accept`.
-    ready: VecDeque<Connection>,
-    waiters: VecDeque<Waker>,
-    closed: bool,
-    reason: Option<CloseReason>,
-    orphans: Orphans,
-}
-
-/// The callback side of an async listener: accepts every request.
-struct AsyncListener {
-    st: Rc<RefCell<ListenState>>,
-}
-
-impl ListenerHandler for AsyncListener {
-    fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, req: &ConnectRequest) -> Decision {
-        let size = req.info.as_ref().map_or(DEFAULT_MSG, |i| i.msg_size as usize);
-        let orphans = self.st.borrow().orphans.clone();
-        let st = ConnState::new(orphans, size);
-        Decision::Accept(Box::new(AsyncConn { st, accept: Some(self.st.clone()) }))
-    }
-
-    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, reason: CloseReason) {
-        let mut st = self.st.borrow_mut();
-        st.closed = true;
-        st.reason = Some(reason);
-        for w in st.waiters.drain(..) {
-            w.wake();
-        }
-    }
-}
-
-/// A listener of the async face: [`accept`](Listener::accept) yields its connections once
-/// they are established. Dropping it stops listening (connections already accepted live on).
-pub struct Listener {
-    st: Rc<RefCell<ListenState>>,
-    token: Token,
-}
-
-impl std::fmt::Debug for Listener {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Listener").field("token", &self.token).finish()
-    }
-}
-
-impl Listener {
-    /// Binds to `addr` and listens, on the reactor polling this code.
-    ///
-    /// # Errors
-    ///
-    /// As [`Ctx::listen`]; [`Error::NoReactor`] outside a reactor.
-    pub fn bind(addr: SocketAddr) -> Result<Listener> {
-        with_core(|core| {
-            let st = Rc::new(RefCell::new(ListenState {
-                ready: VecDeque::new(),
-                waiters: VecDeque::new(),
-                closed: false,
-                reason: None,
-                orphans: core.exec.orphans.clone(),
-            }));
-            let token = core.listen(addr, Box::new(AsyncListener { st: st.clone() }))?;
-            Ok(Listener { st, token })
-        })?
-    }
-
-    /// The listener's token.
-    pub fn token(&self) -> Token {
-        self.token
-    }
-
-    /// The next established connection.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Closed`] once the listener is closed (its device lost, the reactor shut down).
-    pub fn accept(&self) -> Accept<'_> {
-        Accept { listener: self }
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        let mut st = self.st.borrow_mut();
-        st.closed = true;
-        st.ready.clear();
-        st.orphans.borrow_mut().push(self.token);
-    }
-}
-
-/// [`Listener::accept`]'s future.
-pub struct Accept<'a> {
-    listener: &'a Listener,
-}
-
-impl std::fmt::Debug for Accept<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Accept").finish()
-    }
-}
-
-impl Future for Accept<'_> {
-    type Output = Result<Connection>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut st = self.listener.st.borrow_mut();
-        if let Some(c) = st.ready.pop_front() {
-            return Poll::Ready(Ok(c));
-        }
-        if st.closed {
-            return Poll::Ready(Err(Error::Closed(st.reason.clone().unwrap_or(CloseReason::Local))));
-        }
-        st.waiters.retain(|w| !w.will_wake(cx.waker()));
-        st.waiters.push_back(cx.waker().clone());
         Poll::Pending
     }
 }

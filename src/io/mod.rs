@@ -1,0 +1,56 @@
+//! The async face: connections, listeners and operations as futures, on the reactor's own
+//! thread ([`Reactor::block_on`](crate::Reactor::block_on), [`Reactor::spawn`](crate::Reactor::spawn), or the tokio driver with the `tokio`
+//! feature). A thin layer over the callback API, with the same tick: what the tasks polled in
+//! a tick submit is posted at its end, one chain per queue pair.
+//!
+//! The same echo server as the crate's example, with a task per connection (the README's
+//! "The same with async/await" has the rules):
+//!
+//! ```no_run
+//! use rdma_reactor::io::{self, Listener};
+//! use rdma_reactor::Reactor;
+//!
+//! fn main() -> rdma_reactor::Result<()> {
+//!     let mut reactor = Reactor::new()?;
+//!     let addr = "198.18.0.1:7471".parse().unwrap();
+//!     reactor.block_on(async move {
+//!         let listener = Listener::bind(addr)?;
+//!         while let Ok(conn) = listener.accept().await {
+//!             // Established, its receives posted. One task per connection: the next message,
+//!             // in the buffer it arrived in, sent back as it is; the send gives the buffer back
+//!             // with its result.
+//!             let _task = io::spawn(async move {
+//!                 while let Ok(msg) = conn.recv().await {
+//!                     let (sent, _buf) = conn.send(msg).await;
+//!                     if sent.is_err() {
+//!                         break;
+//!                     }
+//!                 }
+//!             })?;
+//!         }
+//!         Ok(())
+//!     })?
+//! }
+//! ```
+//!
+//! # The layer
+//!
+//! The async face is a layer of its own above the reactor (`ARCHITECTURE.md`, "Layers"): it
+//! names the callback API ([`ConnectionHandler`](crate::ConnectionHandler),
+//! [`Ctx`](crate::Ctx), [`Conn`](crate::Conn)) and reaches the reactor polling it only through
+//! `reactor::with_ctx`; the reactor never names it (`.ci/layers`). The executor that polls its
+//! futures is the reactor's own (`reactor/event_loop/exec.rs`: a step of the tick).
+//!
+//! - `connection.rs`: [`Connection`], its handler and its futures ([`Connect`], [`OpFuture`],
+//!   [`Recv`], [`Close`]).
+//! - `listener.rs`: [`Listener`] and [`Accept`].
+//! - `tokio.rs` (feature `tokio`): the tokio driver.
+
+mod connection;
+mod listener;
+#[cfg(feature = "tokio")]
+pub mod tokio;
+
+pub use crate::reactor::{spawn, stats, JoinHandle};
+pub use connection::{Close, Connect, Connection, OpFuture, Recv};
+pub use listener::{Accept, Listener};
