@@ -473,6 +473,7 @@ impl Reactor {
 
     /// Polls `fut` once with this reactor reachable through [`with_ctx`], as its tasks are
     /// polled (the tokio driver's poll of its future, `crate::io::tokio`).
+    #[cfg(feature = "tokio")]
     pub(crate) fn poll_inside<T>(&mut self, fut: Pin<&mut dyn Future<Output = T>>, waker: &Waker) -> Poll<T> {
         poll_with_core(&mut self.core, fut, waker)
     }

@@ -70,16 +70,14 @@ macro_rules! event {
     };
 }
 
-mod config;
+mod api;
 mod cq;
 mod cq_room;
-mod ctx;
 mod device;
 mod drive;
 mod embed;
 mod exec;
 mod expose;
-mod handler;
 mod handoff;
 mod op;
 mod post;
@@ -88,13 +86,12 @@ mod remote;
 mod send_queue;
 mod setup;
 mod srq;
-mod stats;
 mod tail;
 mod teardown;
 mod timers;
 mod userfd;
 
-pub use config::{Config, ConnectOptions, SrqConfig, Timeouts};
+pub use api::config::{Config, ConnectOptions, SrqConfig, Timeouts};
 
 /// The pure parts `crate::bench_internals` drives.
 #[cfg(feature = "bench-internals")]
@@ -102,14 +99,14 @@ pub(crate) mod bench {
     pub(crate) use super::cq_room::CqRoom;
     pub(crate) use super::send_queue::{RecvQueue, SendQueue};
 }
-pub use ctx::{Conn, Ctx, SubmitError};
+pub use api::ctx::{Conn, Ctx, SubmitError};
+pub use api::handler::{ConnectRequest, ConnectionHandler, Decision, ListenerHandler};
+pub use api::stats::Stats;
 pub use exec::{spawn, stats, JoinHandle};
 pub(crate) use exec::{with_ctx, Orphans};
-pub use handler::{ConnectRequest, ConnectionHandler, Decision, ListenerHandler};
 pub use handoff::Balance;
 pub use op::{Completion, Op, RawBuf};
 pub use remote::{ReactorGone, Remote};
-pub use stats::Stats;
 pub use userfd::{FdEvent, FdHandler, Interest, Readiness};
 
 use std::net::SocketAddr;

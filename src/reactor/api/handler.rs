@@ -7,10 +7,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::{Completion, Conn, Ctx};
 use crate::proto::conn::CloseReason;
 use crate::proto::token::Token;
 use crate::proto::wire::{ConnectInfo, RejectReason};
+use crate::reactor::{Completion, Conn, Ctx};
 
 /// A connect request, as shown to [`ListenerHandler::on_connect_request`].
 #[derive(Clone, Debug)]

@@ -3,14 +3,14 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::exec::Orphans;
-use super::{Config, ConnectOptions, ConnectionHandler, Core, ListenerHandler, Op, Stats};
 use crate::error::{Error, Result};
 use crate::proto::conn::State;
 use crate::proto::metrics::ConnMetrics;
 use crate::proto::op::RemoteAccess;
 use crate::proto::token::{ConnKey, Key, Token};
 use crate::proto::wire::ConnectInfo;
+use crate::reactor::exec::Orphans;
+use crate::reactor::{Config, ConnectOptions, ConnectionHandler, Core, ListenerHandler, Op, Stats};
 use crate::sys::pool::{Buf, Exposed, RegionWindow};
 use crate::sys::region::{Region, RegionSlice};
 
@@ -21,7 +21,7 @@ use crate::sys::region::{Region, RegionSlice};
 ///
 /// [`Reactor::ctx`]: crate::Reactor::ctx
 pub struct Ctx<'a> {
-    pub(super) core: &'a mut Core,
+    pub(in crate::reactor) core: &'a mut Core,
     /// The listener or connection whose callback this is (owner of timers it sets).
     owner: Option<Token>,
 }
@@ -33,7 +33,7 @@ impl std::fmt::Debug for Ctx<'_> {
 }
 
 impl<'a> Ctx<'a> {
-    pub(super) fn new(core: &'a mut Core, owner: Option<Token>) -> Self {
+    pub(in crate::reactor) fn new(core: &'a mut Core, owner: Option<Token>) -> Self {
         Ctx { core, owner }
     }
 
@@ -173,7 +173,7 @@ pub struct SubmitError {
 }
 
 impl SubmitError {
-    pub(super) fn new(error: Error, op: Op) -> SubmitError {
+    pub(in crate::reactor) fn new(error: Error, op: Op) -> SubmitError {
         SubmitError { error: Box::new(error), op: Box::new(op) }
     }
 }
@@ -222,7 +222,7 @@ impl std::fmt::Debug for Conn<'_> {
 }
 
 impl<'a> Conn<'a> {
-    pub(super) fn new(core: &'a mut Core, key: ConnKey) -> Self {
+    pub(in crate::reactor) fn new(core: &'a mut Core, key: ConnKey) -> Self {
         Conn { ctx: Ctx::new(core, Some(key.token())), key }
     }
 

@@ -2,9 +2,9 @@
 
 use std::time::Instant;
 
-use super::Core;
 use crate::proto::metrics::{conn_families, ConnMetrics, Exposition, Kind};
 use crate::proto::token::{Key, Token};
+use crate::reactor::Core;
 
 /// Reactor statistics since creation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -201,14 +201,14 @@ impl Stats {
 
 impl Core {
     /// Connection `token`'s counters, while it lives.
-    pub(super) fn conn_metrics(&self, token: Token) -> Option<ConnMetrics> {
+    pub(in crate::reactor) fn conn_metrics(&self, token: Token) -> Option<ConnMetrics> {
         let t = self.conns.key_of(token)?;
         self.conns.get(t).map(|c| c.meter.snapshot(Instant::now()))
     }
 
     /// The reactor's [`Stats`] and every live connection's [`ConnMetrics`] in the Prometheus
     /// text format (`Reactor::prometheus`).
-    pub(super) fn prometheus(&self, labels: &[(&str, &str)]) -> String {
+    pub(in crate::reactor) fn prometheus(&self, labels: &[(&str, &str)]) -> String {
         let mut e = Exposition::default();
         for (name, kind, help, value) in self.stats().families() {
             e.family(name, kind, help).sample(labels, value);
