@@ -71,23 +71,19 @@ macro_rules! event {
 }
 
 mod api;
+mod conn;
 mod cq;
 mod cq_room;
 mod device;
-mod drive;
 mod embed;
 mod exec;
 mod expose;
-mod handoff;
 mod op;
 mod post;
-mod reconnect;
 mod remote;
 mod send_queue;
-mod setup;
 mod srq;
 mod tail;
-mod teardown;
 mod timers;
 mod userfd;
 
@@ -102,9 +98,9 @@ pub(crate) mod bench {
 pub use api::ctx::{Conn, Ctx, SubmitError};
 pub use api::handler::{ConnectRequest, ConnectionHandler, Decision, ListenerHandler};
 pub use api::stats::Stats;
+pub use conn::handoff::Balance;
 pub use exec::{spawn, stats, JoinHandle};
 pub(crate) use exec::{with_ctx, Orphans};
-pub use handoff::Balance;
 pub use op::{Completion, Op, RawBuf};
 pub use remote::{ReactorGone, Remote};
 pub use userfd::{FdEvent, FdHandler, Interest, Readiness};
@@ -259,7 +255,7 @@ struct ConnEntry {
     #[cfg(feature = "fault-injection")]
     mute: bool,
     /// A client with a reconnect policy (`ConnectOptions::reconnect`, `reconnect.rs`).
-    redial: Option<Box<reconnect::Redial>>,
+    redial: Option<Box<conn::reconnect::Redial>>,
 }
 
 impl ConnEntry {
@@ -336,7 +332,7 @@ struct ListenerEntry {
     handler: Option<Guarded<dyn ListenerHandler>>,
     close_reason: Option<CloseReason>,
     /// The reactors its connect requests are spread over (`handoff.rs`).
-    spread: Option<handoff::Spread>,
+    spread: Option<conn::handoff::Spread>,
 }
 
 impl ListenerEntry {
@@ -392,7 +388,7 @@ pub(crate) struct Core {
     graveyard: Vec<CmId>,
     /// Connect requests chosen for other reactors, migrated once their event is acked
     /// (`handoff.rs`).
-    outgoing: Vec<handoff::Outgoing>,
+    outgoing: Vec<conn::handoff::Outgoing>,
     conns: GenSlab<ConnKey, ConnEntry>,
     ops: GenSlab<OpKey, OpEntry>,
     cqs: GenSlab<CqKey, CqEntry>,

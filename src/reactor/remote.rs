@@ -37,7 +37,7 @@ use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
-use super::handoff::Parcel;
+use super::conn::handoff::Parcel;
 use super::{os, Core, Ctx, Reactor};
 use crate::error::Result;
 use crate::proto::conn::AsyncEventKind;

@@ -30,34 +30,34 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use super::timers::TimerTarget;
-use super::{Conn, Core, Endpoint, Role};
 use crate::error::Error;
 use crate::proto::conn::{Client, CloseReason, Input};
 use crate::proto::reconnect::{Backoff, Reconnect};
 use crate::proto::token::{ConnKey, Key};
+use crate::reactor::timers::TimerTarget;
 use crate::reactor::Completion;
+use crate::reactor::{Conn, Core, Endpoint, Role};
 use crate::sys::cm::CmId;
 
 /// A client's reconnect state (`ConnEntry::redial`).
-pub(super) struct Redial {
-    pub(super) dst: SocketAddr,
-    pub(super) src: Option<SocketAddr>,
+pub(in crate::reactor) struct Redial {
+    pub(in crate::reactor) dst: SocketAddr,
+    pub(in crate::reactor) src: Option<SocketAddr>,
     backoff: Backoff,
     epoch: Instant,
     /// The next attempt's timer while it waits for it.
-    pub(super) timer: Option<u64>,
+    pub(in crate::reactor) timer: Option<u64>,
     /// Established once: the next ESTABLISHED is a reconnection.
-    pub(super) established: bool,
+    pub(in crate::reactor) established: bool,
     /// The device of the last queue pair: whose pool the carried operations' buffers are
     /// from, and where submissions while waiting are checked.
-    pub(super) device: Option<usize>,
+    pub(in crate::reactor) device: Option<usize>,
     /// Closed locally: no further attempt.
-    pub(super) stopped: bool,
+    pub(in crate::reactor) stopped: bool,
 }
 
 impl Redial {
-    pub(super) fn new(dst: SocketAddr, src: Option<SocketAddr>, policy: Reconnect, seed: u64) -> Redial {
+    pub(in crate::reactor) fn new(dst: SocketAddr, src: Option<SocketAddr>, policy: Reconnect, seed: u64) -> Redial {
         Redial {
             dst,
             src,
@@ -71,7 +71,7 @@ impl Redial {
     }
 
     /// The connection ended for `reason`: the next attempt and its delay, or `None`.
-    pub(super) fn failed(&mut self, reason: &CloseReason) -> Option<(u32, Duration)> {
+    pub(in crate::reactor) fn failed(&mut self, reason: &CloseReason) -> Option<(u32, Duration)> {
         if self.stopped {
             return None;
         }
@@ -84,7 +84,13 @@ impl Core {
     /// operations of `done` returned by `cancel_ops`) tries again: its CQ is given up, the
     /// rest of the old queue pair's state forgotten, the next attempt scheduled, and the
     /// handler told. Module docs, steps 3-4.
-    pub(super) fn wait_to_redial(&mut self, t: ConnKey, attempt: u32, delay: Duration, done: Vec<Completion>) {
+    pub(in crate::reactor) fn wait_to_redial(
+        &mut self,
+        t: ConnKey,
+        attempt: u32,
+        delay: Duration,
+        done: Vec<Completion>,
+    ) {
         let Some(c) = self.conns.get_mut(t) else { return };
         let (cq, _) = c.cqs();
         let recv_room = c.placed.map_or(0, |p| p.recv_room);
@@ -126,7 +132,7 @@ impl Core {
 
     /// The reconnect timer `key` of connection `t` fired: a new id resolves the address (module
     /// docs, step 5). Returns 1 when it started an attempt.
-    pub(super) fn redial(&mut self, t: ConnKey, key: u64) -> usize {
+    pub(in crate::reactor) fn redial(&mut self, t: ConnKey, key: u64) -> usize {
         let Some(c) = self.conns.get_mut(t) else { return 0 };
         let Some(r) = c.redial.as_mut().filter(|r| r.timer == Some(key)) else { return 0 };
         r.timer = None;
@@ -135,7 +141,7 @@ impl Core {
         c.role = Role::Client(client);
         c.infos.peer = None;
         let what = format!("client to {dst} (reconnecting)");
-        let ms = super::setup::millis(self.cfg.timeouts.resolve_addr);
+        let ms = crate::reactor::conn::setup::millis(self.cfg.timeouts.resolve_addr);
         let id = CmId::new(&self.cm, t.token().as_u64())
             .map_err(|e| Error::verb("rdma_create_id", what.clone(), e))
             .and_then(|id| {
@@ -155,7 +161,7 @@ impl Core {
 
     /// A reconnection's queue pair is on device `device`: if the carried operations' buffers
     /// are another device's, they cannot go on it and are cancelled.
-    pub(super) fn carried_to(&mut self, t: ConnKey, device: usize) {
+    pub(in crate::reactor) fn carried_to(&mut self, t: ConnKey, device: usize) {
         let Some(r) = self.conns.get_mut(t).and_then(|c| c.redial.as_mut()) else { return };
         let old = r.device.replace(device);
         if old.is_none() || old == Some(device) {
@@ -169,7 +175,7 @@ impl Core {
 
     /// ESTABLISHED: the handler's `on_established`, or `on_reconnected` when it is a
     /// reconnection (then the policy's series of failures starts again).
-    pub(super) fn established_callback(&mut self, t: ConnKey) {
+    pub(in crate::reactor) fn established_callback(&mut self, t: ConnKey) {
         let again = match self.conns.get_mut(t).and_then(|c| c.redial.as_mut()) {
             Some(r) => {
                 r.backoff.connected();

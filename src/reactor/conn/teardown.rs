@@ -14,11 +14,11 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Conn, Core, Ctx, Endpoint};
 use crate::proto::conn::{CloseReason, Input, ListenerAction, State};
 use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, Key, ListenerKey, Token};
 use crate::reactor::Completion;
+use crate::reactor::{Conn, Core, Ctx, Endpoint};
 
 impl Core {
     /// Closes a connection (through its state machine) or a listener; a stale token is ignored.
@@ -45,7 +45,7 @@ impl Core {
         }
     }
 
-    pub(super) fn close_listener(&mut self, t: ListenerKey, reason: CloseReason) {
+    pub(in crate::reactor) fn close_listener(&mut self, t: ListenerKey, reason: CloseReason) {
         let Some(l) = self.listeners.get_mut(t) else { return };
         if let ListenerAction::Closed(reason) = l.sm.close_for(reason) {
             l.close_reason = Some(reason);
@@ -54,7 +54,7 @@ impl Core {
     }
 
     /// Destroys what closed during the tick. Returns the number of objects destroyed.
-    pub(super) fn reap(&mut self) -> usize {
+    pub(in crate::reactor) fn reap(&mut self) -> usize {
         let idle = self.closing.is_empty()
             && self.closing_listeners.is_empty()
             && self.graveyard.is_empty()
@@ -158,7 +158,7 @@ impl Core {
 
     /// Step 4: a closed connection `t` gives up its CQ `cq`: the room committed for its
     /// receives (`recv_room`) and its place in the CQ's waiting list; its own CQ is destroyed.
-    pub(super) fn release_conn_cq(&mut self, t: ConnKey, cq: Option<CqKey>, recv_room: u32) {
+    pub(in crate::reactor) fn release_conn_cq(&mut self, t: ConnKey, cq: Option<CqKey>, recv_room: u32) {
         let Some(cq) = cq else { return };
         let Some(e) = self.cqs.get_mut(cq) else { return };
         e.waiting.retain(|w| *w != t);
@@ -187,7 +187,7 @@ impl Core {
 
     /// Polls a connection's CQ (`cq`) and, on a shared receive queue (of device `on_srq`), the
     /// SRQ's CQ until they are empty: every completion they hold reaches its handler.
-    pub(super) fn reap_conn_cqs(&mut self, cq: Option<CqKey>, on_srq: Option<usize>) {
+    pub(in crate::reactor) fn reap_conn_cqs(&mut self, cq: Option<CqKey>, on_srq: Option<usize>) {
         if let Some(cq) = cq {
             self.poll_cq(cq, usize::MAX);
         }
@@ -202,14 +202,14 @@ impl Core {
     /// connection's own operations, not every live one: its queues hold them all. With
     /// `carry` (a reconnection, `reconnect.rs`) the ones never posted that a new queue pair
     /// can take (SENDs and receives) stay queued.
-    pub(super) fn cancel_ops(&mut self, t: ConnKey, cq: Option<CqKey>, carry: bool) -> Vec<Completion> {
+    pub(in crate::reactor) fn cancel_ops(&mut self, t: ConnKey, cq: Option<CqKey>, carry: bool) -> Vec<Completion> {
         let Some(c) = self.conns.get_mut(t) else { return Vec::new() };
         let room = cq.and_then(|cq| self.cqs.get_mut(cq)).map(|e| &mut e.room);
         let stream_closed = c.stream_closed;
         let mine = if carry {
             let ops = &self.ops;
             // Not the runtime's own, and naming no remote key of the old peer.
-            let goes_on = |k| ops.get(k).is_some_and(|o: &super::OpEntry| !o.control && o.remote.is_none());
+            let goes_on = |k| ops.get(k).is_some_and(|o: &crate::reactor::OpEntry| !o.control && o.remote.is_none());
             let mut gone = c.sq.carry(room, goes_on);
             gone.extend(c.rq.carry());
             gone
@@ -236,8 +236,8 @@ impl Core {
         out
     }
 
-    /// See [`Reactor::shutdown`](super::Reactor::shutdown).
-    pub(super) fn shutdown(&mut self, grace: Duration) {
+    /// See [`Reactor::shutdown`](crate::reactor::Reactor::shutdown).
+    pub(in crate::reactor) fn shutdown(&mut self, grace: Duration) {
         self.shutting_down = true;
         for t in self.listeners.keys() {
             self.close_listener(t, CloseReason::Shutdown);

@@ -4,17 +4,17 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use super::srq::ConnShare;
-use super::{
-    ConnEntry, ConnectOptions, ConnectRequest, ConnectionHandler, Core, Decision, Endpoint, ListenerEntry,
-    ListenerHandler, Placement, Role, TailRing,
-};
 use crate::error::{Error, Result};
 use crate::proto::conn::{Agent, Client, CloseReason, CmEventKind, Input, ListenerAction};
 use crate::proto::flow::{negotiate, MIN_DEPTH};
 use crate::proto::token::{ConnKey, Key, Kind, ListenerKey, Token};
 use crate::proto::transport::{normalize_reject_status, Caps, Transport};
 use crate::proto::wire::{ConnectInfo, RejectCode, RejectReason, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
+use crate::reactor::srq::ConnShare;
+use crate::reactor::{
+    ConnEntry, ConnectOptions, ConnectRequest, ConnectionHandler, Core, Decision, Endpoint, ListenerEntry,
+    ListenerHandler, Placement, Role, TailRing,
+};
 use crate::sys::cm::{CmEvent, CmId, ConnParam};
 use crate::sys::qp::{Qp, QpCaps};
 
@@ -92,7 +92,7 @@ impl Core {
         let mut entry = ConnEntry::new(Role::Client(client), handler, self.cfg.signal_every, local);
         if let Some(policy) = opts.reconnect {
             let seed = entry.mem_owner ^ u64::from(std::process::id()).rotate_left(32);
-            entry.redial = Some(Box::new(super::reconnect::Redial::new(dst, opts.src, policy, seed)));
+            entry.redial = Some(Box::new(crate::reactor::conn::reconnect::Redial::new(dst, opts.src, policy, seed)));
         }
         let t = self.conns.insert(entry);
         let what = format!("client to {dst}");
@@ -128,7 +128,7 @@ impl Core {
 
     /// The largest message a connection takes: the pool's largest chunk, or on a shared
     /// receive queue its buffer size.
-    pub(super) fn max_msg(&self) -> usize {
+    pub(in crate::reactor) fn max_msg(&self) -> usize {
         let max = self.cfg.pool.max_chunk();
         self.cfg.srq.map_or(max, |s| max.min(s.buf_size as usize))
     }
@@ -145,7 +145,7 @@ impl Core {
         None
     }
 
-    pub(super) fn refuse_when_shutting_down(&self) -> Result<()> {
+    pub(in crate::reactor) fn refuse_when_shutting_down(&self) -> Result<()> {
         if self.shutting_down {
             return Err(Error::NotConnected("the reactor is shutting down".into()));
         }
@@ -154,7 +154,7 @@ impl Core {
 
     // ----- rdma_cm events -------------------------------------------------------------------
 
-    pub(super) fn drain_cm(&mut self) -> Result<usize> {
+    pub(in crate::reactor) fn drain_cm(&mut self) -> Result<usize> {
         let mut n = 0;
         loop {
             self.stats.channel_reads += 1;
@@ -207,7 +207,7 @@ impl Core {
 
     /// Rejects a connect request's new id with `reason`; the id is destroyed at the end of the
     /// tick, after its CONNECT_REQUEST is acked.
-    pub(super) fn reject_child(&mut self, child: CmId, reason: &RejectReason) {
+    pub(in crate::reactor) fn reject_child(&mut self, child: CmId, reason: &RejectReason) {
         event!(
             info,
             "rejected a connect request from {}: {reason}",
@@ -248,7 +248,13 @@ impl Core {
     /// A connect request's new id, arrived on listener `lt` or handed over by another reactor
     /// (`handoff.rs`): checks it, asks the listener's handler, accepts or rejects.
     /// `resources` are the requested (initiator depth, responder resources).
-    pub(super) fn decide(&mut self, lt: ListenerKey, child: CmId, private_data: &[u8], resources: (u8, u8)) {
+    pub(in crate::reactor) fn decide(
+        &mut self,
+        lt: ListenerKey,
+        child: CmId,
+        private_data: &[u8],
+        resources: (u8, u8),
+    ) {
         let peer = child.peer_addr();
         let refuse = |core: &mut Core, child: CmId, reason: RejectReason| {
             core.reject_child(child, &reason);
@@ -500,7 +506,7 @@ impl Core {
     }
 
     /// The client's `Action::Connect`: queue pair, first receives, `rdma_connect`.
-    pub(super) fn client_connect(&mut self, t: ConnKey) -> Option<Input> {
+    pub(in crate::reactor) fn client_connect(&mut self, t: ConnKey) -> Option<Input> {
         if let Err(e) = self.setup_qp(t) {
             return Some(Input::SetupFailed(e.chain()));
         }
@@ -724,7 +730,7 @@ impl Core {
     }
 
     /// The device of a connection that has one (from `on_ready` on).
-    pub(super) fn placed_device(&self, t: ConnKey) -> Result<usize> {
+    pub(in crate::reactor) fn placed_device(&self, t: ConnKey) -> Result<usize> {
         let c = self.conns.get(t).ok_or(Error::StaleToken(t.token().as_u64()))?;
         match (c.placed, c.waiting_device()) {
             (Some(p), _) => Ok(p.device),
@@ -766,14 +772,14 @@ impl Drop for DeferSignals {
 
 /// The RC ACK timeout exponent `t` (4.096 µs × 2^t) for at least `d`, within the 5-bit field
 /// (1..=31; 0 would turn retransmission off, so it is never used).
-pub(super) fn ack_timeout_exponent(d: std::time::Duration) -> u8 {
+pub(in crate::reactor) fn ack_timeout_exponent(d: std::time::Duration) -> u8 {
     let units = d.as_nanos().div_ceil(4096).max(2);
     let t = 128 - (units - 1).leading_zeros();
     t.clamp(1, 31) as u8
 }
 
 /// A duration in whole milliseconds for rdma_cm, saturating.
-pub(super) fn millis(d: std::time::Duration) -> i32 {
+pub(in crate::reactor) fn millis(d: std::time::Duration) -> i32 {
     d.as_millis().min(i32::MAX as u128) as i32
 }
 

@@ -3,17 +3,17 @@
 
 use smallvec::SmallVec;
 
-use super::setup::millis;
-use super::timers::TimerTarget;
-use super::Core;
 use crate::proto::conn::{Action, Actions, Input, State};
 use crate::proto::token::ConnKey;
+use crate::reactor::conn::setup::millis;
+use crate::reactor::timers::TimerTarget;
+use crate::reactor::Core;
 
 impl Core {
     /// Feeds an input to a connection's state machine and carries out the actions, including
     /// inputs those actions produce (a verb that failed) and `Drained` once a draining
     /// connection has nothing outstanding.
-    pub(super) fn feed(&mut self, t: ConnKey, input: Input) {
+    pub(in crate::reactor) fn feed(&mut self, t: ConnKey, input: Input) {
         // Rarely more than one input: an action's failure, or Drained after the last one.
         let mut queue: SmallVec<[Input; 2]> = SmallVec::new();
         queue.push(input);
@@ -37,7 +37,7 @@ impl Core {
     }
 
     /// Carries out actions a machine returned outside [`Core::feed`] (its first ones).
-    pub(super) fn apply(&mut self, t: ConnKey, actions: Actions) {
+    pub(in crate::reactor) fn apply(&mut self, t: ConnKey, actions: Actions) {
         for a in actions {
             if let Some(next) = self.act(t, a) {
                 self.feed(t, next);

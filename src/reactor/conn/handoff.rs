@@ -47,10 +47,10 @@
 
 use std::net::SocketAddr;
 
-use super::{Core, Ctx, ListenerEntry, ListenerHandler, Reactor, Remote};
 use crate::error::{Error, Result};
 use crate::proto::token::{Key, Kind, ListenerKey, Token};
 use crate::proto::wire::{RejectCode, RejectReason};
+use crate::reactor::{Core, Ctx, ListenerEntry, ListenerHandler, Reactor, Remote};
 use crate::sys::cm::{CmEvent, CmId, MigratedId};
 
 /// How a spreading listener chooses the reactor for a connect request
@@ -66,7 +66,7 @@ pub enum Balance {
 
 /// A listener's reactors and where the next choice starts.
 #[derive(Debug)]
-pub(super) struct Spread {
+pub(in crate::reactor) struct Spread {
     peers: Vec<Remote>,
     balance: Balance,
     next: usize,
@@ -74,7 +74,7 @@ pub(super) struct Spread {
 
 /// Which of `loads.len()` reactors gets the next request (`None` for a reactor that is gone,
 /// never chosen); advances `next`. `None` when every one is gone. Pure.
-pub(super) fn choose(balance: Balance, loads: &[Option<usize>], next: &mut usize) -> Option<usize> {
+pub(in crate::reactor) fn choose(balance: Balance, loads: &[Option<usize>], next: &mut usize) -> Option<usize> {
     let n = loads.len();
     if n == 0 {
         return None;
@@ -92,7 +92,7 @@ pub(super) fn choose(balance: Balance, loads: &[Option<usize>], next: &mut usize
 
 /// A connect request in transit: the migrated id and what the target needs of its event.
 #[derive(Debug)]
-pub(super) struct Parcel {
+pub(in crate::reactor) struct Parcel {
     id: MigratedId,
     private_data: Vec<u8>,
     /// The requested (initiator depth, responder resources).
@@ -100,7 +100,7 @@ pub(super) struct Parcel {
 }
 
 /// A request chosen for another reactor, waiting for its event to be acked.
-pub(super) struct Outgoing {
+pub(in crate::reactor) struct Outgoing {
     peer: Remote,
     child: CmId,
     listener: ListenerKey,
@@ -137,7 +137,7 @@ impl Core {
 
     /// A CONNECT_REQUEST on listener `lt`: if it goes to another reactor, takes its id and
     /// queues it for `send_handoffs` (after the event is acked) and returns true.
-    pub(super) fn hand_off_if_spread(&mut self, lt: ListenerKey, ev: &mut CmEvent) -> bool {
+    pub(in crate::reactor) fn hand_off_if_spread(&mut self, lt: ListenerKey, ev: &mut CmEvent) -> bool {
         let Some(peer) = self.spread_target(lt) else { return false };
         let Some(child) = ev.take_child(&self.cm, 0) else { return true };
         let (private_data, resources) = (ev.private_data(), ev.conn_resources());
@@ -147,7 +147,7 @@ impl Core {
 
     /// Migrates the ids queued by `hand_off_if_spread` to their reactors. Called after their
     /// CONNECT_REQUEST events were acked, before the next CM event is read.
-    pub(super) fn send_handoffs(&mut self) {
+    pub(in crate::reactor) fn send_handoffs(&mut self) {
         for o in std::mem::take(&mut self.outgoing) {
             let sent = {
                 let mut guard = o.peer.lock_queue();
@@ -189,7 +189,7 @@ impl Core {
     }
 
     /// Adopts the connect requests other reactors handed to this one. Returns how many.
-    pub(super) fn take_handoffs(&mut self) -> usize {
+    pub(in crate::reactor) fn take_handoffs(&mut self) -> usize {
         let parcels: Vec<Parcel> = {
             let mut q = self.inbox.lock_queue();
             if q.parcels.is_empty() {
