@@ -64,7 +64,7 @@ use std::time::Duration;
 
 use nix::sys::epoll::{EpollEvent, EpollFlags};
 
-use super::tail;
+use super::data::tail;
 use super::timers::TimerTarget;
 use super::{os, ConnEntry, Core, Device, ListenerEntry};
 use crate::error::{Error, Result};

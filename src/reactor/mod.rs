@@ -72,18 +72,11 @@ macro_rules! event {
 
 mod api;
 mod conn;
-mod cq;
-mod cq_room;
+mod data;
 mod device;
 mod embed;
 mod exec;
-mod expose;
-mod op;
-mod post;
 mod remote;
-mod send_queue;
-mod srq;
-mod tail;
 mod timers;
 mod userfd;
 
@@ -92,16 +85,16 @@ pub use api::config::{Config, ConnectOptions, SrqConfig, Timeouts};
 /// The pure parts `crate::bench_internals` drives.
 #[cfg(feature = "bench-internals")]
 pub(crate) mod bench {
-    pub(crate) use super::cq_room::CqRoom;
-    pub(crate) use super::send_queue::{RecvQueue, SendQueue};
+    pub(crate) use super::data::cq_room::CqRoom;
+    pub(crate) use super::data::send_queue::{RecvQueue, SendQueue};
 }
 pub use api::ctx::{Conn, Ctx, SubmitError};
 pub use api::handler::{ConnectRequest, ConnectionHandler, Decision, ListenerHandler};
 pub use api::stats::Stats;
 pub use conn::handoff::Balance;
+pub use data::op::{Completion, Op, RawBuf};
 pub use exec::{spawn, stats, JoinHandle};
 pub(crate) use exec::{with_ctx, Orphans};
-pub use op::{Completion, Op, RawBuf};
 pub use remote::{ReactorGone, Remote};
 pub use userfd::{FdEvent, FdHandler, Interest, Readiness};
 
@@ -125,12 +118,12 @@ use crate::sys::device::DeviceRef;
 use crate::sys::pd::Pd;
 use crate::sys::pool::{Pool, Windows};
 use crate::sys::qp::Qp;
-use cq::CqEntry;
+use data::cq::CqEntry;
+use data::op::OpEntry;
+use data::send_queue::{RecvQueue, SendQueue};
+use data::tail::TailRing;
 use device::Devices;
-use op::OpEntry;
 use remote::Inbox;
-use send_queue::{RecvQueue, SendQueue};
-use tail::TailRing;
 use timers::{TimerTarget, Timers, UserTimer};
 use userfd::UserFd;
 
@@ -234,7 +227,7 @@ struct ConnEntry {
     close_reason: Option<CloseReason>,
     /// On its device's shared receive queue (`Config::srq`): its share of the queue, which
     /// follows its activity (`srq.rs`, `SrqBudget`), instead of a receive depth.
-    srq_share: Option<srq::ConnShare>,
+    srq_share: Option<data::srq::ConnShare>,
     /// Whose bytes this connection's buffers hold (`sys/pool.rs`): unique in the process.
     mem_owner: u64,
     /// iWARP only: the stream ended (DISCONNECTED) and the queue pair was moved to the error
@@ -372,7 +365,7 @@ struct Device {
     // Field order is drop order: the SRQ (then the buffers posted to it), the pool's regions,
     // the channel, the PD.
     /// The shared receive queue, in `Config::srq` mode (`srq.rs`).
-    srq: Option<srq::DevSrq>,
+    srq: Option<data::srq::DevSrq>,
     pool: Pool,
     chan: Rc<CompChannel>,
     pd: Rc<Pd>,
@@ -413,13 +406,13 @@ pub(crate) struct Core {
     closing: Vec<ConnKey>,
     closing_listeners: Vec<ListenerKey>,
     /// CQs to poll this tick.
-    hot: cq::WorkList<CqKey>,
-    dirty: cq::WorkList<ConnKey>,
+    hot: data::cq::WorkList<CqKey>,
+    dirty: data::cq::WorkList<ConnKey>,
     /// CQs whose un-acked events reached the ack batch (`Config::cq_ack_batch`).
-    evented: cq::WorkList<CqKey>,
+    evented: data::cq::WorkList<CqKey>,
     /// CQs emptied and left unarmed: until the end of the tick (armed after its posts), or
     /// while spinning (`Config::spin`).
-    spinning: cq::WorkList<CqKey>,
+    spinning: data::cq::WorkList<CqKey>,
     /// The reactor spins (does not arm emptied CQs, does not sleep) until then.
     spin_until: Option<Instant>,
     /// Spinning in this tick.
@@ -558,10 +551,10 @@ impl Reactor {
                 timers: Timers::new(),
                 closing: Vec::new(),
                 closing_listeners: Vec::new(),
-                hot: cq::WorkList::default(),
-                dirty: cq::WorkList::default(),
-                evented: cq::WorkList::default(),
-                spinning: cq::WorkList::default(),
+                hot: data::cq::WorkList::default(),
+                dirty: data::cq::WorkList::default(),
+                evented: data::cq::WorkList::default(),
+                spinning: data::cq::WorkList::default(),
                 spin_until: None,
                 spin_on: false,
                 arm_now: false,

@@ -341,7 +341,7 @@ impl SrqConfig {
     /// credit: `(receives - reserve) / credit` (10 085 at the defaults). The next is refused
     /// ([`RejectCode::NoResources`](crate::RejectCode::NoResources), "limit reached").
     pub fn max_connections(&self) -> u32 {
-        crate::reactor::srq::SrqBudget::new(self.receives, self.credit, self.max_credit, self.reserve).max_conns()
+        crate::reactor::data::srq::SrqBudget::new(self.receives, self.credit, self.max_credit, self.reserve).max_conns()
     }
 
     /// Checks the values a shared receive queue cannot work with.

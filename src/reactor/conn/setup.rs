@@ -10,7 +10,7 @@ use crate::proto::flow::{negotiate, MIN_DEPTH};
 use crate::proto::token::{ConnKey, Key, Kind, ListenerKey, Token};
 use crate::proto::transport::{normalize_reject_status, Caps, Transport};
 use crate::proto::wire::{ConnectInfo, RejectCode, RejectReason, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
-use crate::reactor::srq::ConnShare;
+use crate::reactor::data::srq::ConnShare;
 use crate::reactor::{
     ConnEntry, ConnectOptions, ConnectRequest, ConnectionHandler, Core, Decision, Endpoint, ListenerEntry,
     ListenerHandler, Placement, Role, TailRing,

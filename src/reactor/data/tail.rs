@@ -28,7 +28,7 @@ fn ring_bytes(send_depth: u32) -> usize {
 /// The device's pool of tail rings for connections of `cfg` (`Device::tails`): clusters of
 /// 2 MiB, or of a ring for each connection the device's shared receive queue admits when that
 /// is more (its admission limit is per device, so one registration serves them all).
-pub(super) fn ring_pool(pd: &Rc<Pd>, cfg: &Config) -> Result<Pool> {
+pub(in crate::reactor) fn ring_pool(pd: &Rc<Pd>, cfg: &Config) -> Result<Pool> {
     let chunk = ring_bytes(cfg.send_depth);
     let srq_conns = cfg.srq.map_or(0, |s| s.max_connections() as usize);
     let cluster_bytes = (2 << 20).max(chunk).max(chunk.saturating_mul(srq_conns));
@@ -38,7 +38,7 @@ pub(super) fn ring_pool(pd: &Rc<Pd>, cfg: &Config) -> Result<Pool> {
 
 /// One connection's ring of tails.
 #[derive(Debug)]
-pub(super) struct TailRing {
+pub(in crate::reactor) struct TailRing {
     buf: Buf,
     slots: u32,
     next: u32,
@@ -47,7 +47,7 @@ pub(super) struct TailRing {
 impl TailRing {
     /// A ring with more slots than `send_wrs` (the queue pair's send work requests), from
     /// `pool`, for connection `owner`.
-    pub(super) fn new(pool: &Pool, send_wrs: u32, owner: u64) -> Result<TailRing> {
+    pub(in crate::reactor) fn new(pool: &Pool, send_wrs: u32, owner: u64) -> Result<TailRing> {
         let want = ring_bytes(send_wrs);
         let mut buf = pool.alloc(want, owner)?;
         let cap = buf.capacity();
@@ -61,7 +61,7 @@ impl TailRing {
 
     /// Writes `tail` into the next slot; returns the slot's address and local key, for the
     /// send's second scatter entry.
-    pub(super) fn put(&mut self, tail: Tail) -> (u64, u32) {
+    pub(in crate::reactor) fn put(&mut self, tail: Tail) -> (u64, u32) {
         let i = self.next as usize;
         self.next = (self.next + 1) % self.slots;
         let at = i * TAIL_LEN as usize;

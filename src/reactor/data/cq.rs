@@ -9,14 +9,14 @@ use std::rc::Rc;
 
 use smallvec::SmallVec;
 
-use super::cq_room::CqRoom;
-use super::Core;
 use crate::error::{Error, Result};
 use crate::proto::conn::{CloseReason, Input, State};
 use crate::proto::flow::{Farewell, Imm};
 use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, Key, Kind, OpKey, Token};
 use crate::proto::transport::unframe;
+use crate::reactor::data::cq_room::CqRoom;
+use crate::reactor::Core;
 use crate::sys::cq::{Cq, WcBatch, WorkCompletion, POLL_BATCH};
 
 /// A list of work the tick walks once while the walk may add to it (a CQ polled while
@@ -25,7 +25,7 @@ use crate::sys::cq::{Cq, WcBatch, WorkCompletion, POLL_BATCH};
 /// allocates. (Taking the list and leaving an empty `Vec` in its place allocated on every
 /// spinning tick.)
 #[derive(Debug)]
-pub(super) struct WorkList<T> {
+pub(in crate::reactor) struct WorkList<T> {
     cur: Vec<T>,
     spare: Vec<T>,
 }
@@ -39,13 +39,13 @@ impl<T> Default for WorkList<T> {
 impl<T> WorkList<T> {
     /// The listed work, for the walk; the list is empty then (it keeps the spare buffer's
     /// capacity for what the walk adds).
-    pub(super) fn take(&mut self) -> Vec<T> {
+    pub(in crate::reactor) fn take(&mut self) -> Vec<T> {
         let spare = std::mem::take(&mut self.spare);
         std::mem::replace(&mut self.cur, spare)
     }
 
     /// The walked buffer back, emptied: the spare of the next walk.
-    pub(super) fn give_back(&mut self, mut walked: Vec<T>) {
+    pub(in crate::reactor) fn give_back(&mut self, mut walked: Vec<T>) {
         walked.clear();
         if walked.capacity() >= self.spare.capacity() {
             self.spare = walked;
@@ -72,7 +72,7 @@ const MAX_READS: u32 = 1024;
 
 /// What [`Core::poll_cq`] does after one `ibv_poll_cq` call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum AfterPoll {
+pub(in crate::reactor) enum AfterPoll {
     /// The batch was full and budget is left: poll again.
     PollAgain,
     /// The CQ is empty and armed: done.
@@ -97,7 +97,7 @@ pub(super) enum AfterPoll {
 /// remaining: a failed poll fails the CQ; an empty CQ (`got < want`) is never left unarmed
 /// when the reactor may sleep (`arm_now`), and a CQ is never armed without being polled after
 /// the arm. Pure, so the protocol is checked on the host against a model CQ (tests below).
-pub(super) fn after_poll(
+pub(in crate::reactor) fn after_poll(
     polled: Result<usize, i32>,
     want: usize,
     left: usize,
@@ -124,27 +124,27 @@ pub(super) fn after_poll(
 }
 
 /// One CQ and its protocol state.
-pub(super) struct CqEntry {
-    pub(super) cq: Rc<Cq>,
+pub(in crate::reactor) struct CqEntry {
+    pub(in crate::reactor) cq: Rc<Cq>,
     /// Index of its device in `Core::devices`.
-    pub(super) device: usize,
+    pub(in crate::reactor) device: usize,
     /// Armed for one event (counted in its device's `armed`).
-    pub(super) armed: bool,
-    pub(super) hot: bool,
-    pub(super) evented: bool,
+    pub(in crate::reactor) armed: bool,
+    pub(in crate::reactor) hot: bool,
+    pub(in crate::reactor) evented: bool,
     /// Listed in `Core::spinning`: emptied and left unarmed while the reactor spins.
-    pub(super) spinning: bool,
-    pub(super) shared: bool,
+    pub(in crate::reactor) spinning: bool,
+    pub(in crate::reactor) shared: bool,
     /// Overrun, or a poll or arm failed: never polled or armed again (`Core::fail_cq`).
-    pub(super) failed: bool,
-    pub(super) room: CqRoom,
+    pub(in crate::reactor) failed: bool,
+    pub(in crate::reactor) room: CqRoom,
     /// Connections that could not post for lack of room, in order.
-    pub(super) waiting: VecDeque<ConnKey>,
+    pub(in crate::reactor) waiting: VecDeque<ConnKey>,
 }
 
 impl Core {
     /// Creates a CQ of `entries` on device `d`, armed, and returns its key (also its context).
-    pub(super) fn new_cq(&mut self, d: usize, entries: u32, shared: bool) -> Result<CqKey> {
+    pub(in crate::reactor) fn new_cq(&mut self, d: usize, entries: u32, shared: bool) -> Result<CqKey> {
         let (dev, chan) = (self.devices[d].dev, self.devices[d].chan.clone());
         let short = self.take_short_cq().map(|n| n.min(entries));
         let create = short.unwrap_or(entries);
@@ -190,13 +190,13 @@ impl Core {
     /// The receive depth a test injected as the next queue pair's grant
     /// (`Reactor::inject_short_rq`), once.
     #[cfg(feature = "fault-injection")]
-    pub(super) fn take_short_rq(&mut self) -> Option<u32> {
+    pub(in crate::reactor) fn take_short_rq(&mut self) -> Option<u32> {
         self.short_rq.take()
     }
 
     /// Without the `fault-injection` feature there is nothing to inject.
     #[cfg(not(feature = "fault-injection"))]
-    pub(super) fn take_short_rq(&mut self) -> Option<u32> {
+    pub(in crate::reactor) fn take_short_rq(&mut self) -> Option<u32> {
         None
     }
 
@@ -208,7 +208,7 @@ impl Core {
     /// that would only find `EAGAIN` (one connection's ping-pong: one read per event). The
     /// channel is registered level-triggered, so should more be pending, the next
     /// `epoll_wait` reports it again.
-    pub(super) fn drain_comp(&mut self, d: usize) -> usize {
+    pub(in crate::reactor) fn drain_comp(&mut self, d: usize) -> usize {
         let Some((chan, armed)) = self.devices.get(d).filter(|d| !d.lost).map(|d| (d.chan.clone(), d.armed)) else {
             return 0;
         };
@@ -260,7 +260,7 @@ impl Core {
     }
 
     /// Polls every hot CQ under its budget.
-    pub(super) fn poll_hot(&mut self) -> usize {
+    pub(in crate::reactor) fn poll_hot(&mut self) -> usize {
         if self.hot.is_empty() {
             return 0;
         }
@@ -282,7 +282,7 @@ impl Core {
     /// Polls one CQ: batches of up to 32 until it is empty or `budget` completions were
     /// reaped. An empty CQ is re-armed and polled once more (the arm/poll race); a CQ that used
     /// its budget stays hot for the next tick. Each step is [`after_poll`]'s decision.
-    pub(super) fn poll_cq(&mut self, t: CqKey, budget: usize) -> usize {
+    pub(in crate::reactor) fn poll_cq(&mut self, t: CqKey, budget: usize) -> usize {
         let Some(cq) = self.cqs.get(t).filter(|e| !e.failed).map(|e| e.cq.clone()) else { return 0 };
         // Uninitialised until a poll fills it: an empty poll costs no stores.
         let mut wcs = WcBatch::new();
@@ -352,7 +352,7 @@ impl Core {
     }
 
     /// Destroys a CQ entry (its `Drop` acks its counted events, then `ibv_destroy_cq`).
-    pub(super) fn remove_cq(&mut self, t: CqKey) {
+    pub(in crate::reactor) fn remove_cq(&mut self, t: CqKey) {
         if let Some(e) = self.cqs.remove(t) {
             let unacked = e.cq.unacked();
             if unacked > 0 {
@@ -367,7 +367,7 @@ impl Core {
     /// Polls the CQs left unarmed (emptied during the tick, or spinning). With
     /// `keep_spinning` false each is polled, armed and polled once more, so the reactor can
     /// sleep.
-    pub(super) fn poll_spinning(&mut self, keep_spinning: bool) -> usize {
+    pub(in crate::reactor) fn poll_spinning(&mut self, keep_spinning: bool) -> usize {
         self.arm_now = !keep_spinning;
         let mut n = 0;
         let mut spinning = self.spinning.take();
@@ -385,7 +385,7 @@ impl Core {
     }
 
     /// Marks the connections waiting for room on CQ `t` for posting again.
-    pub(super) fn wake_waiting(&mut self, t: CqKey) {
+    pub(in crate::reactor) fn wake_waiting(&mut self, t: CqKey) {
         let Some(e) = self.cqs.get_mut(t) else { return };
         if e.waiting.is_empty() || e.room.is_full() {
             return;
@@ -447,7 +447,7 @@ impl Core {
     /// peer's violation ends the stream (a TERMINATE, then the close): the connection waits
     /// for what follows, DISCONNECTED (`Peer`) or the failed request (`WorkError`)
     /// (`proto::transport`).
-    pub(super) fn work_error(&mut self, t: ConnKey, status: WcStatus) -> Option<Input> {
+    pub(in crate::reactor) fn work_error(&mut self, t: ConnKey, status: WcStatus) -> Option<Input> {
         // Saying goodbye counts as established: the queue pair is still connected.
         let established = self.conns.get(t).is_some_and(|c| c.role.state().is_connected());
         let iwarp = self.conns.get(t).and_then(|c| c.placed).is_some_and(|p| self.devices[p.device].caps.tail());
@@ -557,7 +557,7 @@ impl Core {
     /// A credit-only message of connection `t`'s peer said `farewell` (the close handshake,
     /// `proto::flow::Farewell`): its goodbye is answered, its answer to ours lets us
     /// disconnect. Ignored on a connection that did not negotiate the handshake.
-    pub(super) fn on_farewell(&mut self, t: ConnKey, farewell: Farewell) {
+    pub(in crate::reactor) fn on_farewell(&mut self, t: ConnKey, farewell: Farewell) {
         let Some(c) = self.conns.get_mut(t).filter(|c| c.sq.farewell()) else { return };
         match farewell {
             Farewell::None => {}
@@ -571,7 +571,7 @@ impl Core {
                         // arrive (its kernel dropped the stream without a word: FAULTS.md),
                         // this timer ends the connection instead of leaving it for ever.
                         if let Some(at) = self.read_clock().checked_add(self.cfg.timeouts.finish) {
-                            let key = self.timers.schedule(at, super::timers::TimerTarget::Parting(t));
+                            let key = self.timers.schedule(at, crate::reactor::timers::TimerTarget::Parting(t));
                             self.conns.get_mut(t).expect("checked").parting = Some(key);
                         }
                     }
@@ -597,7 +597,7 @@ impl Core {
     /// `Timeouts::finish` ago and has not disconnected. If the connection is still
     /// established, it disconnects now and closes as the peer's close
     /// (`Stats::silent_partings`); a connection closing already is left to its own deadlines.
-    pub(super) fn parting(&mut self, t: ConnKey, key: u64) -> usize {
+    pub(in crate::reactor) fn parting(&mut self, t: ConnKey, key: u64) -> usize {
         let Some(c) = self.conns.get_mut(t).filter(|c| c.parting == Some(key)) else { return 0 };
         c.parting = None;
         if !c.role.state().is_established() {
@@ -616,7 +616,7 @@ impl Core {
 
     /// Hands `completion` to connection `t`'s handler, counted first (`Conn::metrics`): every
     /// completion of a live connection reaches its handler through here.
-    pub(super) fn deliver_completion(&mut self, t: ConnKey, completion: super::Completion) {
+    pub(in crate::reactor) fn deliver_completion(&mut self, t: ConnKey, completion: crate::reactor::Completion) {
         if let Some(c) = self.conns.get_mut(t) {
             c.meter.completed(completion.opcode, &completion.result);
         }
@@ -624,7 +624,7 @@ impl Core {
     }
 
     /// After a completion: post what waited for queue room or credit, or grant credits.
-    pub(super) fn after_completion(&mut self, t: ConnKey) {
+    pub(in crate::reactor) fn after_completion(&mut self, t: ConnKey) {
         let Some(c) = self.conns.get(t) else { return };
         if c.sq.wants_post() || c.rq.has_pending() {
             self.mark_dirty(t);
@@ -640,7 +640,7 @@ impl Core {
     /// Acks the events of every CQ whose count reached the batch threshold (only those are
     /// listed, so the cost is theirs, not every CQ's with a few events counted); a destroyed
     /// CQ acked its own count.
-    pub(super) fn flush_acks(&mut self) {
+    pub(in crate::reactor) fn flush_acks(&mut self) {
         if self.evented.is_empty() {
             return;
         }

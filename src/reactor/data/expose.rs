@@ -9,18 +9,18 @@
 //! destroyed (`ConnEntry::windows`), just before its queue pair: in rxe a bound window holds
 //! its queue pair, whose destruction would otherwise wait for it.
 
-use super::op::OpEntry;
-use super::send_queue::Planned;
-use super::Core;
 use crate::error::{Error, Result};
 use crate::proto::op::RemoteAccess;
 use crate::proto::token::{ConnKey, Key};
+use crate::reactor::data::op::OpEntry;
+use crate::reactor::data::send_queue::Planned;
+use crate::reactor::Core;
 use crate::sys::pool::{Buf, Exposed, Exposure, RegionWindow};
 use crate::sys::qp::{SendOp, SendWr};
 use crate::sys::region::{Region, RegionSlice};
 
 impl Core {
-    /// See [`Conn::expose`](super::Conn::expose).
+    /// See [`Conn::expose`](crate::reactor::Conn::expose).
     pub(crate) fn expose(&mut self, t: ConnKey, buf: Buf, access: RemoteAccess) -> Result<Exposed> {
         let (d, how) = self.exposable(t)?;
         if !self.devices[d].pool.owns(&buf) {
@@ -33,7 +33,7 @@ impl Core {
         Ok(exposed)
     }
 
-    /// See [`Conn::expose_region`](super::Conn::expose_region).
+    /// See [`Conn::expose_region`](crate::reactor::Conn::expose_region).
     pub(crate) fn expose_region(
         &mut self,
         t: ConnKey,
@@ -47,7 +47,7 @@ impl Core {
         Ok(exposed)
     }
 
-    /// See [`Conn::register_region`](super::Conn::register_region).
+    /// See [`Conn::register_region`](crate::reactor::Conn::register_region).
     pub(crate) fn register_region(&mut self, t: ConnKey, region: &Region) -> Result<()> {
         let d = self.placed_device(t)?;
         region.lkey(&self.devices[d].pd).map(|_| ())
@@ -92,7 +92,7 @@ impl Core {
 }
 
 /// The work request of a planned window bind.
-pub(super) fn bind_wr(op: &OpEntry, w: &Planned) -> SendWr {
+pub(in crate::reactor) fn bind_wr(op: &OpEntry, w: &Planned) -> SendWr {
     // A connection releases its windows only when it is destroyed, and a destroyed connection
     // posts nothing more: a bind is never planned without its memory window.
     let bind = op.bind_wr().expect("a queued bind's memory window exists");

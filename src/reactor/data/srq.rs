@@ -85,16 +85,16 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use super::cq_room::CqRoom;
-use super::op::Completion;
-use super::timers::TimerTarget;
-use super::Core;
 use crate::error::{Error, Result};
 use crate::proto::conn::{AsyncEventKind, CloseReason, Input};
 use crate::proto::flow::{Farewell, Imm};
 use crate::proto::op::{OpCode, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, GenSlab, Key, SrqKey, Token};
 use crate::proto::transport::unframe;
+use crate::reactor::data::cq_room::CqRoom;
+use crate::reactor::data::op::Completion;
+use crate::reactor::timers::TimerTarget;
+use crate::reactor::Core;
 use crate::sys::cq::WorkCompletion;
 use crate::sys::pool::{Buf, NO_OWNER};
 use crate::sys::qp::RecvWr;
@@ -261,7 +261,7 @@ const KEEP_FREE_DIVISOR: u32 = 8;
 
 /// A receive to post (again): its buffer (none: allocate a fresh one), and the connection
 /// whose credit it returns once posted, with whether a credit-only message consumed it.
-pub(super) struct Repost {
+pub(in crate::reactor) struct Repost {
     buf: Option<Buf>,
     owner: Option<(ConnKey, bool)>,
 }
@@ -271,11 +271,11 @@ pub(super) struct Repost {
 /// by bisection: no hashing on the path of a completion; adding and removing (at connection
 /// setup and teardown) shift the list.
 #[derive(Debug, Default)]
-pub(super) struct QpMap(Vec<(u32, ConnKey)>);
+pub(in crate::reactor) struct QpMap(Vec<(u32, ConnKey)>);
 
 impl QpMap {
     /// Adds (or replaces) `qp_num`'s connection.
-    pub(super) fn insert(&mut self, qp_num: u32, t: ConnKey) {
+    pub(in crate::reactor) fn insert(&mut self, qp_num: u32, t: ConnKey) {
         match self.0.binary_search_by_key(&qp_num, |e| e.0) {
             Ok(i) => self.0[i].1 = t,
             Err(i) => self.0.insert(i, (qp_num, t)),
@@ -283,37 +283,37 @@ impl QpMap {
     }
 
     /// Forgets `qp_num`.
-    pub(super) fn remove(&mut self, qp_num: u32) {
+    pub(in crate::reactor) fn remove(&mut self, qp_num: u32) {
         if let Ok(i) = self.0.binary_search_by_key(&qp_num, |e| e.0) {
             self.0.remove(i);
         }
     }
 
     /// The connection of `qp_num`.
-    pub(super) fn get(&self, qp_num: u32) -> Option<ConnKey> {
+    pub(in crate::reactor) fn get(&self, qp_num: u32) -> Option<ConnKey> {
         self.0.binary_search_by_key(&qp_num, |e| e.0).ok().map(|i| self.0[i].1)
     }
 
     /// Every connection listed.
-    pub(super) fn values(&self) -> impl Iterator<Item = ConnKey> + '_ {
+    pub(in crate::reactor) fn values(&self) -> impl Iterator<Item = ConnKey> + '_ {
         self.0.iter().map(|e| e.1)
     }
 }
 
 /// One device's shared receive queue and its bookkeeping. Field order is drop order: the SRQ
 /// (once no queue pair holds it) before the buffers posted to it.
-pub(super) struct DevSrq {
-    pub(super) srq: Rc<Srq>,
+pub(in crate::reactor) struct DevSrq {
+    pub(in crate::reactor) srq: Rc<Srq>,
     /// The receive CQ of every queue pair on the SRQ: `receives` entries, all committed to
     /// them, so no receive completion can overrun it, however a peer behaves.
-    pub(super) cq: CqKey,
+    pub(in crate::reactor) cq: CqKey,
     /// The buffers of the posted receives, by the slot their `wr_id` names.
     slots: GenSlab<SrqKey, Buf>,
     /// Receives to post at the next posting, in order.
     repost: Vec<Repost>,
-    pub(super) budget: SrqBudget,
+    pub(in crate::reactor) budget: SrqBudget,
     /// Queue pair number to connection, for every queue pair on this SRQ.
-    pub(super) qps: QpMap,
+    pub(in crate::reactor) qps: QpMap,
     buf_size: usize,
     low_water: u32,
     /// The limit event is armed. It is disarmed by its event and armed again only once a
@@ -322,7 +322,7 @@ pub(super) struct DevSrq {
     /// reactor, per message).
     limit_armed: bool,
     /// SRQ_ERR or a failed post: nothing is posted any more, no connection admitted.
-    pub(super) failed: bool,
+    pub(in crate::reactor) failed: bool,
 }
 
 impl Drop for DevSrq {
@@ -339,7 +339,7 @@ impl Drop for DevSrq {
 
 impl DevSrq {
     /// Receives posted now.
-    pub(super) fn posted(&self) -> usize {
+    pub(in crate::reactor) fn posted(&self) -> usize {
         self.slots.len()
     }
 }
@@ -347,7 +347,7 @@ impl DevSrq {
 impl Core {
     /// Creates device `d`'s SRQ (`Config::srq`) and queues its receives for the first posting,
     /// which happens at once.
-    pub(super) fn create_srq(&mut self, d: usize) -> Result<()> {
+    pub(in crate::reactor) fn create_srq(&mut self, d: usize) -> Result<()> {
         let Some(cfg) = self.cfg.srq else { return Ok(()) };
         let pd = self.devices[d].pd.clone();
         let srq = Srq::new(&pd, cfg.receives)
@@ -401,7 +401,7 @@ impl Core {
     }
 
     /// Posts every device's queued SRQ receives (start of the tick's posting).
-    pub(super) fn post_srqs(&mut self) {
+    pub(in crate::reactor) fn post_srqs(&mut self) {
         if self.cfg.srq.is_none() {
             return;
         }
@@ -518,7 +518,7 @@ impl Core {
     }
 
     /// Device `d`'s SRQ cannot be used: every connection on it closes at once.
-    pub(super) fn fail_srq(&mut self, d: usize, reason: CloseReason) {
+    pub(in crate::reactor) fn fail_srq(&mut self, d: usize, reason: CloseReason) {
         let Some(s) = self.devices.get_mut(d).and_then(|x| x.srq.as_mut()) else { return };
         s.failed = true;
         let on: Vec<ConnKey> = s.qps.values().collect();
@@ -529,7 +529,7 @@ impl Core {
 
     /// An asynchronous event naming an SRQ (`device.rs`).
     /// True when it named this reactor's SRQ.
-    pub(super) fn on_srq_event(&mut self, d: usize, kind: AsyncEventKind, srq: usize) -> bool {
+    pub(in crate::reactor) fn on_srq_event(&mut self, d: usize, kind: AsyncEventKind, srq: usize) -> bool {
         let ours = self.devices.get(d).and_then(|x| x.srq.as_ref()).is_some_and(|s| s.srq.identity() == srq);
         if !ours {
             self.stats.stale_async_events += 1;
@@ -548,7 +548,7 @@ impl Core {
     }
 
     /// A completion of a receive posted to the SRQ of CQ `ct`'s device.
-    pub(super) fn srq_complete(&mut self, ct: CqKey, wc: WorkCompletion, token: Token) {
+    pub(in crate::reactor) fn srq_complete(&mut self, ct: CqKey, wc: WorkCompletion, token: Token) {
         self.stats.srq_consumed += 1;
         let Some(d) = self.cqs.get(ct).map(|e| e.device) else { return };
         let Some(s) = self.devices.get_mut(d).and_then(|x| x.srq.as_mut()) else {

@@ -1,22 +1,22 @@
 //! Submission and posting. Operations queue per connection during a tick and go to the device
 //! at the end of it, one chain per queue pair and direction (one doorbell each). What may go
-//! is planned by [`SendQueue`](super::send_queue::SendQueue) and
-//! [`RecvQueue`](super::send_queue::RecvQueue); this file checks submissions and does the FFI
+//! is planned by [`SendQueue`](crate::reactor::data::send_queue::SendQueue) and
+//! [`RecvQueue`](crate::reactor::data::send_queue::RecvQueue); this file checks submissions and does the FFI
 //! step.
 
 use smallvec::SmallVec;
 
-use super::op::{Body, OpEntry};
-use super::send_queue::Planned;
-use super::TailRing;
-use super::{Core, Placement, SubmitError};
 use crate::error::Error;
 use crate::proto::conn::{CloseReason, Input, State};
 use crate::proto::flow::{Farewell, Imm};
 use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, Key, OpKey};
 use crate::proto::transport::{Tail, TAIL_LEN};
+use crate::reactor::data::op::{Body, OpEntry};
+use crate::reactor::data::send_queue::Planned;
 use crate::reactor::Op;
+use crate::reactor::TailRing;
+use crate::reactor::{Core, Placement, SubmitError};
 use crate::sys::qp::{RecvWr, SendOp, SendWr};
 
 impl Core {
@@ -105,7 +105,7 @@ impl Core {
         // On iWARP a READ's sink takes a registration of its own with remote write
         // (`OpEntry::sink`).
         let sink = if self.devices[device].caps.tail() {
-            match super::op::read_sink(&op, &self.devices[device].pd) {
+            match crate::reactor::data::op::read_sink(&op, &self.devices[device].pd) {
                 Ok(m) => m,
                 Err(e) => return Err(SubmitError::new(e, op)),
             }
@@ -128,10 +128,10 @@ impl Core {
 
     /// Connection `t`'s keepalive probe is due (`Config::keepalive`): queues one and schedules
     /// the next. Returns 1 when one was queued.
-    pub(super) fn keepalive(&mut self, t: ConnKey, key: u64) -> usize {
+    pub(in crate::reactor) fn keepalive(&mut self, t: ConnKey, key: u64) -> usize {
         let Some(interval) = self.cfg.keepalive else { return 0 };
         // The key: a reconnected client's probes are the new queue pair's, not the old one's.
-        let live = |c: &&super::ConnEntry| c.role.state().is_established() && c.keepalive == Some(key);
+        let live = |c: &&crate::reactor::ConnEntry| c.role.state().is_established() && c.keepalive == Some(key);
         let Some(c) = self.conns.get(t).filter(live) else { return 0 };
         if c.placed.and_then(|p| self.devices.get(p.device)).is_some_and(|d| d.port_down) {
             // Through a downed port a probe fails at once: wait for the port (device.rs).
@@ -146,16 +146,16 @@ impl Core {
         1
     }
 
-    pub(super) fn schedule_keepalive(&mut self, t: ConnKey, interval: std::time::Duration) {
+    pub(in crate::reactor) fn schedule_keepalive(&mut self, t: ConnKey, interval: std::time::Duration) {
         if let Some(at) = self.read_clock().checked_add(interval) {
-            let key = self.timers.schedule(at, super::timers::TimerTarget::Keepalive(t));
+            let key = self.timers.schedule(at, crate::reactor::timers::TimerTarget::Keepalive(t));
             if let Some(c) = self.conns.get_mut(t) {
                 c.keepalive = Some(key);
             }
         }
     }
 
-    pub(super) fn mark_dirty(&mut self, t: ConnKey) {
+    pub(in crate::reactor) fn mark_dirty(&mut self, t: ConnKey) {
         if let Some(c) = self.conns.get_mut(t) {
             if !c.dirty {
                 c.dirty = true;
@@ -164,7 +164,7 @@ impl Core {
         }
     }
 
-    pub(super) fn flush_posts(&mut self) {
+    pub(in crate::reactor) fn flush_posts(&mut self) {
         // The shared receive queues first: a credit granted below is never ahead of the
         // receive it stands for (`srq.rs`).
         self.post_srqs();
@@ -179,7 +179,7 @@ impl Core {
     }
 
     /// Posts a connection's queued operations, as many as may go now.
-    pub(super) fn flush_conn(&mut self, t: ConnKey) {
+    pub(in crate::reactor) fn flush_conn(&mut self, t: ConnKey) {
         let Some(c) = self.conns.get_mut(t) else { return };
         c.dirty = false;
         let Some(placed) = c.placed.filter(|_| c.can_post()) else { return };
@@ -315,7 +315,7 @@ impl Core {
         match (blocked, c.stall) {
             (true, None) => {
                 if let Some(at) = self.read_clock().checked_add(limit) {
-                    let key = self.timers.schedule(at, super::timers::TimerTarget::Stall(t));
+                    let key = self.timers.schedule(at, crate::reactor::timers::TimerTarget::Stall(t));
                     self.conns.get_mut(t).expect("checked").stall = Some(key);
                 }
             }
@@ -327,7 +327,7 @@ impl Core {
     /// Connection `t`'s credit-stall timer `key` fired: if it is still the connection's and its
     /// next send still waits for credits, the connection closes with `CloseReason::Stalled`.
     /// Returns 1 when it did.
-    pub(super) fn credit_stall(&mut self, t: ConnKey, key: u64) -> usize {
+    pub(in crate::reactor) fn credit_stall(&mut self, t: ConnKey, key: u64) -> usize {
         let Some(limit) = self.cfg.credit_timeout else { return 0 };
         let Some(c) = self.conns.get_mut(t).filter(|c| c.stall == Some(key)) else { return 0 };
         c.stall = None;
@@ -359,7 +359,7 @@ impl Core {
 /// immediate data) a send carries its credits in a tail instead.
 fn send_wr(op: &OpEntry, w: &Planned, max_inline: u32, tails: Option<&mut TailRing>) -> SendWr {
     if op.bind.is_some() {
-        return super::expose::bind_wr(op, w);
+        return crate::reactor::data::expose::bind_wr(op, w);
     }
     let (addr, len, lkey) = op.sge();
     let (raddr, rkey) = op.remote.map_or((0, 0), |r| (r.addr, r.rkey));

@@ -26,9 +26,9 @@ use std::collections::VecDeque;
 
 use smallvec::SmallVec;
 
-use super::cq_room::CqRoom;
 use crate::proto::flow::{Farewell, Flow, Imm};
 use crate::proto::token::OpKey;
+use crate::reactor::data::cq_room::CqRoom;
 
 /// One send work request the plan says to post now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,29 @@
+//! The data path: operations from `submit` to their completion.
+//!
+//! - `op.rs`: [`Op`](crate::Op), [`Completion`](crate::Completion) and the reactor's record of
+//!   an operation in flight (`OpEntry`, under an `OpKey` token carried as the work request id).
+//! - `send_queue.rs` (pure): what a connection posts at the end of a tick, in which order and
+//!   under which credits (`SendQueue`, `RecvQueue`), and the farewell of the close handshake.
+//! - `post.rs`: checking a submission, building the work requests and the FFI post, one chain
+//!   per queue pair and direction; keepalive probes and the credit-stall timer.
+//! - `cq.rs`: the CQ protocol (drain the channel, poll under a budget, arm then poll again,
+//!   acks in batches) and delivering completions to handlers.
+//! - `cq_room.rs` (pure): room on each CQ, so a CQ never holds more completions than it has
+//!   entries.
+//! - `srq.rs`: the shared receive queues and the SRQ credit rule (`SrqBudget`, pure).
+//! - `tail.rs`: the tail rings that carry immediate data where the transport has none (iWARP).
+//! - `expose.rs`: memory windows bound to a connection (`Conn::expose`).
+//!
+//! Invariants owned here: a CQ's completions never exceed its entries (`CqRoom`); a completion
+//! that raced an arm is never stranded (poll after arming); a credit is never granted ahead of
+//! the receive it stands for (the SRQ refill and the receives are posted before the sends);
+//! the device holds a buffer only through an `OpEntry` that returns it in the completion.
+
+pub(super) mod cq;
+pub(super) mod cq_room;
+pub(super) mod expose;
+pub(super) mod op;
+pub(super) mod post;
+pub(super) mod send_queue;
+pub(super) mod srq;
+pub(super) mod tail;
