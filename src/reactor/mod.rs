@@ -73,12 +73,7 @@ macro_rules! event {
 mod api;
 mod conn;
 mod data;
-mod device;
-mod embed;
-mod exec;
-mod remote;
-mod timers;
-mod userfd;
+mod event_loop;
 
 pub use api::config::{Config, ConnectOptions, SrqConfig, Timeouts};
 
@@ -93,10 +88,10 @@ pub use api::handler::{ConnectRequest, ConnectionHandler, Decision, ListenerHand
 pub use api::stats::Stats;
 pub use conn::handoff::Balance;
 pub use data::op::{Completion, Op, RawBuf};
-pub use exec::{spawn, stats, JoinHandle};
-pub(crate) use exec::{with_ctx, Orphans};
-pub use remote::{ReactorGone, Remote};
-pub use userfd::{FdEvent, FdHandler, Interest, Readiness};
+pub use event_loop::exec::{spawn, stats, JoinHandle};
+pub(crate) use event_loop::exec::{with_ctx, Orphans};
+pub use event_loop::remote::{ReactorGone, Remote};
+pub use event_loop::userfd::{FdEvent, FdHandler, Interest, Readiness};
 
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -122,10 +117,10 @@ use data::cq::CqEntry;
 use data::op::OpEntry;
 use data::send_queue::{RecvQueue, SendQueue};
 use data::tail::TailRing;
-use device::Devices;
-use remote::Inbox;
-use timers::{TimerTarget, Timers, UserTimer};
-use userfd::UserFd;
+use event_loop::device::Devices;
+use event_loop::remote::Inbox;
+use event_loop::timers::{TimerTarget, Timers, UserTimer};
+use event_loop::userfd::UserFd;
 
 /// A connection's role: its state machine.
 enum Role {
@@ -376,7 +371,7 @@ struct Device {
 /// listeners, before the devices (pools, completion channels, PDs), before the CM channel.
 pub(crate) struct Core {
     /// Tasks (`exec.rs`): dropped first, while everything their handles name still exists.
-    exec: exec::Exec,
+    exec: event_loop::exec::Exec,
     /// Ids of rejected connect requests, destroyed at the end of the tick.
     graveyard: Vec<CmId>,
     /// Connect requests chosen for other reactors, migrated once their event is acked
@@ -427,7 +422,7 @@ pub(crate) struct Core {
     /// never ahead of the true time.
     clock: Instant,
     /// The coarse clock the timers use while no deadline is near (`timers.rs`).
-    coarse: timers::CoarseClock,
+    coarse: event_loop::timers::CoarseClock,
     stop: bool,
     /// Set by shutdown: no new listener or connection.
     shutting_down: bool,
@@ -531,7 +526,7 @@ impl Reactor {
         let inbox = Inbox::new(&epoll, Some(cm.channel_ref()))?;
         Ok(Reactor {
             core: Core {
-                exec: exec::Exec::new(inbox.remote()),
+                exec: event_loop::exec::Exec::new(inbox.remote()),
                 graveyard: Vec::new(),
                 outgoing: Vec::new(),
                 conns: GenSlab::new(),
@@ -561,7 +556,7 @@ impl Reactor {
                 spin_skipped: 0,
                 spun_work: false,
                 clock: Instant::now(),
-                coarse: timers::CoarseClock::new(),
+                coarse: event_loop::timers::CoarseClock::new(),
                 stop: false,
                 shutting_down: false,
                 handoff_listener: None,
@@ -800,7 +795,7 @@ impl Core {
     }
 
     fn tick(&mut self, timeout: Option<Duration>) -> Result<usize> {
-        let _inside = exec::Inside::enter();
+        let _inside = event_loop::exec::Inside::enter();
         if self.spin_on && self.spin_skipped < SPIN_WAIT_EVERY {
             return Ok(self.spin_tick());
         }

@@ -9,7 +9,7 @@ use crate::proto::metrics::ConnMetrics;
 use crate::proto::op::RemoteAccess;
 use crate::proto::token::{ConnKey, Key, Token};
 use crate::proto::wire::ConnectInfo;
-use crate::reactor::exec::Orphans;
+use crate::reactor::event_loop::exec::Orphans;
 use crate::reactor::{Config, ConnectOptions, ConnectionHandler, Core, ListenerHandler, Op, Stats};
 use crate::sys::pool::{Buf, Exposed, RegionWindow};
 use crate::sys::region::{Region, RegionSlice};

@@ -6,7 +6,7 @@ use smallvec::SmallVec;
 use crate::proto::conn::{Action, Actions, Input, State};
 use crate::proto::token::ConnKey;
 use crate::reactor::conn::setup::millis;
-use crate::reactor::timers::TimerTarget;
+use crate::reactor::event_loop::timers::TimerTarget;
 use crate::reactor::Core;
 
 impl Core {

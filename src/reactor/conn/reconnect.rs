@@ -34,7 +34,7 @@ use crate::error::Error;
 use crate::proto::conn::{Client, CloseReason, Input};
 use crate::proto::reconnect::{Backoff, Reconnect};
 use crate::proto::token::{ConnKey, Key};
-use crate::reactor::timers::TimerTarget;
+use crate::reactor::event_loop::timers::TimerTarget;
 use crate::reactor::Completion;
 use crate::reactor::{Conn, Core, Endpoint, Role};
 use crate::sys::cm::CmId;

@@ -571,7 +571,8 @@ impl Core {
                         // arrive (its kernel dropped the stream without a word: FAULTS.md),
                         // this timer ends the connection instead of leaving it for ever.
                         if let Some(at) = self.read_clock().checked_add(self.cfg.timeouts.finish) {
-                            let key = self.timers.schedule(at, crate::reactor::timers::TimerTarget::Parting(t));
+                            let key =
+                                self.timers.schedule(at, crate::reactor::event_loop::timers::TimerTarget::Parting(t));
                             self.conns.get_mut(t).expect("checked").parting = Some(key);
                         }
                     }

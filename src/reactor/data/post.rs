@@ -148,7 +148,7 @@ impl Core {
 
     pub(in crate::reactor) fn schedule_keepalive(&mut self, t: ConnKey, interval: std::time::Duration) {
         if let Some(at) = self.read_clock().checked_add(interval) {
-            let key = self.timers.schedule(at, crate::reactor::timers::TimerTarget::Keepalive(t));
+            let key = self.timers.schedule(at, crate::reactor::event_loop::timers::TimerTarget::Keepalive(t));
             if let Some(c) = self.conns.get_mut(t) {
                 c.keepalive = Some(key);
             }
@@ -315,7 +315,7 @@ impl Core {
         match (blocked, c.stall) {
             (true, None) => {
                 if let Some(at) = self.read_clock().checked_add(limit) {
-                    let key = self.timers.schedule(at, crate::reactor::timers::TimerTarget::Stall(t));
+                    let key = self.timers.schedule(at, crate::reactor::event_loop::timers::TimerTarget::Stall(t));
                     self.conns.get_mut(t).expect("checked").stall = Some(key);
                 }
             }

@@ -93,7 +93,7 @@ use crate::proto::token::{ConnKey, CqKey, GenSlab, Key, SrqKey, Token};
 use crate::proto::transport::unframe;
 use crate::reactor::data::cq_room::CqRoom;
 use crate::reactor::data::op::Completion;
-use crate::reactor::timers::TimerTarget;
+use crate::reactor::event_loop::timers::TimerTarget;
 use crate::reactor::Core;
 use crate::sys::cq::WorkCompletion;
 use crate::sys::pool::{Buf, NO_OWNER};

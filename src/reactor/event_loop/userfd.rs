@@ -21,9 +21,9 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use nix::sys::epoll::{EpollEvent, EpollFlags};
 
-use super::{os, Core, Ctx};
 use crate::error::{Error, Result};
 use crate::proto::token::{FdKey, Key, Token};
+use crate::reactor::{os, Core, Ctx};
 
 bitflags::bitflags! {
     /// What readiness of a registered fd to report ([`Ctx::register_fd`]).
@@ -110,7 +110,7 @@ impl<F: FnMut(&mut Ctx<'_>, FdEvent)> FdHandler for F {
 }
 
 /// A registration.
-pub(super) struct UserFd {
+pub(in crate::reactor) struct UserFd {
     /// The reactor's duplicate, the fd in the epoll set.
     fd: OwnedFd,
     user_data: u64,
@@ -119,7 +119,7 @@ pub(super) struct UserFd {
 }
 
 impl Core {
-    pub(super) fn register_fd(
+    pub(in crate::reactor) fn register_fd(
         &mut self,
         fd: std::os::fd::BorrowedFd<'_>,
         interest: Interest,
@@ -137,14 +137,14 @@ impl Core {
         Ok(key.token())
     }
 
-    pub(super) fn set_fd_interest(&mut self, token: Token, interest: Interest) -> Result<()> {
+    pub(in crate::reactor) fn set_fd_interest(&mut self, token: Token, interest: Interest) -> Result<()> {
         let key = self.user_fds.key_of(token).ok_or(Error::StaleToken(token.as_u64()))?;
         let entry = self.user_fds.get(key).expect("live key");
         let mut ev = EpollEvent::new(interest.epoll_flags(), token.as_u64());
         self.epoll.modify(entry.fd.as_fd(), &mut ev).map_err(os("epoll_ctl"))
     }
 
-    pub(super) fn deregister_fd(&mut self, token: Token) -> bool {
+    pub(in crate::reactor) fn deregister_fd(&mut self, token: Token) -> bool {
         let Some(key) = self.user_fds.key_of(token) else { return false };
         let entry = self.user_fds.remove(key).expect("live key");
         // Cannot fail: the duplicate is open and in the set. Closing it would remove it too.
@@ -153,14 +153,14 @@ impl Core {
     }
 
     /// Deregisters every fd (shutdown).
-    pub(super) fn deregister_all_fds(&mut self) {
+    pub(in crate::reactor) fn deregister_all_fds(&mut self) {
         for key in self.user_fds.keys() {
             self.deregister_fd(key.token());
         }
     }
 
     /// A registered fd is ready: call its handler. Returns 1 if it was called.
-    pub(super) fn dispatch_fd(&mut self, token: Token, flags: EpollFlags) -> usize {
+    pub(in crate::reactor) fn dispatch_fd(&mut self, token: Token, flags: EpollFlags) -> usize {
         let Some(key) = FdKey::of(token) else { return 0 };
         // None: deregistered earlier in this tick.
         let Some(entry) = self.user_fds.get_mut(key) else { return 0 };

@@ -64,13 +64,13 @@ use std::time::Duration;
 
 use nix::sys::epoll::{EpollEvent, EpollFlags};
 
-use super::data::tail;
-use super::timers::TimerTarget;
-use super::{os, ConnEntry, Core, Device, ListenerEntry};
 use crate::error::{Error, Result};
 use crate::proto::conn::{AsyncEventKind, CloseReason, Input};
 use crate::proto::token::{ConnKey, CqKey, Kind, ListenerKey, Token};
 use crate::proto::transport::{Caps, KEY_PLUG_CQ_ENTRIES};
+use crate::reactor::data::tail;
+use crate::reactor::event_loop::timers::TimerTarget;
+use crate::reactor::{os, ConnEntry, Core, Device, ListenerEntry};
 use crate::sys::cq::CompChannel;
 use crate::sys::cq::Cq;
 use crate::sys::device::{self, AsyncElement, DeviceHold, DeviceRef};
@@ -83,29 +83,29 @@ const RELEASE_TRIES: u32 = 400;
 
 /// The devices in use, by index. An index is never reused: a released device leaves `None`.
 #[derive(Default)]
-pub(super) struct Devices(Vec<Option<Device>>);
+pub(in crate::reactor) struct Devices(Vec<Option<Device>>);
 
 impl Devices {
-    pub(super) fn get(&self, d: usize) -> Option<&Device> {
+    pub(in crate::reactor) fn get(&self, d: usize) -> Option<&Device> {
         self.0.get(d).and_then(Option::as_ref)
     }
 
-    pub(super) fn get_mut(&mut self, d: usize) -> Option<&mut Device> {
+    pub(in crate::reactor) fn get_mut(&mut self, d: usize) -> Option<&mut Device> {
         self.0.get_mut(d).and_then(Option::as_mut)
     }
 
     /// The live devices.
-    pub(super) fn iter(&self) -> impl Iterator<Item = &Device> {
+    pub(in crate::reactor) fn iter(&self) -> impl Iterator<Item = &Device> {
         self.0.iter().flatten()
     }
 
     /// Device indexes issued so far (released ones included).
-    pub(super) fn slots(&self) -> usize {
+    pub(in crate::reactor) fn slots(&self) -> usize {
         self.0.len()
     }
 
     /// Live devices.
-    pub(super) fn len(&self) -> usize {
+    pub(in crate::reactor) fn len(&self) -> usize {
         self.iter().count()
     }
 
@@ -115,7 +115,7 @@ impl Devices {
     }
 
     /// The index of `dev`'s entry, lost or not.
-    pub(super) fn index_of(&self, dev: DeviceRef) -> Option<usize> {
+    pub(in crate::reactor) fn index_of(&self, dev: DeviceRef) -> Option<usize> {
         self.0.iter().position(|d| d.as_ref().is_some_and(|d| d.dev == dev))
     }
 }
@@ -137,7 +137,7 @@ impl std::ops::IndexMut<usize> for Devices {
 impl Core {
     /// The index of the device's resources, created on first use; `addr` is an address of the
     /// device (the local address of the id that uses it), for its `DeviceHold`.
-    pub(super) fn device(&mut self, dev: DeviceRef, addr: Option<std::net::SocketAddr>) -> Result<usize> {
+    pub(in crate::reactor) fn device(&mut self, dev: DeviceRef, addr: Option<std::net::SocketAddr>) -> Result<usize> {
         if let Some(i) = self.devices.find(dev) {
             return Ok(i);
         }
@@ -208,7 +208,7 @@ impl Core {
 
     /// What device `dev` adapts to: as its resources recorded it, or asked now (InfiniBand's
     /// when the device cannot say).
-    pub(super) fn caps_of(&self, dev: DeviceRef) -> Caps {
+    pub(in crate::reactor) fn caps_of(&self, dev: DeviceRef) -> Caps {
         match self.devices.find(dev) {
             Some(d) => self.devices[d].caps,
             None => dev.caps().unwrap_or(Caps::infiniband()),
@@ -243,7 +243,7 @@ impl Core {
 
     /// Reads device `d`'s asynchronous events until none is pending; each is acked, then
     /// turned into the close of what it affects (module docs).
-    pub(super) fn drain_async(&mut self, d: usize) -> usize {
+    pub(in crate::reactor) fn drain_async(&mut self, d: usize) -> usize {
         let Some(dev) = self.devices.get(d).filter(|x| !x.lost).map(|x| x.dev) else { return 0 };
         let mut n = 0;
         loop {
@@ -284,7 +284,7 @@ impl Core {
     /// Acts on one asynchronous event of device `d`, on what [`target`] says it concerns;
     /// the other kinds are only counted. True when it named a queue pair, CQ or SRQ of this
     /// reactor's: then it concerns no other reactor.
-    pub(super) fn on_async(&mut self, d: usize, kind: AsyncEventKind, element: AsyncElement) -> bool {
+    pub(in crate::reactor) fn on_async(&mut self, d: usize, kind: AsyncEventKind, element: AsyncElement) -> bool {
         use AsyncEventKind as K;
         let Some(target) = target(kind, element) else { return false };
         let reason = CloseReason::AsyncEvent(kind);
@@ -341,7 +341,7 @@ impl Core {
     /// CQ `ct` cannot be used any more (overrun, or a poll or arm failed): every connection
     /// on it closes at once with `reason`, and it is never polled or armed again. A failed
     /// shared CQ is replaced for later connections and destroyed when its last one is gone.
-    pub(super) fn fail_cq(&mut self, ct: CqKey, reason: CloseReason) {
+    pub(in crate::reactor) fn fail_cq(&mut self, ct: CqKey, reason: CloseReason) {
         let Some(e) = self.cqs.get_mut(ct) else { return };
         if e.failed {
             return;
@@ -370,7 +370,7 @@ impl Core {
     /// Device `d` is gone or unusable: its fds leave the epoll set now, every connection and
     /// listener on it closes with `reason`, and its resources are released once nothing uses
     /// them (`release_lost_devices`).
-    pub(super) fn device_lost(&mut self, d: usize, reason: CloseReason) {
+    pub(in crate::reactor) fn device_lost(&mut self, d: usize, reason: CloseReason) {
         let Some(dev) = self.devices.get_mut(d) else { return };
         if dev.lost {
             return;
@@ -390,7 +390,7 @@ impl Core {
     /// Destroys the resources of lost devices nothing uses any more (called at the end of a
     /// tick, after the closed connections and listeners were destroyed), then asks librdmacm
     /// to let go of their contexts (retried on a timer until the device has left the list).
-    pub(super) fn release_lost_devices(&mut self) {
+    pub(in crate::reactor) fn release_lost_devices(&mut self) {
         let mut i = 0;
         while i < self.lost_devices.len() {
             let d = self.lost_devices[i];
@@ -429,7 +429,7 @@ impl Core {
 
     /// Asks librdmacm to synchronise its device list once a released device has left
     /// libibverbs' list, so it closes that device's context; retried for a while.
-    pub(super) fn forget_devices(&mut self) {
+    pub(in crate::reactor) fn forget_devices(&mut self) {
         let mut sync = false;
         self.forgetting.retain_mut(|(identity, tries)| {
             *tries += 1;
@@ -448,7 +448,7 @@ impl Core {
     }
 
     /// A shared CQ that failed and whose connections are all gone is destroyed.
-    pub(super) fn reap_retired_cqs(&mut self) {
+    pub(in crate::reactor) fn reap_retired_cqs(&mut self) {
         if self.retired_cqs.is_empty() {
             return;
         }
@@ -463,7 +463,7 @@ impl Core {
     }
 
     /// The shared CQ of device `d`, created again if the last one failed.
-    pub(super) fn shared_cq(&mut self, d: usize, entries: u32) -> Result<CqKey> {
+    pub(in crate::reactor) fn shared_cq(&mut self, d: usize, entries: u32) -> Result<CqKey> {
         if let Some(ct) = self.devices[d].shared_cq {
             return Ok(ct);
         }

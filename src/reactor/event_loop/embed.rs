@@ -2,7 +2,7 @@
 //! ([`AsFd`], [`AsRawFd`]) and how long the outer loop may sleep ([`Reactor::next_timeout`]).
 //!
 //! An epoll fd is itself pollable: it is readable while any fd in its set is ready (the rdma_cm
-//! channel, a completion channel, a device's event fd, the [`Remote`](super::Remote) eventfd,
+//! channel, a completion channel, a device's event fd, the [`Remote`](crate::reactor::Remote) eventfd,
 //! a registered fd). What is not an fd, the outer loop learns from `next_timeout`: posts or
 //! destruction left for a tick, CQs over budget or spinning (zero), and the next deadline.
 //! The outer loop:
@@ -18,7 +18,7 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::time::{Duration, Instant};
 
-use super::{Core, Reactor};
+use crate::reactor::{Core, Reactor};
 
 /// The reactor's epoll fd, for an outer event loop to wait on (readable, level-triggered, in
 /// `poll(2)`, `epoll`, mio's `SourceFd` or tokio's `AsyncFd`). It is readable while the

@@ -37,11 +37,11 @@ use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollEvent, EpollFlags};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
-use super::conn::handoff::Parcel;
-use super::{os, Core, Ctx, Reactor};
 use crate::error::Result;
 use crate::proto::conn::AsyncEventKind;
 use crate::proto::token::{Kind, Token};
+use crate::reactor::conn::handoff::Parcel;
+use crate::reactor::{os, Core, Ctx, Reactor};
 use crate::sys::cm::ChannelRef;
 use crate::sys::device::AsyncElement;
 
@@ -54,7 +54,7 @@ static REACTORS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
 /// An asynchronous event another reactor of the process read (and acked), as copied out of
 /// it: the device context's address, the kind, what it names (by address).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct SharedAsync {
+pub(in crate::reactor) struct SharedAsync {
     context: usize,
     kind: AsyncEventKind,
     element: AsyncElement,
@@ -71,17 +71,17 @@ struct Shared {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Queue {
+pub(in crate::reactor) struct Queue {
     messages: VecDeque<u64>,
     stop: bool,
     /// The reactor is gone.
-    pub(super) closed: bool,
+    pub(in crate::reactor) closed: bool,
     /// The reactor's CM channel, for migrating ids to it (`handoff.rs`); `None` once closed.
-    pub(super) chan: Option<ChannelRef>,
+    pub(in crate::reactor) chan: Option<ChannelRef>,
     /// Connect requests handed to this reactor, not yet taken (`handoff.rs`).
-    pub(super) parcels: VecDeque<Parcel>,
+    pub(in crate::reactor) parcels: VecDeque<Parcel>,
     /// The last hand-off sequence number issued (the index of the next `Handoff` token).
-    pub(super) handoff_seq: u32,
+    pub(in crate::reactor) handoff_seq: u32,
     /// Asynchronous device events other reactors read (`Core::share_async`).
     shared_async: Vec<SharedAsync>,
     /// Tasks of this reactor's executor woken on other threads (`exec.rs`).
@@ -169,7 +169,7 @@ impl Remote {
     }
 
     /// Wakes task `task` of the reactor's executor from another thread (`exec.rs`).
-    pub(super) fn wake_task(&self, task: u64) -> std::result::Result<(), ReactorGone> {
+    pub(in crate::reactor) fn wake_task(&self, task: u64) -> std::result::Result<(), ReactorGone> {
         self.queue(|q| q.tasks.push(task))
     }
 
@@ -188,7 +188,7 @@ impl Remote {
     }
 
     /// Makes the reactor's `epoll_wait` return (a task was woken on its thread outside a tick).
-    pub(super) fn nudge(&self) {
+    pub(in crate::reactor) fn nudge(&self) {
         self.shared.wake();
     }
 
@@ -198,22 +198,22 @@ impl Remote {
     }
 
     /// The inbox, locked (`handoff.rs`).
-    pub(super) fn lock_queue(&self) -> MutexGuard<'_, Queue> {
+    pub(in crate::reactor) fn lock_queue(&self) -> MutexGuard<'_, Queue> {
         self.shared.lock()
     }
 
     /// Wakes the reactor (after queueing something under the lock).
-    pub(super) fn wake(&self) {
+    pub(in crate::reactor) fn wake(&self) {
         self.shared.wake();
     }
 
     /// The reactor's live connections as it last published them.
-    pub(super) fn load(&self) -> usize {
+    pub(in crate::reactor) fn load(&self) -> usize {
         self.shared.load.load(Ordering::Relaxed)
     }
 
     /// True if this is the handle of the reactor that owns `inbox`.
-    pub(super) fn is_of(&self, inbox: &Inbox) -> bool {
+    pub(in crate::reactor) fn is_of(&self, inbox: &Inbox) -> bool {
         Arc::ptr_eq(&self.shared, &inbox.shared)
     }
 }
@@ -222,14 +222,14 @@ impl Remote {
 type MessageHandler = Box<dyn FnMut(&mut Ctx<'_>, u64)>;
 
 /// The reactor's side: the shared state, the handler, and a buffer the queue is swapped into.
-pub(super) struct Inbox {
+pub(in crate::reactor) struct Inbox {
     shared: Arc<Shared>,
     handler: Option<MessageHandler>,
     taken: VecDeque<u64>,
     /// Shared asynchronous events taken with the messages.
     taken_async: Vec<SharedAsync>,
     /// Tasks woken on other threads, taken with the messages.
-    pub(super) taken_tasks: Vec<u64>,
+    pub(in crate::reactor) taken_tasks: Vec<u64>,
     /// The load last published (`Shared::load`).
     published: usize,
 }
@@ -238,7 +238,7 @@ impl Inbox {
     /// Creates the eventfd (non-blocking, close-on-exec) and registers it with `epoll`.
     ///
     /// `chan` is the reactor's CM channel, which outlives the inbox (`Core`'s field order).
-    pub(super) fn new(epoll: &Epoll, chan: Option<ChannelRef>) -> Result<Inbox> {
+    pub(in crate::reactor) fn new(epoll: &Epoll, chan: Option<ChannelRef>) -> Result<Inbox> {
         let efd =
             EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK).map_err(os("eventfd"))?;
         let token = Token::new(Kind::Remote, 0, 1);
@@ -260,18 +260,18 @@ impl Inbox {
         })
     }
 
-    pub(super) fn remote(&self) -> Remote {
+    pub(in crate::reactor) fn remote(&self) -> Remote {
         Remote { shared: self.shared.clone() }
     }
 
     /// The inbox, locked (`handoff.rs`).
-    pub(super) fn lock_queue(&self) -> MutexGuard<'_, Queue> {
+    pub(in crate::reactor) fn lock_queue(&self) -> MutexGuard<'_, Queue> {
         self.shared.lock()
     }
 
     /// Publishes the reactor's live connections if they changed: one comparison per tick,
     /// one relaxed store when the number moved.
-    pub(super) fn publish_load(&mut self, conns: usize) {
+    pub(in crate::reactor) fn publish_load(&mut self, conns: usize) {
         if conns != self.published {
             self.published = conns;
             self.shared.load.store(conns, Ordering::Relaxed);
@@ -319,7 +319,7 @@ impl std::fmt::Debug for Inbox {
 impl Core {
     /// The remote eventfd is readable: deliver the queued messages to the handler (dropped if
     /// none is set), then honour a stop request. Returns how many messages and requests.
-    pub(super) fn drain_remote(&mut self) -> usize {
+    pub(in crate::reactor) fn drain_remote(&mut self) -> usize {
         let stop = self.inbox.take();
         // Connect requests handed over by other reactors (`handoff.rs`), after the eventfd
         // was read: one queued later comes with a later write.
@@ -358,7 +358,7 @@ impl Core {
     /// address) to every other reactor of the process; each acts on it only if it names its
     /// device and, for a queue pair or CQ, an object it has (matched by address, as the
     /// reader does).
-    pub(super) fn share_async(&mut self, context: usize, kind: AsyncEventKind, element: AsyncElement) {
+    pub(in crate::reactor) fn share_async(&mut self, context: usize, kind: AsyncEventKind, element: AsyncElement) {
         let others: Vec<Arc<Shared>> = {
             let all = REACTORS.lock().unwrap_or_else(PoisonError::into_inner);
             all.iter().filter_map(Weak::upgrade).filter(|s| !Arc::ptr_eq(s, &self.inbox.shared)).collect()

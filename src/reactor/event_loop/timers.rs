@@ -26,14 +26,14 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
-use super::Core;
 use crate::error::{Error, Result};
 use crate::proto::conn::{Input, Step};
 use crate::proto::token::{ConnKey, Key, Kind, ListenerKey, TimerKey, Token};
+use crate::reactor::Core;
 
 /// What a heap entry fires.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum TimerTarget {
+pub(in crate::reactor) enum TimerTarget {
     /// A connection's connection-manager deadline.
     Deadline(ConnKey),
     /// A user timer.
@@ -54,14 +54,14 @@ pub(super) enum TimerTarget {
 }
 
 /// A timer set by a callback: whose `on_timer` to call, with what.
-pub(super) struct UserTimer {
-    pub(super) owner: Token,
-    pub(super) user_data: u64,
+pub(in crate::reactor) struct UserTimer {
+    pub(in crate::reactor) owner: Token,
+    pub(in crate::reactor) user_data: u64,
 }
 
 impl Core {
     /// Fires every deadline and timer expired at `now`; returns how many fired.
-    pub(super) fn fire_timers(&mut self, now: Instant) -> usize {
+    pub(in crate::reactor) fn fire_timers(&mut self, now: Instant) -> usize {
         if self.timers.next_deadline().is_none() {
             return 0;
         }
@@ -152,7 +152,7 @@ impl Core {
     }
 
     /// Reads the clock and keeps the reading for the next tick's wait (see `Core::tick`).
-    pub(super) fn read_clock(&mut self) -> Instant {
+    pub(in crate::reactor) fn read_clock(&mut self) -> Instant {
         self.clock = Instant::now();
         self.clock
     }
@@ -161,7 +161,7 @@ impl Core {
     /// precise one: the coarse clock when the earliest deadline is further away than
     /// [`CoarseClock::margin`] (then no deadline can be due), else the precise clock. Never
     /// goes back, and is never ahead of the true time, so nothing fires early.
-    pub(super) fn timer_clock(&mut self) -> (Instant, bool) {
+    pub(in crate::reactor) fn timer_clock(&mut self) -> (Instant, bool) {
         let coarse = self.coarse.now();
         match self.timers.next_deadline() {
             Some(at) if self.coarse.horizon(coarse).map_or(true, |h| at <= h) => (self.read_clock(), true),
@@ -176,7 +176,7 @@ impl Core {
     /// from a coarse reading (`precise` false) less [`CoarseClock::margin`], since the reading
     /// may lag the true time (the tick after such an early wakeup reads the precise clock, the
     /// deadline being within the margin then).
-    pub(super) fn timer_wait(&self, now: Instant, precise: bool) -> Option<Duration> {
+    pub(in crate::reactor) fn timer_wait(&self, now: Instant, precise: bool) -> Option<Duration> {
         let left = self.timers.next_timeout(now)?;
         Some(if precise { left } else { left.saturating_sub(self.coarse.margin()) })
     }
@@ -184,7 +184,7 @@ impl Core {
     /// [`Core::timer_wait`] for an outer loop (`Reactor::next_timeout`), without touching
     /// `Core::clock`: the same choice of clock, so the tick it leads to finds the deadline due
     /// (or, if the coarse clock lagged more than the margin, a little more time to wait).
-    pub(super) fn timer_timeout(&self) -> Option<Duration> {
+    pub(in crate::reactor) fn timer_timeout(&self) -> Option<Duration> {
         let at = self.timers.next_deadline()?;
         match self.coarse.horizon(self.coarse.now()) {
             Some(h) if at > h => Some(at.saturating_duration_since(h)),
@@ -208,7 +208,7 @@ impl Core {
 
     /// Drops the heap's stale entries once more than half of it (beyond a slack) must be
     /// stale (module docs).
-    pub(super) fn compact_timers(&mut self) {
+    pub(in crate::reactor) fn compact_timers(&mut self) {
         const SLACK: usize = 1024;
         if self.timers.len() <= 2 * self.live_timer_bound() + SLACK {
             return;
@@ -234,13 +234,13 @@ impl Core {
 /// time, in the vDSO, where the precise clock can be a system call (in the test VM it reads an
 /// emulated HPET). Before this, the reactor read the precise clock twice per wakeup whenever a
 /// timer was set.
-pub(super) struct CoarseClock {
+pub(in crate::reactor) struct CoarseClock {
     /// An `Instant` and the `CLOCK_MONOTONIC` nanoseconds read right after it: `Instant` is
     /// `CLOCK_MONOTONIC` on Linux, so the coarse time maps onto it (never ahead of the truth).
     anchor: Instant,
     anchor_ns: u64,
     /// The coarse clock's resolution (a timer tick of the kernel, 4 ms at HZ=250).
-    pub(super) resolution: Duration,
+    pub(in crate::reactor) resolution: Duration,
 }
 
 fn monotonic_ns(id: nix::time::ClockId) -> Option<u64> {
@@ -249,7 +249,7 @@ fn monotonic_ns(id: nix::time::ClockId) -> Option<u64> {
 }
 
 impl CoarseClock {
-    pub(super) fn new() -> CoarseClock {
+    pub(in crate::reactor) fn new() -> CoarseClock {
         // The anchor's two reads bracket one instant; a preemption between them would make
         // every coarse reading lag by its length, so the tightest of a few brackets is kept.
         let mut best: Option<(Duration, Instant, u64)> = None;
@@ -271,20 +271,20 @@ impl CoarseClock {
     /// How far a coarse reading is trusted to lag the true time: two resolutions (one for the
     /// clock's granularity, one for a kernel tick that comes late). Within this of a deadline
     /// the timers read the precise clock.
-    pub(super) fn margin(&self) -> Duration {
+    pub(in crate::reactor) fn margin(&self) -> Duration {
         self.resolution * 2
     }
 
     /// The coarse reading `coarse` plus the margin: a deadline after it is surely in the future
     /// (`None` past `Instant`'s range).
-    pub(super) fn horizon(&self, coarse: Instant) -> Option<Instant> {
+    pub(in crate::reactor) fn horizon(&self, coarse: Instant) -> Option<Instant> {
         coarse.checked_add(self.margin())
     }
 
     /// The coarse time: at most the true time, and normally at least the true time less
     /// `resolution` (a late kernel tick can make it lag more: hence the margin).
     /// Without a coarse clock (it cannot fail on Linux), the precise one.
-    pub(super) fn now(&self) -> Instant {
+    pub(in crate::reactor) fn now(&self) -> Instant {
         match monotonic_ns(nix::time::ClockId::CLOCK_MONOTONIC_COARSE) {
             Some(ns) => self.anchor + Duration::from_nanos(ns.saturating_sub(self.anchor_ns)),
             None => Instant::now(),
@@ -294,7 +294,7 @@ impl CoarseClock {
 
 /// A timer heap over targets of type `T`.
 #[derive(Debug)]
-pub(super) struct Timers<T: Ord> {
+pub(in crate::reactor) struct Timers<T: Ord> {
     heap: BinaryHeap<Reverse<(Instant, u64, T)>>,
     seq: u64,
 }

@@ -23,7 +23,7 @@
 //! [`Error::NoReactor`] instead of aliasing. Polled anywhere else (another executor's task, a
 //! thread without a reactor), the async face fails the same way.
 //!
-//! [`Remote`]: super::Remote
+//! [`Remote`]: crate::reactor::Remote
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
@@ -38,9 +38,9 @@ use std::thread::ThreadId;
 
 use slab::Slab;
 
-use super::{Core, Ctx, Reactor, Remote};
 use crate::error::{Error, Result};
 use crate::proto::token::Token;
+use crate::reactor::{Core, Ctx, Reactor, Remote};
 
 /// The task id of [`Reactor::block_on`]'s future.
 const MAIN: u64 = u64::MAX;
@@ -67,10 +67,10 @@ thread_local! {
 }
 
 /// Marks this thread inside a reactor's tick or poll for the guard's life.
-pub(super) struct Inside(());
+pub(in crate::reactor) struct Inside(());
 
 impl Inside {
-    pub(super) fn enter() -> Inside {
+    pub(in crate::reactor) fn enter() -> Inside {
         let _ = INSIDE.try_with(|i| i.set(i.get() + 1));
         Inside(())
     }
@@ -126,7 +126,11 @@ pub(crate) fn with_ctx<R>(f: impl FnOnce(&mut Ctx<'_>) -> R) -> Result<R> {
 }
 
 /// Polls `fut` with `core` reachable through [`with_core`].
-pub(super) fn poll_with_core<T>(core: &mut Core, fut: Pin<&mut dyn Future<Output = T>>, waker: &Waker) -> Poll<T> {
+pub(in crate::reactor) fn poll_with_core<T>(
+    core: &mut Core,
+    fut: Pin<&mut dyn Future<Output = T>>,
+    waker: &Waker,
+) -> Poll<T> {
     let _inside = Inside::enter();
     let prev = CURRENT.try_with(|c| c.replace(core as *mut Core)).unwrap_or(std::ptr::null_mut());
     let _restore = Restore(prev);
@@ -134,7 +138,7 @@ pub(super) fn poll_with_core<T>(core: &mut Core, fut: Pin<&mut dyn Future<Output
 }
 
 /// What [`Core`] keeps for its tasks.
-pub(super) struct Exec {
+pub(in crate::reactor) struct Exec {
     /// This executor's id in wakers (process-unique).
     id: u64,
     tasks: Slab<Task>,
@@ -143,7 +147,7 @@ pub(super) struct Exec {
     generation: u32,
     /// Tokens of connections and listeners whose last async handle was dropped: closed at
     /// the next tick (a handle may be dropped anywhere, without the reactor at hand).
-    pub(super) orphans: Orphans,
+    pub(in crate::reactor) orphans: Orphans,
     /// For wakes from other threads (and a same-thread wake outside the reactor's tick).
     remote: Remote,
     /// `block_on`'s future was woken.
@@ -163,7 +167,7 @@ struct Task {
 }
 
 impl Exec {
-    pub(super) fn new(remote: Remote) -> Exec {
+    pub(in crate::reactor) fn new(remote: Remote) -> Exec {
         Exec {
             id: NEXT_EXEC.fetch_add(1, Ordering::Relaxed),
             tasks: Slab::new(),
@@ -185,13 +189,13 @@ impl Exec {
     }
 
     /// True when a tick has tasks to poll or handles to close: the reactor must not sleep.
-    pub(super) fn has_work(&self) -> bool {
+    pub(in crate::reactor) fn has_work(&self) -> bool {
         !self.orphans.borrow().is_empty()
             || WOKEN.try_with(|w| w.borrow().iter().any(|(e, _)| *e == self.id)).unwrap_or(false)
     }
 
     /// Live tasks.
-    pub(super) fn len(&self) -> usize {
+    pub(in crate::reactor) fn len(&self) -> usize {
         self.tasks.len()
     }
 
@@ -227,7 +231,7 @@ impl Exec {
     }
 
     /// Tasks other threads woke (taken from the inbox by the reactor): as if woken here.
-    pub(super) fn woken_elsewhere(&mut self, tasks: impl IntoIterator<Item = u64>) {
+    pub(in crate::reactor) fn woken_elsewhere(&mut self, tasks: impl IntoIterator<Item = u64>) {
         let id = self.id;
         let _ = WOKEN.try_with(|w| w.borrow_mut().extend(tasks.into_iter().map(|t| (id, t))));
     }
@@ -274,7 +278,7 @@ impl Wake for TaskWaker {
 impl Core {
     /// Step 5b of the tick: closes what lost its last async handle, then polls the woken tasks
     /// (again while polling them woke more, at most [`ROUNDS`] times). Returns the tasks polled.
-    pub(super) fn run_tasks(&mut self) -> usize {
+    pub(in crate::reactor) fn run_tasks(&mut self) -> usize {
         let orphans = std::mem::take(&mut *self.exec.orphans.borrow_mut());
         for t in orphans {
             self.close(t);
@@ -416,7 +420,7 @@ where
 /// # Errors
 ///
 /// [`Error::NoReactor`] outside a reactor's task or `block_on`.
-pub fn stats() -> Result<super::Stats> {
+pub fn stats() -> Result<crate::reactor::Stats> {
     with_core(|core| core.stats())
 }
 
