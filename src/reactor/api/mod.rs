@@ -15,5 +15,6 @@
 
 pub(super) mod config;
 pub(super) mod ctx;
+pub(super) mod guard;
 pub(super) mod handler;
 pub(super) mod stats;

@@ -5,6 +5,7 @@ use std::time::Instant;
 use crate::proto::metrics::{conn_families, ConnMetrics, Exposition, Kind};
 use crate::proto::token::{Key, Token};
 use crate::reactor::Core;
+use crate::sys::pool::Pool;
 
 /// Reactor statistics since creation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -247,6 +248,28 @@ impl std::fmt::Display for Number {
             write!(f, "{}", self.0 as i64)
         } else {
             write!(f, "{}", self.0)
+        }
+    }
+}
+
+impl Core {
+    pub(in crate::reactor) fn stats(&self) -> Stats {
+        let registered = self
+            .devices
+            .iter()
+            .map(|d| (d.pool.registered_bytes() + d.tails.as_ref().map_or(0, Pool::registered_bytes)) as u64)
+            .sum();
+        let srq_receives = self.devices.iter().filter_map(|d| d.srq.as_ref()).map(|s| s.posted() as u64).sum();
+        let srq_free = self.devices.iter().filter_map(|d| d.srq.as_ref()).map(|s| u64::from(s.budget.free())).sum();
+        let buffers_in_use = self.devices.iter().map(|d| d.pool.in_use() as u64).sum();
+        Stats {
+            registered_bytes: registered,
+            buffers_in_use,
+            connections: self.conns.len() as u64,
+            srq_receives,
+            srq_free,
+            timer_entries: self.timers.len() as u64,
+            ..self.stats
         }
     }
 }

@@ -20,6 +20,7 @@
 //! [`Reconnect`]: crate::Reconnect
 
 pub(super) mod drive;
+pub(super) mod entry;
 pub(super) mod handoff;
 pub(super) mod reconnect;
 pub(super) mod setup;

@@ -60,6 +60,7 @@
 //! removal completes only when the process exits. A device that comes back is a new entry;
 //! indexes are never reused.
 
+use std::rc::Rc;
 use std::time::Duration;
 
 use nix::sys::epoll::{EpollEvent, EpollFlags};
@@ -68,9 +69,9 @@ use crate::error::{Error, Result};
 use crate::proto::conn::{AsyncEventKind, CloseReason, Input};
 use crate::proto::token::{ConnKey, CqKey, Kind, ListenerKey, Token};
 use crate::proto::transport::{Caps, KEY_PLUG_CQ_ENTRIES};
-use crate::reactor::data::tail;
+use crate::reactor::data::{srq, tail};
 use crate::reactor::event_loop::timers::TimerTarget;
-use crate::reactor::{os, ConnEntry, Core, Device, ListenerEntry};
+use crate::reactor::{os, ConnEntry, Core, ListenerEntry};
 use crate::sys::cq::CompChannel;
 use crate::sys::cq::Cq;
 use crate::sys::device::{self, AsyncElement, DeviceHold, DeviceRef};
@@ -501,4 +502,35 @@ fn target(kind: AsyncEventKind, element: AsyncElement) -> Option<Target> {
         (K::DeviceFatal, _) => Some(Target::Device),
         _ => None,
     }
+}
+
+/// A device this reactor uses: its resources, and what the loop knows of it.
+pub(in crate::reactor) struct Device {
+    pub(in crate::reactor) dev: DeviceRef,
+    /// The device in libibverbs' list (`DeviceRef::identity`), to tell when it has left it.
+    pub(in crate::reactor) identity: usize,
+    /// CQs of this device armed for an event: at most this many events can be pending on its
+    /// channel.
+    pub(in crate::reactor) armed: u32,
+    /// The device's shared CQ, in `Config::shared_cq` mode.
+    pub(in crate::reactor) shared_cq: Option<CqKey>,
+    /// Removed or failed: out of the epoll set, released once nothing uses it (`device.rs`).
+    pub(in crate::reactor) lost: bool,
+    /// PORT_ERR seen and no PORT_ACTIVE since: keepalive probes wait (`device.rs`).
+    pub(in crate::reactor) port_down: bool,
+    /// Its transport and memory windows, asked once (`proto::transport`).
+    pub(in crate::reactor) caps: Caps,
+    /// On Soft-iWARP, the CQ that keeps every later queue's mmap key clear of the one its
+    /// user library refuses (`Caps::key_plug`); never armed or polled.
+    pub(in crate::reactor) _key_plug: Option<Rc<crate::sys::cq::Cq>>,
+    /// On a device with tails, the connections' tail rings (`tail.rs`): one size class of
+    /// ring-sized chunks, so thousands of connections share one registered cluster.
+    pub(in crate::reactor) tails: Option<Pool>,
+    // Field order is drop order: the SRQ (then the buffers posted to it), the pool's regions,
+    // the channel, the PD.
+    /// The shared receive queue, in `Config::srq` mode (`srq.rs`).
+    pub(in crate::reactor) srq: Option<srq::DevSrq>,
+    pub(in crate::reactor) pool: Pool,
+    pub(in crate::reactor) chan: Rc<CompChannel>,
+    pub(in crate::reactor) pd: Rc<Pd>,
 }

@@ -18,5 +18,6 @@ pub(super) mod device;
 pub(super) mod embed;
 pub(super) mod exec;
 pub(super) mod remote;
+pub(super) mod tick;
 pub(super) mod timers;
 pub(super) mod userfd;

@@ -1,0 +1,239 @@
+//! A connection's and a listener's entries in the reactor's tables: what the reactor keeps for
+//! each (its state machine, handler, kernel objects, queues, timers, counters), and the
+//! questions asked of them everywhere (may it post? is it drained?).
+//!
+//! Field order is drop order: a connection's memory windows, then its queue pair and id, then
+//! its tail ring (`ConnEntry`).
+
+use crate::proto::conn::{Actions, Agent, Client, CloseReason, Input, Listener, State, Step};
+use crate::proto::metrics::ConnMeter;
+use crate::proto::token::{CqKey, TimerKey};
+use crate::proto::wire::ConnectInfo;
+use crate::reactor::api::guard::Guarded;
+use crate::reactor::conn::{handoff, reconnect};
+use crate::reactor::data::send_queue::{RecvQueue, SendQueue};
+use crate::reactor::data::srq;
+use crate::reactor::data::tail::TailRing;
+use crate::reactor::{ConnectionHandler, ListenerHandler};
+use crate::sys::cm::CmId;
+use crate::sys::pool::Windows;
+use crate::sys::qp::Qp;
+
+/// A connection's role: its state machine.
+pub(in crate::reactor) enum Role {
+    Agent(Agent),
+    Client(Client),
+}
+
+impl Role {
+    pub(in crate::reactor) fn state(&self) -> &State {
+        match self {
+            Role::Agent(a) => a.state(),
+            Role::Client(c) => c.state(),
+        }
+    }
+
+    pub(in crate::reactor) fn on_input(&mut self, input: Input) -> Actions {
+        match self {
+            Role::Agent(a) => a.on_input(input),
+            Role::Client(c) => c.on_input(input),
+        }
+    }
+}
+
+/// A connection's rdma_cm id, owned by its queue pair once that exists.
+pub(in crate::reactor) enum Endpoint {
+    None,
+    Id(CmId),
+    Qp(Qp),
+}
+
+impl Endpoint {
+    pub(in crate::reactor) fn id(&self) -> Option<&CmId> {
+        match self {
+            Endpoint::None => None,
+            Endpoint::Id(id) => Some(id),
+            Endpoint::Qp(qp) => Some(qp.id()),
+        }
+    }
+
+    pub(in crate::reactor) fn qp(&self) -> Option<&Qp> {
+        match self {
+            Endpoint::Qp(qp) => Some(qp),
+            _ => None,
+        }
+    }
+}
+
+/// What a connection was told and told the peer at setup.
+pub(in crate::reactor) struct Infos {
+    pub(in crate::reactor) local: ConnectInfo,
+    pub(in crate::reactor) peer: Option<ConnectInfo>,
+    /// Bytes a client sends instead of `local` (interoperability and fault tests).
+    pub(in crate::reactor) raw_private_data: Option<Vec<u8>>,
+    /// `local` went out: receives posted from now on grant credits.
+    pub(in crate::reactor) sent: bool,
+}
+
+/// Where a connection's queue pair lives, once it exists.
+#[derive(Clone, Copy)]
+pub(in crate::reactor) struct Placement {
+    /// Index into `Core::devices`.
+    pub(in crate::reactor) device: usize,
+    pub(in crate::reactor) cq: CqKey,
+    /// Largest inline send the queue pair takes.
+    pub(in crate::reactor) max_inline: u32,
+    /// Its messages end in a tail instead of carrying immediate data (iWARP,
+    /// `proto::transport`): the connection has a [`TailRing`].
+    pub(in crate::reactor) tail: bool,
+    /// CQ room committed to its receives when it was placed (0 on a shared receive queue),
+    /// given back exactly at destruction, whatever the device granted.
+    pub(in crate::reactor) recv_room: u32,
+}
+
+pub(in crate::reactor) struct ConnEntry {
+    /// Memory windows exposed on this connection (`Conn::expose`): deallocated at destruction
+    /// before the queue pair.
+    pub(in crate::reactor) windows: Windows,
+    /// Dropped right after at destruction (queue pair, then id).
+    pub(in crate::reactor) ep: Endpoint,
+    /// The tails its sends end with, on a transport without immediate data: after `ep`, so
+    /// the queue pair that reads them is destroyed first.
+    pub(in crate::reactor) tails: Option<TailRing>,
+    pub(in crate::reactor) role: Role,
+    pub(in crate::reactor) handler: Option<Guarded<dyn ConnectionHandler>>,
+    pub(in crate::reactor) placed: Option<Placement>,
+    pub(in crate::reactor) sq: SendQueue,
+    pub(in crate::reactor) rq: RecvQueue,
+    /// Listed in `Core::dirty`: has something to post at the end of the tick.
+    pub(in crate::reactor) dirty: bool,
+    /// Listed in its CQ's `waiting`: short of CQ room.
+    pub(in crate::reactor) waiting_room: bool,
+    pub(in crate::reactor) deadline: Option<(u64, Step)>,
+    /// The credit-stall timer's key while the next send waits for credits
+    /// (`Config::credit_timeout`, `post.rs`).
+    pub(in crate::reactor) stall: Option<u64>,
+    /// User timers set by this connection's callbacks (some may have fired or been cancelled).
+    pub(in crate::reactor) timers: Vec<TimerKey>,
+    pub(in crate::reactor) infos: Infos,
+    pub(in crate::reactor) close_reason: Option<CloseReason>,
+    /// On its device's shared receive queue (`Config::srq`): its share of the queue, which
+    /// follows its activity (`srq.rs`, `SrqBudget`), instead of a receive depth.
+    pub(in crate::reactor) srq_share: Option<srq::ConnShare>,
+    /// Whose bytes this connection's buffers hold (`sys/pool.rs`): unique in the process.
+    pub(in crate::reactor) mem_owner: u64,
+    /// iWARP only: the stream ended (DISCONNECTED) and the queue pair was moved to the error
+    /// state. Soft-iWARP flushes the receives posted at that moment, never one posted later:
+    /// the drain waits for sends only, and a receive still posted at destruction is reported
+    /// flushed (`Core::cancel_ops`): no message can land in it any more.
+    pub(in crate::reactor) stream_closed: bool,
+    /// Its counters (`Conn::metrics`): each completion handed to its handler, its credit waits.
+    pub(in crate::reactor) meter: ConnMeter,
+    /// The keepalive timer's key while probes are scheduled (`Config::keepalive`).
+    pub(in crate::reactor) keepalive: Option<u64>,
+    /// The parting timer's key: the peer said goodbye (the close handshake) and we answered;
+    /// should its disconnect not arrive within `Timeouts::finish`, we disconnect (`cq.rs`,
+    /// `Core::on_farewell`).
+    pub(in crate::reactor) parting: Option<u64>,
+    /// Fault injection (`Reactor::inject_silent_parting`): this connection skips its
+    /// `rdma_disconnect` after its farewell was answered.
+    #[cfg(feature = "fault-injection")]
+    pub(in crate::reactor) mute: bool,
+    /// A client with a reconnect policy (`ConnectOptions::reconnect`, `reconnect.rs`).
+    pub(in crate::reactor) redial: Option<Box<reconnect::Redial>>,
+}
+
+impl ConnEntry {
+    pub(in crate::reactor) fn new(
+        role: Role,
+        handler: Box<dyn ConnectionHandler>,
+        signal_every: u32,
+        local: ConnectInfo,
+    ) -> ConnEntry {
+        ConnEntry {
+            windows: Windows::default(),
+            ep: Endpoint::None,
+            tails: None,
+            role,
+            handler: Some(Guarded::new(handler)),
+            placed: None,
+            sq: SendQueue::new(signal_every),
+            rq: RecvQueue::default(),
+            dirty: false,
+            waiting_room: false,
+            deadline: None,
+            stall: None,
+            timers: Vec::new(),
+            infos: Infos { local, peer: None, raw_private_data: None, sent: false },
+            close_reason: None,
+            srq_share: None,
+            mem_owner: crate::sys::pool::next_owner(),
+            stream_closed: false,
+            meter: ConnMeter::default(),
+            keepalive: None,
+            parting: None,
+            #[cfg(feature = "fault-injection")]
+            mute: false,
+            redial: None,
+        }
+    }
+
+    /// While a client waits to reconnect or makes a new attempt (no queue pair yet): the
+    /// device of its last queue pair, where operations submitted meanwhile are checked
+    /// (`reconnect.rs`).
+    pub(in crate::reactor) fn waiting_device(&self) -> Option<usize> {
+        self.redial.as_ref().filter(|_| self.placed.is_none() && !self.role.state().is_closed()).and_then(|r| r.device)
+    }
+
+    /// True when operations may be posted: the queue pair exists and the connection is being
+    /// set up, is established, or says goodbye (its farewell and receives still go; its send
+    /// queue holds back the rest, `SendQueue::say_farewell`).
+    pub(in crate::reactor) fn can_post(&self) -> bool {
+        self.ep.qp().is_some()
+            && matches!(
+                self.role.state(),
+                State::Accepting | State::Connecting | State::Established | State::Finishing(_)
+            )
+    }
+
+    /// True when operations are accepted: from the queue pair's creation until the connection
+    /// is closed. On a closing connection they are never posted and complete with
+    /// `OpError::Cancelled` (a receive re-posted as the peer disconnects is a normal race, not
+    /// an error).
+    pub(in crate::reactor) fn can_submit(&self) -> bool {
+        self.placed.is_some() && !self.role.state().is_closed()
+    }
+
+    /// The CQs its completions land on: its own (or shared) CQ, and the device whose SRQ's CQ
+    /// takes its receives when it is on a shared receive queue (`Core::reap_conn_cqs`).
+    pub(in crate::reactor) fn cqs(&self) -> (Option<CqKey>, Option<usize>) {
+        (self.placed.map(|p| p.cq), self.srq_share.and(self.placed).map(|p| p.device))
+    }
+
+    /// True when the connection is draining and nothing is outstanding.
+    pub(in crate::reactor) fn drained(&self) -> bool {
+        self.role.state().is_draining() && self.sq.awaited() == 0 && (self.rq.outstanding() == 0 || self.stream_closed)
+    }
+}
+
+pub(in crate::reactor) struct ListenerEntry {
+    pub(in crate::reactor) id: Option<CmId>,
+    pub(in crate::reactor) sm: Listener,
+    pub(in crate::reactor) handler: Option<Guarded<dyn ListenerHandler>>,
+    pub(in crate::reactor) close_reason: Option<CloseReason>,
+    /// The reactors its connect requests are spread over (`handoff.rs`).
+    pub(in crate::reactor) spread: Option<handoff::Spread>,
+}
+
+impl ListenerEntry {
+    /// A listener with no id yet, its machine at the start, spreading nothing.
+    pub(in crate::reactor) fn new(handler: Box<dyn ListenerHandler>) -> ListenerEntry {
+        ListenerEntry {
+            id: None,
+            sm: Listener::new(),
+            handler: Some(Guarded::new(handler)),
+            close_reason: None,
+            spread: None,
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! The tick: one turn of the loop, and the spinning tick between two full ones.
+//!
+//! # One tick ([`Reactor::run_once`](crate::Reactor::run_once))
+//!
+//! 0. Spinning (`Config::spin`, for that long after the last tick that did work): poll the
+//!    CQs left unarmed directly; once the spin time is over, arm them and poll once more.
+//! 1. `epoll_wait` (level-triggered), with a timeout of zero when work is pending (a CQ left
+//!    over budget, posts queued by a callback, objects to destroy, spinning), else until the
+//!    next deadline. While spinning it runs only every few ticks. A signal that interrupts it
+//!    (`EINTR`) makes a tick with no readiness (`Stats::interrupted_waits`).
+//! 2. CM channel readable: read every event until `EAGAIN`; each goes to its object's state
+//!    machine (by the token in `id->context`) and is acked before the next is read
+//!    (`conn/setup.rs`).
+//! 3. Completion channel readable: read its events (at most as many as the device has armed
+//!    CQs, since each raises one), count each on its CQ (acks are batched), mark the CQ hot
+//!    (`data/cq.rs`).
+//!    In the same pass, in epoll's order: a device's event fd (`event_loop/device.rs`), the [`Remote`](crate::Remote)
+//!    eventfd (queued messages to the message handler, a stop request, connect requests
+//!    handed over by another reactor (`conn/handoff.rs`), asynchronous events another reactor
+//!    read; `event_loop/remote.rs`), an
+//!    application fd registered with [`Ctx::register_fd`](crate::Ctx::register_fd) (its callback; `event_loop/userfd.rs`).
+//! 4. Poll hot CQs in batches under a per-CQ budget. A CQ found empty stays unarmed for now;
+//!    a CQ that used its budget stays hot for the next tick.
+//! 5. Fire expired deadlines and timers (`event_loop/timers.rs`).
+//!    5b. Close what lost its last async handle and poll the woken tasks (`event_loop/exec.rs`): what
+//!    they submit is posted in step 6.
+//! 6. Post the operations submitted during the tick: first each device's shared receive queue
+//!    refill (`data/srq.rs`, one chain per device), then one chain per queue pair and direction
+//!    (`data/post.rs`, planned by `data/send_queue.rs`). Then poll the CQs emptied in step 4 once more
+//!    (a send whose ACK came back during its post completes now, not after a wakeup), arm
+//!    them with `ibv_req_notify_cq` and poll again, so a completion that raced the arm is not
+//!    stranded (unless spinning, which leaves them unarmed).
+//! 7. Ack CQ events whose count reached the batch threshold.
+//! 8. Destroy what closed during the tick (`conn/teardown.rs`), and only now: every CM event of the
+//!    tick has been acked.
+
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::epoll::{EpollEvent, EpollFlags, EpollTimeout};
+
+use crate::error::Result;
+use crate::proto::conn::CloseReason;
+use crate::proto::token::{Kind, Token};
+use crate::reactor::event_loop::exec;
+use crate::reactor::{os, Core};
+
+/// While spinning, one tick in this many plus one is a full one: `epoll_wait` (without
+/// blocking), the clock and the timers; the others only poll and post.
+const SPIN_WAIT_EVERY: u32 = 63;
+
+impl Core {
+    pub(in crate::reactor) fn is_idle(&self) -> bool {
+        self.listeners.len() == 0 && self.conns.len() == 0 && self.user_timers.len() == 0 && self.user_fds.len() == 0
+    }
+
+    pub(in crate::reactor) fn tick(&mut self, timeout: Option<Duration>) -> Result<usize> {
+        let _inside = exec::Inside::enter();
+        if self.spin_on && self.spin_skipped < SPIN_WAIT_EVERY {
+            return Ok(self.spin_tick());
+        }
+        self.spin_skipped = 0;
+        let spin_cfg = !self.cfg.spin.is_zero();
+        let timed = self.timers.next_deadline().is_some();
+        let clocked = spin_cfg || timed;
+        let (now, precise) = self.tick_clock(spin_cfg, timed);
+        if std::mem::take(&mut self.spun_work) {
+            self.spin_until = now.checked_add(self.cfg.spin);
+        }
+        let spin = spin_cfg && self.spin_until.is_some_and(|until| now < until);
+        let mut work = 0;
+        if !self.spinning.is_empty() {
+            // Spinning: poll the unarmed CQs. Spin time over: arm them (and poll once more)
+            // before sleeping.
+            work += self.poll_spinning(spin);
+        }
+        self.spin_on = spin;
+        let busy = spin
+            || work > 0
+            || !self.hot.is_empty()
+            || !self.dirty.is_empty()
+            || !self.closing.is_empty()
+            || !self.closing_listeners.is_empty()
+            || self.exec.has_work();
+        let mut wait = if busy { Some(Duration::ZERO) } else { timeout };
+        if let Some(t) = self.timer_wait(now, precise) {
+            wait = Some(wait.map_or(t, |w| w.min(t)));
+        }
+        let epoll_timeout = match wait {
+            None => EpollTimeout::NONE,
+            Some(d) => {
+                // Round up so a deadline 0.3 ms (or 0.3 µs) away does not spin.
+                let ms = d.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as u32;
+                EpollTimeout::try_from(ms).unwrap_or(EpollTimeout::MAX)
+            }
+        };
+        let mut events = [EpollEvent::empty(); 32];
+        let n = match self.epoll.wait(&mut events, epoll_timeout) {
+            Ok(n) => n,
+            // A signal (epoll_wait is never restarted, SA_RESTART or not): no readiness; the
+            // tick goes on as after a timeout.
+            Err(Errno::EINTR) => {
+                self.stats.interrupted_waits += 1;
+                0
+            }
+            Err(e) => return Err(os("epoll_wait")(e)),
+        };
+        self.stats.wakeups += 1;
+        if clocked && wait != Some(Duration::ZERO) {
+            // The wait may have blocked: the time again, as before it.
+            self.tick_clock(spin_cfg, timed);
+        }
+        for ev in &events[..n] {
+            match Token::from_u64(ev.data()) {
+                Some(t) if t.kind() == Kind::CmChannel => work += self.drain_cm()?,
+                Some(t) if t.kind() == Kind::CompChannel => {
+                    if ev.events().intersects(EpollFlags::EPOLLERR | EpollFlags::EPOLLHUP) {
+                        // A disassociated device: its channel reports an error on every wait.
+                        self.device_lost(t.index() as usize, CloseReason::DeviceRemoval);
+                        work += 1;
+                    } else {
+                        work += self.drain_comp(t.index() as usize);
+                    }
+                }
+                Some(t) if t.kind() == Kind::Device => work += self.drain_async(t.index() as usize),
+                Some(t) if t.kind() == Kind::UserFd => work += self.dispatch_fd(t, ev.events()),
+                Some(t) if t.kind() == Kind::Remote => work += self.drain_remote(),
+                _ => {}
+            }
+        }
+        work += self.poll_hot();
+        work += self.fire_timers(self.clock);
+        work += self.run_tasks();
+        self.flush_posts();
+        if !spin && !self.spinning.is_empty() {
+            // Arm what the tick emptied only after its posts: a send that completes at once
+            // (its ACK came back while it was posted) is reaped now, not after another wakeup.
+            work += self.poll_spinning(false);
+            self.flush_posts();
+        }
+        self.flush_acks();
+        work += self.reap();
+        self.compact_timers();
+        self.inbox.publish_load(self.conns.len());
+        if n > 0 && work == 0 {
+            self.stats.spurious_wakeups += 1;
+        }
+        if work > 0 && spin_cfg {
+            self.spin_until = self.clock.checked_add(self.cfg.spin);
+        }
+        Ok(work)
+    }
+
+    /// The time for a full tick, and whether it is the precise clock. The precise clock can be
+    /// a system call (an emulated HPET in the test VM): it is read only when the spin time
+    /// needs it, or a deadline is within the coarse clock's margin (`Core::timer_clock`);
+    /// otherwise the timers make do with the coarse clock (vDSO), and without timers or
+    /// spinning the clock is not read at all.
+    fn tick_clock(&mut self, spinning: bool, timed: bool) -> (Instant, bool) {
+        if spinning {
+            (self.read_clock(), true)
+        } else if timed {
+            self.timer_clock()
+        } else {
+            (self.clock, true)
+        }
+    }
+
+    /// A tick while spinning between two full ones: poll the unarmed and hot CQs, post, ack and
+    /// destroy; no `epoll_wait`, no clock, no timers (the next full tick, at most
+    /// `SPIN_WAIT_EVERY` ticks away, does those).
+    ///
+    /// Lean: when only completions are pending it polls, dispatches and posts, as perftest's
+    /// loop does; each other step returns at once when its list is empty.
+    fn spin_tick(&mut self) -> usize {
+        self.spin_skipped += 1;
+        let mut work = self.poll_spinning(true);
+        work += self.poll_hot();
+        if self.exec.has_work() {
+            work += self.run_tasks();
+        }
+        self.flush_posts();
+        self.flush_acks();
+        work += self.reap();
+        self.spun_work |= work > 0;
+        work
+    }
+}
