@@ -56,7 +56,7 @@ pub use event_loop::userfd::{FdEvent, FdHandler, Interest, Readiness};
 use std::net::SocketAddr;
 use std::panic::resume_unwind;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
@@ -64,14 +64,16 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use crate::error::{Error, Result};
 use crate::proto::metrics::ConnMetrics;
 use crate::proto::token::{ConnKey, CqKey, FdKey, GenSlab, Kind, ListenerKey, OpKey, TimerKey, Token};
-use crate::sys::cm::{CmId, EventChannel};
+use crate::sys::cm::EventChannel;
 use conn::entry::{ConnEntry, Endpoint, ListenerEntry, Placement, Role};
-use data::cq::CqEntry;
+use conn::teardown::Closing;
+use data::cq::{CqEntry, WorkLists};
 use data::op::OpEntry;
 use data::tail::TailRing;
 use event_loop::device::Devices;
 use event_loop::remote::Inbox;
-use event_loop::timers::{TimerTarget, Timers, UserTimer};
+use event_loop::tick::Spin;
+use event_loop::timers::{Clock, TimerTarget, Timers, UserTimer};
 use event_loop::userfd::UserFd;
 
 /// Everything a callback may touch through its context. Field order is drop order:
@@ -80,8 +82,8 @@ use event_loop::userfd::UserFd;
 pub(crate) struct Core {
     /// Tasks (`exec.rs`): dropped first, while everything their handles name still exists.
     exec: event_loop::exec::Exec,
-    /// Ids of rejected connect requests, destroyed at the end of the tick.
-    graveyard: Vec<CmId>,
+    /// What closed and waits for the end of the tick to be destroyed (`conn/teardown.rs`).
+    closing: Closing,
     /// Connect requests chosen for other reactors, migrated once their event is acked
     /// (`handoff.rs`).
     outgoing: Vec<conn::handoff::Outgoing>,
@@ -106,31 +108,12 @@ pub(crate) struct Core {
     cm: Rc<EventChannel>,
     cfg: Config,
     timers: Timers<TimerTarget>,
-    closing: Vec<ConnKey>,
-    closing_listeners: Vec<ListenerKey>,
-    /// CQs to poll this tick.
-    hot: data::cq::WorkList<CqKey>,
-    dirty: data::cq::WorkList<ConnKey>,
-    /// CQs whose un-acked events reached the ack batch (`Config::cq_ack_batch`).
-    evented: data::cq::WorkList<CqKey>,
-    /// CQs emptied and left unarmed: until the end of the tick (armed after its posts), or
-    /// while spinning (`Config::spin`).
-    spinning: data::cq::WorkList<CqKey>,
-    /// The reactor spins (does not arm emptied CQs, does not sleep) until then.
-    spin_until: Option<Instant>,
-    /// Spinning in this tick.
-    spin_on: bool,
-    /// `poll_cq` arms a CQ it finds empty at once (else it leaves it in `spinning`).
-    arm_now: bool,
-    /// Spinning ticks since the last full one (`epoll_wait`, clock, timers).
-    spin_skipped: u32,
-    /// A spinning tick since the last full one did work: the spin time restarts.
-    spun_work: bool,
-    /// The clock as read after the last `epoll_wait` that needed it (for timers or spinning);
-    /// never ahead of the true time.
-    clock: Instant,
-    /// The coarse clock the timers use while no deadline is near (`timers.rs`).
-    coarse: event_loop::timers::CoarseClock,
+    /// What the tick has to poll, post and ack (`data/cq/mod.rs`).
+    work: WorkLists,
+    /// Spinning (`Config::spin`): the tick's state (`event_loop/tick.rs`).
+    spin: Spin,
+    /// The time as the tick last read it (`event_loop/timers.rs`).
+    clock: Clock,
     stop: bool,
     /// Set by shutdown: no new listener or connection.
     shutting_down: bool,
@@ -145,22 +128,9 @@ pub(crate) struct Core {
     /// An `SrqRefill` timer is pending: receives of a shared receive queue wait for pool
     /// buffers, which may come back with no event to wake the reactor (`srq.rs`).
     srq_refill: bool,
-    /// A fault injected by a test (`fault-injection` feature): the next CQ is created with at
-    /// most this many entries while its room is accounted for what was asked.
+    /// Faults a test injected (`fault-injection` feature, `api/faults.rs`).
     #[cfg(feature = "fault-injection")]
-    short_cq: Option<u32>,
-    /// A fault injected by a test (`fault-injection` feature): the next queue pair is taken
-    /// as granted at most this many receive work requests (a device granting fewer than asked).
-    #[cfg(feature = "fault-injection")]
-    short_rq: Option<u32>,
-    /// A fault injected by a test (`fault-injection` feature): in the next send chain longer
-    /// than this, the request at this index is one the device refuses.
-    #[cfg(feature = "fault-injection")]
-    refuse_send: Option<usize>,
-    /// A fault injected by a test (`fault-injection` feature): the next connection whose
-    /// farewell is answered never calls `rdma_disconnect`.
-    #[cfg(feature = "fault-injection")]
-    silent_parting: bool,
+    faults: api::faults::Faults,
     stats: Stats,
 }
 
@@ -231,7 +201,7 @@ impl Reactor {
         Ok(Reactor {
             core: Core {
                 exec: event_loop::exec::Exec::new(inbox.remote()),
-                graveyard: Vec::new(),
+                closing: Closing::default(),
                 outgoing: Vec::new(),
                 conns: GenSlab::new(),
                 ops: GenSlab::new(),
@@ -248,19 +218,9 @@ impl Reactor {
                 cm,
                 cfg,
                 timers: Timers::new(),
-                closing: Vec::new(),
-                closing_listeners: Vec::new(),
-                hot: data::cq::WorkList::default(),
-                dirty: data::cq::WorkList::default(),
-                evented: data::cq::WorkList::default(),
-                spinning: data::cq::WorkList::default(),
-                spin_until: None,
-                spin_on: false,
-                arm_now: false,
-                spin_skipped: 0,
-                spun_work: false,
-                clock: Instant::now(),
-                coarse: event_loop::timers::CoarseClock::new(),
+                work: WorkLists::default(),
+                spin: Spin::default(),
+                clock: Clock::new(),
                 stop: false,
                 shutting_down: false,
                 handoff_listener: None,
@@ -268,13 +228,7 @@ impl Reactor {
                 srq_refill: false,
                 panic: None,
                 #[cfg(feature = "fault-injection")]
-                short_cq: None,
-                #[cfg(feature = "fault-injection")]
-                short_rq: None,
-                #[cfg(feature = "fault-injection")]
-                refuse_send: None,
-                #[cfg(feature = "fault-injection")]
-                silent_parting: false,
+                faults: api::faults::Faults::default(),
                 stats: Stats::default(),
             },
         })
@@ -306,49 +260,6 @@ impl Reactor {
         handler: impl ConnectionHandler + 'static,
     ) -> Result<Token> {
         self.ctx().connect(dst, opts, handler)
-    }
-
-    /// Hidden and unstable, behind the `fault-injection` feature, for the fault suite only:
-    /// the next CQ this reactor creates gets at most `entries` entries from the device while
-    /// its room is accounted for the entries it asked for, so real traffic can overrun it
-    /// and the device raise a real `IBV_EVENT_CQ_ERR` (FAULTS.md, case 23).
-    #[cfg(feature = "fault-injection")]
-    #[doc(hidden)]
-    pub fn inject_short_cq(&mut self, entries: u32) {
-        self.core.short_cq = Some(entries);
-    }
-
-    /// Hidden and unstable, behind the `fault-injection` feature, for the fault suite only:
-    /// the next queue pair this reactor creates is taken as granted at most `max_recv_wr`
-    /// receive work requests, as a device that grants fewer than asked would (rxe grants what
-    /// is asked), while its CQ room was committed for what was asked (the hostile review's
-    /// finding 9).
-    #[cfg(feature = "fault-injection")]
-    #[doc(hidden)]
-    pub fn inject_short_rq(&mut self, max_recv_wr: u32) {
-        self.core.short_rq = Some(max_recv_wr);
-    }
-
-    /// Hidden and unstable, behind the `fault-injection` feature, for the fault suite only: in
-    /// the next send chain this reactor posts with more than `index` requests, the request at
-    /// `index` is marked inline although it is larger than the queue pair's inline limit, so
-    /// the device refuses it in `ibv_post_send` (`EINVAL` on rxe) after taking the ones before
-    /// it (FAULTS.md, case 18). The message must be larger than the inline limit.
-    #[cfg(feature = "fault-injection")]
-    #[doc(hidden)]
-    pub fn inject_refused_send(&mut self, index: usize) {
-        self.core.refuse_send = Some(index);
-    }
-
-    /// Hidden and unstable, behind the `fault-injection` feature, for the fault suite only: the
-    /// next connection of this reactor whose farewell its peer answers (the close handshake)
-    /// skips its `rdma_disconnect` and waits in `Disconnecting`, as a peer whose kernel dropped
-    /// its stream without a word looks from the other end (FAULTS.md, iWARP, "a peer that said
-    /// goodbye and never disconnected").
-    #[cfg(feature = "fault-injection")]
-    #[doc(hidden)]
-    pub fn inject_silent_parting(&mut self) {
-        self.core.silent_parting = true;
     }
 
     /// Statistics since creation.

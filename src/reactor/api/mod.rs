@@ -15,6 +15,8 @@
 
 pub(super) mod config;
 pub(super) mod ctx;
+#[cfg(feature = "fault-injection")]
+pub(super) mod faults;
 pub(super) mod guard;
 pub(super) mod handler;
 pub(super) mod stats;

@@ -102,7 +102,7 @@ impl Core {
                 let c = self.conns.get_mut(t)?;
                 if c.close_reason.is_none() {
                     c.close_reason = Some(reason);
-                    self.closing.push(t);
+                    self.closing.conns.push(t);
                 }
             }
         }

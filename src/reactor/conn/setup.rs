@@ -215,7 +215,7 @@ impl Core {
         );
         let _ = child.reject(&reason.encode());
         self.stats.rejected += 1;
-        self.graveyard.push(child);
+        self.closing.rejected.push(child);
     }
 
     fn on_listener_event(&mut self, t: ListenerKey, ev: &mut CmEvent) {
@@ -231,7 +231,7 @@ impl Core {
             ListenerAction::Report(what) => self.with_listener(t, |h, ctx| h.on_error(ctx, &what)),
             ListenerAction::Closed(reason) => {
                 l.close_reason = Some(reason);
-                self.closing_listeners.push(t);
+                self.closing.listeners.push(t);
             }
             ListenerAction::None => self.refuse_child(ev, "listener closed"),
         }

@@ -19,6 +19,19 @@ use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, Key, ListenerKey, Token};
 use crate::reactor::Completion;
 use crate::reactor::{Conn, Core, Ctx, Endpoint};
+use crate::sys::cm::CmId;
+
+/// What closed during the tick and is destroyed at its end (step 8), once every CM event of the
+/// tick has been acked.
+#[derive(Default)]
+pub(in crate::reactor) struct Closing {
+    /// Connections closed (drained or not), reaped at the end of the tick.
+    pub(in crate::reactor) conns: Vec<ConnKey>,
+    /// Listeners closed, destroyed at the end of the tick.
+    pub(in crate::reactor) listeners: Vec<ListenerKey>,
+    /// Ids of rejected connect requests, destroyed at the end of the tick.
+    pub(in crate::reactor) rejected: Vec<CmId>,
+}
 
 impl Core {
     /// Closes a connection (through its state machine) or a listener; a stale token is ignored.
@@ -49,15 +62,15 @@ impl Core {
         let Some(l) = self.listeners.get_mut(t) else { return };
         if let ListenerAction::Closed(reason) = l.sm.close_for(reason) {
             l.close_reason = Some(reason);
-            self.closing_listeners.push(t);
+            self.closing.listeners.push(t);
         }
     }
 
     /// Destroys what closed during the tick. Returns the number of objects destroyed.
     pub(in crate::reactor) fn reap(&mut self) -> usize {
-        let idle = self.closing.is_empty()
-            && self.closing_listeners.is_empty()
-            && self.graveyard.is_empty()
+        let idle = self.closing.conns.is_empty()
+            && self.closing.listeners.is_empty()
+            && self.closing.rejected.is_empty()
             && self.lost_devices.is_empty();
         if idle {
             // Nothing closed, rejected or lost: every tick, spinning ones included, ends here.
@@ -65,8 +78,8 @@ impl Core {
         }
         let mut n = 0;
         loop {
-            let conns = std::mem::take(&mut self.closing);
-            let listeners = std::mem::take(&mut self.closing_listeners);
+            let conns = std::mem::take(&mut self.closing.conns);
+            let listeners = std::mem::take(&mut self.closing.listeners);
             if conns.is_empty() && listeners.is_empty() {
                 break;
             }
@@ -79,7 +92,7 @@ impl Core {
                 self.destroy_listener(t);
             }
         }
-        self.graveyard.clear();
+        self.closing.rejected.clear();
         if n > 0 {
             for d in self.devices.iter() {
                 d.pool.trim();
@@ -248,7 +261,7 @@ impl Core {
         }
         // Let connections close cleanly: DISCONNECTED, flushes, drain.
         let deadline = Instant::now().checked_add(grace);
-        while self.conns.len() > 0 || !self.closing_listeners.is_empty() {
+        while self.conns.len() > 0 || !self.closing.listeners.is_empty() {
             let left = deadline.map_or(grace, |d| d.saturating_duration_since(Instant::now()));
             if left.is_zero() || self.tick(Some(left)).is_err() {
                 break;

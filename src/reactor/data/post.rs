@@ -159,7 +159,7 @@ impl Core {
         if let Some(c) = self.conns.get_mut(t) {
             if !c.dirty {
                 c.dirty = true;
-                self.dirty.push(t);
+                self.work.dirty.push(t);
             }
         }
     }
@@ -168,14 +168,14 @@ impl Core {
         // The shared receive queues first: a credit granted below is never ahead of the
         // receive it stands for (`srq.rs`).
         self.post_srqs();
-        if self.dirty.is_empty() {
+        if self.work.dirty.is_empty() {
             return;
         }
-        let mut dirty = self.dirty.take();
+        let mut dirty = self.work.dirty.take();
         for t in dirty.drain(..) {
             self.flush_conn(t);
         }
-        self.dirty.give_back(dirty);
+        self.work.dirty.give_back(dirty);
     }
 
     /// Posts a connection's queued operations, as many as may go now.
@@ -266,9 +266,9 @@ impl Core {
             #[cfg(feature = "fault-injection")]
             let wrs = {
                 let mut wrs = wrs;
-                if let Some(i) = self.refuse_send.filter(|i| *i < wrs.len()) {
+                if let Some(i) = self.faults.refuse_send.filter(|i| *i < wrs.len()) {
                     // `Reactor::inject_refused_send`: inline beyond the limit, refused at post time.
-                    self.refuse_send = None;
+                    self.faults.refuse_send = None;
                     wrs[i].inline = true;
                 }
                 wrs

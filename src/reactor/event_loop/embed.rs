@@ -41,16 +41,16 @@ impl AsRawFd for Reactor {
 impl Core {
     fn next_timeout(&self) -> Option<Duration> {
         let now = Instant::now;
-        let spinning = self.spin_on
-            || self.spun_work
-            || (!self.cfg.spin.is_zero() && self.spin_until.is_some_and(|until| now() < until));
+        let spinning = self.spin.on
+            || self.spin.worked
+            || (!self.cfg.spin.is_zero() && self.spin.until.is_some_and(|until| now() < until));
         let busy = spinning
-            || !self.spinning.is_empty()
-            || !self.hot.is_empty()
-            || !self.dirty.is_empty()
-            || !self.closing.is_empty()
-            || !self.closing_listeners.is_empty()
-            || !self.graveyard.is_empty()
+            || !self.work.spinning.is_empty()
+            || !self.work.hot.is_empty()
+            || !self.work.dirty.is_empty()
+            || !self.closing.conns.is_empty()
+            || !self.closing.listeners.is_empty()
+            || !self.closing.rejected.is_empty()
             || self.exec.has_work();
         if busy {
             return Some(Duration::ZERO);

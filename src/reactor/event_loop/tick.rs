@@ -49,6 +49,19 @@ use crate::reactor::{os, Core};
 /// blocking), the clock and the timers; the others only poll and post.
 const SPIN_WAIT_EVERY: u32 = 63;
 
+/// Where the reactor is in its spinning (`Config::spin`): the tick's own state.
+#[derive(Default)]
+pub(in crate::reactor) struct Spin {
+    /// The reactor spins (does not arm emptied CQs, does not sleep) until then.
+    pub(in crate::reactor) until: Option<Instant>,
+    /// Spinning in this tick.
+    pub(in crate::reactor) on: bool,
+    /// Spinning ticks since the last full one (`epoll_wait`, clock, timers).
+    skipped: u32,
+    /// A spinning tick since the last full one did work: the spin time restarts.
+    pub(in crate::reactor) worked: bool,
+}
+
 impl Core {
     pub(in crate::reactor) fn is_idle(&self) -> bool {
         self.listeners.len() == 0 && self.conns.len() == 0 && self.user_timers.len() == 0 && self.user_fds.len() == 0
@@ -56,31 +69,31 @@ impl Core {
 
     pub(in crate::reactor) fn tick(&mut self, timeout: Option<Duration>) -> Result<usize> {
         let _inside = exec::Inside::enter();
-        if self.spin_on && self.spin_skipped < SPIN_WAIT_EVERY {
+        if self.spin.on && self.spin.skipped < SPIN_WAIT_EVERY {
             return Ok(self.spin_tick());
         }
-        self.spin_skipped = 0;
+        self.spin.skipped = 0;
         let spin_cfg = !self.cfg.spin.is_zero();
         let timed = self.timers.next_deadline().is_some();
         let clocked = spin_cfg || timed;
         let (now, precise) = self.tick_clock(spin_cfg, timed);
-        if std::mem::take(&mut self.spun_work) {
-            self.spin_until = now.checked_add(self.cfg.spin);
+        if std::mem::take(&mut self.spin.worked) {
+            self.spin.until = now.checked_add(self.cfg.spin);
         }
-        let spin = spin_cfg && self.spin_until.is_some_and(|until| now < until);
+        let spin = spin_cfg && self.spin.until.is_some_and(|until| now < until);
         let mut work = 0;
-        if !self.spinning.is_empty() {
+        if !self.work.spinning.is_empty() {
             // Spinning: poll the unarmed CQs. Spin time over: arm them (and poll once more)
             // before sleeping.
             work += self.poll_spinning(spin);
         }
-        self.spin_on = spin;
+        self.spin.on = spin;
         let busy = spin
             || work > 0
-            || !self.hot.is_empty()
-            || !self.dirty.is_empty()
-            || !self.closing.is_empty()
-            || !self.closing_listeners.is_empty()
+            || !self.work.hot.is_empty()
+            || !self.work.dirty.is_empty()
+            || !self.closing.conns.is_empty()
+            || !self.closing.listeners.is_empty()
             || self.exec.has_work();
         let mut wait = if busy { Some(Duration::ZERO) } else { timeout };
         if let Some(t) = self.timer_wait(now, precise) {
@@ -129,10 +142,10 @@ impl Core {
             }
         }
         work += self.poll_hot();
-        work += self.fire_timers(self.clock);
+        work += self.fire_timers(self.clock.now);
         work += self.run_tasks();
         self.flush_posts();
-        if !spin && !self.spinning.is_empty() {
+        if !spin && !self.work.spinning.is_empty() {
             // Arm what the tick emptied only after its posts: a send that completes at once
             // (its ACK came back while it was posted) is reaped now, not after another wakeup.
             work += self.poll_spinning(false);
@@ -146,7 +159,7 @@ impl Core {
             self.stats.spurious_wakeups += 1;
         }
         if work > 0 && spin_cfg {
-            self.spin_until = self.clock.checked_add(self.cfg.spin);
+            self.spin.until = self.clock.now.checked_add(self.cfg.spin);
         }
         Ok(work)
     }
@@ -162,7 +175,7 @@ impl Core {
         } else if timed {
             self.timer_clock()
         } else {
-            (self.clock, true)
+            (self.clock.now, true)
         }
     }
 
@@ -173,7 +186,7 @@ impl Core {
     /// Lean: when only completions are pending it polls, dispatches and posts, as perftest's
     /// loop does; each other step returns at once when its list is empty.
     fn spin_tick(&mut self) -> usize {
-        self.spin_skipped += 1;
+        self.spin.skipped += 1;
         let mut work = self.poll_spinning(true);
         work += self.poll_hot();
         if self.exec.has_work() {
@@ -182,7 +195,7 @@ impl Core {
         self.flush_posts();
         self.flush_acks();
         work += self.reap();
-        self.spun_work |= work > 0;
+        self.spin.worked |= work > 0;
         work
     }
 }

@@ -153,8 +153,8 @@ impl Core {
 
     /// Reads the clock and keeps the reading for the next tick's wait (see `Core::tick`).
     pub(in crate::reactor) fn read_clock(&mut self) -> Instant {
-        self.clock = Instant::now();
-        self.clock
+        self.clock.now = Instant::now();
+        self.clock.now
     }
 
     /// The time as far as the timers need it, kept in `Core::clock`, and whether it is the
@@ -162,12 +162,12 @@ impl Core {
     /// [`CoarseClock::margin`] (then no deadline can be due), else the precise clock. Never
     /// goes back, and is never ahead of the true time, so nothing fires early.
     pub(in crate::reactor) fn timer_clock(&mut self) -> (Instant, bool) {
-        let coarse = self.coarse.now();
+        let coarse = self.clock.coarse.now();
         match self.timers.next_deadline() {
-            Some(at) if self.coarse.horizon(coarse).map_or(true, |h| at <= h) => (self.read_clock(), true),
+            Some(at) if self.clock.coarse.horizon(coarse).map_or(true, |h| at <= h) => (self.read_clock(), true),
             _ => {
-                self.clock = self.clock.max(coarse);
-                (self.clock, false)
+                self.clock.now = self.clock.now.max(coarse);
+                (self.clock.now, false)
             }
         }
     }
@@ -178,7 +178,7 @@ impl Core {
     /// deadline being within the margin then).
     pub(in crate::reactor) fn timer_wait(&self, now: Instant, precise: bool) -> Option<Duration> {
         let left = self.timers.next_timeout(now)?;
-        Some(if precise { left } else { left.saturating_sub(self.coarse.margin()) })
+        Some(if precise { left } else { left.saturating_sub(self.clock.coarse.margin()) })
     }
 
     /// [`Core::timer_wait`] for an outer loop (`Reactor::next_timeout`), without touching
@@ -186,7 +186,7 @@ impl Core {
     /// (or, if the coarse clock lagged more than the margin, a little more time to wait).
     pub(in crate::reactor) fn timer_timeout(&self) -> Option<Duration> {
         let at = self.timers.next_deadline()?;
-        match self.coarse.horizon(self.coarse.now()) {
+        match self.clock.coarse.horizon(self.clock.coarse.now()) {
             Some(h) if at > h => Some(at.saturating_duration_since(h)),
             _ => Some(at.saturating_duration_since(Instant::now())),
         }
@@ -234,6 +234,21 @@ impl Core {
 /// time, in the vDSO, where the precise clock can be a system call (in the test VM it reads an
 /// emulated HPET). Before this, the reactor read the precise clock twice per wakeup whenever a
 /// timer was set.
+pub(in crate::reactor) struct Clock {
+    /// The time as read after the last `epoll_wait` that needed it (for timers or spinning);
+    /// never ahead of the true time.
+    pub(in crate::reactor) now: Instant,
+    /// The coarse clock the timers use while no deadline is near.
+    pub(in crate::reactor) coarse: CoarseClock,
+}
+
+impl Clock {
+    pub(in crate::reactor) fn new() -> Clock {
+        Clock { now: Instant::now(), coarse: CoarseClock::new() }
+    }
+}
+
+/// The coarse clock (see [`Clock`]).
 pub(in crate::reactor) struct CoarseClock {
     /// An `Instant` and the `CLOCK_MONOTONIC` nanoseconds read right after it: `Instant` is
     /// `CLOCK_MONOTONIC` on Linux, so the coarse time maps onto it (never ahead of the truth).

@@ -30,6 +30,22 @@ pub(in crate::reactor) struct WorkList<T> {
     spare: Vec<T>,
 }
 
+/// The tick's work: what it polls, posts and acks, each object listed once (its entry's flag).
+#[derive(Default)]
+pub(in crate::reactor) struct WorkLists {
+    /// CQs to poll this tick.
+    pub(in crate::reactor) hot: WorkList<CqKey>,
+    /// Connections with something to post at the end of the tick (`data/post.rs`).
+    pub(in crate::reactor) dirty: WorkList<ConnKey>,
+    /// CQs whose un-acked events reached the ack batch (`Config::cq_ack_batch`).
+    pub(in crate::reactor) evented: WorkList<CqKey>,
+    /// CQs emptied and left unarmed: until the end of the tick (armed after its posts), or
+    /// while spinning (`Config::spin`).
+    pub(in crate::reactor) spinning: WorkList<CqKey>,
+    /// `poll_cq` arms a CQ it finds empty at once (else it leaves it in `spinning`).
+    pub(in crate::reactor) arm_now: bool,
+}
+
 impl<T> Default for WorkList<T> {
     fn default() -> Self {
         WorkList { cur: Vec::new(), spare: Vec::new() }
@@ -178,7 +194,7 @@ impl Core {
     /// The entries of a short CQ a test injected (`Reactor::inject_short_cq`), once.
     #[cfg(feature = "fault-injection")]
     fn take_short_cq(&mut self) -> Option<u32> {
-        self.short_cq.take()
+        self.faults.short_cq.take()
     }
 
     /// Without the `fault-injection` feature there is nothing to inject.
@@ -191,7 +207,7 @@ impl Core {
     /// (`Reactor::inject_short_rq`), once.
     #[cfg(feature = "fault-injection")]
     pub(in crate::reactor) fn take_short_rq(&mut self) -> Option<u32> {
-        self.short_rq.take()
+        self.faults.short_rq.take()
     }
 
     /// Without the `fault-injection` feature there is nothing to inject.
@@ -249,11 +265,11 @@ impl Core {
             // events (or its destruction, which acks the rest), and costs the tick nothing.
             if !e.evented && e.cq.ack_is_due() {
                 e.evented = true;
-                self.evented.push(t);
+                self.work.evented.push(t);
             }
             if !e.hot {
                 e.hot = true;
-                self.hot.push(t);
+                self.work.hot.push(t);
             }
         }
         n as usize
@@ -261,11 +277,11 @@ impl Core {
 
     /// Polls every hot CQ under its budget.
     pub(in crate::reactor) fn poll_hot(&mut self) -> usize {
-        if self.hot.is_empty() {
+        if self.work.hot.is_empty() {
             return 0;
         }
         let mut total = 0;
-        let mut hot = self.hot.take();
+        let mut hot = self.work.hot.take();
         for t in hot.drain(..) {
             let Some(e) = self.cqs.get_mut(t) else { continue };
             e.hot = false;
@@ -275,7 +291,7 @@ impl Core {
             }
             total += found;
         }
-        self.hot.give_back(hot);
+        self.work.hot.give_back(hot);
         total
     }
 
@@ -305,7 +321,7 @@ impl Core {
             found += n;
             left -= n;
             let Some(e) = self.cqs.get_mut(t).filter(|e| !e.failed) else { break };
-            match after_poll(polled, want, left, e.armed, self.arm_now) {
+            match after_poll(polled, want, left, e.armed, self.work.arm_now) {
                 AfterPoll::Fail(errno) => {
                     // Its completions cannot be reaped: waiting for them would hang its
                     // connections with operations outstanding.
@@ -319,7 +335,7 @@ impl Core {
                     // tick).
                     if !e.spinning {
                         e.spinning = true;
-                        self.spinning.push(t);
+                        self.work.spinning.push(t);
                     }
                     break;
                 }
@@ -341,7 +357,7 @@ impl Core {
                     self.stats.budget_exhausted += 1;
                     if !e.hot {
                         e.hot = true;
-                        self.hot.push(t);
+                        self.work.hot.push(t);
                     }
                     break;
                 }
@@ -368,16 +384,16 @@ impl Core {
     /// `keep_spinning` false each is polled, armed and polled once more, so the reactor can
     /// sleep.
     pub(in crate::reactor) fn poll_spinning(&mut self, keep_spinning: bool) -> usize {
-        self.arm_now = !keep_spinning;
+        self.work.arm_now = !keep_spinning;
         let mut n = 0;
-        let mut spinning = self.spinning.take();
+        let mut spinning = self.work.spinning.take();
         for t in spinning.drain(..) {
             let Some(e) = self.cqs.get_mut(t) else { continue };
             e.spinning = false;
             n += self.poll_cq(t, self.cfg.poll_budget);
         }
-        self.spinning.give_back(spinning);
-        self.arm_now = false;
+        self.work.spinning.give_back(spinning);
+        self.work.arm_now = false;
         if keep_spinning {
             self.stats.spin_polls += 1;
         }
@@ -586,7 +602,7 @@ impl Core {
                     self.stats.farewells_answered += 1;
                     #[cfg(feature = "fault-injection")]
                     {
-                        c.mute = std::mem::take(&mut self.silent_parting);
+                        c.mute = std::mem::take(&mut self.faults.silent_parting);
                     }
                     self.feed(t, Input::Finished);
                 }
@@ -642,10 +658,10 @@ impl Core {
     /// listed, so the cost is theirs, not every CQ's with a few events counted); a destroyed
     /// CQ acked its own count.
     pub(in crate::reactor) fn flush_acks(&mut self) {
-        if self.evented.is_empty() {
+        if self.work.evented.is_empty() {
             return;
         }
-        let mut evented = self.evented.take();
+        let mut evented = self.work.evented.take();
         for t in evented.drain(..) {
             let Some(e) = self.cqs.get_mut(t) else { continue };
             e.evented = false;
@@ -654,7 +670,7 @@ impl Core {
                 self.count_acks(n);
             }
         }
-        self.evented.give_back(evented);
+        self.work.evented.give_back(evented);
     }
 }
 
