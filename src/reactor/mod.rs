@@ -66,6 +66,7 @@ use crate::proto::metrics::ConnMetrics;
 use crate::proto::token::{ConnKey, CqKey, FdKey, GenSlab, Kind, ListenerKey, OpKey, TimerKey, Token};
 use crate::sys::cm::EventChannel;
 use conn::entry::{ConnEntry, Endpoint, ListenerEntry, Placement, Role};
+use conn::handoff::Handoff;
 use conn::teardown::Closing;
 use data::cq::{CqEntry, WorkLists};
 use data::op::OpEntry;
@@ -84,21 +85,14 @@ pub(crate) struct Core {
     exec: event_loop::exec::Exec,
     /// What closed and waits for the end of the tick to be destroyed (`conn/teardown.rs`).
     closing: Closing,
-    /// Connect requests chosen for other reactors, migrated once their event is acked
-    /// (`handoff.rs`).
-    outgoing: Vec<conn::handoff::Outgoing>,
+    /// Connect requests handed to and from other reactors (`conn/handoff.rs`).
+    handoff: Handoff,
     conns: GenSlab<ConnKey, ConnEntry>,
     ops: GenSlab<OpKey, OpEntry>,
     cqs: GenSlab<CqKey, CqEntry>,
     listeners: GenSlab<ListenerKey, ListenerEntry>,
     user_timers: GenSlab<TimerKey, UserTimer>,
     devices: Devices,
-    /// Lost devices whose resources are not released yet.
-    lost_devices: Vec<usize>,
-    /// Released devices librdmacm has not closed yet: (identity, tries).
-    forgetting: Vec<(usize, u32)>,
-    /// Failed shared CQs, destroyed once no connection uses them.
-    retired_cqs: Vec<CqKey>,
     /// Application fds in the epoll set (`userfd.rs`).
     user_fds: GenSlab<FdKey, UserFd>,
     /// The cross-thread handle's eventfd and message handler (`remote.rs`); marks the handle's
@@ -117,9 +111,6 @@ pub(crate) struct Core {
     stop: bool,
     /// Set by shutdown: no new listener or connection.
     shutting_down: bool,
-    /// The listener that decides connect requests handed over by other reactors
-    /// (`Reactor::accept_handoffs`).
-    handoff_listener: Option<ListenerKey>,
     /// The first panic of a user callback in this tick, resumed at its end.
     panic: Option<Box<dyn std::any::Any + Send>>,
     /// Agents in the accepting state (accepted, not yet established), for
@@ -202,16 +193,13 @@ impl Reactor {
             core: Core {
                 exec: event_loop::exec::Exec::new(inbox.remote()),
                 closing: Closing::default(),
-                outgoing: Vec::new(),
+                handoff: Handoff::default(),
                 conns: GenSlab::new(),
                 ops: GenSlab::new(),
                 cqs: GenSlab::new(),
                 listeners: GenSlab::new(),
                 user_timers: GenSlab::new(),
                 devices: Devices::default(),
-                lost_devices: Vec::new(),
-                forgetting: Vec::new(),
-                retired_cqs: Vec::new(),
                 user_fds: GenSlab::new(),
                 inbox,
                 epoll,
@@ -223,7 +211,6 @@ impl Reactor {
                 clock: Clock::new(),
                 stop: false,
                 shutting_down: false,
-                handoff_listener: None,
                 accepting: 0,
                 srq_refill: false,
                 panic: None,

@@ -108,6 +108,16 @@ pub(in crate::reactor) struct Outgoing {
     resources: (u8, u8),
 }
 
+/// What a reactor keeps of the hand-off between reactors.
+#[derive(Default)]
+pub(in crate::reactor) struct Handoff {
+    /// Connect requests chosen for other reactors, migrated once their event is acked.
+    pub(in crate::reactor) outgoing: Vec<Outgoing>,
+    /// The listener that decides connect requests handed over by other reactors
+    /// (`Reactor::accept_handoffs`).
+    pub(in crate::reactor) listener: Option<ListenerKey>,
+}
+
 impl Core {
     /// The reactor a connect request on listener `lt` goes to, if the listener spreads and
     /// the choice is another reactor.
@@ -141,14 +151,14 @@ impl Core {
         let Some(peer) = self.spread_target(lt) else { return false };
         let Some(child) = ev.take_child(&self.cm, 0) else { return true };
         let (private_data, resources) = (ev.private_data(), ev.conn_resources());
-        self.outgoing.push(Outgoing { peer, child, listener: lt, private_data, resources });
+        self.handoff.outgoing.push(Outgoing { peer, child, listener: lt, private_data, resources });
         true
     }
 
     /// Migrates the ids queued by `hand_off_if_spread` to their reactors. Called after their
     /// CONNECT_REQUEST events were acked, before the next CM event is read.
     pub(in crate::reactor) fn send_handoffs(&mut self) {
-        for o in std::mem::take(&mut self.outgoing) {
+        for o in std::mem::take(&mut self.handoff.outgoing) {
             let sent = {
                 let mut guard = o.peer.lock_queue();
                 let q = &mut *guard;
@@ -214,7 +224,7 @@ impl Core {
             return;
         };
         child.set_context(0);
-        match self.handoff_listener.filter(|lt| self.listeners.get(*lt).is_some_and(|l| !l.sm.is_closed())) {
+        match self.handoff.listener.filter(|lt| self.listeners.get(*lt).is_some_and(|l| !l.sm.is_closed())) {
             Some(lt) => self.decide(lt, child, &p.private_data, p.resources),
             None => {
                 self.stats.handoffs_failed += 1;
@@ -226,11 +236,11 @@ impl Core {
 
     fn accept_handoffs(&mut self, handler: Box<dyn ListenerHandler>) -> Result<Token> {
         self.refuse_when_shutting_down()?;
-        if self.handoff_listener.is_some_and(|lt| self.listeners.get(lt).is_some()) {
+        if self.handoff.listener.is_some_and(|lt| self.listeners.get(lt).is_some()) {
             return Err(Error::Config("this reactor already accepts hand-offs (close that listener first)".into()));
         }
         let t = self.listeners.insert(ListenerEntry::new(handler));
-        self.handoff_listener = Some(t);
+        self.handoff.listener = Some(t);
         Ok(t.token())
     }
 

@@ -170,7 +170,7 @@ impl Core {
             // The event is acked here, before the next is read; ids it names are destroyed
             // only at the end of the tick.
             drop(ev);
-            if !self.outgoing.is_empty() {
+            if !self.handoff.outgoing.is_empty() {
                 // A connect request chosen for another reactor: its event is acked, no other
                 // event of its id was read, so it migrates now without blocking.
                 self.send_handoffs();

@@ -71,7 +71,7 @@ impl Core {
         let idle = self.closing.conns.is_empty()
             && self.closing.listeners.is_empty()
             && self.closing.rejected.is_empty()
-            && self.lost_devices.is_empty();
+            && self.devices.lost.is_empty();
         if idle {
             // Nothing closed, rejected or lost: every tick, spinning ones included, ends here.
             return 0;
@@ -104,7 +104,7 @@ impl Core {
             }
             self.reap_retired_cqs();
         }
-        if !self.lost_devices.is_empty() {
+        if !self.devices.lost.is_empty() {
             self.release_lost_devices();
         }
         n

@@ -82,27 +82,36 @@ use crate::sys::pool::Pool;
 const RELEASE_EVERY: Duration = Duration::from_millis(50);
 const RELEASE_TRIES: u32 = 400;
 
-/// The devices in use, by index. An index is never reused: a released device leaves `None`.
+/// The devices in use, and the lost ones on their way out.
 #[derive(Default)]
-pub(in crate::reactor) struct Devices(Vec<Option<Device>>);
+pub(in crate::reactor) struct Devices {
+    /// By index. An index is never reused: a released device leaves `None`.
+    list: Vec<Option<Device>>,
+    /// Lost devices whose resources are not released yet.
+    pub(in crate::reactor) lost: Vec<usize>,
+    /// Released devices librdmacm has not closed yet: (identity, tries).
+    pub(in crate::reactor) forgetting: Vec<(usize, u32)>,
+    /// Failed shared CQs, destroyed once no connection uses them.
+    pub(in crate::reactor) retired_cqs: Vec<CqKey>,
+}
 
 impl Devices {
     pub(in crate::reactor) fn get(&self, d: usize) -> Option<&Device> {
-        self.0.get(d).and_then(Option::as_ref)
+        self.list.get(d).and_then(Option::as_ref)
     }
 
     pub(in crate::reactor) fn get_mut(&mut self, d: usize) -> Option<&mut Device> {
-        self.0.get_mut(d).and_then(Option::as_mut)
+        self.list.get_mut(d).and_then(Option::as_mut)
     }
 
     /// The live devices.
     pub(in crate::reactor) fn iter(&self) -> impl Iterator<Item = &Device> {
-        self.0.iter().flatten()
+        self.list.iter().flatten()
     }
 
     /// Device indexes issued so far (released ones included).
     pub(in crate::reactor) fn slots(&self) -> usize {
-        self.0.len()
+        self.list.len()
     }
 
     /// Live devices.
@@ -112,12 +121,12 @@ impl Devices {
 
     /// The index of `dev`'s entry, if it has one that is not lost.
     fn find(&self, dev: DeviceRef) -> Option<usize> {
-        self.0.iter().position(|d| d.as_ref().is_some_and(|d| d.dev == dev && !d.lost))
+        self.list.iter().position(|d| d.as_ref().is_some_and(|d| d.dev == dev && !d.lost))
     }
 
     /// The index of `dev`'s entry, lost or not.
     pub(in crate::reactor) fn index_of(&self, dev: DeviceRef) -> Option<usize> {
-        self.0.iter().position(|d| d.as_ref().is_some_and(|d| d.dev == dev))
+        self.list.iter().position(|d| d.as_ref().is_some_and(|d| d.dev == dev))
     }
 }
 
@@ -162,7 +171,7 @@ impl Core {
         };
         let pool = Pool::new(&pd, &self.cfg.device_pool(), caps.overhead() as usize)?;
         let tails = if caps.tail() { Some(tail::ring_pool(&pd, &self.cfg)?) } else { None };
-        let index = self.devices.0.len();
+        let index = self.devices.list.len();
         let token = Token::new(Kind::CompChannel, index as u32, 1);
         self.epoll.add(&*chan, EpollEvent::new(EpollFlags::EPOLLIN, token.as_u64())).map_err(os("epoll_ctl"))?;
         let token = Token::new(Kind::Device, index as u32, 1);
@@ -170,7 +179,7 @@ impl Core {
             let _ = self.epoll.delete(&*chan);
             return Err(os("epoll_ctl")(e));
         }
-        self.devices.0.push(Some(Device {
+        self.devices.list.push(Some(Device {
             dev,
             identity: dev.identity(),
             armed: 0,
@@ -188,7 +197,7 @@ impl Core {
         if let Err(e) = self.create_srq(index) {
             // As for the shared CQ below: not usable as configured.
             self.unregister(index);
-            self.devices.0[index] = None;
+            self.devices.list[index] = None;
             return Err(e);
         }
         if let Some(entries) = self.cfg.shared_cq {
@@ -199,7 +208,7 @@ impl Core {
                     // so the next connection tries again (and fails the same way) rather than
                     // getting a CQ of its own.
                     self.unregister(index);
-                    self.devices.0[index] = None;
+                    self.devices.list[index] = None;
                     return Err(e);
                 }
             }
@@ -353,7 +362,7 @@ impl Core {
             if let Some(dev) = self.devices.get_mut(d) {
                 if dev.shared_cq == Some(ct) {
                     dev.shared_cq = None;
-                    self.retired_cqs.push(ct);
+                    self.devices.retired_cqs.push(ct);
                 }
             }
         }
@@ -385,7 +394,7 @@ impl Core {
         for t in self.listeners_on_device(d) {
             self.close_listener(t, reason.clone());
         }
-        self.lost_devices.push(d);
+        self.devices.lost.push(d);
     }
 
     /// Destroys the resources of lost devices nothing uses any more (called at the end of a
@@ -393,10 +402,10 @@ impl Core {
     /// to let go of their contexts (retried on a timer until the device has left the list).
     pub(in crate::reactor) fn release_lost_devices(&mut self) {
         let mut i = 0;
-        while i < self.lost_devices.len() {
-            let d = self.lost_devices[i];
+        while i < self.devices.lost.len() {
+            let d = self.devices.lost[i];
             if self.devices.get(d).is_none() {
-                self.lost_devices.swap_remove(i);
+                self.devices.lost.swap_remove(i);
                 continue;
             }
             let used = !self.conns_on_device(d).is_empty()
@@ -406,18 +415,18 @@ impl Core {
                 i += 1;
                 continue;
             }
-            self.lost_devices.swap_remove(i);
+            self.devices.lost.swap_remove(i);
             let shared: Vec<CqKey> = self.cqs.iter().filter(|(_, e)| e.device == d).map(|(k, _)| k).collect();
             for ct in shared {
-                self.retired_cqs.retain(|r| *r != ct);
+                self.devices.retired_cqs.retain(|r| *r != ct);
                 self.remove_cq(ct);
             }
-            let dev = self.devices.0[d].take().expect("checked above");
+            let dev = self.devices.list[d].take().expect("checked above");
             let identity = dev.identity;
             // Pool regions, completion channel, PD, then librdmacm's reference (field order).
             drop(dev);
             self.stats.devices_released += 1;
-            self.forgetting.push((identity, 0));
+            self.devices.forgetting.push((identity, 0));
             self.schedule_forget();
         }
     }
@@ -432,7 +441,7 @@ impl Core {
     /// libibverbs' list, so it closes that device's context; retried for a while.
     pub(in crate::reactor) fn forget_devices(&mut self) {
         let mut sync = false;
-        self.forgetting.retain_mut(|(identity, tries)| {
+        self.devices.forgetting.retain_mut(|(identity, tries)| {
             *tries += 1;
             if !device::device_listed(*identity) {
                 sync = true;
@@ -443,20 +452,20 @@ impl Core {
         if sync {
             device::forget_removed_devices();
         }
-        if !self.forgetting.is_empty() {
+        if !self.devices.forgetting.is_empty() {
             self.schedule_forget();
         }
     }
 
     /// A shared CQ that failed and whose connections are all gone is destroyed.
     pub(in crate::reactor) fn reap_retired_cqs(&mut self) {
-        if self.retired_cqs.is_empty() {
+        if self.devices.retired_cqs.is_empty() {
             return;
         }
-        let retired = std::mem::take(&mut self.retired_cqs);
+        let retired = std::mem::take(&mut self.devices.retired_cqs);
         for ct in retired {
             if self.conns.iter().any(|(_, c)| c.placed.is_some_and(|p| p.cq == ct)) {
-                self.retired_cqs.push(ct);
+                self.devices.retired_cqs.push(ct);
             } else {
                 self.remove_cq(ct);
             }
