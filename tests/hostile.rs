@@ -594,7 +594,7 @@ fn a_flooding_connection_does_not_starve_the_others() {
 
 /// A connection handler that runs `before` (once) at the start of `on_ready`, then is `inner`.
 /// On an accepted agent `on_ready` runs after the queue pair exists and before `rdma_accept`
-/// (`reactor/setup.rs`, `Core::accept`): the one point between the server's decision and its
+/// (`reactor/conn/setup.rs`, `Core::accept`): the one point between the server's decision and its
 /// REP.
 struct BeforeAccept {
     before: Option<Box<dyn FnOnce()>>,

@@ -26,7 +26,7 @@
 //! `depth - 1` owed receives, which only a receiver re-posting everything reaches: one keeping
 //! 4 of 8 posted stalled its peer after 7 messages, for ever.)
 //!
-//! On a shared receive queue (`Config::srq`, `reactor/srq.rs`) the same rules hold per
+//! On a shared receive queue (`Config::srq`, `reactor/data/srq/mod.rs`) the same rules hold per
 //! connection: its depth is the credit the SRQ grants it, and a receive of the SRQ its peer's
 //! message consumed counts as re-posted for that connection (`on_repost`) once the runtime has
 //! posted it again to the SRQ. The SRQ admits connections only while their credits sum to at
@@ -211,7 +211,7 @@ impl Flow {
     }
 
     /// One more posted receive for the peer, not one its message consumed: a connection on a
-    /// shared receive queue granted more of the queue while it is busy (`reactor/srq.rs`).
+    /// shared receive queue granted more of the queue while it is busy (`reactor/data/srq/mod.rs`).
     /// Owed like a receive re-posted after data, so it goes out with the next grant.
     pub fn grant_more(&mut self) {
         self.owed_data += 1;

@@ -44,7 +44,7 @@ pub(crate) enum Kind {
     /// A receive the runtime posted to a device's shared receive queue (its `wr_id`).
     SrqRecv = 11,
     /// A connect request's id in transit from the listening reactor to another one
-    /// (`reactor/handoff.rs`): its `context` until the receiving reactor adopts it.
+    /// (`reactor/conn/handoff.rs`): its `context` until the receiving reactor adopts it.
     Handoff = 12,
 }
 

@@ -7,12 +7,12 @@
 //! with a module doc saying what it owns and which invariants live there:
 //!
 //! - `api/`: the callback API: handlers, contexts, configuration, statistics, and the callback
-//!   boundary (`guard.rs`: "Panics in callbacks").
+//!   boundary (`api/guard.rs`: "Panics in callbacks").
 //! - `conn/`: connection lifecycle: the entries, CM dispatch and setup, driving the state
 //!   machines, teardown, hand-off between reactors, reconnection.
 //! - `data/`: the data path: operations, the send queue, posting, the CQ protocol and room,
 //!   shared receive queues, tails, exposure.
-//! - `event_loop/`: the tick (`tick.rs`: its steps, in order), timers, application fds, the
+//! - `event_loop/`: the tick (`event_loop/tick.rs`: its steps, in order), timers, application fds, the
 //!   cross-thread handle, embedding, devices, the executor.
 //!
 //! Commands called from callbacks run at once (`connect`, `listen`, `alloc`, a close's
@@ -81,7 +81,7 @@ use event_loop::userfd::UserFd;
 /// connections (queue pairs, ids) before the operations' buffers, before the CQs, before the
 /// listeners, before the devices (pools, completion channels, PDs), before the CM channel.
 pub(crate) struct Core {
-    /// Tasks (`exec.rs`): dropped first, while everything their handles name still exists.
+    /// Tasks (`event_loop/exec.rs`): dropped first, while everything their handles name still exists.
     exec: event_loop::exec::Exec,
     /// What closed and waits for the end of the tick to be destroyed (`conn/teardown.rs`).
     closing: Closing,
@@ -93,9 +93,9 @@ pub(crate) struct Core {
     listeners: GenSlab<ListenerKey, ListenerEntry>,
     user_timers: GenSlab<TimerKey, UserTimer>,
     devices: Devices,
-    /// Application fds in the epoll set (`userfd.rs`).
+    /// Application fds in the epoll set (`event_loop/userfd.rs`).
     user_fds: GenSlab<FdKey, UserFd>,
-    /// The cross-thread handle's eventfd and message handler (`remote.rs`); marks the handle's
+    /// The cross-thread handle's eventfd and message handler (`event_loop/remote.rs`); marks the handle's
     /// reactor gone when dropped.
     inbox: Inbox,
     epoll: Epoll,
@@ -117,7 +117,7 @@ pub(crate) struct Core {
     /// `Config::max_pending_accepts`.
     accepting: usize,
     /// An `SrqRefill` timer is pending: receives of a shared receive queue wait for pool
-    /// buffers, which may come back with no event to wake the reactor (`srq.rs`).
+    /// buffers, which may come back with no event to wake the reactor (`data/srq/mod.rs`).
     srq_refill: bool,
     /// Faults a test injected (`fault-injection` feature, `api/faults.rs`).
     #[cfg(feature = "fault-injection")]
@@ -130,7 +130,7 @@ pub(crate) struct Core {
 /// ([`AsFd`](#impl-AsFd-for-Reactor)) and drive it with [`run_once`](Reactor::run_once).
 ///
 /// Dropping it shuts it down ([`Reactor::shutdown`] with [`Timeouts::shutdown`]): every live
-/// connection and listener hears `on_closed` with [`CloseReason::Shutdown`], every submitted
+/// connection and listener hears `on_closed` with [`CloseReason::Shutdown`](crate::CloseReason::Shutdown), every submitted
 /// operation completes, then every kernel object is destroyed in order.
 ///
 /// ```compile_fail
@@ -332,7 +332,7 @@ impl Reactor {
     }
 
     /// Closes everything, keeping the callback contract: every listener hears
-    /// [`on_closed`](ListenerHandler::on_closed) with [`CloseReason::Shutdown`]; every live
+    /// [`on_closed`](ListenerHandler::on_closed) with [`CloseReason::Shutdown`](crate::CloseReason::Shutdown); every live
     /// connection is disconnected, and the loop runs for up to `grace` so connections close
     /// cleanly; those still open then are closed at once. Every submitted operation completes
     /// (flushed by the device, or [`OpError::Cancelled`](crate::OpError::Cancelled) if it was

@@ -4,7 +4,7 @@
 //! Soft-RoCE's limits, as `ibv_devinfo -v` reports them in the test VM (Debian's Linux 6.1
 //! rxe): `max_srq` 917 503, `max_srq_wr` 1 048 576, `max_srq_sge` 27; for comparison
 //! `max_qp` 1 048 560, `max_qp_wr` 1 048 576, `max_cq` 1 048 576, `max_cqe` 32 767. The
-//! SRQ's receive completions all go to one CQ of as many entries (`reactor/srq.rs`), so
+//! SRQ's receive completions all go to one CQ of as many entries (`reactor/data/srq/mod.rs`), so
 //! `max_cqe` is what bounds an SRQ's receives on rxe.
 #![allow(unsafe_code)]
 

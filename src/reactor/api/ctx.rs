@@ -135,7 +135,7 @@ impl<'a> Ctx<'a> {
         self.core.max_msg()
     }
 
-    /// Where the async face's handles leave the tokens they stop holding (`exec.rs`).
+    /// Where the async face's handles leave the tokens they stop holding (`event_loop/exec.rs`).
     pub(crate) fn orphans(&self) -> Orphans {
         self.core.exec.orphans.clone()
     }

@@ -111,16 +111,16 @@ pub(in crate::reactor) struct ConnEntry {
     pub(in crate::reactor) waiting_room: bool,
     pub(in crate::reactor) deadline: Option<(u64, Step)>,
     /// The credit-stall timer's key while the next send waits for credits
-    /// (`Config::credit_timeout`, `post.rs`).
+    /// (`Config::credit_timeout`, `data/post.rs`).
     pub(in crate::reactor) stall: Option<u64>,
     /// User timers set by this connection's callbacks (some may have fired or been cancelled).
     pub(in crate::reactor) timers: Vec<TimerKey>,
     pub(in crate::reactor) infos: Infos,
     pub(in crate::reactor) close_reason: Option<CloseReason>,
     /// On its device's shared receive queue (`Config::srq`): its share of the queue, which
-    /// follows its activity (`srq.rs`, `SrqBudget`), instead of a receive depth.
+    /// follows its activity (`data/srq/mod.rs`, `SrqBudget`), instead of a receive depth.
     pub(in crate::reactor) srq_share: Option<srq::ConnShare>,
-    /// Whose bytes this connection's buffers hold (`sys/pool.rs`): unique in the process.
+    /// Whose bytes this connection's buffers hold (`sys/pool/mod.rs`): unique in the process.
     pub(in crate::reactor) mem_owner: u64,
     /// iWARP only: the stream ended (DISCONNECTED) and the queue pair was moved to the error
     /// state. Soft-iWARP flushes the receives posted at that moment, never one posted later:
@@ -132,7 +132,7 @@ pub(in crate::reactor) struct ConnEntry {
     /// The keepalive timer's key while probes are scheduled (`Config::keepalive`).
     pub(in crate::reactor) keepalive: Option<u64>,
     /// The parting timer's key: the peer said goodbye (the close handshake) and we answered;
-    /// should its disconnect not arrive within `Timeouts::finish`, we disconnect (`cq.rs`,
+    /// should its disconnect not arrive within `Timeouts::finish`, we disconnect (`data/cq/mod.rs`,
     /// `Core::on_farewell`).
     pub(in crate::reactor) parting: Option<u64>,
     /// Fault injection (`Reactor::inject_silent_parting`): this connection skips its

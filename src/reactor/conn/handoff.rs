@@ -9,7 +9,7 @@
 //! the target needs (the private data and the requested RDMA READ resources), and the event is
 //! acked; then, before the next CM event is read (`Core::drain_cm`), `Core::send_handoffs`:
 //!
-//! 1. locks the target's inbox (`remote.rs`), which holds the target's channel address
+//! 1. locks the target's inbox (`event_loop/remote.rs`), which holds the target's channel address
 //!    (`sys::cm::ChannelRef`) while the target exists;
 //! 2. sets the id's context to a fresh `Handoff` token, and `rdma_migrate_id`s it to that
 //!    channel (the id's CONNECT_REQUEST is acked and no other event of it was read, so this
@@ -267,7 +267,7 @@ impl Ctx<'_> {
     /// `handler`; one for another reactor is handed to it (its id moved to that reactor's
     /// channel with `rdma_migrate_id`) and decided and served there, on its thread, by the
     /// handler it set with [`Reactor::accept_handoffs`]. The module docs of
-    /// `reactor/handoff.rs` describe the hand-off; ARCHITECTURE.md the thread model.
+    /// `reactor/conn/handoff.rs` describe the hand-off; ARCHITECTURE.md the thread model.
     ///
     /// `handler` hears [`on_refused`](ListenerHandler::on_refused) for a request that could
     /// not be handed off (the chosen reactor is gone, or `rdma_migrate_id` failed).

@@ -289,7 +289,7 @@ impl Core {
             && !info.as_ref().is_some_and(|i| i.flow_control && u32::from(i.recv_depth) >= MIN_DEPTH)
         {
             // Without flow control nothing keeps this peer from consuming every receive of the
-            // shared queue, starving every other connection on it (`srq.rs`).
+            // shared queue, starving every other connection on it (`data/srq/mod.rs`).
             let text = format!(
                 "this server receives through a shared receive queue, which needs flow control: the connect \
                  information does not offer it (with a receive depth of at least {MIN_DEPTH})"
@@ -484,7 +484,7 @@ impl Core {
                             c.infos.peer = info;
                             if unguarded {
                                 // Our receives are the shared queue's: a server sending without
-                                // credits could consume every one of them (`srq.rs`).
+                                // credits could consume every one of them (`data/srq/mod.rs`).
                                 let why = "the server did not agree to flow control, which a connection on a shared \
                                            receive queue needs";
                                 return self.feed(t, Input::SetupFailed(why.into()));
@@ -625,7 +625,7 @@ impl Core {
             Some(rings) => Some(TailRing::new(rings, self.cfg.send_depth, c.mem_owner)?),
             None => None,
         };
-        // On the shared receive queue (`srq.rs`): the credit rule admits it or not; its
+        // On the shared receive queue (`data/srq/mod.rs`): the credit rule admits it or not; its
         // receive completions go to the SRQ's CQ, so it commits no receive room on its own.
         let srq = match self.cfg.srq {
             None => None,

@@ -176,7 +176,7 @@ impl Core {
         let Some(e) = self.cqs.get_mut(cq) else { return };
         e.waiting.retain(|w| *w != t);
         // Exactly the room committed for its receives when it was placed (none on the SRQ,
-        // `srq.rs`), not the receive capacity the device granted, which may be less.
+        // `data/srq/mod.rs`), not the receive capacity the device granted, which may be less.
         e.room.leave(recv_room);
         if e.shared {
             // Its receive entries, and the sends cancelled before, are free again: a

@@ -6,11 +6,11 @@
 //!   under which credits (`SendQueue`, `RecvQueue`), and the farewell of the close handshake.
 //! - `post.rs`: checking a submission, building the work requests and the FFI post, one chain
 //!   per queue pair and direction; keepalive probes and the credit-stall timer.
-//! - `cq.rs`: the CQ protocol (drain the channel, poll under a budget, arm then poll again,
+//! - `cq/mod.rs`: the CQ protocol (drain the channel, poll under a budget, arm then poll again,
 //!   acks in batches) and delivering completions to handlers.
 //! - `cq_room.rs` (pure): room on each CQ, so a CQ never holds more completions than it has
 //!   entries.
-//! - `srq.rs`: the shared receive queues and the SRQ credit rule (`SrqBudget`, pure).
+//! - `srq/mod.rs`: the shared receive queues and the SRQ credit rule (`SrqBudget`, pure).
 //! - `tail.rs`: the tail rings that carry immediate data where the transport has none (iWARP).
 //! - `expose.rs`: memory windows bound to a connection (`Conn::expose`).
 //!

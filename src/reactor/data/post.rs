@@ -28,7 +28,7 @@ impl Core {
         };
         let (device, tail) = match (c.placed.filter(|_| c.can_submit()), c.waiting_device()) {
             (Some(p), _) => (p.device, p.tail),
-            // Reconnecting (`reconnect.rs`): a two-sided operation waits for the new queue
+            // Reconnecting (`conn/reconnect.rs`): a two-sided operation waits for the new queue
             // pair; it is checked against the last one's device and peer.
             (None, Some(device)) if !op.body.one_sided() => (device, false),
             (None, Some(_)) => {
@@ -57,7 +57,7 @@ impl Core {
         }
         if let Some((b, keep)) = buf {
             // Used by this connection now: every byte of the chunk it is not given is foreign
-            // to it (`sys/pool.rs`).
+            // to it (`sys/pool/mod.rs`).
             b.set_owner(c.mem_owner, keep);
         }
         let len = match &op.body {
@@ -166,7 +166,7 @@ impl Core {
 
     pub(in crate::reactor) fn flush_posts(&mut self) {
         // The shared receive queues first: a credit granted below is never ahead of the
-        // receive it stands for (`srq.rs`).
+        // receive it stands for (`srq/mod.rs`).
         self.post_srqs();
         if self.work.dirty.is_empty() {
             return;

@@ -326,7 +326,7 @@ impl SendQueue {
         posted.chain(self.pending.drain(..).map(|(op, _)| op)).collect()
     }
 
-    /// For a reconnection (`reactor/reconnect.rs`; the queue pair is gone): gives back the CQ
+    /// For a reconnection (`reactor/conn/reconnect.rs`; the queue pair is gone): gives back the CQ
     /// room of the posted requests and returns them, keeps the pending operations for which
     /// `keep` is true (in their order) and returns the others after the posted ones, and
     /// forgets everything of the old queue pair (slots, signaling, credits, iWARP's hold and

@@ -19,7 +19,7 @@
 //!   tear its connection down in the outage, with the same effect.
 //! - SRQ_ERR: every connection on the device's shared receive queue, as an `Abort`, and the SRQ
 //!   is not used again; SRQ_LIMIT_REACHED is counted, and the limit armed again once a posting
-//!   refilled the SRQ to its mark (`srq.rs`);
+//!   refilled the SRQ to its mark (`data/srq/mod.rs`);
 //! - DEVICE_FATAL: every connection on the device, as an `Abort`, and the device is lost.
 //!
 //! The rest (PORT_ACTIVE, COMM_EST, ...) are counted and otherwise ignored.
@@ -532,12 +532,12 @@ pub(in crate::reactor) struct Device {
     /// On Soft-iWARP, the CQ that keeps every later queue's mmap key clear of the one its
     /// user library refuses (`Caps::key_plug`); never armed or polled.
     pub(in crate::reactor) _key_plug: Option<Rc<crate::sys::cq::Cq>>,
-    /// On a device with tails, the connections' tail rings (`tail.rs`): one size class of
+    /// On a device with tails, the connections' tail rings (`data/tail.rs`): one size class of
     /// ring-sized chunks, so thousands of connections share one registered cluster.
     pub(in crate::reactor) tails: Option<Pool>,
     // Field order is drop order: the SRQ (then the buffers posted to it), the pool's regions,
     // the channel, the PD.
-    /// The shared receive queue, in `Config::srq` mode (`srq.rs`).
+    /// The shared receive queue, in `Config::srq` mode (`data/srq/mod.rs`).
     pub(in crate::reactor) srq: Option<srq::DevSrq>,
     pub(in crate::reactor) pool: Pool,
     pub(in crate::reactor) chan: Rc<CompChannel>,

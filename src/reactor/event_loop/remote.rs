@@ -19,7 +19,7 @@
 //!
 //! The inbox also carries what reactors of one process pass each other, taken in the same
 //! step as the messages:
-//! - connect requests handed over by a spreading listener (`handoff.rs`): the inbox holds the
+//! - connect requests handed over by a spreading listener (`conn/handoff.rs`): the inbox holds the
 //!   reactor's CM channel address while the reactor exists, cleared under the lock (in
 //!   `Inbox`'s `Drop`, before `Core` destroys the channel), and a sender migrates an id to
 //!   that channel and queues it under the same lock;
@@ -76,15 +76,15 @@ pub(in crate::reactor) struct Queue {
     stop: bool,
     /// The reactor is gone.
     pub(in crate::reactor) closed: bool,
-    /// The reactor's CM channel, for migrating ids to it (`handoff.rs`); `None` once closed.
+    /// The reactor's CM channel, for migrating ids to it (`conn/handoff.rs`); `None` once closed.
     pub(in crate::reactor) chan: Option<ChannelRef>,
-    /// Connect requests handed to this reactor, not yet taken (`handoff.rs`).
+    /// Connect requests handed to this reactor, not yet taken (`conn/handoff.rs`).
     pub(in crate::reactor) parcels: VecDeque<Parcel>,
     /// The last hand-off sequence number issued (the index of the next `Handoff` token).
     pub(in crate::reactor) handoff_seq: u32,
     /// Asynchronous device events other reactors read (`Core::share_async`).
     shared_async: Vec<SharedAsync>,
-    /// Tasks of this reactor's executor woken on other threads (`exec.rs`).
+    /// Tasks of this reactor's executor woken on other threads (`event_loop/exec.rs`).
     tasks: Vec<u64>,
 }
 
@@ -168,7 +168,7 @@ impl Remote {
         self.queue(|q| q.stop = true)
     }
 
-    /// Wakes task `task` of the reactor's executor from another thread (`exec.rs`).
+    /// Wakes task `task` of the reactor's executor from another thread (`event_loop/exec.rs`).
     pub(in crate::reactor) fn wake_task(&self, task: u64) -> std::result::Result<(), ReactorGone> {
         self.queue(|q| q.tasks.push(task))
     }
@@ -197,7 +197,7 @@ impl Remote {
         !self.shared.lock().closed
     }
 
-    /// The inbox, locked (`handoff.rs`).
+    /// The inbox, locked (`conn/handoff.rs`).
     pub(in crate::reactor) fn lock_queue(&self) -> MutexGuard<'_, Queue> {
         self.shared.lock()
     }
@@ -264,7 +264,7 @@ impl Inbox {
         Remote { shared: self.shared.clone() }
     }
 
-    /// The inbox, locked (`handoff.rs`).
+    /// The inbox, locked (`conn/handoff.rs`).
     pub(in crate::reactor) fn lock_queue(&self) -> MutexGuard<'_, Queue> {
         self.shared.lock()
     }
@@ -321,7 +321,7 @@ impl Core {
     /// none is set), then honour a stop request. Returns how many messages and requests.
     pub(in crate::reactor) fn drain_remote(&mut self) -> usize {
         let stop = self.inbox.take();
-        // Connect requests handed over by other reactors (`handoff.rs`), after the eventfd
+        // Connect requests handed over by other reactors (`conn/handoff.rs`), after the eventfd
         // was read: one queued later comes with a later write.
         let adopted = self.take_handoffs();
         let shared = std::mem::take(&mut self.inbox.taken_async);

@@ -44,12 +44,12 @@ pub(in crate::reactor) enum TimerTarget {
     Keepalive(ConnKey),
     /// A connection's next send has waited for credits for `Config::credit_timeout`.
     Stall(ConnKey),
-    /// Shared-receive-queue receives wait for pool buffers (`srq.rs`): try again.
+    /// Shared-receive-queue receives wait for pool buffers (`data/srq/mod.rs`): try again.
     SrqRefill,
-    /// A reconnecting client's next attempt (`reconnect.rs`).
+    /// A reconnecting client's next attempt (`conn/reconnect.rs`).
     Redial(ConnKey),
     /// A peer that said goodbye and was answered has not disconnected within
-    /// `Timeouts::finish` (`cq.rs`, `Core::on_farewell`).
+    /// `Timeouts::finish` (`data/cq/mod.rs`, `Core::on_farewell`).
     Parting(ConnKey),
 }
 

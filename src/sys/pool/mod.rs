@@ -59,7 +59,7 @@ use super::pd::Pd;
 use crate::error::{Error, Result};
 
 /// Pool sizing. The default: size classes of 4 KiB, 64 KiB and 1 MiB chunks (the largest pool
-/// message is 1 MiB; larger data goes in an application [`Region`]), clusters of 4 MiB
+/// message is 1 MiB; larger data goes in an application [`Region`](crate::Region)), clusters of 4 MiB
 /// registered at a time, at most 1 GiB registered in all.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolConfig {

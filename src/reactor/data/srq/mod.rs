@@ -43,7 +43,7 @@
 //! ping-ponging, idle, joining and leaving; at every step no message finds the queue below its
 //! reserve and every receive is in one place).
 //!
-//! **Peers that do not.** Flow control is required (`setup.rs`: a request that does not offer
+//! **Peers that do not.** Flow control is required (`conn/setup.rs`: a request that does not offer
 //! it is refused with `Unsupported`, a client whose server does not agree is closed before
 //! `on_established`): without it nothing bounds what one peer consumes, and the queue is every
 //! connection's. A peer that negotiated and then sends beyond its credit is closed
@@ -373,7 +373,7 @@ impl Core {
         }
     }
 
-    /// An asynchronous event naming an SRQ (`device.rs`).
+    /// An asynchronous event naming an SRQ (`event_loop/device.rs`).
     /// True when it named this reactor's SRQ.
     pub(in crate::reactor) fn on_srq_event(&mut self, d: usize, kind: AsyncEventKind, srq: usize) -> bool {
         let ours = self.devices.get(d).and_then(|x| x.srq.as_ref()).is_some_and(|s| s.srq.identity() == srq);
