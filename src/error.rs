@@ -72,8 +72,9 @@ pub enum Error {
     BadAddress(String),
     /// A configuration value is out of range.
     Config(String),
-    /// The device cannot do this: its transport lacks it (for example immediate data or
-    /// memory windows on iWARP); the text says what and what to do instead.
+    /// This cannot be done: the connection's device lacks it (for example immediate data or
+    /// memory windows on iWARP), or this API does not offer it (yet); the text says which, and
+    /// what to do instead.
     Unsupported(String),
     /// Registering memory failed for lack of locked memory: the process may pin at most
     /// `limit` bytes (`RLIMIT_MEMLOCK`), and `asked` more were needed.
@@ -93,6 +94,9 @@ pub enum Error {
     NoReactor,
     /// A submitted operation completed with an error (the device's, a flush, a cancel).
     Operation(crate::proto::op::OpError),
+    /// A time limit of the async face ([`io::timeout`](crate::io::timeout)) passed before the
+    /// future it bounds was ready.
+    Elapsed(std::time::Duration),
     /// A limit of [`Config`](crate::Config) was reached.
     Limit {
         /// Which one, e.g. `"max_connections"`.
@@ -154,8 +158,9 @@ impl fmt::Display for Error {
             Error::Closed(reason) => write!(f, "connection closed: {reason}"),
             Error::BadAddress(a) => write!(f, "bad address: {a}"),
             Error::Config(what) => write!(f, "bad configuration: {what}"),
-            Error::Unsupported(what) => write!(f, "not supported by the device: {what}"),
+            Error::Unsupported(what) => write!(f, "not supported: {what}"),
             Error::Limit { what, limit } => write!(f, "limit reached: {what} = {limit} (raise it in Config)"),
+            Error::Elapsed(limit) => write!(f, "timed out: not ready within {limit:?}"),
             Error::NoReactor => f.write_str(
                 "no reactor polls this future: await it in Reactor::block_on, a task of Reactor::spawn, \
                  or the tokio driver (rdma_reactor::io::tokio)",

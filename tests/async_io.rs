@@ -177,6 +177,186 @@ fn many_tasks_on_one_connection_and_across_connections_every_byte_verified() {
     assert_eq!(res_counts(owner_id()), ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 });
 }
 
+/// RPC clients sharing one connection, as a new user would write them: `tasks` tasks, each with
+/// its own clone of one `Connection`, each sending a request and then awaiting its reply,
+/// `pairs` times; the server echoes, so every reply must be the task's own request.
+/// `Connection::recv` hands messages to the callers in the order they asked: a task woken for
+/// a reply owns it, whatever other task is polled first (it did not: replies were taken by
+/// the first `Recv` polled, and tasks received each other's).
+fn rpc_tasks_on_one_connection(tasks: u64, pairs: u64) {
+    const SIZE: usize = 64;
+    let _w = Watchdog::new("rpc tasks", Duration::from_secs(600));
+    {
+        let mut r = Reactor::new().expect("reactor");
+        let a = addr();
+        let listener = r.block_on(async { Listener::bind(a) }).expect("block_on").expect("listen");
+        let ends = echo_server(&mut r, listener);
+        let started = Instant::now();
+        let matched = r
+            .block_on(async move {
+                let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+                let conn = Connection::connect(a, opts).await.expect("connect");
+                let mut joins = Vec::new();
+                for task in 0..tasks {
+                    let conn = conn.clone();
+                    joins.push(
+                        io::spawn(async move {
+                            let mut buf = conn.alloc(SIZE).expect("buffer");
+                            for seq in 0..pairs {
+                                let request = tagged(SIZE, task, seq);
+                                buf.fill_from(&request).expect("fits");
+                                let (sent, _) = conn.send(buf).await;
+                                sent.expect("request sent");
+                                let reply = conn.recv().await.expect("reply");
+                                let b = reply.as_slice();
+                                let (t, q) = (
+                                    u64::from_be_bytes(b[..8].try_into().unwrap()),
+                                    u64::from_be_bytes(b[8..16].try_into().unwrap()),
+                                );
+                                assert!(
+                                    b == &request[..],
+                                    "task {task}, request {seq}: the reply is task {t}'s request {q}"
+                                );
+                                buf = reply;
+                            }
+                            pairs
+                        })
+                        .expect("spawn"),
+                    );
+                }
+                let mut matched = 0;
+                for j in joins {
+                    matched += j.await.expect("every reply matched to its request");
+                }
+                assert_eq!(conn.close().await, CloseReason::Local);
+                matched
+            })
+            .expect("block_on");
+        run_until(&mut r, LIMIT, || ends.borrow().len() == 1);
+        println!(
+            "{tasks} tasks x {pairs} request/response pairs on one connection: {matched} replies matched to \
+             their requests in {:?}",
+            started.elapsed()
+        );
+        assert_eq!(matched, tasks * pairs);
+    }
+    assert_eq!(res_counts(owner_id()), ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 });
+}
+
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn two_rpc_tasks_on_one_connection_each_get_their_own_replies() {
+    rpc_tasks_on_one_connection(2, 10_000);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn eight_rpc_tasks_on_one_connection_each_get_their_own_replies() {
+    rpc_tasks_on_one_connection(8, 10_000);
+}
+
+/// The async face's timers: `io::timeout` bounds a `recv` on a quiet connection (it ends with
+/// `Error::Elapsed` no sooner than its limit, and the `Recv` it drops leaves the line, so the
+/// next message goes to the next caller), `io::sleep` sleeps at least its time, and a sleep
+/// polled and dropped before its time is cancelled without harm.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_timeout_bounds_a_recv_and_no_message_is_lost() {
+    const SIZE: usize = 64;
+    let _w = Watchdog::new("timeout", LIMIT);
+    {
+        let mut r = Reactor::new().expect("reactor");
+        let a = addr();
+        let listener = r.block_on(async { Listener::bind(a) }).expect("block_on").expect("listen");
+        let ends = echo_server(&mut r, listener);
+        let report = r
+            .block_on(async move {
+                let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+                let conn = Connection::connect(a, opts).await.expect("connect");
+                let t0 = Instant::now();
+                let quiet = io::timeout(Duration::from_millis(200), conn.recv()).await;
+                let waited = t0.elapsed();
+                assert!(matches!(quiet, Err(Error::Elapsed(d)) if d == Duration::from_millis(200)), "{quiet:?}");
+                assert!(waited >= Duration::from_millis(200), "timed out after {waited:?}");
+                let t1 = Instant::now();
+                io::sleep(Duration::from_millis(50)).await.expect("sleep");
+                let slept = t1.elapsed();
+                assert!(slept >= Duration::from_millis(50), "slept {slept:?}");
+                // A sleep given up before its time (polled once, on the timers, then dropped).
+                assert!(!PollOnce(Some(Box::pin(io::sleep(Duration::from_secs(3600))))).await);
+                let mut buf = conn.alloc(SIZE).expect("buffer");
+                buf.fill_from(&tagged(SIZE, 7, 1)).expect("fits");
+                let (sent, _) = conn.send(buf).await;
+                sent.expect("send");
+                let echo = io::timeout(Duration::from_secs(10), conn.recv()).await.expect("in time").expect("echo");
+                assert_eq!(echo.as_slice(), &tagged(SIZE, 7, 1)[..], "the echo reaches the next caller");
+                assert_eq!(conn.close().await, CloseReason::Local);
+                format!("recv timed out after {waited:?}; slept {slept:?} for 50 ms")
+            })
+            .expect("block_on");
+        run_until(&mut r, LIMIT, || ends.borrow().len() == 1);
+        println!("{report}");
+    }
+    assert_eq!(res_counts(owner_id()), ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 });
+}
+
+/// Under the tokio driver, tokio's timers work inside a task of the reactor (as the io docs
+/// say), beside the reactor's own `io::sleep`.
+#[cfg(feature = "tokio")]
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn tokio_timers_work_inside_the_reactors_tasks_under_the_driver() {
+    let _w = Watchdog::new("tokio timers", LIMIT);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    let mut r = Reactor::new().expect("reactor");
+    let task = r.spawn(async {
+        let t0 = Instant::now();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let tokio_slept = t0.elapsed();
+        let t1 = Instant::now();
+        io::sleep(Duration::from_millis(50)).await.expect("io::sleep");
+        (tokio_slept, t1.elapsed())
+    });
+    let (tokio_slept, io_slept) = rt
+        .block_on(async { io::tokio::drive(&mut r, task).expect("driver").await })
+        .expect("the reactor's loop")
+        .expect("the task did not panic");
+    println!("inside a reactor task under the tokio driver: tokio slept {tokio_slept:?}, io::sleep {io_slept:?}");
+    assert!(tokio_slept >= Duration::from_millis(50) && io_slept >= Duration::from_millis(50));
+}
+
+/// After a connection closed, every call on it says so in one voice: `alloc`, `send` and
+/// `expose` fail with `Error::Closed` and the reason (`alloc` named a stale token while `send`
+/// said the connection had closed).
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn after_the_close_every_call_says_closed_with_the_reason() {
+    let _w = Watchdog::new("closed", LIMIT);
+    {
+        let mut r = Reactor::new().expect("reactor");
+        let a = addr();
+        let listener = r.block_on(async { Listener::bind(a) }).expect("block_on").expect("listen");
+        let ends = echo_server(&mut r, listener);
+        let said = r
+            .block_on(async move {
+                let conn = Connection::connect(a, ConnectOptions::default()).await.expect("connect");
+                let buf = conn.alloc(64).expect("buffer");
+                assert_eq!(conn.close().await, CloseReason::Local);
+                let alloc = conn.alloc(64).map(|_| ()).expect_err("alloc after the close");
+                let (send, _) = conn.send(buf).await;
+                let send = send.expect_err("send after the close");
+                for e in [&alloc, &send] {
+                    assert!(matches!(e, Error::Closed(CloseReason::Local)), "{e:?}");
+                }
+                format!("alloc: {alloc}; send: {send}")
+            })
+            .expect("block_on");
+        run_until(&mut r, LIMIT, || ends.borrow().len() == 1);
+        println!("{said}");
+    }
+    assert_eq!(res_counts(owner_id()), ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 });
+}
+
 /// Polls a future once, then drops it (a task that gave up on an operation).
 struct PollOnce<F>(Option<Pin<Box<F>>>);
 

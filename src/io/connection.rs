@@ -23,7 +23,6 @@
 //! the buffer it arrived in (no copy).
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -32,6 +31,7 @@ use std::task::{Context, Poll, Waker};
 
 use slab::Slab;
 
+use super::line::RecvLine;
 use super::listener::ListenState;
 use crate::error::{Error, Result};
 use crate::proto::conn::CloseReason;
@@ -70,10 +70,9 @@ pub(super) struct ConnState {
     phase: Phase,
     /// A connect future, or the tasks waiting for the close.
     waiters: Vec<Waker>,
-    /// Messages received and not yet handed out, in order.
-    inbox: VecDeque<Buf>,
-    /// Tasks waiting for a message, in the order they asked.
-    recv_waiters: VecDeque<Waker>,
+    /// Messages received and not yet taken, and the callers of `recv` in line for them
+    /// (`line.rs`: a woken caller's message is its own).
+    recvs: RecvLine<Buf>,
     /// Receives posted now, and the most kept posted.
     posted: u32,
     depth: u32,
@@ -96,8 +95,7 @@ impl ConnState {
             token: None,
             phase: Phase::Connecting,
             waiters: Vec::new(),
-            inbox: VecDeque::new(),
-            recv_waiters: VecDeque::new(),
+            recvs: RecvLine::default(),
             posted: 0,
             depth: 0,
             recv_size,
@@ -109,13 +107,24 @@ impl ConnState {
     }
 
     fn wake_all(&mut self) {
-        for w in self.waiters.drain(..).chain(self.recv_waiters.drain(..)) {
+        for w in self.waiters.drain(..) {
             w.wake();
         }
+        self.recvs.wake_all();
         for (_, s) in self.slots.iter_mut() {
             if let Slot::Waiting(Some(w)) = s {
                 w.wake_by_ref();
             }
+        }
+    }
+
+    /// The connection's token while it can take operations; else why not, in the same words
+    /// for every call (`alloc`, `send`, `expose`...): closed (with its reason) or not up yet.
+    fn usable(&self) -> Result<Token> {
+        match (&self.phase, self.token) {
+            (Phase::Closed(r), _) => Err(Error::Closed(r.clone())),
+            (_, Some(t)) => Ok(t),
+            (_, None) => Err(Error::NotConnected("the connection has no queue pair yet".into())),
         }
     }
 
@@ -186,13 +195,10 @@ impl ConnectionHandler for AsyncConn {
                 st.posted -= 1;
             }
             if let (Ok(_), Some(buf)) = (c.result, c.buf) {
-                st.inbox.push_back(buf);
-                if let Some(w) = st.recv_waiters.pop_front() {
-                    w.wake();
-                }
+                st.recvs.arrive(buf);
                 // Up to `depth` messages may wait unread while the peer keeps its full credit;
                 // beyond that its credit shrinks until the application catches up.
-                if st.inbox.len() <= st.depth as usize {
+                if st.recvs.unread() <= st.depth as usize {
                     st.replenish(conn, 1);
                 }
             }
@@ -295,11 +301,13 @@ impl Connection {
 
     /// Runs `f` with the connection's callback context.
     fn with_conn<R>(&self, f: impl FnOnce(&mut Conn<'_>) -> Result<R>) -> Result<R> {
-        let token = self.token().ok_or_else(|| Error::NotConnected("the connection has no queue pair yet".into()))?;
+        let token = self.st().borrow().usable()?;
         let key = ConnKey::of(token).ok_or(Error::StaleToken(token.as_u64()))?;
         with_ctx(|ctx| match ctx.conn(key) {
             Some(mut conn) => f(&mut conn),
-            None => Err(Error::StaleToken(token.as_u64())),
+            // Gone from the reactor: it closed (its handler heard why) or belongs to another
+            // reactor.
+            None => Err(self.st().borrow().usable().err().unwrap_or(Error::StaleToken(token.as_u64()))),
         })?
     }
 
@@ -342,13 +350,19 @@ impl Connection {
     }
 
     /// The next message, in the buffer it arrived in (its length is the message's). Messages
-    /// are handed out in arrival order, one per call, to the callers in the order they asked.
+    /// are handed out in arrival order, one per call, to the callers in the order they asked:
+    /// the order of these calls (the caller is in line from this call, not from the first
+    /// poll), so tasks that each `send` a request and then `recv` its reply on one connection
+    /// get their own replies from a peer that answers in order. A `Recv` dropped while it
+    /// holds a message passes it to the next caller in line; none is lost.
     ///
     /// # Errors
     ///
     /// [`Error::Closed`] once the connection has ended and every message was handed out.
     pub fn recv(&self) -> Recv {
-        Recv { st: self.st().clone(), waker: None }
+        let st = self.st().clone();
+        let place = Some(st.borrow_mut().recvs.join());
+        Recv { st, place }
     }
 
     /// Exposes `buf` to the peer with `access` ([`Conn::expose`]).
@@ -409,8 +423,9 @@ impl Future for Connect {
             if opts.reconnect.is_some() {
                 // The async face's state (its receives, waiting futures, the end of the
                 // connection) follows one queue pair; it does not know reconnections yet.
-                let what = "ConnectOptions::reconnect on the async face (io::Connection): reconnecting clients \
-                            are supported through the callback API (ConnectionHandler::on_reconnecting)";
+                let what = "ConnectOptions::reconnect on the async face (io::Connection): this API does not \
+                            offer it yet; reconnecting clients are supported through the callback API \
+                            (ConnectionHandler::on_reconnecting)";
                 return Poll::Ready(Err(Error::Unsupported(what.into())));
             }
             let st = with_ctx(|ctx| {
@@ -495,19 +510,12 @@ impl OpFuture {
     /// which must submit or fail). Leaves it for the first poll otherwise.
     fn submit(&mut self, waker: Option<&Waker>) {
         let Some(op) = self.op.take() else { return };
-        let token = {
-            let st = self.st.borrow();
-            match (&st.phase, st.token) {
-                (Phase::Closed(r), _) => {
-                    self.failed = Some((Err(Error::Closed(r.clone())), op.into_buf()));
-                    return;
-                }
-                (_, Some(t)) => t,
-                (_, None) => {
-                    let e = Error::NotConnected("the connection has no queue pair yet".into());
-                    self.failed = Some((Err(e), op.into_buf()));
-                    return;
-                }
+        let usable = self.st.borrow().usable();
+        let token = match usable {
+            Ok(t) => t,
+            Err(e) => {
+                self.failed = Some((Err(e), op.into_buf()));
+                return;
             }
         };
         let slot = self.st.borrow_mut().slots.insert(Slot::Waiting(waker.cloned()));
@@ -583,22 +591,13 @@ impl Drop for OpFuture {
 /// [`Connection::recv`]'s future.
 pub struct Recv {
     st: Shared,
-    /// The waker it queued, to take it out again.
-    waker: Option<Waker>,
+    /// Its place in the connection's line (`line.rs`), until it takes its message or ends.
+    place: Option<usize>,
 }
 
 impl std::fmt::Debug for Recv {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Recv").field("waiting", &self.waker.is_some()).finish()
-    }
-}
-
-impl Recv {
-    /// Takes this future's waker out of the queue.
-    fn unqueue(&mut self, st: &mut ConnState) {
-        if let Some(w) = self.waker.take() {
-            st.recv_waiters.retain(|q| !q.will_wake(&w));
-        }
+        f.debug_struct("Recv").field("in_line", &self.place.is_some()).finish()
     }
 }
 
@@ -608,14 +607,11 @@ impl Future for Recv {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let st_rc = self.st.clone();
         let mut st = st_rc.borrow_mut();
-        self.unqueue(&mut st);
-        if let Some(buf) = st.inbox.pop_front() {
-            if !st.inbox.is_empty() {
-                if let Some(w) = st.recv_waiters.pop_front() {
-                    w.wake();
-                }
-            }
-            let refill = !st.srq && st.posted < st.depth && st.inbox.len() < st.depth as usize;
+        // Polled again after it resolved: a new call, at the end of the line.
+        let place = *self.place.get_or_insert_with(|| st.recvs.join());
+        if let Some(buf) = st.recvs.take(place, cx.waker()) {
+            self.place = None;
+            let refill = !st.srq && st.posted < st.depth && st.recvs.unread() < st.depth as usize;
             let key = st.token.and_then(ConnKey::of);
             drop(st);
             if let (true, Some(key)) = (refill, key) {
@@ -629,27 +625,22 @@ impl Future for Recv {
             return Poll::Ready(Ok(buf));
         }
         if let Phase::Closed(r) = &st.phase {
-            return Poll::Ready(Err(Error::Closed(r.clone())));
+            // It holds no message, so none is unclaimed: every one that arrived before the
+            // close is held by a caller ahead of it.
+            let r = r.clone();
+            st.recvs.leave(place);
+            self.place = None;
+            return Poll::Ready(Err(Error::Closed(r)));
         }
-        st.recv_waiters.push_back(cx.waker().clone());
-        drop(st);
-        self.waker = Some(cx.waker().clone());
         Poll::Pending
     }
 }
 
 impl Drop for Recv {
     fn drop(&mut self) {
-        let st_rc = self.st.clone();
-        let mut st = st_rc.borrow_mut();
-        if self.waker.is_some() {
-            self.unqueue(&mut st);
-            // A message it was woken for goes to the next caller.
-            if !st.inbox.is_empty() {
-                if let Some(w) = st.recv_waiters.pop_front() {
-                    w.wake();
-                }
-            }
+        if let Some(place) = self.place.take() {
+            // A message it was given goes to the next caller in line.
+            self.st.borrow_mut().recvs.leave(place);
         }
     }
 }

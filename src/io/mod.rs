@@ -33,6 +33,14 @@
 //! }
 //! ```
 //!
+//! # Time
+//!
+//! [`sleep`] and [`timeout`] run on the reactor's own timers, so a program without another
+//! runtime can bound a `recv`. Under the tokio driver ([`tokio::drive`]) tokio's timers work
+//! too, inside the crate's tasks as well as outside them: the tasks are polled within the
+//! driver's poll, on tokio's thread, and a tokio timer's wake reaches the reactor like any
+//! other wake.
+//!
 //! # The layer
 //!
 //! The async face is a layer of its own above the reactor (`ARCHITECTURE.md`, "Layers"): it
@@ -43,14 +51,19 @@
 //!
 //! - `connection.rs`: [`Connection`], its handler and its futures ([`Connect`], [`OpFuture`],
 //!   [`Recv`], [`Close`]).
+//! - `line.rs`: the order `Connection::recv` keeps (pure, unit-tested).
 //! - `listener.rs`: [`Listener`] and [`Accept`].
+//! - `time.rs`: [`sleep`], [`sleep_until`] and [`timeout`], on the reactor's own timers.
 //! - `tokio.rs` (feature `tokio`): the tokio driver.
 
 mod connection;
+mod line;
 mod listener;
+mod time;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 
 pub use crate::reactor::{spawn, stats, JoinHandle};
 pub use connection::{Close, Connect, Connection, OpFuture, Recv};
 pub use listener::{Accept, Listener};
+pub use time::{sleep, sleep_until, timeout, Sleep, Timeout};

@@ -56,11 +56,33 @@ pub enum WcStatus {
     Unknown(u32),
 }
 
+impl WcStatus {
+    /// What a status most likely means, for the ones a program meets when the two ends disagree
+    /// about message sizes (FAULTS.md, case 15): shown by `Display` after the status's name.
+    /// `None` for the rest, whose doc comments say what they are.
+    pub fn hint(self) -> Option<&'static str> {
+        Some(match self {
+            WcStatus::LocLenErr => {
+                "a message longer than the receive buffer it landed in, or a request longer than the \
+                 queue pair allows"
+            }
+            WcStatus::RemOpErr | WcStatus::RemInvReqErr => {
+                "the peer's device refused the request: most likely a SEND larger than the receive buffer \
+                 the peer had posted (its announced message size), or an RDMA access it did not expose"
+            }
+            _ => return None,
+        })
+    }
+}
+
 impl fmt::Display for WcStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             WcStatus::Unknown(v) => write!(f, "unknown work completion status {v}"),
-            other => write!(f, "{other:?}"),
+            other => match other.hint() {
+                Some(hint) => write!(f, "{other:?} ({hint})"),
+                None => write!(f, "{other:?}"),
+            },
         }
     }
 }
@@ -133,3 +155,18 @@ impl fmt::Display for OpError {
 }
 
 impl std::error::Error for OpError {}
+
+#[cfg(test)]
+mod tests {
+    use super::{OpError, WcStatus};
+
+    #[test]
+    fn a_status_a_size_mismatch_causes_says_what_it_most_likely_means() {
+        let send = OpError::Wc(WcStatus::RemOpErr).to_string();
+        assert!(send.starts_with("RemOpErr (") && send.contains("larger than the receive buffer"), "{send}");
+        let recv = WcStatus::LocLenErr.to_string();
+        assert!(recv.contains("longer than the receive buffer"), "{recv}");
+        assert_eq!(WcStatus::LocQpOpErr.to_string(), "LocQpOpErr");
+        assert_eq!(WcStatus::Unknown(99).to_string(), "unknown work completion status 99");
+    }
+}

@@ -1,13 +1,14 @@
 //! Contexts handed to callbacks: command buffers over the reactor's objects.
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::task::Waker;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::proto::conn::State;
 use crate::proto::metrics::ConnMetrics;
 use crate::proto::op::RemoteAccess;
-use crate::proto::token::{ConnKey, Key, Token};
+use crate::proto::token::{ConnKey, Key, TimerKey, Token};
 use crate::proto::wire::ConnectInfo;
 use crate::reactor::event_loop::exec::Orphans;
 use crate::reactor::{Config, ConnectOptions, ConnectionHandler, Core, ListenerHandler, Op, Stats};
@@ -133,6 +134,21 @@ impl<'a> Ctx<'a> {
     /// a shared receive queue its buffer size.
     pub(crate) fn max_msg(&self) -> usize {
         self.core.max_msg()
+    }
+
+    /// Wakes `waker` at `at` (`io::sleep`): the sleep's key.
+    pub(crate) fn wake_at(&mut self, at: Instant, waker: Waker) -> TimerKey {
+        self.core.sleep_until(at, waker)
+    }
+
+    /// Replaces the waker of a sleep; false once it is over.
+    pub(crate) fn set_wake(&mut self, key: TimerKey, waker: &Waker) -> bool {
+        self.core.set_sleeper(key, waker)
+    }
+
+    /// Forgets a sleep.
+    pub(crate) fn cancel_wake(&mut self, key: TimerKey) {
+        self.core.cancel_sleep(key);
     }
 
     /// Where the async face's handles leave the tokens they stop holding (`event_loop/exec.rs`).

@@ -35,11 +35,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::ThreadId;
+use std::time::Instant;
 
 use slab::Slab;
 
 use crate::error::{Error, Result};
-use crate::proto::token::Token;
+use crate::proto::token::{GenSlab, TimerKey, Token};
+use crate::reactor::event_loop::timers::TimerTarget;
 use crate::reactor::{Core, Ctx, Reactor, Remote};
 
 /// The task id of [`Reactor::block_on`]'s future.
@@ -154,6 +156,9 @@ pub(in crate::reactor) struct Exec {
     main_woken: bool,
     /// The woken tasks a round of `run_tasks` polls (kept: no allocation per tick).
     woken: Vec<u64>,
+    /// Wakers of sleeping futures (`io::sleep`), each with a heap entry
+    /// (`TimerTarget::Wake`); a cancelled sleep leaves its entry stale.
+    pub(in crate::reactor) sleepers: GenSlab<TimerKey, Waker>,
 }
 
 /// Tokens whose last async handle is gone, shared by the handles and the reactor.
@@ -176,6 +181,7 @@ impl Exec {
             remote,
             main_woken: false,
             woken: Vec::new(),
+            sleepers: GenSlab::new(),
         }
     }
 
@@ -296,6 +302,33 @@ impl Core {
         }
         self.exec.woken = woken;
         polled
+    }
+
+    /// Wakes `waker` at `at` (a sleeping future of the async face): its key, for
+    /// [`Core::set_sleeper`] and [`Core::cancel_sleep`].
+    pub(in crate::reactor) fn sleep_until(&mut self, at: Instant, waker: Waker) -> TimerKey {
+        let key = self.exec.sleepers.insert(waker);
+        self.timers.schedule(at, TimerTarget::Wake(key));
+        key
+    }
+
+    /// The waker a sleep wakes, replaced (the future was polled by another task); false once
+    /// the sleep is over (it fired or was cancelled).
+    pub(in crate::reactor) fn set_sleeper(&mut self, key: TimerKey, waker: &Waker) -> bool {
+        match self.exec.sleepers.get_mut(key) {
+            Some(w) => {
+                if !w.will_wake(waker) {
+                    *w = waker.clone();
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Forgets a sleep (its future was dropped); a fired one is ignored.
+    pub(in crate::reactor) fn cancel_sleep(&mut self, key: TimerKey) {
+        self.exec.sleepers.remove(key);
     }
 
     /// Polls task `id` once if it still exists; true when it did. A finished task is

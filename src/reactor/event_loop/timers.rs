@@ -51,6 +51,8 @@ pub(in crate::reactor) enum TimerTarget {
     /// A peer that said goodbye and was answered has not disconnected within
     /// `Timeouts::finish` (`data/cq/mod.rs`, `Core::on_farewell`).
     Parting(ConnKey),
+    /// A task's sleep is over (`io::sleep`, `event_loop/exec.rs`): wake it.
+    Wake(TimerKey),
 }
 
 /// A timer set by a callback: whose `on_timer` to call, with what.
@@ -110,6 +112,13 @@ impl Core {
                 self.srq_refill = false;
                 0
             }
+            TimerTarget::Wake(k) => match self.exec.sleepers.remove(k) {
+                Some(w) => {
+                    w.wake();
+                    1
+                }
+                None => 0,
+            },
             TimerTarget::User(tt) => {
                 let Some(timer) = self.user_timers.remove(tt) else { return 0 };
                 let (owner, user_data) = (timer.owner, timer.user_data);
@@ -199,11 +208,11 @@ impl Core {
         }
     }
 
-    /// At most how many heap entries can be live: every user timer; per connection its
+    /// At most how many heap entries can be live: every user timer and sleeping task; per connection its
     /// connection-manager deadline, its keepalive, its credit-stall and its parting timer (a
     /// redial replaces the deadline); the retry of forgetting devices and the SRQ refill.
     fn live_timer_bound(&self) -> usize {
-        self.user_timers.len() + 4 * self.conns.len() + 2
+        self.user_timers.len() + self.exec.sleepers.len() + 4 * self.conns.len() + 2
     }
 
     /// Drops the heap's stale entries once more than half of it (beyond a slack) must be
@@ -213,7 +222,7 @@ impl Core {
         if self.timers.len() <= 2 * self.live_timer_bound() + SLACK {
             return;
         }
-        let (conns, user_timers) = (&self.conns, &self.user_timers);
+        let (conns, user_timers, sleepers) = (&self.conns, &self.user_timers, &self.exec.sleepers);
         self.timers.retain(|key, target| match target {
             TimerTarget::Deadline(t) => conns.get(t).is_some_and(|c| c.deadline.is_some_and(|(k, _)| k == key)),
             TimerTarget::Stall(t) => conns.get(t).is_some_and(|c| c.stall == Some(key)),
@@ -224,6 +233,7 @@ impl Core {
                 conns.get(t).is_some_and(|c| c.redial.as_ref().is_some_and(|r| r.timer == Some(key)))
             }
             TimerTarget::User(tt) => user_timers.contains(tt),
+            TimerTarget::Wake(k) => sleepers.contains(k),
             TimerTarget::ForgetDevices | TimerTarget::SrqRefill => true,
         });
         self.stats.timer_compactions += 1;
