@@ -219,6 +219,8 @@ pub struct Guest<'a> {
     /// Add [`PROFILE_TOOLS`] (`perf`, `strace`) and let root profile the kernel too
     /// (`perf_event_paranoid` -1, `kptr_restrict` 0).
     pub profiling: bool,
+    /// Add valgrind's cachegrind and callgrind ([`add_valgrind`]: `bench --instructions`).
+    pub valgrind: bool,
     /// The device the command's variables name.
     pub device: Device,
 }
@@ -623,10 +625,32 @@ impl Drop for Initrd {
     }
 }
 
+/// Where Debian's valgrind keeps its tools (compiled into `valgrind.bin`).
+const VALGRIND_LIBEXEC: &str = "/usr/libexec/valgrind";
+
+/// valgrind for counting instructions in the guest (`bench --instructions`): the launcher
+/// `valgrind.bin` (Debian's `valgrind` is a shell wrapper around it that sets nothing the
+/// counts need), the cachegrind and callgrind tools (static) and the core preload, at their
+/// host paths. Only when asked: it is not small.
+fn add_valgrind(a: &mut Archive) -> Result<()> {
+    initramfs::add_with_libs(a, &host_tool("valgrind.bin")?, None)?;
+    for f in ["cachegrind-amd64-linux", "callgrind-amd64-linux", "vgpreload_core-amd64-linux.so", "default.supp"] {
+        let p = Path::new(VALGRIND_LIBEXEC).join(f);
+        if !p.exists() {
+            return Err(Error::new(format!("{} not found: run `cargo xtask setup` (package valgrind)", p.display())));
+        }
+        a.host_file(&initramfs::guest_path(&p)?, &p)?;
+    }
+    Ok(())
+}
+
 /// Packs the initramfs for one boot (`target/xtask/vm/initramfs-NONCE.cpio`).
 pub fn pack(kernel: &Kernel, bins: &Binaries, guest: &Guest) -> Result<Initrd> {
     let mut a = Archive::new();
     add_base(&mut a, guest.profiling)?;
+    if guest.valgrind {
+        add_valgrind(&mut a)?;
+    }
     let mut wanted = MODULES.to_vec();
     if guest.link.is_some() {
         wanted.extend_from_slice(LINK_MODULES);
@@ -703,6 +727,7 @@ mod tests {
             env: &[("A".into(), "x y".into())],
             link: None,
             profiling: false,
+            valgrind: false,
             device: Device::Rxe,
         };
         let s = init_script(&g, &["dummy".into()], "");
@@ -736,6 +761,7 @@ mod tests {
             env: &[],
             link: Some(link),
             profiling: false,
+            valgrind: false,
             device: Device::Siw,
         };
         let s = init_script(&g, &["virtio_net".into()], "");

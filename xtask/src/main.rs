@@ -8,6 +8,7 @@ mod fuzz;
 mod guest;
 mod host;
 mod initramfs;
+mod instructions;
 mod json;
 mod project;
 mod setup;
@@ -58,11 +59,15 @@ commands:
   demo [options]             run the echo and blast examples, server and client (rping
                              until they exist), in the VM (on --device rxe|siw) or on this
                              host's RDMA device
-  bench [--compare] [--rounds N] [--device rxe|siw]
+  bench [--compare] [--instructions] [--rounds N] [--device rxe|siw]
                              the criterion benchmarks (benches/latency.rs, profile perf) in the VM; with
                              --compare: echo and blast against perftest and cmtime in ONE VM
                              boot, interleaved over N rounds (default 3), as a table of ratios,
-                             on the chosen device (perftest with -R on siw)
+                             on the chosen device (perftest with -R on siw); with
+                             --instructions (alone, or after --compare's table in the same
+                             boot): user-space instructions per message counted by valgrind,
+                             client and server, ours beside perftest's, and callgrind profiles
+                             of our side annotated into target/xtask/instructions/
   fuzz [--runs N] [--time SECS] [--seed N] [TARGET...]
                              the coverage-guided fuzz targets of fuzz/ (libFuzzer, stable
                              toolchain): connect_info, state_machines, flow (default: all),
@@ -114,6 +119,8 @@ struct Opts {
     env: Vec<(String, String)>,
     verbose: bool,
     compare: bool,
+    /// `bench --instructions`: count instructions per message with valgrind.
+    instructions: bool,
     rounds: Option<u32>,
     runs: Option<u64>,
     time: Option<u64>,
@@ -180,6 +187,7 @@ fn parse_opts(command: &str, args: &[String], takes_rest: bool) -> Result<Opts> 
             }
             "--verbose" | "-v" => o.verbose = true,
             "--compare" if command == "bench" => o.compare = true,
+            "--instructions" if command == "bench" => o.instructions = true,
             "--rounds" if command == "bench" => {
                 let v = value().unwrap_or_default();
                 o.rounds = match v.parse::<u32>() {
@@ -247,6 +255,7 @@ fn run_in_vm_capture(
             env: &o.env,
             link: None,
             profiling: o.perf,
+            valgrind: o.instructions,
             device: o.device.unwrap_or_default(),
         },
     )?;
@@ -350,16 +359,29 @@ fn cmd_bench(args: &[String]) -> Result<u8> {
     let mut o = parse_opts("bench", args, false)?;
     let kernel = setup::ensure(false)?;
     let bins = project::build_perf()?;
-    if !o.compare {
+    if !o.compare && !o.instructions {
         o.timeout = o.timeout.or(Some(1800));
         return run_in_vm(&kernel, &bins, "cd /tmp && \"$BIN\"/latency --bench\n".into(), &o);
     }
     let rounds = o.rounds.unwrap_or(3);
-    o.timeout = o.timeout.or(Some(600 + 600 * u64::from(rounds)));
+    let mut script = String::new();
+    let mut limit = 600;
+    if o.compare {
+        script.push_str(&bench::compare_script(rounds));
+        limit += 600 * u64::from(rounds);
+    }
+    if o.instructions {
+        script.push_str(&instructions::script(rounds));
+        limit += 900 * u64::from(rounds) + 900;
+    }
+    o.timeout = o.timeout.or(Some(limit));
     let started = std::time::Instant::now();
     let mut output = Vec::new();
-    let code = run_in_vm_capture(&kernel, &bins, bench::compare_script(rounds), &o, &mut output)?;
+    let code = run_in_vm_capture(&kernel, &bins, script, &o, &mut output)?;
     let text = String::from_utf8_lossy(&output);
+    if !o.compare {
+        return report_instructions(&text, rounds, code, &o, started);
+    }
     let (table, complete) = bench::table(&bench::parse(&text), rounds);
     let machine = text.lines().find_map(|l| l.trim().strip_prefix("@@ machine ")).unwrap_or("?").to_string();
     let device = o.device.unwrap_or_default();
@@ -373,8 +395,38 @@ fn cmd_bench(args: &[String]) -> Result<u8> {
         vm::choose_accel(&kernel).map(|a| format!("{a:?}")).unwrap_or_else(|_| "?".into())
     );
     println!("{table}");
+    if o.instructions {
+        return report_instructions(&text, rounds, code, &o, started);
+    }
     if code != 0 || !complete {
         eprintln!("xtask: bench --compare: a measurement failed (see `failed` above, and the output before it)");
+        return Ok(if code != 0 { code } else { 1 });
+    }
+    Ok(0)
+}
+
+/// `bench --instructions`' table and profiles, from the guest's output.
+fn report_instructions(text: &str, rounds: u32, code: u8, o: &Opts, started: std::time::Instant) -> Result<u8> {
+    let device = o.device.unwrap_or_default();
+    let machine = text.lines().find_map(|l| l.trim().strip_prefix("@@ machine ")).unwrap_or("?").to_string();
+    let (table, complete) = instructions::table(&instructions::parse(text), rounds);
+    println!(
+        "\n`cargo xtask bench --instructions --rounds {rounds} --device {}`: user-space instructions per \
+         message (cachegrind, the difference between two message counts over the extra messages), one VM \
+         boot, {rounds} interleaved rounds, {:.0} s in all; guest {machine}\n",
+        device.name(),
+        started.elapsed().as_secs_f64(),
+    );
+    println!("{table}");
+    let dir = util::target_dir().join("xtask").join("instructions");
+    for (name, b64) in instructions::profiles(text) {
+        match instructions::annotate(&dir, &name, &b64, 25) {
+            Ok((path, tops)) => println!("callgrind profile {name} ({}):\n{tops}", path.display()),
+            Err(e) => eprintln!("xtask: bench --instructions: profile {name}: {e}"),
+        }
+    }
+    if code != 0 || !complete {
+        eprintln!("xtask: bench --instructions: a count failed (see `failed` above, and the output before it)");
         return Ok(if code != 0 { code } else { 1 });
     }
     Ok(0)

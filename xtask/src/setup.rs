@@ -34,6 +34,9 @@ pub const PACKAGES: &[&str] = &[
     // guest's), strace for counting system calls.
     "linux-perf",
     "strace",
+    // `cargo xtask bench --instructions`: cachegrind and callgrind in the guest, and
+    // callgrind_annotate on the host.
+    "valgrind",
 ];
 
 /// The meta-package whose dependency names the current kernel image package.

@@ -458,8 +458,11 @@ fn vm_tests_in_one_boot(
     let place = vm_place(device);
     let nonce = vm::nonce();
     let script = runner_script(&nonce, tests, opts.per_binary);
-    let initrd =
-        guest::pack(kernel, bins, &Guest { nonce: &nonce, script, env: &[], link: None, profiling: false, device })?;
+    let initrd = guest::pack(
+        kernel,
+        bins,
+        &Guest { nonce: &nonce, script, env: &[], link: None, profiling: false, valgrind: false, device },
+    )?;
     let accel = vm::choose_accel(kernel)?;
     let timeout = opts
         .vm_timeout

@@ -252,8 +252,15 @@ fn boot_one(
     index: usize,
     o: &PairOptions,
 ) -> End {
-    let guest =
-        Guest { nonce, script: script.to_string(), env: o.env, link: Some(link), profiling: false, device: o.device };
+    let guest = Guest {
+        nonce,
+        script: script.to_string(),
+        env: o.env,
+        link: Some(link),
+        profiling: false,
+        valgrind: false,
+        device: o.device,
+    };
     let initrd = match guest::pack(kernel, bins, &guest) {
         Ok(i) => i,
         Err(e) => return End::Failed(e.to_string()),

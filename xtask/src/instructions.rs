@@ -1,0 +1,402 @@
+//! `cargo xtask bench --instructions`: user-space instructions per message, counted in the VM
+//! by valgrind (cachegrind, `--cache-sim=no`), which an emulated CPU cannot blur: ours beside
+//! perftest's (or, for the async face, beside the callback echo's), client and server.
+//!
+//! Each program runs at two message counts, [`N_LO`] and [`N_HI`] (or the `_BLAST` pair), and
+//! the row's figure is the difference of the two counts over the extra messages, so set-up and
+//! teardown drop out. Every row runs every round, rounds interleaved; the table shows the
+//! median and the spread. Event-mode counts move a little with timing (a poll that finds
+//! nothing, an arm that catches a completion): the spread says how much.
+//!
+//! Then callgrind profiles our side of the rows in [`PROFILED`] at the high count; the guest
+//! prints each profile (gzip, base64) between markers, and the host annotates it with
+//! `callgrind_annotate` (self and inclusive, the top functions with their files), written to
+//! `target/xtask/instructions/`.
+//!
+//! THE PLACE TO EDIT what is counted: [`ROWS`] and the guest functions in [`script`].
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::bench::median;
+use crate::util::{Error, Result};
+
+/// Round trips of the round-trip rows, low and high.
+pub const N_LO: u32 = 500;
+pub const N_HI: u32 = 2500;
+/// Messages of the streaming rows, low and high.
+pub const N_LO_BLAST: u32 = 5000;
+pub const N_HI_BLAST: u32 = 25000;
+
+/// One row of the table.
+#[derive(Clone, Copy, Debug)]
+pub struct Row {
+    pub id: &'static str,
+    pub what: &'static str,
+    /// The most ours may be, as a multiple of theirs (issue 33's targets).
+    pub target: f64,
+}
+
+/// The rows, in table order.
+pub const ROWS: &[Row] = &[
+    Row { id: "echo64_event", what: "64 B round trip, event mode (echo vs `ib_send_lat -e`)", target: 1.3 },
+    Row { id: "echo4k_event", what: "4 KiB round trip, event mode (echo vs `ib_send_lat -e -s 4096`)", target: 1.3 },
+    Row {
+        id: "aecho64_event",
+        what: "64 B round trip, async face, event mode (aecho vs the callback echo)",
+        target: 1.15,
+    },
+    Row { id: "blast64_event", what: "64 B streamed, event mode (blast --spin-us 0 vs `ib_send_bw -e`)", target: 1.5 },
+    Row { id: "blast64", what: "64 B streamed, at the defaults (blast vs `ib_send_bw`)", target: 2.0 },
+    Row {
+        id: "blast64_c8",
+        what: "64 B streamed, 8 connections at the defaults (blast --clients 8 vs `ib_send_bw -q 8`)",
+        target: 2.0,
+    },
+];
+
+/// Rows whose client (and, for the echo, server) side callgrind profiles: `(row, side)`.
+pub const PROFILED: &[(&str, &str)] =
+    &[("echo64_event", "client"), ("echo64_event", "server"), ("aecho64_event", "client"), ("blast64_event", "client")];
+
+/// The guest script: `rounds` rounds of every row, then the profiles.
+pub fn script(rounds: u32) -> String {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"# cargo xtask bench --instructions (xtask/src/instructions.rs)
+A=$RDMA_ADDR
+PT_OPTS="-d $RDMA_DEV"
+[ "$RDMA_DEVICE" = siw ] && PT_OPTS="-R $PT_OPTS"
+port=7700
+T="timeout 600"
+CG="valgrind.bin --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null"
+CALL="valgrind.bin --tool=callgrind --dump-instr=no --callgrind-out-file=/tmp/cg.out"
+echo "@@ machine nproc=$(nproc) kernel=$(uname -r) device=$RDMA_DEV valgrind=$(valgrind.bin --version)"
+irefs() {{ sed -n 's/.*I *refs: *\([0-9,]*\).*/\1/p' "$1" | tr -d , | tail -1; }}
+# pair ROW ROUND N WHO VG SERVER-CMD -- CLIENT-CMD: one server and one client, each under $VG
+# (the client gets $A as its last word where it needs one); prints both sides' counts. A pair
+# that fails to meet (a server slow to start under valgrind) is run once more.
+pair() {{
+    row=$1; round=$2; n=$3; who=$4; vg=$5; shift 5
+    srv_cmd=""; while [ "$1" != "--" ]; do srv_cmd="$srv_cmd $1"; shift; done; shift
+    for try in 1 2 3; do
+        port=$((port + 1))
+        eval "$T $vg $(echo "$srv_cmd" | sed "s/PORT/$port/g")" >/tmp/srv.out 2>/tmp/srv.vg & srv=$!
+        sleep 4
+        eval "$T $vg $(echo "$*" | sed "s/PORT/$port/g")" >/tmp/cli.out 2>/tmp/cli.vg; rc=$?
+        [ $rc -ne 0 ] && kill $srv 2>/dev/null
+        wait $srv 2>/dev/null
+        c=$(irefs /tmp/cli.vg); s=$(irefs /tmp/srv.vg)
+        [ $rc -eq 0 ] && [ -n "$c" ] && [ -n "$s" ] && break
+        echo "== $row $who n=$n try $try failed (rc $rc):"; tail -3 /tmp/cli.out /tmp/cli.vg /tmp/srv.out
+    done
+    [ "$vg" = "$CG" ] && echo "@@ irow=$row round=$round n=$n who=$who client=$c server=$s"
+}}
+echo_row() {{ # ROW ROUND SIZE: echo vs ib_send_lat -e
+    for n in {N_LO} {N_HI}; do
+        pair $1 $2 $n ours "$CG" "$BIN"/echo server --bind $A:PORT --quiet --exit-after 1 -- \
+            "$BIN"/echo client --connect $A:PORT --size $3 --count $n
+        pair $1 $2 $n theirs "$CG" ib_send_lat $PT_OPTS -e -s $3 -n $n -p PORT -- \
+            ib_send_lat $PT_OPTS -e -s $3 -n $n -p PORT $A
+    done
+}}
+aecho_row() {{ # ROW ROUND SIZE: aecho vs echo, event mode
+    for n in {N_LO} {N_HI}; do
+        for prog in aecho echo; do
+            who=ours; [ $prog = echo ] && who=theirs
+            pair $1 $2 $n $who "$CG" "$BIN"/$prog server --bind $A:PORT --quiet --exit-after 1 -- \
+                "$BIN"/$prog client --connect $A:PORT --size $3 --count $n
+        done
+    done
+}}
+blast_row() {{ # ROW ROUND SIZE CLIENTS PERFTEST-EXTRA OURS-EXTRA...: blast vs ib_send_bw
+    row=$1; round=$2; size=$3; q=$4; ptx=$5; shift 5
+    qa=""; [ $q -gt 1 ] && qa="-q $q"
+    for n in {N_LO_BLAST} {N_HI_BLAST}; do
+        per=$((n / q))
+        pair $row $round $n ours "$CG" "$BIN"/blast server --bind $A:PORT --quiet --exit-after $q "$@" -- \
+            "$BIN"/blast client --connect $A:PORT --size $size --count $per --clients $q "$@"
+        pair $row $round $n theirs "$CG" ib_send_bw $PT_OPTS $ptx -s $size -n $per $qa -p PORT -- \
+            ib_send_bw $PT_OPTS $ptx -s $size -n $per $qa -p PORT $A
+    done
+}}
+"#
+    );
+    for r in 1..=rounds {
+        let _ = write!(
+            s,
+            r#"echo "== round {r} of {rounds}"
+echo_row echo64_event {r} 64
+echo_row echo4k_event {r} 4096
+aecho_row aecho64_event {r} 64
+blast_row blast64_event {r} 64 1 -e --spin-us 0
+blast_row blast64 {r} 64 1 ""
+blast_row blast64_c8 {r} 64 8 ""
+"#
+        );
+    }
+    // callgrind on one side only: the other runs under cachegrind (as slow, so timing alike).
+    for (row, side) in PROFILED {
+        let (srv_vg, cli_vg) = if *side == "client" { ("$CG", "$CALL") } else { ("$CALL", "$CG") };
+        let _ = writeln!(
+            s,
+            "echo \"== profile {row} {side}\"\n{}\n\
+             echo \"@@cg-begin {row}-{side}\"; gzip -c /tmp/cg.out | base64; echo \"@@cg-end\"; rm -f /tmp/cg.out",
+            profile_call(row, srv_vg, cli_vg)
+        );
+    }
+    s.push_str("echo \"== done\"\n");
+    s
+}
+
+/// The guest command that runs `row` with `srv_vg` on the server and `cli_vg` on the client.
+fn profile_call(row: &str, srv_vg: &str, cli_vg: &str) -> String {
+    let (server, client) = match row {
+        "echo64_event" => (
+            "\"$BIN\"/echo server --bind $A:PORT --quiet --exit-after 1".to_string(),
+            format!("\"$BIN\"/echo client --connect $A:PORT --size 64 --count {N_HI}"),
+        ),
+        "aecho64_event" => (
+            "\"$BIN\"/aecho server --bind $A:PORT --quiet --exit-after 1".to_string(),
+            format!("\"$BIN\"/aecho client --connect $A:PORT --size 64 --count {N_HI}"),
+        ),
+        _ => (
+            "\"$BIN\"/blast server --bind $A:PORT --quiet --exit-after 1 --spin-us 0".to_string(),
+            format!("\"$BIN\"/blast client --connect $A:PORT --size 64 --count {N_HI_BLAST} --clients 1 --spin-us 0"),
+        ),
+    };
+    // `pair` runs both under one valgrind command; here each side has its own.
+    format!(
+        "port=$((port + 1))\n\
+         $T {srv_vg} {} >/dev/null 2>/tmp/srv.vg & srv=$!; sleep 4\n\
+         $T {cli_vg} {} >/dev/null 2>/tmp/cli.vg || echo \"== profile {row}: the client failed\"\n\
+         wait $srv 2>/dev/null",
+        server.replace("PORT", "$port"),
+        client.replace("PORT", "$port")
+    )
+}
+
+/// One count: a program side at one message count.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Count {
+    pub row: String,
+    pub round: u32,
+    pub n: u32,
+    /// `ours` or `theirs`.
+    pub who: String,
+    pub client: Option<u64>,
+    pub server: Option<u64>,
+}
+
+/// Reads the `@@ irow=...` lines of the guest's output.
+pub fn parse(output: &str) -> Vec<Count> {
+    output
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("@@ irow="))
+        .filter_map(|rest| {
+            let mut fields = rest.split_whitespace();
+            let mut c = Count {
+                row: fields.next()?.to_string(),
+                round: 0,
+                n: 0,
+                who: String::new(),
+                client: None,
+                server: None,
+            };
+            for kv in fields {
+                let (k, v) = kv.split_once('=')?;
+                match k {
+                    "round" => c.round = v.parse().ok()?,
+                    "n" => c.n = v.parse().ok()?,
+                    "who" => c.who = v.to_string(),
+                    "client" => c.client = v.parse().ok(),
+                    "server" => c.server = v.parse().ok(),
+                    _ => {}
+                }
+            }
+            Some(c)
+        })
+        .collect()
+}
+
+/// Instructions per message of `who`'s `side` in `row` and `round`: the difference between
+/// its two counts over the extra messages.
+fn per_message(counts: &[Count], row: &str, round: u32, who: &str, client: bool) -> Option<f64> {
+    let mut at: Vec<(u32, u64)> = counts
+        .iter()
+        .filter(|c| c.row == row && c.round == round && c.who == who)
+        .filter_map(|c| Some((c.n, if client { c.client? } else { c.server? })))
+        .collect();
+    at.sort_unstable();
+    let (&(n1, i1), &(n2, i2)) = (at.first()?, at.last()?);
+    (n2 > n1).then(|| (i2 as f64 - i1 as f64) / f64::from(n2 - n1))
+}
+
+/// The Markdown table (medians over the rounds, ratio spread), and whether every row has every
+/// round on both sides.
+pub fn table(counts: &[Count], rounds: u32) -> (String, bool) {
+    let mut out = String::from(
+        "| per message, user-space instructions | side | ours (median) | theirs (median) | ratio median | ratio min-max | target | met |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    let mut complete = true;
+    for row in ROWS {
+        for (side, client) in [("client", true), ("server", false)] {
+            let mut ours = Vec::new();
+            let mut theirs = Vec::new();
+            let mut ratios = Vec::new();
+            for r in 1..=rounds {
+                let o = per_message(counts, row.id, r, "ours", client);
+                let t = per_message(counts, row.id, r, "theirs", client);
+                if let (Some(o), Some(t)) = (o, t) {
+                    ours.push(o);
+                    theirs.push(t);
+                    ratios.push(o / t);
+                } else {
+                    complete = false;
+                }
+            }
+            let lo = ratios.iter().copied().reduce(f64::min);
+            let hi = ratios.iter().copied().reduce(f64::max);
+            let m = median(&mut ratios);
+            let fmt = |x: Option<f64>| x.map_or("failed".to_string(), |x| format!("{x:.0}"));
+            let spread = match (lo, hi) {
+                (Some(lo), Some(hi)) => format!("{lo:.2}-{hi:.2}x"),
+                _ => "-".into(),
+            };
+            let met = match m {
+                Some(m) if m <= row.target => "yes",
+                Some(_) => "no",
+                None => "failed",
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {side} | {} | {} | {} | {spread} | <= {:.2}x | {met} |",
+                row.what,
+                fmt(median(&mut ours)),
+                fmt(median(&mut theirs)),
+                m.map_or("failed".into(), |m| format!("{m:.2}x")),
+                row.target,
+            );
+        }
+    }
+    (out, complete)
+}
+
+/// The profiles the guest printed: `(name, base64 of the gzipped callgrind output)`.
+pub fn profiles(output: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    let mut current: Option<(String, String)> = None;
+    for line in output.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix("@@cg-begin ") {
+            current = Some((name.to_string(), String::new()));
+        } else if line == "@@cg-end" {
+            found.extend(current.take());
+        } else if let Some((_, b64)) = current.as_mut() {
+            if !line.is_empty() && line.bytes().all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b)) {
+                b64.push_str(line);
+            }
+        }
+    }
+    found
+}
+
+/// Decodes one profile into `dir/NAME.callgrind.out` (host `base64` and `gunzip`) and returns
+/// `callgrind_annotate`'s self and inclusive tops.
+pub fn annotate(dir: &Path, name: &str, b64: &str, top: usize) -> Result<(PathBuf, String)> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::new(format!("cannot create {}: {e}", dir.display())))?;
+    let path = dir.join(format!("{name}.callgrind.out"));
+    let decoded = pipe("sh", &["-c", "base64 -d | gunzip"], b64.as_bytes())?;
+    std::fs::write(&path, decoded).map_err(|e| Error::new(format!("cannot write {}: {e}", path.display())))?;
+    let mut text = String::new();
+    for (how, flag) in [("self", "--inclusive=no"), ("inclusive", "--inclusive=yes")] {
+        let out = Command::new("callgrind_annotate")
+            .args([flag, "--threshold=100"])
+            .arg(&path)
+            .output()
+            .map_err(|e| Error::new(format!("callgrind_annotate: {e} (cargo xtask setup installs valgrind)")))?;
+        let body = String::from_utf8_lossy(&out.stdout);
+        let _ = writeln!(text, "-- {name}: {how}, top {top} (Ir, file:function)");
+        let lines = body.lines().skip_while(|l| !l.trim_start().starts_with("Ir")).skip(2);
+        for l in lines.filter(|l| !l.trim().is_empty()).take(top) {
+            let _ = writeln!(text, "{l}");
+        }
+        if let Some(total) = body.lines().find(|l| l.contains("PROGRAM TOTALS")) {
+            let _ = writeln!(text, "{}", total.trim());
+        }
+    }
+    Ok((path, text))
+}
+
+/// Runs `cmd args` with `input` on its stdin; its stdout.
+fn pipe(cmd: &str, args: &[&str], input: &[u8]) -> Result<Vec<u8>> {
+    use std::io::Write as _;
+    let mut child = Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| Error::new(format!("{cmd}: {e}")))?;
+    let mut stdin = child.stdin.take().expect("piped");
+    let data = input.to_vec();
+    let writer = std::thread::spawn(move || stdin.write_all(&data));
+    let out = child.wait_with_output().map_err(|e| Error::new(format!("{cmd}: {e}")))?;
+    let _ = writer.join();
+    if !out.status.success() {
+        return Err(Error::new(format!("{cmd} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    Ok(out.stdout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_script_parses_and_runs_every_row_every_round() {
+        use std::io::Write as _;
+        let s = script(2);
+        let mut sh = Command::new("sh").arg("-n").stdin(Stdio::piped()).spawn().expect("sh runs");
+        sh.stdin.take().expect("piped").write_all(s.as_bytes()).expect("written");
+        assert!(sh.wait().expect("sh exits").success(), "sh -n found a syntax error");
+        for r in 1..=2 {
+            for row in ROWS {
+                assert!(s.contains(&format!(" {} {r} ", row.id)), "round {r}: {}", row.id);
+            }
+        }
+        for (row, side) in PROFILED {
+            assert!(s.contains(&format!("@@cg-begin {row}-{side}")), "{row} {side}");
+        }
+    }
+
+    #[test]
+    fn per_message_is_the_difference_over_the_extra_messages() {
+        let out = "noise\n\
+                   @@ irow=echo64_event round=1 n=500 who=ours client=2000000 server=1900000\n\
+                   @@ irow=echo64_event round=1 n=2500 who=ours client=4000000 server=3500000\n\
+                   @@ irow=echo64_event round=1 n=500 who=theirs client=1000000 server=1000000\n\
+                   @@ irow=echo64_event round=1 n=2500 who=theirs client=2000000 server=2000000\n\
+                   @@ irow=blast64 round=1 n=5000 who=ours client= server=10\n";
+        let c = parse(out);
+        assert_eq!(c.len(), 5);
+        assert_eq!(c[4].client, None, "an empty count is a failed one");
+        assert_eq!(per_message(&c, "echo64_event", 1, "ours", true), Some(1000.0));
+        assert_eq!(per_message(&c, "echo64_event", 1, "ours", false), Some(800.0));
+        assert_eq!(per_message(&c, "echo64_event", 1, "theirs", true), Some(500.0));
+        let (t, complete) = table(&c, 1);
+        assert!(!complete);
+        let client = t.lines().find(|l| l.contains("64 B round trip, event") && l.contains("| client |")).unwrap();
+        assert!(client.contains("| 1000 | 500 | 2.00x | 2.00-2.00x | <= 1.30x | no |"), "{client}");
+        let server = t.lines().find(|l| l.contains("64 B round trip, event") && l.contains("| server |")).unwrap();
+        assert!(server.contains("| 800 | 500 | 1.60x |"), "{server}");
+    }
+
+    #[test]
+    fn profiles_are_cut_out_of_the_console() {
+        let out = "x\n@@cg-begin echo64_event-client\nH4sI\nAAAA==\n[  12.3] rxe: a kernel line\n@@cg-end\ny\n";
+        assert_eq!(profiles(out), vec![("echo64_event-client".to_string(), "H4sIAAAA==".to_string())]);
+    }
+}
