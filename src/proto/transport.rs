@@ -163,10 +163,18 @@ pub struct Unframed {
 }
 
 /// Takes apart a message of `byte_len` bytes whose last 4 are `tail` (read by the caller from
-/// the receive buffer when `byte_len >= 4`). A message shorter than a tail, a credit-only
-/// message with a payload, or reserved bits set is the peer breaking the protocol: the error
-/// names what was wrong.
-pub fn unframe(byte_len: u32, tail: Option<[u8; 4]>) -> Result<Unframed, String> {
+/// the receive buffer when `byte_len >= 4`), received into memory that holds `capacity` bytes
+/// of payload (a pool buffer's capacity, a region slice's or a raw receive's length). A
+/// message shorter than a tail, a credit-only message with a payload, reserved bits set, or a
+/// payload longer than `capacity` is the peer breaking the protocol: the error names what was
+/// wrong.
+///
+/// The last one is possible because a pool buffer's receive is posted with the chunk's slack
+/// after its capacity, where the tail lands (`Buf::post_capacity`): a peer that sends up to
+/// that slack's length past the capacity, followed by a valid tail, has its message taken by
+/// the device. Its payload runs into the slack, which the application never sees; it is
+/// refused here rather than delivered cut short, with a length the buffer does not hold.
+pub fn unframe(byte_len: u32, tail: Option<[u8; 4]>, capacity: u32) -> Result<Unframed, String> {
     let Some(tail) = tail.filter(|_| byte_len >= TAIL_LEN) else {
         return Err(format!("a message of {byte_len} bytes has no {TAIL_LEN}-byte tail (iWARP framing)"));
     };
@@ -180,6 +188,12 @@ pub fn unframe(byte_len: u32, tail: Option<[u8; 4]>) -> Result<Unframed, String>
     let len = byte_len - TAIL_LEN;
     if imm.control && len != 0 {
         return Err(format!("a credit-only message carries {len} bytes of payload"));
+    }
+    if len > capacity {
+        return Err(format!(
+            "a message of {len} bytes of payload ran past its {capacity}-byte receive buffer into the slack \
+             its tail lands in"
+        ));
     }
     Ok(Unframed { len, imm })
 }
@@ -236,31 +250,45 @@ mod tests {
     #[test]
     fn unframe_splits_payload_and_tail() {
         let t = Tail(Imm::data(3)).encode();
-        assert_eq!(unframe(104, Some(t)), Ok(Unframed { len: 100, imm: Imm::data(3) }));
-        assert_eq!(unframe(4, Some(t)).unwrap().len, 0);
+        assert_eq!(unframe(104, Some(t), 4096), Ok(Unframed { len: 100, imm: Imm::data(3) }));
+        assert_eq!(unframe(4, Some(t), 4096).unwrap().len, 0);
         let c = Tail(Imm::control(9)).encode();
-        assert_eq!(unframe(4, Some(c)), Ok(Unframed { len: 0, imm: Imm::control(9) }));
+        assert_eq!(unframe(4, Some(c), 4096), Ok(Unframed { len: 0, imm: Imm::control(9) }));
+        // A payload that fills its buffer exactly, the tail in the slack after it.
+        assert_eq!(unframe(1024 + 4, Some(t), 1024).unwrap().len, 1024);
     }
 
     #[test]
     fn unframe_refuses_what_breaks_the_framing() {
         let t = Tail(Imm::data(1)).encode();
-        assert!(unframe(3, Some(t)).unwrap_err().contains("no 4-byte tail"));
-        assert!(unframe(0, None).is_err());
-        assert!(unframe(8, Some([0x40, 0, 0, 1])).unwrap_err().contains("reserved"));
+        assert!(unframe(3, Some(t), 4096).unwrap_err().contains("no 4-byte tail"));
+        assert!(unframe(0, None, 4096).is_err());
+        assert!(unframe(8, Some([0x40, 0, 0, 1]), 4096).unwrap_err().contains("reserved"));
         let c = Tail(Imm::control(0)).encode();
-        assert!(unframe(5, Some(c)).unwrap_err().contains("credit-only"));
+        assert!(unframe(5, Some(c), 4096).unwrap_err().contains("credit-only"));
         // Bit 30 or 29 only on a credit-only message, and never both.
-        assert!(unframe(8, Some([0x20, 0, 0, 1])).unwrap_err().contains("reserved"));
-        assert!(unframe(4, Some([0xE0, 0, 0, 1])).unwrap_err().contains("reserved"));
-        assert!(unframe(4, Some([0x90, 0, 0, 1])).unwrap_err().contains("reserved"));
+        assert!(unframe(8, Some([0x20, 0, 0, 1]), 4096).unwrap_err().contains("reserved"));
+        assert!(unframe(4, Some([0xE0, 0, 0, 1]), 4096).unwrap_err().contains("reserved"));
+        assert!(unframe(4, Some([0x90, 0, 0, 1]), 4096).unwrap_err().contains("reserved"));
+    }
+
+    /// The review's L1 (2026-11-26): a 1 KiB buffer's receive is posted with its 64 bytes of
+    /// slack, so the device takes a message of up to 1 084 bytes of payload and a tail. Such a
+    /// payload is refused, never reported as 1 084 bytes of a buffer that holds 1 024.
+    #[test]
+    fn unframe_refuses_a_payload_past_the_buffer() {
+        let tail = Tail(Imm::data(0)).encode();
+        let why = unframe(1024 + 64, Some(tail), 1024).unwrap_err();
+        assert!(why.contains("1084 bytes of payload ran past its 1024-byte receive buffer"), "{why}");
+        assert!(unframe(1024 + 5, Some(tail), 1024).is_err(), "one byte past the capacity");
+        assert!(unframe(1024 + 4, Some(tail), 1024).is_ok(), "exactly the capacity");
     }
 
     #[test]
     fn a_farewell_travels_in_a_tail() {
         for farewell in [Farewell::Leaving, Farewell::Heard] {
             let imm = Imm { farewell, ..Imm::control(2) };
-            assert_eq!(unframe(4, Some(Tail(imm).encode())), Ok(Unframed { len: 0, imm }));
+            assert_eq!(unframe(4, Some(Tail(imm).encode()), 4096), Ok(Unframed { len: 0, imm }));
         }
     }
 

@@ -351,6 +351,19 @@ impl OpEntry {
         }
     }
 
+    /// The most payload a receive's memory holds: a pool buffer's capacity (its receive is
+    /// posted with the chunk's slack after it, where only a tail may land), a region slice's
+    /// or a raw receive's length. A tail-framed message whose payload is longer is refused
+    /// (`proto::transport::unframe`).
+    pub(crate) fn recv_capacity(&self) -> u32 {
+        match (&self.buf, &self.region, &self.raw) {
+            (Some(b), _, _) => u32::try_from(b.capacity()).unwrap_or(u32::MAX),
+            (None, Some(s), _) => u32::try_from(s.len()).unwrap_or(u32::MAX),
+            (None, None, Some(r)) => r.len,
+            _ => 0,
+        }
+    }
+
     /// The last 4 of the `n` bytes a receive got: its tail, on a transport without immediate
     /// data (`proto::transport`). `None` when fewer than 4 arrived or they lie outside the
     /// posted memory.

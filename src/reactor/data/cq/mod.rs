@@ -500,7 +500,7 @@ impl Core {
             // The credits and kind: in the immediate data, or in the message's tail on a
             // transport without it (`proto::transport`).
             let imm = if tail {
-                match unframe(wc.byte_len, op.received_tail(wc.byte_len)) {
+                match unframe(wc.byte_len, op.received_tail(wc.byte_len), op.recv_capacity()) {
                     Ok(u) => {
                         byte_len = u.len;
                         Some(u.imm)

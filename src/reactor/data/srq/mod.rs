@@ -433,7 +433,8 @@ impl Core {
         // The credits and kind: in the immediate data, or in the message's tail on a
         // transport without it (`proto::transport`).
         let imm = if c.placed.is_some_and(|p| p.tail) {
-            match unframe(wc.byte_len, buf.tail_before(wc.byte_len as usize)) {
+            let capacity = u32::try_from(buf.capacity()).unwrap_or(u32::MAX);
+            match unframe(wc.byte_len, buf.tail_before(wc.byte_len as usize), capacity) {
                 Ok(u) => {
                     byte_len = u.len;
                     u.imm
