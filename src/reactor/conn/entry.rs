@@ -5,6 +5,7 @@
 //! Field order is drop order: a connection's memory windows, then its queue pair and id, then
 //! its tail ring (`ConnEntry`).
 
+use crate::error::{Error, Result};
 use crate::proto::conn::{Actions, Agent, Client, CloseReason, Input, Listener, State, Step};
 use crate::proto::metrics::ConnMeter;
 use crate::proto::token::{CqKey, TimerKey};
@@ -14,6 +15,7 @@ use crate::reactor::conn::{handoff, reconnect};
 use crate::reactor::data::send_queue::{RecvQueue, SendQueue};
 use crate::reactor::data::srq;
 use crate::reactor::data::tail::TailRing;
+use crate::reactor::event_loop::device::Devices;
 use crate::reactor::{ConnectionHandler, ListenerHandler};
 use crate::sys::cm::CmId;
 use crate::sys::pool::Windows;
@@ -180,9 +182,23 @@ impl ConnEntry {
 
     /// While a client waits to reconnect or makes a new attempt (no queue pair yet): the
     /// device of its last queue pair, where operations submitted meanwhile are checked
-    /// (`reconnect.rs`).
-    pub(in crate::reactor) fn waiting_device(&self) -> Option<usize> {
-        self.redial.as_ref().filter(|_| self.placed.is_none() && !self.role.state().is_closed()).and_then(|r| r.device)
+    /// (`reconnect.rs`); `None` when it is not waiting or never had one.
+    ///
+    /// That device may be gone: a removal closes the client's queue pair, and the waiting
+    /// client, which has none, does not keep the lost device from being released at the end
+    /// of the same tick (`Core::release_lost_devices`). Then (and while it is lost) this is
+    /// `Error::NoDevice`, never an index into `Devices`, whose slot is empty (its `Index`
+    /// panics); the next attempt finds a device of its own.
+    pub(in crate::reactor) fn waiting_device(&self, devices: &Devices) -> Option<Result<usize>> {
+        let d = self.redial.as_ref().filter(|_| self.placed.is_none() && !self.role.state().is_closed())?.device?;
+        Some(match devices.get(d) {
+            Some(device) if !device.lost => Ok(d),
+            _ => Err(Error::NoDevice(
+                "the connection is reconnecting and the device of its last queue pair was removed: it has no device \
+                 until a new attempt finds one"
+                    .into(),
+            )),
+        })
     }
 
     /// True when operations may be posted: the queue pair exists and the connection is being
@@ -234,6 +250,45 @@ impl ListenerEntry {
             handler: Some(Guarded::new(handler)),
             close_reason: None,
             spread: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ConnEntry, Role};
+    use crate::error::Error;
+    use crate::proto::conn::Client;
+    use crate::proto::reconnect::Reconnect;
+    use crate::reactor::conn::reconnect::Redial;
+    use crate::reactor::event_loop::device::Devices;
+    use crate::reactor::{Completion, Conn, ConnectionHandler};
+
+    struct Quiet;
+
+    impl ConnectionHandler for Quiet {
+        fn on_completion(&mut self, _: &mut Conn<'_>, _: Completion) {}
+    }
+
+    /// The review's L2 (2026-11-26): a client waiting to reconnect after its device was
+    /// removed names a device the reactor has released (its slot is empty, and indexing
+    /// `Devices` with it panics). What the submit, alloc and region paths are given for it is
+    /// `Error::NoDevice`, never that index.
+    #[test]
+    fn a_waiting_client_whose_device_was_released_has_no_device() {
+        let mut c = ConnEntry::new(Role::Client(Client::resolving().0), Box::new(Quiet), 16, Default::default());
+        let devices = Devices::default();
+        assert!(c.waiting_device(&devices).is_none(), "no reconnect policy: not waiting");
+        let dst = "192.0.2.1:7471".parse().expect("an address");
+        c.redial = Some(Box::new(Redial::new(dst, None, Reconnect::default(), 1)));
+        assert!(c.waiting_device(&devices).is_none(), "no queue pair yet: no device");
+        // Its last queue pair was on device 0, which was lost and released since.
+        c.redial.as_mut().expect("set").device = Some(0);
+        assert!(devices.get(0).is_none(), "device 0 is released");
+        match c.waiting_device(&devices) {
+            Some(Err(Error::NoDevice(why))) => assert!(why.contains("was removed"), "{why}"),
+            Some(Ok(d)) => panic!("device {d} is released and must not be indexed"),
+            other => panic!("{other:?}"),
         }
     }
 }

@@ -729,13 +729,14 @@ impl Core {
         self.devices[d].pool.alloc(len, self.conns.get(t).expect("checked").mem_owner)
     }
 
-    /// The device of a connection that has one (from `on_ready` on).
+    /// The device of a connection that has one (from `on_ready` on): a live index into
+    /// `devices` (`Error::NoDevice` for a reconnecting client whose last device was removed).
     pub(in crate::reactor) fn placed_device(&self, t: ConnKey) -> Result<usize> {
         let c = self.conns.get(t).ok_or(Error::StaleToken(t.token().as_u64()))?;
-        match (c.placed, c.waiting_device()) {
+        match (c.placed, c.waiting_device(&self.devices)) {
             (Some(p), _) => Ok(p.device),
-            // Reconnecting: the last connection's (`reconnect.rs`).
-            (None, Some(d)) => Ok(d),
+            // Reconnecting: the last connection's (`reconnect.rs`), if it is still there.
+            (None, Some(d)) => d,
             (None, None) => Err(Error::NotConnected(format!("connection {:?} has no device yet", t.token()))),
         }
     }

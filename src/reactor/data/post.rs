@@ -26,11 +26,14 @@ impl Core {
         let Some(c) = self.conns.get(t) else {
             return Err(SubmitError::new(Error::StaleToken(t.token().as_u64()), op));
         };
-        let (device, tail) = match (c.placed.filter(|_| c.can_submit()), c.waiting_device()) {
+        let (device, tail) = match (c.placed.filter(|_| c.can_submit()), c.waiting_device(&self.devices)) {
             (Some(p), _) => (p.device, p.tail),
             // Reconnecting (`conn/reconnect.rs`): a two-sided operation waits for the new queue
             // pair; it is checked against the last one's device and peer.
-            (None, Some(device)) if !op.body.one_sided() => (device, false),
+            (None, Some(Ok(device))) if !op.body.one_sided() => (device, false),
+            // ... unless that device was removed (and released): nothing to check it against,
+            // and its buffers could never go on the new queue pair.
+            (None, Some(Err(e))) if !op.body.one_sided() => return Err(SubmitError::new(e, op)),
             (None, Some(_)) => {
                 let what = format!(
                     "connection {:?} is reconnecting: a one-sided operation names the old peer's remote keys, \
