@@ -91,10 +91,13 @@ impl<F: Future> Future for Drive<'_, F> {
             };
             match this.reactor.next_timeout() {
                 Some(t) if t.is_zero() => continue,
+                // (A deadline too far for the clock to hold is none: the fd brings the work.)
                 Some(t) => {
-                    this.sleep.as_mut().reset(Instant::now() + t);
-                    if this.sleep.as_mut().poll(cx).is_ready() {
-                        continue;
+                    if let Some(at) = Instant::now().checked_add(t) {
+                        this.sleep.as_mut().reset(at);
+                        if this.sleep.as_mut().poll(cx).is_ready() {
+                            continue;
+                        }
                     }
                 }
                 None => {}

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use super::conn::CloseReason;
 use super::wire::RejectCode;
+use super::{MAX_DURATION, MAX_DURATION_TEXT};
 
 /// A client connection's reconnect policy (`ConnectOptions::reconnect`).
 ///
@@ -34,7 +35,8 @@ pub struct Reconnect {
     /// last attempt's reason. An attempt that connects starts the count again. Default 10.
     pub attempts: u32,
     /// The wait before the first attempt after a failure; each further one waits twice as long
-    /// as the one before. Default 100 ms.
+    /// as the one before. Default 100 ms; at most 365 days, as are `max_backoff` and
+    /// `deadline` (a connect with a longer one fails with `Error::Config`).
     pub backoff: Duration,
     /// The longest wait. Default 5 s.
     pub max_backoff: Duration,
@@ -62,6 +64,13 @@ impl Reconnect {
     pub(crate) fn check(&self) -> Result<(), String> {
         if self.jitter_percent > 100 {
             return Err(format!("reconnect: jitter_percent {} is above 100", self.jitter_percent));
+        }
+        let waits =
+            [("backoff", Some(self.backoff)), ("max_backoff", Some(self.max_backoff)), ("deadline", self.deadline)];
+        for (name, d) in waits {
+            if let Some(d) = d.filter(|d| *d > MAX_DURATION) {
+                return Err(format!("reconnect: {name} {d:?} is above the maximum of {MAX_DURATION_TEXT}"));
+            }
         }
         if self.max_backoff < self.backoff {
             return Err(format!(
@@ -114,7 +123,9 @@ impl Backoff {
         let base = self.base(self.failed);
         let wait = base - self.jitter(base);
         if let Some(limit) = self.policy.deadline {
-            if now.saturating_sub(since) + wait > limit {
+            // The attempt would start `now - since + wait` after the series began: past the
+            // deadline, or so far past it that the sum does not fit a `Duration`.
+            if now.saturating_sub(since).checked_add(wait).map_or(true, |start| start > limit) {
                 return None;
             }
         }
@@ -242,5 +253,44 @@ mod tests {
         let bad = Reconnect { max_backoff: MS, ..Reconnect::default() };
         assert!(bad.check().unwrap_err().contains("below the first backoff"));
         assert!(Reconnect::default().check().is_ok());
+        let year = Duration::from_secs(365 * 86_400);
+        assert!(Reconnect { backoff: year, max_backoff: year, deadline: Some(year), ..Reconnect::default() }
+            .check()
+            .is_ok());
+        let bad = Reconnect { max_backoff: Duration::MAX, ..Reconnect::default() };
+        assert!(bad
+            .check()
+            .unwrap_err()
+            .contains("max_backoff 18446744073709551615.999999999s is above the maximum of 365 days"));
+        let bad = Reconnect { backoff: year + MS, max_backoff: Duration::MAX, ..Reconnect::default() };
+        assert!(bad.check().unwrap_err().contains("reconnect: backoff"));
+        let bad = Reconnect { deadline: Some(Duration::MAX), ..Reconnect::default() };
+        assert!(bad.check().unwrap_err().contains("reconnect: deadline"));
+    }
+
+    /// The review's L4 (2026-11-26): the start of the next attempt, `now - since + wait`, was
+    /// added unchecked and overflowed (a panic inside `destroy_conn`) for waits near
+    /// `Duration::MAX`. A `Backoff` is made without `Reconnect::check`, so its arithmetic
+    /// holds for any policy: a start that does not fit is past any deadline.
+    #[test]
+    fn huge_waits_never_overflow() {
+        let huge = Reconnect {
+            attempts: 100,
+            backoff: Duration::MAX,
+            max_backoff: Duration::MAX,
+            jitter_percent: 0,
+            deadline: Some(Duration::MAX),
+        };
+        let mut b = Backoff::new(huge, 1);
+        assert_eq!(b.failed(&lost(), Duration::ZERO), Some((1, Duration::MAX)), "starts exactly at the deadline");
+        assert_eq!(b.failed(&lost(), MS), None, "1 ms later plus Duration::MAX does not fit: past the deadline");
+        // With jitter, and without a deadline (nothing is added then).
+        let mut b = Backoff::new(Reconnect { jitter_percent: 100, deadline: None, ..huge }, 7);
+        for now in [Duration::ZERO, MS, Duration::MAX] {
+            assert!(b.failed(&lost(), now).is_some());
+        }
+        let mut b = Backoff::new(Reconnect { jitter_percent: 25, deadline: Some(Duration::from_secs(60)), ..huge }, 7);
+        assert_eq!(b.failed(&lost(), Duration::from_secs(1)), None);
+        assert_eq!(b.failed(&lost(), Duration::from_secs(2)), None);
     }
 }

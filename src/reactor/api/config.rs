@@ -8,9 +8,12 @@ use crate::error::{Error, Result};
 use crate::proto::conn::Step;
 use crate::proto::flow::MIN_DEPTH;
 use crate::proto::reconnect::Reconnect;
+use crate::proto::{MAX_DURATION, MAX_DURATION_TEXT};
 use crate::sys::pool::PoolConfig;
 
-/// Deadlines of the connection-manager steps, and of shutdown.
+/// Deadlines of the connection-manager steps, and of shutdown. Each is at most 365 days
+/// ([`Reactor::with_config`](crate::Reactor::with_config) refuses a longer one with
+/// [`Error::Config`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timeouts {
     /// `rdma_resolve_addr` (also passed to the kernel). Default 5 s.
@@ -161,6 +164,8 @@ impl Default for SrqConfig {
 }
 
 /// Reactor configuration. `Config::default()` suits most uses; each field says its default.
+/// Every duration in it is at most 365 days: [`Reactor::with_config`](crate::Reactor::with_config)
+/// refuses a longer one with [`Error::Config`] naming the field.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// The registered buffer pool of each device (chunk size = largest pool message).
@@ -322,6 +327,27 @@ impl Config {
         if self.credit_timeout.is_some_and(|k| k.is_zero()) {
             return Err(Error::Config("a credit timeout must not be zero".into()));
         }
+        // The reactor adds each of these to the time now for a deadline: one it cannot
+        // represent would panic or be no deadline at all.
+        let t = &self.timeouts;
+        let durations = [
+            ("timeouts.resolve_addr", Some(t.resolve_addr)),
+            ("timeouts.resolve_route", Some(t.resolve_route)),
+            ("timeouts.connect", Some(t.connect)),
+            ("timeouts.accept", Some(t.accept)),
+            ("timeouts.disconnect", Some(t.disconnect)),
+            ("timeouts.drain", Some(t.drain)),
+            ("timeouts.finish", Some(t.finish)),
+            ("timeouts.shutdown", Some(t.shutdown)),
+            ("spin", Some(self.spin)),
+            ("keepalive", self.keepalive),
+            ("credit_timeout", self.credit_timeout),
+        ];
+        for (name, d) in durations {
+            if let Some(d) = d.filter(|d| *d > MAX_DURATION) {
+                return Err(Error::Config(format!("{name} {d:?} is above the maximum of {MAX_DURATION_TEXT}")));
+            }
+        }
         if let Some(srq) = &self.srq {
             if !self.flow_control {
                 return Err(Error::Config(
@@ -427,6 +453,55 @@ mod tests {
         for (srq, why) in cases {
             let e = with(srq).validate().expect_err(why).to_string();
             assert!(e.contains(why), "{srq:?}: {e}");
+        }
+    }
+
+    /// The review's L4 (2026-11-26): a huge `Timeouts::connect` panicked in the client's
+    /// connect (`Instant::now() + connect`); every duration the reactor adds to the clock is
+    /// refused above the maximum, naming the field.
+    #[test]
+    fn durations_above_the_maximum_are_refused_naming_the_field() {
+        use std::time::Duration;
+        let year = Duration::from_secs(365 * 86_400);
+        let at_most = Config {
+            timeouts: super::Timeouts {
+                resolve_addr: year,
+                resolve_route: year,
+                connect: year,
+                accept: year,
+                disconnect: year,
+                drain: year,
+                finish: year,
+                shutdown: year,
+            },
+            spin: year,
+            keepalive: Some(year),
+            credit_timeout: Some(year),
+            ..Config::default()
+        };
+        assert!(at_most.validate().is_ok());
+        let over = year + Duration::from_nanos(1);
+        let mut cases: Vec<(Config, &str)> = Vec::new();
+        let timeouts = |f: fn(&mut super::Timeouts) -> &mut Duration| {
+            let mut cfg = Config::default();
+            *f(&mut cfg.timeouts) = Duration::MAX;
+            cfg
+        };
+        cases.push((timeouts(|t| &mut t.resolve_addr), "timeouts.resolve_addr"));
+        cases.push((timeouts(|t| &mut t.resolve_route), "timeouts.resolve_route"));
+        cases.push((timeouts(|t| &mut t.connect), "timeouts.connect"));
+        cases.push((timeouts(|t| &mut t.accept), "timeouts.accept"));
+        cases.push((timeouts(|t| &mut t.disconnect), "timeouts.disconnect"));
+        cases.push((timeouts(|t| &mut t.drain), "timeouts.drain"));
+        cases.push((timeouts(|t| &mut t.finish), "timeouts.finish"));
+        cases.push((timeouts(|t| &mut t.shutdown), "timeouts.shutdown"));
+        cases.push((Config { spin: over, ..Config::default() }, "spin"));
+        cases.push((Config { keepalive: Some(over), ..Config::default() }, "keepalive"));
+        cases.push((Config { credit_timeout: Some(Duration::MAX), ..Config::default() }, "credit_timeout"));
+        for (cfg, field) in cases {
+            let e = cfg.validate().expect_err(field).to_string();
+            assert!(e.starts_with(&format!("bad configuration: {field} ")), "{field}: {e}");
+            assert!(e.contains("is above the maximum of 365 days"), "{field}: {e}");
         }
     }
 

@@ -108,6 +108,8 @@ impl Core {
         // A wait for the old peer's credits ends with it.
         c.meter.credit_state(false, Instant::now());
         c.role = Role::Client(Client::resolving().0);
+        // `destroy_conn` forks here only for a delay the clock can count to (else the client
+        // would wait for ever); should one not fit all the same, no timer is set.
         let at = self.read_clock().checked_add(delay);
         let key = at.map(|at| self.timers.schedule(at, TimerTarget::Redial(t)));
         let c = self.conns.get_mut(t).expect("checked");

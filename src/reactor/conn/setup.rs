@@ -539,13 +539,16 @@ impl Core {
         // accepting, and `siw_destroy_listen` hits a kernel BUG when the server exits; FAULTS.md,
         // "a signal while connecting"). So the thread's signals wait for the call's end
         // (`DeferSignals`); should one interrupt it all the same, the call is made again, as
-        // `SA_RESTART` would, for at most the connect step's deadline.
-        let deadline = Instant::now() + self.cfg.timeouts.connect;
+        // `SA_RESTART` would, for at most the connect step's deadline (none if it cannot be
+        // represented, as for the step's own timer in `act`; `Config::validate` bounds it).
+        let deadline = Instant::now().checked_add(self.cfg.timeouts.connect);
         let mut result = {
             let _deferred = DeferSignals::new(iwarp);
             self.conns.get(t)?.ep.id()?.connect(&param)
         };
-        while result.as_ref().is_err_and(|e| e.raw_os_error() == Some(nix::libc::EINTR)) && Instant::now() < deadline {
+        while result.as_ref().is_err_and(|e| e.raw_os_error() == Some(nix::libc::EINTR))
+            && deadline.map_or(true, |d| Instant::now() < d)
+        {
             self.stats.interrupted_connects += 1;
             let _deferred = DeferSignals::new(iwarp);
             result = self.conns.get(t)?.ep.id()?.connect(&param);

@@ -134,6 +134,10 @@ impl Core {
             let reason = c.close_reason.clone().unwrap_or(CloseReason::Local);
             c.redial.as_mut().filter(|_| !shutting_down).and_then(|r| r.failed(&reason))
         });
+        // A wait the clock cannot count to would schedule no attempt and leave the client
+        // waiting for ever, without `on_closed`: it gives up instead and closes with the
+        // reason. (`Reconnect::check` bounds the policy's waits, so this is a backstop.)
+        let again = again.filter(|&(_, delay)| self.read_clock().checked_add(delay).is_some());
         let completions = self.cancel_ops(t, cq, again.is_some());
         if let Some((attempt, delay)) = again {
             self.wait_to_redial(t, attempt, delay, completions);
