@@ -4,6 +4,7 @@
 //! blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet] [--spin-us N]
 //!              [--srq [--srq-receives N] [--srq-credit N] [--srq-max-credit N] [--srq-reserve N] [--srq-size BYTES]]
 //!              [--threads N] [--balance round-robin|fewest] [--shared-cq N] [--metrics ADDR:PORT]
+//!              [--ring-bytes BYTES]
 //! blast client --connect ADDR:PORT --size BYTES --count N [--clients K] [--op send|write]
 //!              [--verify] [--window N] [--spin-us N] [--shared-cq N] [--reconnect N]
 //! ```
@@ -15,6 +16,10 @@
 //! `seq % depth`, whose immediate consumes one receive so the server learns the slot is full. Either way the sender
 //! never has more messages in flight than the server has receives posted: receive credits
 //! (the credit rule in `ConnectionHandler`'s docs), so there are no RNR retries and nothing is lost.
+//! The rings are registered (pinned) memory outside the pool: all of a server's rings together
+//! pin at most `--ring-bytes` (default 1 GiB, [`RING_BYTES_DEFAULT`]), and a connection whose
+//! ring would go beyond is refused (`RejectCode::NoResources`, which a reconnecting client
+//! tries again).
 //!
 //! Measured as perftest measures: the client takes its message buffers when each connection
 //! is established, starts sending once every connection is, and reports the rate from the
@@ -22,13 +27,58 @@
 //! run). Its defaults are perftest's too: 128 messages in flight per connection, up to 512
 //! receives posted per connection, polling while messages flow (`--spin-us 1000`), and one CQ
 //! for all of a client's connections.
+//!
+//! # Reconnecting clients (`--reconnect`): numbered messages and `RESUME`
+//!
+//! A SEND's completion does not say the server's application got the message (on iWARP it
+//! means handed to TCP), so only the server can say which messages a failure lost. With
+//! `--reconnect` each message carries its number (`common::fill_numbered`), and the server
+//! keeps, per client, which numbers arrived over all of that client's connections to the
+//! reactor ([`Coverage`]). When a connection is established, and when the last message
+//! arrives, it sends [`RESUME`] and the first number it lacks; the client (re)sends from
+//! there and finishes only once told it has them all.
+//!
+//! That state outlives connections, so it is bound to the client that earned it: each client
+//! connection draws a random 64-bit id and a random 128-bit key (`/dev/urandom`) and sends
+//! both in its connect information. The id names the client in the server's lines; the key is
+//! never printed. The server keeps a client's coverage under its id together with the key its
+//! first connection gave, and refuses (`RejectCode::Refused`) a connection that names the id
+//! with another key or another message count, before it is told anything of it (the key is
+//! checked first, in time that does not depend on the bytes): another client can
+//! neither read where someone else resumes nor mark someone else's messages as arrived (which
+//! would make its victim stop early and lose them). Random ids also keep the clients of two
+//! hosts apart. Nothing on the wire is encrypted: a peer that sees a client's connect
+//! information can still claim its id.
+//!
+//! What a client's numbers may cost the server is bounded:
+//!
+//! - a numbered client states its message count (1 to 2^32 - 1) and sends messages of at least
+//!   8 bytes by SEND; a number at or past its count closes that connection with a `FAILED`
+//!   line naming it;
+//! - a coverage is every message below the first missing one plus, one bit each, the next
+//!   [`AHEAD_MAX`] (at most 8 KiB, whatever the count); a message further ahead is not
+//!   recorded, and the server sends `RESUME` with the first missing number again, from where
+//!   the client sends them again (an honest client gets that far ahead only with a `--window`
+//!   about that large, or when about that many messages that had completed at it were lost:
+//!   on iWARP a completion means handed to TCP);
+//! - at most one `RESUME` per connection is in flight, the latest value waiting behind it;
+//! - a reactor keeps the coverage of at most [`RESUMABLE_MAX`] clients: when a new one comes
+//!   and the table is full, the entry of a client with no connection, unused the longest,
+//!   goes (should that client come back, it is told to resume at 0 and sends everything
+//!   again: nothing is lost); with every entry in use the new client is refused
+//!   (`RejectCode::NoResources`).
+//!
+//! The client, for its part, refuses a server's numbers that cannot be true: a `RESUME` past
+//! the messages it has sent, a message longer than its receive buffer, a ring descriptor with
+//! fewer slots than the server's credit. It closes that connection and exits with an error.
 
 mod common;
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::process::exit;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,6 +94,7 @@ const USAGE: &str = "\
 usage: blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet]
                     [--spin-us N] [--srq [--srq-receives N] [--srq-credit N] [--srq-max-credit N] [--srq-reserve N] [--srq-size BYTES]]
                     [--threads N] [--balance round-robin|fewest] [--shared-cq N] [--metrics ADDR:PORT]
+                    [--ring-bytes BYTES]
        blast client --connect ADDR:PORT --size BYTES --count N [--clients K]
                     [--op send|write] [--verify] [--window N] [--spin-us N] [--shared-cq N]
                     [--reconnect N]
@@ -60,6 +111,8 @@ server: receives from any number of clients at once, from one thread.
   --metrics ADDR:PORT serve GET /metrics (Prometheus text: the reactor's counters and each
                      connection's) on a TCP port, from the reactor's thread; reactor i of
                      --threads on PORT + i
+  --ring-bytes BYTES the most the --op write rings of all connections pin together (suffixes
+                     K, M, G; default 1G): a connection whose ring would go beyond is refused
   --quiet            no per-connection lines
   --spin-us N        (both) poll for N microseconds after work before sleeping (default 1000,
                      as perftest's bandwidth tests poll; 0: event mode)
@@ -90,14 +143,20 @@ client: streams N messages of BYTES on each of K connections.
   --verify           fill every message with a checkable pattern
   --window N         messages submitted ahead per connection (default 128)
   --reconnect N      after a failure, connect again (at most N failed attempts in a row,
-                     backoff from 100 ms, give up after 60 s; --op send only). Messages carry
-                     their number; on each connection the server says where to resume (the
-                     first message it lacks) and, once it has them all, that the client is
-                     done: the count finishes over as many connections as it takes, nothing
-                     lost (a SEND's completion does not say the server's application got it)";
+                     backoff from 100 ms, give up after 60 s; --op send only, --count at most
+                     4294967295). Messages carry their number; on each connection the server
+                     says where to resume (the first message it lacks) and, once it has them
+                     all, that the client is done: the count finishes over as many connections
+                     as it takes, nothing lost (a SEND's completion does not say the server's
+                     application got it). What the server keeps of a client is bound to a
+                     random id and a secret key the client draws";
 
-/// Connect-information user bytes: magic, flags (`FLAG_WRITE`, `FLAG_NUMBERED`), client id.
+/// Connect-information user bytes: magic, flags (`FLAG_WRITE`, `FLAG_NUMBERED`), client id
+/// (8 bytes, big endian), and with `FLAG_NUMBERED` the client's key ([`KEY_LEN`] bytes): 29
+/// bytes of the 36 the connect information leaves.
 const USER_MAGIC: &[u8; 4] = b"BLST";
+/// Bytes of a reconnecting client's key: what binds its state at the server to it.
+const KEY_LEN: usize = 16;
 /// `--op write`.
 const FLAG_WRITE: u8 = 1;
 /// `--reconnect`: messages carry their number (`common::fill_numbered`) and may come over
@@ -108,7 +167,10 @@ const FLAG_NUMBERED: u8 = 2;
 /// them all. The client (re)sends from there, and finishes when told it has them all: a
 /// SEND's completion says the local device is done with it (on iWARP: handed to TCP), not that
 /// the server's application got it, so only the server can say which messages a failure lost.
+/// Also sent again, mid-connection, when a message arrives too far ahead ([`Seen::Beyond`]).
 const RESUME: &[u8; 4] = b"RSUM";
+/// The `user_data` of the server's `RESUME` sends: their completions free the next one.
+const RESUME_SENT: u64 = 1;
 
 fn main() {
     common::observe::init_logging("blast");
@@ -155,32 +217,7 @@ struct Totals {
     group: Arc<Group>,
     /// Numbered messages seen, per reconnecting client (`FLAG_NUMBERED`), over all its
     /// connections to this reactor.
-    numbered: HashMap<u64, Coverage>,
-}
-
-/// Which numbered messages of one reconnecting client arrived.
-#[derive(Default)]
-struct Coverage {
-    seen: Vec<bool>,
-    /// The first message not received: every one before it was.
-    floor: u64,
-    duplicates: u64,
-    connections: u64,
-}
-
-impl Coverage {
-    fn record(&mut self, seq: u64) {
-        let i = seq as usize;
-        if self.seen.len() <= i {
-            self.seen.resize(i + 1, false);
-        }
-        if std::mem::replace(&mut self.seen[i], true) {
-            self.duplicates += 1;
-        }
-        while self.seen.get(self.floor as usize).copied().unwrap_or(false) {
-            self.floor += 1;
-        }
-    }
+    numbered: Resumable,
 }
 
 /// A [`RESUME`] message for `next`.
@@ -189,7 +226,7 @@ fn resume_message(conn: &mut Conn<'_>, next: u64) -> Result<Op, String> {
     let mut bytes = RESUME.to_vec();
     bytes.extend_from_slice(&next.to_le_bytes());
     b.fill_from(&bytes).expect("12 bytes fit");
-    Ok(Op::send(b))
+    Ok(Op::send(b).user_data(RESUME_SENT))
 }
 
 /// The message number a [`RESUME`] message carries.
@@ -208,30 +245,60 @@ struct BlastListener {
     srq: bool,
     verify: bool,
     quiet: bool,
+    /// `--ring-bytes`: what the `--op write` rings of every reactor of the server pin together.
+    rings: Arc<RingBudget>,
     totals: Rc<RefCell<Totals>>,
     ticking: bool,
     last_tick: Instant,
 }
 
+/// Refuses a connect request with `code` and `text`, and says so (the listener's `on_refused`
+/// hears only the reactor's own refusals).
+fn refuse(req: &ConnectRequest, code: RejectCode, text: String) -> Decision {
+    eprintln!("blast server: refused {}: {text}", req.peer.map_or("?".into(), |p| p.to_string()));
+    Decision::Reject(RejectReason::new(code, text))
+}
+
 impl ListenerHandler for BlastListener {
     fn on_connect_request(&mut self, ctx: &mut Ctx<'_>, req: &ConnectRequest) -> Decision {
         let Some(info) = req.info.as_ref() else {
-            return Decision::Reject(RejectReason::new(RejectCode::Unsupported, "blast needs a blast client"));
+            return refuse(req, RejectCode::Unsupported, "blast needs a blast client".into());
         };
-        let user = &info.user;
-        if user.len() < 13 || &user[..4] != USER_MAGIC {
-            return Decision::Reject(RejectReason::new(RejectCode::Unsupported, "not a blast client"));
-        }
-        let write = user[4] & FLAG_WRITE != 0;
-        let numbered = user[4] & FLAG_NUMBERED != 0;
-        let client_id = u64::from_be_bytes(user[5..13].try_into().expect("8 bytes"));
+        let hello = match Hello::parse(&info.user) {
+            Ok(h) => h,
+            Err(e) => return refuse(req, RejectCode::Unsupported, e),
+        };
         let size = info.msg_size as usize;
+        if size == 0 {
+            return refuse(req, RejectCode::Unsupported, "message size 0".into());
+        }
         let base = if self.auto { auto_depth(size) } else { self.depth };
-        let depth = if write { base.min((RING_MAX / size.max(1)) as u32) } else { base };
+        let depth = if hello.write { base.min((RING_MAX / size) as u32) } else { base };
         if depth < 3 || (self.srq && depth < self.depth) {
             let text = format!("message size {size} leaves only {depth} ring slots");
-            return Decision::Reject(RejectReason::new(RejectCode::Unsupported, text));
+            return refuse(req, RejectCode::Unsupported, text);
         }
+        let lease = if hello.write {
+            match self.rings.lease(u64::from(depth) * size as u64) {
+                Ok(l) => Some(l),
+                Err(e) => return refuse(req, RejectCode::NoResources, e),
+            }
+        } else {
+            None
+        };
+        let cov = match hello.key {
+            Some(key) => {
+                if let Err(e) = numbered_terms(size, info.msg_count, hello.write) {
+                    return refuse(req, RejectCode::Unsupported, format!("client {}: {e}", hello.id));
+                }
+                match self.totals.borrow_mut().numbered.claim(hello.id, &key, u64::from(info.msg_count)) {
+                    Ok(c) => Some(c),
+                    Err(Unclaimed::Full(e)) => return refuse(req, RejectCode::NoResources, e),
+                    Err(Unclaimed::NotYours(e)) => return refuse(req, RejectCode::Refused, e),
+                }
+            }
+            None => None,
+        };
         if !self.ticking {
             self.ticking = true;
             self.last_tick = Instant::now();
@@ -243,12 +310,14 @@ impl ListenerHandler for BlastListener {
             srq: self.srq,
             expected: u64::from(info.msg_count),
             size,
-            write,
-            numbered,
-            client_id,
+            write: hello.write,
+            cov,
+            resume: Announcer::default(),
+            client_id: hello.id,
             verify: self.verify,
             quiet: self.quiet,
             ring: None,
+            _lease: lease,
             seq: 0,
             bytes: 0,
             started: None,
@@ -285,13 +354,21 @@ struct BlastAgent {
     expected: u64,
     size: usize,
     write: bool,
-    /// Its client reconnects: messages are numbered (`FLAG_NUMBERED`).
-    numbered: bool,
+    /// Its client reconnects (`FLAG_NUMBERED`): which numbered messages arrived over all of
+    /// the client's connections to this reactor. Held here, the table never lets it go while
+    /// the connection lives.
+    cov: Option<Rc<RefCell<Coverage>>>,
+    /// Numbered: the `RESUME` messages of this connection, one in flight at a time.
+    resume: Announcer,
     client_id: u64,
     verify: bool,
     quiet: bool,
     /// With `--op write`: the ring, application memory of `depth` slots, and its window.
     ring: Option<(Region, RegionWindow)>,
+    /// With `--op write`: the ring's share of `--ring-bytes`, given back when the agent is
+    /// dropped, after the ring (also when the reactor drops an accepted agent without a
+    /// callback: no queue pair for it).
+    _lease: Option<RingLease>,
     seq: u64,
     bytes: u64,
     started: Option<Instant>,
@@ -305,8 +382,15 @@ impl BlastAgent {
         conn.close();
     }
 
-    /// Tells a numbered client to (re)send from message `next` (`RESUME`).
+    /// Tells a numbered client to (re)send from message `next` (`RESUME`): now, or once the
+    /// one in flight has completed.
     fn announce(&mut self, conn: &mut Conn<'_>, next: u64) {
+        if let Some(next) = self.resume.want(next) {
+            self.send_resume(conn, next);
+        }
+    }
+
+    fn send_resume(&mut self, conn: &mut Conn<'_>, next: u64) {
         match resume_message(conn, next) {
             Ok(op) => {
                 if let Err(e) = conn.submit(op) {
@@ -315,6 +399,30 @@ impl BlastAgent {
             }
             Err(e) => self.fail(conn, e),
         }
+    }
+
+    /// A numbered message arrived: records it; says where to resume when it completes the
+    /// count or came too far ahead. `Err` closes the connection.
+    fn numbered(&mut self, conn: &mut Conn<'_>, cov: &RefCell<Coverage>, data: &[u8]) -> Result<(), String> {
+        // Checked by its own number, which may repeat or skip ahead (a reconnecting client
+        // resends what it could not confirm).
+        let seq = match common::check_numbered(data, self.client_id) {
+            Ok(seq) => seq,
+            Err(at) if self.verify || at < 8 => return Err(format!("message {}: byte {at} differs", self.seq)),
+            Err(_) => u64::from_le_bytes(data[..8].try_into().expect("8 bytes")),
+        };
+        let (seen, floor, complete) = {
+            let mut cov = cov.borrow_mut();
+            let before = cov.floor;
+            let seen = cov.record(seq)?;
+            (seen, cov.floor, before < cov.expected && cov.floor >= cov.expected)
+        };
+        if complete || seen == Seen::Beyond {
+            // Every message is here: the client may finish. Or one came too far ahead to be
+            // kept: the client sends again from the first missing one.
+            self.announce(conn, floor);
+        }
+        Ok(())
     }
 }
 
@@ -339,10 +447,9 @@ impl ConnectionHandler for BlastAgent {
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {
         self.started = Some(Instant::now());
-        if self.numbered {
+        if let Some(next) = self.cov.as_ref().map(|c| c.borrow().floor) {
             // Where the client resumes: the first message this reactor has not received
             // from it (0 for a new client, or after this server was restarted).
-            let next = self.totals.borrow().numbered.get(&self.client_id).map_or(0, |c| c.floor);
             self.announce(conn, next);
         }
         if !self.write {
@@ -383,33 +490,19 @@ impl ConnectionHandler for BlastAgent {
                 if n as usize != self.size {
                     return self.fail(conn, format!("message {}: {n} bytes, expected {}", self.seq, self.size));
                 }
-                if self.numbered {
-                    // Numbered: checked by its own number, which may repeat or skip ahead
-                    // (a reconnecting client resends what it could not confirm).
-                    let seq = match common::check_numbered(buf.as_slice(), self.client_id) {
-                        Ok(seq) if self.expected == 0 || seq < self.expected => seq,
-                        Ok(seq) => return self.fail(conn, format!("message number {seq} of {}", self.expected)),
-                        Err(at) if self.verify || at < 8 => {
-                            return self.fail(conn, format!("message {}: byte {at} differs", self.seq))
-                        }
-                        Err(_) => u64::from_le_bytes(buf.as_slice()[..8].try_into().expect("8 bytes")),
-                    };
-                    let complete = {
-                        let mut t = self.totals.borrow_mut();
-                        let cov = t.numbered.entry(self.client_id).or_default();
-                        let before = cov.floor;
-                        cov.record(seq);
-                        (before < self.expected && cov.floor >= self.expected).then_some(cov.floor)
-                    };
-                    if let Some(all) = complete {
-                        // Every message is here: the client may finish.
-                        self.announce(conn, all);
+                if let Some(cov) = self.cov.clone() {
+                    if let Err(e) = self.numbered(conn, &cov, buf.as_slice()) {
+                        return self.fail(conn, e);
                     }
                 } else if self.verify {
                     let bad = if c.remote_write || notice {
+                        // A WRITE with immediate on a SEND connection (a zero-length one
+                        // needs no key), or one before the ring was made: no ring to read.
+                        let Some((ring, _)) = self.ring.as_ref() else {
+                            return self.fail(conn, format!("message {}: a WRITE, and no ring to write", self.seq));
+                        };
                         let slot = (self.seq % u64::from(self.depth)) as usize * self.size;
                         let mut data = vec![0u8; self.size];
-                        let (ring, _) = self.ring.as_ref().expect("write mode has a ring");
                         ring.read_at(slot, &mut data).expect("slot in the ring");
                         check_pattern(&data, self.client_id, self.seq)
                     } else {
@@ -435,6 +528,19 @@ impl ConnectionHandler for BlastAgent {
                     self.fail(conn, format!("post receive: {}", e.error));
                 }
             }
+            (OpCode::Send, result) if c.user_data == RESUME_SENT => {
+                // The RESUME in flight is done: the latest one that waited behind it goes.
+                let waiting = self.resume.sent();
+                match result {
+                    Ok(_) => {
+                        if let Some(next) = waiting {
+                            self.send_resume(conn, next);
+                        }
+                    }
+                    Err(OpError::Wc(WcStatus::WrFlushErr) | OpError::Cancelled) => {}
+                    Err(e) => self.fail(conn, format!("Send failed: {}", common::report(&e))),
+                }
+            }
             (_, Err(OpError::Wc(WcStatus::WrFlushErr) | OpError::Cancelled)) => {}
             (op, Err(e)) => self.fail(conn, format!("{op:?} failed: {}", common::report(&e))),
             (_, Ok(_)) => {}
@@ -447,13 +553,13 @@ impl ConnectionHandler for BlastAgent {
         t.closed += 1;
         t.active = t.active.saturating_sub(1);
         let mut all = String::new();
-        if self.numbered {
+        if let Some(cov) = &self.cov {
             // Judged over all of the client's connections, when it closes one cleanly (at the
             // end of its count): every message from the first this reactor saw has arrived.
             // Connections that failed are the reason it reconnects, not a failure of the run.
             // Whether they all came is the client's to judge (it finishes only when told so):
             // a connection that ended first, cleanly or not, is why it reconnects.
-            let cov = t.numbered.entry(self.client_id).or_default();
+            let mut cov = cov.borrow_mut();
             cov.connections += 1;
             if self.error.is_none() && self.expected > 0 && cov.floor >= self.expected {
                 let verified = if self.verify { ", every byte verified" } else { "" };
@@ -468,7 +574,8 @@ impl ConnectionHandler for BlastAgent {
         } else if self.error.is_none() && self.expected > 0 && self.seq != self.expected {
             self.error = Some(format!("received {} of the {} messages announced", self.seq, self.expected));
         }
-        let failed = self.error.is_some() || (!reason.is_clean() && !self.numbered);
+        let numbered = self.cov.is_some();
+        let failed = self.error.is_some() || (!reason.is_clean() && !numbered);
         if failed {
             t.failed += 1;
         }
@@ -504,6 +611,10 @@ const BLAST_SPIN_US: u64 = 1000;
 /// The largest `--op write` ring (`depth` slots of the message size): the depth is cut to fit.
 const RING_MAX: usize = 64 << 20;
 
+/// `--ring-bytes` by default: what the `--op write` rings of all of a server's connections pin
+/// together (16 of the largest rings, 128 of the 8 MiB ones of 64 KiB messages).
+const RING_BYTES_DEFAULT: u64 = 1 << 30;
+
 /// The most receives a connection gets without `--depth`: perftest's `ib_send_bw` posts 512.
 const AUTO_DEPTH_MAX: u32 = 512;
 
@@ -523,7 +634,7 @@ fn shared_cq(args: &Args) -> Option<u32> {
 }
 
 fn server(args: Args) {
-    let own = ["bind", "depth", "exit-after", "spin-us", "threads", "balance", "shared-cq", "metrics"];
+    let own = ["bind", "depth", "exit-after", "spin-us", "threads", "balance", "shared-cq", "metrics", "ring-bytes"];
     args.finish(&[&own[..], &Args::LIVENESS[..], &Args::SRQ[..]].concat());
     let bind = args.addr("bind");
     // Not given: each connection's depth follows its message size (`auto_depth`).
@@ -539,6 +650,7 @@ fn server(args: Args) {
     let balance = group::balance(&args.get("balance", "round-robin".to_string()))
         .unwrap_or_else(|| common::fail(USAGE, "--balance is round-robin or fewest"));
     let group = Group::new(threads, args.get("exit-after", 0), args.metrics());
+    let rings = Arc::new(RingBudget::new(args.size("ring-bytes", RING_BYTES_DEFAULT as usize) as u64));
     let srq = args.srq();
     // On a shared receive queue each connection's credit window starts at the SRQ's credit
     // and may grow to its maximum (credit that follows activity): a write ring needs a slot for
@@ -564,6 +676,7 @@ fn server(args: Args) {
         srq: on_srq,
         verify,
         quiet,
+        rings: rings.clone(),
         totals: Rc::new(RefCell::new(Totals {
             msgs: 0,
             bytes: 0,
@@ -574,7 +687,7 @@ fn server(args: Args) {
             active: 0,
             reactor,
             group: g.clone(),
-            numbered: HashMap::new(),
+            numbered: Resumable::new(RESUMABLE_MAX),
         })),
         ticking: false,
         last_tick: Instant::now(),
@@ -630,6 +743,9 @@ struct BlastClient {
     resumed: bool,
     /// Numbered: the server has every message.
     confirmed: bool,
+    /// Numbered: messages sent, over all connections (the highest number submitted, plus one):
+    /// a `RESUME` past it is not the truth.
+    high: u64,
     window: u64,
     submitted: u64,
     completed: u64,
@@ -684,8 +800,11 @@ impl BlastClient {
             }
             let op = match self.ring {
                 Some(ring) => {
+                    // `depth` slots of `size` fit the ring's u32 length (`ring_slots`).
                     let slot = (seq % self.depth) as u32 * self.size as u32;
-                    let dst = ring.slice(slot, self.size as u32).expect("slot inside the ring");
+                    let Some(dst) = ring.slice(slot, self.size as u32) else {
+                        return self.fail(conn, format!("message {seq}: slot {slot} outside the server's ring"));
+                    };
                     if self.iwarp {
                         // No immediate data on iWARP: the WRITE, then an empty SEND that tells
                         // the server (RC keeps their order; the message counts at the SEND).
@@ -709,6 +828,7 @@ impl BlastClient {
                 self.totals.borrow_mut().first_tick.get_or_insert_with(common::Clock::ticks);
             }
             self.submitted += 1;
+            self.high = self.high.max(self.submitted);
             self.in_flight += u64::from(self.numbered);
         }
     }
@@ -782,32 +902,44 @@ impl ConnectionHandler for BlastClient {
         match (c.opcode, c.result) {
             (OpCode::Recv, Ok(n)) => {
                 let buf = c.buf.expect("pool receive");
+                let data = match received(buf.as_slice(), n) {
+                    Ok(d) => d,
+                    Err(e) => return self.fail(conn, e),
+                };
                 if self.write && self.ring.is_none() {
-                    match RemoteSlice::decode(&buf.as_slice()[..n as usize]) {
-                        Some(r) if u64::from(r.len) >= self.depth * self.size as u64 => {
-                            // A slot for each message in flight: the server sizes its ring for the
-                            // most credit it may grant (more than its advertised depth on a
-                            // shared receive queue, whose credit follows activity).
-                            self.depth = u64::from(r.len) / self.size.max(1) as u64;
+                    // A slot for each message in flight: the server sizes its ring for the most
+                    // credit it may grant (more than its advertised depth on a shared receive
+                    // queue, whose credit follows activity).
+                    let ring = RemoteSlice::decode(data)
+                        .ok_or_else(|| format!("a ring descriptor of {} bytes from the server", data.len()))
+                        .and_then(|r| Ok((r, ring_slots(r.len, self.depth, self.size)?)));
+                    match ring {
+                        Ok((r, slots)) => {
+                            self.depth = slots;
                             self.ring = Some(r);
                         }
-                        _ => return self.fail(conn, "bad ring descriptor from the server".into()),
+                        Err(e) => return self.fail(conn, format!("bad ring descriptor from the server: {e}")),
                     }
                 }
                 if self.numbered {
-                    let Some(next) = resume_of(&buf.as_slice()[..n as usize]) else {
+                    let Some(next) = resume_of(data) else {
                         return self.fail(conn, "a message from the server that is not RESUME".into());
                     };
-                    if next >= self.count {
-                        self.confirmed = true;
-                        return conn.close();
+                    match resume_point(next, self.high, self.count) {
+                        Err(e) => return self.fail(conn, e),
+                        Ok(None) => {
+                            self.confirmed = true;
+                            return conn.close();
+                        }
+                        Ok(Some(next)) => {
+                            if next < self.submitted {
+                                self.totals.borrow_mut().resent += self.submitted - next;
+                                println!("blast client: connection {}: resuming at message {next}", self.id);
+                            }
+                            self.submitted = next;
+                            self.resumed = true;
+                        }
                     }
-                    if next < self.submitted {
-                        self.totals.borrow_mut().resent += self.submitted - next;
-                        println!("blast client: connection {}: resuming at message {next}", self.id);
-                    }
-                    self.submitted = next;
-                    self.resumed = true;
                 }
                 let _ = conn.submit(Op::recv(buf));
                 self.pump(conn);
@@ -893,6 +1025,8 @@ fn client(args: Args) {
         common::fail(USAGE, "--size must be 1 to 1M bytes");
     }
     let count: u64 = args.get("count", 0);
+    // The connect information states the count in 32 bits: a larger one is not stated (0).
+    let stated = u32::try_from(count).unwrap_or(0);
     let clients: u64 = args.get("clients", 1);
     let window: u64 = args.get("window", 128);
     let write = match args.get("op", "send".to_string()).as_str() {
@@ -908,6 +1042,9 @@ fn client(args: Args) {
     let numbered = reconnect > 0;
     if numbered && (write || size < 8) {
         common::fail(USAGE, "--reconnect takes --op send and messages of at least 8 bytes (they carry their number)");
+    }
+    if numbered && (count == 0 || stated == 0) {
+        common::fail(USAGE, "--reconnect takes a --count of 1 to 4294967295 (the server counts the messages it has)");
     }
     let send_depth = 64.max(window as u32).min(1024);
     let recv_depth = 4;
@@ -926,13 +1063,13 @@ fn client(args: Args) {
     let mut reactor = Reactor::with_config(cfg)
         .unwrap_or_else(|e| common::die("blast", &format!("cannot start: {}", common::report(&e))));
     let totals = Rc::new(RefCell::new(ClientTotals { clients, ..ClientTotals::default() }));
-    // Ids unique across client processes, so a server can tell its connections apart.
-    let base = u64::from(std::process::id()) << 20;
-    for i in 0..clients {
-        let id = base + i;
-        let mut user = USER_MAGIC.to_vec();
-        user.push(if write { FLAG_WRITE } else { 0 } | if numbered { FLAG_NUMBERED } else { 0 });
-        user.extend_from_slice(&id.to_be_bytes());
+    for _ in 0..clients {
+        // Random, so that no one guesses them and clients of two hosts do not share one; with
+        // --reconnect a secret key too, which binds the server's state of this client to it
+        // (the module docs).
+        let id = u64::from_le_bytes(random_bytes());
+        let hello = Hello { write, id, key: numbered.then(random_bytes) };
+        let user = hello.encode();
         let handler = BlastClient {
             id,
             size,
@@ -944,6 +1081,7 @@ fn client(args: Args) {
             in_flight: 0,
             resumed: false,
             confirmed: false,
+            high: 0,
             window,
             submitted: 0,
             completed: 0,
@@ -957,7 +1095,7 @@ fn client(args: Args) {
         };
         let opts = ConnectOptions {
             msg_size: size as u32,
-            msg_count: count as u32,
+            msg_count: stated,
             user_data: user,
             reconnect: numbered.then(|| Reconnect { attempts: reconnect, ..Reconnect::default() }),
             ..Default::default()
@@ -1035,5 +1173,614 @@ fn client(args: Args) {
     if t.done != clients || (t.msgs != clients * count && !numbered) {
         eprintln!("blast client: FAILED {} of {clients} connections completed, {} messages", t.done, t.msgs);
         exit(1);
+    }
+}
+
+// ----- what a peer's numbers may do: pure bookkeeping, unit-tested ----------------------------
+
+/// How far past the first missing message a reconnecting client's messages are recorded: one
+/// bit each, so a coverage holds at most 8 KiB whatever numbers its client sends.
+const AHEAD_MAX: u64 = 1 << 16;
+
+/// The reconnecting clients whose coverage one reactor keeps (each at most about 8 KiB).
+const RESUMABLE_MAX: usize = 1024;
+
+/// A client's connect information ([`USER_MAGIC`]).
+#[derive(Debug, PartialEq, Eq)]
+struct Hello {
+    write: bool,
+    id: u64,
+    /// `FLAG_NUMBERED`: the client's key.
+    key: Option<[u8; KEY_LEN]>,
+}
+
+impl Hello {
+    fn encode(&self) -> Vec<u8> {
+        let mut user = USER_MAGIC.to_vec();
+        user.push(if self.write { FLAG_WRITE } else { 0 } | if self.key.is_some() { FLAG_NUMBERED } else { 0 });
+        user.extend_from_slice(&self.id.to_be_bytes());
+        user.extend_from_slice(self.key.as_ref().map_or(&[][..], |k| &k[..]));
+        user
+    }
+
+    fn parse(user: &[u8]) -> Result<Hello, String> {
+        if user.len() < 13 || &user[..4] != USER_MAGIC {
+            return Err("not a blast client".into());
+        }
+        let id = u64::from_be_bytes(user[5..13].try_into().expect("8 bytes"));
+        let key = if user[4] & FLAG_NUMBERED != 0 {
+            let Some(key) = user.get(13..13 + KEY_LEN) else {
+                return Err(format!("client {id}: numbered messages and no key (a blast client of before the key)"));
+            };
+            Some(key.try_into().expect("KEY_LEN bytes"))
+        } else {
+            None
+        };
+        Ok(Hello { write: user[4] & FLAG_WRITE != 0, id, key })
+    }
+}
+
+/// What a numbered client must state to be served: a count (the server records numbers up to
+/// it, and refuses any past it) and messages that hold their number, by SEND.
+fn numbered_terms(size: usize, count: u32, write: bool) -> Result<(), String> {
+    if count == 0 {
+        return Err("numbered messages and no count: the server needs to know where they end".into());
+    }
+    if size < 8 {
+        return Err(format!("numbered messages of {size} bytes: a number takes 8"));
+    }
+    if write {
+        return Err("numbered messages by RDMA WRITE: --reconnect takes --op send".into());
+    }
+    Ok(())
+}
+
+/// Which numbered messages of one reconnecting client arrived: every one below `floor`, and
+/// of the [`AHEAD_MAX`] after it those marked in `ahead`. Its memory does not depend on the
+/// client's numbers.
+struct Coverage {
+    /// The key the client's first connection gave: later ones must give it too.
+    key: [u8; KEY_LEN],
+    /// The client's message count: every number is below it.
+    expected: u64,
+    /// The first message not received: every one before it was.
+    floor: u64,
+    /// Bit `i` of word `w`: message `base + 64 w + i` arrived. One word while messages come
+    /// in order.
+    ahead: VecDeque<u64>,
+    /// `floor` rounded down to a multiple of 64: the number of `ahead`'s first bit.
+    base: u64,
+    duplicates: u64,
+    connections: u64,
+    /// When a connection last claimed it, by [`Resumable`]'s clock.
+    used: u64,
+}
+
+/// What [`Coverage::record`] made of a message number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Seen {
+    /// Its first arrival: recorded.
+    New,
+    /// It had arrived before (the client sent it again).
+    Again,
+    /// [`AHEAD_MAX`] or more past the first missing one: not recorded. The client must send it
+    /// again (the server tells it to resume at the floor).
+    Beyond,
+}
+
+impl Coverage {
+    fn new(key: [u8; KEY_LEN], expected: u64) -> Coverage {
+        Coverage { key, expected, floor: 0, ahead: VecDeque::new(), base: 0, duplicates: 0, connections: 0, used: 0 }
+    }
+
+    /// Records message `seq`; `Err` for a number the client cannot have sent (at or past its
+    /// count), which closes its connection.
+    fn record(&mut self, seq: u64) -> Result<Seen, String> {
+        if seq >= self.expected {
+            return Err(format!("message number {seq} of {}", self.expected));
+        }
+        if seq < self.floor {
+            self.duplicates += 1;
+            return Ok(Seen::Again);
+        }
+        if seq - self.floor >= AHEAD_MAX {
+            return Ok(Seen::Beyond);
+        }
+        // Below floor + AHEAD_MAX, so the word is below (63 + AHEAD_MAX) / 64.
+        let at = seq - self.base;
+        let (word, bit) = ((at / 64) as usize, 1u64 << (at % 64));
+        if self.ahead.len() <= word {
+            self.ahead.resize(word + 1, 0);
+        }
+        if self.ahead[word] & bit != 0 {
+            self.duplicates += 1;
+            return Ok(Seen::Again);
+        }
+        self.ahead[word] |= bit;
+        // Up over every message now received in a row; words wholly below the floor go.
+        while let Some(&w) = self.ahead.front() {
+            let off = self.floor - self.base;
+            self.floor += u64::from((!(w >> off)).trailing_zeros());
+            if self.floor - self.base < 64 {
+                break;
+            }
+            self.ahead.pop_front();
+            self.base += 64;
+        }
+        Ok(Seen::New)
+    }
+}
+
+/// Why [`Resumable::claim`] gave no coverage.
+#[derive(Debug, PartialEq, Eq)]
+enum Unclaimed {
+    /// The id is another client's (another key, or another count): refused for good.
+    NotYours(String),
+    /// The table is full of clients with a connection: refused for now.
+    Full(String),
+}
+
+/// The coverage of each reconnecting client, by id, bound to the key its first connection
+/// gave; at most `max` of them.
+struct Resumable {
+    max: usize,
+    /// Counts claims: the idle entry claimed longest ago goes first.
+    clock: u64,
+    clients: HashMap<u64, Rc<RefCell<Coverage>>>,
+}
+
+impl Resumable {
+    fn new(max: usize) -> Resumable {
+        Resumable { max, clock: 0, clients: HashMap::new() }
+    }
+
+    /// The coverage of client `id` for a connection that gives `key` and `expected`: the one
+    /// kept if the key and count are those it was made with, else a new one. While the
+    /// connection holds it (the agent), no other claim evicts it.
+    fn claim(&mut self, id: u64, key: &[u8; KEY_LEN], expected: u64) -> Result<Rc<RefCell<Coverage>>, Unclaimed> {
+        self.clock += 1;
+        if let Some(c) = self.clients.get(&id) {
+            let mut cov = c.borrow_mut();
+            if !same_key(&cov.key, key) {
+                return Err(Unclaimed::NotYours(format!("client {id}: not the key its first connection gave")));
+            }
+            if cov.expected != expected {
+                let text =
+                    format!("client {id}: {expected} messages, where its first connection said {}", cov.expected);
+                return Err(Unclaimed::NotYours(text));
+            }
+            cov.used = self.clock;
+            drop(cov);
+            return Ok(c.clone());
+        }
+        if self.clients.len() >= self.max {
+            // Only this table holds an idle one's coverage.
+            let idle =
+                self.clients.iter().filter(|(_, c)| Rc::strong_count(c) == 1).min_by_key(|(_, c)| c.borrow().used);
+            let Some(old) = idle.map(|(old, _)| *old) else {
+                return Err(Unclaimed::Full(format!(
+                    "{} reconnecting clients connected: no room for another",
+                    self.max
+                )));
+            };
+            self.clients.remove(&old);
+        }
+        let mut cov = Coverage::new(*key, expected);
+        cov.used = self.clock;
+        let c = Rc::new(RefCell::new(cov));
+        self.clients.insert(id, c.clone());
+        Ok(c)
+    }
+}
+
+/// Keys compared in time that does not depend on where they differ: a client probing ids
+/// learns nothing from how fast it is refused.
+fn same_key(a: &[u8; KEY_LEN], b: &[u8; KEY_LEN]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The `RESUME` messages of one connection: one in flight at a time, so a client whose
+/// messages keep asking for one cannot pile them up in the send queue; the latest value waits
+/// behind it, and a value already announced is not sent again.
+#[derive(Debug, Default)]
+struct Announcer {
+    /// The last value sent or waiting.
+    last: Option<u64>,
+    busy: bool,
+    waiting: bool,
+}
+
+impl Announcer {
+    /// `next` is where the client should resume: the value to send now, if any.
+    fn want(&mut self, next: u64) -> Option<u64> {
+        if self.last == Some(next) {
+            return None;
+        }
+        self.last = Some(next);
+        if self.busy {
+            self.waiting = true;
+            return None;
+        }
+        self.busy = true;
+        Some(next)
+    }
+
+    /// The one in flight completed: the value to send now, if one waited.
+    fn sent(&mut self) -> Option<u64> {
+        self.busy = std::mem::take(&mut self.waiting);
+        if self.busy {
+            self.last
+        } else {
+            None
+        }
+    }
+}
+
+/// The bytes of `--op write` rings pinned by every connection of a server, and `--ring-bytes`.
+struct RingBudget {
+    max: u64,
+    used: AtomicU64,
+}
+
+/// A ring's share of the [`RingBudget`], given back when dropped.
+struct RingLease {
+    budget: Arc<RingBudget>,
+    bytes: u64,
+}
+
+impl RingBudget {
+    fn new(max: u64) -> RingBudget {
+        RingBudget { max, used: AtomicU64::new(0) }
+    }
+
+    /// `bytes` more, if they fit under the cap.
+    fn lease(self: &Arc<Self>, bytes: u64) -> Result<RingLease, String> {
+        let fits = |used: u64| used.checked_add(bytes).filter(|total| *total <= self.max);
+        match self.used.fetch_update(Ordering::AcqRel, Ordering::Acquire, fits) {
+            Ok(_) => Ok(RingLease { budget: self.clone(), bytes }),
+            Err(used) => Err(format!(
+                "a write ring of {bytes} bytes: the rings pin {used} of at most {} bytes (--ring-bytes)",
+                self.max
+            )),
+        }
+    }
+}
+
+impl Drop for RingLease {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// The bytes of a receive that completed with `n`: the device may report more than the buffer
+/// holds (on iWARP a message may run into the receive's slack), which is a message too long.
+fn received(data: &[u8], n: u32) -> Result<&[u8], String> {
+    data.get(..n as usize)
+        .ok_or_else(|| format!("a message of {n} bytes from the server, into a buffer of {}", data.len()))
+}
+
+/// The slots of `size` bytes in a server's ring of `len` bytes, which must hold one for each
+/// message the server's credit (`depth`, at least 1) lets the client have in flight.
+fn ring_slots(len: u32, depth: u64, size: usize) -> Result<u64, String> {
+    let slots = u64::from(len) / size.max(1) as u64;
+    if slots == 0 || slots < depth {
+        return Err(format!(
+            "a ring of {len} bytes holds {slots} messages of {size} bytes, fewer than its credit {depth}"
+        ));
+    }
+    Ok(slots)
+}
+
+/// A server's `RESUME` at `next`, to a client that has sent `high` of its `count` messages:
+/// `None` when the server has them all, else where to resume. A server cannot have a message
+/// the client has not sent.
+fn resume_point(next: u64, high: u64, count: u64) -> Result<Option<u64>, String> {
+    if next > high {
+        return Err(format!("the server says resume at message {next}, and {high} have been sent"));
+    }
+    Ok((next < count).then_some(next))
+}
+
+/// `N` random bytes from the kernel (`/dev/urandom`); exits if there are none.
+fn random_bytes<const N: usize>() -> [u8; N] {
+    use std::io::Read;
+    let mut b = [0u8; N];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .unwrap_or_else(|e| common::die("blast", &format!("no random bytes for the client's id and key: {e}")));
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deterministic stream of numbers (xorshift): the tests' schedules.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    const KEY: [u8; KEY_LEN] = [7; KEY_LEN];
+
+    /// The review's H1: one message numbered u64::MAX (or 2^40) made `record` index past its
+    /// vector (a panic out of `run`) or allocate a terabyte (an abort). Every number at or past
+    /// the count is refused, and the count is at most u32::MAX.
+    #[test]
+    fn a_number_at_or_past_the_count_is_refused_not_a_panic() {
+        let mut cov = Coverage::new(KEY, u64::from(u32::MAX));
+        for seq in [u64::MAX, u64::MAX - 1, 1 << 40, 1 << 32, u64::from(u32::MAX)] {
+            assert!(cov.record(seq).is_err(), "{seq}");
+        }
+        let mut small = Coverage::new(KEY, 10);
+        assert_eq!(small.record(10), Err("message number 10 of 10".to_string()));
+        assert_eq!(small.record(9), Ok(Seen::New));
+        assert!(cov.ahead.is_empty() && small.ahead.len() == 1, "nothing was allocated for the refused numbers");
+    }
+
+    /// A number far inside a huge count but far ahead of the floor costs nothing: not recorded,
+    /// the client is sent back to the floor.
+    #[test]
+    fn a_number_far_ahead_is_not_recorded_and_memory_stays_bounded() {
+        let mut cov = Coverage::new(KEY, u64::from(u32::MAX));
+        assert_eq!(cov.record(u64::from(u32::MAX) - 1), Ok(Seen::Beyond));
+        assert_eq!(cov.record(AHEAD_MAX), Ok(Seen::Beyond));
+        assert!(cov.ahead.is_empty());
+        assert_eq!(cov.record(AHEAD_MAX - 1), Ok(Seen::New), "the last one inside the window");
+        assert!(cov.ahead.len() as u64 <= AHEAD_MAX / 64 + 1, "{} words", cov.ahead.len());
+        assert_eq!(cov.floor, 0);
+        assert_eq!(cov.record(AHEAD_MAX), Ok(Seen::Beyond), "still too far from the floor");
+        for seq in 0..AHEAD_MAX - 1 {
+            assert_eq!(cov.record(seq), Ok(Seen::New));
+        }
+        assert_eq!(cov.floor, AHEAD_MAX, "the floor went up over the one recorded ahead");
+        assert!(cov.ahead.len() <= 1);
+        assert_eq!(cov.record(AHEAD_MAX), Ok(Seen::New), "inside the window now");
+        assert_eq!((cov.floor, cov.duplicates), (AHEAD_MAX + 1, 0));
+    }
+
+    /// In order, as a client sends: the floor follows, one word of bits at most.
+    #[test]
+    fn messages_in_order_raise_the_floor_in_one_word() {
+        let mut cov = Coverage::new(KEY, 1000);
+        for seq in 0..1000 {
+            assert_eq!(cov.record(seq), Ok(Seen::New));
+            assert_eq!(cov.floor, seq + 1);
+            assert!(cov.ahead.len() <= 1);
+        }
+        assert_eq!(cov.record(0), Ok(Seen::Again));
+        assert_eq!(cov.record(999), Ok(Seen::Again));
+        assert_eq!(cov.duplicates, 2);
+    }
+
+    /// Resends and messages ahead in a random order, against a set of what arrived: the floor
+    /// is the first number missing from it, duplicates are counted, numbers beyond the window
+    /// are left out, and the bits never exceed the window.
+    #[test]
+    fn coverage_agrees_with_a_set_of_what_arrived() {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        for round in 0..20u64 {
+            let expected = 1 + rng.below(300_000);
+            let mut cov = Coverage::new(KEY, expected);
+            let mut set = std::collections::BTreeSet::new();
+            let (mut floor, mut duplicates) = (0, 0);
+            for _ in 0..3_000 {
+                // Mostly near the floor (a client's window, a resend), sometimes anywhere.
+                let seq = match rng.below(4) {
+                    0 => rng.below(expected),
+                    _ => (cov.floor + rng.below(300)).saturating_sub(100).min(expected - 1),
+                };
+                let want = if seq >= cov.floor + AHEAD_MAX {
+                    Seen::Beyond
+                } else if set.insert(seq) {
+                    Seen::New
+                } else {
+                    duplicates += 1;
+                    Seen::Again
+                };
+                assert_eq!(cov.record(seq), Ok(want), "round {round}, message {seq}");
+                while set.contains(&floor) {
+                    floor += 1;
+                }
+                assert_eq!(cov.floor, floor, "round {round}");
+                assert_eq!(cov.duplicates, duplicates);
+                assert!(cov.ahead.len() as u64 <= AHEAD_MAX / 64 + 1);
+                assert_eq!(cov.base, cov.floor / 64 * 64);
+            }
+        }
+    }
+
+    /// The protocol, both ends modelled on one connection (RC keeps each direction in order):
+    /// a client that reconnects with messages carried over from far past the server's floor
+    /// (many that had completed at it were lost, as on iWARP) finishes its count, told so once,
+    /// and never more than one RESUME is in flight.
+    #[test]
+    fn a_client_sent_back_from_far_ahead_finishes_its_count() {
+        let (count, window, floor, carried) = (4 * AHEAD_MAX, 128, 1_000, 3 * AHEAD_MAX);
+        let mut cov = Coverage::new(KEY, count);
+        for seq in 0..floor {
+            cov.record(seq).expect("the first connection's");
+        }
+        // The second connection: the carried-over messages are on the wire before the
+        // client has heard where to resume.
+        let mut to_server: VecDeque<u64> = (carried..carried + window).collect();
+        let (mut submitted, mut high, mut resumed, mut done) = (carried + window, carried + window, false, false);
+        let mut to_client = VecDeque::new();
+        let mut announcer = Announcer::default();
+        to_client.extend(announcer.want(cov.floor));
+        let mut steps = 0;
+        while !done {
+            steps += 1;
+            assert!(steps < 10 * count, "no progress: floor {}, submitted {submitted}", cov.floor);
+            if resumed && submitted < count && (to_server.len() as u64) < window {
+                to_server.push_back(submitted);
+                submitted += 1;
+                high = high.max(submitted);
+            }
+            if let Some(seq) = to_server.pop_front() {
+                let before = cov.floor;
+                let seen = cov.record(seq).expect("an honest number");
+                if seen == Seen::Beyond || (before < count && cov.floor >= count) {
+                    to_client.extend(announcer.want(cov.floor));
+                }
+            }
+            assert!(to_client.len() <= 1, "one RESUME in flight");
+            if steps % 3 == 0 {
+                if let Some(next) = to_client.pop_front() {
+                    match resume_point(next, high, count).expect("true") {
+                        None => done = true,
+                        Some(next) => (submitted, resumed) = (next, true),
+                    }
+                    to_client.extend(announcer.sent());
+                }
+            }
+        }
+        assert_eq!(cov.floor, count);
+        assert!(cov.ahead.len() <= 1);
+    }
+
+    #[test]
+    fn a_numbered_client_states_its_count_and_sends_numbers() {
+        assert!(numbered_terms(8, 0, false).unwrap_err().contains("no count"), "msg_count 0: every number accepted");
+        assert!(numbered_terms(7, 10, false).is_err());
+        assert!(numbered_terms(64, 10, true).is_err());
+        assert_eq!(numbered_terms(8, u32::MAX, false), Ok(()));
+    }
+
+    #[test]
+    fn connect_information_round_trips_and_a_numbered_one_needs_a_key() {
+        for hello in [
+            Hello { write: false, id: 1, key: None },
+            Hello { write: true, id: u64::MAX, key: None },
+            Hello { write: false, id: 42, key: Some(KEY) },
+        ] {
+            let user = hello.encode();
+            assert!(user.len() <= 36, "fits the connect information's user bytes");
+            assert_eq!(Hello::parse(&user), Ok(hello));
+        }
+        let mut old = Hello { write: false, id: 42, key: Some(KEY) }.encode();
+        old.truncate(13);
+        assert!(Hello::parse(&old).unwrap_err().contains("no key"));
+        assert!(Hello::parse(b"BLST\0\0\0").is_err());
+        assert!(Hello::parse(b"XLST\0\0\0\0\0\0\0\0\0").is_err());
+    }
+
+    /// The review's X2: a connection that names another client's id cannot read where it
+    /// resumes or mark its messages as arrived.
+    #[test]
+    fn an_id_with_another_key_or_count_is_refused_and_touches_nothing() {
+        let mut table = Resumable::new(4);
+        let victim = table.claim(9, &KEY, 100).expect("first claim");
+        for seq in 0..40 {
+            victim.borrow_mut().record(seq).expect("in the count");
+        }
+        drop(victim);
+        let mut other = KEY;
+        other[KEY_LEN - 1] ^= 1;
+        assert!(matches!(table.claim(9, &other, 100), Err(Unclaimed::NotYours(_))));
+        assert!(matches!(table.claim(9, &KEY, 200), Err(Unclaimed::NotYours(_))));
+        let again = table.claim(9, &KEY, 100).expect("the client itself");
+        assert_eq!(again.borrow().floor, 40, "kept for its own key, untouched by the refused claims");
+        assert!(same_key(&KEY, &KEY) && !same_key(&KEY, &other));
+    }
+
+    /// At most `max` entries: an idle one (no connection holds it), claimed longest ago, makes
+    /// room; with every one held the new client is refused, for now.
+    #[test]
+    fn the_table_is_bounded_and_evicts_only_idle_clients() {
+        let mut table = Resumable::new(3);
+        let held: Vec<_> = (0..3).map(|id| table.claim(id, &KEY, 10).expect("room")).collect();
+        assert!(matches!(table.claim(3, &KEY, 10), Err(Unclaimed::Full(_))));
+        drop(held);
+        // 1 is claimed again (now the most recent); 0 is the idle one unused longest.
+        let one = table.claim(1, &KEY, 10).expect("kept");
+        let three = table.claim(3, &KEY, 10).expect("room made");
+        assert_eq!(table.clients.len(), 3);
+        assert!(!table.clients.contains_key(&0) && table.clients.contains_key(&2));
+        let four = table.claim(4, &KEY, 10).expect("2 was idle");
+        assert!(!table.clients.contains_key(&2));
+        assert!(matches!(table.claim(5, &KEY, 10), Err(Unclaimed::Full(_))), "1, 3, 4 are held");
+        drop((one, three, four));
+        for id in 100..200 {
+            table.claim(id, &KEY, 10).expect("idle ones go");
+            assert!(table.clients.len() <= 3);
+        }
+    }
+
+    /// Numbers that keep asking for a RESUME while one is in flight leave one waiting, the
+    /// latest; a value already announced is not sent again.
+    #[test]
+    fn one_resume_in_flight_and_the_latest_waiting() {
+        let mut a = Announcer::default();
+        assert_eq!(a.want(0), Some(0));
+        assert_eq!(a.want(0), None);
+        for next in 1..10_000 {
+            assert_eq!(a.want(next), None, "one in flight");
+        }
+        assert_eq!(a.sent(), Some(9_999), "the latest waited");
+        assert_eq!(a.want(9_999), None, "already on its way");
+        assert_eq!(a.sent(), None);
+        assert_eq!(a.want(10_000), Some(10_000), "nothing in flight: sent at once");
+    }
+
+    /// The review's X4: rings outside the pool had no cap.
+    #[test]
+    fn rings_are_counted_against_the_cap_and_given_back() {
+        let budget = Arc::new(RingBudget::new(64 << 20));
+        let a = budget.lease(40 << 20).expect("fits");
+        assert!(budget.lease(30 << 20).err().expect("beyond the cap").contains("--ring-bytes"));
+        let b = budget.lease(24 << 20).expect("exactly the cap");
+        assert!(budget.lease(1).is_err());
+        assert!(budget.lease(u64::MAX).is_err(), "no overflow");
+        drop(a);
+        let c = budget.lease(40 << 20).expect("given back");
+        drop((b, c));
+        assert_eq!(budget.used.load(Ordering::Relaxed), 0);
+    }
+
+    /// The review's L1/X5: `&buf.as_slice()[..n]` with a completion longer than the buffer
+    /// panicked the client.
+    #[test]
+    fn a_message_longer_than_its_buffer_is_an_error() {
+        let data = [1u8; 64];
+        assert_eq!(received(&data, 16), Ok(&data[..16]));
+        assert_eq!(received(&data, 64).map(<[u8]>::len), Ok(64));
+        assert!(received(&data, 65).is_err());
+        assert!(received(&data, u32::MAX).is_err());
+    }
+
+    /// The review's X5: a server stating receive depth 0 and a ring shorter than a message made
+    /// the client's slot `seq % 0`.
+    #[test]
+    fn a_ring_without_a_slot_per_credit_is_refused() {
+        assert!(ring_slots(100, 0, 256).is_err(), "no slot at all");
+        assert!(ring_slots(4 * 256, 5, 256).is_err(), "fewer slots than credits");
+        assert_eq!(ring_slots(4 * 256 + 10, 4, 256), Ok(4));
+        assert_eq!(ring_slots(u32::MAX, 16, 1 << 20), Ok(4095));
+    }
+
+    /// The review's X2, at the client: a RESUME at or past its count made it report success
+    /// without having sent them.
+    #[test]
+    fn a_resume_past_what_was_sent_is_refused() {
+        assert!(resume_point(u64::MAX, 0, 100).is_err());
+        assert!(resume_point(100, 50, 100).is_err(), "done, says the server, after 50 of 100");
+        assert!(resume_point(51, 50, 100).is_err());
+        assert_eq!(resume_point(50, 50, 100), Ok(Some(50)));
+        assert_eq!(resume_point(0, 50, 100), Ok(Some(0)), "a restarted server has none");
+        assert_eq!(resume_point(100, 100, 100), Ok(None), "all of them");
+    }
+
+    #[test]
+    fn ids_and_keys_are_random() {
+        let (a, b): ([u8; 8], [u8; 8]) = (random_bytes(), random_bytes());
+        assert_ne!(a, b);
+        assert_ne!(u64::from_le_bytes(a), u64::from(std::process::id()) << 20);
     }
 }
