@@ -325,9 +325,9 @@ fn tokio_timers_work_inside_the_reactors_tasks_under_the_driver() {
     assert!(tokio_slept >= Duration::from_millis(50) && io_slept >= Duration::from_millis(50));
 }
 
-/// After a connection closed, every call on it says so in one voice: `alloc`, `send` and
-/// `expose` fail with `Error::Closed` and the reason (`alloc` named a stale token while `send`
-/// said the connection had closed).
+/// After a connection closed, its calls say so in one voice: `alloc` and `send` fail with
+/// `Error::Closed` and the reason (`alloc` named a stale token while `send` said the
+/// connection had closed).
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn after_the_close_every_call_says_closed_with_the_reason() {

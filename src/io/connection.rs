@@ -352,9 +352,16 @@ impl Connection {
     /// The next message, in the buffer it arrived in (its length is the message's). Messages
     /// are handed out in arrival order, one per call, to the callers in the order they asked:
     /// the order of these calls (the caller is in line from this call, not from the first
-    /// poll), so tasks that each `send` a request and then `recv` its reply on one connection
-    /// get their own replies from a peer that answers in order. A `Recv` dropped while it
-    /// holds a message passes it to the next caller in line; none is lost.
+    /// poll), and a woken caller's message is its own. A `Recv` dropped while it holds a
+    /// message passes it to the next caller in line; none is lost.
+    ///
+    /// For requests and replies on one connection shared by several tasks, take the place in
+    /// line before the request goes out: `let reply = conn.recv(); conn.send(req).await;
+    /// reply.await` pairs each task's reply with its request whatever order the tasks are
+    /// polled in (a peer that answers in order assumed). Tasks spawned on the reactor that
+    /// `send(req).await` and then `recv()` are woken by their sends' completions in the order
+    /// the sends were posted and get their own replies too; `block_on`'s future and the tokio
+    /// driver's are polled at another point of the tick, so mixed with tasks they may not.
     ///
     /// # Errors
     ///

@@ -36,7 +36,7 @@
 //! # Time
 //!
 //! [`sleep`] and [`timeout`] run on the reactor's own timers, so a program without another
-//! runtime can bound a `recv`. Under the tokio driver ([`tokio::drive`]) tokio's timers work
+//! runtime can bound a `recv`. Under the tokio driver (`io::tokio::drive`) tokio's timers work
 //! too, inside the crate's tasks as well as outside them: the tasks are polled within the
 //! driver's poll, on tokio's thread, and a tokio timer's wake reaches the reactor like any
 //! other wake.

@@ -39,9 +39,12 @@ pub fn sleep_until(deadline: Instant) -> Sleep {
     Sleep { deadline, key: None }
 }
 
-/// Bounds `fut` by `limit`: its output if it is ready first, else [`Error::Elapsed`] (and
-/// `fut` is dropped, which for the async face's futures gives up the operation's result, never
-/// the operation: a receive's message goes to the next caller in line, a send is still sent).
+/// Bounds `fut` by `limit`: its output if it is ready first, else [`Error::Elapsed`], and `fut`
+/// is dropped then. For the async face's futures that gives up the operation's result, never
+/// the operation: a send is still sent, and a `recv` leaves the line, so a message that comes
+/// later goes to the next caller. (After a request/response timed out, its late reply would be
+/// taken as the next request's: close the connection, or match replies to requests by an id
+/// of your protocol.)
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -53,7 +56,7 @@ pub fn sleep_until(deadline: Instant) -> Sleep {
 /// }
 /// ```
 pub fn timeout<F: Future>(limit: Duration, fut: F) -> Timeout<F> {
-    Timeout { fut: Box::pin(fut), sleep: sleep(limit), limit }
+    Timeout { fut: Some(Box::pin(fut)), sleep: sleep(limit), limit }
 }
 
 /// Some 30 years on: a deadline too far to represent is as good as never.
@@ -106,7 +109,8 @@ impl Future for Sleep {
 impl Drop for Sleep {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
-            // Outside a reactor the entry stays until it fires, and wakes nobody.
+            // Outside a reactor the entry stays until its deadline, when its waker is woken
+            // once, for nothing, and dropped.
             let _ = with_ctx(|ctx| ctx.cancel_wake(key));
         }
     }
@@ -114,7 +118,8 @@ impl Drop for Sleep {
 
 /// [`timeout`]'s future.
 pub struct Timeout<F: Future> {
-    fut: Pin<Box<F>>,
+    /// `None` once it resolved: a timed-out future is dropped at once.
+    fut: Option<Pin<Box<F>>>,
     sleep: Sleep,
     limit: Duration,
 }
@@ -129,13 +134,20 @@ impl<F: Future> Future for Timeout<F> {
     type Output = Result<F::Output>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if let Poll::Ready(v) = self.fut.as_mut().poll(cx) {
+        let Some(fut) = self.fut.as_mut() else {
+            return Poll::Ready(Err(Error::Config("io::Timeout polled after it resolved".into())));
+        };
+        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+            self.fut = None;
             return Poll::Ready(Ok(v));
         }
-        match Pin::new(&mut self.sleep).poll(cx) {
-            Poll::Ready(Ok(())) => Poll::Ready(Err(Error::Elapsed(self.limit))),
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => Poll::Pending,
-        }
+        let r = match Pin::new(&mut self.sleep).poll(cx) {
+            Poll::Ready(Ok(())) => Err(Error::Elapsed(self.limit)),
+            Poll::Ready(Err(e)) => Err(e),
+            Poll::Pending => return Poll::Pending,
+        };
+        // Given up: dropped now, not when the `Timeout` is (a `Recv` leaves the line).
+        self.fut = None;
+        Poll::Ready(r)
     }
 }

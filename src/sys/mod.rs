@@ -2,7 +2,7 @@
 //!
 //! One file per rdma-core object family: `cm.rs` (event channel, CM ids and events), `device.rs`
 //! (device list, device contexts), `pd.rs`, `mr.rs`, `mw.rs` (type-2 memory windows), `cq.rs` (completion channels and CQs, with
-//! `ack.rs`'s batched ack counter), `qp.rs` (queue pairs on CM ids, posting), `srq.rs` (shared receive queues) and `pool.rs` (the
+//! `ack.rs`'s batched ack counter), `qp.rs` (queue pairs on CM ids, posting), `srq.rs` (shared receive queues) and `pool/` (the
 //! registered buffer pool). Layering: this module imports the pure core (`crate::proto`,
 //! `crate::error`) and never the reactor layer above it.
 //!

@@ -10,7 +10,7 @@
 //! The memory region under a window is registered with `IBV_ACCESS_MW_BIND` and no remote
 //! rights of its own, so its own rkey gives peers nothing. rxe checks a remote access through
 //! a window against the range of the region under it, not of the window, so the pool registers
-//! one region per window, of exactly the window's bytes (`pool.rs`).
+//! one region per window, of exactly the window's bytes (`pool/expose.rs`).
 #![allow(unsafe_code)]
 
 use std::io;

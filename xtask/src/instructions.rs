@@ -81,18 +81,24 @@ irefs() {{ sed -n 's/.*I *refs: *\([0-9,]*\).*/\1/p' "$1" | tr -d , | tail -1; }
 pair() {{
     row=$1; round=$2; n=$3; who=$4; vg=$5; shift 5
     srv_cmd=""; while [ "$1" != "--" ]; do srv_cmd="$srv_cmd $1"; shift; done; shift
+    ok=""
     for try in 1 2 3; do
-        port=$((port + 1))
-        eval "$T $vg $(echo "$srv_cmd" | sed "s/PORT/$port/g")" >/tmp/srv.out 2>/tmp/srv.vg & srv=$!
+        port=$((port + 1)); f=/tmp/pair-$port
+        # exec: $! is the server itself (timeout execs it), so a kill reaches it; each pair
+        # has its own files, so nothing left of a failed one can write into the next's.
+        eval "exec $T $vg $(echo "$srv_cmd" | sed "s/PORT/$port/g")" >$f.srv.out 2>$f.srv.vg & srv=$!
         sleep 4
-        eval "$T $vg $(echo "$*" | sed "s/PORT/$port/g")" >/tmp/cli.out 2>/tmp/cli.vg; rc=$?
+        eval "$T $vg $(echo "$*" | sed "s/PORT/$port/g")" >$f.cli.out 2>$f.cli.vg; rc=$?
         [ $rc -ne 0 ] && kill $srv 2>/dev/null
         wait $srv 2>/dev/null
-        c=$(irefs /tmp/cli.vg); s=$(irefs /tmp/srv.vg)
-        [ $rc -eq 0 ] && [ -n "$c" ] && [ -n "$s" ] && break
-        echo "== $row $who n=$n try $try failed (rc $rc):"; tail -3 /tmp/cli.out /tmp/cli.vg /tmp/srv.out
+        c=$(irefs $f.cli.vg); s=$(irefs $f.srv.vg)
+        if [ $rc -eq 0 ] && [ -n "$c" ] && [ -n "$s" ]; then ok=1; break; fi
+        echo "== $row $who n=$n try $try failed (rc $rc):"; tail -3 $f.cli.out $f.cli.vg $f.srv.out
     done
+    # A pair that never met reports no count (valgrind prints one for a failed run too).
+    [ -n "$ok" ] || {{ c=""; s=""; }}
     [ "$vg" = "$CG" ] && echo "@@ irow=$row round=$round n=$n who=$who client=$c server=$s"
+    rm -f /tmp/pair-$port.*
 }}
 echo_row() {{ # ROW ROUND SIZE: echo vs ib_send_lat -e
     for n in {N_LO} {N_HI}; do
@@ -319,7 +325,9 @@ pub fn annotate(dir: &Path, name: &str, b64: &str, top: usize) -> Result<(PathBu
             .map_err(|e| Error::new(format!("callgrind_annotate: {e} (cargo xtask setup installs valgrind)")))?;
         let body = String::from_utf8_lossy(&out.stdout);
         let _ = writeln!(text, "-- {name}: {how}, top {top} (Ir, file:function)");
-        let lines = body.lines().skip_while(|l| !l.trim_start().starts_with("Ir")).skip(2);
+        // The function table: after its `Ir  file:function` header and the dashed line under it
+        // (the first `Ir` line heads the program totals).
+        let lines = body.lines().skip_while(|l| !l.contains("file:function")).skip(2);
         for l in lines.filter(|l| !l.trim().is_empty()).take(top) {
             let _ = writeln!(text, "{l}");
         }

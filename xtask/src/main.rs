@@ -396,7 +396,12 @@ fn cmd_bench(args: &[String]) -> Result<u8> {
     );
     println!("{table}");
     if o.instructions {
-        return report_instructions(&text, rounds, code, &o, started);
+        let counted = report_instructions(&text, rounds, code, &o, started)?;
+        if !complete {
+            eprintln!("xtask: bench --compare: a measurement failed (see `failed` above, and the output before it)");
+            return Ok(if counted != 0 { counted } else { 1 });
+        }
+        return Ok(counted);
     }
     if code != 0 || !complete {
         eprintln!("xtask: bench --compare: a measurement failed (see `failed` above, and the output before it)");

@@ -17,7 +17,7 @@
 //! **Compaction.** Left alone, the stale entries would stay until their deadlines: a handler
 //! that resets an hour's idle timer on every message would keep an entry per message for an
 //! hour. At the end of each full tick, once the heap holds more than twice the entries that
-//! can be live (`Core::live_timer_bound`: the user timers, three per connection, two more)
+//! can be live (`Core::live_timer_bound`: the user timers and sleeping tasks, four per connection, two more)
 //! plus a slack, it is rebuilt without the stale ones ([`Core::compact_timers`]). Each
 //! rebuild drops at least half the heap, so its cost is amortised over the schedules that
 //! made it necessary.
