@@ -89,18 +89,24 @@ impl Timeouts {
 /// share of `credit`, which it tells its peer as its receive depth; each receive its peer's
 /// message consumed is granted back once posted again. **Credit follows activity:** while a
 /// connection is busy (its peer has used most of its grants, and sent at least a share's
-/// worth of messages since it last grew: a handshake grows nothing) each receive posted again
-/// for it comes back with one more from the receives no connection holds, up to `max_credit`, as long
-/// as more than an eighth of the queue stays free for connections yet to come; a connection
-/// whose peer leaves half its grants unused gives one back each time its peer sends, down to
-/// `credit` (as does every grown one while fewer than an eighth are free). A connection is
-/// admitted while the free receives cover its `credit`: at most `(receives - reserve) /
-/// credit` per device, all of them at their base. One beyond is refused with
+/// worth of data messages since it last grew: a handshake grows nothing; credit-only messages
+/// never count) each receive posted again for it comes back with one more from the receives
+/// no connection holds, up to `max_credit`, as long as more than an eighth of the queue stays
+/// free for connections yet to come and the shares together hold at most a thirty-second of
+/// the queue beyond their bases (or one connection's growth to `max_credit`, if more); a
+/// connection whose peer leaves half its grants unused gives one back each time its peer
+/// sends, down to `credit` (as does every grown one while fewer than an eighth are free, and
+/// one whose peer sent no data while the queue took `receives` data messages of others). A
+/// connection is admitted while the free receives cover its `credit`: at most `(receives -
+/// reserve) / credit` per device, all of them at their base. One beyond is refused with
 /// [`RejectCode::NoResources`](crate::RejectCode::NoResources) (a listener's `on_refused`),
 /// or its connect fails (a client) with [`Error::Limit`] naming these settings. A peer that
 /// went idle after being busy keeps its grown share until it sends again: grants cannot be
-/// taken back, only not renewed. The receives and their memory are fixed when the queue is
-/// created, whatever the number of connections. **A peer may so hold up to `max_credit`
+/// taken back, only not renewed. The cap on growth bounds what such peers hold together, so
+/// at least `(receives - reserve - cap) / credit` connections are admitted however the peers
+/// behave, `cap` being `max(receives / 32, max_credit - credit)` (9 760 at the defaults). The
+/// receives and their memory are fixed when the queue is created, whatever the number of
+/// connections. **A peer may so hold up to `max_credit`
 /// grants, more than the depth the connect information advertised:** a protocol that gives
 /// its peer one slot of application memory per credit (RDMA WRITE with immediate data into a
 /// ring, as `blast --op write` does) sizes the ring for `max_credit`.

@@ -12,13 +12,21 @@
 ///
 /// A connection is admitted with a share of `credit` (the base, at least `MIN_DEPTH`) while
 /// `free` covers it. Its share then follows what its peer needs ([`SrqBudget::on_repost`]):
-/// a peer that ran low (it had used all but a quarter of its grants when one of its receives
-/// came back), having sent a share's worth of messages since the connection was admitted or
-/// last grew, is granted one more from `free`, up to `max_credit`, while more than `keep`
-/// receives are free (room kept for connections yet to come); a connection whose peer sent
-/// a whole share's worth of messages without once running low gives one back, down to the
-/// base, and so does every grown one while fewer than `keep` are free. A share never falls
-/// below the base, so a peer is never left without the credit flow control needs to go on.
+/// a peer that ran low on a data message (it had used all but a quarter of its grants when
+/// the receive came back), having sent a share's worth of data messages since the connection
+/// was admitted or last grew, is granted one more from `free`, up to `max_credit`, while more
+/// than `keep` receives are free (room kept for connections yet to come) and the shares
+/// together hold fewer than `grow_cap` beyond their bases; a connection whose peer sent a
+/// whole share's worth of messages without once running low gives one back, down to the
+/// base, and so does every grown one while fewer than `keep` are free, and every one whose
+/// peer sent no data while the queue took `receives` data messages of others (it lapsed:
+/// every receive of its that comes back is kept until it is at its base). Credit-only
+/// messages never grow a share. A share never falls below the base, so a peer is never left
+/// without the credit flow control needs to go on.
+///
+/// Grants cannot be taken back, so a peer that grew its share and went silent holds it until
+/// it sends again; `grow_cap` bounds what all such peers together can hold: connections are
+/// always admitted up to `(receives - reserve - grow_cap) / credit`, whatever the peers did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SrqBudget {
     pub(super) receives: u32,
@@ -26,8 +34,15 @@ pub(crate) struct SrqBudget {
     pub(super) max_credit: u32,
     pub(super) reserve: u32,
     pub(super) keep: u32,
+    /// The most receives the shares together hold beyond their bases.
+    pub(super) grow_cap: u32,
+    /// Receives the shares together hold beyond their bases now (`Σ (share - credit)`).
+    pub(super) grown: u32,
     pub(super) conns: u32,
     pub(super) free: u32,
+    /// Data messages whose receives were posted again, over every connection: the queue's
+    /// traffic, by which a peer's silence is measured.
+    pub(super) traffic: u64,
 }
 
 /// One connection's share of its SRQ ([`SrqBudget`]).
@@ -38,14 +53,22 @@ pub(crate) struct ConnShare {
     pub(crate) receives: u32,
     /// Its receives posted again since its peer last ran low.
     pub(super) quiet: u32,
-    /// Its receives posted again since it was admitted or last grew.
+    /// Its receives a data message consumed posted again since it was admitted, last grew or
+    /// lapsed.
     pub(super) since_growth: u32,
+    /// [`SrqBudget::traffic`] when a data message of its peer last had its receive posted
+    /// again (0 before the first: a share at its base cannot lapse, and a share grows only
+    /// after data messages).
+    pub(super) last_data: u64,
+    /// Its peer left the grown share unused while the queue took `receives` data messages of
+    /// others: each of its receives that comes back is kept until the share is at its base.
+    pub(super) lapsed: bool,
 }
 
 impl ConnShare {
     /// A connection just admitted with `credit`.
     pub(crate) fn new(credit: u32) -> ConnShare {
-        ConnShare { receives: credit, quiet: 0, since_growth: 0 }
+        ConnShare { receives: credit, quiet: 0, since_growth: 0, last_data: 0, lapsed: false }
     }
 }
 
@@ -71,8 +94,11 @@ impl SrqBudget {
             max_credit: max_credit.max(credit),
             reserve,
             keep: receives / KEEP_FREE_DIVISOR,
+            grow_cap: (receives / GROW_CAP_DIVISOR).max(max_credit.max(credit) - credit),
+            grown: 0,
             conns: 0,
             free: receives.saturating_sub(reserve),
+            traffic: 0,
         }
     }
 
@@ -89,6 +115,7 @@ impl SrqBudget {
     /// A connection holding `share` receives left: they are free again.
     pub(crate) fn leave(&mut self, share: u32) {
         self.conns = self.conns.saturating_sub(1);
+        self.grown = self.grown.saturating_sub(share.saturating_sub(self.credit));
         self.free = self.free.saturating_add(share).min(self.receives.saturating_sub(self.reserve));
     }
 
@@ -109,22 +136,43 @@ impl SrqBudget {
 
     /// One of a connection's receives, consumed by its peer, has been posted again: whether it
     /// goes back to the connection, with one more, or to the free receives. `share` is the
-    /// connection's (updated here); `held` what its peer holds or is about to: its grants not
-    /// yet consumed, messages in flight included, plus the receives owed to it, this one not
-    /// counted ([`Flow::unused`](crate::proto::flow::Flow::unused) +
+    /// connection's (updated here); `control`: a credit-only message consumed it; `held` what
+    /// its peer holds or is about to: its grants not yet consumed, messages in flight included,
+    /// plus the receives owed to it, this one not counted
+    /// ([`Flow::unused`](crate::proto::flow::Flow::unused) +
     /// [`Flow::owed`](crate::proto::flow::Flow::owed)); `all_posted`: no receive of the SRQ
     /// waits to be posted, so every free one is on the queue and may be granted.
     ///
-    /// The peer ran low when `held` is at most a quarter of the share (at least 1): a peer that
-    /// spent all it could (it keeps one credit back) is at 1 when the first receive of its
-    /// burst comes back; a ping-pong peer is at `share - 1`. It grows only if it also sent a
-    /// whole share's worth of messages since it was admitted or last grew: a connection's
-    /// first few messages (a handshake, a credit-only message beside it) grow nothing, else
-    /// thousands of connections that each said hello once would hold the free receives.
-    pub(crate) fn on_repost(&mut self, share: &mut ConnShare, held: u32, all_posted: bool) -> Share {
+    /// The peer ran low when a data message's receive comes back with `held` at most a quarter
+    /// of the share (at least 1): a peer that spent all it could (it keeps one credit back) is
+    /// at 1 when the first receive of its burst comes back; a ping-pong peer is at `share - 1`.
+    /// It grows only if it also sent a whole share's worth of data messages since it was
+    /// admitted or last grew: a connection's first few messages (a handshake) grow nothing,
+    /// else thousands of connections that each said hello once would hold the free receives.
+    /// A credit-only message's receive never grows a share, nor counts as running low: such
+    /// messages cost a peer nothing its application sees, and a peer sending only them would
+    /// otherwise farm a share of `max_credit` and keep it ([`SrqBudget`]). It counts as a
+    /// message sent without running low.
+    ///
+    /// A grown share lapses when its peer sent no data while the queue took `receives` data
+    /// messages (its own last one's receive posted again since): its grants sat unused while
+    /// others were served. From then on each of its receives that comes back is kept, the share
+    /// one smaller each time, down to the base, and it grows again only after a share's worth
+    /// of data messages, as if just admitted. A peer that never sends again keeps what it
+    /// holds (grants cannot be taken back); `grow_cap` bounds that.
+    pub(crate) fn on_repost(&mut self, share: &mut ConnShare, control: bool, held: u32, all_posted: bool) -> Share {
         let s = share.receives;
-        let ran_low = held <= (s / 4).max(1);
-        share.since_growth = share.since_growth.saturating_add(1);
+        if !control {
+            self.traffic += 1;
+        }
+        if s > self.credit && self.traffic.saturating_sub(share.last_data) > u64::from(self.receives) {
+            share.lapsed = true;
+        }
+        if !control {
+            share.last_data = self.traffic;
+            share.since_growth = share.since_growth.saturating_add(1);
+        }
+        let ran_low = !control && held <= (s / 4).max(1);
         if ran_low {
             share.quiet = 0;
         } else {
@@ -133,19 +181,39 @@ impl SrqBudget {
         // A whole share's worth without running low, not less: a peer held back by its credit
         // runs low once per burst (the first of its receives to come back), and the rest of the
         // burst's receives come back with more and more owed to it.
-        if s > self.credit && (share.quiet >= s || self.free < self.keep) {
+        if s > self.credit && (share.lapsed || share.quiet >= s || self.free < self.keep) {
             share.receives -= 1;
             share.quiet = 0;
+            if share.lapsed {
+                // Back to the base as if just admitted: growth needs a share's worth again.
+                share.since_growth = 0;
+                share.lapsed = share.receives > self.credit;
+            }
+            self.grown = self.grown.saturating_sub(1);
             self.free += 1;
             return Share::Shrink;
         }
-        if ran_low && share.since_growth >= s && all_posted && s < self.max_credit && self.free > self.keep {
+        if ran_low
+            && share.since_growth >= s
+            && all_posted
+            && s < self.max_credit
+            && self.free > self.keep
+            && self.grown < self.grow_cap
+        {
             share.receives += 1;
             share.since_growth = 0;
+            self.grown += 1;
             self.free -= 1;
             return Share::Grow;
         }
         Share::Return
+    }
+
+    /// The most receives the shares together hold beyond their bases: a thirty-second of the
+    /// queue, or one connection's growth to `max_credit` if that is more.
+    #[cfg(test)]
+    pub(crate) fn grow_cap(&self) -> u32 {
+        self.grow_cap
     }
 
     /// Connections admitted now.
@@ -158,3 +226,9 @@ impl SrqBudget {
 /// Shares grow only while more than `receives / KEEP_FREE_DIVISOR` receives are free: room kept
 /// for connections yet to come (a grown share comes back only as its peer sends).
 const KEEP_FREE_DIVISOR: u32 = 8;
+
+/// The shares together hold at most `receives / GROW_CAP_DIVISOR` receives beyond their bases
+/// (or one connection's full growth, if more): what peers that grew and went silent can keep
+/// from newcomers, for grants cannot be taken back. At the defaults 976 receives, so at least
+/// 9 760 of the 10 085 connections are admitted whatever the peers did.
+const GROW_CAP_DIVISOR: u32 = 32;

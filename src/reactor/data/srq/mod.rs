@@ -28,20 +28,40 @@
 //! receiver-not-ready NAK.
 //!
 //! **Credit follows activity** (`SrqBudget::on_repost`, at that re-post): a connection whose
-//! peer ran low (all but a quarter of its share consumed and not yet granted back) and sent a
-//! share's worth of messages since it was admitted or last grew (so a handshake grows nothing)
-//! gets the receive back with one more from the free ones (`Flow::grant_more`: owed like any re-posted
-//! receive, it rides the next grant), up to `SrqConfig::max_credit`, while more than an
-//! eighth of the queue is free, and only when no receive waits unposted, so that every free
-//! receive is on the queue. A connection whose peer sent a whole share's worth of messages
+//! peer ran low (all but a quarter of its share consumed and not yet granted back, seen when
+//! the receive of a data message comes back) and sent a share's worth of data messages since
+//! it was admitted or last grew (so a handshake grows nothing) gets the receive back with one
+//! more from the free ones (`Flow::grant_more`: owed like any re-posted receive, it rides the
+//! next grant), up to `SrqConfig::max_credit`, while more than an eighth of the queue is free,
+//! while the shares together hold less than the growth pool beyond their bases (a
+//! thirty-second of the queue, or one connection's growth to `max_credit` if that is more:
+//! 976 receives at the defaults), and only when no receive waits unposted, so that every free
+//! receive is on the queue. A credit-only message (`Repost`'s owner flag) never grows a share
+//! and never counts as running low: it costs its peer nothing its application sees, else a
+//! peer bursting only such messages would grow to `max_credit` in about 500 of them. A
+//! connection whose peer sent a whole share's worth of messages (credit-only ones included)
 //! without once running low keeps the receive instead of granting it back (its share one
 //! smaller), down to its base, as does every grown one while fewer than an eighth are free.
 //! The share never falls below the base (at least `MIN_DEPTH`), so flow control's guarantee
-//! of progress holds as with a fixed depth. Grants cannot be taken back: a peer that stops
-//! sending keeps its share until it sends again. `Stats::srq_grown`, `srq_shrunk`,
+//! of progress holds as with a fixed depth.
+//!
+//! **Idle grown shares.** Grants cannot be taken back: a peer that grew its share and stopped
+//! sending holds it. Two things bound what that costs. The growth pool caps what all such
+//! peers together can hold, so admission never falls below `(receives - reserve - pool) /
+//! credit` (9 760 of the 10 085 at the defaults), whatever the peers did. And a grown share
+//! *lapses* when its peer sent no data while the queue took `receives` data messages of others
+//! (`SrqBudget::traffic`, counted at each re-post of a data message's receive): from its
+//! peer's next message on, each of its receives that comes back is kept (the share one
+//! smaller), however low its peer runs, until it is back at its base, and it grows again only
+//! after a share's worth of data messages. A peer that never sends again keeps what it holds
+//! until it closes, and that part of the pool is not there for others to grow into (silent
+//! peers holding all of it leave every other connection at its base: slower, never refused).
+//! The pool is no place of its own: a bound on the receives inside the shares beyond their
+//! bases, taken from and given back to the free ones. `Stats::srq_grown`, `srq_shrunk`,
 //! `srq_free`. The rule is unit-tested with a model of the SRQ (connections streaming,
-//! ping-ponging, idle, joining and leaving; at every step no message finds the queue below its
-//! reserve and every receive is in one place).
+//! ping-ponging, pausing, sending only credit-only messages, idle, joining and leaving; at
+//! every step no message finds the queue below its reserve, every receive is in one place and
+//! the growth pool is kept), and with the review's attack at the defaults.
 //!
 //! **Peers that do not.** Flow control is required (`conn/setup.rs`: a request that does not offer
 //! it is refused with `Unsupported`, a client whose server does not agree is closed before
@@ -324,13 +344,14 @@ impl Core {
         }
         // Each receive goes back to the connection whose peer consumed it, with one more if
         // it is busy, or to the free receives (`SrqBudget::on_repost`). Growth only while no
-        // receive waits unposted: then every free receive is on the queue.
+        // receive waits unposted (then every free receive is on the queue), and never for a
+        // receive a credit-only message consumed.
         let all_posted = s.repost.is_empty();
         let mut dirty: SmallVec<[ConnKey; 16]> = SmallVec::new();
         for (t, control) in owners[..n].iter().flatten().copied() {
             let Some(c) = self.conns.get_mut(t) else { continue };
             let (Some(share), Some(flow)) = (c.srq_share.as_mut(), c.sq.flow_mut()) else { continue };
-            match s.budget.on_repost(share, flow.unused() + flow.owed(), all_posted) {
+            match s.budget.on_repost(share, control, flow.unused() + flow.owed(), all_posted) {
                 Share::Return => flow.on_repost(control),
                 Share::Grow => {
                     flow.on_repost(control);

@@ -7,6 +7,11 @@ use super::{ConnShare, QpMap, Share, SrqBudget};
 use crate::proto::flow::{Flow, Imm, MIN_DEPTH};
 use crate::proto::token::{ConnKey, GenSlab};
 
+/// What consumed a receive, as `SrqBudget::on_repost` takes it: a data message, or a
+/// credit-only one.
+const DATA: bool = false;
+const CREDIT_ONLY: bool = true;
+
 #[test]
 fn the_qp_map_finds_each_connection_by_its_queue_pair() {
     let mut slab: GenSlab<ConnKey, ()> = GenSlab::new();
@@ -92,7 +97,7 @@ fn the_reserve_is_granted_to_no_connection() {
     assert!(g.admit());
     let mut share = ConnShare::new(4);
     for _ in 0..10_000 {
-        g.on_repost(&mut share, 0, true);
+        g.on_repost(&mut share, DATA, 0, true);
     }
     assert_eq!(share.receives + g.free() + 64, 80, "grown into the free receives only");
     assert!(g.free() <= 80 / 8 + 1, "and no further than the room kept for newcomers");
@@ -129,38 +134,38 @@ fn a_peer_that_runs_low_grows_its_share_and_one_that_does_not_gives_it_back() {
     let mut b = SrqBudget::new(1024, 3, 32, 0);
     assert!(b.admit());
     let mut share = ConnShare::new(3);
-    assert_eq!(b.on_repost(&mut share, 1, true), Share::Return, "low, but its first message: a hello");
-    assert_eq!(b.on_repost(&mut share, 2, true), Share::Return, "two of three unused: not low");
-    assert_eq!(b.on_repost(&mut share, 1, false), Share::Return, "low, but a receive waits unposted");
+    assert_eq!(b.on_repost(&mut share, DATA, 1, true), Share::Return, "low, but its first message: a hello");
+    assert_eq!(b.on_repost(&mut share, DATA, 2, true), Share::Return, "two of three unused: not low");
+    assert_eq!(b.on_repost(&mut share, DATA, 1, false), Share::Return, "low, but a receive waits unposted");
     for want in 4..=32 {
         // A share's worth of messages, running low, for each receive more (the first: the
         // three above were a share's worth already).
         for _ in 0..if want == 4 { 0 } else { want - 2 } {
-            assert_eq!(b.on_repost(&mut share, 1, true), Share::Return);
+            assert_eq!(b.on_repost(&mut share, DATA, 1, true), Share::Return);
         }
-        assert_eq!(b.on_repost(&mut share, 1, true), Share::Grow);
+        assert_eq!(b.on_repost(&mut share, DATA, 1, true), Share::Grow);
         assert_eq!(share.receives, want);
     }
-    assert_eq!(b.on_repost(&mut share, 1, true), Share::Return, "at max_credit");
+    assert_eq!(b.on_repost(&mut share, DATA, 1, true), Share::Return, "at max_credit");
     assert_eq!(b.free(), 1024 - 32);
     // A stream that runs low once per share's worth of messages keeps its share.
     for _ in 0..100 {
         for _ in 0..31 {
-            assert_eq!(b.on_repost(&mut share, 20, true), Share::Return);
+            assert_eq!(b.on_repost(&mut share, DATA, 20, true), Share::Return);
         }
-        assert_eq!(b.on_repost(&mut share, 8, true), Share::Return, "low (a quarter left)");
+        assert_eq!(b.on_repost(&mut share, DATA, 8, true), Share::Return, "low (a quarter left)");
     }
     // Its peer now never runs low (a ping-pong): one back per share's worth of messages.
     let mut messages = 0;
     while share.receives > 3 {
         let before = share.receives;
-        let got = b.on_repost(&mut share, before - 1, true);
+        let got = b.on_repost(&mut share, DATA, before - 1, true);
         messages += 1;
         assert!(got == Share::Return || (got == Share::Shrink && share.receives == before - 1));
     }
     assert_eq!(messages, (4..=32).sum::<u32>(), "a share's worth of messages per receive given back");
     for _ in 0..100 {
-        assert_eq!(b.on_repost(&mut share, 2, true), Share::Return, "never below the base");
+        assert_eq!(b.on_repost(&mut share, DATA, 2, true), Share::Return, "never below the base");
     }
     assert_eq!(b.free(), 1024 - 3);
 }
@@ -172,7 +177,7 @@ fn growth_stops_and_shares_shrink_when_newcomers_need_the_room() {
     assert!(b.admit());
     let mut busy = ConnShare::new(3);
     for _ in 0..10_000 {
-        b.on_repost(&mut busy, 0, true);
+        b.on_repost(&mut busy, DATA, 0, true);
     }
     assert_eq!(busy.receives, 64);
     let mut n = 1;
@@ -180,14 +185,14 @@ fn growth_stops_and_shares_shrink_when_newcomers_need_the_room() {
         assert!(b.admit());
         n += 1;
     }
-    assert_eq!(b.on_repost(&mut busy, 0, true), Share::Return, "at the room kept: no growth");
+    assert_eq!(b.on_repost(&mut busy, DATA, 0, true), Share::Return, "at the room kept: no growth");
     while b.admit() {
         n += 1;
     }
     assert!(b.free() < 3, "admitted down to the last receive");
-    assert_eq!(b.on_repost(&mut busy, 0, true), Share::Shrink, "few free: even a busy one gives back");
+    assert_eq!(b.on_repost(&mut busy, DATA, 0, true), Share::Shrink, "few free: even a busy one gives back");
     for _ in 0..60 {
-        b.on_repost(&mut busy, 0, true);
+        b.on_repost(&mut busy, DATA, 0, true);
     }
     assert_eq!(busy.receives, 3);
     while b.admit() {
@@ -196,23 +201,209 @@ fn growth_stops_and_shares_shrink_when_newcomers_need_the_room() {
     assert_eq!(n, 1024 / 3, "every connection the receives cover, once the busy one is back at its base");
 }
 
-/// A model of the shared receive queue on the host, as `Flow`'s is: connections of four
-/// kinds (streaming, ping-pong, streaming then ping-pong, idle) on one SRQ, the server's
-/// side of each with its `Flow` and share, the client's with its own receives; messages
-/// land (consuming a receive of the SRQ), are reaped, and their receives posted again
-/// (granted back, grown or shrunk by `SrqBudget::on_repost`) in random order; idle
-/// connections join and leave. At every step: no message lands on an SRQ without a
-/// receive beyond the reserve (no RNR, the reserve untouched), no peer sends beyond its
-/// credit, every receive is in exactly one place (`reserve + free + shares = receives`),
-/// each share is its peer's unused grants plus what is owed plus what waits to be posted,
-/// and within `credit..=max_credit`. At the end: every message delivered, the streams grew,
-/// and the connections that turned to ping-pong are back at the base.
-fn simulate_srq(receives: u32, credit: u32, max_credit: u32, reserve: u32, seed: u64) {
+/// The review's attack (review 2026-11-26, finding M3; issue 32 item 3) at the defaults:
+/// peers join one after another while more than an eighth of the queue is free, each spends
+/// its credit on zero-length credit-only messages, burst after burst (each receive posted
+/// again finds it out of credit: `held` 0), and goes idle; then legitimate connections come.
+/// Before the fix every attacker grew to `max_credit` and kept it: 824 attackers, 407 739
+/// credit-only messages, 1 301 legitimate connections after them, 2 125 in all instead of
+/// 10 085. A credit-only message grows no share now, so every connection the formula promises
+/// is admitted.
+#[test]
+fn credit_only_messages_farm_no_share_admission_stays_at_10085() {
+    let d = crate::SrqConfig::default();
+    let mut b = SrqBudget::new(d.receives, d.credit, d.max_credit, d.reserve);
+    let (mut attackers, mut msgs) = (Vec::new(), 0u64);
+    while b.free() > d.receives / 8 + d.credit {
+        assert!(b.admit());
+        let mut share = ConnShare::new(d.credit);
+        // 493 messages took a share from 3 to 32 before the fix.
+        for _ in 0..600 {
+            msgs += 1;
+            assert_eq!(b.on_repost(&mut share, CREDIT_ONLY, 0, true), Share::Return);
+        }
+        attackers.push(share);
+    }
+    let mut legit = 0u32;
+    while b.admit() {
+        legit += 1;
+    }
+    eprintln!(
+        "credit-only attackers {} (shares {:?}), {msgs} credit-only messages in all, legitimate connections admitted afterwards {legit}, {} in all, free {}",
+        attackers.len(),
+        attackers.iter().map(|s| s.receives).max(),
+        attackers.len() as u32 + legit,
+        b.free()
+    );
+    assert!(attackers.iter().all(|s| s.receives == d.credit), "no attacker's share grew");
+    assert_eq!(b.grown, 0);
+    assert_eq!(attackers.len() as u32 + legit, d.max_connections(), "admission after the attack: 10 085");
+    assert!(attackers.len() as u32 + legit >= 9_500);
+}
+
+/// The same attack with data messages, which do grow a share (the application sees each,
+/// and may close a peer that sends nothing useful): the attackers grow as far as they can and
+/// go idle. Their grants cannot be taken back, but growth comes out of a bounded pool
+/// (`grow_cap`: 976 receives at the defaults), so the idle grown shares keep at most that from
+/// newcomers: at least `(receives - reserve - grow_cap) / credit` = 9 760 connections are
+/// admitted (2 125 before the fix). When the idle peers send again after the queue took
+/// `receives` data messages of others, their grown shares come back, one receive per
+/// message, and the rest of the 10 085 are admitted.
+#[test]
+fn idle_grown_shares_cannot_keep_the_free_room_from_newcomers() {
+    let d = crate::SrqConfig::default();
+    let mut b = SrqBudget::new(d.receives, d.credit, d.max_credit, d.reserve);
+    assert_eq!(b.grow_cap(), 976);
+    let (mut attackers, mut msgs) = (Vec::new(), 0u64);
+    while b.free() > d.receives / 8 + d.credit {
+        assert!(b.admit());
+        let mut share = ConnShare::new(d.credit);
+        for _ in 0..600 {
+            msgs += 1;
+            b.on_repost(&mut share, DATA, 0, true);
+            if share.receives == d.max_credit {
+                break;
+            }
+        }
+        attackers.push(share);
+    }
+    let grown: u32 = attackers.iter().map(|s| s.receives - d.credit).sum();
+    assert_eq!(grown, b.grow_cap(), "growth stopped at the cap");
+    assert_eq!(b.grown, grown);
+    let mut legit = Vec::new();
+    while b.admit() {
+        legit.push(ConnShare::new(d.credit));
+    }
+    let admitted = attackers.len() + legit.len();
+    eprintln!(
+        "data attackers {} ({} grown, {grown} receives beyond their bases), {msgs} data messages in all, legitimate connections admitted afterwards {}, {admitted} in all, free {}",
+        attackers.len(),
+        attackers.iter().filter(|s| s.receives > d.credit).count(),
+        legit.len(),
+        b.free()
+    );
+    let floor = (d.receives - d.reserve - b.grow_cap()) / d.credit;
+    assert_eq!(floor, 9_760);
+    assert!(admitted as u32 >= floor, "admission after the attack: {admitted}");
+    assert!(admitted >= 9_500);
+    // The legitimate connections are busy (at their base, ping-pong: never low) while the
+    // attackers stay silent, until the queue took `receives` data messages.
+    for k in 0..=d.receives as usize {
+        let n = legit.len();
+        let got = b.on_repost(&mut legit[k % n], DATA, d.credit - 1, true);
+        assert_eq!(got, Share::Return);
+    }
+    // Then each attacker sends again: each of its messages gives back a receive, even while it
+    // runs low, down to its base.
+    for a in attackers.iter_mut().filter(|s| s.receives > d.credit) {
+        let before = a.receives;
+        for _ in d.credit..before {
+            assert_eq!(b.on_repost(a, DATA, 0, true), Share::Shrink);
+        }
+        assert_eq!(a.receives, d.credit);
+    }
+    assert_eq!(b.grown, 0);
+    let mut more = 0;
+    while b.admit() {
+        more += 1;
+    }
+    assert_eq!(admitted as u32 + more, d.max_connections(), "every grown share back: 10 085");
+}
+
+/// A grown share whose peer pauses keeps it while the queue is quiet (fewer than `receives`
+/// data messages of others meanwhile), and gives it back at its peer's next messages once the
+/// queue took that many: one receive per message, however low its peer runs, and then it
+/// grows again only after a share's worth of data messages. Credit-only messages neither grow
+/// a share nor keep one: they count as messages sent without running low.
+#[test]
+fn an_idle_grown_share_is_given_back_when_its_peer_sends_again() {
+    let mut b = SrqBudget::new(1024, 3, 32, 0);
+    assert!(b.admit() && b.admit());
+    let (mut a, mut other) = (ConnShare::new(3), ConnShare::new(3));
+    while a.receives < 32 {
+        b.on_repost(&mut a, DATA, 1, true);
+    }
+    assert_eq!((b.grown, b.free()), (29, 1024 - 6 - 29));
+    // A pause while the queue took 1 000 data messages of others: kept.
+    for _ in 0..1_000 {
+        assert_eq!(b.on_repost(&mut other, DATA, 2, true), Share::Return);
+    }
+    assert_eq!(b.on_repost(&mut a, DATA, 1, true), Share::Return, "a quiet queue: the grown share is kept");
+    // A pause while the queue took 1 024: given back.
+    for _ in 0..1_024 {
+        b.on_repost(&mut other, DATA, 2, true);
+    }
+    for want in (3..32).rev() {
+        assert_eq!(b.on_repost(&mut a, DATA, 1, true), Share::Shrink, "lapsed: kept, not granted back");
+        assert_eq!(a.receives, want);
+    }
+    assert_eq!((b.grown, b.free()), (0, 1024 - 6));
+    assert_eq!(b.on_repost(&mut a, DATA, 1, true), Share::Return, "at the base");
+    assert_eq!(b.on_repost(&mut a, DATA, 1, true), Share::Return);
+    assert_eq!(b.on_repost(&mut a, DATA, 1, true), Share::Grow, "a share's worth later it grows again");
+    // Lapsing by credit-only messages alone: a grown share whose peer only returns credits.
+    while a.receives < 8 {
+        b.on_repost(&mut a, DATA, 1, true);
+    }
+    for _ in 0..1_025 {
+        b.on_repost(&mut other, DATA, 2, true);
+    }
+    assert_eq!(b.on_repost(&mut a, CREDIT_ONLY, 0, true), Share::Shrink);
+    assert_eq!(a.receives, 7);
+}
+
+/// A credit-only message's receive never grows a share, and never counts as running low: a
+/// grown share fed only credit-only messages gives one receive back per share's worth of them,
+/// as one whose peer never runs low.
+#[test]
+fn credit_only_messages_neither_grow_a_share_nor_keep_it() {
+    let mut b = SrqBudget::new(1024, 3, 32, 0);
+    assert!(b.admit());
+    let mut share = ConnShare::new(3);
+    for _ in 0..10_000 {
+        assert_eq!(b.on_repost(&mut share, CREDIT_ONLY, 0, true), Share::Return);
+    }
+    assert_eq!((share.receives, b.grown), (3, 0));
+    // Credit-only messages do not count toward growth either: after them, a share's worth
+    // of data messages is still needed.
+    assert_eq!(b.on_repost(&mut share, DATA, 1, true), Share::Return);
+    assert_eq!(b.on_repost(&mut share, DATA, 1, true), Share::Return);
+    assert_eq!(b.on_repost(&mut share, DATA, 1, true), Share::Grow);
+    while share.receives < 16 {
+        b.on_repost(&mut share, DATA, 1, true);
+    }
+    let mut messages = 0;
+    while share.receives > 3 {
+        b.on_repost(&mut share, CREDIT_ONLY, 0, true);
+        messages += 1;
+    }
+    assert_eq!(messages, (4..=16).sum::<u32>(), "a share's worth of credit-only messages per receive given back");
+    assert_eq!(b.grown, 0);
+}
+
+/// A model of the shared receive queue on the host, as `Flow`'s is: connections of six
+/// kinds (streaming, ping-pong, streaming then ping-pong, streaming with a pause, a peer
+/// sending only credit-only messages, idle) on one SRQ, the server's side of each with its
+/// `Flow` and share, the client's with its own receives; messages land (consuming a receive
+/// of the SRQ), are reaped, and their receives posted again (granted back, grown or shrunk
+/// by `SrqBudget::on_repost`) in random order; idle connections join and leave. At every
+/// step: no message lands on an SRQ without a receive beyond the reserve (no RNR, the
+/// reserve untouched), no peer sends beyond its credit, every receive is in exactly one place
+/// (`reserve + free + shares = receives`), each share is its peer's unused grants plus what
+/// is owed plus what waits to be posted, and within `credit..=max_credit`, the shares hold
+/// at most `grow_cap` beyond their bases (and the budget knows how much), the credit-only
+/// peer's share never grew, and a grown share whose peer paused while the queue took
+/// `receives` data messages is given back at its next messages. At the end: every message
+/// delivered, the streams grew, and the connections that turned to ping-pong are back at the
+/// base. Returns how many grown shares lapsed (of any kind of connection).
+fn simulate_srq(receives: u32, credit: u32, max_credit: u32, reserve: u32, seed: u64) -> u32 {
     #[derive(Clone, Copy, PartialEq, Eq, Debug)]
     enum Kind {
         Stream,
         PingPong,
         StreamThenPingPong,
+        StreamPauseStream,
+        CreditOnly,
         Idle,
     }
     struct C {
@@ -232,6 +423,17 @@ fn simulate_srq(receives: u32, credit: u32, max_credit: u32, reserve: u32, seed:
         delivered: u32,
         expected: u32,
         gone: bool,
+        /// Credit-only messages the client still sends, whenever it holds a credit.
+        farm: u32,
+        /// Messages the client sends after its pause (`StreamPauseStream`).
+        after_pause: u32,
+        /// Its first stream is done and its share grown: it waits for the queue's traffic.
+        paused: bool,
+        /// Messages it streamed beyond its first 400 to see its share grown.
+        extra: u32,
+        /// It resumed after the queue took `receives` data messages, its share grown: the
+        /// next of its receives to come back must shrink it.
+        expect_lapse: bool,
     }
     const CLIENT_DEPTH: u32 = 64;
     let new_conn = |kind: Kind, stream: u32, pings: u32| C {
@@ -250,6 +452,11 @@ fn simulate_srq(receives: u32, credit: u32, max_credit: u32, reserve: u32, seed:
         delivered: 0,
         expected: stream + pings,
         gone: false,
+        farm: 0,
+        after_pause: 0,
+        paused: false,
+        extra: 0,
+        expect_lapse: false,
     };
     let mut b = SrqBudget::new(receives, credit, max_credit, reserve);
     let mut conns: Vec<C> = Vec::new();
@@ -259,10 +466,20 @@ fn simulate_srq(receives: u32, credit: u32, max_credit: u32, reserve: u32, seed:
         (Kind::PingPong, 0, 300),
         (Kind::StreamThenPingPong, 1000, 700),
         (Kind::StreamThenPingPong, 500, 800),
+        (Kind::StreamPauseStream, 400, 0),
+        (Kind::CreditOnly, 0, 0),
         (Kind::Idle, 0, 0),
     ] {
         assert!(b.admit(), "the first connections fit");
-        conns.push(new_conn(kind, stream, pings));
+        let mut c = new_conn(kind, stream, pings);
+        if kind == Kind::StreamPauseStream {
+            c.after_pause = 400;
+            c.expected += 400;
+        }
+        if kind == Kind::CreditOnly {
+            c.farm = 1000;
+        }
+        conns.push(c);
     }
     let mut posted = receives;
     // Receives reaped and waiting to be posted again, in order: (connection, control).
@@ -274,17 +491,56 @@ fn simulate_srq(receives: u32, credit: u32, max_credit: u32, reserve: u32, seed:
         rng ^= rng << 17;
         rng
     };
-    let (mut grown, mut shrunk, mut idle_rounds) = (0u32, 0u32, 0u32);
+    let (mut grown, mut shrunk, mut lapses, mut idle_rounds) = (0u32, 0u32, 0u32, 0u32);
     for _step in 0..2_000_000 {
         let r = next();
         let i = (r >> 16) as usize % conns.len();
         let mut progressed = false;
         match r % 6 {
             // The client sends data (a stream, or a ping when no reply is awaited), or a
-            // credit-only message.
+            // credit-only message (one that farms sends one whenever it may). One that paused
+            // goes on once the queue took `receives` data messages since its last one's
+            // receive was posted again (or no one else has data left to send).
             0 => {
                 let c = &mut conns[i];
-                if !c.gone {
+                if c.stream == 0 && c.after_pause > 0 && !c.paused {
+                    // It pauses with its share grown: until then (or 3 000 more) it streams on.
+                    if c.share.receives > credit || c.extra >= 3_000 || max_credit <= credit {
+                        c.paused = true;
+                    } else {
+                        c.stream += 1;
+                        c.expected += 1;
+                        c.extra += 1;
+                    }
+                }
+                let c = &conns[i];
+                if c.paused && c.wire.is_empty() && c.unreaped.is_empty() && c.queued == 0 {
+                    let lapsing = b.traffic - c.share.last_data >= u64::from(receives);
+                    let others =
+                        conns.iter().enumerate().any(|(k, o)| k != i && !o.gone && (o.stream > 0 || o.pings > 0));
+                    if lapsing || !others {
+                        let c = &mut conns[i];
+                        c.stream = c.after_pause;
+                        c.after_pause = 0;
+                        c.paused = false;
+                        c.expect_lapse = lapsing && c.share.receives > credit;
+                    }
+                }
+                let c = &mut conns[i];
+                if !c.gone && c.farm > 0 && c.client.can_send_control() {
+                    let imm = c.client.send_control();
+                    c.farm -= 1;
+                    c.wire.push_back(imm);
+                    progressed = true;
+                } else if !c.gone && c.kind == Kind::StreamPauseStream && c.stream > 0 && c.client.can_send_data() {
+                    // A greedy stream: every credit it may spend at once, so it runs low.
+                    while c.stream > 0 && c.client.can_send_data() {
+                        let imm = c.client.send_data();
+                        c.stream -= 1;
+                        c.wire.push_back(imm);
+                    }
+                    progressed = true;
+                } else if !c.gone {
                     let ping = c.stream == 0 && c.pings > 0 && !c.awaiting;
                     if (c.stream > 0 || ping) && c.client.can_send_data() {
                         let imm = c.client.send_data();
@@ -340,7 +596,23 @@ fn simulate_srq(receives: u32, credit: u32, max_credit: u32, reserve: u32, seed:
                         let c = &mut conns[j];
                         c.queued -= 1;
                         let held = c.server.unused() + c.server.owed();
-                        match b.on_repost(&mut c.share, held, all_posted) {
+                        let before = c.share.receives;
+                        // Its peer sent no data while the queue took `receives` data messages.
+                        let silent = b.traffic + u64::from(!control) - c.share.last_data > u64::from(receives);
+                        let lapsing = before > credit && !c.share.lapsed && silent;
+                        let got = b.on_repost(&mut c.share, control, held, all_posted);
+                        if lapsing || c.share.lapsed {
+                            assert_eq!(got, Share::Shrink, "a grown share whose peer was silent is given back");
+                        }
+                        if c.expect_lapse {
+                            assert!(
+                                got == Share::Shrink || before == credit,
+                                "a grown share idle for a queue's worth of traffic is given back: {got:?} at {before}"
+                            );
+                            c.expect_lapse = false;
+                        }
+                        lapses += u32::from(lapsing);
+                        match got {
                             Share::Return => c.server.on_repost(control),
                             Share::Grow => {
                                 c.server.on_repost(control);
@@ -400,10 +672,16 @@ fn simulate_srq(receives: u32, credit: u32, max_credit: u32, reserve: u32, seed:
         }
         let held: u32 = conns.iter().filter(|c| !c.gone).map(|c| c.share.receives).sum();
         assert_eq!(reserve + b.free() + held, receives, "every receive in exactly one place");
+        let beyond: u32 = conns.iter().filter(|c| !c.gone).map(|c| c.share.receives - credit).sum();
+        assert_eq!(b.grown, beyond, "the budget knows what the shares hold beyond their bases");
+        assert!(beyond <= b.grow_cap(), "grown {beyond} beyond the cap {}", b.grow_cap());
         for c in conns.iter().filter(|c| !c.gone) {
             let share = c.share.receives;
             assert_eq!(share, c.server.unused() + c.server.owed() + c.queued, "{:?}'s share", c.kind);
             assert!((credit..=max_credit.max(credit)).contains(&share), "{:?}'s share {share}", c.kind);
+            if c.kind == Kind::CreditOnly {
+                assert_eq!(share, credit, "credit-only messages grew a share");
+            }
         }
         idle_rounds = if progressed { 0 } else { idle_rounds + 1 };
         if idle_rounds > 20_000 {
@@ -432,17 +710,19 @@ fn simulate_srq(receives: u32, credit: u32, max_credit: u32, reserve: u32, seed:
             c.replies
         );
         assert!(c.wire.is_empty() && c.unreaped.is_empty() && c.queued == 0, "quiescent");
+        assert_eq!(c.farm, 0, "the credit-only peer sent all it meant to");
     }
     assert!(repost.is_empty());
     if max_credit > credit {
         assert!(grown > 0 && shrunk > 0, "grew {grown}, shrank {shrunk}");
-        for c in conns.iter().filter(|c| c.kind == Kind::Stream) {
+        for c in conns.iter().filter(|c| matches!(c.kind, Kind::Stream | Kind::StreamPauseStream)) {
             assert!(c.peak > credit, "a stream of {} grew (peak {})", c.expected, c.peak);
         }
         for c in conns.iter().filter(|c| matches!(c.kind, Kind::StreamThenPingPong | Kind::PingPong)) {
             assert_eq!(c.share.receives, credit, "{:?} is back at the base after its ping-pong (peak {}, SRQ {receives}/{credit}/{max_credit}/{reserve}, quiet {})", c.kind, c.peak, c.share.quiet);
         }
     }
+    lapses
 }
 
 #[test]
@@ -454,11 +734,14 @@ fn srq_credit_follows_activity_no_rnr_no_loss() {
     };
     // Roomy, tight (growth stops near the kept room), with a reserve, static shares, and
     // the defaults.
+    let mut lapses = Vec::new();
     for (receives, credit, max_credit, reserve) in
         [(1024, 3, 32, 0), (256, 3, 32, 16), (64, 3, 16, 8), (48, MIN_DEPTH, 8, 4), (96, 4, 4, 0), (4096, 3, 32, 256)]
     {
         for _ in 0..3 {
-            simulate_srq(receives, credit, max_credit, reserve, next());
+            lapses.push(simulate_srq(receives, credit, max_credit, reserve, next()));
         }
     }
+    eprintln!("shares that lapsed, per run: {lapses:?}");
+    assert!(lapses.iter().sum::<u32>() > 0, "some grown share lapsed and was given back");
 }
