@@ -73,7 +73,7 @@ port=7700
 T="timeout 600"
 CG="valgrind.bin --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null"
 CALL="valgrind.bin --tool=callgrind --dump-instr=no --callgrind-out-file=/tmp/cg.out"
-echo "@@ machine nproc=$(nproc) kernel=$(uname -r) device=$RDMA_DEV valgrind=$(valgrind.bin --version)"
+echo "@@ machine nproc=$(nproc) kernel=$(uname -r) device=$RDMA_DEV valgrind=$(valgrind.bin --tool=cachegrind --version)"
 irefs() {{ sed -n 's/.*I *refs: *\([0-9,]*\).*/\1/p' "$1" | tr -d , | tail -1; }}
 # pair ROW ROUND N WHO VG SERVER-CMD -- CLIENT-CMD: one server and one client, each under $VG
 # (the client gets $A as its last word where it needs one); prints both sides' counts. A pair
@@ -89,6 +89,9 @@ pair() {{
         eval "exec $T $vg $(echo "$srv_cmd" | sed "s/PORT/$port/g")" >$f.srv.out 2>$f.srv.vg & srv=$!
         sleep 4
         eval "$T $vg $(echo "$*" | sed "s/PORT/$port/g")" >$f.cli.out 2>$f.cli.vg; rc=$?
+        # ib_send_bw under valgrind does all its work, then cannot turn its cycle counts into a
+        # rate ("Can't produce a report") and exits 1: the instructions are counted all the same.
+        [ $rc -eq 1 ] && grep -q "Can't produce a report" $f.cli.vg && rc=0
         [ $rc -ne 0 ] && kill $srv 2>/dev/null
         wait $srv 2>/dev/null
         c=$(irefs $f.cli.vg); s=$(irefs $f.srv.vg)
