@@ -471,7 +471,8 @@ fn link_down_up_busy_fails_new_works() {
 /// `siw_main.c`), and closes their TCP streams; the peer, across the dead link, hears of it
 /// only when the link is back (the stream's end arrives then: TCP retransmits through the
 /// outage, and neither the RC retry count nor the ACK timeout applies to siw). What must hold:
-/// A's connection closes during its outage, B's busy one after the link is back, and a new
+/// A's connection closes during its outage, B's busy one ends (after the link is back, or
+/// during the outage when siw ends it first: see the end of the function), and a new
 /// connection afterwards carries its 64 messages, every byte as sent.
 ///
 /// The new connection runs with flow control (B makes it from a second reactor that offers
@@ -560,9 +561,17 @@ fn link_down_up_iwarp(vm: &Vm) {
     let second_done = run_until(&mut r, Duration::from_secs(90), || w.borrow().closed.len() > before);
     signal("ldu.done");
     let farewells = (r.stats().farewells_answered, r.stats().farewells_unanswered);
-    assert_eq!(closed_before_up, 0, "B's busy connection ended while A's link was down, across it: {first}");
+    // When B's dead connection ends is Soft-iWARP's and TCP's business, not the runtime's: after
+    // the link is back (A's stack resets B's retransmission), or already during the outage (seen
+    // at 0.4 s, when siw's reset of A's streams left before the link was down, and at 5.5 s
+    // with LocQpOpErr, with A's egress dropped: 2 runs of 5 on stop 31's machine). What must
+    // hold is that it ends, and that a new connection works once the link is back.
     assert!(ended, "B's busy connection did not end within {NOTICE:?} of A's link coming back");
-    println!("RESULT B's busy connection ended {} after A's link came back: {first}", secs(after_up));
+    if closed_before_up == 0 {
+        println!("RESULT B's busy connection ended {} after A's link came back: {first}", secs(after_up));
+    } else {
+        println!("RESULT B's busy connection ended while A's link was down: {first}");
+    }
     assert!(second_done, "the new connection did not finish within 60 s");
     let w = w.borrow();
     let second = &w.closed[before];
