@@ -61,7 +61,13 @@ pub const PROFILED: &[(&str, &str)] =
     &[("echo64_event", "client"), ("echo64_event", "server"), ("aecho64_event", "client"), ("blast64_event", "client")];
 
 /// The guest script: `rounds` rounds of every row, then the profiles.
-pub fn script(rounds: u32) -> String {
+/// True when `row` is among `rows` (`--rows`), or `rows` is empty (every row).
+pub fn selected(row: &str, rows: &[String]) -> bool {
+    rows.is_empty() || rows.iter().any(|r| r == row)
+}
+
+/// The guest script for the rows `rows` (every row when empty).
+pub fn script(rounds: u32, rows: &[String]) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
@@ -134,20 +140,21 @@ blast_row() {{ # ROW ROUND SIZE CLIENTS PERFTEST-EXTRA OURS-EXTRA...: blast vs i
 "#
     );
     for r in 1..=rounds {
-        let _ = write!(
-            s,
-            r#"echo "== round {r} of {rounds}"
-echo_row echo64_event {r} 64
-echo_row echo4k_event {r} 4096
-aecho_row aecho64_event {r} 64
-blast_row blast64_event {r} 64 1 -e --spin-us 0
-blast_row blast64 {r} 64 1 ""
-blast_row blast64_c8 {r} 64 8 ""
-"#
-        );
+        let _ = writeln!(s, "echo \"== round {r} of {rounds}\"");
+        let calls = [
+            ("echo64_event", format!("echo_row echo64_event {r} 64")),
+            ("echo4k_event", format!("echo_row echo4k_event {r} 4096")),
+            ("aecho64_event", format!("aecho_row aecho64_event {r} 64")),
+            ("blast64_event", format!("blast_row blast64_event {r} 64 1 -e --spin-us 0")),
+            ("blast64", format!("blast_row blast64 {r} 64 1 \"\"")),
+            ("blast64_c8", format!("blast_row blast64_c8 {r} 64 8 \"\"")),
+        ];
+        for (_, call) in calls.iter().filter(|(row, _)| selected(row, rows)) {
+            let _ = writeln!(s, "{call}");
+        }
     }
     // callgrind on one side only: the other runs under cachegrind (as slow, so timing alike).
-    for (row, side) in PROFILED {
+    for (row, side) in PROFILED.iter().filter(|(row, _)| selected(row, rows)) {
         let (srv_vg, cli_vg) = if *side == "client" { ("$CG", "$CALL") } else { ("$CALL", "$CG") };
         let _ = writeln!(
             s,
@@ -245,13 +252,13 @@ fn per_message(counts: &[Count], row: &str, round: u32, who: &str, client: bool)
 
 /// The Markdown table (medians over the rounds, ratio spread), and whether every row has every
 /// round on both sides.
-pub fn table(counts: &[Count], rounds: u32) -> (String, bool) {
+pub fn table(counts: &[Count], rounds: u32, rows: &[String]) -> (String, bool) {
     let mut out = String::from(
         "| per message, user-space instructions | side | ours (median) | theirs (median) | ratio median | ratio min-max | target | met |\n\
          |---|---|---|---|---|---|---|---|\n",
     );
     let mut complete = true;
-    for row in ROWS {
+    for row in ROWS.iter().filter(|r| selected(r.id, rows)) {
         for (side, client) in [("client", true), ("server", false)] {
             let mut ours = Vec::new();
             let mut theirs = Vec::new();
@@ -369,7 +376,7 @@ mod tests {
     #[test]
     fn the_script_parses_and_runs_every_row_every_round() {
         use std::io::Write as _;
-        let s = script(2);
+        let s = script(2, &[]);
         let mut sh = Command::new("sh").arg("-n").stdin(Stdio::piped()).spawn().expect("sh runs");
         sh.stdin.take().expect("piped").write_all(s.as_bytes()).expect("written");
         assert!(sh.wait().expect("sh exits").success(), "sh -n found a syntax error");
@@ -397,7 +404,7 @@ mod tests {
         assert_eq!(per_message(&c, "echo64_event", 1, "ours", true), Some(1000.0));
         assert_eq!(per_message(&c, "echo64_event", 1, "ours", false), Some(800.0));
         assert_eq!(per_message(&c, "echo64_event", 1, "theirs", true), Some(500.0));
-        let (t, complete) = table(&c, 1);
+        let (t, complete) = table(&c, 1, &[]);
         assert!(!complete);
         let client = t.lines().find(|l| l.contains("64 B round trip, event") && l.contains("| client |")).unwrap();
         assert!(client.contains("| 1000 | 500 | 2.00x | 2.00-2.00x | <= 1.30x | no |"), "{client}");

@@ -59,7 +59,7 @@ commands:
   demo [options]             run the echo and blast examples, server and client (rping
                              until they exist), in the VM (on --device rxe|siw) or on this
                              host's RDMA device
-  bench [--compare] [--instructions] [--rounds N] [--device rxe|siw]
+  bench [--compare] [--instructions] [--rows ID,..] [--rounds N] [--device rxe|siw]
                              the criterion benchmarks (benches/latency.rs, profile perf) in the VM; with
                              --compare: echo and blast against perftest and cmtime in ONE VM
                              boot, interleaved over N rounds (default 3), as a table of ratios,
@@ -67,7 +67,8 @@ commands:
                              --instructions (alone, or after --compare's table in the same
                              boot): user-space instructions per message counted by valgrind,
                              client and server, ours beside perftest's, and callgrind profiles
-                             of our side annotated into target/xtask/instructions/
+                             of our side annotated into target/xtask/instructions/ (--rows:
+                             only these rows, e.g. echo64_event,aecho64_event)
   fuzz [--runs N] [--time SECS] [--seed N] [TARGET...]
                              the coverage-guided fuzz targets of fuzz/ (libFuzzer, stable
                              toolchain): connect_info, state_machines, flow (default: all),
@@ -122,6 +123,8 @@ struct Opts {
     /// `bench --instructions`: count instructions per message with valgrind.
     instructions: bool,
     rounds: Option<u32>,
+    /// `bench --instructions --rows A,B`: only these rows (every row by default).
+    rows: Vec<String>,
     runs: Option<u64>,
     time: Option<u64>,
     seed: Option<u64>,
@@ -188,6 +191,19 @@ fn parse_opts(command: &str, args: &[String], takes_rest: bool) -> Result<Opts> 
             "--verbose" | "-v" => o.verbose = true,
             "--compare" if command == "bench" => o.compare = true,
             "--instructions" if command == "bench" => o.instructions = true,
+            "--rows" if command == "bench" => {
+                let v = value().unwrap_or_default();
+                for id in v.split(',').filter(|id| !id.is_empty()) {
+                    if !instructions::ROWS.iter().any(|r| r.id == id) {
+                        let known: Vec<&str> = instructions::ROWS.iter().map(|r| r.id).collect();
+                        return Err(Error::new(format!(
+                            "bench: --rows: unknown row {id:?} (rows: {})",
+                            known.join(", ")
+                        )));
+                    }
+                    o.rows.push(id.to_string());
+                }
+            }
             "--rounds" if command == "bench" => {
                 let v = value().unwrap_or_default();
                 o.rounds = match v.parse::<u32>() {
@@ -371,7 +387,7 @@ fn cmd_bench(args: &[String]) -> Result<u8> {
         limit += 600 * u64::from(rounds);
     }
     if o.instructions {
-        script.push_str(&instructions::script(rounds));
+        script.push_str(&instructions::script(rounds, &o.rows));
         limit += 900 * u64::from(rounds) + 900;
     }
     o.timeout = o.timeout.or(Some(limit));
@@ -414,7 +430,7 @@ fn cmd_bench(args: &[String]) -> Result<u8> {
 fn report_instructions(text: &str, rounds: u32, code: u8, o: &Opts, started: std::time::Instant) -> Result<u8> {
     let device = o.device.unwrap_or_default();
     let machine = text.lines().find_map(|l| l.trim().strip_prefix("@@ machine ")).unwrap_or("?").to_string();
-    let (table, complete) = instructions::table(&instructions::parse(text), rounds);
+    let (table, complete) = instructions::table(&instructions::parse(text), rounds, &o.rows);
     println!(
         "\n`cargo xtask bench --instructions --rounds {rounds} --device {}`: user-space instructions per \
          message (cachegrind, the difference between two message counts over the extra messages), one VM \
