@@ -4,7 +4,7 @@
 use crate::proto::flow::negotiate;
 use crate::proto::token::{GenSlab, Key, OpKey, Token};
 use crate::proto::wire::ConnectInfo;
-use crate::reactor::bench::{CqRoom, RecvQueue, SendQueue};
+use crate::reactor::bench::{CqRoom, Plan, RecvQueue, SendQueue};
 
 /// One connection's queues, its CQ room and an operation table, driven without a device.
 #[derive(Debug)]
@@ -13,6 +13,10 @@ pub struct Dispatch {
     sq: SendQueue,
     rq: RecvQueue,
     room: CqRoom,
+    /// The reused lists, as the reactor keeps them (`Scratch`).
+    plan: Plan,
+    keys: Vec<OpKey>,
+    done: Vec<OpKey>,
 }
 
 impl Dispatch {
@@ -26,7 +30,7 @@ impl Dispatch {
         rq.set_capacity(depth);
         let mut room = CqRoom::new(4 * depth, depth);
         room.admit(depth);
-        Dispatch { ops: GenSlab::new(), sq, rq, room }
+        Dispatch { ops: GenSlab::new(), sq, rq, room, plan: Plan::default(), keys: Vec::new(), done: Vec::new() }
     }
 
     /// The bookkeeping of one ping-pong on one side: a receive is submitted and posted, its
@@ -35,8 +39,9 @@ impl Dispatch {
     pub fn round(&mut self, user_data: u64) -> u64 {
         let r = self.ops.insert(user_data);
         self.rq.push(r);
-        let planned = self.rq.plan();
-        self.rq.posted(&planned, planned.len());
+        self.keys.clear();
+        self.rq.plan(&mut self.keys);
+        self.rq.posted(&self.keys, self.keys.len());
         let found = self.find(r.token().as_u64());
         let recv_ok = self.rq.complete(found);
         let mut sum = self.ops.remove(found).unwrap_or(0);
@@ -47,12 +52,14 @@ impl Dispatch {
         let s = self.ops.insert(user_data ^ 1);
         self.sq.push(s, true);
         let ops = &mut self.ops;
-        let plan = self.sq.plan(&mut self.room, || ops.insert(0));
-        self.sq.posted(&plan, plan.wrs.len(), &mut self.room);
-        for w in plan.wrs.iter().filter(|w| w.signaled) {
+        self.sq.plan_into(&mut self.room, || ops.insert(0), &mut self.plan);
+        self.sq.posted(&self.plan, self.plan.wrs.len(), &mut self.room).for_each(drop);
+        for w in self.plan.wrs.iter().filter(|w| w.signaled) {
             let found = self.find(w.op.token().as_u64());
-            for done in self.sq.complete(found, &mut self.room) {
-                sum = sum.wrapping_add(self.ops.remove(done).unwrap_or(0));
+            self.done.clear();
+            self.sq.complete(found, &mut self.room, &mut self.done);
+            for done in &self.done {
+                sum = sum.wrapping_add(self.ops.remove(*done).unwrap_or(0));
             }
         }
         sum.wrapping_add(u64::from(recv_ok))

@@ -41,7 +41,7 @@ pub use api::config::{Config, ConnectOptions, SrqConfig, Timeouts};
 #[cfg(feature = "bench-internals")]
 pub(crate) mod bench {
     pub(crate) use super::data::cq_room::CqRoom;
-    pub(crate) use super::data::send_queue::{RecvQueue, SendQueue};
+    pub(crate) use super::data::send_queue::{Plan, RecvQueue, SendQueue};
 }
 pub use api::ctx::{Conn, Ctx, SubmitError};
 pub use api::handler::{ConnectRequest, ConnectionHandler, Decision, ListenerHandler};
@@ -104,6 +104,8 @@ pub(crate) struct Core {
     timers: Timers<TimerTarget>,
     /// What the tick has to poll, post and ack (`data/cq/mod.rs`).
     work: WorkLists,
+    /// The data path's reused buffers (`data/post.rs`).
+    scratch: data::post::Scratch,
     /// Spinning (`Config::spin`): the tick's state (`event_loop/tick.rs`).
     spin: Spin,
     /// The time as the tick last read it (`event_loop/timers.rs`).
@@ -207,6 +209,7 @@ impl Reactor {
                 cfg,
                 timers: Timers::new(),
                 work: WorkLists::default(),
+                scratch: data::post::Scratch::default(),
                 spin: Spin::default(),
                 clock: Clock::new(),
                 stop: false,

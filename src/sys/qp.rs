@@ -6,7 +6,6 @@ use std::ptr;
 use std::rc::Rc;
 
 use rdma_sys as ffi;
-use smallvec::SmallVec;
 
 use super::cm::CmId;
 use super::cq::Cq;
@@ -105,6 +104,23 @@ pub struct PostError {
     pub posted: usize,
     /// The error.
     pub error: io::Error,
+}
+
+/// The buffers a post builds its chain of raw work requests and scatter entries in, kept by
+/// the caller across posts: once they have grown to the largest chain, a post allocates and
+/// moves nothing. What they hold between posts is stale and never read (each post clears them
+/// first).
+#[derive(Default)]
+pub(crate) struct Chains {
+    send: Vec<ffi::ibv_send_wr>,
+    recv: Vec<ffi::ibv_recv_wr>,
+    sge: Vec<ffi::ibv_sge>,
+}
+
+impl std::fmt::Debug for Chains {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Chains").field("send", &self.send.capacity()).field("recv", &self.recv.capacity()).finish()
+    }
 }
 
 /// An RC queue pair created on a CM id (`rdma_create_qp`). It owns the id.
@@ -213,24 +229,27 @@ impl Qp {
     /// queue pair is destroyed. A READ's memory is written by the device. A [`SendOp::Bind`]
     /// names a live window and a live region of this PD that holds the range, and that memory
     /// stays allocated while the window stays bound (until it is deallocated).
-    pub(crate) unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
+    pub(crate) unsafe fn post_send(&self, wrs: &[SendWr], chains: &mut Chains) -> Result<(), PostError> {
         if wrs.is_empty() {
             return Ok(());
         }
+        // Built in place in the reused buffers: no work request is moved after it is written
+        // (they were collected into `SmallVec`s, whose moves cost ~300 instructions a post:
+        // issue 33).
+        let Chains { send: chain, sge: sges, .. } = chains;
+        chain.clear();
+        sges.clear();
         // Two entries per request: the payload's, and its tail's (used when it has one).
-        let mut sges: SmallVec<[ffi::ibv_sge; 32]> = wrs
-            .iter()
-            .flat_map(|w| {
-                let (taddr, tkey) = w.tail.unwrap_or((0, 0));
-                [
-                    ffi::ibv_sge { addr: w.addr, length: w.len, lkey: w.lkey },
-                    ffi::ibv_sge { addr: taddr, length: TAIL_LEN, lkey: tkey },
-                ]
-            })
-            .collect();
+        sges.reserve(2 * wrs.len());
+        for w in wrs {
+            let (taddr, tkey) = w.tail.unwrap_or((0, 0));
+            sges.push(ffi::ibv_sge { addr: w.addr, length: w.len, lkey: w.lkey });
+            sges.push(ffi::ibv_sge { addr: taddr, length: TAIL_LEN, lkey: tkey });
+        }
         // SAFETY: ibv_send_wr is plain old data (integers, pointers, unions thereof); zero is a
         // valid value for every field.
-        let mut chain: SmallVec<[ffi::ibv_send_wr; 16]> = wrs.iter().map(|_| unsafe { std::mem::zeroed() }).collect();
+        chain.resize_with(wrs.len(), || unsafe { std::mem::zeroed() });
+        // `sges` is not grown again before the post: the pointers into it stay valid.
         for ((w, raw), pair) in wrs.iter().zip(chain.iter_mut()).zip(sges.chunks_exact_mut(2)) {
             raw.wr_id = w.wr_id;
             let payload = w.len > 0;
@@ -276,7 +295,7 @@ impl Qp {
             }
             raw.send_flags = flags;
         }
-        link(&mut chain, |wr, next| wr.next = next);
+        link(chain, |wr, next| wr.next = next);
         let base = chain.as_mut_ptr();
         let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
         // SAFETY: the QP is live while self lives; the chain and its SGEs are valid for the
@@ -290,10 +309,10 @@ impl Qp {
     /// # Safety
     ///
     /// As [`Qp::post_send`]; the device writes the memory until the completion.
-    pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+    pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr], chains: &mut Chains) -> Result<(), PostError> {
         // SAFETY: the QP is live while self lives; the chain is valid for the call; the memory
         // it names is the caller's to keep valid (this fn's contract).
-        post_recv_chain(wrs, |base, bad| unsafe { ffi::ibv_post_recv(self.raw(), base, bad) })
+        post_recv_chain(wrs, chains, |base, bad| unsafe { ffi::ibv_post_recv(self.raw(), base, bad) })
     }
 }
 
@@ -311,19 +330,24 @@ impl Drop for Qp {
 /// returns how many were taken on failure.
 pub(super) fn post_recv_chain(
     wrs: &[RecvWr],
+    chains: &mut Chains,
     post: impl FnOnce(*mut ffi::ibv_recv_wr, &mut *mut ffi::ibv_recv_wr) -> i32,
 ) -> Result<(), PostError> {
     if wrs.is_empty() {
         return Ok(());
     }
-    let mut sges: SmallVec<[ffi::ibv_sge; 16]> =
-        wrs.iter().map(|w| ffi::ibv_sge { addr: w.addr, length: w.len, lkey: w.lkey }).collect();
-    let mut chain: SmallVec<[ffi::ibv_recv_wr; 16]> = wrs
-        .iter()
-        .zip(sges.iter_mut())
-        .map(|(w, sge)| ffi::ibv_recv_wr { wr_id: w.wr_id, next: ptr::null_mut(), sg_list: sge, num_sge: 1 })
-        .collect();
-    link(&mut chain, |wr, next| wr.next = next);
+    let Chains { recv: chain, sge: sges, .. } = chains;
+    sges.clear();
+    sges.extend(wrs.iter().map(|w| ffi::ibv_sge { addr: w.addr, length: w.len, lkey: w.lkey }));
+    chain.clear();
+    // `sges` is not grown again before the post: the pointers into it stay valid.
+    chain.extend(wrs.iter().zip(sges.iter_mut()).map(|(w, sge)| ffi::ibv_recv_wr {
+        wr_id: w.wr_id,
+        next: ptr::null_mut(),
+        sg_list: sge,
+        num_sge: 1,
+    }));
+    link(chain, |wr, next| wr.next = next);
     let base = chain.as_mut_ptr();
     let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
     let ret = post(base, &mut bad);

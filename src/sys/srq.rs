@@ -66,10 +66,10 @@ impl Srq {
     /// As [`Qp::post_recv`](super::qp::Qp::post_recv): every request names memory inside a
     /// memory region of this SRQ's PD with key `lkey`, which stays allocated, registered and
     /// untouched until the request's completion is reaped or the SRQ is destroyed.
-    pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+    pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr], chains: &mut super::qp::Chains) -> Result<(), PostError> {
         // SAFETY: the SRQ is live while self lives; the chain is valid for the call; the
         // memory it names is the caller's to keep valid (this fn's contract).
-        super::qp::post_recv_chain(wrs, |base, bad| unsafe { ffi::ibv_post_srq_recv(self.as_ptr(), base, bad) })
+        super::qp::post_recv_chain(wrs, chains, |base, bad| unsafe { ffi::ibv_post_srq_recv(self.as_ptr(), base, bad) })
     }
 }
 

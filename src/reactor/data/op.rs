@@ -237,6 +237,7 @@ pub(crate) struct OpEntry {
 impl OpEntry {
     /// The entry of a submitted operation, not yet posted. `lkey` is the local key of a
     /// region operation's memory on the connection's device (0 for the others).
+    #[inline]
     pub(crate) fn new(conn: ConnKey, op: Op, lkey: u32) -> OpEntry {
         let opcode = op.opcode();
         let Op { body, user_data } = op;
@@ -397,6 +398,7 @@ impl OpEntry {
 
     /// The completion the handler sees: `result`, with the buffer handed back (a successful
     /// receive's length set to the bytes received).
+    #[inline]
     pub(crate) fn into_completion(self, result: Result<u32, OpError>, remote_write: bool) -> Completion {
         // A READ sink's registration ends before the handler sees the memory.
         drop(self.sink);

@@ -24,8 +24,6 @@
 
 use std::collections::VecDeque;
 
-use smallvec::SmallVec;
-
 use crate::proto::flow::{Farewell, Flow, Imm};
 use crate::proto::token::OpKey;
 use crate::reactor::data::cq_room::CqRoom;
@@ -45,7 +43,7 @@ pub(crate) struct Planned {
 #[derive(Debug, Default)]
 pub(crate) struct Plan {
     /// The chain to post, in order.
-    pub(crate) wrs: SmallVec<[Planned; 16]>,
+    pub(crate) wrs: Vec<Planned>,
     /// Something could not go for lack of CQ room: the connection waits for room.
     pub(crate) short_of_room: bool,
 }
@@ -207,11 +205,13 @@ impl SendQueue {
 
     /// Plans the chain to post now. Reserves CQ room and spends credits for every request in it;
     /// `new_control` makes the operation of a credit-only message when one is due. The caller
-    /// posts the chain and reports with [`SendQueue::posted`].
-    pub(crate) fn plan(&mut self, room: &mut CqRoom, mut new_control: impl FnMut() -> OpKey) -> Plan {
-        let mut plan = Plan::default();
+    /// posts the chain and reports with [`SendQueue::posted`]. `plan` is the caller's, reused
+    /// from one plan to the next (cleared here), so planning allocates nothing once it grew.
+    pub(crate) fn plan_into(&mut self, room: &mut CqRoom, mut new_control: impl FnMut() -> OpKey, plan: &mut Plan) {
+        plan.wrs.clear();
+        plan.short_of_room = false;
         if self.hold {
-            return plan;
+            return;
         }
         let slots = self.capacity.saturating_sub(self.outstanding()) as usize;
         if self.hello && slots > 0 {
@@ -282,6 +282,13 @@ impl SendQueue {
                 self.unsignaled = 0;
             }
         }
+    }
+
+    /// [`SendQueue::plan_into`] a new [`Plan`].
+    #[cfg(test)]
+    pub(crate) fn plan(&mut self, room: &mut CqRoom, new_control: impl FnMut() -> OpKey) -> Plan {
+        let mut plan = Plan::default();
+        self.plan_into(room, new_control, &mut plan);
         plan
     }
 
@@ -291,8 +298,14 @@ impl SendQueue {
     /// When the device refused part of the chain, the unsignaled requests it took after the
     /// last signaled one will be reported only if they had not run when the queue pair is
     /// flushed: they stay outstanding (their memory is held until the queue pair is
-    /// destroyed) but are no longer awaited ([`SendQueue::awaited`]).
-    pub(crate) fn posted(&mut self, plan: &Plan, n: usize, room: &mut CqRoom) -> SmallVec<[OpKey; 8]> {
+    /// destroyed) but are no longer awaited ([`SendQueue::awaited`]). Returns the refused
+    /// operations, in order.
+    pub(crate) fn posted<'p>(
+        &mut self,
+        plan: &'p Plan,
+        n: usize,
+        room: &mut CqRoom,
+    ) -> impl Iterator<Item = OpKey> + 'p {
         self.posted.extend(plan.wrs[..n].iter().map(|w| w.op));
         if n < plan.wrs.len() {
             let taken = &plan.wrs[..n];
@@ -301,18 +314,18 @@ impl SendQueue {
         }
         let rest = &plan.wrs[n..];
         room.release_send(rest.len() as u32);
-        rest.iter().map(|w| w.op).collect()
+        rest.iter().map(|w| w.op)
     }
 
-    /// A send-queue completion for `op`. Returns the operations it completes, in order: the
-    /// unsignaled ones posted before it, then `op` itself; their CQ entries are given back.
-    /// Empty when `op` is not outstanding (a completion already accounted for).
-    pub(crate) fn complete(&mut self, op: OpKey, room: &mut CqRoom) -> SmallVec<[OpKey; 8]> {
-        let Some(at) = self.posted.iter().position(|o| *o == op) else { return SmallVec::new() };
-        let done: SmallVec<[OpKey; 8]> = self.posted.drain(..=at).collect();
+    /// A send-queue completion for `op`. Appends the operations it completes to `done`, in
+    /// order: the unsignaled ones posted before it, then `op` itself; their CQ entries are
+    /// given back. Appends nothing when `op` is not outstanding (a completion already
+    /// accounted for).
+    pub(crate) fn complete(&mut self, op: OpKey, room: &mut CqRoom, done: &mut Vec<OpKey>) {
+        let Some(at) = self.posted.iter().position(|o| *o == op) else { return };
+        done.extend(self.posted.drain(..=at));
         self.unreported = self.unreported.min(self.posted.len() as u32);
-        room.release_send(done.len() as u32);
-        done
+        room.release_send(at as u32 + 1);
     }
 
     /// Empties the queue for teardown (the queue pair is gone): gives back the CQ room of the
@@ -388,26 +401,25 @@ impl RecvQueue {
     }
 
     /// Takes the receives that fit in the queue pair now. Their CQ room was committed when the
-    /// queue pair was created. Report with [`RecvQueue::posted`].
-    pub(crate) fn plan(&mut self) -> SmallVec<[OpKey; 16]> {
+    /// queue pair was created. Report with [`RecvQueue::posted`]. They are appended to `out`.
+    pub(crate) fn plan(&mut self, out: &mut Vec<OpKey>) {
         let n = (self.pending.len() as u32).min(self.capacity.saturating_sub(self.outstanding()));
-        self.pending.drain(..n as usize).collect()
+        out.extend(self.pending.drain(..n as usize));
     }
 
     /// Like [`RecvQueue::plan`], but takes only the receives `want` accepts; the others stay
     /// pending, in order (a connection saying goodbye posts the runtime's re-posts only).
-    pub(crate) fn plan_only(&mut self, mut want: impl FnMut(OpKey) -> bool) -> SmallVec<[OpKey; 16]> {
+    pub(crate) fn plan_only(&mut self, mut want: impl FnMut(OpKey) -> bool, out: &mut Vec<OpKey>) {
         let room = self.capacity.saturating_sub(self.outstanding()) as usize;
-        let mut out = SmallVec::new();
-        let mut i = 0;
-        while i < self.pending.len() && out.len() < room {
+        let (mut i, mut taken) = (0, 0);
+        while i < self.pending.len() && taken < room {
             if want(self.pending[i]) {
                 out.extend(self.pending.remove(i));
+                taken += 1;
             } else {
                 i += 1;
             }
         }
-        out
     }
 
     /// The device took the first `n` of the planned receives `planned`.
@@ -473,6 +485,27 @@ mod tests {
         q
     }
 
+    /// The operations a send completion completes.
+    fn completed(q: &mut SendQueue, op: OpKey, room: &mut CqRoom) -> Vec<OpKey> {
+        let mut done = Vec::new();
+        q.complete(op, room, &mut done);
+        done
+    }
+
+    /// The receives a plan takes.
+    fn rplan(r: &mut RecvQueue) -> Vec<OpKey> {
+        let mut out = Vec::new();
+        r.plan(&mut out);
+        out
+    }
+
+    /// The receives a selective plan takes.
+    fn rplan_only(r: &mut RecvQueue, want: impl FnMut(OpKey) -> bool) -> Vec<OpKey> {
+        let mut out = Vec::new();
+        r.plan_only(want, &mut out);
+        out
+    }
+
     fn ops(plan: &Plan) -> Vec<OpKey> {
         plan.wrs.iter().map(|w| w.op).collect()
     }
@@ -533,7 +566,7 @@ mod tests {
         assert_eq!(ops(&plan), vec![k[0], k[1]], "the second send waits for credit, and the write behind it");
         assert!(!plan.short_of_room);
         assert!(plan.wrs[1].imm.is_some(), "a flow-controlled send carries its grant");
-        assert_eq!(q.posted(&plan, 2, &mut room).len(), 0);
+        assert_eq!(q.posted(&plan, 2, &mut room).count(), 0);
         assert!(q.credit_blocked(), "the second send waits for credit (the credit-stall timer runs)");
         // Nothing moves until credit arrives, and then in order.
         assert!(q.plan(&mut room, || unreachable!()).wrs.is_empty());
@@ -583,13 +616,13 @@ mod tests {
         let mut room = CqRoom::new(32, 8);
         let plan = q.plan(&mut room, || unreachable!());
         assert_eq!(room.reserved(), 5, "one CQ entry per request, unsignaled ones too");
-        q.posted(&plan, 5, &mut room);
+        q.posted(&plan, 5, &mut room).for_each(drop);
         assert_eq!(q.outstanding(), 5);
-        let done = q.complete(k[4], &mut room);
+        let done = completed(&mut q, k[4], &mut room);
         assert_eq!(done.to_vec(), k, "in posting order, the signaled one last");
         assert_eq!(room.reserved(), 0, "their entries are free");
         assert_eq!(q.outstanding(), 0);
-        assert!(q.complete(k[4], &mut room).is_empty(), "a second completion for it is ignored");
+        assert!(completed(&mut q, k[4], &mut room).is_empty(), "a second completion for it is ignored");
     }
 
     #[test]
@@ -603,19 +636,19 @@ mod tests {
         let mut room = CqRoom::new(32, 8);
         let plan = q.plan(&mut room, || unreachable!());
         assert!(plan.wrs[..5].iter().all(|w| !w.signaled) && plan.wrs[5].signaled);
-        let failed = q.posted(&plan, 3, &mut room);
+        let failed: Vec<OpKey> = q.posted(&plan, 3, &mut room).collect();
         assert_eq!(failed.to_vec(), k[3..].to_vec(), "refused, to be failed");
         assert_eq!(q.outstanding(), 3, "they still hold their slots and memory until the QP is gone");
         assert_eq!(q.awaited(), 0, "but no completion is awaited for them");
         // Had they not run yet, the queue pair's flush reports them after all.
-        assert_eq!(q.complete(k[1], &mut room).to_vec(), k[..2].to_vec());
+        assert_eq!(completed(&mut q, k[1], &mut room).to_vec(), k[..2].to_vec());
         assert_eq!((q.outstanding(), q.awaited()), (1, 0));
         // A prefix that ends with a signaled request is awaited as usual.
         let k = keys(4);
         let mut q = filled(2, &k, false);
         let plan = q.plan(&mut room, || unreachable!());
         assert!(plan.wrs[1].signaled && !plan.wrs[2].signaled);
-        q.posted(&plan, 3, &mut room);
+        q.posted(&plan, 3, &mut room).for_each(drop);
         assert_eq!((q.outstanding(), q.awaited()), (3, 2), "the third alone has no completion coming");
     }
 
@@ -625,9 +658,9 @@ mod tests {
         let mut q = filled(16, &k, false);
         let mut room = CqRoom::new(32, 8);
         let plan = q.plan(&mut room, || unreachable!());
-        q.posted(&plan, 3, &mut room);
+        q.posted(&plan, 3, &mut room).for_each(drop);
         for (i, op) in k.iter().enumerate() {
-            assert_eq!(q.complete(*op, &mut room).to_vec(), vec![*op]);
+            assert_eq!(completed(&mut q, *op, &mut room).to_vec(), vec![*op]);
             assert_eq!(room.reserved(), 2 - i as u32);
         }
     }
@@ -679,7 +712,7 @@ mod tests {
         assert_eq!(ops(&plan), vec![k[0], k[1]]);
         assert!(plan.short_of_room);
         // The device refuses the second: its room comes back and it is returned for failing.
-        let failed = q.posted(&plan, 1, &mut room);
+        let failed: Vec<OpKey> = q.posted(&plan, 1, &mut room).collect();
         assert_eq!(failed.to_vec(), vec![k[1]]);
         assert_eq!(room.reserved(), 2 + 1);
     }
@@ -695,7 +728,7 @@ mod tests {
         }
         let plan = q.plan(&mut room, || unreachable!());
         assert_eq!(ops(&plan), k[..3].to_vec(), "three send slots");
-        q.posted(&plan, 3, &mut room);
+        q.posted(&plan, 3, &mut room).for_each(drop);
         assert!(q.plan(&mut room, || unreachable!()).wrs.is_empty(), "no slot left");
         assert_eq!(q.clear(Some(&mut room)), k, "posted first, then pending");
         assert_eq!(room.reserved(), 0);
@@ -716,7 +749,7 @@ mod tests {
             q.push(*op, true);
         }
         let plan = q.plan(&mut room, || unreachable!());
-        q.posted(&plan, 2, &mut room);
+        q.posted(&plan, 2, &mut room).for_each(drop);
         assert_eq!(room.reserved(), 2);
         // k[3] is one the caller drops (a one-sided operation: its remote key is the old peer's).
         let gone = q.carry(Some(&mut room), |op| op != k[3]);
@@ -731,12 +764,12 @@ mod tests {
         r.set_capacity(1);
         r.push(k[0]);
         r.push(k[1]);
-        let first = r.plan();
+        let first = rplan(&mut r);
         r.posted(&first, 1);
         assert_eq!(r.carry(), vec![k[0]], "the posted receive");
         assert_eq!((r.outstanding(), r.capacity()), (0, 0));
         r.set_capacity(4);
-        assert_eq!(r.plan().to_vec(), vec![k[1]], "the pending one waits for the new queue pair");
+        assert_eq!(rplan(&mut r).to_vec(), vec![k[1]], "the pending one waits for the new queue pair");
     }
 
     #[test]
@@ -747,19 +780,19 @@ mod tests {
         for op in &k {
             r.push(*op);
         }
-        let first = r.plan();
+        let first = rplan(&mut r);
         assert_eq!(first.to_vec(), k[..3].to_vec());
         // The device took two; the third was refused (the caller fails it).
         r.posted(&first, 2);
         assert_eq!(r.outstanding(), 2);
-        let second = r.plan();
+        let second = rplan(&mut r);
         assert_eq!(second.to_vec(), vec![k[3]], "one slot left");
         r.posted(&second, 1);
         assert!(r.complete(k[0]));
         assert!(!r.complete(k[0]), "completed once");
         let fresh = keys(6)[5];
         r.push_front(fresh);
-        assert_eq!(r.plan().to_vec(), vec![fresh], "a re-posted receive goes first");
+        assert_eq!(rplan(&mut r).to_vec(), vec![fresh], "a re-posted receive goes first");
         assert_eq!(r.clear(), vec![k[1], k[3], k[4]], "posted first, then pending");
     }
 
@@ -771,11 +804,15 @@ mod tests {
         for op in &k {
             r.push(*op);
         }
-        assert_eq!(r.plan_only(|o| o == k[1] || o == k[3] || o == k[4]).to_vec(), vec![k[1], k[3]], "room for two");
+        assert_eq!(
+            rplan_only(&mut r, |o| o == k[1] || o == k[3] || o == k[4]).to_vec(),
+            vec![k[1], k[3]],
+            "room for two"
+        );
         r.posted(&[k[1], k[3]], 2);
-        assert!(r.plan_only(|_| true).is_empty(), "no room");
+        assert!(rplan_only(&mut r, |_| true).is_empty(), "no room");
         assert!(r.complete(k[1]));
-        assert_eq!(r.plan().to_vec(), vec![k[0]], "the rest stayed, in order");
+        assert_eq!(rplan(&mut r).to_vec(), vec![k[0]], "the rest stayed, in order");
     }
 
     fn farewell_of(w: &Planned) -> Option<Farewell> {

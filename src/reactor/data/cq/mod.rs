@@ -7,8 +7,6 @@
 use std::collections::VecDeque;
 use std::rc::Rc;
 
-use smallvec::SmallVec;
-
 use crate::error::{Error, Result};
 use crate::proto::conn::{CloseReason, Input, State};
 use crate::proto::flow::{Farewell, Imm};
@@ -299,13 +297,19 @@ impl Core {
     /// reaped. An empty CQ is re-armed and polled once more (the arm/poll race); a CQ that used
     /// its budget stays hot for the next tick. Each step is [`after_poll`]'s decision.
     pub(in crate::reactor) fn poll_cq(&mut self, t: CqKey, budget: usize) -> usize {
+        self.poll_cq_armed(t, budget, false)
+    }
+
+    /// [`Core::poll_cq`]; `just_armed`: the caller armed the CQ right before (its first poll
+    /// closes the arm/poll race).
+    fn poll_cq_armed(&mut self, t: CqKey, budget: usize, just_armed: bool) -> usize {
         let Some(cq) = self.cqs.get(t).filter(|e| !e.failed).map(|e| e.cq.clone()) else { return 0 };
         // Uninitialised until a poll fills it: an empty poll costs no stores.
         let mut wcs = WcBatch::new();
         let mut left = budget;
         let mut found = 0;
         // The last call armed the CQ: this poll is the one that closes the race.
-        let mut just_armed = false;
+        let mut just_armed = just_armed;
         loop {
             let want = left.min(POLL_BATCH);
             self.stats.cq_polls += 1;
@@ -340,17 +344,9 @@ impl Core {
                     break;
                 }
                 AfterPoll::ArmThenPoll => {
-                    self.stats.cq_arms += 1;
-                    if let Err(err) = e.cq.req_notify() {
-                        // Unarmed, it would raise no event: its connections would wait
-                        // forever (and retrying here would spin the tick).
-                        let errno = err.raw_os_error().unwrap_or(nix::libc::EIO);
-                        self.fail_cq(t, CloseReason::CqFailed { call: "ibv_req_notify_cq", errno });
+                    if !self.arm_cq(t) {
                         break;
                     }
-                    e.armed = true;
-                    let d = e.device;
-                    self.devices[d].armed += 1;
                     just_armed = true;
                 }
                 AfterPoll::StayHot => {
@@ -367,6 +363,24 @@ impl Core {
         found
     }
 
+    /// Arms CQ `t` for one event (`ibv_req_notify_cq`). False when the arm failed: the CQ is
+    /// failed then (unarmed, it would raise no event: its connections would wait forever, and
+    /// retrying would spin the tick).
+    fn arm_cq(&mut self, t: CqKey) -> bool {
+        let Some(e) = self.cqs.get_mut(t).filter(|e| !e.failed) else { return false };
+        self.stats.cq_arms += 1;
+        if let Err(err) = e.cq.req_notify() {
+            let errno = err.raw_os_error().unwrap_or(nix::libc::EIO);
+            self.fail_cq(t, CloseReason::CqFailed { call: "ibv_req_notify_cq", errno });
+            return false;
+        }
+        if !e.armed {
+            e.armed = true;
+            self.devices[e.device].armed += 1;
+        }
+        true
+    }
+
     /// Destroys a CQ entry (its `Drop` acks its counted events, then `ibv_destroy_cq`).
     pub(in crate::reactor) fn remove_cq(&mut self, t: CqKey) {
         if let Some(e) = self.cqs.remove(t) {
@@ -381,8 +395,10 @@ impl Core {
     }
 
     /// Polls the CQs left unarmed (emptied during the tick, or spinning). With
-    /// `keep_spinning` false each is polled, armed and polled once more, so the reactor can
-    /// sleep.
+    /// `keep_spinning` false each is armed first and then polled, so the reactor can sleep:
+    /// the poll after the arm finds every completion that came before it, and one after it
+    /// raises an event. (A poll before the arm as well found nothing the one after it would
+    /// not: it cost an `ibv_poll_cq` per tick, issue 33.)
     pub(in crate::reactor) fn poll_spinning(&mut self, keep_spinning: bool) -> usize {
         self.work.arm_now = !keep_spinning;
         let mut n = 0;
@@ -390,7 +406,11 @@ impl Core {
         for t in spinning.drain(..) {
             let Some(e) = self.cqs.get_mut(t) else { continue };
             e.spinning = false;
-            n += self.poll_cq(t, self.cfg.poll_budget);
+            let arm = !keep_spinning && !e.armed && !e.failed;
+            if arm && !self.arm_cq(t) {
+                continue;
+            }
+            n += self.poll_cq_armed(t, self.cfg.poll_budget, arm);
         }
         self.work.spinning.give_back(spinning);
         self.work.arm_now = false;
@@ -426,22 +446,28 @@ impl Core {
             self.stats.stale_completions += 1;
             return;
         };
-        // Usually one operation, or a few unsignaled ones before it: no allocation per completion.
-        let done: SmallVec<[OpKey; 8]> = if opcode.on_send_queue() {
-            // Unsignaled work requests posted before this one completed with it, in order.
+        if opcode.on_send_queue() {
+            // Unsignaled work requests posted before this one completed with it, in order
+            // (listed in the reused `Scratch::done`: no allocation, no move per completion).
             let (Some(c), Some(e)) = (self.conns.get_mut(t), self.cqs.get_mut(ct)) else { return };
-            c.sq.complete(ot, &mut e.room)
+            let mut done = std::mem::take(&mut self.scratch.done);
+            done.clear();
+            c.sq.complete(ot, &mut e.room, &mut done);
+            for &o in &done {
+                let wc = if o == ot {
+                    wc
+                } else {
+                    WorkCompletion { wr_id: o.token().as_u64(), ..WorkCompletion::default() }
+                };
+                self.finish_op(t, o, wc);
+            }
+            self.scratch.done = done;
         } else {
             if !self.conns.get_mut(t).is_some_and(|c| c.rq.complete(ot)) {
                 self.stats.stale_completions += 1;
                 return;
             }
-            SmallVec::from_slice(&[ot])
-        };
-        for o in done {
-            let wc =
-                if o == ot { wc } else { WorkCompletion { wr_id: o.token().as_u64(), ..WorkCompletion::default() } };
-            self.finish_op(t, o, wc);
+            self.finish_op(t, ot, wc);
         }
         if wc.status != WcStatus::Success {
             if let Some(input) = self.work_error(t, wc.status) {
@@ -483,7 +509,7 @@ impl Core {
 
     /// Delivers one finished operation (or handles it, for the runtime's own).
     fn finish_op(&mut self, t: ConnKey, ot: OpKey, wc: WorkCompletion) {
-        let Some(op) = self.ops.remove(ot) else { return };
+        let Some(mut op) = self.ops.remove(ot) else { return };
         if op.control {
             // A credit-only send (or a keepalive probe, a window bind): nothing to deliver.
             if op.opcode == OpCode::Send && op.bind.is_none() && wc.status == WcStatus::Success {
@@ -493,7 +519,6 @@ impl Core {
             }
             return self.after_completion(t);
         }
-        let mut op = op;
         let mut byte_len = wc.byte_len;
         if op.opcode == OpCode::Recv && wc.status == WcStatus::Success {
             let tail = self.conns.get(t).and_then(|c| c.placed).is_some_and(|p| p.tail);
@@ -633,6 +658,7 @@ impl Core {
 
     /// Hands `completion` to connection `t`'s handler, counted first (`Conn::metrics`): every
     /// completion of a live connection reaches its handler through here.
+    #[inline]
     pub(in crate::reactor) fn deliver_completion(&mut self, t: ConnKey, completion: crate::reactor::Completion) {
         if let Some(c) = self.conns.get_mut(t) {
             c.meter.completed(completion.opcode, &completion.result);

@@ -330,7 +330,7 @@ impl Core {
         // connections before its devices), so `DevSrq`'s `Rc` is the last and its field order
         // destroys the SRQ before the buffers; should a queue pair still hold it, `DevSrq`'s
         // `Drop` leaks the buffers rather than free memory the device may still write.
-        let r = unsafe { s.srq.post_recv(&wrs) };
+        let r = unsafe { s.srq.post_recv(&wrs, &mut self.scratch.chains) };
         self.stats.srq_post_calls += 1;
         let n = r.as_ref().map_or_else(|e| e.posted, |()| wrs.len());
         self.stats.srq_posted += n as u64;
