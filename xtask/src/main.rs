@@ -431,8 +431,9 @@ fn report_instructions(text: &str, rounds: u32, code: u8, o: &Opts, started: std
     let device = o.device.unwrap_or_default();
     let machine = text.lines().find_map(|l| l.trim().strip_prefix("@@ machine ")).unwrap_or("?").to_string();
     let (table, complete) = instructions::table(&instructions::parse(text), rounds, &o.rows);
+    let rows = if o.rows.is_empty() { String::new() } else { format!(" --rows {}", o.rows.join(",")) };
     println!(
-        "\n`cargo xtask bench --instructions --rounds {rounds} --device {}`: user-space instructions per \
+        "\n`cargo xtask bench --instructions{rows} --rounds {rounds} --device {}`: user-space instructions per \
          message (cachegrind, the difference between two message counts over the extra messages), one VM \
          boot, {rounds} interleaved rounds, {:.0} s in all; guest {machine}\n",
         device.name(),
