@@ -102,6 +102,14 @@ impl Core {
         c.deadline = None;
         c.stall = None;
         c.keepalive = None;
+        // The parting timer of a peer whose farewell the old queue pair answered: left keyed
+        // here, it fired on the new connection `Timeouts::finish` later and ended it as a
+        // silent parting (review finding M4, issue 32; tests/reconnect.rs).
+        c.parting = None;
+        #[cfg(feature = "fault-injection")]
+        {
+            c.mute = false;
+        }
         c.stream_closed = false;
         c.waiting_room = false;
         c.infos.sent = false;
