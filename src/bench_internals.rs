@@ -50,7 +50,7 @@ impl Dispatch {
             flow.on_receive(crate::proto::flow::Imm::data(1));
         }
         let s = self.ops.insert(user_data ^ 1);
-        self.sq.push(s, true);
+        self.sq.push(s, true, 64);
         let ops = &mut self.ops;
         self.sq.plan_into(&mut self.room, || ops.insert(0), &mut self.plan);
         self.sq.posted(&self.plan, self.plan.wrs.len(), &mut self.room).for_each(drop);

@@ -199,6 +199,8 @@ struct Flooder {
     sent: u32,
     window: u32,
     outstanding: u32,
+    /// Receives it keeps posted for the server's echoes (0: none).
+    recvs: u64,
     seen: Rc<RefCell<Hostile>>,
 }
 
@@ -220,6 +222,12 @@ impl Flooder {
 }
 
 impl ConnectionHandler for Flooder {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        if self.recvs > 0 {
+            post_recvs(conn, self.recvs, SIZE);
+        }
+    }
+
     fn on_established(&mut self, conn: &mut Conn<'_>) {
         self.send_more(conn);
     }
@@ -227,6 +235,10 @@ impl ConnectionHandler for Flooder {
     fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
         if c.opcode == OpCode::Send {
             self.outstanding -= 1;
+        }
+        if let (OpCode::Recv, Ok(_), Some(buf)) = (c.opcode, &c.result, c.buf) {
+            let _ = conn.submit(Op::recv(buf));
+            return;
         }
         match c.result {
             Ok(_) => self.send_more(conn),
@@ -255,7 +267,8 @@ fn send_larger_than_the_posted_receive_fails_that_connection_alone() {
         let cfg = Config { ack_timeout: Some(Duration::from_millis(20)), retry_count: 2, ..Config::default() };
         let mut h = Reactor::with_config(cfg).expect("flooder reactor");
         let seen = Rc::new(RefCell::new(Hostile::default()));
-        let flooder = Flooder { size: 8192, count: 1, sent: 0, window: 1, outstanding: 0, seen: seen.clone() };
+        let flooder =
+            Flooder { size: 8192, count: 1, sent: 0, window: 1, outstanding: 0, recvs: 0, seen: seen.clone() };
         // It tells the server 64 bytes (so the agent posts 4 KiB receives), then sends 8 KiB:
         // the server's own advertised maximum (a pool chunk) lets the submission through.
         let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
@@ -295,10 +308,11 @@ fn send_larger_than_the_posted_receive_fails_that_connection_alone() {
 
 /// Case 16, hostile: a client that offers flow control in its connect information, then
 /// ignores credits, floods sends and posts no receive of its own. The server (4 receives
-/// kept posted) serves it as far as its receives allow; its echoes find no receive at the
-/// flooder, so the agent closes with a work error (`RnrRetryExcErr`) and the flooder's
-/// remaining sends flush or are cancelled. Only the flooder suffers; the good client is
-/// untouched.
+/// kept posted) serves it as far as its receives allow, and its agent closes: with
+/// `Protocol` at the first message beyond the credit it granted (`Stats::credit_overdrawn`;
+/// the review of 2026-11-26, M1), or with a work error (`RnrRetryExcErr`) when its echoes,
+/// which find no receive at the flooder, give up first; the flooder's remaining sends flush or
+/// are cancelled. Only the flooder suffers; the good client is untouched.
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn sends_without_credit_cost_only_the_sender() {
@@ -322,7 +336,8 @@ fn sends_without_credit_cost_only_the_sender() {
         let raw = claim.encode(56).expect("encode");
         let opts = ConnectOptions { msg_size: SIZE as u32, raw_private_data: Some(raw), ..ConnectOptions::default() };
         let seen = Rc::new(RefCell::new(Hostile::default()));
-        let flooder = Flooder { size: SIZE, count: 2_000, sent: 0, window: 64, outstanding: 0, seen: seen.clone() };
+        let flooder =
+            Flooder { size: SIZE, count: 2_000, sent: 0, window: 64, outstanding: 0, recvs: 0, seen: seen.clone() };
         let ft = h.connect(s.addr, opts, flooder).expect("connect");
         pump(&mut [&mut r, &mut h], LIMIT, "the flood ended", || {
             let s = seen.borrow();
@@ -334,7 +349,7 @@ fn sends_without_credit_cost_only_the_sender() {
         println!("flooder: {} errors, closed {:?}", seen.errors.len(), seen.closed);
         pump(&mut [&mut r, &mut h], LIMIT, "the flooder's agent closed", || !s.agents_closed.borrow().is_empty());
         let agents = s.agents_closed.borrow().clone();
-        println!("the flooder's agent closed with {agents:?}");
+        println!("the flooder's agent closed with {agents:?}; credit overdrawn {}", r.stats().credit_overdrawn);
         // iWARP: the send in progress when the peer TERMINATEd the stream fails locally.
         let iwarp = transport() == "siw";
         assert!(
@@ -350,7 +365,75 @@ fn sends_without_credit_cost_only_the_sender() {
                 agents.as_slice(),
                 [CloseReason::Protocol(_) | CloseReason::Peer | CloseReason::AsyncEvent(_) | CloseReason::WorkError(_)]
             );
-        assert!(matches!(agents.as_slice(), [CloseReason::WorkError(_)]) || iwarp_end, "{agents:?}");
+        let overdrawn = matches!(agents.as_slice(), [CloseReason::Protocol(why)] if why.contains("beyond its credit"))
+            && r.stats().credit_overdrawn == 1;
+        assert!(matches!(agents.as_slice(), [CloseReason::WorkError(_)]) || overdrawn || iwarp_end, "{agents:?}");
+        still_served(&mut [&mut r], &good, 20);
+    }
+    assert_baseline();
+}
+
+/// The review of 2026-11-26, M1 (issue 32 item 2): a peer that claims flow control, keeps
+/// receives posted for the echoes (so nothing fails for lack of a receive) but grants no
+/// credit and ignores ours. Once the server's credit is spent its echoes wait, the agent keeps
+/// re-posting its receives, and the peer's first message beyond the credit the agent granted
+/// closes that connection with `Protocol` (`Stats::credit_overdrawn`): credit is enforced
+/// without a shared receive queue too. Before, the agent went on taking messages and queueing
+/// an echo (a pool buffer) for each. On iWARP the peer's messages carry no tail and the stream
+/// ends at its first message already (as in case 16): the overdraw is tested on RoCE. The good
+/// client is untouched.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_peer_beyond_its_credit_is_closed_on_its_own_receive_queue() {
+    {
+        let mut r = Reactor::new().expect("server reactor");
+        let s = listen(&mut r, 4);
+        let good = ping(&mut r, s.addr, 1, u64::MAX);
+        pump(&mut [&mut r], LIMIT, "good client served", || good.borrow().echoed >= 10);
+        let cfg = Config { flow_control: false, ..Config::default() };
+        let mut h = Reactor::with_config(cfg).expect("flooder reactor");
+        let claim = ConnectInfo {
+            msg_size: SIZE as u32,
+            recv_depth: 8,
+            flow_control: true,
+            tail: transport() == "siw",
+            ..ConnectInfo::default()
+        };
+        let raw = claim.encode(56).expect("encode");
+        let opts = ConnectOptions { msg_size: SIZE as u32, raw_private_data: Some(raw), ..ConnectOptions::default() };
+        let seen = Rc::new(RefCell::new(Hostile::default()));
+        let flooder =
+            Flooder { size: SIZE, count: 2_000, sent: 0, window: 16, outstanding: 0, recvs: 256, seen: seen.clone() };
+        let ft = h.connect(s.addr, opts, flooder).expect("connect");
+        pump(&mut [&mut r, &mut h], LIMIT, "the flooder's agent closed", || !s.agents_closed.borrow().is_empty());
+        let agents = s.agents_closed.borrow().clone();
+        let overdrawn = r.stats().credit_overdrawn;
+        println!(
+            "the flooder's agent closed with {agents:?}; credit overdrawn {overdrawn}; the flooder {:?}",
+            seen.borrow()
+        );
+        if transport() == "siw" {
+            // As in case 16: iWARP ends the stream for the tail-less messages (a TERMINATE,
+            // then the close), however the agent hears it first.
+            assert!(
+                matches!(
+                    agents.as_slice(),
+                    [CloseReason::Protocol(_)
+                        | CloseReason::Peer
+                        | CloseReason::AsyncEvent(_)
+                        | CloseReason::WorkError(_)]
+                ),
+                "{agents:?}"
+            );
+        } else {
+            assert!(
+                matches!(agents.as_slice(), [CloseReason::Protocol(why)] if why.contains("beyond its credit")),
+                "{agents:?}"
+            );
+            assert_eq!(overdrawn, 1);
+        }
+        h.ctx().close(ft);
+        pump(&mut [&mut r, &mut h], LIMIT, "the flooder closed", || seen.borrow().closed.is_some());
         still_served(&mut [&mut r], &good, 20);
     }
     assert_baseline();
@@ -827,6 +910,119 @@ fn client_killed_after_the_accept_rejects_its_agent_with_28() {
         serves_after_and_the_dead_client_left_nothing(&mut r, a, dead);
         pump(&mut [&mut r], LIMIT, "the next client's agent closed", || agents_closed.borrow().len() >= 2);
         assert_eq!(agents_closed.borrow()[1..], [CloseReason::Peer], "{:?}", agents_closed.borrow());
+    }
+    assert_baseline();
+}
+
+/// What a backlog-bound client saw.
+#[derive(Debug, Default)]
+struct Backlogged {
+    accepted: u64,
+    /// The refusal: its error text, the opcode of the operation given back, and
+    /// `Conn::backlog` then.
+    refused: Option<(String, OpCode, (u32, usize))>,
+    /// The refused operation went again once the backlog had drained, and was echoed.
+    retried: bool,
+    echoed: Vec<u64>,
+    closed: Option<CloseReason>,
+}
+
+/// Submits numbered sends in one callback until one is refused, checks the echoes of those
+/// accepted byte for byte, then submits the refused operation again (back-pressure as a
+/// handler would use it) and checks its echo too.
+struct Submitter {
+    seen: Rc<RefCell<Backlogged>>,
+    refused: Option<Op>,
+    /// The sequence number of the refused operation, once submitted again.
+    retry: Option<u64>,
+}
+
+impl ConnectionHandler for Submitter {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        post_recvs(conn, 8, SIZE);
+    }
+
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        let mut seen = self.seen.borrow_mut();
+        for seq in 0..10_000u64 {
+            let mut b = conn.alloc(SIZE).expect("buffer");
+            b.fill_from(&pattern(SIZE, 5, seq)).expect("fits");
+            if let Err(e) = conn.submit(Op::send(b).user_data(seq)) {
+                seen.refused = Some((e.error.to_string(), e.op.opcode(), conn.backlog()));
+                self.refused = Some(*e.op);
+                break;
+            }
+            seen.accepted += 1;
+        }
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        if let (OpCode::Recv, Ok(n)) = (c.opcode, c.result) {
+            let buf = c.buf.expect("pool receive");
+            let seq = self.seen.borrow().echoed.len() as u64;
+            assert_eq!(&buf.as_slice()[..n as usize], &pattern(SIZE, 5, seq)[..], "echo {seq}");
+            self.seen.borrow_mut().echoed.push(seq);
+            let _ = conn.submit(Op::recv(buf));
+            let accepted = self.seen.borrow().accepted;
+            if self.retry == Some(seq) {
+                self.seen.borrow_mut().retried = true;
+            } else if seq + 1 == accepted {
+                if let Some(op) = self.refused.take() {
+                    conn.submit(op).expect("the refused operation, once the backlog drained");
+                    self.retry = Some(accepted);
+                    self.seen.borrow_mut().accepted += 1;
+                }
+            }
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        self.seen.borrow_mut().closed = Some(reason);
+    }
+}
+
+/// The review of 2026-11-26, M1 (issue 32): what a connection holds queued on its send queue
+/// is bounded. Submissions in one callback (none posted before the tick ends) are accepted up
+/// to `Config::send_backlog` operations, or `Config::send_backlog_bytes` bytes, then refused
+/// with `Error::Limit` naming the setting, the operation (and its buffer) given back, and
+/// `Conn::backlog` says what waits; everything accepted is sent and echoed, every byte
+/// verified, as credits allow.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_send_backlog_is_bounded_and_a_refusal_gives_the_operation_back() {
+    {
+        let mut r = Reactor::new().expect("server reactor");
+        let s = listen(&mut r, 8);
+        for (cfg, what, want) in [
+            (Config { send_backlog: 32, ..Config::default() }, "Config::send_backlog = 32", 32u64),
+            (Config { send_backlog_bytes: 10 * SIZE, ..Config::default() }, "Config::send_backlog_bytes = 640", 10),
+        ] {
+            let mut h = Reactor::with_config(cfg).expect("client reactor");
+            let seen = Rc::new(RefCell::new(Backlogged::default()));
+            let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+            let t =
+                h.connect(s.addr, opts, Submitter { seen: seen.clone(), refused: None, retry: None }).expect("connect");
+            pump(&mut [&mut r, &mut h], LIMIT, "every accepted message echoed, the refused one too", || {
+                let s = seen.borrow();
+                s.retried || s.closed.is_some()
+            });
+            {
+                let seen = seen.borrow();
+                println!("{what}: {seen:?}");
+                assert_eq!(seen.accepted, want + 1, "{want} accepted in the callback, then the refused one: {seen:?}");
+                let (text, opcode, backlog) = seen.refused.clone().expect("refused");
+                assert!(text.contains(what), "{text}");
+                assert_eq!(opcode, OpCode::Send, "the refused operation comes back");
+                assert_eq!(backlog, (want as u32, want as usize * SIZE), "all queued in the callback");
+                assert_eq!(seen.echoed.len() as u64, want + 1, "each echoed once, in order, bytes verified");
+                assert!(seen.retried && seen.closed.is_none());
+            }
+            assert!(h.stats().backlog_refusals >= 1);
+            h.ctx().close(t);
+            pump(&mut [&mut r, &mut h], LIMIT, "the close", || seen.borrow().closed.is_some());
+        }
+        let agents = s.agents_closed.clone();
+        pump(&mut [&mut r], LIMIT, "both agents closed", || agents.borrow().len() == 2);
     }
     assert_baseline();
 }

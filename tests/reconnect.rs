@@ -189,18 +189,22 @@ impl ConnectionHandler for ClosingAgent {
 
     fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
         match (c.opcode, c.result) {
-            (OpCode::Recv, Ok(_)) => {
-                if conn.submit(Op::send(c.buf.expect("buffer"))).is_ok() {
-                    let buf = conn.alloc(SIZE).expect("agent receive buffer");
-                    let _ = conn.submit(Op::recv(buf));
-                }
-            }
+            (OpCode::Recv, Ok(_)) => echo(conn, c.buf.expect("buffer")),
             (OpCode::Send, Ok(_)) if self.first => {
                 self.first = false;
                 conn.close();
             }
             _ => {}
         }
+    }
+}
+
+/// Sends `buf` back and posts a receive in its place (both refused once the connection is
+/// closing: the buffers then go back to the pool).
+fn echo(conn: &mut Conn<'_>, buf: rdma_reactor::Buf) {
+    if conn.submit(Op::send(buf)).is_ok() {
+        let buf = conn.alloc(SIZE).expect("agent receive buffer");
+        let _ = conn.submit(Op::recv(buf));
     }
 }
 

@@ -415,6 +415,17 @@ impl<'a> Conn<'a> {
         self.ctx.core.conns.get(self.key).map_or((0, 0), |c| (c.sq.outstanding(), c.rq.outstanding()))
     }
 
+    /// Send-queue operations submitted and not yet posted (waiting for the peer's credits, or
+    /// for send-queue or CQ room), and their bytes: what [`Config::send_backlog`] and
+    /// [`Config::send_backlog_bytes`] bound. A handler that answers every message can hold
+    /// its answers (or stop reading) while this is high, instead of meeting the limit.
+    ///
+    /// [`Config::send_backlog`]: crate::Config::send_backlog
+    /// [`Config::send_backlog_bytes`]: crate::Config::send_backlog_bytes
+    pub fn backlog(&self) -> (u32, usize) {
+        self.ctx.core.conns.get(self.key).map_or((0, 0), |c| c.sq.backlog())
+    }
+
     /// Receive work requests this connection's queue pair holds at most: 0 on a shared
     /// receive queue ([`Config::srq`](crate::Config::srq)), where the runtime posts them.
     pub fn recv_capacity(&self) -> u32 {

@@ -170,6 +170,13 @@ pub struct Stats {
     /// ([`CloseReason::PeerViolation`](crate::CloseReason::PeerViolation)): a remote access
     /// violation, most often.
     pub peer_violations: u64,
+    /// Submissions refused because the connection's queued sends reached
+    /// [`Config::send_backlog`](crate::Config::send_backlog) or
+    /// [`Config::send_backlog_bytes`](crate::Config::send_backlog_bytes).
+    pub backlog_refusals: u64,
+    /// Connections closed because the peer sent a message beyond the credit we granted it, on
+    /// their own receive queue (on a shared one: [`Stats::srq_overdrawn`]).
+    pub credit_overdrawn: u64,
 }
 
 /// The reactor-wide families of [`Stats`], each `(field, kind, help)`, then its value.
@@ -193,7 +200,8 @@ impl Stats {
                 rejected, established, closed, farewells_answered, farewells_unanswered, farewells_heard, silent_partings, reconnects, reconnected, async_events, stale_async_events, shared_async_events,
                 devices_lost, devices_released, keepalives, credit_stalls, handed_off, handoffs_received,
                 handoffs_failed, timer_compactions, srq_posted, srq_post_calls, srq_consumed, srq_stale,
-                srq_limit_events, srq_refused, srq_overdrawn, srq_grown, srq_shrunk, peer_violations;
+                srq_limit_events, srq_refused, srq_overdrawn, srq_grown, srq_shrunk, peer_violations,
+                backlog_refusals, credit_overdrawn;
             gauges: cq_peak_reserved, connections, timer_entries, registered_bytes, buffers_in_use, srq_receives,
                 srq_free,
         )

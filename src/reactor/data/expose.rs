@@ -86,7 +86,7 @@ impl Core {
             return;
         }
         let ot = self.ops.insert(OpEntry::bind(t, window.clone()));
-        self.conns.get_mut(t).expect("checked by the caller").sq.push(ot, false);
+        self.conns.get_mut(t).expect("checked by the caller").sq.push(ot, false, 0);
         self.mark_dirty(t);
     }
 }

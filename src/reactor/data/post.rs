@@ -117,6 +117,24 @@ impl Core {
         if let Some((max, limit)) = limit.filter(|(max, _)| len > *max) {
             return Err(SubmitError::new(Error::TooLarge { len, max, limit }, op));
         }
+        // What waits unposted on the send queue is bounded (`Config::send_backlog`, review M1):
+        // a peer that takes our messages slowly or grants no credit cannot make a handler that
+        // answers every message hold an unbounded queue of pool buffers.
+        let on_send_queue = op.opcode() != OpCode::Recv;
+        if on_send_queue {
+            let (ops, bytes) = c.sq.backlog();
+            let refused = if ops >= self.cfg.send_backlog {
+                Some(("Config::send_backlog", self.cfg.send_backlog as usize))
+            } else if ops > 0 && bytes.saturating_add(len) > self.cfg.send_backlog_bytes {
+                Some(("Config::send_backlog_bytes", self.cfg.send_backlog_bytes))
+            } else {
+                None
+            };
+            if let Some((what, limit)) = refused {
+                self.stats.backlog_refusals += 1;
+                return Err(SubmitError::new(Error::Limit { what, limit }, op));
+            }
+        }
         // A region is registered on this device at its first operation here.
         let lkey = match op.body.region().map(|s| s.region().lkey(&self.devices[device].pd)) {
             None => 0,
@@ -141,7 +159,7 @@ impl Core {
         if opcode == OpCode::Recv {
             c.rq.push(ot);
         } else {
-            c.sq.push(ot, opcode.consumes_peer_receive());
+            c.sq.push(ot, opcode.consumes_peer_receive(), u32::try_from(len).unwrap_or(u32::MAX));
         }
         self.mark_dirty(t);
         Ok(())
@@ -160,7 +178,7 @@ impl Core {
             return 0;
         }
         let ot = self.ops.insert(OpEntry::probe(t));
-        self.conns.get_mut(t).expect("checked").sq.push(ot, false);
+        self.conns.get_mut(t).expect("checked").sq.push(ot, false, 0);
         self.mark_dirty(t);
         self.stats.keepalives += 1;
         self.schedule_keepalive(t, interval);

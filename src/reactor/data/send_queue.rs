@@ -51,8 +51,11 @@ pub(crate) struct Plan {
 /// The send side of one connection: pending operations, posted ones, signaling and credits.
 #[derive(Debug)]
 pub(crate) struct SendQueue {
-    /// Submitted, not yet posted, in submission order, with "consumes a peer receive".
-    pending: VecDeque<(OpKey, bool)>,
+    /// Submitted, not yet posted, in submission order, with "consumes a peer receive" and its
+    /// bytes.
+    pending: VecDeque<(OpKey, bool, u32)>,
+    /// The bytes of `pending` (`Config::send_backlog_bytes`).
+    pending_bytes: usize,
     /// Posted and not yet completed, in posting order.
     posted: VecDeque<OpKey>,
     /// Unsignaled requests posted since the last signaled one.
@@ -91,6 +94,7 @@ impl SendQueue {
     pub(crate) fn new(signal_every: u32) -> SendQueue {
         SendQueue {
             pending: VecDeque::new(),
+            pending_bytes: 0,
             posted: VecDeque::new(),
             unsignaled: 0,
             unreported: 0,
@@ -165,10 +169,16 @@ impl SendQueue {
         self.flow.as_mut()
     }
 
-    /// Queues an operation; `consumes` when it uses one of the peer's receives (a send or a
-    /// write with immediate).
-    pub(crate) fn push(&mut self, op: OpKey, consumes: bool) {
-        self.pending.push_back((op, consumes));
+    /// Queues an operation of `len` bytes; `consumes` when it uses one of the peer's receives
+    /// (a send or a write with immediate).
+    pub(crate) fn push(&mut self, op: OpKey, consumes: bool, len: u32) {
+        self.pending.push_back((op, consumes, len));
+        self.pending_bytes += len as usize;
+    }
+
+    /// Operations queued and not yet posted, and their bytes (`Config::send_backlog`).
+    pub(crate) fn backlog(&self) -> (u32, usize) {
+        (self.pending.len() as u32, self.pending_bytes)
     }
 
     /// Posted requests not yet completed.
@@ -197,7 +207,7 @@ impl SendQueue {
     /// True when the next operation waits for the peer's credits (flow control on, it
     /// consumes a peer receive, and a data message may not go now).
     pub(crate) fn credit_blocked(&self) -> bool {
-        let head_consumes = self.pending.front().is_some_and(|&(_, consumes)| consumes);
+        let head_consumes = self.pending.front().is_some_and(|&(_, consumes, _)| consumes);
         // Saying goodbye, nothing pending goes any more: nothing waits for credit.
         let quiet = self.leaving != Leaving::No;
         !quiet && head_consumes && self.flow.as_ref().is_some_and(|f| !f.can_send_data())
@@ -229,7 +239,7 @@ impl SendQueue {
         }
         let quiet = self.leaving != Leaving::No;
         while !self.hello && !quiet && plan.wrs.len() < slots {
-            let Some(&(op, consumes)) = self.pending.front() else { break };
+            let Some(&(op, consumes, len)) = self.pending.front() else { break };
             let flow = self.flow.as_mut().filter(|_| consumes);
             if flow.as_ref().is_some_and(|f| !f.can_send_data()) {
                 break;
@@ -240,6 +250,7 @@ impl SendQueue {
             }
             let imm = flow.map(|f| f.send_data().encode());
             self.pending.pop_front();
+            self.pending_bytes -= len as usize;
             plan.wrs.push(Planned { op, imm, signaled: false });
         }
         // The close handshake's messages: credit-only, each with the grants owed.
@@ -335,8 +346,9 @@ impl SendQueue {
             room.release_send(self.outstanding());
         }
         self.unreported = 0;
+        self.pending_bytes = 0;
         let posted = self.posted.drain(..);
-        posted.chain(self.pending.drain(..).map(|(op, _)| op)).collect()
+        posted.chain(self.pending.drain(..).map(|(op, _, _)| op)).collect()
     }
 
     /// For a reconnection (`reactor/conn/reconnect.rs`; the queue pair is gone): gives back the CQ
@@ -349,13 +361,18 @@ impl SendQueue {
             room.release_send(self.outstanding());
         }
         let mut gone: Vec<OpKey> = self.posted.drain(..).collect();
-        self.pending.retain(|&(op, _)| {
+        self.pending.retain(|&(op, _, _)| {
             keep(op) || {
                 gone.push(op);
                 false
             }
         });
-        *self = SendQueue { pending: std::mem::take(&mut self.pending), ..SendQueue::new(self.signal_every) };
+        let pending_bytes = self.pending.iter().map(|&(_, _, len)| len as usize).sum();
+        *self = SendQueue {
+            pending: std::mem::take(&mut self.pending),
+            pending_bytes,
+            ..SendQueue::new(self.signal_every)
+        };
         gone
     }
 }
@@ -480,7 +497,7 @@ mod tests {
         let mut q = SendQueue::new(signal_every);
         q.set_capacity(16);
         for op in ops {
-            q.push(*op, consumes);
+            q.push(*op, consumes, 64);
         }
         q
     }
@@ -558,10 +575,10 @@ mod tests {
         q.flow_mut().unwrap().send_data();
         let mut room = CqRoom::new(64, 16);
         // A write (no credit needed), two sends, then another write.
-        q.push(k[0], false);
-        q.push(k[1], true);
-        q.push(k[2], true);
-        q.push(k[3], false);
+        q.push(k[0], false, 64);
+        q.push(k[1], true, 64);
+        q.push(k[2], true, 64);
+        q.push(k[3], false, 64);
         let plan = q.plan(&mut room, || unreachable!("nothing is owed"));
         assert_eq!(ops(&plan), vec![k[0], k[1]], "the second send waits for credit, and the write behind it");
         assert!(!plan.short_of_room);
@@ -584,13 +601,13 @@ mod tests {
         q.set_flow(flow(3, 8));
         q.flow_mut().unwrap().send_data();
         q.flow_mut().unwrap().send_data();
-        q.push(k[0], false);
+        q.push(k[0], false, 64);
         assert!(!q.credit_blocked(), "a write needs no credit, even at the last one");
         let mut plain = SendQueue::new(16);
-        plain.push(k[1], true);
+        plain.push(k[1], true, 64);
         assert!(!plain.credit_blocked(), "without flow control nothing waits for credit");
         q.pending.clear();
-        q.push(k[1], true);
+        q.push(k[1], true, 64);
         assert!(q.credit_blocked(), "a send at the reserved last credit waits");
     }
 
@@ -692,7 +709,7 @@ mod tests {
         for _ in 0..4 {
             q.flow_mut().unwrap().on_repost(false);
         }
-        q.push(k[1], true);
+        q.push(k[1], true, 64);
         let plan = q.plan(&mut room, || unreachable!("the data message carries the grant"));
         assert_eq!(ops(&plan), vec![k[1]]);
         assert_eq!(Imm::decode(plan.wrs[0].imm.unwrap()), Imm::data(4));
@@ -706,7 +723,7 @@ mod tests {
         let mut room = CqRoom::new(4, 2);
         assert!(room.admit(2));
         for op in &k {
-            q.push(*op, false);
+            q.push(*op, false, 64);
         }
         let plan = q.plan(&mut room, || unreachable!());
         assert_eq!(ops(&plan), vec![k[0], k[1]]);
@@ -724,7 +741,7 @@ mod tests {
         q.set_capacity(3);
         let mut room = CqRoom::new(64, 16);
         for op in &k {
-            q.push(*op, false);
+            q.push(*op, false, 64);
         }
         let plan = q.plan(&mut room, || unreachable!());
         assert_eq!(ops(&plan), k[..3].to_vec(), "three send slots");
@@ -746,7 +763,7 @@ mod tests {
         q.set_hold(false);
         let mut room = CqRoom::new(64, 16);
         for op in &k {
-            q.push(*op, true);
+            q.push(*op, true, 64);
         }
         let plan = q.plan(&mut room, || unreachable!());
         q.posted(&plan, 2, &mut room).for_each(drop);
@@ -827,7 +844,7 @@ mod tests {
         q.set_farewell(true);
         let mut room = CqRoom::new(64, 16);
         assert_eq!(ops(&q.plan(&mut room, || unreachable!())), k[..2].to_vec());
-        q.push(k[2], true);
+        q.push(k[2], true, 64);
         q.say_farewell();
         assert!(!q.credit_blocked(), "nothing waits for credit once saying goodbye");
         let plan = q.plan(&mut room, || k[3]);
@@ -884,5 +901,29 @@ mod tests {
         let mut plain = SendQueue::new(16);
         plain.set_farewell(true);
         assert!(!plain.farewell());
+    }
+
+    /// The backlog (`Config::send_backlog`, review M1) counts what is queued and not posted:
+    /// a plan that posts takes it off, a reconnection keeps what stays queued, a teardown
+    /// empties it.
+    #[test]
+    fn the_backlog_counts_what_waits_unposted() {
+        let k = keys(6);
+        let mut q = SendQueue::new(1);
+        q.set_capacity(2);
+        let mut room = CqRoom::new(64, 8);
+        for (i, op) in k.iter().enumerate() {
+            q.push(*op, false, 100 * (i as u32 + 1));
+        }
+        assert_eq!(q.backlog(), (6, 2100));
+        let plan = q.plan(&mut room, || unreachable!());
+        assert_eq!(ops(&plan), k[..2].to_vec(), "two send slots");
+        q.posted(&plan, 2, &mut room).for_each(drop);
+        assert_eq!(q.backlog(), (4, 1800), "the posted ones are not queued any more");
+        let gone = q.carry(Some(&mut room), |op| op != k[3]);
+        assert_eq!(gone, vec![k[0], k[1], k[3]]);
+        assert_eq!(q.backlog(), (3, 300 + 500 + 600), "what a reconnection keeps");
+        q.clear(None);
+        assert_eq!(q.backlog(), (0, 0));
     }
 }

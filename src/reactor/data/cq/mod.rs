@@ -544,6 +544,32 @@ impl Core {
             } else {
                 wc.imm.map(Imm::decode)
             };
+            if self.conns.get_mut(t).and_then(|c| c.sq.flow_mut()).is_some_and(|f| f.exhausted()) {
+                // The peer sent beyond the credit we granted it (review M1: a credit that is
+                // only advice lets one peer make a handler that answers every message queue
+                // without bound). The message is dropped, the receive goes back unposted (the
+                // closing connection cancels it) and the connection closes, as on a shared
+                // receive queue.
+                op.posted = false;
+                let nt = self.ops.insert(op);
+                if let Some(c) = self.conns.get_mut(t) {
+                    c.rq.push_front(nt);
+                }
+                // Counted and fed once: the messages after it in the same poll find the
+                // connection closing already.
+                let live = |c: &crate::reactor::ConnEntry| {
+                    matches!(
+                        c.role.state(),
+                        State::Accepting | State::Connecting | State::Established | State::Finishing(_)
+                    )
+                };
+                if self.conns.get(t).is_some_and(live) {
+                    self.stats.credit_overdrawn += 1;
+                    let why = "the peer sent beyond its credit (flow control)".to_string();
+                    self.feed(t, Input::Fault(CloseReason::Protocol(why)));
+                }
+                return;
+            }
             if let Some(c) = self.conns.get_mut(t) {
                 // An iWARP agent's sends wait for its client's first message: this one.
                 let released = c.sq.release();
