@@ -408,6 +408,43 @@ impl Connection {
     pub fn closed(&self) -> Close {
         Close { st: self.st().clone(), asked: true }
     }
+
+    /// What a byte stream over this connection may send (`stream.rs`): the largest message
+    /// (the smaller of the sizes both sides stated, [`DEFAULT_MSG`] for a peer that states
+    /// none, within this side's largest pool buffer) and how many sends it keeps in flight (the queue pair's send
+    /// slots, within the receives the peer announced).
+    #[cfg(feature = "tokio")]
+    pub(super) fn stream_limits(&self) -> Result<(usize, usize)> {
+        self.with_conn(|c| {
+            let peer = c.peer_info().cloned();
+            let msg = peer.as_ref().map(|i| i.msg_size as usize).filter(|m| *m > 0).unwrap_or(DEFAULT_MSG);
+            // Both sides' stated sizes: an accepted async connection posts receives of its
+            // client's size while it states the pool's largest (`Listener`), so a client's
+            // messages must keep to its own size too.
+            let own = c.local_info().map(|i| i.msg_size as usize).filter(|m| *m > 0).unwrap_or(msg);
+            let chunk = msg.min(own).min(c.ctx().max_msg()).max(1);
+            let slots = c.send_capacity() as usize;
+            let credit = peer.map(|i| usize::from(i.recv_depth)).filter(|d| *d > 0).unwrap_or(slots);
+            Ok((chunk, slots.min(credit).max(1)))
+        })
+    }
+
+    /// Starts closing the connection without waiting for the end (a byte stream's end, or its
+    /// drop): at once inside a reactor, else at the reactor's next tick.
+    #[cfg(feature = "tokio")]
+    pub(super) fn start_close(&self) {
+        let (token, orphans) = {
+            let st = self.st().borrow();
+            let live = matches!(st.phase, Phase::Established | Phase::Connecting);
+            (st.token.filter(|_| live), st.orphans.clone())
+        };
+        if let Some(t) = token {
+            // (No borrow of the state is held: closing may call the handler.)
+            if with_ctx(|ctx| ctx.close(t)).is_err() {
+                orphans.borrow_mut().push(t);
+            }
+        }
+    }
 }
 
 /// [`Connection::connect`]'s future.

@@ -53,12 +53,16 @@
 //!   [`Recv`], [`Close`]).
 //! - `line.rs`: the order `Connection::recv` keeps (pure, unit-tested).
 //! - `listener.rs`: [`Listener`] and [`Accept`].
+//! - `stream.rs` (feature `tokio`): `Stream`, a connection as a byte stream (tokio's
+//!   `AsyncRead` and `AsyncWrite`), over `Connection`'s send and recv.
 //! - `time.rs`: [`sleep`], [`sleep_until`] and [`timeout`], on the reactor's own timers.
 //! - `tokio.rs` (feature `tokio`): the tokio driver.
 
 mod connection;
 mod line;
 mod listener;
+#[cfg(feature = "tokio")]
+mod stream;
 mod time;
 #[cfg(feature = "tokio")]
 pub mod tokio;
@@ -66,4 +70,6 @@ pub mod tokio;
 pub use crate::reactor::{spawn, stats, JoinHandle};
 pub use connection::{Close, Connect, Connection, OpFuture, Recv};
 pub use listener::{Accept, Listener};
+#[cfg(feature = "tokio")]
+pub use stream::{kind_of_close, Stream};
 pub use time::{sleep, sleep_until, timeout, Sleep, Timeout};
