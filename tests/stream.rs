@@ -1,0 +1,422 @@
+//! `io::Stream` (issue 31 items 1 and 3) on a real device, under the tokio driver: a TCP
+//! socket piped through an RDMA stream and back with `tokio::io::copy`, every byte verified;
+//! half-close and the end of the stream; the peer closing mid-read and mid-write (typed
+//! errors, no hang); a reader that stops reading (the writer waits with a bounded number of
+//! sends in flight); many streams on one reactor.
+//!
+//! Sizes can be raised by hand: `STREAM_BYTES` (the proxy test's bytes each way, default
+//! 64 MiB) and `STREAM_COUNT` (the many-streams test's streams, default 1000).
+#![cfg(feature = "tokio")]
+
+mod util;
+
+use std::cell::Cell;
+use std::future::Future;
+use std::io::ErrorKind;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdma_reactor::io::{self, Connection, Listener, Stream};
+use rdma_reactor::{CloseReason, Config, ConnectOptions, Error, Reactor};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use util::*;
+
+/// Ends the process with a message if it is not dropped within `limit`: a stream that never
+/// ends would otherwise hang the test.
+struct Watchdog(Arc<AtomicBool>);
+
+impl Watchdog {
+    fn new(what: &'static str, limit: Duration) -> Watchdog {
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        std::thread::spawn(move || {
+            let end = Instant::now() + limit;
+            while Instant::now() < end {
+                if d.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            eprintln!("{what}: not done after {limit:?}");
+            std::process::exit(101);
+        });
+        Watchdog(done)
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The bytes of a stream: byte `i` of stream `seed` is `block[(i + seed) % block.len()]`, a
+/// block of a prime length, so a lost, repeated or reordered message shows.
+struct Bytes {
+    block: Vec<u8>,
+}
+
+impl Bytes {
+    fn new() -> Bytes {
+        Bytes { block: pattern(65_521, 7, 7) }
+    }
+
+    /// Fills `out` with the bytes from offset `at` of stream `seed`.
+    fn fill(&self, seed: u64, at: u64, out: &mut [u8]) {
+        let n = self.block.len() as u64;
+        let mut pos = ((at + seed) % n) as usize;
+        let mut done = 0;
+        while done < out.len() {
+            let k = (self.block.len() - pos).min(out.len() - done);
+            out[done..done + k].copy_from_slice(&self.block[pos..pos + k]);
+            done += k;
+            pos = 0;
+        }
+    }
+
+    /// Checks `got` against the bytes from offset `at` of stream `seed`.
+    fn check(&self, seed: u64, at: u64, got: &[u8]) {
+        let n = self.block.len() as u64;
+        let mut pos = ((at + seed) % n) as usize;
+        let mut done = 0;
+        while done < got.len() {
+            let k = (self.block.len() - pos).min(got.len() - done);
+            if got[done..done + k] != self.block[pos..pos + k] {
+                let bad = (0..k).find(|i| got[done + i] != self.block[pos + i]).unwrap_or(0);
+                panic!("stream {seed}: byte {} differs", at + (done + bad) as u64);
+            }
+            done += k;
+            pos = 0;
+        }
+    }
+}
+
+/// Runs `f` (given the listening address) under the tokio driver on a new reactor.
+fn drive<F, T>(cfg: Config, f: impl FnOnce(SocketAddr) -> F) -> T
+where
+    F: Future<Output = T>,
+{
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    let mut r = Reactor::with_config(cfg).expect("reactor");
+    let fut = f(addr());
+    rt.block_on(async { io::tokio::drive(&mut r, fut).expect("driver").await }).expect("the reactor's loop")
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Writes `len` bytes of stream `seed` to `w` in writes of `piece`, then shuts it down.
+async fn write_stream<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, bytes: &Bytes, seed: u64, len: u64, piece: usize) {
+    let mut buf = vec![0u8; piece];
+    let mut at = 0u64;
+    while at < len {
+        let n = piece.min((len - at) as usize);
+        bytes.fill(seed, at, &mut buf[..n]);
+        w.write_all(&buf[..n]).await.expect("write");
+        at += n as u64;
+    }
+    w.shutdown().await.expect("shutdown");
+}
+
+/// Reads `r` to its end, checking every byte against stream `seed`; returns how many.
+async fn read_stream<R: tokio::io::AsyncRead + Unpin>(r: &mut R, bytes: &Bytes, seed: u64) -> std::io::Result<u64> {
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut at = 0u64;
+    loop {
+        let n = r.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(at);
+        }
+        bytes.check(seed, at, &buf[..n]);
+        at += n as u64;
+    }
+}
+
+/// An RDMA echo server: every accepted connection's stream copied back into itself with
+/// `tokio::io::copy`, then shut down. Returns the bytes echoed per connection as the tasks
+/// end.
+fn serve_echo(listener: Listener) -> Rc<std::cell::RefCell<Vec<u64>>> {
+    let echoed = Rc::new(std::cell::RefCell::new(Vec::new()));
+    let e = echoed.clone();
+    let _accept = io::spawn(async move {
+        while let Ok(conn) = listener.accept().await {
+            let e = e.clone();
+            let _task = io::spawn(async move {
+                let (mut rd, mut wr) = tokio::io::split(Stream::new(conn));
+                let n = tokio::io::copy(&mut rd, &mut wr).await.expect("echo: copy");
+                wr.shutdown().await.expect("echo: shutdown");
+                e.borrow_mut().push(n);
+            })
+            .expect("spawn");
+        }
+    })
+    .expect("spawn");
+    echoed
+}
+
+/// The proxy a user would write first: TCP client -> [TCP accept, `copy_bidirectional` with
+/// an RDMA stream] -> RDMA echo server (`copy` of the stream into itself). The client writes
+/// `STREAM_BYTES` and reads every byte back, verified; each half-close travels the chain (the
+/// client's shutdown ends the echo's copy, whose shutdown ends the proxy's).
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn tcp_piped_through_an_rdma_stream_and_back_every_byte_verified() {
+    let total = env("STREAM_BYTES", 64 << 20);
+    let _w = Watchdog::new("proxy", Duration::from_secs(600));
+    let t0 = Instant::now();
+    let (sent, got, echoed, proxied) = drive(Config::default(), |a| async move {
+        let echoed = serve_echo(Listener::bind(a).expect("listen"));
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("tcp listen");
+        let taddr = tcp.local_addr().expect("tcp addr");
+        let proxy = io::spawn(async move {
+            let (mut sock, _) = tcp.accept().await.expect("tcp accept");
+            let opts = ConnectOptions { msg_size: 64 * 1024, ..ConnectOptions::default() };
+            let mut rdma = Stream::new(Connection::connect(a, opts).await.expect("connect"));
+            let moved = tokio::io::copy_bidirectional(&mut sock, &mut rdma).await.expect("proxy: copy");
+            (moved, rdma.in_flight(), rdma.window(), rdma.connection().transport())
+        })
+        .expect("spawn");
+        let sock = tokio::net::TcpStream::connect(taddr).await.expect("tcp connect");
+        let (mut rd, mut wr) = sock.into_split();
+        let bytes = Bytes::new();
+        let writer = async {
+            write_stream(&mut wr, &bytes, 1, total, 256 * 1024).await;
+            total
+        };
+        let reader = async { read_stream(&mut rd, &bytes, 1).await.expect("client read") };
+        let (sent, got) = tokio::join!(writer, reader);
+        let proxied = proxy.await.expect("the proxy did not panic");
+        let echoed = echoed.borrow().clone();
+        (sent, got, echoed, proxied)
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "proxy: {got} of {sent} bytes back in {secs:.1} s ({:.1} MiB/s each way); echoed {echoed:?}; \
+         proxy moved {:?}, in flight at the end {}, window {:?}, transport {:?}",
+        got as f64 / secs / (1 << 20) as f64,
+        proxied.0,
+        proxied.1,
+        proxied.2,
+        proxied.3
+    );
+    assert_eq!(got, sent, "every byte back");
+    assert_eq!(echoed, vec![total], "the echo copied every byte once");
+    assert_eq!(proxied.0, (total, total), "the proxy moved every byte each way");
+    assert_eq!(proxied.1, 0, "nothing in flight after the shutdown");
+}
+
+/// Half-close: the client writes and shuts down; the server reads to the end (the marker),
+/// then writes back on its still open side and shuts down; the client reads that to the end.
+/// Both saw the peer's marker, and the connection is closed cleanly afterwards.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn half_close_then_the_other_side_writes_back_and_both_end() {
+    let _w = Watchdog::new("half-close", Duration::from_secs(120));
+    let (server, client) = drive(Config::default(), |a| async move {
+        let listener = Listener::bind(a).expect("listen");
+        let server = io::spawn(async move {
+            let bytes = Bytes::new();
+            let mut s = Stream::new(listener.accept().await.expect("accept"));
+            let got = read_stream(&mut s, &bytes, 2).await.expect("server read");
+            // The client's side is shut: ours still writes.
+            write_stream(&mut s, &bytes, 3, 300_000, 10_000).await;
+            let marked = s.peer_shut_down();
+            let why = io::timeout(Duration::from_secs(10), s.connection().closed()).await.expect("closed");
+            (got, marked, why)
+        })
+        .expect("spawn");
+        let bytes = Bytes::new();
+        let opts = ConnectOptions { msg_size: 4096, ..ConnectOptions::default() };
+        let mut s = Stream::new(Connection::connect(a, opts).await.expect("connect"));
+        write_stream(&mut s, &bytes, 2, 100_000, 7_000).await;
+        assert!(s.write(b"late").await.is_err_and(|e| e.kind() == ErrorKind::BrokenPipe), "no write after shutdown");
+        let got = read_stream(&mut s, &bytes, 3).await.expect("client read");
+        let marked = s.peer_shut_down();
+        let why = io::timeout(Duration::from_secs(10), s.connection().closed()).await.expect("closed");
+        (server.await.expect("server"), (got, marked, why))
+    });
+    println!("half-close: server {server:?}, client {client:?}");
+    assert_eq!((server.0, server.1), (100_000, true));
+    assert_eq!((client.0, client.1), (300_000, true));
+    assert!(server.2.is_clean() && client.2.is_clean(), "clean closes: {server:?} {client:?}");
+}
+
+/// The peer closes mid-read and mid-write: a reader waiting for bytes reads the end (the
+/// peer's disconnect, no marker) after what was flushed; a writer whose peer closed fails
+/// with a typed error (`BrokenPipe`, the crate's `Error::Closed` as its source). Neither
+/// hangs.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn the_peer_closing_mid_read_and_mid_write_ends_with_typed_outcomes() {
+    let _w = Watchdog::new("peer close", Duration::from_secs(120));
+    let (read_end, write_err) = drive(Config::default(), |a| async move {
+        let listener = Listener::bind(a).expect("listen");
+        let bytes = Rc::new(Bytes::new());
+        let opts = ConnectOptions { msg_size: 16 * 1024, ..ConnectOptions::default() };
+
+        // Mid-read: the server reads; the client writes 200 000 bytes, flushes and drops
+        // its stream (a close without a shutdown) while the server waits for more.
+        let b = bytes.clone();
+        let reader = io::spawn(async move {
+            let mut s = Stream::new(listener.accept().await.expect("accept"));
+            let got = read_stream(&mut s, &b, 4).await;
+            (got.map_err(|e| e.kind()), s.peer_shut_down(), listener)
+        })
+        .expect("spawn");
+        let mut c = Stream::new(Connection::connect(a, opts.clone()).await.expect("connect"));
+        let mut buf = vec![0u8; 200_000];
+        bytes.fill(4, 0, &mut buf);
+        c.write_all(&buf).await.expect("write");
+        c.flush().await.expect("flush");
+        io::sleep(Duration::from_millis(100)).await.expect("sleep");
+        drop(c);
+        let (got, marked, listener) = reader.await.expect("reader");
+
+        // Mid-write: the server reads 64 KiB and drops its stream; the client writes on.
+        let b = bytes.clone();
+        let closer = io::spawn(async move {
+            let mut s = Stream::new(listener.accept().await.expect("accept"));
+            let mut buf = vec![0u8; 64 * 1024];
+            s.read_exact(&mut buf).await.expect("read");
+            b.check(5, 0, &buf);
+        })
+        .expect("spawn");
+        let mut c = Stream::new(Connection::connect(a, opts).await.expect("connect"));
+        let mut buf = vec![0u8; 16 * 1024];
+        let mut at = 0u64;
+        let err = loop {
+            bytes.fill(5, at, &mut buf);
+            match io::timeout(Duration::from_secs(20), c.write_all(&buf)).await {
+                Ok(Ok(())) => at += buf.len() as u64,
+                Ok(Err(e)) => break e,
+                Err(e) => panic!("the writer hung after its peer closed: {e}"),
+            }
+        };
+        closer.await.expect("closer");
+        let source = err.get_ref().and_then(|s| s.downcast_ref::<Error>()).map(|e| match e {
+            Error::Closed(r) => Some(r.clone()),
+            _ => None,
+        });
+        ((got, marked), (err.kind(), source, at))
+    });
+    println!("mid-read: {read_end:?}; mid-write: {write_err:?}");
+    assert_eq!(read_end, (Ok(200_000), false), "the flushed bytes, then the end without a marker");
+    assert_eq!(write_err.0, ErrorKind::BrokenPipe, "the peer's close, typed: {write_err:?}");
+    assert_eq!(write_err.1, Some(Some(CloseReason::Peer)), "the crate's Error::Closed as the source");
+}
+
+/// A reader that stops reading: the writer's writes go pending once `window` sends are in
+/// flight and stay pending (no unbounded buffering); when the reader reads again every byte
+/// arrives.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_reader_that_stops_reading_blocks_the_writer_with_bounded_sends_in_flight() {
+    const TOTAL: u64 = 32 << 20;
+    const MSG: usize = 64 * 1024;
+    let _w = Watchdog::new("slow reader", Duration::from_secs(300));
+    let cfg = Config { recv_depth: 16, send_depth: 32, ..Config::default() };
+    let (blocked_at, in_flight, window, still, got) = drive(cfg, |a| async move {
+        let listener = Listener::bind(a).expect("listen");
+        let go = Rc::new(Cell::new(false));
+        let g = go.clone();
+        let reader = io::spawn(async move {
+            let mut s = Stream::new(listener.accept().await.expect("accept"));
+            while !g.get() {
+                io::sleep(Duration::from_millis(20)).await.expect("sleep");
+            }
+            read_stream(&mut s, &Bytes::new(), 6).await.expect("read")
+        })
+        .expect("spawn");
+        let bytes = Bytes::new();
+        let opts = ConnectOptions { msg_size: MSG as u32, ..ConnectOptions::default() };
+        let mut s = Stream::new(Connection::connect(a, opts).await.expect("connect"));
+        let mut buf = vec![0u8; MSG];
+        let mut at = 0u64;
+        // Write until a write stays pending for half a second.
+        loop {
+            bytes.fill(6, at, &mut buf);
+            match io::timeout(Duration::from_millis(500), s.write(&buf)).await {
+                Ok(n) => at += n.expect("write") as u64,
+                Err(_) => break,
+            }
+            assert!(at < TOTAL, "the writer never blocked: {at} bytes taken");
+        }
+        let (blocked_at, in_flight, window) = (at, s.in_flight(), s.window());
+        // Still blocked a second later.
+        let still = io::timeout(Duration::from_secs(1), s.write(&buf)).await.is_err();
+        go.set(true);
+        while at < TOTAL {
+            let n = (TOTAL - at).min(MSG as u64) as usize;
+            bytes.fill(6, at, &mut buf[..n]);
+            s.write_all(&buf[..n]).await.expect("write");
+            at += n as u64;
+        }
+        s.shutdown().await.expect("shutdown");
+        (blocked_at, in_flight, window, still, reader.await.expect("reader"))
+    });
+    println!(
+        "slow reader: the writer blocked after {blocked_at} bytes with {in_flight} sends in flight (window \
+         {window:?}); still blocked a second later: {still}; then {got} bytes read"
+    );
+    let window = window.expect("known after the first write");
+    assert!(window <= 32, "the window is within the send queue: {window}");
+    assert_eq!(in_flight, window, "blocked with the window full");
+    // What the writer got through: its window, and the reader's receives (posted and unread:
+    // at most twice its depth).
+    let bound = ((window + 2 * 16 + 2) * MSG) as u64;
+    assert!(blocked_at <= bound, "bounded: {blocked_at} bytes taken before blocking, bound {bound}");
+    assert!(still, "the writer stays blocked while the reader does not read");
+    assert_eq!(got, TOTAL, "every byte arrived once the reader read again");
+}
+
+/// Many streams on one reactor, each a client writing its own bytes to the echo server,
+/// shutting down and reading every byte back.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn many_streams_on_one_reactor_every_byte_verified() {
+    let count = env("STREAM_COUNT", 1000);
+    const EACH: u64 = 20_000;
+    let _w = Watchdog::new("many streams", Duration::from_secs(600));
+    let cfg = Config { recv_depth: 4, send_depth: 8, ..Config::default() };
+    let t0 = Instant::now();
+    let (done, echoed) = drive(cfg, |a| async move {
+        let echoed = serve_echo(Listener::bind(a).expect("listen"));
+        let bytes = Rc::new(Bytes::new());
+        let mut joins = Vec::new();
+        for i in 0..count {
+            let b = bytes.clone();
+            joins.push(
+                io::spawn(async move {
+                    let opts = ConnectOptions { msg_size: 4096, ..ConnectOptions::default() };
+                    let conn = Connection::connect(a, opts).await.expect("connect");
+                    let (mut rd, mut wr) = tokio::io::split(Stream::new(conn));
+                    let seed = 100 + i;
+                    let (_, got) =
+                        tokio::join!(write_stream(&mut wr, &b, seed, EACH, 3000), read_stream(&mut rd, &b, seed));
+                    got.expect("read")
+                })
+                .expect("spawn"),
+            );
+        }
+        let mut done = 0;
+        for j in joins {
+            assert_eq!(j.await.expect("client"), EACH);
+            done += 1;
+        }
+        // The echo tasks end as their connections' markers arrive.
+        let t = Instant::now();
+        while echoed.borrow().len() < count as usize && t.elapsed() < Duration::from_secs(30) {
+            io::sleep(Duration::from_millis(20)).await.expect("sleep");
+        }
+        let echoed = echoed.borrow().clone();
+        (done, echoed)
+    });
+    println!("many streams: {done} of {count} streams verified in {:.1} s", t0.elapsed().as_secs_f64());
+    assert_eq!(done, count);
+    assert_eq!(echoed.len() as u64, count);
+    assert!(echoed.iter().all(|n| *n == EACH));
+}
