@@ -2,10 +2,12 @@
 //! socket piped through an RDMA stream and back with `tokio::io::copy`, every byte verified;
 //! half-close and the end of the stream; the peer closing mid-read and mid-write (typed
 //! errors, no hang); a reader that stops reading (the writer waits with a bounded number of
-//! sends in flight); many streams on one reactor.
+//! sends in flight); many streams on one reactor; the HTTP example (hyper over streams); a
+//! peer process killed mid-write and mid-read.
 //!
 //! Sizes can be raised by hand: `STREAM_BYTES` (the proxy test's bytes each way, default
-//! 64 MiB) and `STREAM_COUNT` (the many-streams test's streams, default 1000).
+//! 64 MiB), `STREAM_COUNT` (the many-streams test's streams, default 1000) and `HTTP_REQUESTS`
+//! (the HTTP example's requests, default 400).
 #![cfg(feature = "tokio")]
 
 mod util;
@@ -419,4 +421,87 @@ fn many_streams_on_one_reactor_every_byte_verified() {
     assert_eq!(done, count);
     assert_eq!(echoed.len() as u64, count);
     assert!(echoed.iter().all(|n| *n == EACH));
+}
+
+/// The HTTP example (hyper 1 over streams, issue 31 item 2): its client makes
+/// `HTTP_REQUESTS` requests (default 400) over 4 connections with bodies from 0 B to 1 MiB and
+/// checks every byte; the server exits after the 4 connections ended.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn the_http_example_serves_hyper_over_streams_every_byte_verified() {
+    let requests = env("HTTP_REQUESTS", 400).to_string();
+    let a = addr();
+    let at = a.to_string();
+    let srv = Proc::spawn("http server", bin("http"), &["server", "--bind", &at, "--exit-after", "4", "--quiet"]);
+    wait_listening(a, Duration::from_secs(30));
+    let args = ["client", "--connect", &at, "--clients", "4", "--requests", &requests, "--max-body", "1M"];
+    let (ok, out) = run_output(bin("http"), &args, Duration::from_secs(600));
+    println!("http client:\n{out}");
+    assert!(ok, "the http client failed:\n{out}");
+    assert!(out.contains(&format!("{requests} of {requests} requests over 4 connections verified")), "{out}");
+    let st = srv.wait(Duration::from_secs(60));
+    assert!(st.success(), "http server: {st}");
+}
+
+/// A peer process killed (SIGKILL) mid-write and mid-read: the http example's server is
+/// killed while this stream writes a request body it will never finish, then while this
+/// stream reads a 16 MiB response. The writer fails with a typed error, the reader ends (the
+/// end without the peer's marker, or a typed error) short of the response; neither hangs.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_peer_process_killed_mid_write_and_mid_read_ends_the_stream_without_a_hang() {
+    let _w = Watchdog::new("killed peer", Duration::from_secs(300));
+    let (write_end, read_end) = drive(Config::default(), |a| async move {
+        let at = a.to_string();
+        let opts = ConnectOptions { msg_size: 64 * 1024, ..ConnectOptions::default() };
+
+        // Mid-write: a POST whose body never ends.
+        let mut srv = Proc::spawn("http server", bin("http"), &["server", "--bind", &at, "--quiet"]);
+        wait_listening(a, Duration::from_secs(30));
+        let mut s = Stream::new(Connection::connect(a, opts.clone()).await.expect("connect"));
+        s.write_all(b"POST /echo HTTP/1.1\r\nhost: rdma\r\ncontent-length: 1000000000000\r\n\r\n").await.expect("head");
+        let chunk = vec![7u8; 64 * 1024];
+        let mut sent = 0u64;
+        let err = loop {
+            if sent == 4 << 20 {
+                kill9(&mut srv);
+            }
+            match io::timeout(Duration::from_secs(30), s.write_all(&chunk)).await {
+                Ok(Ok(())) => sent += chunk.len() as u64,
+                Ok(Err(e)) => break e,
+                Err(e) => panic!("the writer hung after its peer was killed ({sent} bytes sent): {e}"),
+            }
+            assert!(sent < 1 << 30, "the writer never failed");
+        };
+        let write_end = (err.kind(), sent);
+        drop(s);
+
+        // Mid-read: a 16 MiB response, the server killed after the first 4 MiB.
+        let mut srv = Proc::spawn("http server", bin("http"), &["server", "--bind", &at, "--quiet"]);
+        wait_listening(a, Duration::from_secs(30));
+        let mut s = Stream::new(Connection::connect(a, opts).await.expect("connect"));
+        s.write_all(b"GET /bytes/16777216/1 HTTP/1.1\r\nhost: rdma\r\n\r\n").await.expect("request");
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut got = 0u64;
+        let read_end = loop {
+            if got >= 4 << 20 && srv.0.try_wait().ok().flatten().is_none() {
+                kill9(&mut srv);
+            }
+            match io::timeout(Duration::from_secs(30), s.read(&mut buf)).await {
+                Ok(Ok(0)) => break Ok(s.peer_shut_down()),
+                Ok(Ok(n)) => got += n as u64,
+                Ok(Err(e)) => break Err(e.kind()),
+                Err(e) => panic!("the reader hung after its peer was killed ({got} bytes read): {e}"),
+            }
+        };
+        (write_end, (read_end, got))
+    });
+    println!("killed peer: mid-write {write_end:?}; mid-read {read_end:?}");
+    assert!(
+        matches!(write_end.0, ErrorKind::BrokenPipe | ErrorKind::ConnectionReset | ErrorKind::TimedOut),
+        "a typed error for the writer: {write_end:?}"
+    );
+    assert!(write_end.1 >= 4 << 20);
+    assert!(matches!(read_end.0, Ok(false) | Err(_)), "no marker from a killed peer: {read_end:?}");
+    assert!(read_end.1 >= 4 << 20 && read_end.1 < 16 << 20, "the response was cut short: {read_end:?}");
 }

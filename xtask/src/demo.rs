@@ -1,7 +1,7 @@
 //! `cargo xtask demo`: the project's main job in one command.
 //!
-//! THE PLACE TO EDIT the demo's command lines: [`ECHO`], [`BLAST`], [`EMBED`], [`KV`], [`ASYNC`] and
-//! [`RPING`] below. Each is a sh fragment run with `$BIN` (the project's binaries) and `$RDMA_ADDR` set, in
+//! THE PLACE TO EDIT the demo's command lines: [`ECHO`], [`BLAST`], [`EMBED`], [`KV`], [`ASYNC`],
+//! [`HTTP`] and [`RPING`] below. Each is a sh fragment run with `$BIN` (the project's binaries) and `$RDMA_ADDR` set, in
 //! the VM (on the device `cargo xtask demo --device rxe|siw` chose: `$RDMA_ADDR` is its address)
 //! or on a host with an RDMA device. A fragment is used when its example source exists
 //! (`examples/echo.rs`, `examples/blast.rs`, `examples/embed.rs`); with neither echo nor blast,
@@ -82,6 +82,21 @@ echo "-- control: quit"; printf 'quit
 wait $server || { echo "== tokio_control failed"; exit 1; }
 "#;
 
+/// The HTTP example: hyper 1 over RDMA byte streams (`io::Stream`), a server and a client making
+/// 2000 requests over 4 connections with bodies from 0 B to 1 MiB, every byte verified.
+pub const HTTP: &str = r#"
+echo "== http: hyper server on $RDMA_ADDR:7478; client: 4 connections x 500 requests, bodies 0 B to 1 MiB, verified"
+"$BIN"/http server --bind "$RDMA_ADDR:7478" --exit-after 4 --quiet &
+server=$!
+sleep 1
+"$BIN"/http client --connect "$RDMA_ADDR:7478" --clients 4 --requests 2000 --max-body 1M
+rc=$?
+wait $server
+src=$?
+[ $rc -eq 0 ] || { echo "== http client failed: exit $rc"; exit $rc; }
+[ $src -eq 0 ] || { echo "== http server failed: exit $src"; exit $src; }
+"#;
+
 /// Until the examples exist: rdma-core's rping, server and client, 5 verified pings.
 pub const RPING: &str = r#"
 echo "== rping (the echo/blast examples do not exist yet): server and client on $RDMA_ADDR, 5 pings"
@@ -116,6 +131,9 @@ pub fn script() -> String {
     }
     if project::has_example("aecho") && project::has_example("tokio_control") {
         s.push_str(ASYNC);
+    }
+    if project::has_example("http") {
+        s.push_str(HTTP);
     }
     if !echo && !blast {
         s.push_str(RPING);
