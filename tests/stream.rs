@@ -505,3 +505,46 @@ fn a_peer_process_killed_mid_write_and_mid_read_ends_the_stream_without_a_hang()
     assert!(matches!(read_end.0, Ok(false) | Err(_)), "no marker from a killed peer: {read_end:?}");
     assert!(read_end.1 >= 4 << 20 && read_end.1 < 16 << 20, "the response was cut short: {read_end:?}");
 }
+
+/// Interop with the message API (issue 31 item 4): a stream against the `echo` (callbacks)
+/// and `aecho` (async messages) servers, which know nothing of streams. Each echoes every
+/// message as it came, the empty end-of-stream marker included, so the stream reads every byte
+/// back and then its own marker as the end.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_stream_against_the_message_echo_servers_reads_its_bytes_and_its_end_back() {
+    let _w = Watchdog::new("interop", Duration::from_secs(120));
+    for server in ["echo", "aecho"] {
+        let (got, marked) = drive(Config::default(), |a| async move {
+            let at = a.to_string();
+            let srv = Proc::spawn("server", bin(server), &["server", "--bind", &at, "--exit-after", "1", "--quiet"]);
+            wait_listening(a, Duration::from_secs(30));
+            let opts = ConnectOptions { msg_size: 16 * 1024, ..ConnectOptions::default() };
+            let s = Stream::new(Connection::connect(a, opts).await.expect("connect"));
+            let (mut rd, mut wr) = tokio::io::split(s);
+            let bytes = Bytes::new();
+            let (_, got) =
+                tokio::join!(write_stream(&mut wr, &bytes, 9, 1 << 20, 10_000), read_stream(&mut rd, &bytes, 9));
+            let s = rd.unsplit(wr);
+            let marked = s.peer_shut_down();
+            // Both ends are in: the stream closes the connection (on iWARP with the close
+            // handshake, which needs this reactor's ticks: wait without blocking them).
+            let why = io::timeout(Duration::from_secs(30), s.connection().closed()).await.expect("closed");
+            assert!(why.is_clean(), "{why:?}");
+            drop(s);
+            let mut srv = srv;
+            let t = Instant::now();
+            let st = loop {
+                if let Some(st) = srv.0.try_wait().expect("try_wait") {
+                    break st;
+                }
+                assert!(t.elapsed() < Duration::from_secs(30), "the {server} server did not exit");
+                io::sleep(Duration::from_millis(50)).await.expect("sleep");
+            };
+            assert!(st.success(), "{server} server: {st}");
+            (got.expect("read"), marked)
+        });
+        println!("a stream against the {server} server: {got} bytes back, its marker back as the end: {marked}");
+        assert_eq!((got, marked), (1 << 20, true));
+    }
+}

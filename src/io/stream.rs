@@ -107,9 +107,11 @@ use crate::sys::pool::Buf;
 /// [`Connection::recv`] (or a callback handler) sees its bytes in messages of at most its own
 /// message size, cut where the writes were cut (no framing to parse), and an empty message at
 /// the shutdown; a peer's messages are read by the stream as consecutive bytes, and an empty
-/// message ends the stream. So a stream interoperates with the `echo` and `aecho` examples
-/// (their echo is the stream's bytes back) as long as the stream does not shut down first:
-/// they echo the empty marker too.
+/// message ends the stream. So a stream interoperates with the `echo` and `aecho` examples'
+/// servers: they echo its messages as they came, the empty marker included, and the stream
+/// reads its bytes back, then its own marker as the end (`tests/stream.rs`). A message
+/// protocol that gives an empty message another meaning cannot share a connection with a
+/// stream.
 ///
 /// The stream owns the connection's receives: do not call [`Connection::recv`] on a clone
 /// while a stream reads (each would take some of the other's messages).
