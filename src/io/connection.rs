@@ -425,7 +425,10 @@ impl Connection {
             let chunk = msg.min(own).min(c.ctx().max_msg()).max(1);
             let slots = c.send_capacity() as usize;
             let credit = peer.map(|i| usize::from(i.recv_depth)).filter(|d| *d > 0).unwrap_or(slots);
-            Ok((chunk, slots.min(credit).max(1)))
+            // Never more queued than the send backlog takes (`Config::send_backlog_bytes`): a
+            // write is then never refused for it, whatever the send depth.
+            let backlog = (c.ctx().config().send_backlog_bytes / chunk).max(1);
+            Ok((chunk, slots.min(credit).min(backlog).max(1)))
         })
     }
 

@@ -254,21 +254,23 @@ pub struct Config {
     /// still acknowledges them (a stopped or hung process), which neither RC retries nor
     /// keepalive probes can. `None` (the default): sends wait for credits for ever.
     pub credit_timeout: Option<Duration>,
-    /// Send-queue operations (sends, writes, reads) a connection may hold submitted and not
-    /// yet posted: waiting for the peer's credits, for send-queue or CQ room. A submission
-    /// beyond it fails with [`Error::Limit`](crate::Error::Limit) (`what`:
+    /// Send-queue operations (sends, writes, reads) a connection may hold submitted and
+    /// waiting beyond its queue pair's free send slots (for the peer's credits, or for send
+    /// or CQ room). What the next post can take is never refused; a submission that would
+    /// wait beyond this many fails with [`Error::Limit`](crate::Error::Limit) (`what`:
     /// `"Config::send_backlog"`), the operation given back in the
-    /// [`SubmitError`](crate::SubmitError): back-pressure the handler can act on (try again
-    /// after a completion; [`Conn::backlog`](crate::Conn::backlog) says how much waits). It
-    /// bounds what a peer that takes our messages slowly, or grants no credit, can make a
+    /// [`SubmitError`](crate::SubmitError): back-pressure the handler can act on (submit it
+    /// again after a completion; [`Conn::backlog`](crate::Conn::backlog) says how much waits).
+    /// It bounds what a peer that takes our messages slowly, or grants no credit, can make a
     /// request/response handler hold (the review of 2026-11-26, M1). Default 1024.
     pub send_backlog: u32,
-    /// Bytes of those operations' buffers a connection may hold queued: a submission that
-    /// would take its queued bytes past this fails the same way (`what`:
-    /// `"Config::send_backlog_bytes"`), unless nothing is queued (one operation may always
-    /// wait). Default 64 MiB: with the default receive depth and largest chunk (64 x 1 MiB of
-    /// receives) and 64 posted sends, one connection holds at most about 192 MiB of the pool
-    /// (1 GiB at most) in what the runtime queues and posts for it.
+    /// Pool bytes (the buffers of sends, writes and reads; an application region's or raw
+    /// memory is not the pool's) a connection may hold queued when an operation would wait
+    /// beyond its free send slots: such a submission fails the same way (`what`:
+    /// `"Config::send_backlog_bytes"`) if it would take them past this, unless no pool bytes
+    /// are queued (one operation may always wait). Default 256 MiB, a quarter of the pool's
+    /// default maximum (1 GiB), so one peer cannot make a connection queue more of the pool
+    /// than that (`io::Stream` keeps its writes in flight within it).
     pub send_backlog_bytes: usize,
     /// Receiver-not-ready retries (0..=6 finite; 7 retries forever). Default 6.
     pub rnr_retry_count: u8,
@@ -310,7 +312,7 @@ impl Default for Config {
             keepalive: None,
             credit_timeout: None,
             send_backlog: 1024,
-            send_backlog_bytes: 64 << 20,
+            send_backlog_bytes: 256 << 20,
             rnr_retry_count: 6,
             backlog: 1024,
             max_connections: 65_536,

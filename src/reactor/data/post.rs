@@ -119,13 +119,23 @@ impl Core {
         }
         // What waits unposted on the send queue is bounded (`Config::send_backlog`, review M1):
         // a peer that takes our messages slowly or grants no credit cannot make a handler that
-        // answers every message hold an unbounded queue of pool buffers.
-        let on_send_queue = op.opcode() != OpCode::Recv;
-        if on_send_queue {
+        // answers every message hold an unbounded queue of pool buffers. Only an operation
+        // that would wait beyond the queue pair's free send slots is checked: what the next
+        // post can take is never refused. Pool bytes are counted (a region or raw memory is
+        // the application's, not the shared pool's).
+        let pool_len = match &op.body {
+            Body::Send(b) | Body::Write(b, _) | Body::WriteImm(b, _) => b.len(),
+            Body::Read(_, r) => r.len as usize,
+            _ => 0,
+        };
+        if op.opcode() != OpCode::Recv {
             let (ops, bytes) = c.sq.backlog();
-            let refused = if ops >= self.cfg.send_backlog {
+            let free = c.sq.free_slots();
+            let refused = if ops < free {
+                None
+            } else if ops - free >= self.cfg.send_backlog {
                 Some(("Config::send_backlog", self.cfg.send_backlog as usize))
-            } else if ops > 0 && bytes.saturating_add(len) > self.cfg.send_backlog_bytes {
+            } else if bytes > 0 && bytes.saturating_add(pool_len) > self.cfg.send_backlog_bytes {
                 Some(("Config::send_backlog_bytes", self.cfg.send_backlog_bytes))
             } else {
                 None
@@ -159,7 +169,7 @@ impl Core {
         if opcode == OpCode::Recv {
             c.rq.push(ot);
         } else {
-            c.sq.push(ot, opcode.consumes_peer_receive(), u32::try_from(len).unwrap_or(u32::MAX));
+            c.sq.push(ot, opcode.consumes_peer_receive(), u32::try_from(pool_len).unwrap_or(u32::MAX));
         }
         self.mark_dirty(t);
         Ok(())
@@ -174,6 +184,13 @@ impl Core {
         let Some(c) = self.conns.get(t).filter(live) else { return 0 };
         if c.placed.and_then(|p| self.devices.get(p.device)).is_some_and(|d| d.port_down) {
             // Through a downed port a probe fails at once: wait for the port (device.rs).
+            self.schedule_keepalive(t, interval);
+            return 0;
+        }
+        if c.sq.backlog().0 > 0 {
+            // Something waits to be posted already (for credits, or room): it will show the
+            // queue pair's health when it goes, and a probe queued behind it would not go
+            // before it. One probe per interval would pile up for as long as it waits.
             self.schedule_keepalive(t, interval);
             return 0;
         }
@@ -296,6 +313,8 @@ impl Core {
         let ops = &mut self.ops;
         let Scratch { plan, send_wrs: wrs, chains, .. } = &mut self.scratch;
         c.sq.plan_into(&mut e.room, || ops.insert(OpEntry::control(t)), plan);
+        // Read now: the plan is shared, and failing refused requests below runs handlers.
+        let short_of_room = plan.short_of_room;
         self.stats.cq_peak_reserved = self.stats.cq_peak_reserved.max(u64::from(e.room.reserved()));
         if !plan.wrs.is_empty() {
             let mut tails = c.tails.as_mut();
@@ -331,7 +350,7 @@ impl Core {
                 self.wake_waiting(placed.cq);
             }
         }
-        if self.scratch.plan.short_of_room {
+        if short_of_room {
             self.wait_for_room(t, placed);
         }
         self.watch_credits(t);

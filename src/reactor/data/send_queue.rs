@@ -176,9 +176,15 @@ impl SendQueue {
         self.pending_bytes += len as usize;
     }
 
-    /// Operations queued and not yet posted, and their bytes (`Config::send_backlog`).
+    /// Operations queued and not yet posted, and their pool bytes (`Config::send_backlog`).
     pub(crate) fn backlog(&self) -> (u32, usize) {
         (self.pending.len() as u32, self.pending_bytes)
+    }
+
+    /// Send work requests the queue pair can take now: queued operations up to this many go
+    /// at the next post unless they wait for credits.
+    pub(crate) fn free_slots(&self) -> u32 {
+        self.capacity.saturating_sub(self.outstanding())
     }
 
     /// Posted requests not yet completed.
@@ -384,6 +390,9 @@ pub(crate) struct RecvQueue {
     pending: VecDeque<OpKey>,
     posted: VecDeque<OpKey>,
     capacity: u32,
+    /// Receives at the front of `pending` given back after a message consumed them
+    /// ([`RecvQueue::push_returned`]), in the order they were consumed.
+    returned: usize,
 }
 
 impl RecvQueue {
@@ -405,6 +414,18 @@ impl RecvQueue {
     /// Queues a receive at the front (one a credit-only message used, posted again first).
     pub(crate) fn push_front(&mut self, op: OpKey) {
         self.pending.push_front(op);
+        if self.returned > 0 {
+            self.returned += 1;
+        }
+    }
+
+    /// Gives back a receive whose message was refused (a peer beyond its credit, a broken
+    /// frame) before the ones never posted, after those given back before it: several refused
+    /// in one poll keep their order (a reconnecting client posts them again as they were).
+    pub(crate) fn push_returned(&mut self, op: OpKey) {
+        let at = self.returned.min(self.pending.len());
+        self.pending.insert(at, op);
+        self.returned = at + 1;
     }
 
     /// Posted receives not yet completed.
@@ -422,11 +443,13 @@ impl RecvQueue {
     pub(crate) fn plan(&mut self, out: &mut Vec<OpKey>) {
         let n = (self.pending.len() as u32).min(self.capacity.saturating_sub(self.outstanding()));
         out.extend(self.pending.drain(..n as usize));
+        self.returned = self.returned.saturating_sub(n as usize);
     }
 
     /// Like [`RecvQueue::plan`], but takes only the receives `want` accepts; the others stay
     /// pending, in order (a connection saying goodbye posts the runtime's re-posts only).
     pub(crate) fn plan_only(&mut self, mut want: impl FnMut(OpKey) -> bool, out: &mut Vec<OpKey>) {
+        self.returned = 0;
         let room = self.capacity.saturating_sub(self.outstanding()) as usize;
         let (mut i, mut taken) = (0, 0);
         while i < self.pending.len() && taken < room {
@@ -465,11 +488,13 @@ impl RecvQueue {
     /// queue pair.
     pub(crate) fn carry(&mut self) -> Vec<OpKey> {
         self.capacity = 0;
+        self.returned = 0;
         self.posted.drain(..).collect()
     }
 
     /// Empties the queue for teardown; returns every receive, posted first.
     pub(crate) fn clear(&mut self) -> Vec<OpKey> {
+        self.returned = 0;
         let posted = self.posted.drain(..);
         posted.chain(self.pending.drain(..)).collect()
     }
@@ -925,5 +950,28 @@ mod tests {
         assert_eq!(q.backlog(), (3, 300 + 500 + 600), "what a reconnection keeps");
         q.clear(None);
         assert_eq!(q.backlog(), (0, 0));
+    }
+
+    /// Receives given back after their messages were refused (review of the M1 change, finding
+    /// 6) keep the order they were consumed in, before the ones never posted and after a
+    /// credit-only message's re-post.
+    #[test]
+    fn returned_receives_keep_their_order() {
+        let k = keys(6);
+        let mut r = RecvQueue::default();
+        r.set_capacity(2);
+        r.push(k[0]);
+        r.push(k[1]);
+        let first = rplan(&mut r);
+        r.posted(&first, 2);
+        r.push(k[2]);
+        r.push(k[3]);
+        assert!(r.complete(k[0]) && r.complete(k[1]));
+        r.push_returned(k[0]);
+        r.push_returned(k[1]);
+        r.push_front(k[4]);
+        r.push_returned(k[5]);
+        r.set_capacity(8);
+        assert_eq!(rplan(&mut r), vec![k[4], k[0], k[1], k[5], k[2], k[3]]);
     }
 }

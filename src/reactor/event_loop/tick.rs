@@ -26,10 +26,10 @@
 //!    they submit is posted in step 6.
 //! 6. Post the operations submitted during the tick: first each device's shared receive queue
 //!    refill (`data/srq.rs`, one chain per device), then one chain per queue pair and direction
-//!    (`data/post.rs`, planned by `data/send_queue.rs`). Then arm the CQs emptied in step 4
-//!    with `ibv_req_notify_cq` and poll them (a send whose ACK came back during its post
-//!    completes now, not after a wakeup; a completion that raced the arm is not stranded),
-//!    unless spinning, which leaves them unarmed.
+//!    (`data/post.rs`, planned by `data/send_queue.rs`). Then poll the CQs emptied in step 4 once more
+//!    (a send whose ACK came back during its post completes now, not after a wakeup), arm
+//!    them with `ibv_req_notify_cq` and poll again, so a completion that raced the arm is not
+//!    stranded (unless spinning, which leaves them unarmed).
 //! 7. Ack CQ events whose count reached the batch threshold.
 //! 8. Destroy what closed during the tick (`conn/teardown.rs`), and only now: every CM event of the
 //!    tick has been acked.
@@ -146,9 +146,8 @@ impl Core {
         work += self.run_tasks();
         self.flush_posts();
         if !spin && !self.work.spinning.is_empty() {
-            // Arm what the tick emptied only after its posts, then poll it: a send that
-            // completes at once (its ACK came back while it was posted) is reaped now, not
-            // after another wakeup.
+            // Arm what the tick emptied only after its posts: a send that completes at once
+            // (its ACK came back while it was posted) is reaped now, not after another wakeup.
             work += self.poll_spinning(false);
             self.flush_posts();
         }

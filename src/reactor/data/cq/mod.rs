@@ -297,19 +297,13 @@ impl Core {
     /// reaped. An empty CQ is re-armed and polled once more (the arm/poll race); a CQ that used
     /// its budget stays hot for the next tick. Each step is [`after_poll`]'s decision.
     pub(in crate::reactor) fn poll_cq(&mut self, t: CqKey, budget: usize) -> usize {
-        self.poll_cq_armed(t, budget, false)
-    }
-
-    /// [`Core::poll_cq`]; `just_armed`: the caller armed the CQ right before (its first poll
-    /// closes the arm/poll race).
-    fn poll_cq_armed(&mut self, t: CqKey, budget: usize, just_armed: bool) -> usize {
         let Some(cq) = self.cqs.get(t).filter(|e| !e.failed).map(|e| e.cq.clone()) else { return 0 };
         // Uninitialised until a poll fills it: an empty poll costs no stores.
         let mut wcs = WcBatch::new();
         let mut left = budget;
         let mut found = 0;
         // The last call armed the CQ: this poll is the one that closes the race.
-        let mut just_armed = just_armed;
+        let mut just_armed = false;
         loop {
             let want = left.min(POLL_BATCH);
             self.stats.cq_polls += 1;
@@ -395,10 +389,11 @@ impl Core {
     }
 
     /// Polls the CQs left unarmed (emptied during the tick, or spinning). With
-    /// `keep_spinning` false each is armed first and then polled, so the reactor can sleep:
-    /// the poll after the arm finds every completion that came before it, and one after it
-    /// raises an event. (A poll before the arm as well found nothing the one after it would
-    /// not: it cost an `ibv_poll_cq` per tick, issue 33.)
+    /// `keep_spinning` false each is polled, armed and polled once more, so the reactor can
+    /// sleep. (Arming first and polling once was tried, issue 33: it saved one `ibv_poll_cq` a
+    /// tick, within event mode's spread of the count, but on a provider whose arm raises an
+    /// event at once for a CQ that still holds completions, a send completed during its post
+    /// would cost a wakeup, and a failed arm would fail the CQ with completions unreaped.)
     pub(in crate::reactor) fn poll_spinning(&mut self, keep_spinning: bool) -> usize {
         self.work.arm_now = !keep_spinning;
         let mut n = 0;
@@ -406,11 +401,7 @@ impl Core {
         for t in spinning.drain(..) {
             let Some(e) = self.cqs.get_mut(t) else { continue };
             e.spinning = false;
-            let arm = !keep_spinning && !e.armed && !e.failed;
-            if arm && !self.arm_cq(t) {
-                continue;
-            }
-            n += self.poll_cq_armed(t, self.cfg.poll_budget, arm);
+            n += self.poll_cq(t, self.cfg.poll_budget);
         }
         self.work.spinning.give_back(spinning);
         self.work.arm_now = false;
@@ -536,7 +527,7 @@ impl Core {
                         op.posted = false;
                         let nt = self.ops.insert(op);
                         if let Some(c) = self.conns.get_mut(t) {
-                            c.rq.push_front(nt);
+                            c.rq.push_returned(nt);
                         }
                         return self.feed(t, Input::Fault(CloseReason::Protocol(why)));
                     }
@@ -553,7 +544,7 @@ impl Core {
                 op.posted = false;
                 let nt = self.ops.insert(op);
                 if let Some(c) = self.conns.get_mut(t) {
-                    c.rq.push_front(nt);
+                    c.rq.push_returned(nt);
                 }
                 // Counted and fed once: the messages after it in the same poll find the
                 // connection closing already.

@@ -45,8 +45,6 @@ struct Reactor {
     reaped: Vec<u64>,
     spurious_events: u64,
     catches: u64,
-    /// The CQ was armed right before this poll (`Core::poll_spinning`).
-    just_armed: bool,
 }
 
 /// Where a completion can be injected.
@@ -99,7 +97,7 @@ fn poll_cq_reading(
     on_error: OnPollError,
 ) {
     let mut left = budget;
-    let mut just_armed = std::mem::take(&mut r.just_armed);
+    let mut just_armed = false;
     loop {
         inj.hook(cq);
         let want = left.min(BATCH);
@@ -177,20 +175,13 @@ fn run_reading(
                 r.spurious_events += 1;
             }
         }
-        // Step 6: after the posts, arm and poll (`Core::poll_spinning`).
+        // Step 6: after the posts, poll, arm and poll again.
         if r.failed {
             // Failed: never polled or armed again; its connections are closed.
             return (r, cq);
         }
         if std::mem::take(&mut r.unarmed) {
-            // The device may add a completion right before the arm.
-            inj.hook(&mut cq);
-            cq.armed = true;
-            r.armed = true;
-            if repoll {
-                r.just_armed = true;
-                poll_cq_reading(&mut cq, &mut r, inj, budget, true, repoll, on_error);
-            }
+            poll_cq_reading(&mut cq, &mut r, inj, budget, true, repoll, on_error);
         }
         if r.failed {
             return (r, cq);
@@ -228,8 +219,8 @@ fn a_completion_injected_anywhere_is_never_stranded() {
 
 #[test]
 fn the_repoll_after_the_arm_is_what_catches_the_race() {
-    // The completion injected before the arm: first tick's hook calls are poll (0), poll
-    // (1, empty), then at step 6 the arm (2) and the poll after it (3).
+    // The completion injected between the empty poll and the arm: first tick's hook
+    // calls are poll (0), poll (1, empty), then at step 6 poll (2, empty), arm (3).
     let mut caught = 0;
     let mut stranded = 0;
     for at in 0..12 {
