@@ -141,6 +141,20 @@ pub const ROWS: &[Row] = &[
         target: 0.9,
     },
     Row {
+        id: "stream64_event",
+        what: "byte stream: 64 B round trip, event mode (stream --echo p50 vs aecho's, both against an aecho server)",
+        unit: "us",
+        better: Better::Lower,
+        target: 1.2,
+    },
+    Row {
+        id: "stream64k_bw",
+        what: "byte stream: 64 KiB writes one way (stream client into its sink vs blast 64 KiB SENDs)",
+        unit: "MB/s",
+        better: Better::Higher,
+        target: 0.9,
+    },
+    Row {
         id: "idle100_event",
         what: "idle echo server holding 100 connections, event mode (share of a core)",
         unit: "%",
@@ -164,7 +178,7 @@ pub const ROWS: &[Row] = &[
 /// connected through rdma_cm, not perftest's default exchange over a TCP socket. cmtime is
 /// rdma_cm only and needs nothing. No perftest line passes `-I` (inline data) today; one that
 /// does must write it as `-I $(PT_INLINE N)`, which caps N at [`SIW_MAX_INLINE`] on siw.
-pub fn compare_script(rounds: u32) -> String {
+pub fn compare_script(rounds: u32, rows: &[String]) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
@@ -252,6 +266,32 @@ aecho_cmp() {{ # ROW ROUND SIZE SPIN CLIENTS FIELD(lat|rate): the async face aga
     done
     echo "@@ row=$1 round=$2 ours=$ours theirs=$theirs cpu=$cpu tcpu=$tcpu"
 }}
+stream_cmp() {{ # ROW ROUND SIZE: a byte stream's round trips against aecho's, both to an aecho server
+    server aecho
+    out=$( ( time -p $T "$BIN"/stream client --connect $A:$port --size $3 --count {N_LAT} --echo ) 2>&1 )
+    stop
+    ours=$(echo "$out" | sed -n 's/.*p50 \([0-9.]*\) us.*/\1/p')
+    cpu=$(echo "$out" | cpu_of | awk '{{printf "%.1f", $1 * 1000000 / {N_LAT}}}')
+    server aecho
+    out=$( ( time -p $T "$BIN"/aecho client --connect $A:$port --size $3 --count {N_LAT} ) 2>&1 )
+    stop
+    theirs=$(echo "$out" | sed -n 's/.*p50 \([0-9.]*\) us.*/\1/p')
+    tcpu=$(echo "$out" | cpu_of | awk '{{printf "%.1f", $1 * 1000000 / {N_LAT}}}')
+    echo "@@ row=$1 round=$2 ours=$ours theirs=$theirs cpu=$cpu tcpu=$tcpu"
+}}
+stream_bw() {{ # ROW ROUND SIZE COUNT: one-way stream writes into the sink against blast's SENDs
+    port=$((port + 1))
+    $T "$BIN"/stream server --bind $A:$port --quiet --exit-after 1 >/dev/null 2>&1 & srv=$!; sleep 1
+    out=$( $T "$BIN"/stream client --connect $A:$port --size $3 --count $4 2>&1 )
+    wait $srv 2>/dev/null
+    ours=$(echo "$out" | sed -n 's/^stream client: .*: \([0-9.]*\) MB\/s$/\1/p')
+    port=$((port + 1))
+    $T "$BIN"/blast server --bind $A:$port --quiet --exit-after 1 >/dev/null 2>&1 & srv=$!; sleep 1
+    out=$( $T "$BIN"/blast client --connect $A:$port --size $3 --count $4 2>&1 )
+    wait $srv 2>/dev/null
+    theirs=$(echo "$out" | grep 'messages of' | sed -n 's/.*: \([0-9.]*\) MB\/s, .*/\1/p')
+    echo "@@ row=$1 round=$2 ours=$ours theirs=$theirs cpu=- tcpu=-"
+}}
 conns() {{ # ROUND
     server echo
     out=$( ( time -p $T "$BIN"/echo client --connect $A:$port --size 64 --count 1 --clients {N_CONN} ) 2>&1 )
@@ -276,27 +316,30 @@ idle() {{ # ROW ROUND SPIN
 "#
     );
     for r in 1..=rounds {
-        let _ = write!(
-            s,
-            r#"echo "== round {r} of {rounds}"
-echo_lat echo64_spin {r} 64 1000 ""
-echo_lat echo64_event {r} 64 0 -e
-echo_lat echo4k_event {r} 4096 0 -e
-blast_bw blast64_rate {r} 64 {N_RATE} send ib_send_bw rate
-blast_bw blast64_event {r} 64 {N_RATE} send ib_send_bw rate 1 1 0
-blast_bw blast64_c8 {r} 64 {N_RATE} send ib_send_bw rate 8
-blast_bw blast64_c64 {r} 64 {N_RATE} send ib_send_bw rate 64
-blast_bw blast64_c8_t2 {r} 64 {N_RATE} send ib_send_bw rate 8 2
-blast_bw blast64k_send {r} 65536 {N_BW} send ib_send_bw bw
-blast_bw blast64k_write {r} 65536 {N_BW} write ib_write_bw bw
-aecho_cmp aecho64_spin {r} 64 1000 1 lat
-aecho_cmp aecho64_event {r} 64 0 1 lat
-aecho_cmp aecho64_rate16 {r} 64 0 16 rate
-conns {r}
-idle idle100_event {r} 0
-idle idle100_spin {r} 1000
-"#
-        );
+        let _ = writeln!(s, "echo \"== round {r} of {rounds}\"");
+        let lines = [
+            ("echo64_spin", format!("echo_lat echo64_spin {r} 64 1000 \"\"")),
+            ("echo64_event", format!("echo_lat echo64_event {r} 64 0 -e")),
+            ("echo4k_event", format!("echo_lat echo4k_event {r} 4096 0 -e")),
+            ("blast64_rate", format!("blast_bw blast64_rate {r} 64 {N_RATE} send ib_send_bw rate")),
+            ("blast64_event", format!("blast_bw blast64_event {r} 64 {N_RATE} send ib_send_bw rate 1 1 0")),
+            ("blast64_c8", format!("blast_bw blast64_c8 {r} 64 {N_RATE} send ib_send_bw rate 8")),
+            ("blast64_c64", format!("blast_bw blast64_c64 {r} 64 {N_RATE} send ib_send_bw rate 64")),
+            ("blast64_c8_t2", format!("blast_bw blast64_c8_t2 {r} 64 {N_RATE} send ib_send_bw rate 8 2")),
+            ("blast64k_send", format!("blast_bw blast64k_send {r} 65536 {N_BW} send ib_send_bw bw")),
+            ("blast64k_write", format!("blast_bw blast64k_write {r} 65536 {N_BW} write ib_write_bw bw")),
+            ("aecho64_spin", format!("aecho_cmp aecho64_spin {r} 64 1000 1 lat")),
+            ("aecho64_event", format!("aecho_cmp aecho64_event {r} 64 0 1 lat")),
+            ("aecho64_rate16", format!("aecho_cmp aecho64_rate16 {r} 64 0 16 rate")),
+            ("stream64_event", format!("stream_cmp stream64_event {r} 64")),
+            ("stream64k_bw", format!("stream_bw stream64k_bw {r} 65536 {N_BW}")),
+            ("conn1000", format!("conns {r}")),
+            ("idle100_event", format!("idle idle100_event {r} 0")),
+            ("idle100_spin", format!("idle idle100_spin {r} 1000")),
+        ];
+        for (_, line) in lines.iter().filter(|(id, _)| rows.is_empty() || rows.iter().any(|r| r == id)) {
+            let _ = writeln!(s, "{line}");
+        }
     }
     s.push_str("echo \"== done\"\n");
     s
@@ -351,13 +394,13 @@ pub fn median(v: &mut [f64]) -> Option<f64> {
 }
 
 /// The Markdown table, and whether every row has all its rounds.
-pub fn table(samples: &[Sample], rounds: u32) -> (String, bool) {
+pub fn table(samples: &[Sample], rounds: u32, rows: &[String]) -> (String, bool) {
     let mut out = String::from(
         "| figure | ours (median) | theirs (median) | ratio median | ratio min-max | CPU per msg, ours / theirs | target | met |\n\
          |---|---|---|---|---|---|---|---|\n",
     );
     let mut complete = true;
-    for row in ROWS {
+    for row in ROWS.iter().filter(|r| rows.is_empty() || rows.iter().any(|id| id == r.id)) {
         let got: Vec<&Sample> = samples.iter().filter(|s| s.row == row.id).collect();
         let ok: Vec<&&Sample> =
             got.iter().filter(|s| s.ours.is_some() && (row.better == Better::Absolute || s.theirs.is_some())).collect();
@@ -471,7 +514,7 @@ mod tests {
             cpu_us: None,
             their_cpu_us: None,
         });
-        let (t, complete) = table(&samples, 3);
+        let (t, complete) = table(&samples, 3, &[]);
         assert!(!complete, "most rows have no samples");
         let echo = t.lines().find(|l| l.contains("event mode (echo")).expect("row");
         assert!(echo.contains("| 1.00x | 0.80-1.20x | 10.0 / 8.0 us |"), "{echo}");
@@ -487,13 +530,13 @@ mod tests {
         use std::io::Write as _;
         let mut sh =
             std::process::Command::new("sh").arg("-n").stdin(std::process::Stdio::piped()).spawn().expect("sh runs");
-        sh.stdin.take().expect("piped").write_all(compare_script(2).as_bytes()).expect("written");
+        sh.stdin.take().expect("piped").write_all(compare_script(2, &[]).as_bytes()).expect("written");
         assert!(sh.wait().expect("sh exits").success(), "sh -n found a syntax error in the compare script");
     }
 
     #[test]
     fn perftest_gets_the_device_and_rdma_cm_on_siw() {
-        let s = compare_script(1);
+        let s = compare_script(1, &[]);
         assert!(s.contains("PT_OPTS=\"-d $RDMA_DEV\"\n[ \"$RDMA_DEVICE\" = siw ] && PT_OPTS=\"-R $PT_OPTS\"\n"), "{s}");
         // Every perftest invocation (server and client) carries the options.
         for tool in ["ib_send_lat", "$6"] {
@@ -514,7 +557,7 @@ mod tests {
         let run = |device: &str, n: u32| {
             let script = format!(
                 "{}\nPT_INLINE {n}\n",
-                compare_script(1).lines().find(|l| l.starts_with("PT_INLINE()")).expect("PT_INLINE")
+                compare_script(1, &[]).lines().find(|l| l.starts_with("PT_INLINE()")).expect("PT_INLINE")
             );
             let out = std::process::Command::new("sh")
                 .args(["-c", &script])
@@ -530,7 +573,7 @@ mod tests {
 
     #[test]
     fn the_script_runs_every_row_every_round() {
-        let s = compare_script(3);
+        let s = compare_script(3, &[]);
         for r in 1..=3 {
             for row in ROWS {
                 let call = if row.id == "conn1000" { format!("\nconns {r}\n") } else { format!(" {} {r} ", row.id) };

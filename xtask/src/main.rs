@@ -67,8 +67,8 @@ commands:
                              --instructions (alone, or after --compare's table in the same
                              boot): user-space instructions per message counted by valgrind,
                              client and server, ours beside perftest's, and callgrind profiles
-                             of our side annotated into target/xtask/instructions/ (--rows:
-                             only these rows, e.g. echo64_event,aecho64_event)
+                             of our side annotated into target/xtask/instructions/. --rows:
+                             only these rows of either table, e.g. stream64_event,stream64k_bw
   fuzz [--runs N] [--time SECS] [--seed N] [TARGET...]
                              the coverage-guided fuzz targets of fuzz/ (libFuzzer, stable
                              toolchain): connect_info, state_machines, flow (default: all),
@@ -194,8 +194,13 @@ fn parse_opts(command: &str, args: &[String], takes_rest: bool) -> Result<Opts> 
             "--rows" if command == "bench" => {
                 let v = value().unwrap_or_default();
                 for id in v.split(',').filter(|id| !id.is_empty()) {
-                    if !instructions::ROWS.iter().any(|r| r.id == id) {
-                        let known: Vec<&str> = instructions::ROWS.iter().map(|r| r.id).collect();
+                    if !instructions::ROWS.iter().any(|r| r.id == id) && !bench::ROWS.iter().any(|r| r.id == id) {
+                        let mut known: Vec<&str> = bench::ROWS.iter().map(|r| r.id).collect();
+                        for r in instructions::ROWS {
+                            if !known.contains(&r.id) {
+                                known.push(r.id);
+                            }
+                        }
                         return Err(Error::new(format!(
                             "bench: --rows: unknown row {id:?} (rows: {})",
                             known.join(", ")
@@ -383,7 +388,7 @@ fn cmd_bench(args: &[String]) -> Result<u8> {
     let mut script = String::new();
     let mut limit = 600;
     if o.compare {
-        script.push_str(&bench::compare_script(rounds));
+        script.push_str(&bench::compare_script(rounds, &o.rows));
         limit += 600 * u64::from(rounds);
     }
     if o.instructions {
@@ -398,7 +403,7 @@ fn cmd_bench(args: &[String]) -> Result<u8> {
     if !o.compare {
         return report_instructions(&text, rounds, code, &o, started);
     }
-    let (table, complete) = bench::table(&bench::parse(&text), rounds);
+    let (table, complete) = bench::table(&bench::parse(&text), rounds, &o.rows);
     let machine = text.lines().find_map(|l| l.trim().strip_prefix("@@ machine ")).unwrap_or("?").to_string();
     let device = o.device.unwrap_or_default();
     println!(
