@@ -47,6 +47,11 @@ pub const ROWS: &[Row] = &[
         what: "64 B round trip, async face, event mode (aecho vs the callback echo)",
         target: 1.15,
     },
+    Row {
+        id: "stream64_event",
+        what: "64 B round trip, byte stream, event mode (stream --echo vs aecho, both to an aecho server)",
+        target: 1.2,
+    },
     Row { id: "blast64_event", what: "64 B streamed, event mode (blast --spin-us 0 vs `ib_send_bw -e`)", target: 1.5 },
     Row { id: "blast64", what: "64 B streamed, at the defaults (blast vs `ib_send_bw`)", target: 2.0 },
     Row {
@@ -126,6 +131,14 @@ aecho_row() {{ # ROW ROUND SIZE: aecho vs echo, event mode
         done
     done
 }}
+stream_row() {{ # ROW ROUND SIZE: the byte stream's round trips vs aecho's, both to an aecho server
+    for n in {N_LO} {N_HI}; do
+        pair $1 $2 $n ours "$CG" "$BIN"/aecho server --bind $A:PORT --quiet --exit-after 1 -- \
+            "$BIN"/stream client --connect $A:PORT --size $3 --count $n --echo
+        pair $1 $2 $n theirs "$CG" "$BIN"/aecho server --bind $A:PORT --quiet --exit-after 1 -- \
+            "$BIN"/aecho client --connect $A:PORT --size $3 --count $n
+    done
+}}
 blast_row() {{ # ROW ROUND SIZE CLIENTS PERFTEST-EXTRA OURS-EXTRA...: blast vs ib_send_bw
     row=$1; round=$2; size=$3; q=$4; ptx=$5; shift 5
     qa=""; [ $q -gt 1 ] && qa="-q $q"
@@ -145,6 +158,7 @@ blast_row() {{ # ROW ROUND SIZE CLIENTS PERFTEST-EXTRA OURS-EXTRA...: blast vs i
             ("echo64_event", format!("echo_row echo64_event {r} 64")),
             ("echo4k_event", format!("echo_row echo4k_event {r} 4096")),
             ("aecho64_event", format!("aecho_row aecho64_event {r} 64")),
+            ("stream64_event", format!("stream_row stream64_event {r} 64")),
             ("blast64_event", format!("blast_row blast64_event {r} 64 1 -e --spin-us 0")),
             ("blast64", format!("blast_row blast64 {r} 64 1 \"\"")),
             ("blast64_c8", format!("blast_row blast64_c8 {r} 64 8 \"\"")),

@@ -406,8 +406,9 @@ fn cmd_bench(args: &[String]) -> Result<u8> {
     let (table, complete) = bench::table(&bench::parse(&text), rounds, &o.rows);
     let machine = text.lines().find_map(|l| l.trim().strip_prefix("@@ machine ")).unwrap_or("?").to_string();
     let device = o.device.unwrap_or_default();
+    let rows = if o.rows.is_empty() { String::new() } else { format!(" --rows {}", o.rows.join(",")) };
     println!(
-        "\n`cargo xtask bench --compare --rounds {rounds} --device {}`: on {} ({}), one VM boot, {rounds} \
+        "\n`cargo xtask bench --compare{rows} --rounds {rounds} --device {}`: on {} ({}), one VM boot, {rounds} \
          interleaved rounds, {:.0} s; guest {machine}; accel {}\n",
         device.name(),
         device.dev(),
