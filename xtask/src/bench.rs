@@ -142,14 +142,14 @@ pub const ROWS: &[Row] = &[
     },
     Row {
         id: "stream64_event",
-        what: "byte stream: 64 B round trip, event mode (stream --echo p50 vs aecho's, both against an aecho server)",
+        what: "byte stream: 64 B round trip, event mode (stream_bench --echo p50 vs aecho's, both against an aecho server)",
         unit: "us",
         better: Better::Lower,
         target: 1.2,
     },
     Row {
         id: "stream64k_bw",
-        what: "byte stream: 64 KiB writes one way (stream client into its sink vs blast 64 KiB SENDs)",
+        what: "byte stream: 64 KiB writes one way (stream_bench client into its sink vs blast 64 KiB SENDs)",
         unit: "MB/s",
         better: Better::Higher,
         target: 0.9,
@@ -268,7 +268,7 @@ aecho_cmp() {{ # ROW ROUND SIZE SPIN CLIENTS FIELD(lat|rate): the async face aga
 }}
 stream_cmp() {{ # ROW ROUND SIZE: a byte stream's round trips against aecho's, both to an aecho server
     server aecho
-    out=$( ( time -p $T "$BIN"/stream client --connect $A:$port --size $3 --count {N_LAT} --echo ) 2>&1 )
+    out=$( ( time -p $T "$BIN"/stream_bench client --connect $A:$port --size $3 --count {N_LAT} --echo ) 2>&1 )
     stop
     ours=$(echo "$out" | sed -n 's/.*p50 \([0-9.]*\) us.*/\1/p')
     cpu=$(echo "$out" | cpu_of | awk '{{printf "%.1f", $1 * 1000000 / {N_LAT}}}')
@@ -281,10 +281,10 @@ stream_cmp() {{ # ROW ROUND SIZE: a byte stream's round trips against aecho's, b
 }}
 stream_bw() {{ # ROW ROUND SIZE COUNT: one-way stream writes into the sink against blast's SENDs
     port=$((port + 1))
-    $T "$BIN"/stream server --bind $A:$port --quiet --exit-after 1 >/dev/null 2>&1 & srv=$!; sleep 1
-    out=$( $T "$BIN"/stream client --connect $A:$port --size $3 --count $4 2>&1 )
+    $T "$BIN"/stream_bench server --bind $A:$port --quiet --exit-after 1 >/dev/null 2>&1 & srv=$!; sleep 1
+    out=$( $T "$BIN"/stream_bench client --connect $A:$port --size $3 --count $4 2>&1 )
     wait $srv 2>/dev/null
-    ours=$(echo "$out" | sed -n 's/^stream client: .*: \([0-9.]*\) MB\/s$/\1/p')
+    ours=$(echo "$out" | sed -n 's/^stream_bench client: .*: \([0-9.]*\) MB\/s$/\1/p')
     port=$((port + 1))
     $T "$BIN"/blast server --bind $A:$port --quiet --exit-after 1 >/dev/null 2>&1 & srv=$!; sleep 1
     out=$( $T "$BIN"/blast client --connect $A:$port --size $3 --count $4 2>&1 )

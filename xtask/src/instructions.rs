@@ -49,7 +49,7 @@ pub const ROWS: &[Row] = &[
     },
     Row {
         id: "stream64_event",
-        what: "64 B round trip, byte stream, event mode (stream --echo vs aecho, both to an aecho server)",
+        what: "64 B round trip, byte stream, event mode (stream_bench --echo vs aecho, both to an aecho server)",
         target: 1.2,
     },
     Row { id: "blast64_event", what: "64 B streamed, event mode (blast --spin-us 0 vs `ib_send_bw -e`)", target: 1.5 },
@@ -134,7 +134,7 @@ aecho_row() {{ # ROW ROUND SIZE: aecho vs echo, event mode
 stream_row() {{ # ROW ROUND SIZE: the byte stream's round trips vs aecho's, both to an aecho server
     for n in {N_LO} {N_HI}; do
         pair $1 $2 $n ours "$CG" "$BIN"/aecho server --bind $A:PORT --quiet --exit-after 1 -- \
-            "$BIN"/stream client --connect $A:PORT --size $3 --count $n --echo
+            "$BIN"/stream_bench client --connect $A:PORT --size $3 --count $n --echo
         pair $1 $2 $n theirs "$CG" "$BIN"/aecho server --bind $A:PORT --quiet --exit-after 1 -- \
             "$BIN"/aecho client --connect $A:PORT --size $3 --count $n
     done

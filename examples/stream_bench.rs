@@ -2,15 +2,15 @@
 //! server, and one-way throughput into this program's sink.
 //!
 //! ```text
-//! stream server --bind ADDR:PORT [--exit-after N] [--quiet]
-//! stream client --connect ADDR:PORT --size BYTES --count N [--echo] [--verify]
+//! stream_bench server --bind ADDR:PORT [--exit-after N] [--quiet]
+//! stream_bench client --connect ADDR:PORT --size BYTES --count N [--echo] [--verify]
 //! ```
 //!
-//! `stream server` is a sink: each connection's stream is read to its end (the client's
+//! `stream_bench server` is a sink: each connection's stream is read to its end (the client's
 //! shutdown), every byte counted (and, with the client's `--verify`, checked), and the count
 //! is written back (8 bytes, little-endian) before the server shuts its side down.
-//! `stream client` writes `--count` writes of `--size` bytes, shuts down, reads the count and
-//! checks it: "stream client: N bytes in W writes of S bytes: X MB/s". With `--echo` it talks
+//! `stream_bench client` writes `--count` writes of `--size` bytes, shuts down, reads the count and
+//! checks it: "stream_bench client: N bytes in W writes of S bytes: X MB/s". With `--echo` it talks
 //! to an `aecho server` (a message server: each write is one message, echoed as it came)
 //! instead: `--count` round trips of `--size` bytes, each a write and a read of as many, and
 //! prints the round-trip distribution as the echo clients do (`cargo xtask bench --compare`
@@ -28,8 +28,8 @@ use rdma_reactor::{Config, ConnectOptions, Reactor};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const USAGE: &str = "\
-usage: stream server --bind ADDR:PORT [--exit-after N] [--quiet]
-       stream client --connect ADDR:PORT --size BYTES --count N [--echo] [--verify]
+usage: stream_bench server --bind ADDR:PORT [--exit-after N] [--quiet]
+       stream_bench client --connect ADDR:PORT --size BYTES --count N [--echo] [--verify]
 
 Byte streams over RDMA (rdma_reactor::io::Stream), for benchmarks.
 server: a sink; reads each stream to its end and answers with the byte count.
@@ -37,7 +37,7 @@ server: a sink; reads each stream to its end and answers with the byte count.
   --exit-after N       exit after N connections (default: run until killed)
   --quiet              no per-connection lines
 client:
-  --connect ADDR:PORT  the server (`stream server`; with --echo an `aecho server`)
+  --connect ADDR:PORT  the server (`stream_bench server`; with --echo an `aecho server`)
   --size BYTES         bytes per write, 1 to 1M (suffixes K, M)
   --count N            writes (with --echo: round trips)
   --echo               round trips against a message echo server: write, then read as many
@@ -47,7 +47,7 @@ client:
 const MSG: usize = 64 * 1024;
 
 fn main() {
-    common::observe::init_logging("stream");
+    common::observe::init_logging("stream_bench");
     let mut argv = std::env::args().skip(1);
     match argv.next().as_deref() {
         Some("server") => server(Args::parse(argv, &["quiet"], USAGE)),
@@ -59,7 +59,7 @@ fn main() {
 
 fn reactor(cfg: Config) -> Reactor {
     Reactor::with_config(cfg)
-        .unwrap_or_else(|e| common::die("stream", &format!("cannot start: {}", common::report(&e))))
+        .unwrap_or_else(|e| common::die("stream_bench", &format!("cannot start: {}", common::report(&e))))
 }
 
 // ----- server -------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ fn server(args: Args) {
     let mut reactor = reactor(Config::default());
     let result = reactor.block_on(async move {
         let listener = Listener::bind(addr)?;
-        println!("stream server: listening on {addr}");
+        println!("stream_bench server: listening on {addr}");
         let mut tasks = Vec::new();
         let mut accepted = 0u64;
         while exit_after == 0 || accepted < exit_after {
@@ -125,8 +125,8 @@ fn server(args: Args) {
             tasks.push(io::spawn(async move {
                 let r = sink(conn).await;
                 match &r {
-                    Ok(n) if !quiet => println!("stream server: {peer:?}: {n} bytes"),
-                    Err(e) => eprintln!("stream server: {peer:?}: {e}"),
+                    Ok(n) if !quiet => println!("stream_bench server: {peer:?}: {n} bytes"),
+                    Err(e) => eprintln!("stream_bench server: {peer:?}: {e}"),
                     _ => {}
                 }
                 r.is_ok()
@@ -141,7 +141,7 @@ fn server(args: Args) {
     match result {
         Ok(Ok(true)) => {}
         Ok(Ok(false)) => exit(1),
-        Ok(Err(e)) | Err(e) => common::die("stream server", &common::report(&e)),
+        Ok(Err(e)) | Err(e) => common::die("stream_bench server", &common::report(&e)),
     }
 }
 
@@ -229,13 +229,13 @@ fn client(args: Args) {
             Ok(Ok(times)) => {
                 let mut lat: Vec<u64> = times.into_iter().map(|t| clock.ns(t)).collect();
                 lat.sort_unstable();
-                common::print_round_trips("stream", &lat, size, 1, elapsed, verify);
+                common::print_round_trips("stream_bench", &lat, size, 1, elapsed, verify);
             }
             Ok(Err(e)) => {
-                eprintln!("stream client: FAILED {e}");
+                eprintln!("stream_bench client: FAILED {e}");
                 exit(1);
             }
-            Err(e) => common::die("stream client", &common::report(&e)),
+            Err(e) => common::die("stream_bench client", &common::report(&e)),
         }
         return;
     }
@@ -244,15 +244,15 @@ fn client(args: Args) {
         Ok(Ok(bytes)) => {
             let secs = start.elapsed().as_secs_f64();
             println!(
-                "stream client: {bytes} bytes in {count} writes of {size} bytes{}: {:.1} MB/s",
+                "stream_bench client: {bytes} bytes in {count} writes of {size} bytes{}: {:.1} MB/s",
                 if verify { ", every byte verified" } else { "" },
                 bytes as f64 / secs / 1e6
             );
         }
         Ok(Err(e)) => {
-            eprintln!("stream client: FAILED {e}");
+            eprintln!("stream_bench client: FAILED {e}");
             exit(1);
         }
-        Err(e) => common::die("stream client", &common::report(&e)),
+        Err(e) => common::die("stream_bench client", &common::report(&e)),
     }
 }
