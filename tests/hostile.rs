@@ -306,6 +306,23 @@ fn send_larger_than_the_posted_receive_fails_that_connection_alone() {
     assert_baseline();
 }
 
+/// A flooder's reactor, with flow control off, and connect options whose connect information
+/// says it is on with `recv_depth` receives. On iWARP the claim announces the tail framing
+/// too, or it would be refused at connect time.
+fn flooder_claiming_flow_control(recv_depth: u16) -> (Reactor, ConnectOptions) {
+    let cfg = Config { flow_control: false, ..Config::default() };
+    let h = Reactor::with_config(cfg).expect("flooder reactor");
+    let claim = ConnectInfo {
+        msg_size: SIZE as u32,
+        recv_depth,
+        flow_control: true,
+        tail: transport() == "siw",
+        ..ConnectInfo::default()
+    };
+    let raw = claim.encode(56).expect("encode");
+    (h, ConnectOptions { msg_size: SIZE as u32, raw_private_data: Some(raw), ..ConnectOptions::default() })
+}
+
 /// Case 16, hostile: a client that offers flow control in its connect information, then
 /// ignores credits, floods sends and posts no receive of its own. The server (4 receives
 /// kept posted) serves it as far as its receives allow, and its agent closes: with
@@ -321,20 +338,7 @@ fn sends_without_credit_cost_only_the_sender() {
         let s = listen(&mut r, 4);
         let good = ping(&mut r, s.addr, 1, u64::MAX);
         pump(&mut [&mut r], LIMIT, "good client served", || good.borrow().echoed >= 10);
-        // The flooder's own reactor has flow control off; its connect information says on.
-        let cfg = Config { flow_control: false, ..Config::default() };
-        let mut h = Reactor::with_config(cfg).expect("flooder reactor");
-        // On iWARP it announces the tail framing too, or it would be refused at connect time;
-        // its messages carry none, which the server refuses as well.
-        let claim = ConnectInfo {
-            msg_size: SIZE as u32,
-            recv_depth: 64,
-            flow_control: true,
-            tail: transport() == "siw",
-            ..ConnectInfo::default()
-        };
-        let raw = claim.encode(56).expect("encode");
-        let opts = ConnectOptions { msg_size: SIZE as u32, raw_private_data: Some(raw), ..ConnectOptions::default() };
+        let (mut h, opts) = flooder_claiming_flow_control(64);
         let seen = Rc::new(RefCell::new(Hostile::default()));
         let flooder =
             Flooder { size: SIZE, count: 2_000, sent: 0, window: 64, outstanding: 0, recvs: 0, seen: seen.clone() };
@@ -391,17 +395,7 @@ fn a_peer_beyond_its_credit_is_closed_on_its_own_receive_queue() {
         let s = listen(&mut r, 4);
         let good = ping(&mut r, s.addr, 1, u64::MAX);
         pump(&mut [&mut r], LIMIT, "good client served", || good.borrow().echoed >= 10);
-        let cfg = Config { flow_control: false, ..Config::default() };
-        let mut h = Reactor::with_config(cfg).expect("flooder reactor");
-        let claim = ConnectInfo {
-            msg_size: SIZE as u32,
-            recv_depth: 8,
-            flow_control: true,
-            tail: transport() == "siw",
-            ..ConnectInfo::default()
-        };
-        let raw = claim.encode(56).expect("encode");
-        let opts = ConnectOptions { msg_size: SIZE as u32, raw_private_data: Some(raw), ..ConnectOptions::default() };
+        let (mut h, opts) = flooder_claiming_flow_control(8);
         let seen = Rc::new(RefCell::new(Hostile::default()));
         let flooder =
             Flooder { size: SIZE, count: 2_000, sent: 0, window: 16, outstanding: 0, recvs: 256, seen: seen.clone() };
