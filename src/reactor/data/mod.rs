@@ -2,8 +2,9 @@
 //!
 //! - `op.rs`: [`Op`](crate::Op), [`Completion`](crate::Completion) and the reactor's record of
 //!   an operation in flight (`OpEntry`, under an `OpKey` token carried as the work request id).
-//! - `send_queue.rs` (pure): what a connection posts at the end of a tick, in which order and
-//!   under which credits (`SendQueue`, `RecvQueue`), and the farewell of the close handshake.
+//! - `send_queue/` (pure; unit tests in `send_queue/tests.rs`): what a connection posts at the
+//!   end of a tick, in which order and under which credits (`SendQueue`, `RecvQueue`), and the
+//!   farewell of the close handshake.
 //! - `post.rs`: checking a submission, building the work requests and the FFI post, one chain
 //!   per queue pair and direction; keepalive probes and the credit-stall timer.
 //! - `cq/mod.rs`: the CQ protocol (drain the channel, poll under a budget, arm then poll again,

@@ -26,7 +26,7 @@
 //!    they submit is posted in step 6.
 //! 6. Post the operations submitted during the tick: first each device's shared receive queue
 //!    refill (`data/srq.rs`, one chain per device), then one chain per queue pair and direction
-//!    (`data/post.rs`, planned by `data/send_queue.rs`). Then poll the CQs emptied in step 4 once more
+//!    (`data/post.rs`, planned by `data/send_queue/`). Then poll the CQs emptied in step 4 once more
 //!    (a send whose ACK came back during its post completes now, not after a wakeup), arm
 //!    them with `ibv_req_notify_cq` and poll again, so a completion that raced the arm is not
 //!    stranded (unless spinning, which leaves them unarmed).
