@@ -62,8 +62,13 @@ pub const ROWS: &[Row] = &[
 ];
 
 /// Rows whose client (and, for the echo, server) side callgrind profiles: `(row, side)`.
-pub const PROFILED: &[(&str, &str)] =
-    &[("echo64_event", "client"), ("echo64_event", "server"), ("aecho64_event", "client"), ("blast64_event", "client")];
+pub const PROFILED: &[(&str, &str)] = &[
+    ("echo64_event", "client"),
+    ("echo64_event", "server"),
+    ("aecho64_event", "client"),
+    ("stream64_event", "client"),
+    ("blast64_event", "client"),
+];
 
 /// The guest script: `rounds` rounds of every row, then the profiles.
 /// True when `row` is among `rows` (`--rows`), or `rows` is empty (every row).
@@ -191,6 +196,10 @@ fn profile_call(row: &str, srv_vg: &str, cli_vg: &str) -> String {
         "aecho64_event" => (
             "\"$BIN\"/aecho server --bind $A:PORT --quiet --exit-after 1".to_string(),
             format!("\"$BIN\"/aecho client --connect $A:PORT --size 64 --count {N_HI}"),
+        ),
+        "stream64_event" => (
+            "\"$BIN\"/aecho server --bind $A:PORT --quiet --exit-after 1".to_string(),
+            format!("\"$BIN\"/stream_bench client --connect $A:PORT --size 64 --count {N_HI} --echo"),
         ),
         _ => (
             "\"$BIN\"/blast server --bind $A:PORT --quiet --exit-after 1 --spin-us 0".to_string(),
