@@ -291,6 +291,12 @@ impl Connection {
         self.st().borrow().token
     }
 
+    /// Messages that arrived and no `recv` took yet.
+    #[cfg(feature = "tokio")]
+    pub(super) fn unread(&self) -> usize {
+        self.st().borrow().recvs.unread()
+    }
+
     /// How the connection ended, once it has.
     pub fn close_reason(&self) -> Option<CloseReason> {
         match &self.st().borrow().phase {
@@ -588,6 +594,19 @@ impl OpFuture {
     }
 }
 
+#[cfg(feature = "tokio")]
+impl OpFuture {
+    /// Whether the submission went: `None` when it did (the completion comes later), the
+    /// failed submission's result otherwise. Submits first when it was made where no reactor
+    /// was at hand. Registers no waker: the first `poll` does.
+    pub(super) fn refused(&mut self, waker: &Waker) -> Option<(Result<u32>, Option<Buf>)> {
+        if self.op.is_some() {
+            self.submit(Some(waker));
+        }
+        self.failed.take()
+    }
+}
+
 impl Future for OpFuture {
     type Output = (Result<u32>, Option<Buf>);
 
@@ -610,7 +629,9 @@ impl Future for OpFuture {
                 Poll::Ready((c.result.map_err(Error::Operation), c.buf))
             }
             Some(Slot::Waiting(w)) => {
-                *w = Some(cx.waker().clone());
+                if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    *w = Some(cx.waker().clone());
+                }
                 Poll::Pending
             }
             Some(Slot::Abandoned) | None => {

@@ -121,6 +121,9 @@ pub struct Stream {
     limits: Option<(usize, usize)>,
     /// The sends in flight, oldest first (the end-of-stream marker among them).
     sends: std::collections::VecDeque<OpFuture>,
+    /// The buffer of the last send that completed, for the next write (no pool round trip per
+    /// message); with the sends in flight, never more than `window` buffers.
+    spare: Option<Buf>,
     /// The first error of the write side (a failed send): every later write and flush fails
     /// with it.
     write_err: Option<(io::ErrorKind, Error)>,
@@ -258,6 +261,7 @@ impl Stream {
             conn,
             limits: None,
             sends: std::collections::VecDeque::new(),
+            spare: None,
             write_err: None,
             why: None,
             recv: None,
@@ -319,11 +323,15 @@ impl Stream {
         while let Some(front) = self.sends.front_mut() {
             match Pin::new(front).poll(cx) {
                 Poll::Pending => return,
-                Poll::Ready((res, _buf)) => {
-                    // The buffer goes back to the pool here.
+                Poll::Ready((res, buf)) => {
                     self.sends.pop_front();
                     match res {
-                        Ok(_) => {}
+                        Ok(_) => {
+                            // Kept for the next write; any other goes back to the pool here.
+                            if self.spare.is_none() {
+                                self.spare = buf;
+                            }
+                        }
                         Err(_) if self.write_err.is_some() || self.why.is_some() => {}
                         Err(Error::Operation(_)) if self.conn.close_reason().is_none() => {
                             // The queue pair is in error and the connection closing: its
@@ -350,7 +358,15 @@ impl Stream {
 
     /// Submits one message of `len` bytes gathered from `bufs`.
     fn submit(&mut self, bufs: &[io::IoSlice<'_>], len: usize, cx: &mut Context<'_>) -> io::Result<()> {
-        let mut buf = self.conn.alloc(len).map_err(|e| io_err(&self.fail(e, true)))?;
+        let mut buf = match self.spare.take() {
+            // The last completed send's buffer: it held this connection's bytes only, and
+            // every byte of the new message is written below.
+            Some(mut b) if b.capacity() >= len => {
+                b.set_len(len).map_err(|e| io_err(&self.fail(e, true)))?;
+                b
+            }
+            _ => self.conn.alloc(len).map_err(|e| io_err(&self.fail(e, true)))?,
+        };
         if let Some(one) = bufs.iter().find(|b| !b.is_empty()) {
             if one.len() >= len {
                 // The usual case: one slice, copied once.
@@ -369,14 +385,15 @@ impl Stream {
             }
         }
         let mut send = self.conn.send(buf);
-        // Polled once now: a refused submission fails this write (none of its bytes went).
-        match Pin::new(&mut send).poll(cx) {
-            Poll::Pending => {
+        // A refused submission fails this write (none of its bytes went). No waker yet: the
+        // oldest send is polled (and so wakes this task) before any write or flush waits.
+        match send.refused(cx.waker()) {
+            None => {
                 self.sends.push_back(send);
                 Ok(())
             }
-            Poll::Ready((Ok(_), _)) => Ok(()),
-            Poll::Ready((Err(e), _)) => {
+            Some((Ok(_), _)) => Ok(()),
+            Some((Err(e), _)) => {
                 let f = self.fail(e, true);
                 let err = io_err(&f);
                 self.write_err = Some(f);
@@ -477,6 +494,11 @@ impl Stream {
                 continue;
             }
             let progressed = out.filled().len() > start;
+            if progressed && self.recv.is_none() && self.conn.unread() == 0 {
+                // Nothing more has arrived: the bytes read are the answer (the next read
+                // waits in line).
+                return Poll::Ready(Ok(()));
+            }
             if self.ends.read_done {
                 return Poll::Ready(Ok(()));
             }
