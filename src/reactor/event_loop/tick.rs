@@ -29,7 +29,9 @@
 //!    (`data/post.rs`, planned by `data/send_queue/`). Then poll the CQs emptied in step 4 once more
 //!    (a send whose ACK came back during its post completes now, not after a wakeup), arm
 //!    them with `ibv_req_notify_cq` and poll again, so a completion that raced the arm is not
-//!    stranded (unless spinning, which leaves them unarmed).
+//!    stranded (unless spinning, which leaves them unarmed; or when `block_on`'s future was
+//!    woken: `block_on` polls it, posts what it submitted and then arms, as here; a CQ left
+//!    unarmed is armed at the start of the next tick, before its wait).
 //! 7. Ack CQ events whose count reached the batch threshold.
 //! 8. Destroy what closed during the tick (`conn/teardown.rs`), and only now: every CM event of the
 //!    tick has been acked.
@@ -145,11 +147,10 @@ impl Core {
         work += self.fire_timers(self.clock.now);
         work += self.run_tasks();
         self.flush_posts();
-        if !spin && !self.work.spinning.is_empty() {
-            // Arm what the tick emptied only after its posts: a send that completes at once
-            // (its ACK came back while it was posted) is reaped now, not after another wakeup.
-            work += self.poll_spinning(false);
-            self.flush_posts();
+        // `block_on`'s future, woken in this tick, is polled right after it: it arms them
+        // after its own posts (`Reactor::block_on`), as a task's posts come before the arm.
+        if !spin && !self.exec.main_is_woken() {
+            work += self.arm_after_posts();
         }
         self.flush_acks();
         work += self.reap();
@@ -162,6 +163,19 @@ impl Core {
             self.spin.until = self.clock.now.checked_add(self.cfg.spin);
         }
         Ok(work)
+    }
+
+    /// Step 6's end: arms what the tick emptied only after its posts, polling it once more
+    /// first, so a send that completed at once (its ACK came back while it was posted) is
+    /// reaped now, not after another wakeup; then posts what that poll's callbacks submitted.
+    /// A CQ left unarmed (a tick that did not arm) is armed by the next tick before it waits.
+    pub(in crate::reactor) fn arm_after_posts(&mut self) -> usize {
+        if self.work.spinning.is_empty() {
+            return 0;
+        }
+        let work = self.poll_spinning(false);
+        self.flush_posts();
+        work
     }
 
     /// The time for a full tick, and whether it is the precise clock. The precise clock can be
