@@ -21,7 +21,10 @@
 //! call and puts it back, so a call made through it that would reach it again (a callback that
 //! polls nothing but could, in principle, call the async face) finds none and fails with
 //! [`Error::NoReactor`] instead of aliasing. Polled anywhere else (another executor's task, a
-//! thread without a reactor), the async face fails the same way.
+//! thread without a reactor), the async face fails the same way. And a handle of the async face
+//! is bound to the reactor that made it ([`ExecId`], [`with_ctx_of`]): polled by another
+//! reactor on the same thread, which issues the same tokens, it fails the same way instead of
+//! acting on that reactor's connection of its token.
 //!
 //! [`Remote`]: crate::reactor::Remote
 
@@ -116,9 +119,36 @@ fn with_core<R>(f: impl FnOnce(&mut Core) -> R) -> Result<R> {
     Ok(f(core))
 }
 
+/// Which reactor's executor something belongs to: process-unique, never reused. The async
+/// face's handles keep the id of the reactor that made them, and reach the reactor only
+/// through [`with_ctx_of`] with it (two reactors on one thread issue the same tokens).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ExecId(u64);
+
+/// Runs `f` with the reactor polling on this thread if it is the one `home` names.
+///
+/// # Errors
+///
+/// [`Error::NoReactor`] when no reactor is polling here, or another one is.
+fn with_core_of<R>(home: ExecId, f: impl FnOnce(&mut Core) -> R) -> Result<R> {
+    with_core(|core| (core.exec.id == home.0).then(|| f(core)))?.ok_or(Error::NoReactor)
+}
+
+/// Runs `f` with a context of the reactor whose task or `block_on` future is being polled on
+/// this thread, if it is `home` (the reactor an async handle belongs to): a handle polled by
+/// another reactor fails instead of naming that reactor's object of the same token.
+///
+/// # Errors
+///
+/// As [`with_core_of`].
+pub(crate) fn with_ctx_of<R>(home: ExecId, f: impl FnOnce(&mut Ctx<'_>) -> R) -> Result<R> {
+    with_core_of(home, |core| f(&mut Ctx::new(core, None)))
+}
+
 /// Runs `f` with a context of the reactor whose task or `block_on` future is being polled on
 /// this thread: the async face's only way in (`crate::io` names the callback API, never
-/// `Core`). The context has no owner (a task is no callback: it sets no timers).
+/// `Core`), for what belongs to no reactor yet (a connect, a bind, a spawn); what does goes
+/// through [`with_ctx_of`]. The context has no owner (a task is no callback: it sets no timers).
 ///
 /// # Errors
 ///
@@ -183,6 +213,11 @@ impl Exec {
             woken: Vec::new(),
             sleepers: GenSlab::new(),
         }
+    }
+
+    /// This executor's id, which the async face's handles keep ([`with_ctx_of`]).
+    pub(in crate::reactor) fn id(&self) -> ExecId {
+        ExecId(self.id)
     }
 
     fn waker(&self, task: u64) -> Waker {
