@@ -90,7 +90,10 @@ pub enum Error {
     },
     /// A future of the async face (`rdma_reactor::io`) was polled where no reactor polls it:
     /// outside [`Reactor::block_on`](crate::Reactor::block_on), a task
-    /// [`spawn`](crate::Reactor::spawn)ed on a reactor, or the tokio driver.
+    /// [`spawn`](crate::Reactor::spawn)ed on a reactor, or the tokio driver; or a handle (a
+    /// connection, its futures, a sleep) was used where another reactor than its own polls
+    /// (two reactors on one thread): it belongs to the reactor that made it, and another one is
+    /// never asked in its place.
     NoReactor,
     /// A submitted operation completed with an error (the device's, a flush, a cancel).
     Operation(crate::proto::op::OpError),
@@ -162,8 +165,10 @@ impl fmt::Display for Error {
             Error::Limit { what, limit } => write!(f, "limit reached: {what} = {limit} (raise it in Config)"),
             Error::Elapsed(limit) => write!(f, "timed out: not ready within {limit:?}"),
             Error::NoReactor => f.write_str(
-                "no reactor polls this future: await it in Reactor::block_on, a task of Reactor::spawn, \
-                 or the tokio driver (rdma_reactor::io::tokio)",
+                "no reactor polls this future, or the reactor polling it is not the one its handle (a \
+                 connection, a listener) belongs to, which has another reactor's object of the same token: \
+                 await it in Reactor::block_on, a task of Reactor::spawn, or the tokio driver \
+                 (rdma_reactor::io::tokio), of the reactor that made the handle",
             ),
             Error::Operation(_) => f.write_str("operation failed"),
             Error::Memlock { asked, limit, context, .. } => {

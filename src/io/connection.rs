@@ -39,7 +39,9 @@ use crate::proto::op::{OpCode, RemoteAccess};
 use crate::proto::token::{ConnKey, Key, Token};
 use crate::proto::transport::Transport;
 use crate::proto::wire::{ConnectInfo, RemoteSlice};
-use crate::reactor::{with_ctx, Completion, Conn, ConnectOptions, ConnectionHandler, Ctx, Op, Orphans};
+use crate::reactor::{
+    with_ctx, with_ctx_of, Completion, Conn, ConnectOptions, ConnectionHandler, Ctx, ExecId, Op, Orphans,
+};
 use crate::sys::pool::{Buf, Exposed};
 
 /// The user_data of the receives the connection posts itself.
@@ -85,12 +87,15 @@ pub(super) struct ConnState {
     /// once it is.
     abandoned: bool,
     orphans: Orphans,
+    /// The reactor the connection lives on: every call reaches it only there (`with_ctx_of`),
+    /// since another reactor on this thread has a connection of the same token.
+    home: ExecId,
 }
 
 type Shared = Rc<RefCell<ConnState>>;
 
 impl ConnState {
-    pub(super) fn new(orphans: Orphans, recv_size: usize) -> Shared {
+    pub(super) fn new(orphans: Orphans, home: ExecId, recv_size: usize) -> Shared {
         Rc::new(RefCell::new(ConnState {
             token: None,
             phase: Phase::Connecting,
@@ -103,6 +108,7 @@ impl ConnState {
             slots: Slab::new(),
             abandoned: false,
             orphans,
+            home,
         }))
     }
 
@@ -306,22 +312,38 @@ impl Connection {
     }
 
     /// Runs `f` with the connection's callback context.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoReactor`] unless its own reactor polls this code (another reactor on this
+    /// thread has a connection of the same token: it is never looked up there).
     fn with_conn<R>(&self, f: impl FnOnce(&mut Conn<'_>) -> Result<R>) -> Result<R> {
-        let token = self.st().borrow().usable()?;
+        let (token, home) = {
+            let st = self.st().borrow();
+            (st.usable()?, st.home)
+        };
         let key = ConnKey::of(token).ok_or(Error::StaleToken(token.as_u64()))?;
-        with_ctx(|ctx| match ctx.conn(key) {
+        with_ctx_of(home, |ctx| match ctx.conn(key) {
             Some(mut conn) => f(&mut conn),
-            // Gone from the reactor: it closed (its handler heard why) or belongs to another
-            // reactor.
+            // Gone from the reactor: it closed (its handler heard why).
             None => Err(self.st().borrow().usable().err().unwrap_or(Error::StaleToken(token.as_u64()))),
         })?
+    }
+
+    /// Whether this code can reach the connection's reactor: `None` when its own reactor polls
+    /// here, else why not ([`Error::NoReactor`]).
+    #[cfg(feature = "tokio")]
+    pub(super) fn unreachable(&self) -> Option<Error> {
+        let home = self.st().borrow().home;
+        with_ctx_of(home, |_| ()).err()
     }
 
     /// A buffer of `len` bytes from the connection's device pool ([`Conn::alloc`]).
     ///
     /// # Errors
     ///
-    /// As [`Conn::alloc`]; [`Error::NoReactor`] outside a reactor.
+    /// As [`Conn::alloc`]; [`Error::NoReactor`] outside the connection's reactor (none polls
+    /// here, or another one does).
     pub fn alloc(&self, len: usize) -> Result<Buf> {
         self.with_conn(|c| c.alloc(len))
     }
@@ -382,7 +404,7 @@ impl Connection {
     ///
     /// # Errors
     ///
-    /// As [`Conn::expose`]; [`Error::NoReactor`] outside a reactor.
+    /// As [`Conn::expose`]; [`Error::NoReactor`] outside the connection's reactor.
     pub fn expose(&self, buf: Buf, access: RemoteAccess) -> Result<Exposed> {
         self.with_conn(|c| c.expose(buf, access))
     }
@@ -442,14 +464,14 @@ impl Connection {
     /// drop): at once inside a reactor, else at the reactor's next tick.
     #[cfg(feature = "tokio")]
     pub(super) fn start_close(&self) {
-        let (token, orphans) = {
+        let (token, orphans, home) = {
             let st = self.st().borrow();
             let live = matches!(st.phase, Phase::Established | Phase::Connecting);
-            (st.token.filter(|_| live), st.orphans.clone())
+            (st.token.filter(|_| live), st.orphans.clone(), st.home)
         };
         if let Some(t) = token {
             // (No borrow of the state is held: closing may call the handler.)
-            if with_ctx(|ctx| ctx.close(t)).is_err() {
+            if with_ctx_of(home, |ctx| ctx.close(t)).is_err() {
                 orphans.borrow_mut().push(t);
             }
         }
@@ -483,7 +505,7 @@ impl Future for Connect {
             }
             let st = with_ctx(|ctx| {
                 let size = if opts.msg_size == 0 { ctx.max_msg() } else { opts.msg_size as usize };
-                let st = ConnState::new(ctx.orphans(), size);
+                let st = ConnState::new(ctx.orphans(), ctx.exec_id(), size);
                 let handler = AsyncConn { st: st.clone(), accept: None };
                 ctx.connect(addr, opts, handler).map(|t| {
                     st.borrow_mut().token = Some(t);
@@ -563,7 +585,10 @@ impl OpFuture {
     /// which must submit or fail). Leaves it for the first poll otherwise.
     fn submit(&mut self, waker: Option<&Waker>) {
         let Some(op) = self.op.take() else { return };
-        let usable = self.st.borrow().usable();
+        let (usable, home) = {
+            let st = self.st.borrow();
+            (st.usable(), st.home)
+        };
         let token = match usable {
             Ok(t) => t,
             Err(e) => {
@@ -573,7 +598,7 @@ impl OpFuture {
         };
         let slot = self.st.borrow_mut().slots.insert(Slot::Waiting(waker.cloned()));
         let mut op = Some(op.user_data(slot as u64));
-        let submitted = with_ctx(|ctx| ctx.submit(token, op.take().expect("once")));
+        let submitted = with_ctx_of(home, |ctx| ctx.submit(token, op.take().expect("once")));
         match submitted {
             Ok(Ok(())) => self.slot = Some(slot),
             Ok(Err(refused)) => {
@@ -586,7 +611,7 @@ impl OpFuture {
                 if waker.is_some() {
                     self.failed = Some((Err(e), op.into_buf()));
                 } else {
-                    // No reactor here: submitted at the first poll.
+                    // Not its reactor here (none, or another): submitted at the first poll.
                     self.op = Some(op);
                 }
             }
@@ -680,11 +705,14 @@ impl Future for Recv {
         if let Some(buf) = st.recvs.take(place, cx.waker()) {
             self.place = None;
             let refill = !st.srq && st.posted < st.depth && st.recvs.unread() < st.depth as usize;
-            let key = st.token.and_then(ConnKey::of);
+            let (key, home) = (st.token.and_then(ConnKey::of), st.home);
             drop(st);
             if let (true, Some(key)) = (refill, key) {
-                // Room again under the peer's credit: post a receive for the one handed out.
-                let _ = with_ctx(|ctx| {
+                // Room again under the peer's credit: post a receive for the one handed out
+                // (on its own reactor only: polled where none or another one polls, as before,
+                // the receive is not posted, and the connection keeps one fewer posted until a
+                // later refill).
+                let _ = with_ctx_of(home, |ctx| {
                     if let Some(mut conn) = ctx.conn(key) {
                         st_rc.borrow_mut().replenish(&mut conn, 1);
                     }
@@ -734,10 +762,14 @@ impl Future for Close {
         }
         if !self.asked {
             self.asked = true;
-            let token = self.st.borrow().token;
+            let (token, home) = {
+                let st = self.st.borrow();
+                (st.token, st.home)
+            };
             if let Some(t) = token {
-                if with_ctx(|ctx| ctx.close(t)).is_err() {
-                    // No reactor here: the reactor closes it at its next tick.
+                if with_ctx_of(home, |ctx| ctx.close(t)).is_err() {
+                    // Not its reactor here (none, or another one, which has a connection of
+                    // the same token): its own reactor closes it at its next tick.
                     self.st.borrow().orphans.borrow_mut().push(t);
                 }
             }

@@ -15,7 +15,7 @@ use super::connection::{AsyncConn, ConnState, Connection, DEFAULT_MSG};
 use crate::error::{Error, Result};
 use crate::proto::conn::CloseReason;
 use crate::proto::token::Token;
-use crate::reactor::{with_ctx, ConnectRequest, Ctx, Decision, ListenerHandler, Orphans};
+use crate::reactor::{with_ctx, ConnectRequest, Ctx, Decision, ExecId, ListenerHandler, Orphans};
 
 /// What a listener's handler and its handle share.
 pub(super) struct ListenState {
@@ -25,6 +25,8 @@ pub(super) struct ListenState {
     pub(super) closed: bool,
     reason: Option<CloseReason>,
     orphans: Orphans,
+    /// The reactor it listens on, which its connections live on too.
+    home: ExecId,
 }
 
 /// The callback side of an async listener: accepts every request.
@@ -35,8 +37,11 @@ struct AsyncListener {
 impl ListenerHandler for AsyncListener {
     fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, req: &ConnectRequest) -> Decision {
         let size = req.info.as_ref().map_or(DEFAULT_MSG, |i| i.msg_size as usize);
-        let orphans = self.st.borrow().orphans.clone();
-        let st = ConnState::new(orphans, size);
+        let (orphans, home) = {
+            let st = self.st.borrow();
+            (st.orphans.clone(), st.home)
+        };
+        let st = ConnState::new(orphans, home, size);
         Decision::Accept(Box::new(AsyncConn { st, accept: Some(self.st.clone()) }))
     }
 
@@ -77,6 +82,7 @@ impl Listener {
                 closed: false,
                 reason: None,
                 orphans: ctx.orphans(),
+                home: ctx.exec_id(),
             }));
             let token = ctx.listen(addr, AsyncListener { st: st.clone() })?;
             Ok(Listener { st, token })

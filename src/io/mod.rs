@@ -46,8 +46,11 @@
 //! The async face is a layer of its own above the reactor (`ARCHITECTURE.md`, "Layers"): it
 //! names the callback API ([`ConnectionHandler`](crate::ConnectionHandler),
 //! [`Ctx`](crate::Ctx), [`Conn`](crate::Conn)) and reaches the reactor polling it only through
-//! `reactor::with_ctx`; the reactor never names it (`.ci/layers`). The executor that polls its
-//! futures is the reactor's own (`reactor/event_loop/exec.rs`: a step of the tick).
+//! `reactor::with_ctx` (for what belongs to no reactor yet: a connect, a bind, a spawn) and
+//! `reactor::with_ctx_of` (for a handle: only its own reactor, whose id it keeps, since
+//! another reactor on the thread has objects of the same tokens); the reactor never names it
+//! (`.ci/layers`). The executor that polls its futures is the reactor's own
+//! (`reactor/event_loop/exec.rs`: a step of the tick).
 //!
 //! - `connection.rs`: [`Connection`], its handler and its futures ([`Connect`], [`OpFuture`],
 //!   [`Recv`], [`Close`]).

@@ -20,7 +20,6 @@ use super::connection::{Close, Connection, OpFuture, Recv};
 use crate::error::Error;
 use crate::proto::conn::CloseReason;
 use crate::proto::op::{OpError, WcStatus};
-use crate::reactor::with_ctx;
 use crate::sys::pool::Buf;
 
 /// An established [`Connection`] as a byte stream: tokio's [`AsyncRead`] and [`AsyncWrite`]
@@ -247,9 +246,10 @@ fn copy(e: &Error) -> Error {
     }
 }
 
-/// Polled outside a reactor: the error every call then fails with.
-fn no_reactor() -> Option<io::Error> {
-    with_ctx(|_| ()).err().map(io::Error::other)
+/// Polled outside the connection's reactor (none polls here, or another one does): the error
+/// every call then fails with.
+fn no_reactor(conn: &Connection) -> Option<io::Error> {
+    conn.unreachable().map(io::Error::other)
 }
 
 impl Stream {
@@ -403,7 +403,7 @@ impl Stream {
     }
 
     fn write_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let Some(e) = no_reactor() {
+        if let Some(e) = no_reactor(&self.conn) {
             return Poll::Ready(Err(e));
         }
         if self.limits.is_none() {
@@ -459,7 +459,7 @@ impl Stream {
     }
 
     fn flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let Some(e) = no_reactor() {
+        if let Some(e) = no_reactor(&self.conn) {
             return Poll::Ready(Err(e));
         }
         self.reap(cx);
@@ -474,7 +474,7 @@ impl Stream {
     }
 
     fn read(&mut self, cx: &mut Context<'_>, out: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        if let Some(e) = no_reactor() {
+        if let Some(e) = no_reactor(&self.conn) {
             return Poll::Ready(Err(e));
         }
         let start = out.filled().len();

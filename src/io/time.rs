@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::proto::token::TimerKey;
-use crate::reactor::with_ctx;
+use crate::reactor::{with_ctx, with_ctx_of, ExecId};
 
 /// A future that resolves once `duration` has passed (measured from this call).
 ///
@@ -68,8 +68,10 @@ fn far_future() -> Instant {
 #[derive(Debug)]
 pub struct Sleep {
     deadline: Instant,
-    /// Its entry on the reactor's timers, once polled.
-    key: Option<TimerKey>,
+    /// Its entry on the timers of the reactor that first polled it (or last: polled by another
+    /// reactor on this thread, the entry is made anew there, and the key is only ever used
+    /// with the reactor it belongs to: `with_ctx_of`).
+    key: Option<(ExecId, TimerKey)>,
 }
 
 impl Sleep {
@@ -84,17 +86,21 @@ impl Future for Sleep {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
         if Instant::now() >= self.deadline {
-            if let Some(key) = self.key.take() {
-                let _ = with_ctx(|ctx| ctx.cancel_wake(key));
+            if let Some((home, key)) = self.key.take() {
+                let _ = with_ctx_of(home, |ctx| ctx.cancel_wake(key));
             }
             return Poll::Ready(Ok(()));
         }
         let (deadline, key) = (self.deadline, self.key);
-        let key = with_ctx(|ctx| match key {
-            Some(k) if ctx.set_wake(k, cx.waker()) => k,
-            // Not polled yet, or it fired early (the reactor's clock may run behind this one
-            // by less than its resolution): on the timers again.
-            _ => ctx.wake_at(deadline, cx.waker().clone()),
+        let key = with_ctx(|ctx| {
+            let here = ctx.exec_id();
+            match key {
+                Some((home, k)) if home == here && ctx.set_wake(k, cx.waker()) => (here, k),
+                // Not polled yet, it fired early (the reactor's clock may run behind this one
+                // by less than its resolution), or polled by another reactor than before (the
+                // old entry wakes once, for nothing, at the deadline): on the timers here.
+                _ => (here, ctx.wake_at(deadline, cx.waker().clone())),
+            }
         });
         match key {
             Ok(k) => {
@@ -108,10 +114,10 @@ impl Future for Sleep {
 
 impl Drop for Sleep {
     fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
-            // Outside a reactor the entry stays until its deadline, when its waker is woken
+        if let Some((home, key)) = self.key.take() {
+            // Outside its reactor the entry stays until its deadline, when its waker is woken
             // once, for nothing, and dropped.
-            let _ = with_ctx(|ctx| ctx.cancel_wake(key));
+            let _ = with_ctx_of(home, |ctx| ctx.cancel_wake(key));
         }
     }
 }

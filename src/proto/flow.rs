@@ -38,6 +38,19 @@
 //! farewell a side sends no data, but still returns credits, so a peer at its last credit can
 //! answer.
 //!
+//! - **A farewell leaves an answer possible.** Farewells are credit-only messages that may
+//!   grant nothing, so the reserve alone does not keep both sides able to speak: two farewells
+//!   crossing, each on its sender's last credit and each granting nothing, leave neither side a
+//!   credit to answer the other's, and both would wait out `Timeouts::finish` (the review of
+//!   2026-11-26, L6). So one side, the one that made the connection, says goodbye on its last
+//!   credit only when the farewell grants at least one receive ([`Flow::can_say_farewell`]);
+//!   else it waits for a grant (or answers the peer's farewell first, with that credit). The
+//!   other side says goodbye on its last credit as before. Two crossing farewells then always
+//!   leave one side a credit, or a grant from the other, to answer with. The price: a
+//!   connecting side that closes at its last credit with nothing owed, while its peer neither
+//!   grants nor closes, waits for the peer's next grant, at most `Timeouts::finish`. Nothing
+//!   changes on the wire.
+//!
 //! Why credit-only traffic dies out: right after a credit-only message we have granted every
 //! receive we have posted, at least `MIN_DEPTH = 3`. The peer's credit-only messages consume
 //! one each, so we send the next one only after the peer sent at least two since our last; and
@@ -168,6 +181,13 @@ impl Flow {
     /// True when a credit-only message may go out now (the reserved credit is there).
     pub fn can_send_control(&self) -> bool {
         self.credits >= 1
+    }
+
+    /// True when our farewell may go now from the side that yields (see the module docs): it
+    /// leaves us a credit to answer the peer's farewell with, or it grants the peer one to
+    /// answer ours.
+    pub fn can_say_farewell(&self) -> bool {
+        self.credits >= 2 || (self.credits >= 1 && self.owed() >= 1)
     }
 
     /// True when a credit-only message should go out now.

@@ -49,7 +49,7 @@ pub use api::stats::Stats;
 pub use conn::handoff::Balance;
 pub use data::op::{Completion, Op, RawBuf};
 pub use event_loop::exec::{spawn, stats, JoinHandle};
-pub(crate) use event_loop::exec::{with_ctx, Orphans};
+pub(crate) use event_loop::exec::{with_ctx, with_ctx_of, ExecId, Orphans};
 pub use event_loop::remote::{ReactorGone, Remote};
 pub use event_loop::userfd::{FdEvent, FdHandler, Interest, Readiness};
 

@@ -10,7 +10,7 @@ use crate::proto::metrics::ConnMetrics;
 use crate::proto::op::RemoteAccess;
 use crate::proto::token::{ConnKey, Key, TimerKey, Token};
 use crate::proto::wire::ConnectInfo;
-use crate::reactor::event_loop::exec::Orphans;
+use crate::reactor::event_loop::exec::{ExecId, Orphans};
 use crate::reactor::{Config, ConnectOptions, ConnectionHandler, Core, ListenerHandler, Op, Stats};
 use crate::sys::pool::{Buf, Exposed, RegionWindow};
 use crate::sys::region::{Region, RegionSlice};
@@ -154,6 +154,12 @@ impl<'a> Ctx<'a> {
     /// Where the async face's handles leave the tokens they stop holding (`event_loop/exec.rs`).
     pub(crate) fn orphans(&self) -> Orphans {
         self.core.exec.orphans.clone()
+    }
+
+    /// The id of this reactor's executor: what the async face's handles are bound to
+    /// (`event_loop/exec.rs`, `with_ctx_of`).
+    pub(crate) fn exec_id(&self) -> ExecId {
+        self.core.exec.id()
     }
 
     /// Reactor statistics.

@@ -477,6 +477,9 @@ impl Core {
                                 flow.is_some() && local.farewell && info.as_ref().is_some_and(|i| i.farewell);
                             c.sq.set_flow(flow);
                             c.sq.set_farewell(farewell);
+                            // The connecting side's farewell yields the last credit, so that
+                            // two crossing farewells can be answered (`proto::flow`).
+                            c.sq.yield_last_credit();
                             // The initiator speaks first on iWARP: a credit-only message.
                             let rule = c.placed.is_some_and(|p| self.devices[p.device].caps.client_sends_first());
                             let first = rule && c.infos.local.tail && info.as_ref().is_some_and(|i| i.recv_depth > 0);

@@ -10,7 +10,10 @@
 //! it goes through the reactor's [`Remote`] inbox (a lock and an eventfd write). Step 5b of the
 //! tick (`Core::run_tasks`, after the timers and before the posts) takes this executor's
 //! entries and polls each woken task once, so what the tasks submit is posted in the same
-//! tick, one chain per queue pair.
+//! tick, one chain per queue pair. A wake on the thread that does not come from inside this
+//! reactor's own tick or poll ([`INSIDE`] names the executor running, innermost) also writes the
+//! reactor's eventfd, since it may be asleep (another reactor's tick on the thread included); a
+//! dropped executor takes its entries off the list, and later wakes of its tasks are dropped.
 //!
 //! # Reaching the reactor from a future
 //!
@@ -21,7 +24,10 @@
 //! call and puts it back, so a call made through it that would reach it again (a callback that
 //! polls nothing but could, in principle, call the async face) finds none and fails with
 //! [`Error::NoReactor`] instead of aliasing. Polled anywhere else (another executor's task, a
-//! thread without a reactor), the async face fails the same way.
+//! thread without a reactor), the async face fails the same way. And a handle of the async face
+//! is bound to the reactor that made it ([`ExecId`], [`with_ctx_of`]): polled by another
+//! reactor on the same thread, which issues the same tokens, it fails the same way instead of
+//! acting on that reactor's connection of its token.
 //!
 //! [`Remote`]: crate::reactor::Remote
 
@@ -63,24 +69,30 @@ thread_local! {
     static CURRENT: Cell<*mut Core> = const { Cell::new(std::ptr::null_mut()) };
     /// This thread's id (read once: `thread::current()` clones a handle each time).
     static THREAD: ThreadId = std::thread::current().id();
-    /// Inside a reactor's tick or `block_on` poll: a wake on this thread will be seen before
-    /// the reactor sleeps, so it needs no eventfd write.
-    static INSIDE: Cell<u32> = const { Cell::new(0) };
+    /// The executor whose reactor's tick or `block_on` poll runs on this thread, innermost
+    /// (0: none): a wake of one of its tasks will be seen before that reactor sleeps, so it
+    /// needs no eventfd write. A wake of another reactor's task (two reactors on one thread)
+    /// does (review of 2026-11-26, L5: it was a count of any reactor's ticks, so such a wake
+    /// skipped the write, and a reactor asleep under the tokio driver never polled the task).
+    static INSIDE: Cell<u64> = const { Cell::new(0) };
+    /// The executors that exist on this thread: a wake of a task of one dropped since is
+    /// dropped, not left on [`WOKEN`] for ever.
+    static LIVE: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Marks this thread inside a reactor's tick or poll for the guard's life.
-pub(in crate::reactor) struct Inside(());
+/// Marks this thread inside a tick or poll of `exec`'s reactor for the guard's life (and puts
+/// back the executor it was inside before: reactors nest, `block_on` in another's task).
+pub(in crate::reactor) struct Inside(u64);
 
 impl Inside {
-    pub(in crate::reactor) fn enter() -> Inside {
-        let _ = INSIDE.try_with(|i| i.set(i.get() + 1));
-        Inside(())
+    pub(in crate::reactor) fn enter(exec: ExecId) -> Inside {
+        Inside(INSIDE.try_with(|i| i.replace(exec.0)).unwrap_or(0))
     }
 }
 
 impl Drop for Inside {
     fn drop(&mut self) {
-        let _ = INSIDE.try_with(|i| i.set(i.get() - 1));
+        let _ = INSIDE.try_with(|i| i.set(self.0));
     }
 }
 
@@ -116,9 +128,36 @@ fn with_core<R>(f: impl FnOnce(&mut Core) -> R) -> Result<R> {
     Ok(f(core))
 }
 
+/// Which reactor's executor something belongs to: process-unique, never reused. The async
+/// face's handles keep the id of the reactor that made them, and reach the reactor only
+/// through [`with_ctx_of`] with it (two reactors on one thread issue the same tokens).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ExecId(u64);
+
+/// Runs `f` with the reactor polling on this thread if it is the one `home` names.
+///
+/// # Errors
+///
+/// [`Error::NoReactor`] when no reactor is polling here, or another one is.
+fn with_core_of<R>(home: ExecId, f: impl FnOnce(&mut Core) -> R) -> Result<R> {
+    with_core(|core| (core.exec.id == home.0).then(|| f(core)))?.ok_or(Error::NoReactor)
+}
+
+/// Runs `f` with a context of the reactor whose task or `block_on` future is being polled on
+/// this thread, if it is `home` (the reactor an async handle belongs to): a handle polled by
+/// another reactor fails instead of naming that reactor's object of the same token.
+///
+/// # Errors
+///
+/// As [`with_core_of`].
+pub(crate) fn with_ctx_of<R>(home: ExecId, f: impl FnOnce(&mut Ctx<'_>) -> R) -> Result<R> {
+    with_core_of(home, |core| f(&mut Ctx::new(core, None)))
+}
+
 /// Runs `f` with a context of the reactor whose task or `block_on` future is being polled on
 /// this thread: the async face's only way in (`crate::io` names the callback API, never
-/// `Core`). The context has no owner (a task is no callback: it sets no timers).
+/// `Core`), for what belongs to no reactor yet (a connect, a bind, a spawn); what does goes
+/// through [`with_ctx_of`]. The context has no owner (a task is no callback: it sets no timers).
 ///
 /// # Errors
 ///
@@ -133,7 +172,7 @@ pub(in crate::reactor) fn poll_with_core<T>(
     fut: Pin<&mut dyn Future<Output = T>>,
     waker: &Waker,
 ) -> Poll<T> {
-    let _inside = Inside::enter();
+    let _inside = Inside::enter(core.exec.id());
     let prev = CURRENT.try_with(|c| c.replace(core as *mut Core)).unwrap_or(std::ptr::null_mut());
     let _restore = Restore(prev);
     fut.poll(&mut Context::from_waker(waker))
@@ -161,6 +200,18 @@ pub(in crate::reactor) struct Exec {
     pub(in crate::reactor) sleepers: GenSlab<TimerKey, Waker>,
 }
 
+impl Drop for Exec {
+    /// Forgets this executor on its thread: its entries on [`WOKEN`] go (no tick of a later
+    /// reactor scans them), and later wakes of its tasks are dropped (`TaskWaker`). Runs
+    /// before the tasks drop (fields drop after this), so what they wake while dropping is
+    /// dropped too.
+    fn drop(&mut self) {
+        let id = self.id;
+        let _ = LIVE.try_with(|l| l.borrow_mut().retain(|&e| e != id));
+        let _ = WOKEN.try_with(|w| w.borrow_mut().retain(|&(e, _)| e != id));
+    }
+}
+
 /// Tokens whose last async handle is gone, shared by the handles and the reactor.
 pub(crate) type Orphans = Rc<RefCell<Vec<Token>>>;
 
@@ -173,8 +224,10 @@ struct Task {
 
 impl Exec {
     pub(in crate::reactor) fn new(remote: Remote) -> Exec {
+        let id = NEXT_EXEC.fetch_add(1, Ordering::Relaxed);
+        let _ = LIVE.try_with(|l| l.borrow_mut().push(id));
         Exec {
-            id: NEXT_EXEC.fetch_add(1, Ordering::Relaxed),
+            id,
             tasks: Slab::new(),
             generation: 0,
             orphans: Rc::default(),
@@ -183,6 +236,11 @@ impl Exec {
             woken: Vec::new(),
             sleepers: GenSlab::new(),
         }
+    }
+
+    /// This executor's id, which the async face's handles keep ([`with_ctx_of`]).
+    pub(in crate::reactor) fn id(&self) -> ExecId {
+        ExecId(self.id)
     }
 
     fn waker(&self, task: u64) -> Waker {
@@ -273,10 +331,15 @@ impl Wake for TaskWaker {
 
     fn wake_by_ref(self: &Arc<Self>) {
         if THREAD.try_with(|t| *t == self.owner).unwrap_or(false) {
+            if !LIVE.try_with(|l| l.borrow().contains(&self.exec)).unwrap_or(false) {
+                // Its reactor was dropped: no task is left to wake.
+                return;
+            }
             let _ = WOKEN.try_with(|w| w.borrow_mut().push((self.exec, self.task)));
-            // Outside the reactor's tick (a timer of another runtime, a future the
-            // application polls): make a sleeping reactor look.
-            if INSIDE.try_with(Cell::get).unwrap_or(0) == 0 {
+            // Outside this reactor's tick (a timer of another runtime, a future the
+            // application polls, another reactor's tick on this thread): make it look, should
+            // it sleep.
+            if INSIDE.try_with(Cell::get).unwrap_or(0) != self.exec {
                 self.remote.nudge();
             }
         } else {
@@ -354,7 +417,7 @@ impl Core {
             }
             Ok(Poll::Ready(())) | Err(_) => {
                 self.exec.tasks.remove(index);
-                let _inside = Inside::enter();
+                let _inside = Inside::enter(self.exec.id());
                 let prev = CURRENT.try_with(|c| c.replace(self as *mut Core)).unwrap_or(std::ptr::null_mut());
                 let _restore = Restore(prev);
                 drop(fut);
@@ -507,7 +570,7 @@ impl Reactor {
                 // wakeup of its own (issue 31: the byte stream's round trip took about 2.8
                 // ticks under `block_on`, aecho's tasks 1).
                 {
-                    let _inside = Inside::enter();
+                    let _inside = Inside::enter(self.core.exec.id());
                     self.core.flush_posts();
                     if !self.core.spin.on {
                         self.core.arm_after_posts();
@@ -536,5 +599,86 @@ impl Reactor {
     /// Live tasks spawned on this reactor.
     pub fn tasks(&self) -> usize {
         self.core.exec.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reactor::event_loop::remote::Inbox;
+    use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent};
+
+    /// An executor with its reactor's inbox (the eventfd a wake writes) in an epoll set of its
+    /// own, as `Core` has them: no device needed.
+    fn exec() -> (Epoll, Inbox, Exec) {
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).expect("epoll");
+        let inbox = Inbox::new(&epoll, None).expect("inbox");
+        let exec = Exec::new(inbox.remote());
+        (epoll, inbox, exec)
+    }
+
+    /// True when the reactor's eventfd was written (its epoll set is readable).
+    fn nudged(epoll: &Epoll) -> bool {
+        let mut ev = [EpollEvent::empty(); 4];
+        epoll.wait(&mut ev, 0u16).expect("epoll_wait") > 0
+    }
+
+    /// This thread's woken entries of executor `id`.
+    fn woken_of(id: ExecId) -> usize {
+        WOKEN.with(|w| w.borrow().iter().filter(|(e, _)| *e == id.0).count())
+    }
+
+    /// Review of 2026-11-26, L5: a task of reactor A woken from inside reactor B's tick on the
+    /// same thread must write A's eventfd (A may be asleep, under the tokio driver), and a wake
+    /// from inside A's own tick need not.
+    #[test]
+    fn a_wake_from_inside_another_reactors_tick_nudges_its_own() {
+        let (epoll_a, _inbox_a, a) = exec();
+        let (epoll_b, _inbox_b, b) = exec();
+        let task = a.waker(7);
+        {
+            let _inside = Inside::enter(a.id());
+            task.wake_by_ref();
+        }
+        assert!(!nudged(&epoll_a), "woken inside its own reactor's tick: seen before it sleeps");
+        assert!(a.has_work());
+        {
+            let _inside_b = Inside::enter(b.id());
+            task.wake_by_ref();
+            assert_eq!(INSIDE.with(Cell::get), b.id().0);
+        }
+        assert!(nudged(&epoll_a), "woken inside reactor B's tick: A must be woken");
+        assert!(!nudged(&epoll_b), "B has nothing to do");
+        assert!(!b.has_work());
+        assert_eq!(INSIDE.with(Cell::get), 0, "left every tick");
+        // Nested: A's poll inside B's, then back in B's.
+        {
+            let _b = Inside::enter(b.id());
+            {
+                let _a = Inside::enter(a.id());
+                assert_eq!(INSIDE.with(Cell::get), a.id().0);
+            }
+            assert_eq!(INSIDE.with(Cell::get), b.id().0, "the outer reactor again");
+        }
+    }
+
+    /// Review of 2026-11-26, L5: the wakes of an executor that no longer exists are not kept
+    /// on this thread's list (every tick of every reactor here scanned them, for ever).
+    #[test]
+    fn a_dropped_executors_wakes_are_purged_and_later_ones_dropped() {
+        let (_epoll_a, _inbox_a, a) = exec();
+        let (_epoll_b, _inbox_b, b) = exec();
+        let (ida, idb) = (a.id(), b.id());
+        let (task_a, task_b) = (a.waker(1), b.waker(2));
+        task_a.wake_by_ref();
+        task_b.wake_by_ref();
+        assert_eq!((woken_of(ida), woken_of(idb)), (1, 1));
+        drop(a);
+        assert_eq!(woken_of(ida), 0, "the dropped executor's entries went with it");
+        assert_eq!(woken_of(idb), 1, "the other's stay");
+        task_a.wake_by_ref();
+        task_a.wake_by_ref();
+        assert_eq!(woken_of(ida), 0, "a wake after the drop adds nothing");
+        assert!(b.has_work());
     }
 }

@@ -70,7 +70,7 @@ impl Core {
     }
 
     pub(in crate::reactor) fn tick(&mut self, timeout: Option<Duration>) -> Result<usize> {
-        let _inside = exec::Inside::enter();
+        let _inside = exec::Inside::enter(self.exec.id());
         if self.spin.on && self.spin.skipped < SPIN_WAIT_EVERY {
             return Ok(self.spin_tick());
         }

@@ -13,7 +13,8 @@
 //!
 //! **The close handshake** (iWARP under flow control, `proto::flow::Farewell`): once the
 //! connection asks to say goodbye ([`SendQueue::say_farewell`]), no data goes any more; the
-//! farewell goes as soon as a credit allows, after everything posted before it. Credit-only
+//! farewell goes as soon as a credit allows (on the connecting side, a credit that leaves an
+//! answer possible: [`SendQueue::yield_last_credit`]), after everything posted before it. Credit-only
 //! messages still go when due: a peer that spent its last credit needs our grant to answer. The answer to the peer's farewell ([`SendQueue::answer_farewell`])
 //! goes after the data planned with it.
 //!
@@ -79,6 +80,8 @@ pub(crate) struct SendQueue {
     leaving: Leaving,
     /// The peer's farewell arrived and our answer has not gone yet.
     answer_due: bool,
+    /// Our farewell takes the last credit only with a grant ([`SendQueue::yield_last_credit`]).
+    yields: bool,
 }
 
 /// Where our farewell stands ([`SendQueue::say_farewell`]).
@@ -106,6 +109,7 @@ impl SendQueue {
             farewell: false,
             leaving: Leaving::No,
             answer_due: false,
+            yields: false,
         }
     }
 
@@ -126,6 +130,13 @@ impl SendQueue {
         if self.farewell && self.leaving == Leaving::No {
             self.leaving = Leaving::Due;
         }
+    }
+
+    /// Makes our farewell yield the last credit (the connecting side's rule, `proto::flow`'s
+    /// module docs): it goes on the last credit only when it grants the peer a receive, so two
+    /// farewells crossing never leave both sides without a credit to answer with.
+    pub(crate) fn yield_last_credit(&mut self) {
+        self.yields = true;
     }
 
     /// The peer's farewell arrived: answer it (once).
@@ -269,6 +280,11 @@ impl SendQueue {
                 continue;
             }
             let Some(flow) = self.flow.as_mut().filter(|f| f.can_send_control()) else { continue };
+            if farewell == Farewell::Leaving && self.yields && !flow.can_say_farewell() {
+                // Our last credit, granting nothing: kept until a grant comes (or for the
+                // answer to the peer's farewell), `proto::flow`'s module docs.
+                continue;
+            }
             if room.reserve_send(1) == 0 {
                 plan.short_of_room = true;
                 continue;

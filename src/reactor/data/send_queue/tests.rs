@@ -469,3 +469,107 @@ fn returned_receives_keep_their_order() {
     r.set_capacity(8);
     assert_eq!(rplan(&mut r), vec![k[4], k[0], k[1], k[5], k[2], k[3]]);
 }
+
+/// Both sides close at once, each at its last credit with nothing owed (the review of
+/// 2026-11-26, L6): the handshake must still finish without `Timeouts::finish`. Each side
+/// is scripted as the runtime drives it: every message it plans arrives at the other, whose
+/// credit-only messages' receives are posted again (`on_repost(true)`) and whose `Leaving`
+/// is answered. Before the fix both farewells took the last credits, neither side could
+/// send its `Heard`, and both waited the 2 s out.
+#[test]
+fn crossing_farewells_at_the_last_credit_are_still_answered() {
+    let k = keys(64);
+    let mut next = k.iter().copied();
+    // Side 0 accepted the connection, side 1 made it (it yields its last credit).
+    let mut q = [filled(1, &k[..2], true), filled(1, &k[2..4], true)];
+    let mut room = [CqRoom::new(64, 16), CqRoom::new(64, 16)];
+    for (i, q) in q.iter_mut().enumerate() {
+        q.set_flow(flow(3, 3));
+        q.set_farewell(true);
+        if i == 1 {
+            q.yield_last_credit();
+        }
+        let plan = q.plan(&mut room[i], || unreachable!());
+        assert_eq!(plan.wrs.len(), 2, "two data messages; the last credit is kept");
+        q.posted(&plan, 2, &mut room[i]).for_each(drop);
+    }
+    // The data arrived, their receives are not posted again (the applications stopped
+    // reading): nothing is owed on either side, one credit each.
+    for q in &mut q {
+        for _ in 0..2 {
+            q.flow_mut().unwrap().on_receive(Imm::data(0));
+        }
+        assert_eq!((q.flow_mut().unwrap().credits(), q.flow_mut().unwrap().owed()), (1, 0));
+        q.say_farewell();
+    }
+    let mut heard = [false; 2];
+    let mut said = [Vec::new(), Vec::new()];
+    for _round in 0..4 {
+        let mut wire: [Vec<Imm>; 2] = [Vec::new(), Vec::new()];
+        for i in 0..2 {
+            let plan = q[i].plan(&mut room[i], || next.next().expect("enough keys"));
+            q[i].posted(&plan, plan.wrs.len(), &mut room[i]).for_each(drop);
+            for w in &plan.wrs {
+                let imm = Imm::decode(w.imm.expect("flow control"));
+                said[i].push(imm.farewell);
+                wire[1 - i].push(imm);
+            }
+        }
+        for (j, msgs) in wire.into_iter().enumerate() {
+            for imm in msgs {
+                let f = q[j].flow_mut().unwrap();
+                f.on_receive(imm);
+                if imm.control {
+                    f.on_repost(true);
+                }
+                match imm.farewell {
+                    Farewell::Leaving => q[j].answer_farewell(),
+                    Farewell::Heard => heard[j] = true,
+                    Farewell::None => {}
+                }
+            }
+        }
+        if heard.iter().any(|h| *h) {
+            break;
+        }
+    }
+    assert!(
+        heard.iter().any(|h| *h),
+        "no farewell answered: both sides wait Timeouts::finish; side 0 sent {:?}, side 1 sent {:?}",
+        said[0],
+        said[1]
+    );
+    // Side 0 said goodbye and was answered: it disconnects (and side 1 with it).
+    assert_eq!(said[0].first(), Some(&Farewell::Leaving));
+    assert!(heard[0], "{said:?}");
+}
+
+/// The connecting side's farewell (L6): on its last credit it goes only with a grant, which
+/// lets the peer answer whatever it spent its own credits on; with two credits or more it
+/// goes at once, as on the other side.
+#[test]
+fn the_connecting_sides_farewell_takes_the_last_credit_only_with_a_grant() {
+    let k = keys(6);
+    let mut room = CqRoom::new(64, 16);
+    let mut q = filled(1, &k[..2], true);
+    q.set_flow(flow(3, 3));
+    q.set_farewell(true);
+    q.yield_last_credit();
+    let plan = q.plan(&mut room, || unreachable!());
+    q.posted(&plan, 2, &mut room).for_each(drop);
+    q.say_farewell();
+    assert!(q.plan(&mut room, || unreachable!()).wrs.is_empty(), "one credit, nothing to grant: it waits");
+    assert!(q.wants_post(), "the farewell is still due");
+    q.flow_mut().unwrap().on_repost(false);
+    let plan = q.plan(&mut room, || k[2]);
+    assert_eq!(ops(&plan), vec![k[2]]);
+    let imm = Imm::decode(plan.wrs[0].imm.expect("flow"));
+    assert_eq!((imm.farewell, imm.grant), (Farewell::Leaving, 1), "the last credit, with a grant");
+    let mut two = filled(1, &[], true);
+    two.set_flow(flow(3, 3));
+    two.set_farewell(true);
+    two.yield_last_credit();
+    two.say_farewell();
+    let plan = two.plan(&mut room, || k[3]);
+    assert_eq!(farewell_of(&plan.wrs[0]), Some(Farewell::Leaving), "a credit is left for an answer");
+}
