@@ -832,3 +832,47 @@ fn a_send_above_the_peers_announced_size_is_refused_at_submit_naming_both_sizes(
     }
     assert_eq!(res_counts(owner_id()), ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 });
 }
+
+/// `Config::recv_budget`: a connect request whose receives (`recv_depth` x the pool chunk of its
+/// size) would pin more than the budget is refused with `NoResources` before anything is
+/// registered for it (the server's pool is still empty), and one within it is served. The
+/// server here allows 512 receives of up to 1 MiB: a 1 MiB claim would pin 512 MiB, over the
+/// default budget of 256 MiB; a 4 KiB one pins 2 MiB.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_request_over_the_receive_budget_is_refused_before_anything_is_registered() {
+    let _w = Watchdog::new("budget", LIMIT);
+    {
+        let cfg = rdma_reactor::Config { recv_depth: 512, msg_size: 1 << 20, ..rdma_reactor::Config::default() };
+        let mut server = Reactor::with_config(cfg).expect("server");
+        let a = addr();
+        let listener = server.block_on(async { Listener::bind(a) }).expect("block_on").expect("listen");
+        let ends = echo_server(&mut server, listener);
+        // What the listening device registered before any request.
+        let before = server.stats().registered_bytes;
+        let mut clients = Reactor::new().expect("clients");
+        let (announced, closed) = (Rc::new(RefCell::new(Vec::new())), Rc::new(RefCell::new(Vec::new())));
+        let idle = Idle { announced: announced.clone(), closed: closed.clone() };
+        let opts = ConnectOptions { msg_size: 1 << 20, ..ConnectOptions::default() };
+        clients.connect(a, opts, idle).expect("connect");
+        pump(&mut [&mut server, &mut clients], LIMIT, "the greedy client refused", || !closed.borrow().is_empty());
+        let why = closed.borrow()[0].to_string();
+        let after = server.stats().registered_bytes;
+        println!("a 1 MiB claim against 512 receives: {why}; the server registered {before} bytes, then {after}");
+        assert!(announced.borrow().is_empty(), "never established");
+        assert!(why.contains("NoResources") || why.contains("no resources"), "{why}");
+        assert!(why.contains("Config::recv_budget"), "{why}");
+        assert_eq!(after, before, "nothing registered for the refused request");
+        let (good, result) = PingClient::new(7, 4096, 100);
+        clients.connect(a, ConnectOptions { msg_size: 4096, ..ConnectOptions::default() }, good).expect("connect");
+        pump(&mut [&mut server, &mut clients], LIMIT, "the small client served", || {
+            let r = result.borrow();
+            r.closed.is_some() || r.error.is_some()
+        });
+        let r = result.borrow();
+        assert_eq!((r.echoed, r.verified_bytes, &r.error), (100, 100 * 4096, &None), "the small client: {r:?}");
+        drop(r);
+        pump(&mut [&mut server, &mut clients], LIMIT, "the server's task ended", || ends.borrow().len() == 1);
+    }
+    assert_eq!(res_counts(owner_id()), ResCounts { qp: 0, cq: 0, mr: 0, pd: 0, cm_id: 0 });
+}
