@@ -27,12 +27,15 @@ use rdma_reactor::io::{self, Connection, Listener};
 use rdma_reactor::{Config, ConnectOptions, Error, Reactor};
 
 const USAGE: &str = "\
-usage: aecho server --bind ADDR:PORT [--exit-after N] [--quiet] [--spin-us N]
+usage: aecho server --bind ADDR:PORT [--max-size BYTES] [--exit-after N] [--quiet] [--spin-us N]
        aecho client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K] [--spin-us N]
 
 The echo protocol with async/await: one task per connection, on one reactor thread.
 server: echoes every message on every connection.
   --bind ADDR:PORT     address of an RDMA device to listen on
+  --max-size BYTES     the largest message a connection may send (suffixes K, M; default 64K,
+                       the library's Config::msg_size; at most 1M): each connection receives
+                       messages of its client's --size within this, 64 receives of it
   --exit-after N       exit after N connections have closed (default: run until killed)
   --quiet              no per-connection lines
   --spin-us N          (both) poll for N microseconds after work before sleeping (default 0)
@@ -131,11 +134,16 @@ async fn accept_loop(listener: Listener, served: Rc<RefCell<Served>>, quiet: boo
 }
 
 fn server(args: Args) {
-    args.finish(&["bind", "exit-after", "quiet", "spin-us"]);
+    args.finish(&["bind", "max-size", "exit-after", "quiet", "spin-us"]);
     let addr = args.addr("bind");
     let exit_after: u64 = args.get("exit-after", 0);
     let quiet = args.switch("quiet");
-    let mut reactor = reactor(Config { spin: args.spin(), ..Config::default() });
+    // Each connection's receives: its client's --size within --max-size (`io::Listener`).
+    let max_size = args.size("max-size", Config::default().msg_size as usize);
+    if !(1..=1024 * 1024).contains(&max_size) {
+        common::fail(USAGE, "--max-size must be 1 to 1M bytes");
+    }
+    let mut reactor = reactor(Config { msg_size: max_size as u32, spin: args.spin(), ..Config::default() });
     let served = Rc::new(RefCell::new(Served::default()));
     let listener = reactor
         .block_on(async { Listener::bind(addr) })

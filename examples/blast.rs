@@ -91,7 +91,7 @@ use rdma_reactor::{
 };
 
 const USAGE: &str = "\
-usage: blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet]
+usage: blast server --bind ADDR:PORT [--verify] [--depth N] [--max-size BYTES] [--exit-after N] [--quiet]
                     [--spin-us N] [--srq [--srq-receives N] [--srq-credit N] [--srq-max-credit N] [--srq-reserve N] [--srq-size BYTES]]
                     [--threads N] [--balance round-robin|fewest] [--shared-cq N] [--metrics ADDR:PORT]
                     [--ring-bytes BYTES]
@@ -104,6 +104,9 @@ server: receives from any number of clients at once, from one thread.
   --verify           check every byte of every message
   --depth N          receives posted per connection: the credit window (minimum 3; default:
                      by message size, about 8 MiB of buffers, 16 to 512: 512 up to 16 KiB)
+  --max-size BYTES   the largest message size a client may use (suffixes K, M; default 1M,
+                     at most 1M; Config::msg_size): a client whose --size is larger is refused,
+                     so receives are never sized by a client's claim alone
   --exit-after N     exit after N connections have closed (default: run until killed)
   --threads N        reactors, one per thread (default 1); the first listens and spreads the
                      connections over all; at exit each prints what it served
@@ -241,6 +244,8 @@ struct BlastListener {
     depth: u32,
     /// No `--depth`: each connection's depth follows its message size ([`auto_depth`]).
     auto: bool,
+    /// `--max-size`: the largest message size a client may claim (`Config::msg_size`).
+    max_size: usize,
     /// On a shared receive queue: the runtime posts the receives.
     srq: bool,
     verify: bool,
@@ -271,6 +276,12 @@ impl ListenerHandler for BlastListener {
         let size = info.msg_size as usize;
         if size == 0 {
             return refuse(req, RejectCode::Unsupported, "message size 0".into());
+        }
+        if size > self.max_size {
+            // blast's messages are all of the claimed size: receives of the smaller one the
+            // reactor would announce could not hold them.
+            let text = format!("message size {size} exceeds this server's --max-size {}", self.max_size);
+            return refuse(req, RejectCode::Unsupported, text);
         }
         let base = if self.auto { auto_depth(size) } else { self.depth };
         let depth = if hello.write { base.min((RING_MAX / size) as u32) } else { base };
@@ -628,13 +639,30 @@ fn auto_depth(msg_size: usize) -> u32 {
     ((8 << 20) / per).clamp(16, AUTO_DEPTH_MAX as usize) as u32
 }
 
+/// The default pool's chunk that holds a message of `size` bytes (what a receive pins).
+fn chunk_of(size: usize) -> usize {
+    let pool = rdma_reactor::PoolConfig::default();
+    pool.chunk_sizes.iter().copied().find(|c| *c >= size).unwrap_or(size)
+}
+
 /// `--shared-cq N`: every connection of the reactor on one CQ of N entries (`Config::shared_cq`).
 fn shared_cq(args: &Args) -> Option<u32> {
     Some(args.get("shared-cq", 0u32)).filter(|n| *n > 0)
 }
 
 fn server(args: Args) {
-    let own = ["bind", "depth", "exit-after", "spin-us", "threads", "balance", "shared-cq", "metrics", "ring-bytes"];
+    let own = [
+        "bind",
+        "depth",
+        "max-size",
+        "exit-after",
+        "spin-us",
+        "threads",
+        "balance",
+        "shared-cq",
+        "metrics",
+        "ring-bytes",
+    ];
     args.finish(&[&own[..], &Args::LIVENESS[..], &Args::SRQ[..]].concat());
     let bind = args.addr("bind");
     // Not given: each connection's depth follows its message size (`auto_depth`).
@@ -651,6 +679,10 @@ fn server(args: Args) {
         .unwrap_or_else(|| common::fail(USAGE, "--balance is round-robin or fewest"));
     let group = Group::new(threads, args.get("exit-after", 0), args.metrics());
     let rings = Arc::new(RingBudget::new(args.size("ring-bytes", RING_BYTES_DEFAULT as usize) as u64));
+    let max_size = args.size("max-size", 1024 * 1024);
+    if !(1..=1024 * 1024).contains(&max_size) {
+        common::fail(USAGE, "--max-size must be 1 to 1M bytes");
+    }
     let srq = args.srq();
     // On a shared receive queue each connection's credit window starts at the SRQ's credit
     // and may grow to its maximum (credit that follows activity): a write ring needs a slot for
@@ -659,6 +691,11 @@ fn server(args: Args) {
     let slots = srq.map_or(depth, |s| s.max_credit.max(s.credit));
     let cfg = args.with_srq(args.liveness(Config {
         recv_depth: depth,
+        msg_size: max_size as u32,
+        // The reactor's budget counts the queue pair's whole receive depth (512 without
+        // --depth); blast posts fewer of large messages (`auto_depth`: about 8 MiB of buffers,
+        // 16 receives of 512 KiB and more), so it allows what --depth and --max-size allow.
+        recv_budget: (depth as usize).saturating_mul(chunk_of(max_size)),
         send_depth: 16,
         spin: args.spin_or(BLAST_SPIN_US),
         shared_cq: shared_cq(&args),
@@ -673,6 +710,7 @@ fn server(args: Args) {
     group::serve("blast", &group, bind, cfg, balance, "", move |reactor| BlastListener {
         depth: slots,
         auto: auto && !on_srq,
+        max_size,
         srq: on_srq,
         verify,
         quiet,

@@ -31,7 +31,7 @@ use rdma_reactor::{
 };
 
 const USAGE: &str = "\
-usage: echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
+usage: echo server --bind ADDR:PORT [--depth N] [--max-size BYTES] [--exit-after N] [--quiet] [--spin-us N]
                    [--srq [--srq-receives N] [--srq-credit N] [--srq-max-credit N] [--srq-reserve N] [--srq-size BYTES]] [--marks N,N,..]
                    [--threads N] [--balance round-robin|fewest] [--accept-delay-ms N] [--metrics ADDR:PORT]
        echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
@@ -40,6 +40,10 @@ usage: echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--sp
 server: echoes every message on every connection, from one thread.
   --bind ADDR:PORT     address of an RDMA device to listen on
   --depth N            receives kept posted per connection (default 16)
+  --max-size BYTES     the largest message a connection may send (suffixes K, M; default 1M,
+                       at most 1M): each connection's receives are of its client's --size,
+                       within this (Config::msg_size), so a client cannot make the server pin
+                       more than --depth x BYTES
   --exit-after N       exit after N connections have closed (default: run until killed)
   --quiet              no per-connection lines
   --threads N          reactors, one per thread (default 1); the first listens and spreads the
@@ -122,11 +126,11 @@ impl ListenerHandler for EchoListener {
             println!("echo server: connect request from {peer}; accepting in {:?} (test hook)", self.accept_delay);
             std::thread::sleep(self.accept_delay);
         }
-        let size = req.info.as_ref().map_or(4096, |i| i.msg_size as usize);
         Decision::Accept(Box::new(EchoAgent {
             depth: self.depth,
             srq: self.srq,
-            size,
+            // Set in `on_ready`: the size the reactor announced for it.
+            size: 0,
             echoed: 0,
             established: false,
             stats: self.stats.clone(),
@@ -162,6 +166,9 @@ impl EchoAgent {
 
 impl ConnectionHandler for EchoAgent {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        // What this side announced: the client's --size within --max-size (Config::msg_size),
+        // never the client's claim alone.
+        self.size = conn.msg_size().max(1);
         if self.srq {
             return;
         }
@@ -224,7 +231,18 @@ impl ConnectionHandler for EchoAgent {
 }
 
 fn server(args: Args) {
-    let own = ["bind", "depth", "exit-after", "spin-us", "marks", "threads", "balance", "accept-delay-ms", "metrics"];
+    let own = [
+        "bind",
+        "depth",
+        "max-size",
+        "exit-after",
+        "spin-us",
+        "marks",
+        "threads",
+        "balance",
+        "accept-delay-ms",
+        "metrics",
+    ];
     args.finish(&[&own[..], &Args::LIVENESS[..], &Args::SRQ[..]].concat());
     let bind = args.addr("bind");
     let depth: u32 = args.get("depth", 16);
@@ -240,9 +258,13 @@ fn server(args: Args) {
     let (quiet, marks) = (args.switch("quiet"), args.marks());
     let accept_delay = Duration::from_millis(args.get("accept-delay-ms", 0));
     let group = Group::new(threads, args.get("exit-after", 0), args.metrics());
+    let max_size = args.size("max-size", 1024 * 1024);
+    if !(1..=1024 * 1024).contains(&max_size) {
+        common::fail(USAGE, "--max-size must be 1 to 1M bytes");
+    }
     let srq = args.srq();
-    let cfg =
-        args.with_srq(args.liveness(Config { recv_depth: depth.max(16), spin: args.spin(), ..Config::default() }));
+    let cfg = Config { recv_depth: depth.max(16), msg_size: max_size as u32, spin: args.spin(), ..Config::default() };
+    let cfg = args.with_srq(args.liveness(cfg));
     let srq_note = srq.as_ref().map_or(String::new(), |s| {
         format!(", shared receive queue of {} receives of {} bytes, credit {}", s.receives, s.buf_size, s.credit)
     });

@@ -70,8 +70,9 @@ struct Server {
 
 impl ListenerHandler for Server {
     fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, req: &ConnectRequest) -> Decision {
-        let size = req.info.as_ref().map_or(self.size, |i| i.msg_size as usize);
-        Decision::Accept(Box::new(Agent { size, totals: self.totals.clone() }))
+        let _ = req;
+        // Receives of what the reactor announces: the client's size within `Config::msg_size`.
+        Decision::Accept(Box::new(Agent { size: self.size, totals: self.totals.clone() }))
     }
 }
 
@@ -83,6 +84,7 @@ struct Agent {
 
 impl ConnectionHandler for Agent {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        self.size = conn.msg_size().max(1);
         for _ in 0..conn.recv_capacity().min(16) {
             let buf = conn.alloc(self.size).expect("receive buffer");
             conn.submit(Op::recv(buf)).expect("post receive");
@@ -218,7 +220,8 @@ fn main() {
     };
 
     let totals = Shared::default();
-    let mut reactor = Reactor::new().unwrap_or_else(|e| die("cannot start", &e));
+    let cfg = rdma_reactor::Config { msg_size: size.min(1 << 20) as u32, ..rdma_reactor::Config::default() };
+    let mut reactor = Reactor::with_config(cfg).unwrap_or_else(|e| die("cannot start", &e));
     reactor.listen(bind, Server { size, totals: totals.clone() }).unwrap_or_else(|e| die("listen", &e));
     for id in 0..clients {
         let c = Client { id, size, count, seq: 0, send_buf: None, waiting_echo: false, totals: totals.clone() };

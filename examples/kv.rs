@@ -268,7 +268,12 @@ fn server(args: Args) {
     let mut reactor =
         // The table's window on a device without memory windows (iWARP): a registration of
         // its own (Config::exposure_registration; ignored where windows exist).
-        Reactor::with_config(Config { exposure_registration: true, ..Config::default() })
+        // Receives of the largest message either side sends (`msg_size`), whatever a client claims.
+        Reactor::with_config(Config {
+            exposure_registration: true,
+            msg_size: msg_size(value_size) as u32,
+            ..Config::default()
+        })
             .unwrap_or_else(|e| common::die("kv", &format!("cannot start: {}", common::report(&e))));
     let counts = Rc::new(RefCell::new(ServerCounts::default()));
     reactor

@@ -16,7 +16,10 @@ use util::*;
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn pingpong_every_size_in_one_reactor() {
-    let mut reactor = Reactor::new().expect("reactor");
+    // Messages of up to 1 MiB: the server announces (and posts) the smaller of its clients'
+    // sizes and `Config::msg_size`, 64 KiB by default.
+    let cfg = Config { msg_size: 1 << 20, ..Config::default() };
+    let mut reactor = Reactor::with_config(cfg).expect("reactor");
     let server = addr();
     let agents_closed = Rc::new(RefCell::new(Vec::new()));
     reactor.listen(server, EchoListener { depth: 8, agents_closed: agents_closed.clone() }).expect("listen");

@@ -655,6 +655,9 @@ fn a_wrong_local_key_fails_that_connection_alone() {
         let tg = cli.connect(a, opts.clone(), c).expect("connect");
         pump(&mut [&mut srv, &mut cli], LIMIT, || good.borrow().echoed >= 5);
         let seen = Rc::new(RefCell::new(Seen::default()));
+        // It states the size of its send: a larger one is refused at submit (the smaller of
+        // both sides' announced sizes), before the device could see the key.
+        let opts = ConnectOptions { msg_size: MEMORY.len() as u32, ..opts };
         cli.connect(a, opts, BadKey(seen.clone())).expect("connect");
         pump(&mut [&mut srv, &mut cli], LIMIT, || seen.borrow().closed.is_some());
         {

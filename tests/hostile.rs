@@ -251,11 +251,50 @@ impl ConnectionHandler for Flooder {
     }
 }
 
-/// Case 15: a client that promised 64-byte messages sends 8 KiB into the server's receives
-/// (64 bytes asked for: one 4 KiB pool chunk each). Its send fails with a work error (`RemInvReqErr` when the responder NAKs it,
-/// `RetryExcErr` when it drops it: the flooder uses a short ACK timeout and 2 retries) and
-/// only its connection closes; the server's agent, if it noticed, closes with a work error
-/// too; the good client is untouched.
+/// Accepts everything; its agents post 4 receives of `size` bytes whatever they announced (a
+/// handler breaking the size contract: `Conn::msg_size`), and take no further message.
+struct ShortListener {
+    size: usize,
+    agents_closed: Rc<RefCell<Vec<CloseReason>>>,
+}
+
+impl rdma_reactor::ListenerHandler for ShortListener {
+    fn on_connect_request(
+        &mut self,
+        _ctx: &mut Ctx<'_>,
+        _req: &rdma_reactor::ConnectRequest,
+    ) -> rdma_reactor::Decision {
+        rdma_reactor::Decision::Accept(Box::new(ShortAgent { size: self.size, closed: self.agents_closed.clone() }))
+    }
+}
+
+struct ShortAgent {
+    size: usize,
+    closed: Rc<RefCell<Vec<CloseReason>>>,
+}
+
+impl ConnectionHandler for ShortAgent {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        post_recvs(conn, 4, self.size);
+    }
+
+    fn on_completion(&mut self, _conn: &mut Conn<'_>, _c: Completion) {}
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        self.closed.borrow_mut().push(reason);
+    }
+}
+
+/// Case 15: a send larger than the receive posted for it. A client of this crate that promised
+/// 64-byte messages cannot send 8 KiB: the server announced 64 (the smaller of the claim and
+/// its own size), so the submission is refused with `TooLarge` naming both sizes, and the
+/// connection goes on. On the wire it takes a receiver that posts smaller receives than it
+/// announced (a handler breaking the size contract; to the device it is the same as a peer of
+/// another implementation ignoring the announcement): here an agent that announces 8 KiB and
+/// posts 64-byte receives (one 4 KiB pool chunk each). The 8 KiB send then fails with a work
+/// error (`RemInvReqErr` when the responder NAKs it, `RetryExcErr` when it drops it: the
+/// flooder uses a short ACK timeout and 2 retries) and only its connection closes; the agent,
+/// if it noticed, closes with a work error too; the good client is untouched.
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn send_larger_than_the_posted_receive_fails_that_connection_alone() {
@@ -266,13 +305,27 @@ fn send_larger_than_the_posted_receive_fails_that_connection_alone() {
         pump(&mut [&mut r], LIMIT, "good client served", || good.borrow().echoed >= 10);
         let cfg = Config { ack_timeout: Some(Duration::from_millis(20)), retry_count: 2, ..Config::default() };
         let mut h = Reactor::with_config(cfg).expect("flooder reactor");
+        // A client of this crate: it told the server 64 bytes, which the server announced back.
+        let refused = Rc::new(RefCell::new(Hostile::default()));
+        let honest =
+            Flooder { size: 8192, count: 1, sent: 0, window: 1, outstanding: 0, recvs: 0, seen: refused.clone() };
+        let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+        let honest = h.connect(s.addr, opts, honest).expect("connect");
+        pump(&mut [&mut r, &mut h], LIMIT, "the 8 KiB send refused", || !refused.borrow().refused.is_empty());
+        let said = refused.borrow().refused.clone();
+        println!("8 KiB against a 64-byte announcement: {said:?}");
+        assert!(said.len() == 1 && said[0].contains("8192") && said[0].contains(" 64 "), "{said:?}");
+        assert!(refused.borrow().closed.is_none() && refused.borrow().errors.is_empty(), "{:?}", refused.borrow());
+        h.ctx().close(honest);
+        // The wire: an agent that announces 8 KiB and posts 64-byte receives.
+        let short = addr();
+        let shorts_closed = Rc::new(RefCell::new(Vec::new()));
+        r.listen(short, ShortListener { size: SIZE, agents_closed: shorts_closed.clone() }).expect("listen");
         let seen = Rc::new(RefCell::new(Hostile::default()));
         let flooder =
             Flooder { size: 8192, count: 1, sent: 0, window: 1, outstanding: 0, recvs: 0, seen: seen.clone() };
-        // It tells the server 64 bytes (so the agent posts 4 KiB receives), then sends 8 KiB:
-        // the server's own advertised maximum (a pool chunk) lets the submission through.
-        let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
-        h.connect(s.addr, opts, flooder).expect("connect");
+        let opts = ConnectOptions { msg_size: 8192, ..ConnectOptions::default() };
+        h.connect(short, opts, flooder).expect("connect");
         let deadline = Instant::now() + LIMIT;
         while seen.borrow().closed.is_none() {
             assert!(Instant::now() < deadline, "the oversized send: {:?} {:?} {:?}", seen.borrow(), h.stats(), r);
@@ -282,7 +335,7 @@ fn send_larger_than_the_posted_receive_fails_that_connection_alone() {
         let settle = Instant::now() + Duration::from_secs(2);
         pump(&mut [&mut r, &mut h], LIMIT, "settle", || Instant::now() >= settle);
         let seen = seen.borrow();
-        println!("oversized send: the sender saw {seen:?}; the agent closed: {:?}", s.agents_closed.borrow());
+        println!("oversized send: the sender saw {seen:?}; the agent closed: {:?}", shorts_closed.borrow());
         // iWARP completes a SEND once TCP took it: the sender sees no error of its own, only
         // the end of the stream its peer TERMINATEd.
         let iwarp_ok = transport() == "siw" && seen.errors.is_empty();
@@ -295,8 +348,8 @@ fn send_larger_than_the_posted_receive_fails_that_connection_alone() {
             "{seen:?}"
         );
         assert!(matches!(seen.closed, Some(CloseReason::WorkError(_) | CloseReason::Peer)), "{seen:?}");
-        pump(&mut [&mut r, &mut h], LIMIT, "the agent closed", || !s.agents_closed.borrow().is_empty());
-        let agents = s.agents_closed.borrow().clone();
+        pump(&mut [&mut r, &mut h], LIMIT, "the agent closed", || !shorts_closed.borrow().is_empty());
+        let agents = shorts_closed.borrow().clone();
         // iWARP: the receiving device TERMINATEs the stream, a fatal error of its queue pair.
         let iwarp_fatal = transport() == "siw"
             && matches!(agents.as_slice(), [CloseReason::AsyncEvent(rdma_reactor::AsyncEventKind::QpFatal)]);

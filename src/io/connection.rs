@@ -20,7 +20,10 @@
 //! Receives are the runtime's: with flow control the receive depth is announced at connect
 //! time, before the application can ask for a message, so the connection keeps its receives
 //! posted itself and queues what arrives; [`Connection::recv`] hands out the next message in
-//! the buffer it arrived in (no copy).
+//! the buffer it arrived in (no copy). Each receive is of the size this side announced
+//! (`Conn::msg_size`: a client's `ConnectOptions::msg_size`, else `Config::msg_size`; an
+//! accepted connection's, the smaller of its client's and `Config::msg_size`), and
+//! `Config::recv_depth` of them are kept posted: the peer's claim never raises either.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -47,7 +50,9 @@ use crate::sys::pool::{Buf, Exposed};
 /// The user_data of the receives the connection posts itself.
 const RECV: u64 = u64::MAX - 1;
 
-/// Receive size for a peer that states none (a plain librdmacm client).
+/// The message size a byte stream assumes for a peer that states none (a plain librdmacm
+/// peer).
+#[cfg(feature = "tokio")]
 pub(super) const DEFAULT_MSG: usize = 4096;
 
 /// Where a connection is in its life.
@@ -78,7 +83,7 @@ pub(super) struct ConnState {
     /// Receives posted now, and the most kept posted.
     posted: u32,
     depth: u32,
-    /// The size each receive is posted with.
+    /// The size each receive is posted with: the size this side announced (`Conn::msg_size`).
     recv_size: usize,
     /// On a shared receive queue (`Config::srq`) the runtime posts the receives.
     srq: bool,
@@ -95,7 +100,7 @@ pub(super) struct ConnState {
 type Shared = Rc<RefCell<ConnState>>;
 
 impl ConnState {
-    pub(super) fn new(orphans: Orphans, home: ExecId, recv_size: usize) -> Shared {
+    pub(super) fn new(orphans: Orphans, home: ExecId) -> Shared {
         Rc::new(RefCell::new(ConnState {
             token: None,
             phase: Phase::Connecting,
@@ -103,7 +108,7 @@ impl ConnState {
             recvs: RecvLine::default(),
             posted: 0,
             depth: 0,
-            recv_size,
+            recv_size: 0,
             srq: false,
             slots: Slab::new(),
             abandoned: false,
@@ -159,11 +164,10 @@ impl ConnectionHandler for AsyncConn {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
         let mut st = self.st.borrow_mut();
         st.token = Some(conn.token());
-        if let Some(size) = conn.peer_info().map(|i| i.msg_size as usize).filter(|s| *s > 0) {
-            if self.accept.is_some() {
-                st.recv_size = size;
-            }
-        }
+        // What this side announced, for a client its `ConnectOptions::msg_size` (or
+        // `Config::msg_size`), for an accepted connection the smaller of its client's claim and
+        // `Config::msg_size`: a peer's claim never raises it.
+        st.recv_size = conn.msg_size().max(1);
         let capacity = conn.recv_capacity();
         st.srq = capacity == 0;
         st.depth = conn.ctx().config().recv_depth.min(capacity);
@@ -504,8 +508,7 @@ impl Future for Connect {
                 return Poll::Ready(Err(Error::Unsupported(what.into())));
             }
             let st = with_ctx(|ctx| {
-                let size = if opts.msg_size == 0 { ctx.max_msg() } else { opts.msg_size as usize };
-                let st = ConnState::new(ctx.orphans(), ctx.exec_id(), size);
+                let st = ConnState::new(ctx.orphans(), ctx.exec_id());
                 let handler = AsyncConn { st: st.clone(), accept: None };
                 ctx.connect(addr, opts, handler).map(|t| {
                     st.borrow_mut().token = Some(t);

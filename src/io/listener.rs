@@ -1,7 +1,11 @@
 //! The async face's listener: [`Listener::bind`] listens on the reactor polling it, with a
 //! handler of this module's ([`AsyncListener`]) that accepts every request and gives each
 //! connection an async handler (`connection.rs`); [`Listener::accept`] yields them once they
-//! are established.
+//! are established. Each connection's receives are of the size the reactor announces for it:
+//! the smaller of its client's `msg_size` and [`Config::msg_size`](crate::Config::msg_size)
+//! (64 KiB at the defaults), [`Config::recv_depth`](crate::Config::recv_depth) of them; a
+//! request whose receives would pin more than [`Config::recv_budget`](crate::Config::recv_budget)
+//! is refused before anything is registered for it.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -11,7 +15,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-use super::connection::{AsyncConn, ConnState, Connection, DEFAULT_MSG};
+use super::connection::{AsyncConn, ConnState, Connection};
 use crate::error::{Error, Result};
 use crate::proto::conn::CloseReason;
 use crate::proto::token::Token;
@@ -36,12 +40,14 @@ struct AsyncListener {
 
 impl ListenerHandler for AsyncListener {
     fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, req: &ConnectRequest) -> Decision {
-        let size = req.info.as_ref().map_or(DEFAULT_MSG, |i| i.msg_size as usize);
+        // Its receives are of the size the reactor announces for it, the smaller of the
+        // client's claim and `Config::msg_size` (`AsyncConn::on_ready`), never the claim alone.
+        let _ = req;
         let (orphans, home) = {
             let st = self.st.borrow();
             (st.orphans.clone(), st.home)
         };
-        let st = ConnState::new(orphans, home, size);
+        let st = ConnState::new(orphans, home);
         Decision::Accept(Box::new(AsyncConn { st, accept: Some(self.st.clone()) }))
     }
 

@@ -46,8 +46,9 @@ use crate::sys::pool::Buf;
 ///
 /// - A write takes at most one message's worth of its bytes (the connection's message size:
 ///   the smaller of the two sides' stated sizes, the client's
-///   [`ConnectOptions::msg_size`](crate::ConnectOptions::msg_size) or else its pool's largest
-///   buffer, within this side's largest), copies them into a pool buffer and submits the
+///   [`ConnectOptions::msg_size`](crate::ConnectOptions::msg_size) or else
+///   [`Config::msg_size`](crate::Config::msg_size), 64 KiB by default; a server states at most
+///   that), copies them into a pool buffer and submits the
 ///   send; it is ready then, and returns how many it took. Vectored writes gather their slices
 ///   into one message.
 /// - At most [`window`](Stream::window) sends are in flight (the queue pair's send slots,

@@ -403,8 +403,9 @@ pub struct EchoListener {
 
 impl ListenerHandler for EchoListener {
     fn on_connect_request(&mut self, _ctx: &mut Ctx<'_>, req: &ConnectRequest) -> Decision {
-        let size = req.info.as_ref().map_or(4096, |i| i.msg_size as usize);
-        Decision::Accept(Box::new(EchoAgent { depth: self.depth, size, closed: self.agents_closed.clone() }))
+        let _ = req;
+        // Receives of the size the reactor announces (`Conn::msg_size`), set in `on_ready`.
+        Decision::Accept(Box::new(EchoAgent { depth: self.depth, size: 0, closed: self.agents_closed.clone() }))
     }
 }
 
@@ -416,6 +417,7 @@ pub struct EchoAgent {
 
 impl ConnectionHandler for EchoAgent {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        self.size = conn.msg_size().max(1);
         post_recvs(conn, u64::from(self.depth), self.size);
     }
 

@@ -182,6 +182,27 @@ pub struct Config {
     /// Receive work requests each queue pair may have outstanding (the most a handler can
     /// post, and so the most credit its peer can get). Default 64.
     pub recv_depth: u32,
+    /// The message size of this reactor's connections: the size a client announces (and the
+    /// async face posts its receives of) when its [`ConnectOptions::msg_size`] is 0, and the
+    /// most an accepted connection announces: a server announces the smaller of this and the
+    /// client's `msg_size` (this for a client that states none), and that is the size of each
+    /// receive it must post ([`Conn::msg_size`](crate::Conn::msg_size); the async face does).
+    /// A peer's claim can lower a connection's receive size, never raise it. Taken within the
+    /// pool's largest chunk (and an SRQ's buffers). **Its cost:** each connection's receives pin `recv_depth` pool
+    /// chunks of this size: 64 × 64 KiB = 4 MiB at the defaults (a 1 MiB size would pin
+    /// 64 MiB per connection, and 16 connections the whole default pool). Sends are bounded by
+    /// the smaller of both sides' announced sizes ([`Error::TooLarge`] at submit). Default
+    /// 64 KiB (`io::Stream` writes messages of this size).
+    pub msg_size: u32,
+    /// The most pool bytes one connection's receives may pin: `recv_depth` × the pool chunk
+    /// that holds a receive of its message size (see `msg_size`). A connect request whose
+    /// receives would need more is refused with
+    /// [`RejectCode::NoResources`](crate::RejectCode::NoResources) (the listener's
+    /// `on_refused`) before anything is registered for it, and [`Ctx::connect`](crate::Ctx::connect)
+    /// fails with [`Error::Limit`] (`what`: `"Config::recv_budget"`). Not used with `srq`
+    /// (the shared queue's receives are fixed when it is made). Default 256 MiB, a quarter of
+    /// the pool's default maximum (1 GiB).
+    pub recv_budget: usize,
     /// Largest send copied inline into the work request. Default 64 bytes.
     pub max_inline: u32,
     /// Completion events counted per CQ before one `ibv_ack_cq_events` call. Default 64.
@@ -297,6 +318,8 @@ impl Default for Config {
             pool: PoolConfig::default(),
             send_depth: 64,
             recv_depth: 64,
+            msg_size: 64 * 1024,
+            recv_budget: 256 << 20,
             max_inline: 64,
             cq_ack_batch: 64,
             shared_cq: None,
@@ -340,6 +363,9 @@ impl Config {
     pub(crate) fn validate(&self) -> Result<()> {
         if self.send_depth == 0 || self.recv_depth == 0 {
             return Err(Error::Config("send and receive depth must be at least 1".into()));
+        }
+        if self.msg_size == 0 || self.recv_budget == 0 {
+            return Err(Error::Config("msg_size and recv_budget must be at least 1".into()));
         }
         if self.send_backlog == 0 || self.send_backlog_bytes == 0 {
             return Err(Error::Config("send_backlog and send_backlog_bytes must be at least 1".into()));
@@ -391,6 +417,39 @@ impl Config {
     }
 }
 
+/// The receive size of a connection whose peer states `claim` as its message size (`None`:
+/// a peer that states none, or a client's own unset option): the smaller of the claim,
+/// `Config::msg_size` and `max_msg` (the pool's largest chunk, within the SRQ's buffers), at
+/// least 1. A peer's claim lowers it, never raises it.
+pub(crate) fn recv_size(cfg: &Config, claim: Option<u32>, max_msg: usize) -> u32 {
+    let own = (cfg.msg_size as usize).min(max_msg);
+    let size = claim.filter(|c| *c > 0).map_or(own, |c| own.min(c as usize));
+    u32::try_from(size).unwrap_or(u32::MAX).max(1)
+}
+
+/// Pool bytes `depth` receives of `size` bytes pin: each takes a chunk of the smallest class
+/// that holds it (a size above every class counts as the largest, which the caller refuses
+/// anyway).
+pub(crate) fn recv_bytes(pool: &PoolConfig, depth: u32, size: usize) -> usize {
+    let chunk = pool.chunk_sizes.iter().copied().filter(|c| *c >= size).min().unwrap_or(size.max(pool.max_chunk()));
+    chunk.saturating_mul(depth as usize)
+}
+
+/// Why a connection receiving messages of `size` is over `Config::recv_budget`, if it is
+/// (never with `srq`: the shared queue's receives are the runtime's, fixed at its creation).
+pub(crate) fn over_recv_budget(cfg: &Config, size: u32) -> Option<String> {
+    if cfg.srq.is_some() {
+        return None;
+    }
+    let bytes = recv_bytes(&cfg.pool, cfg.recv_depth, size as usize);
+    (bytes > cfg.recv_budget).then(|| {
+        format!(
+            "over Config::recv_budget ({} bytes): {} receives of {size} bytes pin {bytes} bytes of pool chunks",
+            cfg.recv_budget, cfg.recv_depth
+        )
+    })
+}
+
 impl SrqConfig {
     /// The most connections one device's shared receive queue admits, each at its base
     /// credit: `(receives - reserve) / credit` (10 085 at the defaults). The next is refused
@@ -435,7 +494,14 @@ impl SrqConfig {
 pub struct ConnectOptions {
     /// Local address to bind (none: the kernel picks by route).
     pub src: Option<SocketAddr>,
-    /// Largest message this client sends or receives (0: the pool's chunk size).
+    /// Largest message this client sends or receives, announced to the server as the size of
+    /// its receives (the async face posts them of this size; a handler of the callback API
+    /// posts receives of at least [`Conn::msg_size`](crate::Conn::msg_size)). 0 (the
+    /// default): [`Config::msg_size`] (64 KiB at the defaults). Each receive pins a pool chunk
+    /// that holds it, [`Config::recv_depth`] of them (64 × 64 KiB = 4 MiB at the defaults;
+    /// 1 MiB messages pin 64 MiB). The server announces at most this (the smaller of it and
+    /// its own `Config::msg_size`), and a send larger than the smaller of the two sizes fails
+    /// at submit with [`Error::TooLarge`] naming both.
     pub msg_size: u32,
     /// Messages this client intends to send (0: not stated).
     pub msg_count: u32,
@@ -531,6 +597,55 @@ mod tests {
             let e = cfg.validate().expect_err(field).to_string();
             assert!(e.starts_with(&format!("bad configuration: {field} ")), "{field}: {e}");
             assert!(e.contains("is above the maximum of 365 days"), "{field}: {e}");
+        }
+    }
+
+    /// The review's M2 (2026-11-26): a connection's receives are of the smaller of the peer's
+    /// claim and the local `Config::msg_size`, never the claim alone, and the default costs
+    /// 4 MiB per connection, not 64 MiB.
+    #[test]
+    fn a_peers_claim_lowers_the_receive_size_and_never_raises_it() {
+        use super::recv_size;
+        let cfg = Config::default();
+        let max = cfg.pool.max_chunk();
+        assert_eq!(recv_size(&cfg, Some(1 << 20), max), 64 * 1024, "a 1 MiB claim against the default");
+        assert_eq!(recv_size(&cfg, Some(64), max), 64, "a smaller claim lowers it");
+        assert_eq!(recv_size(&cfg, None, max), 64 * 1024, "no claim: the local size");
+        assert_eq!(recv_size(&cfg, Some(0), max), 64 * 1024, "a zero claim is no claim");
+        assert_eq!(recv_size(&cfg, Some(u32::MAX), 4096), 4096, "within the pool's (or SRQ's) largest");
+        let big = Config { msg_size: 1 << 20, ..Config::default() };
+        assert_eq!(recv_size(&big, Some(1 << 20), max), 1 << 20, "a raised local size admits the claim");
+    }
+
+    #[test]
+    fn the_receive_budget_counts_pool_chunks_and_refuses_beyond_it() {
+        use super::{over_recv_budget, recv_bytes};
+        let cfg = Config::default();
+        assert_eq!(
+            recv_bytes(&cfg.pool, cfg.recv_depth, cfg.msg_size as usize),
+            4 << 20,
+            "64 x 64 KiB at the defaults"
+        );
+        assert_eq!(recv_bytes(&cfg.pool, 64, 64 * 1024 + 1), 64 << 20, "a byte over a class takes the next chunk");
+        assert_eq!(recv_bytes(&cfg.pool, 64, 1), 64 * 4096);
+        assert_eq!(cfg.recv_budget, 256 << 20, "a quarter of the default pool's 1 GiB");
+        assert_eq!(cfg.recv_budget, cfg.pool.max_bytes / 4);
+        assert!(over_recv_budget(&cfg, cfg.msg_size).is_none());
+        // The pool's largest message at full depth is within the budget; 512 of them are not.
+        let deep = Config { recv_depth: 512, msg_size: 1 << 20, ..Config::default() };
+        let why = over_recv_budget(&deep, 1 << 20).expect("512 MiB of receives");
+        let want = "over Config::recv_budget (268435456 bytes): 512 receives of 1048576 bytes pin 536870912 bytes";
+        assert!(why.starts_with(want), "{why}");
+        assert!(over_recv_budget(&deep, 4096).is_none(), "a small claim fits");
+        let srq = Config { srq: Some(SrqConfig::default()), ..deep };
+        assert!(over_recv_budget(&srq, 1 << 20).is_none(), "the SRQ's receives are not per connection");
+    }
+
+    #[test]
+    fn a_zero_message_size_or_budget_is_refused() {
+        for cfg in [Config { msg_size: 0, ..Config::default() }, Config { recv_budget: 0, ..Config::default() }] {
+            let e = cfg.validate().expect_err("zero").to_string();
+            assert!(e.contains("msg_size and recv_budget must be at least 1"), "{e}");
         }
     }
 

@@ -132,6 +132,7 @@ impl<'a> Ctx<'a> {
 
     /// The largest message a connection takes (`Core::max_msg`): the pool's largest chunk, or on
     /// a shared receive queue its buffer size.
+    #[cfg(feature = "tokio")]
     pub(crate) fn max_msg(&self) -> usize {
         self.core.max_msg()
     }
@@ -395,6 +396,18 @@ impl<'a> Conn<'a> {
     /// What this side sent.
     pub fn local_info(&self) -> Option<&ConnectInfo> {
         self.ctx.core.conns.get(self.key).map(|c| &c.infos.local)
+    }
+
+    /// The message size this side announces, which is the size of the receives it must post
+    /// (known from [`on_ready`](crate::ConnectionHandler::on_ready) on): a client's
+    /// [`ConnectOptions::msg_size`](crate::ConnectOptions::msg_size) (or
+    /// [`Config::msg_size`](crate::Config::msg_size) when that is 0); an accepted connection's,
+    /// the smaller of its client's `msg_size` and `Config::msg_size`. The peer may send
+    /// messages of this size, so a receive posted smaller fails the connection when one comes
+    /// (a local length error on InfiniBand and RoCE); and this side's sends are refused above it
+    /// ([`Error::TooLarge`](crate::Error::TooLarge)). 0 once the connection is destroyed.
+    pub fn msg_size(&self) -> usize {
+        self.ctx.core.conns.get(self.key).map_or(0, |c| c.infos.local.msg_size as usize)
     }
 
     /// The transport of the connection's device (from `on_ready` on; `None` before it has

@@ -44,7 +44,8 @@ pub trait ListenerHandler {
 
     /// The reactor rejected a request on its own: malformed connect information, a message
     /// size above the pool's, a limit of [`Config`](crate::Config) reached
-    /// (`max_connections`, `max_pending_accepts`), or no resources for an accepted one.
+    /// (`max_connections`, `max_pending_accepts`, `recv_budget`), or no resources for an
+    /// accepted one.
     fn on_refused(&mut self, ctx: &mut Ctx<'_>, peer: Option<SocketAddr>, reason: &RejectReason) {
         let _ = (ctx, peer, reason);
     }
@@ -88,9 +89,19 @@ pub trait ListenerHandler {
 /// connection with `Stalled`). Keeping fewer receives posted than at first is fine: it slows the
 /// peer (back-pressure), it never deadlocks. On a shared receive queue
 /// ([`Config::srq`](crate::Config::srq)) the runtime posts the receives and grants the credit.
+///
+/// **Receive sizes.** Each side announces a message size in its connect information, and that
+/// is the size of the receives it must post: [`Conn::msg_size`] (a client's
+/// [`ConnectOptions::msg_size`](crate::ConnectOptions::msg_size), or
+/// [`Config::msg_size`](crate::Config::msg_size) when that is 0; an accepted connection's, the
+/// smaller of its client's `msg_size` and `Config::msg_size`, so a client's claim never raises
+/// what a server pins). The peer's sends above it are refused at its submit
+/// ([`Error::TooLarge`](crate::Error::TooLarge), naming both sizes), and so are this side's
+/// sends above either side's size. A receive posted smaller than the announced size fails the
+/// connection when a message that fills it comes.
 pub trait ConnectionHandler {
     /// The queue pair exists and the connection is about to be accepted or connected: post the
-    /// first receives here, so the peer's first message finds one.
+    /// first receives here (of [`Conn::msg_size`] bytes), so the peer's first message finds one.
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
         let _ = conn;
     }

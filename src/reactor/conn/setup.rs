@@ -10,6 +10,7 @@ use crate::proto::flow::{negotiate, MIN_DEPTH};
 use crate::proto::token::{ConnKey, Key, Kind, ListenerKey, Token};
 use crate::proto::transport::{normalize_reject_status, Caps, Transport};
 use crate::proto::wire::{ConnectInfo, RejectCode, RejectReason, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
+use crate::reactor::api::config::{over_recv_budget, recv_size};
 use crate::reactor::data::srq::ConnShare;
 use crate::reactor::{
     ConnEntry, ConnectOptions, ConnectRequest, ConnectionHandler, Core, Decision, Endpoint, ListenerEntry,
@@ -65,13 +66,19 @@ impl Core {
         }
         let (client, first) = Client::resolving();
         let max = self.max_msg();
-        let msg_size = if opts.msg_size == 0 { max as u32 } else { opts.msg_size };
+        // The size this client announces is the size of its receives (`Config::msg_size`).
+        let msg_size = if opts.msg_size == 0 { recv_size(&self.cfg, None, max) } else { opts.msg_size };
         if msg_size as usize > max {
             return Err(Error::TooLarge {
                 len: msg_size as usize,
                 max,
                 limit: "the pool's largest chunk, PoolConfig::chunk_sizes (Config::pool)",
             });
+        }
+        if let Some(why) = over_recv_budget(&self.cfg, msg_size) {
+            event!(info, "a connect to {dst} refused: {why}");
+            let _ = why;
+            return Err(Error::Limit { what: "Config::recv_budget", limit: self.cfg.recv_budget });
         }
         let local = ConnectInfo {
             msg_size,
@@ -285,6 +292,13 @@ impl Core {
                 return refuse(self, child, RejectReason::new(RejectCode::Unsupported, text));
             }
         }
+        // Its receives are of the smaller of its claim and ours (`Config::msg_size`), and as
+        // many as `Config::recv_depth`: refused before anything is registered for it if they
+        // would pin more than `Config::recv_budget` (the review of 2026-11-26, M2).
+        let size = recv_size(&self.cfg, info.as_ref().map(|i| i.msg_size), self.max_msg());
+        if let Some(why) = over_recv_budget(&self.cfg, size) {
+            return refuse(self, child, RejectReason::new(RejectCode::NoResources, why));
+        }
         if self.cfg.srq.is_some()
             && !info.as_ref().is_some_and(|i| i.flow_control && u32::from(i.recv_depth) >= MIN_DEPTH)
         {
@@ -319,7 +333,11 @@ impl Core {
     ) {
         let peer = child.peer_addr();
         let (agent, first) = Agent::accepting();
-        let entry = ConnEntry::new(Role::Agent(agent), handler, self.cfg.signal_every, ConnectInfo::default());
+        // What this side announces is the size of the receives it posts (`Conn::msg_size`, set
+        // before `on_ready` posts them): the smaller of the client's claim and ours.
+        let msg_size = recv_size(&self.cfg, info.as_ref().map(|i| i.msg_size), self.max_msg());
+        let own = ConnectInfo { msg_size, ..ConnectInfo::default() };
+        let entry = ConnEntry::new(Role::Agent(agent), handler, self.cfg.signal_every, own);
         let t = self.conns.insert(entry);
         self.accepting += 1;
         child.set_context(t.token().as_u64());
@@ -351,11 +369,11 @@ impl Core {
         let flow_offer = self.cfg.flow_control;
         let c = self.conns.get_mut(t).expect("live");
         let tail = c.placed.is_some_and(|p| p.tail);
-        // A tail lands in the slack after a full chunk (`Pool::new`): the whole chunk is payload.
-        let msg_size = self.max_msg() as u32;
         // The close handshake, when both sides take part.
         let handshake = self.offers_close_handshake(t);
         let c = self.conns.get_mut(t).expect("live");
+        // A tail lands in the slack after a full chunk (`Pool::new`): the whole size is payload.
+        let msg_size = c.infos.local.msg_size;
         let flow = negotiate(flow_offer, depth, c.infos.peer.as_ref());
         let farewell = handshake && flow.is_some() && c.infos.peer.as_ref().is_some_and(|p| p.farewell);
         let local = ConnectInfo {

@@ -95,18 +95,32 @@ impl Core {
             );
             return Err(SubmitError::new(Error::Config(what), op));
         }
-        let limit =
-            match &op.body {
-                Body::Send(_) | Body::RawSend(_) | Body::SendRegion(_) => c.infos.peer.as_ref().map(|i| {
-                    (i.msg_size as usize, "the peer's message size (its ConnectOptions::msg_size or pool chunk)")
-                }),
-                Body::Write(_, r) | Body::WriteImm(_, r) | Body::WriteRegion(_, r) => {
-                    Some((r.len as usize, "the peer's exposed length"))
+        let limit = match &op.body {
+            // The smaller of both sides' announced sizes (the one size contract): the peer's is
+            // the size of the receives it posts, ours what we said we send.
+            Body::Send(_) | Body::RawSend(_) | Body::SendRegion(_) => {
+                let peer = c
+                    .infos
+                    .peer
+                    .as_ref()
+                    .map(|i| i.msg_size as usize)
+                    .filter(|m| *m > 0)
+                    .map(|m| (m, "the peer's receive size, the msg_size of its connect information"));
+                let own = Some(c.infos.local.msg_size as usize)
+                    .filter(|m| *m > 0)
+                    .map(|m| (m, "this side's announced message size (ConnectOptions::msg_size, or Config::msg_size)"));
+                match (peer, own) {
+                    (Some(p), Some(o)) => Some(if o.0 < p.0 { o } else { p }),
+                    (p, o) => p.or(o),
                 }
-                Body::Read(b, _) => Some((b.capacity(), "the local buffer's capacity")),
-                Body::ReadRegion(s, _) => Some((s.len(), "the local region slice's length")),
-                Body::Recv(_) | Body::RawRecv(_) | Body::RecvRegion(_) => None,
-            };
+            }
+            Body::Write(_, r) | Body::WriteImm(_, r) | Body::WriteRegion(_, r) => {
+                Some((r.len as usize, "the peer's exposed length"))
+            }
+            Body::Read(b, _) => Some((b.capacity(), "the local buffer's capacity")),
+            Body::ReadRegion(s, _) => Some((s.len(), "the local region slice's length")),
+            Body::Recv(_) | Body::RawRecv(_) | Body::RecvRegion(_) => None,
+        };
         if tail && matches!(op.body, Body::WriteImm(..)) {
             // No immediate data on this transport (`proto::transport`).
             let what = "an RDMA WRITE with immediate data (Op::write_imm): this connection's device has no \
