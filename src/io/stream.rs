@@ -55,7 +55,9 @@ use crate::sys::pool::Buf;
 ///   within the receives the peer announced). A write beyond them is pending until the oldest
 ///   completes: a reader that stops reading stops granting credits, the sends stop completing,
 ///   and the writer waits, with at most `window` buffers of its own in use. Nothing is
-///   buffered beyond that.
+///   buffered beyond that. The buffer of the last completed send is kept for the next write
+///   (no pool round trip per message), so a stream holds one pool buffer of at most its
+///   message size between writes, idle too, until it is dropped.
 /// - `poll_flush` is ready when every submitted send has completed: the peer's device has the
 ///   bytes (on iWARP, the local TCP stack).
 /// - `poll_shutdown` closes the write side: it sends an empty message after the data (the

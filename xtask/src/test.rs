@@ -310,7 +310,7 @@ const LONG_BINARIES: &[(&str, u32)] = &[("stream", 3)];
 /// The watchdog of the binary `name`: `per_binary`, or a multiple of it ([`LONG_BINARIES`]).
 fn watchdog(name: &str, per_binary: Duration) -> Duration {
     let times = LONG_BINARIES.iter().find(|(n, _)| *n == name).map_or(1, |(_, k)| *k);
-    per_binary * times
+    per_binary.saturating_mul(times)
 }
 
 /// The in-VM runner: each binary, with its filter, under busybox `timeout` (its
@@ -475,10 +475,9 @@ fn vm_tests_in_one_boot(
         &Guest { nonce: &nonce, script, env: &[], link: None, profiling: false, valgrind: false, device },
     )?;
     let accel = vm::choose_accel(kernel)?;
-    let timeout = opts.vm_timeout.unwrap_or(
-        Duration::from_secs(180)
-            + tests.iter().map(|(b, _)| watchdog(&b.name, opts.per_binary) + Duration::from_secs(5)).sum::<Duration>(),
-    );
+    let timeout = opts.vm_timeout.unwrap_or(tests.iter().fold(Duration::from_secs(180), |t, (b, _)| {
+        t.saturating_add(watchdog(&b.name, opts.per_binary)).saturating_add(Duration::from_secs(5))
+    }));
     eprintln!(
         "xtask: running {} test binar{} in the VM on {} (watchdog {} s each{}, VM timeout {} s)",
         tests.len(),
@@ -678,7 +677,7 @@ fn host_rdma_tests(bins: &project::Binaries, opts: &Options) -> Result<Vec<Row>>
         cmd.args([filter, "--test-threads=1"]).current_dir(&tmp);
         host::env(&mut cmd, &bin, &addr);
         let mut counts = None;
-        let w = host::run_watched(&mut cmd, opts.per_binary, &mut |l| {
+        let w = host::run_watched(&mut cmd, watchdog(&b.name, opts.per_binary), &mut |l| {
             if let Some(c) = parse_result_line(l) {
                 counts = Some(c);
             }

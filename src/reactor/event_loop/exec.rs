@@ -193,6 +193,8 @@ pub(in crate::reactor) struct Exec {
     remote: Remote,
     /// `block_on`'s future was woken.
     main_woken: bool,
+    /// Set by `block_on` for the tick it runs next ([`Exec::take_defer_arm`]).
+    defer_arm: bool,
     /// The woken tasks a round of `run_tasks` polls (kept: no allocation per tick).
     woken: Vec<u64>,
     /// Wakers of sleeping futures (`io::sleep`), each with a heap entry
@@ -233,6 +235,7 @@ impl Exec {
             orphans: Rc::default(),
             remote,
             main_woken: false,
+            defer_arm: false,
             woken: Vec::new(),
             sleepers: GenSlab::new(),
         }
@@ -282,6 +285,15 @@ impl Exec {
     }
 
     /// Whether `block_on`'s future was woken (and forgets it).
+    /// `block_on` runs this tick and polls its future right after it if it was woken
+    /// ([`Exec::main_is_woken`]): the tick may leave its arm to `block_on`. Taken at the start
+    /// of the tick, so a tick that `block_on` did not start never skips its arm (a `main_woken`
+    /// left set by a stale waker after `block_on` returned, or after a tick failed, does not
+    /// count).
+    pub(in crate::reactor) fn take_defer_arm(&mut self) -> bool {
+        std::mem::take(&mut self.defer_arm)
+    }
+
     /// `block_on`'s future was woken and not polled since.
     pub(in crate::reactor) fn main_is_woken(&self) -> bool {
         self.main_woken
@@ -560,32 +572,45 @@ impl Reactor {
         loop {
             if self.core.exec.take_main() {
                 let f: Pin<&mut dyn Future<Output = F::Output>> = fut.as_mut();
-                if let Poll::Ready(v) = poll_with_core(&mut self.core, f, &waker) {
+                let polled = poll_with_core(&mut self.core, f, &waker);
+                self.after_main_poll();
+                if let Poll::Ready(v) = polled {
                     return Ok(v);
-                }
-                // What it submitted goes out now, then the CQs the waking tick emptied are
-                // polled once more and armed (that tick left them to this: `Core::tick`,
-                // step 6), as for a task polled inside the tick. Before, its posts waited
-                // for a tick that did not wait, and a send completing during its post was a
-                // wakeup of its own (issue 31: the byte stream's round trip took about 2.8
-                // ticks under `block_on`, aecho's tasks 1).
-                {
-                    let _inside = Inside::enter(self.core.exec.id());
-                    self.core.flush_posts();
-                    if !self.core.spin.on {
-                        self.core.arm_after_posts();
-                    }
                 }
                 if self.core.exec.take_main() {
                     // It woke itself (a yield): poll it again, after a tick that does not wait.
                     self.core.exec.main_woken = true;
+                    self.core.exec.defer_arm = true;
                     self.run_once(Some(std::time::Duration::ZERO))?;
                     continue;
                 }
             }
             // Sleeps only when nothing is ready: woken tasks and what the future submitted
-            // make the tick's wait zero.
+            // make the tick's wait zero. A tick that wakes the future leaves its arm to
+            // `after_main_poll`.
+            self.core.exec.defer_arm = true;
             self.run_once(None)?;
+        }
+    }
+
+    /// After a poll of `block_on`'s future: what it submitted goes out now, then the CQs the
+    /// waking tick emptied are polled once more and armed (that tick left them to this:
+    /// `Core::tick`, step 6), as for a task polled inside the tick. Before, its posts waited
+    /// for a tick that did not wait, and a send completing during its post was a wakeup of its
+    /// own (issue 31: the byte stream's round trip took about 2.8 ticks under `block_on`,
+    /// aecho's tasks 1). A callback's panic in that poll is resumed here, as `run_once`
+    /// resumes a tick's.
+    fn after_main_poll(&mut self) {
+        {
+            let _inside = Inside::enter(self.core.exec.id());
+            self.core.flush_posts();
+            if !self.core.spin.on {
+                self.core.arm_after_posts();
+            }
+        }
+        self.core.keep_drop_panic();
+        if let Some(panic) = self.core.panic.take() {
+            std::panic::resume_unwind(panic);
         }
     }
 

@@ -71,6 +71,8 @@ impl Core {
 
     pub(in crate::reactor) fn tick(&mut self, timeout: Option<Duration>) -> Result<usize> {
         let _inside = exec::Inside::enter(self.exec.id());
+        // Taken now, so no later tick inherits it (`Exec::take_defer_arm`).
+        let block_on = self.exec.take_defer_arm();
         if self.spin.on && self.spin.skipped < SPIN_WAIT_EVERY {
             return Ok(self.spin_tick());
         }
@@ -149,7 +151,7 @@ impl Core {
         self.flush_posts();
         // `block_on`'s future, woken in this tick, is polled right after it: it arms them
         // after its own posts (`Reactor::block_on`), as a task's posts come before the arm.
-        if !spin && !self.exec.main_is_woken() {
+        if !spin && (!block_on || !self.exec.main_is_woken()) {
             work += self.arm_after_posts();
         }
         self.flush_acks();
