@@ -327,11 +327,17 @@ impl Reactor {
     /// (see "Panics in callbacks" in `ARCHITECTURE.md`): the reactor stays usable.
     pub fn run_once(&mut self, timeout: Option<Duration>) -> Result<usize> {
         let r = self.core.tick(timeout);
+        self.resume_panic();
+        r
+    }
+
+    /// Resumes the first panic a callback (or a handler's `Drop`) raised since the last call:
+    /// after a tick, a shutdown, or `block_on`'s post-and-arm step.
+    pub(in crate::reactor) fn resume_panic(&mut self) {
         self.core.keep_drop_panic();
         if let Some(panic) = self.core.panic.take() {
             resume_unwind(panic);
         }
-        r
     }
 
     /// Closes everything, keeping the callback contract: every listener hears
@@ -353,10 +359,7 @@ impl Reactor {
     pub fn shutdown(&mut self, grace: Duration) {
         self.core.shutdown(grace);
         self.core.deregister_all_fds();
-        self.core.keep_drop_panic();
-        if let Some(panic) = self.core.panic.take() {
-            resume_unwind(panic);
-        }
+        self.resume_panic();
     }
 }
 

@@ -608,10 +608,7 @@ impl Reactor {
                 self.core.arm_after_posts();
             }
         }
-        self.core.keep_drop_panic();
-        if let Some(panic) = self.core.panic.take() {
-            std::panic::resume_unwind(panic);
-        }
+        self.resume_panic();
     }
 
     /// Polls `fut` once with this reactor reachable through [`with_ctx`], as its tasks are
