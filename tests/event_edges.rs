@@ -18,6 +18,7 @@ mod util;
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
+use std::process::Command;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -51,6 +52,12 @@ struct RaceResult {
     outstanding: Option<(u64, Instant, u64)>,
     error: Option<String>,
     closed: Option<CloseReason>,
+    /// The connection's token, once ready.
+    token: Option<Token>,
+    /// The connection's local address, once established.
+    local: Option<SocketAddr>,
+    /// Sends completed.
+    sends_completed: u64,
 }
 
 /// Ping-pongs `count` one-byte messages, each verified, then closes.
@@ -84,12 +91,14 @@ impl RacePing {
 
 impl ConnectionHandler for RacePing {
     fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        self.result.borrow_mut().token = Some(conn.token());
         let recv = conn.alloc(1).expect("client receive buffer");
         conn.submit(Op::recv(recv)).expect("client post receive");
         self.send_buf = Some(conn.alloc(1).expect("client send buffer"));
     }
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {
+        self.result.borrow_mut().local = conn.local_addr();
         self.send_next(conn);
     }
 
@@ -97,6 +106,7 @@ impl ConnectionHandler for RacePing {
         match (c.opcode, c.result) {
             // The send's completion may come after the echo: the buffer waits for it.
             (OpCode::Send, Ok(_)) => {
+                self.result.borrow_mut().sends_completed += 1;
                 self.send_buf = c.buf;
                 if self.result.borrow().outstanding.is_none() && self.seq < self.count {
                     self.send_next(conn);
@@ -180,7 +190,10 @@ fn race(clients: u64, count: u64, churn: bool, cfg: Config) -> RaceRun {
     let s = server.to_string();
     let (cfg_shared, ack_batch) = (cfg.shared_cq.is_some(), cfg.cq_ack_batch);
     let mut r = Reactor::with_config(cfg).expect("reactor");
-    let _server = Proc::spawn("echo server", bin("echo"), &["server", "--bind", &s, "--quiet"]);
+    // Its metrics endpoint shows the server's side of a stalled connection (`diagnose_stall`).
+    let metrics = SocketAddr::new([127, 0, 0, 1].into(), server.port() + 1);
+    let m = metrics.to_string();
+    let _server = Proc::spawn("echo server", bin("echo"), &["server", "--bind", &s, "--quiet", "--metrics", &m]);
     wait_listening(server, Duration::from_secs(30));
     let ticks = Rc::new(Cell::new(0u64));
     let start_one = |r: &mut Reactor, id: u64, count: u64| {
@@ -206,13 +219,13 @@ fn race(clients: u64, count: u64, churn: bool, cfg: Config) -> RaceRun {
             churned += 1;
         }
         for (id, x) in results.iter().enumerate() {
-            if let Some((seq, at, t0)) = x.borrow().outstanding {
-                let waited = at.elapsed();
-                assert!(
-                    waited < WATCHDOG || ticks.get() - t0 < WATCHDOG_TICKS,
-                    "client {id}, message {seq}: no echo {waited:?} after its send ({} ticks later): a \
-                     stall\n{:?}",
-                    ticks.get() - t0,
+            let Some((seq, at, t0)) = x.borrow().outstanding else { continue };
+            let waited = at.elapsed();
+            if waited >= WATCHDOG && ticks.get() - t0 >= WATCHDOG_TICKS {
+                let lag = ticks.get() - t0;
+                let why = diagnose_stall(&mut r, &ticks, x, server, metrics);
+                panic!(
+                    "client {id}, message {seq}: no echo {waited:?} after its send ({lag} ticks later): a stall\n{why}\n{:?}",
                     r.stats()
                 );
             }
@@ -247,11 +260,100 @@ fn race(clients: u64, count: u64, churn: bool, cfg: Config) -> RaceRun {
     RaceRun { stats: st, round_trips: clients * count + churned * CHURN_COUNT, connections: clients + churned, secs }
 }
 
+/// What a stalled round trip's connection shows, for the failure message: the client's
+/// counters, the kernel's TCP sockets of the connection (Soft-iWARP runs over TCP: bytes
+/// queued in a socket and never read are the kernel's), the server's counters for it, then
+/// whether the echo comes at all within ten more seconds of ticking (a late echo is a delay,
+/// none a stall).
+fn diagnose_stall(
+    r: &mut Reactor,
+    ticks: &Cell<u64>,
+    x: &RefCell<RaceResult>,
+    server: SocketAddr,
+    metrics: SocketAddr,
+) -> String {
+    let (token, local, seq, sent_at, sends) = {
+        let x = x.borrow();
+        let (seq, at, _) = x.outstanding.expect("outstanding");
+        (x.token, x.local, seq, at, x.sends_completed)
+    };
+    let mut out =
+        format!("client: {local:?}, sends completed {sends}, metrics {:?}\n", token.and_then(|t| r.conn_metrics(t)));
+    out += &tcp_sockets(local.map(|a| a.port()), server.port());
+    out += &server_lines(metrics, local);
+    let qps = Command::new("rdma").args(["res", "show", "qp"]).output();
+    out += &format!(
+        "rdma res show qp:\n{}",
+        qps.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while x.borrow().outstanding.is_some_and(|o| o.0 == seq) && Instant::now() < deadline {
+        r.run_once(Some(Duration::from_millis(50))).expect("run_once");
+        ticks.set(ticks.get() + 1);
+    }
+    if x.borrow().outstanding.is_some_and(|o| o.0 == seq) {
+        out += &format!("no echo {:?} after the send either: a stall, not a delay\n", sent_at.elapsed());
+        let unread = server_unread(local.map(|a| a.port()), server.port());
+        if unread > 0 {
+            out += &format!(
+                "{unread} bytes wait unread in the server's TCP socket: Soft-iWARP's lost wakeup at accept \
+                 (NUDGES in src/proto/transport.rs), which {} nudges of this reactor did not end\n",
+                r.stats().iwarp_nudges
+            );
+        }
+    } else {
+        out += &format!("the echo came {:?} after the send: a delay, not a stall\n", sent_at.elapsed());
+    }
+    out += &tcp_sockets(local.map(|a| a.port()), server.port());
+    out
+}
+
+/// The lines of `/proc/net/tcp` of the sockets between `port` and `server_port` (both ends),
+/// with their send and receive queues.
+fn tcp_sockets(port: Option<u16>, server_port: u16) -> String {
+    let Some(port) = port else { return "no local address\n".into() };
+    let text = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let (a, b) = (format!(":{port:04X} "), format!(":{server_port:04X} "));
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(&a) && l.contains(&b)).collect();
+    format!("tcp sockets (local rem st tx_queue:rx_queue):\n{}\n", lines.join("\n"))
+}
+
+/// The bytes waiting in the receive queue of the server's socket of the connection from
+/// `port` (`/proc/net/tcp`; 0 when there is none).
+fn server_unread(port: Option<u16>, server_port: u16) -> u64 {
+    let Some(port) = port else { return 0 };
+    let text = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let (local, remote) = (format!(":{server_port:04X}"), format!(":{port:04X}"));
+    text.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() > 4 && f[1].ends_with(&local) && f[2].ends_with(&remote))
+        .filter_map(|f| f[4].split(':').nth(1).and_then(|rx| u64::from_str_radix(rx, 16).ok()))
+        .sum()
+}
+
+/// The echo server's metrics lines of the connection from `local`, fetched from its endpoint.
+fn server_lines(metrics: SocketAddr, local: Option<SocketAddr>) -> String {
+    use std::io::{Read, Write};
+    let Some(local) = local else { return String::new() };
+    let mut text = String::new();
+    let fetched = std::net::TcpStream::connect_timeout(&metrics, Duration::from_secs(2)).and_then(|mut s| {
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
+        s.read_to_string(&mut text)
+    });
+    if let Err(e) = fetched {
+        return format!("server metrics: {e}\n");
+    }
+    let needle = format!("\"{local}\"");
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(&needle) && !l.starts_with('#')).collect();
+    format!("server metrics of {local}:\n{}\n", lines.join("\n"))
+}
+
 fn report(what: &str, run: &RaceRun) {
     let st = &run.stats;
     println!(
         "{what}: {} round trips over {} connections in {:.1} s ({:.0}/s); cq_rearm_catches {}, spurious_cq_events {}, cq_events {}, \
-         cq_arms {}, cq_polls {}, wakeups {}, spurious_wakeups {}",
+         cq_arms {}, cq_polls {}, wakeups {}, spurious_wakeups {}, iwarp_nudges {}",
         run.round_trips,
         run.connections,
         run.secs,
@@ -262,7 +364,8 @@ fn report(what: &str, run: &RaceRun) {
         st.cq_arms,
         st.cq_polls,
         st.wakeups,
-        st.spurious_wakeups
+        st.spurious_wakeups,
+        st.iwarp_nudges
     );
 }
 

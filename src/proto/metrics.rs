@@ -87,6 +87,11 @@ impl ConnMeter {
         }
     }
 
+    /// True once anything came from the peer: a message, or a credit-only one.
+    pub(crate) fn heard(&self) -> bool {
+        self.m.recvs > 0 || self.m.credit_messages_received > 0
+    }
+
     /// A credit-only message went out (`sent`) or came in.
     pub(crate) fn credit_message(&mut self, sent: bool) {
         if sent {

@@ -134,6 +134,33 @@ impl Caps {
 /// Length of a [`Tail`] on the wire.
 pub const TAIL_LEN: u32 = 4;
 
+/// When an iWARP client that has not heard from its server since its first message nudges it
+/// with a zero-length RDMA WRITE: the waits between nudges, from ESTABLISHED on (5 ms, then
+/// 25, 125, 625 and 3 125 ms after it); none once anything arrived from the server.
+///
+/// **Why: Soft-iWARP loses the client's first messages now and then** (Linux 6.1 to at least
+/// 6.18, `drivers/infiniband/sw/siw/siw_cm.c`, `siw_accept`): the server's kernel sends its
+/// MPA reply (`siw_send_mpareqrep`) *before* it hands the socket's receive callback to the
+/// queue pair (`siw_qp_socket_assoc`), and the connection manager's callback it still has,
+/// in state `SIW_EPSTATE_RDMA_MODE` already, ignores what arrives. A client that is quick
+/// to send (its ESTABLISHED comes with the reply) lands its first messages in that window:
+/// they stay in the server's TCP receive queue, unread, until more bytes arrive, and a client
+/// awaiting an answer sends none, so the connection hangs for ever. A busy host (a
+/// preempted server thread) widens the window from nanoseconds to milliseconds;
+/// `tests/event_edges.rs` caught it with 60 bytes (the credit-only first message and a
+/// one-byte message, framed) queued in the server's socket for 11 s, the server having
+/// seen nothing. Any later segment makes the kernel read the whole queue, in order; a
+/// zero-length RDMA WRITE is such a segment that needs no receive at the server and reaches
+/// no handler there, and, after the window, it delivers what waited. Nothing on the
+/// server's side can: no verb it may call reads the socket.
+pub(crate) const NUDGES: [std::time::Duration; 5] = [
+    std::time::Duration::from_millis(5),
+    std::time::Duration::from_millis(20),
+    std::time::Duration::from_millis(100),
+    std::time::Duration::from_millis(500),
+    std::time::Duration::from_millis(2500),
+];
+
 /// The 4 bytes after a message's payload on a transport without immediate data: the same 32
 /// bits the immediate carries on RoCE ([`Imm`]: bit 31 credit-only, bits 0..=15 the grant,
 /// bits 30 and 29 a credit-only message's farewell, the rest reserved and zero), in network

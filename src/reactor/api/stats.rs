@@ -110,6 +110,10 @@ pub struct Stats {
     pub devices_released: u64,
     /// Keepalive probes posted (`Config::keepalive`).
     pub keepalives: u64,
+    /// Zero-length RDMA WRITEs an iWARP client sent because its server had not been heard
+    /// from since its first message: Soft-iWARP can leave a client's first messages unread at
+    /// the server until more bytes arrive (`NUDGES` in `proto/transport.rs` has why).
+    pub iwarp_nudges: u64,
     /// Connections closed because their sends waited too long for credits
     /// (`Config::credit_timeout`).
     pub credit_stalls: u64,
@@ -198,7 +202,7 @@ impl Stats {
                 cq_arms, cq_rearm_catches, spin_polls, cq_polls, completions, stale_completions,
                 budget_exhausted, cq_room_waits, post_send_calls, post_recv_calls, wrs_posted, accepted,
                 rejected, established, closed, farewells_answered, farewells_unanswered, farewells_heard, silent_partings, reconnects, reconnected, async_events, stale_async_events, shared_async_events,
-                devices_lost, devices_released, keepalives, credit_stalls, handed_off, handoffs_received,
+                devices_lost, devices_released, keepalives, iwarp_nudges, credit_stalls, handed_off, handoffs_received,
                 handoffs_failed, timer_compactions, srq_posted, srq_post_calls, srq_consumed, srq_stale,
                 srq_limit_events, srq_refused, srq_overdrawn, srq_grown, srq_shrunk, peer_violations,
                 backlog_refusals, credit_overdrawn;

@@ -133,6 +133,9 @@ pub(in crate::reactor) struct ConnEntry {
     pub(in crate::reactor) meter: ConnMeter,
     /// The keepalive timer's key while probes are scheduled (`Config::keepalive`).
     pub(in crate::reactor) keepalive: Option<u64>,
+    /// An iWARP client's nudge timer while it has not heard from its server since its first
+    /// message: its key and the index in `proto::transport::NUDGES` of the wait it ends.
+    pub(in crate::reactor) nudge: Option<(u64, usize)>,
     /// The parting timer's key: the peer said goodbye (the close handshake) and we answered;
     /// should its disconnect not arrive within `Timeouts::finish`, we disconnect (`data/cq/mod.rs`,
     /// `Core::on_farewell`).
@@ -173,6 +176,7 @@ impl ConnEntry {
             stream_closed: false,
             meter: ConnMeter::default(),
             keepalive: None,
+            nudge: None,
             parting: None,
             #[cfg(feature = "fault-injection")]
             mute: false,

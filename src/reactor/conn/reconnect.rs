@@ -102,6 +102,7 @@ impl Core {
         c.deadline = None;
         c.stall = None;
         c.keepalive = None;
+        c.nudge = None;
         // The parting timer of a peer whose farewell the old queue pair answered: left keyed
         // here, it fired on the new connection `Timeouts::finish` later and ended it as a
         // silent parting (review finding M4, issue 32; tests/reconnect.rs).

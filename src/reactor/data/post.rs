@@ -216,6 +216,41 @@ impl Core {
         1
     }
 
+    /// Connection `t`'s nudge timer `key` fired (an iWARP client, `proto::transport::NUDGES`):
+    /// unless its server was heard from, or a nudge still waits to go, queues a zero-length
+    /// RDMA WRITE ahead of everything and schedules the next nudge. Returns 1 when one was
+    /// queued.
+    pub(in crate::reactor) fn nudge(&mut self, t: ConnKey, key: u64) -> usize {
+        let Some(c) = self.conns.get_mut(t) else { return 0 };
+        let Some((_, i)) = c.nudge.filter(|&(k, _)| k == key) else { return 0 };
+        c.nudge = None;
+        if !c.role.state().is_established() || c.meter.heard() {
+            return 0;
+        }
+        let ot = self.ops.insert(OpEntry::probe(t));
+        let c = self.conns.get_mut(t).expect("checked");
+        let queued = c.sq.nudge(ot);
+        if queued {
+            self.stats.iwarp_nudges += 1;
+            self.mark_dirty(t);
+        } else {
+            self.ops.remove(ot);
+        }
+        self.schedule_nudge(t, i + 1);
+        usize::from(queued)
+    }
+
+    /// Schedules connection `t`'s nudge `i` (`proto::transport::NUDGES`), if there is one.
+    pub(in crate::reactor) fn schedule_nudge(&mut self, t: ConnKey, i: usize) {
+        let Some(&wait) = crate::proto::transport::NUDGES.get(i) else { return };
+        if let Some(at) = self.read_clock().checked_add(wait) {
+            let key = self.timers.schedule(at, crate::reactor::event_loop::timers::TimerTarget::Nudge(t));
+            if let Some(c) = self.conns.get_mut(t) {
+                c.nudge = Some((key, i));
+            }
+        }
+    }
+
     pub(in crate::reactor) fn schedule_keepalive(&mut self, t: ConnKey, interval: std::time::Duration) {
         if let Some(at) = self.read_clock().checked_add(interval) {
             let key = self.timers.schedule(at, crate::reactor::event_loop::timers::TimerTarget::Keepalive(t));

@@ -42,6 +42,9 @@ pub(in crate::reactor) enum TimerTarget {
     ForgetDevices,
     /// A connection's keepalive probe is due.
     Keepalive(ConnKey),
+    /// An iWARP client has not heard from its server since its first message: nudge it
+    /// (`proto::transport::NUDGES`).
+    Nudge(ConnKey),
     /// A connection's next send has waited for credits for `Config::credit_timeout`.
     Stall(ConnKey),
     /// Shared-receive-queue receives wait for pool buffers (`data/srq/mod.rs`): try again.
@@ -103,6 +106,7 @@ impl Core {
                 0
             }
             TimerTarget::Keepalive(t) => self.keepalive(t, key),
+            TimerTarget::Nudge(t) => self.nudge(t, key),
             TimerTarget::Redial(t) => self.redial(t, key),
             TimerTarget::Stall(t) => self.credit_stall(t, key),
             TimerTarget::Parting(t) => self.parting(t, key),
@@ -212,7 +216,7 @@ impl Core {
     /// connection-manager deadline, its keepalive, its credit-stall and its parting timer (a
     /// redial replaces the deadline); the retry of forgetting devices and the SRQ refill.
     fn live_timer_bound(&self) -> usize {
-        self.user_timers.len() + self.exec.sleepers.len() + 4 * self.conns.len() + 2
+        self.user_timers.len() + self.exec.sleepers.len() + 5 * self.conns.len() + 2
     }
 
     /// Drops the heap's stale entries once more than half of it (beyond a slack) must be
@@ -229,6 +233,7 @@ impl Core {
             TimerTarget::Parting(t) => conns.get(t).is_some_and(|c| c.parting == Some(key)),
             // Not keyed: one per live connection at a time (re-scheduled as it fires).
             TimerTarget::Keepalive(t) => conns.get(t).is_some_and(|c| c.keepalive == Some(key)),
+            TimerTarget::Nudge(t) => conns.get(t).is_some_and(|c| c.nudge.is_some_and(|(k, _)| k == key)),
             TimerTarget::Redial(t) => {
                 conns.get(t).is_some_and(|c| c.redial.as_ref().is_some_and(|r| r.timer == Some(key)))
             }

@@ -74,6 +74,9 @@ pub(crate) struct SendQueue {
     hold: bool,
     /// A credit-only message goes first: an iWARP client speaks first.
     hello: bool,
+    /// A zero-length RDMA WRITE that goes next, ahead of the pending operations and needing no
+    /// credit: an iWARP client's nudge ([`SendQueue::nudge`]).
+    nudge: Option<OpKey>,
     /// Both sides take part in the close handshake (negotiated at connect time).
     farewell: bool,
     /// Our farewell: not asked for, waiting for a credit, or sent.
@@ -106,6 +109,7 @@ impl SendQueue {
             flow: None,
             hold: false,
             hello: false,
+            nudge: None,
             farewell: false,
             leaving: Leaving::No,
             answer_due: false,
@@ -175,6 +179,19 @@ impl SendQueue {
         self.hello = hello;
     }
 
+    /// Queues `probe`, a zero-length RDMA WRITE, to go at the next plan ahead of the pending
+    /// operations: it consumes no peer receive, so no credit holds it back. An iWARP client
+    /// sends it when its server has not been heard from after its first message
+    /// (`proto::transport`, Soft-iWARP's lost wakeup). False (and `probe` not taken) when one
+    /// is queued already.
+    pub(crate) fn nudge(&mut self, probe: OpKey) -> bool {
+        if self.nudge.is_some() {
+            return false;
+        }
+        self.nudge = Some(probe);
+        true
+    }
+
     /// The credit state, when flow control is on.
     pub(crate) fn flow_mut(&mut self) -> Option<&mut Flow> {
         self.flow.as_mut()
@@ -216,6 +233,7 @@ impl SendQueue {
         !self.hold
             && ((!quiet && !self.pending.is_empty())
                 || self.hello
+                || self.nudge.is_some()
                 || self.leaving == Leaving::Due
                 || self.answer_due
                 || self.flow.as_ref().is_some_and(Flow::wants_control))
@@ -252,6 +270,16 @@ impl SendQueue {
                 plan.wrs.push(Planned { op: new_control(), imm: Some(imm.encode()), signaled: false });
             } else {
                 plan.short_of_room = true;
+            }
+        }
+        if !self.hello && plan.wrs.len() < slots {
+            if let Some(op) = self.nudge {
+                if room.reserve_send(1) == 1 {
+                    self.nudge = None;
+                    plan.wrs.push(Planned { op, imm: None, signaled: false });
+                } else {
+                    plan.short_of_room = true;
+                }
             }
         }
         let quiet = self.leaving != Leaving::No;
@@ -370,19 +398,21 @@ impl SendQueue {
         self.unreported = 0;
         self.pending_bytes = 0;
         let posted = self.posted.drain(..);
-        posted.chain(self.pending.drain(..).map(|(op, _, _)| op)).collect()
+        let nudge = self.nudge.take();
+        posted.chain(nudge).chain(self.pending.drain(..).map(|(op, _, _)| op)).collect()
     }
 
     /// For a reconnection (`reactor/conn/reconnect.rs`; the queue pair is gone): gives back the CQ
     /// room of the posted requests and returns them, keeps the pending operations for which
     /// `keep` is true (in their order) and returns the others after the posted ones, and
-    /// forgets everything of the old queue pair (slots, signaling, credits, iWARP's hold and
-    /// hello), as a new queue would.
+    /// forgets everything of the old queue pair (slots, signaling, credits, iWARP's hold,
+    /// hello and nudge; a queued nudge is returned with the posted ones), as a new queue would.
     pub(crate) fn carry(&mut self, room: Option<&mut CqRoom>, mut keep: impl FnMut(OpKey) -> bool) -> Vec<OpKey> {
         if let Some(room) = room {
             room.release_send(self.outstanding());
         }
         let mut gone: Vec<OpKey> = self.posted.drain(..).collect();
+        gone.extend(self.nudge.take());
         self.pending.retain(|&(op, _, _)| {
             keep(op) || {
                 gone.push(op);

@@ -89,6 +89,40 @@ fn a_hello_goes_first_credit_only_and_spends_one_credit() {
 }
 
 #[test]
+fn a_nudge_goes_ahead_of_credit_blocked_data_and_is_returned_at_teardown() {
+    let k = keys(7);
+    let (nudge, second) = (k[4], k[5]);
+    // Three credits, one kept in reserve: two messages go, the third waits for a grant.
+    let mut q = filled(16, &[k[0], k[1], k[6]], true);
+    q.set_flow(flow(3, 8));
+    let mut room = CqRoom::new(64, 16);
+    assert_eq!(ops(&q.plan(&mut room, || unreachable!())), vec![k[0], k[1]]);
+    assert!(q.credit_blocked());
+    assert!(q.nudge(nudge));
+    assert!(!q.nudge(second), "one nudge queued at a time");
+    assert!(q.wants_post());
+    let plan = q.plan(&mut room, || unreachable!());
+    assert_eq!(ops(&plan), vec![nudge], "the nudge needs no credit and passes the blocked message");
+    assert_eq!(plan.wrs[0].imm, None, "a zero-length WRITE carries no immediate data");
+    assert!(plan.wrs[0].signaled);
+    assert!(q.credit_blocked(), "the message still waits for its credit");
+    // Never before the hello: the first message goes first.
+    let mut h = filled(16, &k[2..3], true);
+    h.set_hello(true);
+    assert!(h.nudge(nudge));
+    assert_eq!(ops(&h.plan(&mut room, || k[3])), vec![k[3], nudge, k[2]]);
+    // A nudge still queued is returned with the rest at teardown and at a reconnection.
+    let mut t = filled(16, &k[..1], true);
+    t.set_hold(true);
+    assert!(t.nudge(nudge));
+    assert_eq!(t.clear(None), vec![nudge, k[0]]);
+    let mut r = filled(16, &k[..1], true);
+    r.set_hold(true);
+    assert!(r.nudge(nudge));
+    assert_eq!(r.carry(None, |_| true), vec![nudge], "the pending data is kept, the old queue pair's nudge is not");
+}
+
+#[test]
 fn fifo_order_holds_behind_a_credit_blocked_op() {
     let k = keys(6);
     let mut q = SendQueue::new(16);
