@@ -11,7 +11,6 @@ use crate::proto::token::{ConnKey, Key, Kind, ListenerKey, Token};
 use crate::proto::transport::{normalize_reject_status, Caps, Transport};
 use crate::proto::wire::{ConnectInfo, RejectCode, RejectReason, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
 use crate::reactor::api::config::{over_recv_budget, recv_size};
-use crate::reactor::data::srq::ConnShare;
 use crate::reactor::{
     ConnEntry, ConnectOptions, ConnectRequest, ConnectionHandler, Core, Decision, Endpoint, ListenerEntry,
     ListenerHandler, Placement, Role, TailRing,
@@ -658,7 +657,7 @@ impl Core {
         // receive completions go to the SRQ's CQ, so it commits no receive room on its own.
         let srq = match self.cfg.srq {
             None => None,
-            Some(cfg) => {
+            Some(_) => {
                 let s = self.devices[d].srq.as_mut().expect("created with the device in SRQ mode");
                 if s.failed {
                     return Err(Error::NoDevice("the device's shared receive queue failed".into()));
@@ -674,7 +673,7 @@ impl Core {
                     s.budget.leave(s.budget.credit());
                     return Err(Error::NoDevice("the shared receive queue's CQ failed".into()));
                 };
-                Some((s.srq.clone(), cfg.credit, rcq))
+                Some((s.srq.clone(), rcq))
             }
         };
         let recv_room = if srq.is_some() { 0 } else { self.cfg.recv_depth };
@@ -718,10 +717,10 @@ impl Core {
         let Endpoint::Id(id) = std::mem::replace(&mut c.ep, Endpoint::None) else {
             unreachable!("checked above: the connection has an id and no queue pair")
         };
-        let recv_cq = srq.as_ref().map_or(&cq, |(_, _, rcq)| rcq);
+        let recv_cq = srq.as_ref().map_or(&cq, |(_, rcq)| rcq);
         let short_rq = self.take_short_rq();
         let c = self.conns.get_mut(t).expect("checked above");
-        match Qp::create(id, &pd, &cq, recv_cq, srq.as_ref().map(|(s, _, _)| s), want) {
+        match Qp::create(id, &pd, &cq, recv_cq, srq.as_ref().map(|(s, _)| s), want) {
             Ok(qp) => {
                 // Post no more than was committed on the CQ, even if the device granted more.
                 let mut granted = qp.caps();
@@ -730,10 +729,12 @@ impl Core {
                 }
                 c.sq.set_capacity(granted.max_send_wr.min(want.max_send_wr));
                 c.rq.set_capacity(granted.max_recv_wr.min(want.max_recv_wr));
-                if let Some((_, credit, _)) = srq {
-                    c.srq_share = Some(ConnShare::new(credit));
-                    let qp_num = qp.qp_num();
-                    self.devices[d].srq.as_mut().expect("checked above").qps.insert(qp_num, t);
+                if srq.is_some() {
+                    // A share of its own, also when it reconnects: a receive queued for its
+                    // earlier queue pair is not credited to this one (`data/srq/mod.rs`).
+                    let s = self.devices[d].srq.as_mut().expect("checked above");
+                    c.srq_share = Some(s.budget.new_share());
+                    s.qps.insert(qp.qp_num(), t);
                 }
                 c.ep = Endpoint::Qp(qp);
                 c.tails = tails;

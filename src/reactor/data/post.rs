@@ -37,6 +37,16 @@ pub(in crate::reactor) struct Scratch {
     pub(in crate::reactor) chains: Chains,
 }
 
+/// True when `body` is a receive the application may not post on this connection: it takes
+/// its receives from a shared receive queue (`on_srq`: it holds a share of one), or the reactor
+/// has one (`srq_mode`: `Config::srq`), where every connection does. The second covers a client
+/// waiting to reconnect (`conn/reconnect.rs`), which holds no share until its new queue pair:
+/// a receive accepted then was carried to that queue pair, which has no receive queue of its
+/// own (`rq`'s capacity 0), so it was never posted and completed only at close (review L3).
+pub(in crate::reactor) fn own_receive_refused(srq_mode: bool, on_srq: bool, body: &Body) -> bool {
+    (srq_mode || on_srq) && matches!(body, Body::Recv(_) | Body::RawRecv(_) | Body::RecvRegion(_))
+}
+
 impl Core {
     /// Queues an operation on a connection after checking it; it is posted at the end of the
     /// tick. `raw` operations are accepted only here, for `Conn::submit_raw`.
@@ -87,7 +97,7 @@ impl Core {
             Body::RawSend(r) | Body::RawRecv(r) => r.len as usize,
             Body::SendRegion(s) | Body::RecvRegion(s) | Body::WriteRegion(s, _) => s.len(),
         };
-        if c.srq_share.is_some() && matches!(op.body, Body::Recv(_) | Body::RawRecv(_) | Body::RecvRegion(_)) {
+        if own_receive_refused(self.cfg.srq.is_some(), c.srq_share.is_some(), &op.body) {
             let what = format!(
                 "connection {:?} takes its receives from the shared receive queue (Config::srq): \
                  the runtime posts them",
@@ -487,4 +497,29 @@ fn send_wr(op: &OpEntry, w: &Planned, max_inline: u32, tails: Option<&mut TailRi
     let total = len + if tail.is_some() { TAIL_LEN } else { 0 };
     let inline = total > 0 && total <= max_inline && op.opcode != OpCode::Read;
     SendWr { wr_id: w.op.token().as_u64(), op: send_op, addr, len, lkey, signaled: w.signaled, inline, tail }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::own_receive_refused;
+    use crate::reactor::data::op::{Body, RawBuf};
+
+    /// Review L3 (b): a client of an SRQ reactor waiting to reconnect holds no share
+    /// (`srq_share` is `None` until its new queue pair), and a receive it was given then could
+    /// never be posted; the reactor's SRQ config refuses it, share or not.
+    #[test]
+    fn an_srq_reactor_refuses_own_receives_also_while_a_connection_waits_to_reconnect() {
+        let raw = RawBuf { addr: 0x1000, len: 64, lkey: 7 };
+        // Established on the SRQ: a share.
+        assert!(own_receive_refused(true, true, &Body::RawRecv(raw)));
+        // Waiting to reconnect: no share, the reactor's SRQ all the same.
+        assert!(
+            own_receive_refused(true, false, &Body::RawRecv(raw)),
+            "a receive submitted while waiting to reconnect on an SRQ reactor must be refused"
+        );
+        // Sends go on; without an SRQ receives are the application's.
+        assert!(!own_receive_refused(true, false, &Body::RawSend(raw)));
+        assert!(!own_receive_refused(true, true, &Body::RawSend(raw)));
+        assert!(!own_receive_refused(false, false, &Body::RawRecv(raw)));
+    }
 }

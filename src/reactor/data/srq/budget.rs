@@ -43,6 +43,8 @@ pub(crate) struct SrqBudget {
     /// Data messages whose receives were posted again, over every connection: the queue's
     /// traffic, by which a peer's silence is measured.
     pub(super) traffic: u64,
+    /// Shares handed out ([`SrqBudget::new_share`]): the last one's `id`.
+    pub(super) shares: u64,
 }
 
 /// One connection's share of its SRQ ([`SrqBudget`]).
@@ -63,12 +65,23 @@ pub(crate) struct ConnShare {
     /// Its peer left the grown share unused while the queue took `receives` data messages of
     /// others: each of its receives that comes back is kept until the share is at its base.
     pub(super) lapsed: bool,
+    /// Which admission to its SRQ this share is ([`SrqBudget::new_share`]; 0 for one made by
+    /// [`ConnShare::new`]): a connection that reconnects keeps its key but gets a new share
+    /// with its new queue pair, and a receive queued for posting again on behalf of the old
+    /// one names the old admission, so it is never credited to the new one
+    /// ([`SrqBudget::repost_for`]).
+    pub(super) id: u64,
 }
 
 impl ConnShare {
     /// A connection just admitted with `credit`.
     pub(crate) fn new(credit: u32) -> ConnShare {
-        ConnShare { receives: credit, quiet: 0, since_growth: 0, last_data: 0, lapsed: false }
+        ConnShare { receives: credit, quiet: 0, since_growth: 0, last_data: 0, lapsed: false, id: 0 }
+    }
+
+    /// Which admission to its SRQ this share is: what a re-post queued for it names.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 }
 
@@ -99,7 +112,33 @@ impl SrqBudget {
             conns: 0,
             free: receives.saturating_sub(reserve),
             traffic: 0,
+            shares: 0,
         }
+    }
+
+    /// The share of a connection just admitted ([`SrqBudget::admit`]): its base, under an `id`
+    /// no earlier share of this SRQ had.
+    pub(crate) fn new_share(&mut self) -> ConnShare {
+        self.shares += 1;
+        ConnShare { id: self.shares, ..ConnShare::new(self.credit) }
+    }
+
+    /// [`SrqBudget::on_repost`] for a receive queued on behalf of share `of` (its
+    /// [`ConnShare::id`] then), now posted again for the connection whose share is `share`:
+    /// `None`, and nothing changes, when `of` is an earlier share of that connection (it
+    /// reconnected while the receive waited to be posted, review L3). That share's receives
+    /// all went back to `free` when it left ([`SrqBudget::leave`]), this one included, so
+    /// the receive is free now, on the queue: crediting it to the new share would let its peer
+    /// hold one grant beyond its share, taken from what the others were promised.
+    pub(crate) fn repost_for(
+        &mut self,
+        share: &mut ConnShare,
+        of: u64,
+        control: bool,
+        held: u32,
+        all_posted: bool,
+    ) -> Option<Share> {
+        (share.id == of).then(|| self.on_repost(share, control, held, all_posted))
     }
 
     /// Admits one more connection with a share of `credit`, if the free receives cover it.

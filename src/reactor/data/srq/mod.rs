@@ -25,7 +25,15 @@
 //! receive a message of its peer consumed goes back to that connection once it has been
 //! posted again (`post_srq`), so the grants a connection has outstanding never exceed its
 //! share. So a peer that respects its credit can never find the SRQ empty: no
-//! receiver-not-ready NAK.
+//! receiver-not-ready NAK. A connection that reconnects (`conn/reconnect.rs`) leaves with its
+//! old queue pair, its whole share going back to the free receives (those consumed and
+//! queued for posting again included), and is admitted afresh with the new one, under the
+//! same `ConnKey` but a new share (`ConnShare::id`). A receive queued for the old queue pair
+//! (it waited for a pool buffer across the reconnection) names the old share (`Owner`), so
+//! when it is posted it stays free: it is never credited to the new share, whose grants would
+//! otherwise exceed it by one (review L3). No receive can be posted by the application on a
+//! connection of an SRQ reactor, waiting to reconnect or not (`Core::submit` refuses it): its
+//! queue pair has no receive queue of its own.
 //!
 //! **Credit follows activity** (`SrqBudget::on_repost`, at that re-post): a connection whose
 //! peer ran low (all but a quarter of its share consumed and not yet granted back, seen when
@@ -126,10 +134,21 @@ pub(crate) use budget::{ConnShare, Share, SrqBudget};
 const SRQ_REFILL_RETRY: Duration = Duration::from_millis(5);
 
 /// A receive to post (again): its buffer (none: allocate a fresh one), and the connection
-/// whose credit it returns once posted, with whether a credit-only message consumed it.
+/// whose credit it returns once posted.
 pub(in crate::reactor) struct Repost {
     buf: Option<Buf>,
-    owner: Option<(ConnKey, bool)>,
+    owner: Option<Owner>,
+}
+
+/// Whose credit a receive queued for posting again returns: the connection, the share it
+/// held when its peer's message consumed the receive ([`ConnShare::id`]: a connection that
+/// reconnects gets a new share under the same key, and a receive queued for the old one is
+/// not the new one's, `SrqBudget::repost_for`), and whether a credit-only message consumed it.
+#[derive(Clone, Copy, Debug)]
+pub(in crate::reactor) struct Owner {
+    conn: ConnKey,
+    share: u64,
+    control: bool,
 }
 
 /// Queue pair numbers of the queue pairs on an SRQ, each with its connection: how a receive
@@ -286,7 +305,7 @@ impl Core {
         let Some(s) = dev.srq.as_mut().filter(|s| !s.failed) else { return };
         let mut queued = std::mem::take(&mut s.repost).into_iter();
         let mut wrs: Vec<RecvWr> = Vec::with_capacity(queued.len());
-        let mut owners: SmallVec<[Option<(ConnKey, bool)>; 16]> = SmallVec::new();
+        let mut owners: SmallVec<[Option<Owner>; 16]> = SmallVec::new();
         let mut keys: Vec<SrqKey> = Vec::with_capacity(queued.len());
         for r in queued.by_ref() {
             let buf = match r.buf {
@@ -348,10 +367,15 @@ impl Core {
         // receive a credit-only message consumed.
         let all_posted = s.repost.is_empty();
         let mut dirty: SmallVec<[ConnKey; 16]> = SmallVec::new();
-        for (t, control) in owners[..n].iter().flatten().copied() {
+        for Owner { conn: t, share: of, control } in owners[..n].iter().flatten().copied() {
             let Some(c) = self.conns.get_mut(t) else { continue };
             let (Some(share), Some(flow)) = (c.srq_share.as_mut(), c.sq.flow_mut()) else { continue };
-            match s.budget.on_repost(share, control, flow.unused() + flow.owed(), all_posted) {
+            // `None`: queued for the connection's earlier queue pair, whose share `leave` freed
+            // with this receive in it; it is free now, no credit of the new one (review L3).
+            let Some(verdict) = s.budget.repost_for(share, of, control, flow.unused() + flow.owed(), all_posted) else {
+                continue;
+            };
+            match verdict {
                 Share::Return => flow.on_repost(control),
                 Share::Grow => {
                     flow.on_repost(control);
@@ -441,6 +465,8 @@ impl Core {
         }
         let c = self.conns.get_mut(t).expect("checked");
         let c_owner = c.mem_owner;
+        // The share its peer consumed the receive from: the credit goes back to that one only.
+        let share = c.srq_share.map_or(0, |s| s.id());
         if c.sq.flow_mut().is_some_and(|f| f.exhausted()) {
             // The peer sent beyond its credit: on a shared queue that takes receives other
             // connections were promised. The message is dropped and the connection closed.
@@ -488,12 +514,12 @@ impl Core {
         let s = self.devices[d].srq.as_mut().expect("checked");
         if control {
             // A credit-only message: its buffer goes back unseen, and returns its credit.
-            s.repost.push(Repost { buf: Some(buf), owner: Some((t, true)) });
+            s.repost.push(Repost { buf: Some(buf), owner: Some(Owner { conn: t, share, control: true }) });
             // Its grant may let queued sends go.
             self.after_completion(t);
             return self.on_farewell(t, farewell);
         }
-        s.repost.push(Repost { buf: None, owner: Some((t, false)) });
+        s.repost.push(Repost { buf: None, owner: Some(Owner { conn: t, share, control: false }) });
         // Exactly the bytes received (none for an RDMA WRITE with immediate data).
         buf.received(if wc.remote_write { 0 } else { byte_len as usize });
         // The message is this connection's; the rest of the chunk is foreign to it.

@@ -103,6 +103,60 @@ fn the_reserve_is_granted_to_no_connection() {
     assert!(g.free() <= 80 / 8 + 1, "and no further than the room kept for newcomers");
 }
 
+/// Review L3 (a): a receive consumed on a connection's queue pair and queued for posting again
+/// while the pool was short is posted after the connection reconnected (same `ConnKey`, a new
+/// queue pair and share). `leave` already freed it with the old share, so crediting it to the
+/// new one would let the new peer hold a grant beyond its share, taken from what another
+/// connection was promised: with both at their shares the queue would be one receive short
+/// (an RNR NAK for someone). It is credited to nobody; a receive of the new share still is.
+#[test]
+fn a_receive_queued_before_a_reconnection_is_not_credited_to_the_new_queue_pair() {
+    const PEER_DEPTH: u32 = 64;
+    let (receives, credit) = (16, 8);
+    let mut b = SrqBudget::new(receives, credit, credit, 0);
+    // Two connections fill the queue: `a` (the one that reconnects) and `other`.
+    assert!(b.admit());
+    let old = b.new_share();
+    assert!(b.admit());
+    let other = b.new_share();
+    assert_ne!(old.id(), other.id(), "every admission is a share of its own");
+    let mut old_flow = Flow::new(PEER_DEPTH, credit);
+    // `a`'s peer consumes a receive; no pool buffer to post it again with: it waits, queued
+    // for the old share.
+    old_flow.on_receive(Imm::data(0));
+    let queued_for = old.id();
+    // The queue pair fails and the client reconnects: its whole share is freed, the receive
+    // waiting to be posted included, and it is admitted again with a new share and flow.
+    b.leave(old.receives);
+    assert!(b.admit(), "the freed share covers the new one");
+    let mut new = b.new_share();
+    let mut flow = Flow::new(PEER_DEPTH, credit);
+    assert_eq!(b.free() + new.receives + other.receives, receives, "every receive in one place");
+    // The pool refills: the queued receive is posted now.
+    if let Some(verdict) = b.repost_for(&mut new, queued_for, DATA, flow.unused() + flow.owed(), true) {
+        assert_eq!(verdict, Share::Return);
+        flow.on_repost(DATA);
+    }
+    // What `a`'s new peer can hold: its grants and what is owed to it (the next grant).
+    let held = flow.unused() + flow.owed();
+    assert!(
+        held <= new.receives,
+        "the new queue pair's peer may hold {held} grants, beyond its share of {}: with the other \
+         connection's {} that is {} of the queue's {receives} receives",
+        new.receives,
+        other.receives,
+        held + other.receives
+    );
+    assert_eq!(b.free() + new.receives + other.receives, receives, "the receive stayed free");
+    // A receive of the new share comes back to it as always.
+    flow.on_receive(Imm::data(0));
+    let id = new.id();
+    let verdict = b.repost_for(&mut new, id, DATA, flow.unused() + flow.owed(), true);
+    assert_eq!(verdict, Some(Share::Return));
+    flow.on_repost(DATA);
+    assert_eq!(flow.unused() + flow.owed(), new.receives);
+}
+
 /// 5 000 connections of credit 3 on 15 360 receives: every one admitted, the 5 121st not.
 #[test]
 fn five_thousand_connections_fit_their_receives() {
