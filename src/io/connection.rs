@@ -247,7 +247,7 @@ impl Drop for Handle {
         let mut st = self.st.borrow_mut();
         st.abandoned = true;
         if let (Some(t), Phase::Established | Phase::Connecting) = (st.token, &st.phase) {
-            st.orphans.borrow_mut().push(t);
+            st.orphans.push(t);
         }
     }
 }
@@ -476,7 +476,7 @@ impl Connection {
         if let Some(t) = token {
             // (No borrow of the state is held: closing may call the handler.)
             if with_ctx_of(home, |ctx| ctx.close(t)).is_err() {
-                orphans.borrow_mut().push(t);
+                orphans.push(t);
             }
         }
     }
@@ -773,7 +773,7 @@ impl Future for Close {
                 if with_ctx_of(home, |ctx| ctx.close(t)).is_err() {
                     // Not its reactor here (none, or another one, which has a connection of
                     // the same token): its own reactor closes it at its next tick.
-                    self.st.borrow().orphans.borrow_mut().push(t);
+                    self.st.borrow().orphans.push(t);
                 }
             }
         }

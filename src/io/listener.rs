@@ -115,7 +115,7 @@ impl Drop for Listener {
         let mut st = self.st.borrow_mut();
         st.closed = true;
         st.ready.clear();
-        st.orphans.borrow_mut().push(self.token);
+        st.orphans.push(self.token);
     }
 }
 

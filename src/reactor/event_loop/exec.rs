@@ -214,8 +214,40 @@ impl Drop for Exec {
     }
 }
 
-/// Tokens whose last async handle is gone, shared by the handles and the reactor.
-pub(crate) type Orphans = Rc<RefCell<Vec<Token>>>;
+/// Tokens whose last async handle is gone, shared by the handles and the reactor: closed at
+/// the reactor's next tick.
+#[derive(Clone)]
+pub(crate) struct Orphans {
+    list: Rc<RefCell<Vec<Token>>>,
+    /// The executor whose reactor closes them.
+    exec: u64,
+    remote: Remote,
+}
+
+impl Orphans {
+    fn new(exec: u64, remote: Remote) -> Orphans {
+        Orphans { list: Rc::default(), exec, remote }
+    }
+
+    /// Queues `t` for closing. Outside its reactor's tick (a handle dropped by another
+    /// runtime's task, or in another reactor's tick on this thread) it also wakes that
+    /// reactor, should it sleep: under the tokio driver an idle reactor would otherwise keep
+    /// the connection open until its next event (review finding F1, issue 32).
+    pub(crate) fn push(&self, t: Token) {
+        self.list.borrow_mut().push(t);
+        if INSIDE.try_with(Cell::get).unwrap_or(0) != self.exec {
+            self.remote.nudge();
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.list.borrow().is_empty()
+    }
+
+    fn take(&self) -> Vec<Token> {
+        std::mem::take(&mut *self.list.borrow_mut())
+    }
+}
 
 struct Task {
     generation: u32,
@@ -232,7 +264,7 @@ impl Exec {
             id,
             tasks: Slab::new(),
             generation: 0,
-            orphans: Rc::default(),
+            orphans: Orphans::new(id, remote.clone()),
             remote,
             main_woken: false,
             defer_arm: false,
@@ -257,8 +289,7 @@ impl Exec {
 
     /// True when a tick has tasks to poll or handles to close: the reactor must not sleep.
     pub(in crate::reactor) fn has_work(&self) -> bool {
-        !self.orphans.borrow().is_empty()
-            || WOKEN.try_with(|w| w.borrow().iter().any(|(e, _)| *e == self.id)).unwrap_or(false)
+        !self.orphans.is_empty() || WOKEN.try_with(|w| w.borrow().iter().any(|(e, _)| *e == self.id)).unwrap_or(false)
     }
 
     /// Live tasks.
@@ -365,7 +396,7 @@ impl Core {
     /// Step 5b of the tick: closes what lost its last async handle, then polls the woken tasks
     /// (again while polling them woke more, at most [`ROUNDS`] times). Returns the tasks polled.
     pub(in crate::reactor) fn run_tasks(&mut self) -> usize {
-        let orphans = std::mem::take(&mut *self.exec.orphans.borrow_mut());
+        let orphans = self.exec.orphans.take();
         for t in orphans {
             self.close(t);
         }
@@ -682,6 +713,35 @@ mod tests {
             }
             assert_eq!(INSIDE.with(Cell::get), b.id().0, "the outer reactor again");
         }
+    }
+
+    /// Late review of issue 32's M5 (F1): a handle dropped outside its reactor's tick (a
+    /// task of another runtime, another reactor's tick) queues its close and must write its
+    /// reactor's eventfd, which may be asleep (the tokio driver) and would keep the
+    /// connection open until its next event; one dropped inside its own tick need not.
+    #[test]
+    fn an_orphan_queued_outside_its_reactors_tick_nudges_it() {
+        let (epoll_a, _inbox_a, a) = exec();
+        let (epoll_b, _inbox_b, b) = exec();
+        let orphans = a.orphans.clone();
+        let t = |i| Token::new(crate::proto::token::Kind::Conn, i, 1);
+        {
+            let _inside = Inside::enter(a.id());
+            orphans.push(t(1));
+        }
+        assert!(!nudged(&epoll_a), "queued inside its own reactor's tick: closed before it sleeps");
+        assert!(a.has_work());
+        assert_eq!(a.orphans.take(), vec![t(1)]);
+        orphans.push(t(2));
+        assert!(nudged(&epoll_a), "queued outside any tick: its reactor must look");
+        {
+            let _inside_b = Inside::enter(b.id());
+            orphans.push(t(3));
+        }
+        assert!(nudged(&epoll_a), "queued inside reactor B's tick: A must look");
+        assert!(!nudged(&epoll_b), "B has nothing to close");
+        assert!(!b.has_work());
+        assert_eq!(a.orphans.take().len(), 2);
     }
 
     /// Review of 2026-11-26, L5: the wakes of an executor that no longer exists are not kept
