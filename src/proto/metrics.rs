@@ -87,9 +87,10 @@ impl ConnMeter {
         }
     }
 
-    /// True once anything came from the peer: a message, or a credit-only one.
-    pub(crate) fn heard(&self) -> bool {
-        self.m.recvs > 0 || self.m.credit_messages_received > 0
+    /// What came from the peer so far: messages and credit-only ones (a nudge compares it
+    /// with its value at ESTABLISHED: a reconnected client's first queue pair's do not count).
+    pub(crate) fn heard(&self) -> u64 {
+        self.m.recvs + self.m.credit_messages_received
     }
 
     /// A credit-only message went out (`sent`) or came in.

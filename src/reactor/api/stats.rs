@@ -110,8 +110,8 @@ pub struct Stats {
     pub devices_released: u64,
     /// Keepalive probes posted (`Config::keepalive`).
     pub keepalives: u64,
-    /// Zero-length RDMA WRITEs an iWARP client sent because its server had not been heard
-    /// from since its first message: Soft-iWARP can leave a client's first messages unread at
+    /// Zero-length RDMA WRITEs an iWARP client queued because its server had not been heard
+    /// from since its first message (one still queued when its connection ends is not sent): Soft-iWARP can leave a client's first messages unread at
     /// the server until more bytes arrive (`NUDGES` in `proto/transport.rs` has why).
     pub iwarp_nudges: u64,
     /// Connections closed because their sends waited too long for credits

@@ -134,8 +134,9 @@ pub(in crate::reactor) struct ConnEntry {
     /// The keepalive timer's key while probes are scheduled (`Config::keepalive`).
     pub(in crate::reactor) keepalive: Option<u64>,
     /// An iWARP client's nudge timer while it has not heard from its server since its first
-    /// message: its key and the index in `proto::transport::NUDGES` of the wait it ends.
-    pub(in crate::reactor) nudge: Option<(u64, usize)>,
+    /// message: its key, the index in `proto::transport::NUDGES` of the wait it ends, and
+    /// what it had heard at ESTABLISHED (`ConnMeter::heard`).
+    pub(in crate::reactor) nudge: Option<(u64, usize, u64)>,
     /// The parting timer's key: the peer said goodbye (the close handshake) and we answered;
     /// should its disconnect not arrive within `Timeouts::finish`, we disconnect (`data/cq/mod.rs`,
     /// `Core::on_farewell`).

@@ -502,10 +502,12 @@ impl Core {
                             let first = rule && c.infos.local.tail && info.as_ref().is_some_and(|i| i.recv_depth > 0);
                             c.sq.set_hello(first);
                             c.infos.peer = info;
-                            if first {
-                                // Soft-iWARP may leave that message unread at the server:
-                                // nudge until it is heard from (`proto::transport::NUDGES`).
-                                self.schedule_nudge(t, 0);
+                            if rule {
+                                // Soft-iWARP may leave the first messages (or READ requests,
+                                // or WRITEs) unread at the server: nudge until it is heard
+                                // from (`proto::transport::NUDGES`).
+                                let heard = c.meter.heard();
+                                self.schedule_nudge(t, 0, heard);
                             }
                             if unguarded {
                                 // Our receives are the shared queue's: a server sending without

@@ -232,9 +232,9 @@ impl Core {
     /// queued.
     pub(in crate::reactor) fn nudge(&mut self, t: ConnKey, key: u64) -> usize {
         let Some(c) = self.conns.get_mut(t) else { return 0 };
-        let Some((_, i)) = c.nudge.filter(|&(k, _)| k == key) else { return 0 };
+        let Some((_, i, before)) = c.nudge.filter(|&(k, _, _)| k == key) else { return 0 };
         c.nudge = None;
-        if !c.role.state().is_established() || c.meter.heard() {
+        if !c.role.state().is_established() || c.meter.heard() > before {
             return 0;
         }
         let ot = self.ops.insert(OpEntry::probe(t));
@@ -246,17 +246,18 @@ impl Core {
         } else {
             self.ops.remove(ot);
         }
-        self.schedule_nudge(t, i + 1);
+        self.schedule_nudge(t, i + 1, before);
         usize::from(queued)
     }
 
-    /// Schedules connection `t`'s nudge `i` (`proto::transport::NUDGES`), if there is one.
-    pub(in crate::reactor) fn schedule_nudge(&mut self, t: ConnKey, i: usize) {
+    /// Schedules connection `t`'s nudge `i` (`proto::transport::NUDGES`), if there is one;
+    /// `before` is what it had heard from its peer at ESTABLISHED (`ConnMeter::heard`).
+    pub(in crate::reactor) fn schedule_nudge(&mut self, t: ConnKey, i: usize, before: u64) {
         let Some(&wait) = crate::proto::transport::NUDGES.get(i) else { return };
         if let Some(at) = self.read_clock().checked_add(wait) {
             let key = self.timers.schedule(at, crate::reactor::event_loop::timers::TimerTarget::Nudge(t));
             if let Some(c) = self.conns.get_mut(t) {
-                c.nudge = Some((key, i));
+                c.nudge = Some((key, i, before));
             }
         }
     }

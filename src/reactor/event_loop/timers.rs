@@ -213,8 +213,9 @@ impl Core {
     }
 
     /// At most how many heap entries can be live: every user timer and sleeping task; per connection its
-    /// connection-manager deadline, its keepalive, its credit-stall and its parting timer (a
-    /// redial replaces the deadline); the retry of forgetting devices and the SRQ refill.
+    /// connection-manager deadline, its keepalive, its credit-stall, its parting timer and its
+    /// nudge (a redial replaces the deadline); the retry of forgetting devices and the SRQ
+    /// refill.
     fn live_timer_bound(&self) -> usize {
         self.user_timers.len() + self.exec.sleepers.len() + 5 * self.conns.len() + 2
     }
@@ -233,7 +234,7 @@ impl Core {
             TimerTarget::Parting(t) => conns.get(t).is_some_and(|c| c.parting == Some(key)),
             // Not keyed: one per live connection at a time (re-scheduled as it fires).
             TimerTarget::Keepalive(t) => conns.get(t).is_some_and(|c| c.keepalive == Some(key)),
-            TimerTarget::Nudge(t) => conns.get(t).is_some_and(|c| c.nudge.is_some_and(|(k, _)| k == key)),
+            TimerTarget::Nudge(t) => conns.get(t).is_some_and(|c| c.nudge.is_some_and(|(k, _, _)| k == key)),
             TimerTarget::Redial(t) => {
                 conns.get(t).is_some_and(|c| c.redial.as_ref().is_some_and(|r| r.timer == Some(key)))
             }

@@ -43,9 +43,12 @@ pub(crate) struct SrqBudget {
     /// Data messages whose receives were posted again, over every connection: the queue's
     /// traffic, by which a peer's silence is measured.
     pub(super) traffic: u64,
-    /// Shares handed out ([`SrqBudget::new_share`]): the last one's `id`.
-    pub(super) shares: u64,
 }
+
+/// The next [`ConnShare::id`], unique in the process: a connection that reconnects can move to
+/// another device, whose SRQ must not know its earlier share's id as one of its own (review
+/// of the L3 fix: per-SRQ counters repeat across devices).
+static NEXT_SHARE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// One connection's share of its SRQ ([`SrqBudget`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,15 +115,14 @@ impl SrqBudget {
             conns: 0,
             free: receives.saturating_sub(reserve),
             traffic: 0,
-            shares: 0,
         }
     }
 
     /// The share of a connection just admitted ([`SrqBudget::admit`]): its base, under an `id`
-    /// no earlier share of this SRQ had.
+    /// no earlier share of any SRQ of the process had.
     pub(crate) fn new_share(&mut self) -> ConnShare {
-        self.shares += 1;
-        ConnShare { id: self.shares, ..ConnShare::new(self.credit) }
+        let id = NEXT_SHARE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ConnShare { id, ..ConnShare::new(self.credit) }
     }
 
     /// [`SrqBudget::on_repost`] for a receive queued on behalf of share `of` (its
