@@ -708,18 +708,24 @@ impl Future for Recv {
         if let Some(buf) = st.recvs.take(place, cx.waker()) {
             self.place = None;
             let refill = !st.srq && st.posted < st.depth && st.recvs.unread() < st.depth as usize;
-            let (key, home) = (st.token.and_then(ConnKey::of), st.home);
+            let (key, home, orphans) = (st.token.and_then(ConnKey::of), st.home, st.orphans.clone());
             drop(st);
             if let (true, Some(key)) = (refill, key) {
-                // Room again under the peer's credit: post a receive for the one handed out
-                // (on its own reactor only: polled where none or another one polls, as before,
-                // the receive is not posted, and the connection keeps one fewer posted until a
-                // later refill).
-                let _ = with_ctx_of(home, |ctx| {
+                // Room again under the peer's credit: post a receive for the one handed out,
+                // on its own reactor. Polled where that reactor is not at hand (a task of
+                // another runtime, another reactor's tick), the post is owed to its next tick:
+                // skipped, the receives of a connection read only there never came back, and
+                // at none posted its peer could send nothing more (late review of M5, F2).
+                let refill = move |ctx: &mut Ctx<'_>| {
                     if let Some(mut conn) = ctx.conn(key) {
                         st_rc.borrow_mut().replenish(&mut conn, 1);
                     }
-                });
+                };
+                let mut refill = Some(refill);
+                let _ = with_ctx_of(home, |ctx| refill.take().map(|f| f(ctx)));
+                if let Some(f) = refill {
+                    orphans.defer(Box::new(f));
+                }
             }
             return Poll::Ready(Ok(buf));
         }

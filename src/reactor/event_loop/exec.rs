@@ -214,11 +214,17 @@ impl Drop for Exec {
     }
 }
 
+/// Work queued by async handles for their reactor's next tick ([`Orphans::defer`]).
+pub(crate) type Deferred = Box<dyn FnOnce(&mut crate::reactor::Ctx<'_>)>;
+
 /// Tokens whose last async handle is gone, shared by the handles and the reactor: closed at
-/// the reactor's next tick.
+/// the reactor's next tick (and the work handles deferred to it).
 #[derive(Clone)]
 pub(crate) struct Orphans {
     list: Rc<RefCell<Vec<Token>>>,
+    /// Work a handle owes its reactor, queued where that reactor was not at hand
+    /// ([`Orphans::defer`]).
+    deferred: Rc<RefCell<Vec<Deferred>>>,
     /// The executor whose reactor closes them.
     exec: u64,
     remote: Remote,
@@ -226,7 +232,22 @@ pub(crate) struct Orphans {
 
 impl Orphans {
     fn new(exec: u64, remote: Remote) -> Orphans {
-        Orphans { list: Rc::default(), exec, remote }
+        Orphans { list: Rc::default(), deferred: Rc::default(), exec, remote }
+    }
+
+    /// Queues `f` for the reactor's next tick (it runs there with that reactor's `Ctx`), and
+    /// wakes the reactor when outside its tick, as [`Orphans::push`] does: what an async
+    /// handle owes its connection (a receive to post again) when it is polled where its
+    /// reactor is not at hand (late review of issue 32's M5, F2).
+    pub(crate) fn defer(&self, f: Deferred) {
+        self.deferred.borrow_mut().push(f);
+        if INSIDE.try_with(Cell::get).unwrap_or(0) != self.exec {
+            self.remote.nudge();
+        }
+    }
+
+    fn take_deferred(&self) -> Vec<Deferred> {
+        std::mem::take(&mut *self.deferred.borrow_mut())
     }
 
     /// Queues `t` for closing. Outside its reactor's tick (a handle dropped by another
@@ -241,7 +262,7 @@ impl Orphans {
     }
 
     fn is_empty(&self) -> bool {
-        self.list.borrow().is_empty()
+        self.list.borrow().is_empty() && self.deferred.borrow().is_empty()
     }
 
     fn take(&self) -> Vec<Token> {
@@ -399,6 +420,9 @@ impl Core {
         let orphans = self.exec.orphans.take();
         for t in orphans {
             self.close(t);
+        }
+        for f in self.exec.orphans.take_deferred() {
+            f(&mut crate::reactor::Ctx::new(self, None));
         }
         let mut polled = 0;
         let mut woken = std::mem::take(&mut self.exec.woken);
@@ -742,6 +766,26 @@ mod tests {
         assert!(!nudged(&epoll_b), "B has nothing to close");
         assert!(!b.has_work());
         assert_eq!(a.orphans.take().len(), 2);
+    }
+
+    /// Late review of issue 32's M5 (F2): work a handle owes its reactor (a receive to post
+    /// again after a message was handed out), queued where that reactor was not at hand, is
+    /// kept for its next tick and wakes it, as an orphan's close does.
+    #[test]
+    fn work_deferred_outside_its_reactors_tick_waits_for_it_and_nudges_it() {
+        let (epoll_a, _inbox_a, a) = exec();
+        let orphans = a.orphans.clone();
+        assert!(!a.has_work());
+        {
+            let _inside = Inside::enter(a.id());
+            orphans.defer(Box::new(|_ctx| ()));
+        }
+        assert!(!nudged(&epoll_a), "queued inside its own tick: run before it sleeps");
+        assert!(a.has_work(), "the tick must not sleep before running it");
+        orphans.defer(Box::new(|_ctx| ()));
+        assert!(nudged(&epoll_a), "queued outside any tick: its reactor must look");
+        assert_eq!(a.orphans.take_deferred().len(), 2);
+        assert!(!a.has_work());
     }
 
     /// Review of 2026-11-26, L5: the wakes of an executor that no longer exists are not kept
