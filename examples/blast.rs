@@ -3,7 +3,8 @@
 //! ```text
 //! blast server --bind ADDR:PORT [--verify] [--depth N] [--exit-after N] [--quiet] [--spin-us N]
 //!              [--srq [--srq-receives N] [--srq-credit N] [--srq-max-credit N] [--srq-reserve N] [--srq-size BYTES]]
-//!              [--threads N] [--balance round-robin|fewest] [--shared-cq N] [--metrics ADDR:PORT]
+//!              [--threads N] [--balance round-robin|fewest] [--shared-cq N]
+//!              [--metrics [ADDR:]PORT [--metrics-conns] [--metrics-max-conns N]]
 //!              [--ring-bytes BYTES]
 //! blast client --connect ADDR:PORT --size BYTES --count N [--clients K] [--op send|write]
 //!              [--verify] [--window N] [--spin-us N] [--shared-cq N] [--reconnect N]
@@ -93,7 +94,8 @@ use rdma_reactor::{
 const USAGE: &str = "\
 usage: blast server --bind ADDR:PORT [--verify] [--depth N] [--max-size BYTES] [--exit-after N] [--quiet]
                     [--spin-us N] [--srq [--srq-receives N] [--srq-credit N] [--srq-max-credit N] [--srq-reserve N] [--srq-size BYTES]]
-                    [--threads N] [--balance round-robin|fewest] [--shared-cq N] [--metrics ADDR:PORT]
+                    [--threads N] [--balance round-robin|fewest] [--shared-cq N]
+                    [--metrics [ADDR:]PORT [--metrics-conns] [--metrics-max-conns N]]
                     [--ring-bytes BYTES]
        blast client --connect ADDR:PORT --size BYTES --count N [--clients K]
                     [--op send|write] [--verify] [--window N] [--spin-us N] [--shared-cq N]
@@ -111,9 +113,16 @@ server: receives from any number of clients at once, from one thread.
   --threads N        reactors, one per thread (default 1); the first listens and spreads the
                      connections over all; at exit each prints what it served
   --balance B        how: round-robin (default) or fewest (live connections)
-  --metrics ADDR:PORT serve GET /metrics (Prometheus text: the reactor's counters and each
-                     connection's) on a TCP port, from the reactor's thread; reactor i of
-                     --threads on PORT + i
+  --metrics [ADDR:]PORT serve GET /metrics (Prometheus text: the reactor's counters) on a TCP
+                     port, from the reactor's thread; reactor i of --threads on PORT + i.
+                     A bare PORT is 127.0.0.1:PORT (this host only): any other address
+                     exposes the counters to whoever can reach it on the network
+  --metrics-conns    each connection's counters too, labelled with its peer's address:
+                     13 samples a connection per scrape, built on the reactor's thread,
+                     and every client's address told to whoever scrapes (default: off)
+  --metrics-max-conns N HTTP connections held at once (default 64); one not done 10 s after
+                     it was accepted is closed at the next accept; at the cap a newcomer is
+                     closed at once
   --ring-bytes BYTES the most the --op write rings of all connections pin together (suffixes
                      K, M, G; default 1G): a connection whose ring would go beyond is refused
   --quiet            no per-connection lines
@@ -179,7 +188,7 @@ fn main() {
     common::observe::init_logging("blast");
     let mut argv = std::env::args().skip(1);
     match argv.next().as_deref() {
-        Some("server") => server(Args::parse(argv, &["verify", "quiet", "srq"], USAGE)),
+        Some("server") => server(Args::parse(argv, &["verify", "quiet", "srq", "metrics-conns"], USAGE)),
         Some("client") => client(Args::parse(argv, &["verify"], USAGE)),
         Some("--help") | Some("-h") => println!("{USAGE}"),
         _ => common::fail(USAGE, "the first argument is `server` or `client`"),
@@ -651,19 +660,8 @@ fn shared_cq(args: &Args) -> Option<u32> {
 }
 
 fn server(args: Args) {
-    let own = [
-        "bind",
-        "depth",
-        "max-size",
-        "exit-after",
-        "spin-us",
-        "threads",
-        "balance",
-        "shared-cq",
-        "metrics",
-        "ring-bytes",
-    ];
-    args.finish(&[&own[..], &Args::LIVENESS[..], &Args::SRQ[..]].concat());
+    let own = ["bind", "depth", "max-size", "exit-after", "spin-us", "threads", "balance", "shared-cq", "ring-bytes"];
+    args.finish(&[&own[..], &Args::LIVENESS[..], &Args::SRQ[..], &Args::METRICS[..]].concat());
     let bind = args.addr("bind");
     // Not given: each connection's depth follows its message size (`auto_depth`).
     let auto = !args.given("depth");

@@ -3,7 +3,8 @@
 //! ```text
 //! echo server --bind ADDR:PORT [--depth N] [--exit-after N] [--quiet] [--spin-us N]
 //!             [--srq [--srq-receives N] [--srq-credit N] [--srq-max-credit N] [--srq-reserve N] [--srq-size BYTES]] [--marks N,N,..]
-//!             [--threads N] [--balance round-robin|fewest] [--accept-delay-ms N] [--metrics ADDR:PORT]
+//!             [--threads N] [--balance round-robin|fewest] [--accept-delay-ms N]
+//!             [--metrics [ADDR:]PORT [--metrics-conns] [--metrics-max-conns N]]
 //! echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
 //!             [--stall-timeout SECS] [--spin-us N] [--hold-ms N] [--hold-until PATH]
 //! ```
@@ -33,7 +34,8 @@ use rdma_reactor::{
 const USAGE: &str = "\
 usage: echo server --bind ADDR:PORT [--depth N] [--max-size BYTES] [--exit-after N] [--quiet] [--spin-us N]
                    [--srq [--srq-receives N] [--srq-credit N] [--srq-max-credit N] [--srq-reserve N] [--srq-size BYTES]] [--marks N,N,..]
-                   [--threads N] [--balance round-robin|fewest] [--accept-delay-ms N] [--metrics ADDR:PORT]
+                   [--threads N] [--balance round-robin|fewest] [--accept-delay-ms N]
+                   [--metrics [ADDR:]PORT [--metrics-conns] [--metrics-max-conns N]]
        echo client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K]
                    [--stall-timeout SECS] [--spin-us N] [--hold-ms N] [--hold-until PATH]
 
@@ -49,9 +51,16 @@ server: echoes every message on every connection, from one thread.
   --threads N          reactors, one per thread (default 1); the first listens and spreads the
                        connections over all; at exit each prints what it served
   --balance B          how: round-robin (default) or fewest (live connections)
-  --metrics ADDR:PORT  serve GET /metrics (Prometheus text: the reactor's counters and each
-                       connection's) on a TCP port, from the reactor's thread; reactor i of
-                       --threads on PORT + i
+  --metrics [ADDR:]PORT serve GET /metrics (Prometheus text: the reactor's counters) on a TCP
+                       port, from the reactor's thread; reactor i of --threads on PORT + i.
+                       A bare PORT is 127.0.0.1:PORT (this host only): any other address
+                       exposes the counters to whoever can reach it on the network
+  --metrics-conns      each connection's counters too, labelled with its peer's address:
+                       13 samples a connection per scrape, built on the reactor's thread,
+                       and every client's address told to whoever scrapes (default: off)
+  --metrics-max-conns N HTTP connections held at once (default 64); one not done 10 s after
+                       it was accepted is closed at the next accept; at the cap a newcomer
+                       is closed at once
   --spin-us N          (both) poll for N microseconds after work before sleeping (default 0:
                        event mode)
   --keepalive-ms N     (both) probe an idle connection every N ms (zero-length RDMA WRITE), so
@@ -90,7 +99,7 @@ fn main() {
     common::observe::init_logging("echo");
     let mut argv = std::env::args().skip(1);
     match argv.next().as_deref() {
-        Some("server") => server(Args::parse(argv, &["quiet", "srq"], USAGE)),
+        Some("server") => server(Args::parse(argv, &["quiet", "srq", "metrics-conns"], USAGE)),
         Some("client") => client(Args::parse(argv, &["verify"], USAGE)),
         Some("--help") | Some("-h") => println!("{USAGE}"),
         _ => common::fail(USAGE, "the first argument is `server` or `client`"),
@@ -231,19 +240,8 @@ impl ConnectionHandler for EchoAgent {
 }
 
 fn server(args: Args) {
-    let own = [
-        "bind",
-        "depth",
-        "max-size",
-        "exit-after",
-        "spin-us",
-        "marks",
-        "threads",
-        "balance",
-        "accept-delay-ms",
-        "metrics",
-    ];
-    args.finish(&[&own[..], &Args::LIVENESS[..], &Args::SRQ[..]].concat());
+    let own = ["bind", "depth", "max-size", "exit-after", "spin-us", "marks", "threads", "balance", "accept-delay-ms"];
+    args.finish(&[&own[..], &Args::LIVENESS[..], &Args::SRQ[..], &Args::METRICS[..]].concat());
     let bind = args.addr("bind");
     let depth: u32 = args.get("depth", 16);
     if depth == 0 {

@@ -9,24 +9,41 @@
 //! The control port takes one command per line: `stats` answers with the connections served,
 //! the messages echoed and the reactor's counters; `quit` answers `bye` and stops the
 //! program. Any `echo client` (or `aecho client`) can use the RDMA side.
+//!
+//! The control port serves one connection at a time and survives what a peer sends: a line
+//! that is not UTF-8, longer than 4 KiB (never buffered beyond that) or no command is answered
+//! with an `error: ` line and the connection goes on; a connection reset, or silent for a
+//! minute, ends that connection alone.
 
 mod common;
 
 use std::cell::RefCell;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::time::Duration;
 
+use common::observe::{classify, AcceptError};
 use common::Args;
 use rdma_reactor::io::{self, Connection, Listener};
 use rdma_reactor::{Error, Reactor};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const USAGE: &str = "\
 usage: tokio_control --bind ADDR:PORT --control ADDR:PORT
 
 An RDMA echo server and a TCP control port in one tokio program.
   --bind ADDR:PORT     RDMA address to serve echo clients on
-  --control ADDR:PORT  TCP address of the control port: `stats` or `quit`, one per line";
+  --control ADDR:PORT  TCP address of the control port: `stats` or `quit`, one per line (one
+                       connection at a time; a bad line is answered `error: ...`; a connection
+                       silent for 60 s is closed)";
+
+/// The longest control line taken; the bytes of a longer one are dropped up to its end.
+const MAX_LINE: usize = 4096;
+
+/// A control connection that sends nothing (or reads nothing) this long is closed, so that it
+/// cannot hold the port, which serves one connection at a time.
+const CONTROL_IDLE: Duration = Duration::from_secs(60);
 
 #[derive(Default)]
 struct Counts {
@@ -55,33 +72,144 @@ async fn serve_rdma(listener: Listener, counts: Rc<RefCell<Counts>>) -> Result<(
     }
 }
 
-/// Serves the control port until a `quit`.
-async fn control(tcp: tokio::net::TcpListener, counts: Rc<RefCell<Counts>>) -> std::io::Result<()> {
-    loop {
-        let (stream, peer) = tcp.accept().await?;
-        let (rd, mut wr) = stream.into_split();
-        let mut lines = BufReader::new(rd).lines();
-        while let Some(line) = lines.next_line().await? {
-            match line.trim() {
-                "stats" => {
-                    let st = io::stats().map_err(std::io::Error::other)?;
-                    let text = {
-                        let c = counts.borrow();
-                        format!(
-                            "served {} live {} echoed {}; reactor: connections {}, completions {}, wakeups {}, \
-                             registered {} B\n",
-                            c.served, c.live, c.echoed, st.connections, st.completions, st.wakeups, st.registered_bytes
-                        )
-                    };
-                    wr.write_all(text.as_bytes()).await?;
+/// One line of the control port, as [`Lines`] cut it.
+#[derive(Debug, PartialEq, Eq)]
+enum Line {
+    /// A line of text, without its end (`\n` or `\r\n`).
+    Text(String),
+    /// A line that is not UTF-8.
+    NotUtf8,
+    /// A line longer than [`MAX_LINE`]: told as soon as it is, its bytes dropped up to its end.
+    TooLong,
+}
+
+/// Cuts the bytes of a control connection into [`Line`]s, holding at most [`MAX_LINE`] bytes.
+#[derive(Debug, Default)]
+struct Lines {
+    buf: Vec<u8>,
+    /// Dropping the rest of a line found too long.
+    skipping: bool,
+}
+
+impl Lines {
+    /// `bytes` as read: the lines they complete, in order, appended to `out`.
+    fn push(&mut self, bytes: &[u8], out: &mut Vec<Line>) {
+        for piece in bytes.split_inclusive(|&b| b == b'\n') {
+            let ended = piece.last() == Some(&b'\n');
+            let body = if ended { &piece[..piece.len() - 1] } else { piece };
+            if !self.skipping {
+                if self.buf.len() + body.len() > MAX_LINE {
+                    self.buf = Vec::new();
+                    self.skipping = true;
+                    out.push(Line::TooLong);
+                } else {
+                    self.buf.extend_from_slice(body);
                 }
-                "quit" => {
-                    wr.write_all(b"bye\n").await?;
-                    println!("tokio_control: quit from {peer}");
-                    return Ok(());
-                }
-                other => wr.write_all(format!("unknown command {other:?}: stats or quit\n").as_bytes()).await?,
             }
+            if ended {
+                if !self.skipping {
+                    out.push(Self::line(std::mem::take(&mut self.buf)));
+                }
+                self.skipping = false;
+            }
+        }
+    }
+
+    /// The end of the stream: the last line if it had no end of line.
+    fn finish(&mut self) -> Option<Line> {
+        let last = std::mem::take(&mut self.buf);
+        (!last.is_empty() && !std::mem::take(&mut self.skipping)).then(|| Self::line(last))
+    }
+
+    fn line(mut bytes: Vec<u8>) -> Line {
+        if bytes.last() == Some(&b'\r') {
+            bytes.pop();
+        }
+        String::from_utf8(bytes).map_or(Line::NotUtf8, Line::Text)
+    }
+}
+
+/// The answer to `line` (empty for a blank line), and whether it was `quit`.
+fn answer(line: Line, counts: &RefCell<Counts>) -> (String, bool) {
+    let text = match line {
+        Line::Text(t) => t,
+        Line::NotUtf8 => return ("error: the line is not UTF-8: stats or quit\n".into(), false),
+        Line::TooLong => return (format!("error: a line longer than {MAX_LINE} bytes (ignored to its end)\n"), false),
+    };
+    match text.trim() {
+        "" => (String::new(), false),
+        "stats" => match io::stats() {
+            Ok(st) => {
+                let c = counts.borrow();
+                let text = format!(
+                    "served {} live {} echoed {}; reactor: connections {}, completions {}, wakeups {}, registered {} B\n",
+                    c.served, c.live, c.echoed, st.connections, st.completions, st.wakeups, st.registered_bytes
+                );
+                (text, false)
+            }
+            Err(e) => (format!("error: no stats: {}\n", common::report(&e)), false),
+        },
+        "quit" => ("bye\n".into(), true),
+        other => (format!("error: unknown command {other:?}: stats or quit\n"), false),
+    }
+}
+
+/// `f`, or a `TimedOut` error after [`CONTROL_IDLE`].
+async fn within<T>(f: impl Future<Output = std::io::Result<T>>) -> std::io::Result<T> {
+    tokio::time::timeout(CONTROL_IDLE, f)
+        .await
+        .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "silent for 60 s")))
+}
+
+/// One control connection, until its peer closes it (false), says `quit` (true), or an error
+/// (a reset, a timeout) ends it.
+async fn session(stream: tokio::net::TcpStream, counts: &RefCell<Counts>) -> std::io::Result<bool> {
+    let (mut rd, mut wr) = stream.into_split();
+    let mut lines = Lines::default();
+    let mut chunk = [0u8; 1024];
+    let mut ready = Vec::new();
+    loop {
+        let n = within(rd.read(&mut chunk)).await?;
+        if n == 0 {
+            ready.extend(lines.finish());
+        } else {
+            lines.push(&chunk[..n], &mut ready);
+        }
+        for line in ready.drain(..) {
+            let (text, quit) = answer(line, counts);
+            within(wr.write_all(text.as_bytes())).await?;
+            if quit {
+                return Ok(true);
+            }
+        }
+        if n == 0 {
+            return Ok(false);
+        }
+    }
+}
+
+/// Serves the control port, one connection at a time, until a `quit`. Nothing a peer does ends
+/// it: a failed connection ends alone, and an accept that fails for want of descriptors or
+/// memory waits a second before the next (the connection stays queued, and tokio would retry
+/// it at once).
+async fn control(tcp: tokio::net::TcpListener, counts: Rc<RefCell<Counts>>) {
+    loop {
+        let (stream, peer) = match tcp.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) if classify(&e) == AcceptError::ThatOne => continue,
+            Err(e) => {
+                eprintln!("tokio_control: the control port: accept: {e}; again in 1 s");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        match session(stream, &counts).await {
+            Ok(true) => {
+                println!("tokio_control: quit from {peer}");
+                return;
+            }
+            Ok(false) => {}
+            Err(e) => eprintln!("tokio_control: control connection from {peer}: {e}; it is closed"),
         }
     }
 }
@@ -112,7 +240,7 @@ fn main() {
             // in this one task's select.
             tokio::select! {
                 r = serve_rdma(listener, counts.clone()) => r,
-                r = control(tcp, counts) => r.map_err(|source| Error::Os { call: "the control port", source }),
+                () = control(tcp, counts) => Ok(()),
             }
         }
     };
@@ -128,4 +256,52 @@ fn main() {
     }
     let c = counts.borrow();
     println!("tokio_control: {} connections served, {} messages echoed; exiting", c.served, c.echoed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cut(reads: &[&[u8]]) -> Vec<Line> {
+        let mut lines = Lines::default();
+        let mut out = Vec::new();
+        for r in reads {
+            lines.push(r, &mut out);
+            assert!(lines.buf.len() <= MAX_LINE, "held {} bytes", lines.buf.len());
+        }
+        out.extend(lines.finish());
+        out
+    }
+
+    fn text(s: &str) -> Line {
+        Line::Text(s.to_string())
+    }
+
+    #[test]
+    fn lines_are_cut_across_reads_with_either_end() {
+        assert_eq!(cut(&[b"sta", b"ts\r\nqu", b"it\n"]), vec![text("stats"), text("quit")]);
+        assert_eq!(cut(&[b"stats\n\nstats"]), vec![text("stats"), text(""), text("stats")]);
+        assert_eq!(cut(&[b""]), vec![]);
+    }
+
+    #[test]
+    fn a_bad_line_is_one_bad_line_and_the_next_is_read() {
+        assert_eq!(cut(&[b"st\xffats\nstats\n"]), vec![Line::NotUtf8, text("stats")]);
+        // Too long: told once, as soon as it is, never held, and the next line is whole.
+        let long = vec![b'x'; 3 * MAX_LINE];
+        assert_eq!(cut(&[&long, &long, b"xx\nquit\n"]), vec![Line::TooLong, text("quit")]);
+        assert_eq!(cut(&[&long[..MAX_LINE], b"\n"]), vec![text(&"x".repeat(MAX_LINE))]);
+        assert_eq!(cut(&[&long[..MAX_LINE + 1]]), vec![Line::TooLong]);
+    }
+
+    #[test]
+    fn bad_lines_are_answered_with_an_error_and_only_quit_quits() {
+        let counts = RefCell::new(Counts::default());
+        for line in [Line::NotUtf8, Line::TooLong, text("stat"), text("\u{0}quit")] {
+            let (answer, quit) = answer(line, &counts);
+            assert!(answer.starts_with("error: ") && answer.ends_with('\n') && !quit, "{answer}");
+        }
+        assert_eq!(answer(text("  quit "), &counts), ("bye\n".to_string(), true));
+        assert_eq!(answer(text(""), &counts), (String::new(), false));
+    }
 }

@@ -193,7 +193,11 @@ fn race(clients: u64, count: u64, churn: bool, cfg: Config) -> RaceRun {
     // Its metrics endpoint shows the server's side of a stalled connection (`diagnose_stall`).
     let metrics = SocketAddr::new([127, 0, 0, 1].into(), server.port() + 1);
     let m = metrics.to_string();
-    let _server = Proc::spawn("echo server", bin("echo"), &["server", "--bind", &s, "--quiet", "--metrics", &m]);
+    let _server = Proc::spawn(
+        "echo server",
+        bin("echo"),
+        &["server", "--bind", &s, "--quiet", "--metrics", &m, "--metrics-conns"],
+    );
     wait_listening(server, Duration::from_secs(30));
     let ticks = Rc::new(Cell::new(0u64));
     let start_one = |r: &mut Reactor, id: u64, count: u64| {

@@ -102,8 +102,11 @@ fn the_metrics_endpoint_shows_a_blast_run_s_counters_moving() {
     let server = addr();
     let metrics = SocketAddr::new(server.ip(), port());
     let (s, m) = (server.to_string(), metrics.to_string());
-    let srv =
-        Proc::spawn("blast server", bin("blast"), &["server", "--bind", &s, "--metrics", &m, "--exit-after", "1"]);
+    let srv = Proc::spawn(
+        "blast server",
+        bin("blast"),
+        &["server", "--bind", &s, "--metrics", &m, "--metrics-conns", "--exit-after", "1"],
+    );
     wait_listening(server, LIMIT);
     let client = Proc::spawn(
         "blast client",

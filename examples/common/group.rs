@@ -9,6 +9,8 @@ use std::sync::{mpsc, Arc, OnceLock};
 
 use rdma_reactor::{Balance, Config, Ctx, ListenerHandler, Reactor, Remote};
 
+use super::observe::Metrics;
+
 /// What one reactor served.
 #[derive(Default)]
 struct Served {
@@ -24,14 +26,14 @@ pub struct Group {
     closed: AtomicU64,
     served: Vec<Served>,
     remotes: OnceLock<Vec<Remote>>,
-    /// `--metrics`: where reactor 0 serves `GET /metrics` (reactor i on the port + i).
-    metrics: Option<SocketAddr>,
+    /// `--metrics`: where reactor 0 serves `GET /metrics` (reactor i on the port + i), and how.
+    metrics: Option<Metrics>,
 }
 
 impl Group {
     /// A group of `threads` reactors that stops once `exit_after` connections closed (0:
     /// never), each serving its metrics when `metrics` is given.
-    pub fn new(threads: usize, exit_after: u64, metrics: Option<SocketAddr>) -> Arc<Group> {
+    pub fn new(threads: usize, exit_after: u64, metrics: Option<Metrics>) -> Arc<Group> {
         Arc::new(Group {
             exit_after,
             closed: AtomicU64::new(0),
@@ -169,11 +171,15 @@ pub fn serve<H, F>(
     group.print(program);
 }
 
-/// Reactor `index`'s metrics endpoint: `GET /metrics` on `base`'s address, port + `index`.
-fn serve_metrics(program: &str, reactor: &mut Reactor, base: SocketAddr, index: usize) {
-    let addr = SocketAddr::new(base.ip(), base.port().wrapping_add(index as u16));
-    match super::observe::serve_metrics(&mut reactor.ctx(), addr, index) {
-        Ok(()) => println!("{program} server: reactor {index} serves GET /metrics on {addr}"),
+/// Reactor `index`'s metrics endpoint: `GET /metrics` on `m`'s address, port + `index`.
+fn serve_metrics(program: &str, reactor: &mut Reactor, m: Metrics, index: usize) {
+    let addr = SocketAddr::new(m.addr.ip(), m.addr.port().wrapping_add(index as u16));
+    match super::observe::serve_metrics(&mut reactor.ctx(), m, index) {
+        Ok(addr) => println!(
+            "{program} server: reactor {index} serves GET /metrics on {addr} ({}; at most {} HTTP connections)",
+            if m.conns { "totals and every connection's series, with peer addresses" } else { "totals" },
+            m.max_conns
+        ),
         Err(e) => super::die(program, &format!("cannot serve metrics on {addr}: {e}")),
     }
 }

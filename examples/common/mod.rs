@@ -90,11 +90,22 @@ impl Args {
         }
     }
 
-    /// `--metrics ADDR:PORT`: where a server serves `GET /metrics` (`observe::serve_metrics`;
-    /// reactor `i` of `--threads N` on PORT + i).
-    pub fn metrics(&self) -> Option<SocketAddr> {
-        self.given("metrics").then(|| self.addr("metrics"))
+    /// `--metrics [ADDR:]PORT` (a bare port: 127.0.0.1), `--metrics-max-conns N` and the switch
+    /// `--metrics-conns`: where and how a server serves `GET /metrics` (`observe::serve_metrics`;
+    /// reactor `i` of `--threads N` on PORT + i). `None` without `--metrics`.
+    pub fn metrics(&self) -> Option<observe::Metrics> {
+        let v = self.values.get("metrics")?;
+        let addr =
+            observe::parse_metrics_addr(v).unwrap_or_else(|e| fail(self.usage, &format!("--metrics {v:?}: {e}")));
+        let max_conns = self.get("metrics-max-conns", observe::MAX_CONNS);
+        if max_conns == 0 {
+            fail(self.usage, "--metrics-max-conns must be at least 1");
+        }
+        Some(observe::Metrics { addr, max_conns, idle: observe::IDLE, conns: self.switch("metrics-conns") })
     }
+
+    /// The value flags [`Args::metrics`] reads (`metrics-conns` is a switch).
+    pub const METRICS: [&'static str; 2] = ["metrics", "metrics-max-conns"];
 
     /// The flags [`Args::liveness`] reads.
     pub const LIVENESS: [&'static str; 4] = ["keepalive-ms", "ack-timeout-ms", "retry-count", "credit-timeout-ms"];

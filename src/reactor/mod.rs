@@ -264,8 +264,8 @@ impl Reactor {
 
     /// The reactor's [`Stats`] and every live connection's [`ConnMetrics`] in the Prometheus
     /// text exposition format (0.0.4), for an application to serve (the library runs no HTTP
-    /// server; the `echo` and `blast` servers' `--metrics ADDR:PORT` show one way, on a socket
-    /// registered with [`Ctx::register_fd`]).
+    /// server; the `echo` and `blast` servers' `--metrics [ADDR:]PORT --metrics-conns` show one
+    /// way, on a socket registered with [`Ctx::register_fd`]).
     ///
     /// Families are named `rdma_reactor_<field>` after [`Stats`]' fields (counters with
     /// `_total`; the gauges `connections`, `timer_entries`, `registered_bytes`,
@@ -274,8 +274,27 @@ impl Reactor {
     /// `rdma_reactor_conn_credit_wait_seconds_total`), each connection's samples labelled `conn`
     /// (its [`Token::as_u64`]) and `peer` (its peer's address). `labels` are added to every
     /// sample (for example `[("reactor", "0")]` when several reactors share one endpoint).
+    ///
+    /// The text grows with the connections (13 samples each) and names every peer: for an
+    /// endpoint others can reach, or a reactor of many connections,
+    /// [`prometheus_totals`](Self::prometheus_totals) is the part that does neither.
     pub fn prometheus(&self, labels: &[(&str, &str)]) -> String {
         self.core.prometheus(labels)
+    }
+
+    /// The reactor's [`Stats`] alone in the Prometheus text exposition format (0.0.4): the
+    /// families of [`prometheus`](Self::prometheus) named after [`Stats`]' fields, one sample
+    /// each, labelled `labels`.
+    ///
+    /// It leaves out every connection's [`ConnMetrics`] series. Those are 13 families with a
+    /// sample per live connection, each labelled with the connection's token and its peer's
+    /// address: at 10 000 connections a scrape of [`prometheus`](Self::prometheus) builds
+    /// about 14 MB on the reactor's thread, and it tells whoever can read the endpoint every
+    /// client's address. This text is the same size however many connections there are and
+    /// names no peer, which is what an endpoint open to more than its operator should serve
+    /// (the `echo` and `blast` servers' `--metrics` serve it unless given `--metrics-conns`).
+    pub fn prometheus_totals(&self, labels: &[(&str, &str)]) -> String {
+        self.core.prometheus_totals(labels)
     }
 
     /// The configuration.

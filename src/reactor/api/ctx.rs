@@ -184,6 +184,14 @@ impl<'a> Ctx<'a> {
     pub fn prometheus(&self, labels: &[(&str, &str)]) -> String {
         self.core.prometheus(labels)
     }
+
+    /// The reactor's [`Stats`] alone in the Prometheus text format, without any connection's
+    /// [`ConnMetrics`] series and so without their peers' addresses: a scrape of a size that
+    /// does not grow with the connections
+    /// ([`Reactor::prometheus_totals`](crate::Reactor::prometheus_totals)).
+    pub fn prometheus_totals(&self, labels: &[(&str, &str)]) -> String {
+        self.core.prometheus_totals(labels)
+    }
 }
 
 /// An operation the reactor would not take, with the operation given back.

@@ -210,6 +210,14 @@ impl Stats {
                 srq_free,
         )
     }
+
+    /// Every field as a family of one sample labelled `labels`, written to `e`: the totals
+    /// part of both `Reactor::prometheus` and `Reactor::prometheus_totals`.
+    pub(crate) fn expose(&self, e: &mut Exposition, labels: &[(&str, &str)]) {
+        for (name, kind, help, value) in self.families() {
+            e.family(name, kind, help).sample(labels, value);
+        }
+    }
 }
 
 impl Core {
@@ -219,13 +227,19 @@ impl Core {
         self.conns.get(t).map(|c| c.meter.snapshot(Instant::now()))
     }
 
+    /// The reactor's [`Stats`] alone in the Prometheus text format
+    /// (`Reactor::prometheus_totals`): one sample per field, whatever the connections.
+    pub(in crate::reactor) fn prometheus_totals(&self, labels: &[(&str, &str)]) -> String {
+        let mut e = Exposition::default();
+        self.stats().expose(&mut e, labels);
+        e.finish()
+    }
+
     /// The reactor's [`Stats`] and every live connection's [`ConnMetrics`] in the Prometheus
     /// text format (`Reactor::prometheus`).
     pub(in crate::reactor) fn prometheus(&self, labels: &[(&str, &str)]) -> String {
         let mut e = Exposition::default();
-        for (name, kind, help, value) in self.stats().families() {
-            e.family(name, kind, help).sample(labels, value);
-        }
+        self.stats().expose(&mut e, labels);
         // Each connection's labels and values, then one family after another over them all.
         let now = Instant::now();
         let conns: Vec<(String, String, _)> = self
@@ -304,5 +318,19 @@ mod tests {
         }
         assert!(f.contains(&("wakeups", Kind::Counter, "Stats::wakeups (rdma-reactor's docs).", 3)));
         assert!(f.contains(&("buffers_in_use", Kind::Gauge, "Stats::buffers_in_use (rdma-reactor's docs).", 7)));
+    }
+
+    #[test]
+    fn the_totals_are_one_sample_per_field_with_no_connection_label() {
+        let s = Stats { wakeups: 3, connections: 10_000, ..Stats::default() };
+        let mut e = Exposition::default();
+        s.expose(&mut e, &[("reactor", "1")]);
+        let text = e.finish();
+        let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(samples.len(), s.families().len(), "{text}");
+        assert!(samples.iter().all(|l| l.contains("{reactor=\"1\"} ")), "{text}");
+        assert!(samples.contains(&"rdma_reactor_wakeups_total{reactor=\"1\"} 3"), "{text}");
+        assert!(samples.contains(&"rdma_reactor_connections{reactor=\"1\"} 10000"), "{text}");
+        assert!(!text.contains("conn=") && !text.contains("peer="), "{text}");
     }
 }
