@@ -87,6 +87,9 @@ pub(crate) struct Core {
     closing: Closing,
     /// Connect requests handed to and from other reactors (`conn/handoff.rs`).
     handoff: Handoff,
+    /// Connect requests waiting for room among the pending accepts (`conn/waiting.rs`); their
+    /// ids go before the event channel.
+    waiting: conn::waiting::WaitingRequests,
     conns: GenSlab<ConnKey, ConnEntry>,
     ops: GenSlab<OpKey, OpEntry>,
     cqs: GenSlab<CqKey, CqEntry>,
@@ -196,6 +199,7 @@ impl Reactor {
                 exec: event_loop::exec::Exec::new(inbox.remote()),
                 closing: Closing::default(),
                 handoff: Handoff::default(),
+                waiting: Default::default(),
                 conns: GenSlab::new(),
                 ops: GenSlab::new(),
                 cqs: GenSlab::new(),

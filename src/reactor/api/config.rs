@@ -302,9 +302,13 @@ pub struct Config {
     /// reported to the listener's `on_refused`; [`Ctx::connect`](crate::Ctx::connect) beyond
     /// it fails with [`Error::Limit`]. Default 65 536.
     pub max_connections: usize,
-    /// Most accepted connections not yet established (waiting for the client's RTU). A
-    /// connect request beyond it is rejected like one beyond `max_connections`: a flood of
-    /// half-open connections cannot take every queue pair. Default 1024.
+    /// Most accepted connections not yet established (waiting for the client's RTU): a flood
+    /// of half-open connections cannot take every queue pair. A connect request beyond it
+    /// waits (holding nothing but its id) and is decided as soon as a pending accept settles,
+    /// in arrival order, as a TCP backlog would; it is refused (`NoResources`) only when the
+    /// live connections and the waiting requests together reach `max_connections`, or after
+    /// waiting [`Timeouts::accept`] (its client has given up by then), or when its listener
+    /// closes (`Stats::accepts_waited`). At 0 every request is refused. Default 1024.
     pub max_pending_accepts: usize,
     /// `Some`: every connection takes its receives from one shared receive queue per device,
     /// which the runtime keeps filled ([`SrqConfig`]); `recv_depth` is then unused. `None`

@@ -44,8 +44,8 @@ pub trait ListenerHandler {
 
     /// The reactor rejected a request on its own: malformed connect information, a message
     /// size above the pool's, a limit of [`Config`](crate::Config) reached
-    /// (`max_connections`, `max_pending_accepts`, `recv_budget`), or no resources for an
-    /// accepted one.
+    /// (`max_connections`, `recv_budget`; a request that waited `Timeouts::accept` for room
+    /// among `max_pending_accepts`), or no resources for an accepted one.
     fn on_refused(&mut self, ctx: &mut Ctx<'_>, peer: Option<SocketAddr>, reason: &RejectReason) {
         let _ = (ctx, peer, reason);
     }

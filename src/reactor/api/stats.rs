@@ -114,6 +114,9 @@ pub struct Stats {
     /// from since its first message (one still queued when its connection ends is not sent): Soft-iWARP can leave a client's first messages unread at
     /// the server until more bytes arrive (`NUDGES` in `proto/transport.rs` has why).
     pub iwarp_nudges: u64,
+    /// Connect requests that arrived beyond `Config::max_pending_accepts` (or behind ones
+    /// that had) and waited for room instead of being refused (`conn/waiting.rs`).
+    pub accepts_waited: u64,
     /// Connections closed because their sends waited too long for credits
     /// (`Config::credit_timeout`).
     pub credit_stalls: u64,
@@ -202,7 +205,7 @@ impl Stats {
                 cq_arms, cq_rearm_catches, spin_polls, cq_polls, completions, stale_completions,
                 budget_exhausted, cq_room_waits, post_send_calls, post_recv_calls, wrs_posted, accepted,
                 rejected, established, closed, farewells_answered, farewells_unanswered, farewells_heard, silent_partings, reconnects, reconnected, async_events, stale_async_events, shared_async_events,
-                devices_lost, devices_released, keepalives, iwarp_nudges, credit_stalls, handed_off, handoffs_received,
+                devices_lost, devices_released, keepalives, iwarp_nudges, accepts_waited, credit_stalls, handed_off, handoffs_received,
                 handoffs_failed, timer_compactions, srq_posted, srq_post_calls, srq_consumed, srq_stale,
                 srq_limit_events, srq_refused, srq_overdrawn, srq_grown, srq_shrunk, peer_violations,
                 backlog_refusals, credit_overdrawn;

@@ -10,6 +10,8 @@
 //! - `handoff.rs`: spreading a listener's connect requests over reactors ([`Balance`]).
 //! - `reconnect.rs`: a client that reconnects ([`Reconnect`]): its token, handler and queued
 //!   work carried from one queue pair to the next.
+//! - `waiting.rs`: connect requests beyond `Config::max_pending_accepts`, which wait for room
+//!   instead of being refused.
 //!
 //! Invariants owned here: a CM event is acked before its object is destroyed (destruction waits
 //! for the end of the tick, `reap`); a connection's kernel objects are freed in field order
@@ -25,3 +27,4 @@ pub(super) mod handoff;
 pub(super) mod reconnect;
 pub(super) mod setup;
 pub(super) mod teardown;
+pub(super) mod waiting;

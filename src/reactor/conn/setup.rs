@@ -140,13 +140,17 @@ impl Core {
     }
 
     /// Why a connect request must be refused now, if a limit of `Config` is reached.
+    /// Why a new connection cannot be taken, if it cannot: the live ones and the connect
+    /// requests waiting for room (`waiting.rs`) together at `Config::max_connections`.
     fn over_limit(&self) -> Option<String> {
         let cfg = &self.cfg;
-        if self.conns.len() >= cfg.max_connections {
-            return Some(format!("connection limit reached (max_connections = {})", cfg.max_connections));
-        }
-        if self.accepting >= cfg.max_pending_accepts {
-            return Some(format!("too many pending accepts (max_pending_accepts = {})", cfg.max_pending_accepts));
+        if self.conns.len() + self.waiting.len() >= cfg.max_connections {
+            return Some(format!(
+                "connection limit reached (max_connections = {}: {} connections, {} requests waiting)",
+                cfg.max_connections,
+                self.conns.len(),
+                self.waiting.len()
+            ));
         }
         None
     }
@@ -308,6 +312,18 @@ impl Core {
                  information does not offer it (with a receive depth of at least {MIN_DEPTH})"
             );
             return refuse(self, child, RejectReason::new(RejectCode::Unsupported, text));
+        }
+        if self.cfg.max_pending_accepts == 0 {
+            let text = "this server accepts nothing (max_pending_accepts = 0)";
+            return refuse(self, child, RejectReason::new(RejectCode::NoResources, text));
+        }
+        if self.accepting >= self.cfg.max_pending_accepts || self.waiting.queued_first() {
+            // Beyond the pending accepts (or behind requests that wait already): waits for
+            // room, decided from the start then (`waiting.rs`), unless the server is full.
+            if let Some(text) = self.over_limit() {
+                return refuse(self, child, RejectReason::new(RejectCode::NoResources, text));
+            }
+            return self.park_request(lt, child, private_data, resources);
         }
         if let Some(text) = self.over_limit() {
             return refuse(self, child, RejectReason::new(RejectCode::NoResources, text));

@@ -256,6 +256,7 @@ impl Core {
     /// See [`Reactor::shutdown`](crate::reactor::Reactor::shutdown).
     pub(in crate::reactor) fn shutdown(&mut self, grace: Duration) {
         self.shutting_down = true;
+        self.refuse_waiting("the server is shutting down");
         for t in self.listeners.keys() {
             self.close_listener(t, CloseReason::Shutdown);
         }

@@ -98,7 +98,8 @@ impl Core {
             || !self.work.dirty.is_empty()
             || !self.closing.conns.is_empty()
             || !self.closing.listeners.is_empty()
-            || self.exec.has_work();
+            || self.exec.has_work()
+            || self.waiting_can_go();
         let mut wait = if busy { Some(Duration::ZERO) } else { timeout };
         if let Some(t) = self.timer_wait(now, precise) {
             wait = Some(wait.map_or(t, |w| w.min(t)));
@@ -148,6 +149,7 @@ impl Core {
         work += self.poll_hot();
         work += self.fire_timers(self.clock.now);
         work += self.run_tasks();
+        work += self.admit_waiting();
         self.flush_posts();
         // `block_on`'s future, woken in this tick, is polled right after it: it arms them
         // after its own posts (`Reactor::block_on`), as a task's posts come before the arm.
