@@ -45,6 +45,10 @@ const MAX_LINE: usize = 4096;
 /// cannot hold the port, which serves one connection at a time.
 const CONTROL_IDLE: Duration = Duration::from_secs(60);
 
+/// The longest a control connection lasts, whatever it does: a peer trickling a byte before
+/// each [`CONTROL_IDLE`] runs out cannot hold the port (and lock out `quit`) for longer.
+const CONTROL_SESSION: Duration = Duration::from_secs(600);
+
 #[derive(Default)]
 struct Counts {
     served: u64,
@@ -203,7 +207,9 @@ async fn control(tcp: tokio::net::TcpListener, counts: Rc<RefCell<Counts>>) {
                 continue;
             }
         };
-        match session(stream, &counts).await {
+        let ended = tokio::time::timeout(CONTROL_SESSION, session(stream, &counts)).await;
+        let ended = ended.unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "open for 600 s")));
+        match ended {
             Ok(true) => {
                 println!("tokio_control: quit from {peer}");
                 return;

@@ -865,8 +865,9 @@ fn fds() -> usize {
 /// listen backlog of 16, while the server's loop is slowed (20 ms in each of the first 150
 /// requests). The kernel drops what the backlog cannot hold (silently, "to allow future
 /// retries"); every connection ends established with its round trip verified, or (allowed by
-/// the catalogue) unreachable or timed out, or refused by the pending-accept cap; the
-/// connections accepted but not yet established never exceed `max_pending_accepts`; the
+/// the catalogue) unreachable or timed out; none is refused (beyond the pending-accept cap a
+/// request waits for room); the connections accepted but not yet established never exceed
+/// `max_pending_accepts`; the
 /// server's fds do not grow with its connections; and everything returns to baseline.
 ///
 /// Found on rxe, Linux 6.1: a request the backlog dropped is not recovered by the client's CM
@@ -965,10 +966,14 @@ fn a_connect_flood_beyond_the_backlog_is_served_or_fails_cleanly() {
         assert_eq!(refused_as_pending, 0, "none refused: requests beyond the pending cap wait for room");
         assert!(heard.borrow().refused.is_empty(), "nothing refused: {:?}", heard.borrow().refused);
         println!("case 7: {} requests waited for room among the pending accepts", srv.stats().accepts_waited);
-        assert_eq!(
-            heard.borrow().accepted,
-            served + 1,
-            "a request the backlog dropped never reached the listener; every one that did was served"
+        // A request that waited for room may be decided after its client gave up (its
+        // connect timed out): accepted, never served.
+        let late = failures.iter().filter(|l| l.contains("timed out")).count();
+        let accepted = heard.borrow().accepted;
+        assert!(
+            accepted > served && accepted <= served + 1 + late,
+            "a request the backlog dropped never reached the listener; every one that did was served, or \
+             accepted after its client gave up: {accepted} accepted, {served} served, {late} timed out"
         );
         srv.shutdown(Duration::from_secs(1));
     }

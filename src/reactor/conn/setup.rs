@@ -60,7 +60,7 @@ impl Core {
         handler: Box<dyn ConnectionHandler>,
     ) -> Result<Token> {
         self.refuse_when_shutting_down()?;
-        if self.conns.len() >= self.cfg.max_connections {
+        if self.conns.len() + self.waiting.len() >= self.cfg.max_connections {
             return Err(Error::Limit { what: "max_connections", limit: self.cfg.max_connections });
         }
         let (client, first) = Client::resolving();

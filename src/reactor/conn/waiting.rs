@@ -8,10 +8,12 @@
 //! dropped), and is decided (`Core::decide`, from the start: the listener's handler is asked
 //! only then) as soon as a pending accept settles. It is refused only when the server is
 //! really full (`Config::max_connections` counts live connections and waiting requests
-//! together), when its listener closed, or when it waited longer than `Timeouts::accept`
-//! (its client's connection manager has given up by then: rdma_cm's active side retries its
-//! request for about as long, and Soft-iWARP's MPA exchange times out after 10 s). In arrival
-//! order; each tick admits what fits.
+//! together), when [`max_waiting`] wait already, when its listener closed, or when it waited
+//! longer than `Timeouts::accept`. Its client may give up sooner (Soft-iWARP's MPA exchange
+//! times out after 10 s): the kernel drops the events of an id not yet accepted, so the
+//! reactor cannot tell, and such a request, decided later, fails its `rdma_accept` (the
+//! listener's handler was asked, its connection handler hears a setup failure). In arrival
+//! order; each tick looks at the front only and admits what fits.
 //!
 //! Nothing is registered for a waiting request: it holds its id and its private data (at most
 //! 196 bytes). The ids are destroyed before the event channel (`Core`'s field order), and a
@@ -24,6 +26,13 @@ use crate::proto::token::ListenerKey;
 use crate::proto::wire::{RejectCode, RejectReason};
 use crate::reactor::Core;
 use crate::sys::cm::CmId;
+
+/// The most connect requests that wait at once: four times `Config::max_pending_accepts`
+/// (4 096 at the defaults), so a flood cannot make the reactor hold an unbounded number of
+/// kernel ids, while a storm of a few thousand at once is served in full.
+pub(in crate::reactor) fn max_waiting(max_pending_accepts: usize) -> usize {
+    max_pending_accepts.saturating_mul(4)
+}
 
 /// A connect request waiting for room among the pending accepts.
 pub(in crate::reactor) struct Waiting {
@@ -56,7 +65,8 @@ impl WaitingRequests {
 }
 
 impl Core {
-    /// Makes connect request `child` wait for room among the pending accepts.
+    /// Makes connect request `child` wait for room among the pending accepts, or refuses it
+    /// when [`max_waiting`] wait already (each holds a kernel id, on iWARP a TCP socket too).
     pub(in crate::reactor) fn park_request(
         &mut self,
         listener: ListenerKey,
@@ -64,6 +74,16 @@ impl Core {
         private_data: &[u8],
         resources: (u8, u8),
     ) {
+        let most = max_waiting(self.cfg.max_pending_accepts);
+        if self.waiting.queue.len() >= most {
+            let why = format!(
+                "too many connect requests wait for room among the pending accepts ({most}, 4 x max_pending_accepts)"
+            );
+            let reason = RejectReason::new(RejectCode::NoResources, why);
+            let peer = child.peer_addr();
+            self.reject_child(child, &reason);
+            return self.with_listener(listener, |h, ctx| h.on_refused(ctx, peer, &reason));
+        }
         child.set_context(0);
         let since = self.read_clock();
         self.waiting.queue.push_back(Waiting {
@@ -81,9 +101,11 @@ impl Core {
         !self.waiting.queue.is_empty() && self.accepting < self.cfg.max_pending_accepts
     }
 
-    /// Decides the waiting requests that fit among the pending accepts now, oldest first,
-    /// after refusing those whose listener closed or whose wait outlasted
-    /// `Timeouts::accept`. Returns how many it decided or refused.
+    /// Refuses the requests at the front that waited longer than `Timeouts::accept` (in
+    /// arrival order, the oldest are at the front: the rest is not looked at), then decides
+    /// those that fit among the pending accepts now, oldest first, refusing each whose
+    /// listener closed meanwhile (checked as each is taken: a callback of this pass may close
+    /// one). Returns how many it decided or refused.
     pub(in crate::reactor) fn admit_waiting(&mut self) -> usize {
         if self.waiting.queue.is_empty() {
             return 0;
@@ -91,37 +113,28 @@ impl Core {
         let now = self.read_clock();
         let patience = self.cfg.timeouts.accept;
         let mut n = 0;
-        let mut kept = VecDeque::with_capacity(self.waiting.queue.len());
-        for w in std::mem::take(&mut self.waiting.queue) {
-            let gone = self.listeners.get(w.listener).map_or(true, |l| l.sm.is_closed());
-            let expired = now.saturating_duration_since(w.since) > patience;
-            if gone || expired {
-                let why = if gone {
-                    "listener closed while the request waited for room among the pending accepts".to_string()
-                } else {
-                    format!(
-                        "waited {patience:?} (Timeouts::accept) for room among the pending accepts \
-                         (max_pending_accepts = {})",
-                        self.cfg.max_pending_accepts
-                    )
-                };
-                let reason = RejectReason::new(if gone { RejectCode::Refused } else { RejectCode::NoResources }, why);
-                let peer = w.child.peer_addr();
-                self.reject_child(w.child, &reason);
-                if !gone {
-                    self.with_listener(w.listener, |h, ctx| h.on_refused(ctx, peer, &reason));
-                }
-                n += 1;
-            } else {
-                kept.push_back(w);
-            }
+        while self.waiting.queue.front().is_some_and(|w| now.saturating_duration_since(w.since) > patience) {
+            let w = self.waiting.queue.pop_front().expect("a front");
+            let why = format!(
+                "waited {patience:?} (Timeouts::accept) for room among the pending accepts (max_pending_accepts = {})",
+                self.cfg.max_pending_accepts
+            );
+            let reason = RejectReason::new(RejectCode::NoResources, why);
+            let peer = w.child.peer_addr();
+            self.reject_child(w.child, &reason);
+            self.with_listener(w.listener, |h, ctx| h.on_refused(ctx, peer, &reason));
+            n += 1;
         }
-        self.waiting.queue = kept;
         self.waiting.admitting = true;
         while self.accepting < self.cfg.max_pending_accepts && !self.shutting_down {
             let Some(w) = self.waiting.queue.pop_front() else { break };
-            self.decide(w.listener, w.child, &w.private_data, w.resources);
             n += 1;
+            if self.listeners.get(w.listener).map_or(true, |l| l.sm.is_closed()) {
+                let why = "listener closed while the request waited for room among the pending accepts";
+                self.reject_child(w.child, &RejectReason::new(RejectCode::Refused, why));
+                continue;
+            }
+            self.decide(w.listener, w.child, &w.private_data, w.resources);
         }
         self.waiting.admitting = false;
         n

@@ -159,7 +159,8 @@ impl Core {
         self.flush_acks();
         work += self.reap();
         self.compact_timers();
-        self.inbox.publish_load(self.conns.len());
+        // Waiting connect requests count: a reactor with a queue is not idle (`Balance::Fewest`).
+        self.inbox.publish_load(self.conns.len() + self.waiting.len());
         if n > 0 && work == 0 {
             self.stats.spurious_wakeups += 1;
         }
