@@ -313,7 +313,7 @@ pub struct Config {
     /// waits (holding nothing but its id) and is decided as soon as a pending accept settles,
     /// in arrival order, as a TCP backlog would; it is refused (`NoResources`) only when the
     /// live connections and the waiting requests together reach `max_connections`, when four
-    /// times this many wait already, after waiting [`Timeouts::accept`], or when its listener
+    /// times this many (at least 1 024) wait already, after waiting [`Timeouts::accept`], or when its listener
     /// closes (`Stats::accepts_waited`). At 0 every request is refused. Default 1024.
     pub max_pending_accepts: usize,
     /// `Some`: every connection takes its receives from one shared receive queue per device,

@@ -28,10 +28,23 @@ use crate::reactor::Core;
 use crate::sys::cm::CmId;
 
 /// The most connect requests that wait at once: four times `Config::max_pending_accepts`
-/// (4 096 at the defaults), so a flood cannot make the reactor hold an unbounded number of
-/// kernel ids, while a storm of a few thousand at once is served in full.
+/// (4 096 at the defaults), and never fewer than 1 024 (a server that keeps few accepts
+/// pending still takes a storm), so a flood cannot make the reactor hold an unbounded number
+/// of kernel ids, while a storm of a few thousand at once is served in full.
 pub(in crate::reactor) fn max_waiting(max_pending_accepts: usize) -> usize {
-    max_pending_accepts.saturating_mul(4)
+    max_pending_accepts.saturating_mul(4).max(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::max_waiting;
+
+    #[test]
+    fn the_waiting_bound_is_four_pending_accepts_and_never_below_1024() {
+        assert_eq!(max_waiting(1024), 4096, "the defaults");
+        assert_eq!(max_waiting(2), 1024, "a server with few pending accepts still takes a storm");
+        assert_eq!(max_waiting(usize::MAX), usize::MAX);
+    }
 }
 
 /// A connect request waiting for room among the pending accepts.
@@ -77,7 +90,8 @@ impl Core {
         let most = max_waiting(self.cfg.max_pending_accepts);
         if self.waiting.queue.len() >= most {
             let why = format!(
-                "too many connect requests wait for room among the pending accepts ({most}, 4 x max_pending_accepts)"
+                "too many connect requests wait for room among the pending accepts ({most}: 4 x max_pending_accepts, \
+                 at least 1024)"
             );
             let reason = RejectReason::new(RejectCode::NoResources, why);
             let peer = child.peer_addr();
