@@ -111,8 +111,9 @@ pub struct Stats {
     /// Keepalive probes posted (`Config::keepalive`).
     pub keepalives: u64,
     /// Zero-length RDMA WRITEs an iWARP client queued because its server had not been heard
-    /// from since its first message (one still queued when its connection ends is not sent): Soft-iWARP can leave a client's first messages unread at
-    /// the server until more bytes arrive (`NUDGES` in `proto/transport.rs` has why).
+    /// from since ESTABLISHED (one still queued when its connection ends is not sent):
+    /// Soft-iWARP can leave a client's first messages unread at the server until more bytes
+    /// arrive (`NUDGES` in `proto/transport.rs` has why).
     pub iwarp_nudges: u64,
     /// Connect requests that arrived beyond `Config::max_pending_accepts` (or behind ones
     /// that had) and waited for room instead of being refused (`conn/waiting.rs`).

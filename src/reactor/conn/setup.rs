@@ -139,7 +139,6 @@ impl Core {
         self.cfg.srq.map_or(max, |s| max.min(s.buf_size as usize))
     }
 
-    /// Why a connect request must be refused now, if a limit of `Config` is reached.
     /// Why a new connection cannot be taken, if it cannot: the live ones and the connect
     /// requests waiting for room (`waiting.rs`) together at `Config::max_connections`.
     fn over_limit(&self) -> Option<String> {
@@ -215,6 +214,14 @@ impl Core {
         }
     }
 
+    /// Rejects connect request `child` of listener `lt` with `reason` and tells the listener's
+    /// handler (`on_refused`): the reactor's own refusals (`decide`, `waiting.rs`).
+    pub(in crate::reactor) fn refuse_request(&mut self, lt: ListenerKey, child: CmId, reason: RejectReason) {
+        let peer = child.peer_addr();
+        self.reject_child(child, &reason);
+        self.with_listener(lt, |h, ctx| h.on_refused(ctx, peer, &reason));
+    }
+
     /// Rejects a connect request's new id with `reason`; the id is destroyed at the end of the
     /// tick, after its CONNECT_REQUEST is acked.
     pub(in crate::reactor) fn reject_child(&mut self, child: CmId, reason: &RejectReason) {
@@ -266,10 +273,7 @@ impl Core {
         resources: (u8, u8),
     ) {
         let peer = child.peer_addr();
-        let refuse = |core: &mut Core, child: CmId, reason: RejectReason| {
-            core.reject_child(child, &reason);
-            core.with_listener(lt, |h, ctx| h.on_refused(ctx, peer, &reason));
-        };
+        let refuse = |core: &mut Core, child: CmId, reason: RejectReason| core.refuse_request(lt, child, reason);
         let info = match ConnectInfo::decode(private_data) {
             Ok(info) => info,
             Err(e) => return refuse(self, child, RejectReason::new(RejectCode::BadConnectInfo, e.to_string())),
@@ -317,16 +321,13 @@ impl Core {
             let text = "this server accepts nothing (max_pending_accepts = 0)";
             return refuse(self, child, RejectReason::new(RejectCode::NoResources, text));
         }
-        if self.accepting >= self.cfg.max_pending_accepts || self.waiting.queued_first() {
-            // Beyond the pending accepts (or behind requests that wait already): waits for
-            // room, decided from the start then (`waiting.rs`), unless the server is full.
-            if let Some(text) = self.over_limit() {
-                return refuse(self, child, RejectReason::new(RejectCode::NoResources, text));
-            }
-            return self.park_request(lt, child, private_data, resources);
-        }
         if let Some(text) = self.over_limit() {
             return refuse(self, child, RejectReason::new(RejectCode::NoResources, text));
+        }
+        if self.accepting >= self.cfg.max_pending_accepts || self.waiting.queued_first() {
+            // Beyond the pending accepts (or behind requests that wait already): waits for
+            // room, decided from the start then (`waiting.rs`).
+            return self.park_request(lt, child, private_data, resources);
         }
         let req = ConnectRequest { listener: lt.token(), peer, info };
         let mut decision = None;

@@ -35,18 +35,6 @@ pub(in crate::reactor) fn max_waiting(max_pending_accepts: usize) -> usize {
     max_pending_accepts.saturating_mul(4).max(1024)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::max_waiting;
-
-    #[test]
-    fn the_waiting_bound_is_four_pending_accepts_and_never_below_1024() {
-        assert_eq!(max_waiting(1024), 4096, "the defaults");
-        assert_eq!(max_waiting(2), 1024, "a server with few pending accepts still takes a storm");
-        assert_eq!(max_waiting(usize::MAX), usize::MAX);
-    }
-}
-
 /// A connect request waiting for room among the pending accepts.
 pub(in crate::reactor) struct Waiting {
     listener: ListenerKey,
@@ -93,10 +81,7 @@ impl Core {
                 "too many connect requests wait for room among the pending accepts ({most}: 4 x max_pending_accepts, \
                  at least 1024)"
             );
-            let reason = RejectReason::new(RejectCode::NoResources, why);
-            let peer = child.peer_addr();
-            self.reject_child(child, &reason);
-            return self.with_listener(listener, |h, ctx| h.on_refused(ctx, peer, &reason));
+            return self.refuse_request(listener, child, RejectReason::new(RejectCode::NoResources, why));
         }
         child.set_context(0);
         let since = self.read_clock();
@@ -133,10 +118,7 @@ impl Core {
                 "waited {patience:?} (Timeouts::accept) for room among the pending accepts (max_pending_accepts = {})",
                 self.cfg.max_pending_accepts
             );
-            let reason = RejectReason::new(RejectCode::NoResources, why);
-            let peer = w.child.peer_addr();
-            self.reject_child(w.child, &reason);
-            self.with_listener(w.listener, |h, ctx| h.on_refused(ctx, peer, &reason));
+            self.refuse_request(w.listener, w.child, RejectReason::new(RejectCode::NoResources, why));
             n += 1;
         }
         self.waiting.admitting = true;
@@ -159,5 +141,17 @@ impl Core {
         for w in std::mem::take(&mut self.waiting.queue) {
             self.reject_child(w.child, &RejectReason::new(RejectCode::Refused, why));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::max_waiting;
+
+    #[test]
+    fn the_waiting_bound_is_four_pending_accepts_and_never_below_1024() {
+        assert_eq!(max_waiting(1024), 4096, "the defaults");
+        assert_eq!(max_waiting(2), 1024, "a server with few pending accepts still takes a storm");
+        assert_eq!(max_waiting(usize::MAX), usize::MAX);
     }
 }
