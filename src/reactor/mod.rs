@@ -90,6 +90,9 @@ pub(crate) struct Core {
     /// Connect requests waiting for room among the pending accepts (`conn/waiting.rs`); their
     /// ids go before the event channel.
     waiting: conn::waiting::WaitingRequests,
+    /// `rdma_connect` calls on helper threads, and connects waiting for one (`conn/connect.rs`).
+    calls: conn::connect::ConnectCalls,
+    /// A connection whose call still runs joins its helper when dropped, before its queue pair.
     conns: GenSlab<ConnKey, ConnEntry>,
     ops: GenSlab<OpKey, OpEntry>,
     cqs: GenSlab<CqKey, CqEntry>,
@@ -200,6 +203,7 @@ impl Reactor {
                 closing: Closing::default(),
                 handoff: Handoff::default(),
                 waiting: Default::default(),
+                calls: Default::default(),
                 conns: GenSlab::new(),
                 ops: GenSlab::new(),
                 cqs: GenSlab::new(),

@@ -188,7 +188,7 @@ pub struct ConnParam<'a> {
 }
 
 impl ConnParam<'_> {
-    fn raw(&self) -> ffi::rdma_conn_param {
+    pub(super) fn raw(&self) -> ffi::rdma_conn_param {
         ffi::rdma_conn_param {
             private_data: if self.private_data.is_empty() { ptr::null() } else { self.private_data.as_ptr().cast() },
             private_data_len: self.private_data.len().min(u8::MAX as usize) as u8,
@@ -291,6 +291,11 @@ impl CmId {
 
     pub(super) fn id(&self) -> *mut ffi::rdma_cm_id {
         self.raw.as_ptr()
+    }
+
+    /// The id's address, never NULL (`connect.rs` moves it to its helper thread).
+    pub(super) fn non_null(&self) -> NonNull<ffi::rdma_cm_id> {
+        self.raw
     }
 
     /// Replaces the id's context (our token).

@@ -1,6 +1,7 @@
 //! The FFI boundary: the only module that names `rdma_sys`. Private to the crate.
 //!
-//! One file per rdma-core object family: `cm.rs` (event channel, CM ids and events), `device.rs`
+//! One file per rdma-core object family: `cm.rs` (event channel, CM ids and events), `connect.rs`
+//! (`rdma_connect` on a helper thread, for iWARP, whose call blocks), `device.rs`
 //! (device list, device contexts), `pd.rs`, `mr.rs`, `mw.rs` (type-2 memory windows), `cq.rs` (completion channels and CQs, with
 //! `ack.rs`'s batched ack counter), `qp.rs` (queue pairs on CM ids, posting), `srq.rs` (shared receive queues) and `pool/` (the
 //! registered buffer pool). Layering: this module imports the pure core (`crate::proto`,
@@ -19,6 +20,7 @@
 
 pub(crate) mod ack;
 pub(crate) mod cm;
+pub(crate) mod connect;
 pub(crate) mod cq;
 pub(crate) mod device;
 pub(crate) mod mr;

@@ -19,9 +19,17 @@ pub struct Stats {
     pub interrupted_waits: u64,
     /// `rdma_connect` calls a signal interrupted (`EINTR`), each made again within the
     /// connect deadline. Only iWARP makes its TCP connection inside the call, and there the
-    /// runtime blocks the thread's signals for its duration (they are delivered after it), so
-    /// this stays 0 unless blocking them failed.
+    /// call runs on a helper thread born with every signal blocked, so this stays 0 unless
+    /// blocking them failed.
     pub interrupted_connects: u64,
+    /// `rdma_connect` calls made on a helper thread: on iWARP the call makes the TCP
+    /// connection and blocks until it is made or TCP gives up, so it never runs on the
+    /// reactor's thread.
+    pub connect_threads: u64,
+    /// iWARP connects that waited for a helper thread (at most 64 run at once per reactor).
+    pub connects_queued: u64,
+    /// iWARP `rdma_connect` calls running on helper threads now.
+    pub connect_calls_running: u64,
     /// Reads of the rdma_cm and completion channels (`rdma_get_cm_event`, `ibv_get_cq_event`),
     /// the ones that found nothing (`EAGAIN`) included.
     pub channel_reads: u64,
@@ -201,7 +209,7 @@ impl Stats {
     /// Every field as a Prometheus family: `(name, kind, help, value)`.
     pub(crate) fn families(&self) -> Vec<(&'static str, Kind, &'static str, u64)> {
         families!(self;
-            counters: wakeups, interrupted_waits, interrupted_connects, channel_reads, spurious_wakeups,
+            counters: wakeups, interrupted_waits, interrupted_connects, connect_threads, connects_queued, channel_reads, spurious_wakeups,
                 cm_events, stale_cm_events, cq_events, spurious_cq_events, cq_ack_calls, cq_events_acked,
                 cq_arms, cq_rearm_catches, spin_polls, cq_polls, completions, stale_completions,
                 budget_exhausted, cq_room_waits, post_send_calls, post_recv_calls, wrs_posted, accepted,
@@ -210,7 +218,7 @@ impl Stats {
                 handoffs_failed, timer_compactions, srq_posted, srq_post_calls, srq_consumed, srq_stale,
                 srq_limit_events, srq_refused, srq_overdrawn, srq_grown, srq_shrunk, peer_violations,
                 backlog_refusals, credit_overdrawn;
-            gauges: cq_peak_reserved, connections, timer_entries, registered_bytes, buffers_in_use, srq_receives,
+            gauges: cq_peak_reserved, connections, connect_calls_running, timer_entries, registered_bytes, buffers_in_use, srq_receives,
                 srq_free,
         )
     }
@@ -299,6 +307,7 @@ impl Core {
             srq_receives,
             srq_free,
             timer_entries: self.timers.len() as u64,
+            connect_calls_running: self.calls.running as u64,
             ..self.stats
         }
     }

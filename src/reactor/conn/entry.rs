@@ -18,6 +18,7 @@ use crate::reactor::data::tail::TailRing;
 use crate::reactor::event_loop::device::Devices;
 use crate::reactor::{ConnectionHandler, ListenerHandler};
 use crate::sys::cm::CmId;
+use crate::sys::connect::Connecting;
 use crate::sys::pool::Windows;
 use crate::sys::qp::Qp;
 
@@ -48,22 +49,42 @@ pub(in crate::reactor) enum Endpoint {
     None,
     Id(CmId),
     Qp(Qp),
+    /// The queue pair while an iWARP `rdma_connect` runs on a helper thread (`connect.rs`):
+    /// neither it nor its id can be used, and the connection is not destroyed, until the call
+    /// returned.
+    Connecting(Connecting),
 }
 
 impl Endpoint {
+    /// The id, unless a helper thread is connecting it.
     pub(in crate::reactor) fn id(&self) -> Option<&CmId> {
         match self {
-            Endpoint::None => None,
+            Endpoint::None | Endpoint::Connecting(_) => None,
             Endpoint::Id(id) => Some(id),
             Endpoint::Qp(qp) => Some(qp.id()),
         }
     }
 
+    /// The queue pair, unless a helper thread is connecting it.
     pub(in crate::reactor) fn qp(&self) -> Option<&Qp> {
         match self {
             Endpoint::Qp(qp) => Some(qp),
             _ => None,
         }
+    }
+
+    /// The queue pair's address as asynchronous events name it, also while connecting.
+    pub(in crate::reactor) fn qp_identity(&self) -> Option<usize> {
+        match self {
+            Endpoint::Qp(qp) => Some(qp.identity()),
+            Endpoint::Connecting(c) => Some(c.identity()),
+            _ => None,
+        }
+    }
+
+    /// True while a helper thread makes the `rdma_connect` call (`connect.rs`).
+    pub(in crate::reactor) fn is_connecting(&self) -> bool {
+        matches!(self, Endpoint::Connecting(_))
     }
 }
 

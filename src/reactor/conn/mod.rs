@@ -3,6 +3,8 @@
 //! - `setup.rs`: the rdma_cm event dispatch (each event to its object's state machine, acked
 //!   before the next is read), listening, accepting and refusing, connecting, and making a
 //!   connection's queue pair on its device (its CQ, receives, tail ring).
+//! - `connect.rs`: a client's `rdma_connect`, made on a helper thread on iWARP, where the call
+//!   blocks for the TCP handshake (why and what it takes: its module docs).
 //! - `drive.rs`: feeding a connection's state machine (`proto::conn`) and carrying out the
 //!   actions it returns.
 //! - `teardown.rs`: close, drain, destroy, cancelling what never reached the device, and the
@@ -21,6 +23,7 @@
 //! [`Balance`]: crate::Balance
 //! [`Reconnect`]: crate::Reconnect
 
+pub(super) mod connect;
 pub(super) mod drive;
 pub(super) mod entry;
 pub(super) mod handoff;

@@ -2,7 +2,6 @@
 //! per-device resources.
 
 use std::net::SocketAddr;
-use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::proto::conn::{Agent, Client, CloseReason, CmEventKind, Input, ListenerAction};
@@ -19,7 +18,7 @@ use crate::sys::cm::{CmEvent, CmId, ConnParam};
 use crate::sys::qp::{Qp, QpCaps};
 
 /// RDMA READ/atomic depth requested and granted on every connection.
-const RD_ATOM: u8 = 4;
+pub(super) const RD_ATOM: u8 = 4;
 
 impl Core {
     // ----- commands (called through Ctx) ----------------------------------------------------
@@ -127,7 +126,7 @@ impl Core {
 
     /// True when connection `t` offers the close handshake: `Config::close_handshake`, on a
     /// device where a completed SEND is no receipt (`Caps::close_handshake`).
-    fn offers_close_handshake(&self, t: ConnKey) -> bool {
+    pub(super) fn offers_close_handshake(&self, t: ConnKey) -> bool {
         let placed = self.conns.get(t).and_then(|c| c.placed);
         self.cfg.close_handshake && placed.is_some_and(|p| self.devices[p.device].caps.close_handshake())
     }
@@ -549,70 +548,11 @@ impl Core {
         self.feed(t, input);
     }
 
-    /// The client's `Action::Connect`: queue pair, first receives, `rdma_connect`.
-    pub(in crate::reactor) fn client_connect(&mut self, t: ConnKey) -> Option<Input> {
-        if let Err(e) = self.setup_qp(t) {
-            return Some(Input::SetupFailed(e.chain()));
-        }
-        let depth = match self.ready(t) {
-            Ok(Some(depth)) => depth,
-            Ok(None) => return None,
-            Err(e) => return Some(Input::SetupFailed(e.chain())),
-        };
-        let flow_offer = self.cfg.flow_control;
-        let placed = self.conns.get(t)?.placed;
-        let iwarp = placed.is_some_and(|p| self.devices[p.device].caps.transport == Transport::Iwarp);
-        let handshake = self.offers_close_handshake(t);
-        let c = self.conns.get_mut(t)?;
-        // Tails land in the receive buffers' slack (`Pool::new`): message sizes stay whole.
-        c.infos.local.tail = placed.is_some_and(|p| p.tail);
-        c.infos.local.recv_depth = depth.min(u32::from(u16::MAX)) as u16;
-        c.infos.local.flow_control = flow_offer && depth >= MIN_DEPTH;
-        c.infos.local.farewell = c.infos.local.flow_control && handshake;
-        c.infos.sent = true;
-        let bytes = match (&c.infos.raw_private_data, c.infos.local.encode(MAX_CONNECT_PRIVATE_DATA)) {
-            (Some(raw), _) => raw.clone(),
-            (None, Ok(b)) => b,
-            (None, Err(e)) => return Some(Input::SetupFailed(format!("connect information: {e}"))),
-        };
-        let param = self.conn_param(&bytes, RD_ATOM, RD_ATOM);
-        // On iWARP `rdma_connect` makes the TCP connection inside the call (siw's
-        // `kernel_connect` blocks), so a signal could interrupt it: the kernel then undoes the
-        // attempt, closing a TCP stream the server's listener may have queued but siw not yet
-        // accepted, which corrupts Soft-iWARP's listener (Linux 6.1: the listening socket stops
-        // accepting, and `siw_destroy_listen` hits a kernel BUG when the server exits; FAULTS.md,
-        // "a signal while connecting"). So the thread's signals wait for the call's end
-        // (`DeferSignals`); should one interrupt it all the same, the call is made again, as
-        // `SA_RESTART` would, for at most the connect step's deadline (none if it cannot be
-        // represented, as for the step's own timer in `act`; `Config::validate` bounds it).
-        let deadline = Instant::now().checked_add(self.cfg.timeouts.connect);
-        let mut result = {
-            let _deferred = DeferSignals::new(iwarp);
-            self.conns.get(t)?.ep.id()?.connect(&param)
-        };
-        while result.as_ref().is_err_and(|e| e.raw_os_error() == Some(nix::libc::EINTR))
-            && deadline.map_or(true, |d| Instant::now() < d)
-        {
-            self.stats.interrupted_connects += 1;
-            let _deferred = DeferSignals::new(iwarp);
-            result = self.conns.get(t)?.ep.id()?.connect(&param);
-        }
-        if let Err(e) = result {
-            // On iWARP `rdma_connect` makes the TCP connection itself: a port where nothing
-            // listens refuses it right there, where InfiniBand's CM answers with a REJ later.
-            if e.raw_os_error() == Some(nix::libc::ECONNREFUSED) {
-                return Some(Input::Rejected { status: -nix::libc::ECONNREFUSED, reason: None });
-            }
-            return Some(Input::SetupFailed(format!("rdma_connect: {e}")));
-        }
-        None
-    }
-
     /// What accept and connect share once the queue pair exists: lets the handler post its first
     /// receives ([`ConnectionHandler::on_ready`]) and posts them. Returns the receive depth
     /// now posted (the first credit offered to the peer), or `None` when the handler closed
     /// the connection.
-    fn ready(&mut self, t: ConnKey) -> Result<Option<u32>> {
+    pub(super) fn ready(&mut self, t: ConnKey) -> Result<Option<u32>> {
         self.with_conn(t, |h, conn| h.on_ready(conn));
         if !self.conns.get(t).is_some_and(ConnEntry::can_post) {
             return Ok(None);
@@ -627,7 +567,7 @@ impl Core {
         Ok(self.conns.get(t).map(|c| c.srq_share.map_or(c.rq.outstanding(), |s| s.receives).min(u32::from(u16::MAX))))
     }
 
-    fn conn_param<'a>(&self, private_data: &'a [u8], responder: u8, initiator: u8) -> ConnParam<'a> {
+    pub(super) fn conn_param<'a>(&self, private_data: &'a [u8], responder: u8, initiator: u8) -> ConnParam<'a> {
         ConnParam {
             private_data,
             responder_resources: responder,
@@ -639,7 +579,7 @@ impl Core {
 
     /// Creates the device resources if needed, the connection's CQ (its own, or the device's
     /// shared one) and queue pair.
-    fn setup_qp(&mut self, t: ConnKey) -> Result<()> {
+    pub(super) fn setup_qp(&mut self, t: ConnKey) -> Result<()> {
         let dev = {
             let c = self.conns.get(t).ok_or(Error::StaleToken(t.token().as_u64()))?;
             let id = c.ep.id().ok_or_else(|| Error::NotConnected("no id".into()))?;
@@ -787,35 +727,6 @@ impl Core {
             // Reconnecting: the last connection's (`reconnect.rs`), if it is still there.
             (None, Some(d)) => d,
             (None, None) => Err(Error::NotConnected(format!("connection {:?} has no device yet", t.token()))),
-        }
-    }
-}
-
-/// While it lives, the calling thread's signals are blocked (`pthread_sigmask`): they stay
-/// pending and are delivered when it drops, which restores the mask. For a system call that a
-/// signal must not interrupt (Soft-iWARP's blocking `rdma_connect`). SIGKILL and SIGSTOP cannot
-/// be blocked, and are not.
-struct DeferSignals(Option<nix::sys::signal::SigSet>);
-
-impl DeferSignals {
-    fn new(on: bool) -> DeferSignals {
-        use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow};
-        if !on {
-            return DeferSignals(None);
-        }
-        let mut old = SigSet::empty();
-        match pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&SigSet::all()), Some(&mut old)) {
-            Ok(()) => DeferSignals(Some(old)),
-            // Nothing blocked: an interrupted call is made again (the caller's loop).
-            Err(_) => DeferSignals(None),
-        }
-    }
-}
-
-impl Drop for DeferSignals {
-    fn drop(&mut self) {
-        if let Some(old) = self.0.take() {
-            let _ = nix::sys::signal::pthread_sigmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&old), None);
         }
     }
 }

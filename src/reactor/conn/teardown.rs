@@ -1,7 +1,8 @@
 //! Teardown: closing, destroying what closed at the end of the tick, cancelling what never
 //! completed, and shutting the whole reactor down.
 //!
-//! A connection is destroyed in rdma-core's order (`destroy_conn`):
+//! A connection is destroyed in rdma-core's order (`destroy_conn`), once no helper thread makes
+//! its `rdma_connect` any more (`connect.rs`):
 //! 1. its memory windows (`Conn::expose`), the queue pair and the id (`rdma_destroy_qp`,
 //!    `rdma_destroy_id`; the tick's CM events are all acked);
 //! 2. its CQ is drained, so every completion it produced reaches its handler (a shared CQ
@@ -112,7 +113,13 @@ impl Core {
 
     /// Destroys one closed connection, in the order the module docs give.
     fn destroy_conn(&mut self, t: ConnKey) {
+        self.calls.forget(t);
         let Some(c) = self.conns.get_mut(t) else { return };
+        if c.ep.is_connecting() {
+            // A helper thread still makes its `rdma_connect` with the id: destroyed when the
+            // call has returned (`Core::finish_call` queues it again, `connect.rs`).
+            return;
+        }
         let (cq, on_srq) = c.cqs();
         let recv_room = c.placed.map_or(0, |p| p.recv_room);
         let qp_num = c.ep.qp().map(|q| q.qp_num());
@@ -272,7 +279,9 @@ impl Core {
                 break;
             }
         }
-        // Close the rest at once.
+        // Close the rest at once, once every `rdma_connect` on a helper thread has returned
+        // (`connect.rs`: nothing safe ends one early).
+        self.finish_all_calls();
         for t in self.conns.keys() {
             if let Some(c) = self.conns.get_mut(t) {
                 c.close_reason.get_or_insert(CloseReason::Shutdown);

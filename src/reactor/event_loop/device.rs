@@ -300,7 +300,7 @@ impl Core {
         let reason = CloseReason::AsyncEvent(kind);
         match target {
             Target::Qp(qp) => {
-                let found = self.conns.iter().find(|(_, c)| c.ep.qp().is_some_and(|q| q.identity() == qp));
+                let found = self.conns.iter().find(|(_, c)| c.ep.qp_identity() == Some(qp));
                 let found = found.map(|(t, _)| t);
                 match found {
                     Some(t) => {

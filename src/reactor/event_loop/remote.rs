@@ -86,6 +86,8 @@ pub(in crate::reactor) struct Queue {
     shared_async: Vec<SharedAsync>,
     /// Tasks of this reactor's executor woken on other threads (`event_loop/exec.rs`).
     tasks: Vec<u64>,
+    /// Connections whose `rdma_connect` returned on its helper thread (`conn/connect.rs`).
+    connects: Vec<u64>,
 }
 
 impl Shared {
@@ -187,6 +189,12 @@ impl Remote {
         Ok(())
     }
 
+    /// Tells the reactor that connection `token`'s `rdma_connect` returned on its helper
+    /// thread (`conn/connect.rs`); nothing if the reactor is gone.
+    pub(in crate::reactor) fn connect_returned(&self, token: u64) {
+        let _ = self.queue(|q| q.connects.push(token));
+    }
+
     /// Makes the reactor's `epoll_wait` return (a task was woken on its thread outside a tick).
     pub(in crate::reactor) fn nudge(&self) {
         self.shared.wake();
@@ -230,6 +238,8 @@ pub(in crate::reactor) struct Inbox {
     taken_async: Vec<SharedAsync>,
     /// Tasks woken on other threads, taken with the messages.
     pub(in crate::reactor) taken_tasks: Vec<u64>,
+    /// Connections whose helper's `rdma_connect` returned, taken with the messages.
+    pub(in crate::reactor) taken_connects: Vec<u64>,
     /// The load last published (`Shared::load`).
     published: usize,
 }
@@ -256,6 +266,7 @@ impl Inbox {
             taken: VecDeque::new(),
             taken_async: Vec::new(),
             taken_tasks: Vec::new(),
+            taken_connects: Vec::new(),
             published: 0,
         })
     }
@@ -290,6 +301,7 @@ impl Inbox {
         std::mem::swap(&mut q.messages, &mut self.taken);
         std::mem::swap(&mut q.shared_async, &mut self.taken_async);
         std::mem::swap(&mut q.tasks, &mut self.taken_tasks);
+        std::mem::swap(&mut q.connects, &mut self.taken_connects);
         std::mem::take(&mut q.stop)
     }
 }
@@ -307,6 +319,7 @@ impl Drop for Inbox {
         q.parcels.clear();
         q.shared_async.clear();
         q.tasks.clear();
+        q.connects.clear();
     }
 }
 
@@ -326,8 +339,14 @@ impl Core {
         let adopted = self.take_handoffs();
         let shared = std::mem::take(&mut self.inbox.taken_async);
         let tasks = std::mem::take(&mut self.inbox.taken_tasks);
-        let mut n = adopted + shared.len() + tasks.len();
+        let mut connects = std::mem::take(&mut self.inbox.taken_connects);
+        let mut n = adopted + shared.len() + tasks.len() + connects.len();
         self.exec.woken_elsewhere(tasks);
+        for token in connects.drain(..) {
+            self.connect_returned(token);
+        }
+        // Keep the buffer's capacity for the next swap.
+        self.inbox.taken_connects = connects;
         for ev in shared {
             self.on_shared_async(ev);
         }
