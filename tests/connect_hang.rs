@@ -18,83 +18,14 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, SockaddrStorage};
-use rdma_reactor::{
-    Buf, CloseReason, Completion, Conn, ConnectOptions, ConnectionHandler, Ctx, Op, OpCode, Reactor, Token,
-};
+use rdma_reactor::{CloseReason, Completion, Conn, ConnectOptions, ConnectionHandler, Ctx, Op, Reactor, Token};
 
 use util::*;
 
 /// Round trips measured alone, and at least as many while a connect hangs.
 const ROUND_TRIPS: usize = 300;
 
-/// Ping-pongs one 64-byte verified message at a time, for ever, recording each round trip.
-struct Pinger {
-    seq: u64,
-    send: Option<Buf>,
-    waiting: bool,
-    sent_at: Instant,
-    rtts: Rc<RefCell<Vec<Duration>>>,
-    failed: Rc<RefCell<Option<String>>>,
-}
-
 const SIZE: usize = 64;
-
-impl Pinger {
-    fn send_next(&mut self, conn: &mut Conn<'_>) {
-        if self.waiting {
-            return;
-        }
-        let Some(mut buf) = self.send.take() else { return };
-        buf.fill_from(&pattern(SIZE, 7, self.seq)).expect("fill");
-        self.waiting = true;
-        self.sent_at = Instant::now();
-        if let Err(e) = conn.submit(Op::send(buf)) {
-            *self.failed.borrow_mut() = Some(format!("send {}: {}", self.seq, e.error));
-        }
-    }
-}
-
-impl ConnectionHandler for Pinger {
-    fn on_ready(&mut self, conn: &mut Conn<'_>) {
-        let recv = conn.alloc(SIZE).expect("receive buffer");
-        conn.submit(Op::recv(recv)).expect("post receive");
-        self.send = Some(conn.alloc(SIZE).expect("send buffer"));
-    }
-
-    fn on_established(&mut self, conn: &mut Conn<'_>) {
-        self.send_next(conn);
-    }
-
-    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
-        match (c.opcode, c.result) {
-            (OpCode::Send, Ok(_)) => {
-                self.send = c.buf;
-                self.send_next(conn);
-            }
-            (OpCode::Recv, Ok(n)) => {
-                let rtt = self.sent_at.elapsed();
-                let buf = c.buf.expect("buffer");
-                if n as usize != SIZE || buf.as_slice() != pattern(SIZE, 7, self.seq).as_slice() {
-                    *self.failed.borrow_mut() = Some(format!("message {}: the echo differs ({n} bytes)", self.seq));
-                    return conn.close();
-                }
-                self.rtts.borrow_mut().push(rtt);
-                self.seq += 1;
-                self.waiting = false;
-                conn.submit(Op::recv(buf)).expect("post receive");
-                self.send_next(conn);
-            }
-            (op, Err(e)) => {
-                self.failed.borrow_mut().get_or_insert(format!("{op:?} failed: {e}"));
-            }
-            _ => {}
-        }
-    }
-
-    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
-        self.failed.borrow_mut().get_or_insert(format!("the ping-pong connection closed: {reason}"));
-    }
-}
 
 /// A client whose connect hangs: records what it hears.
 #[derive(Default)]
@@ -126,27 +57,23 @@ impl ConnectionHandler for Hanging {
 }
 
 /// A TCP listener at `addr` whose accept queue is full: SYNs to it are dropped. Returns it and
-/// the connection that fills the queue.
-fn syn_dropper(addr: SocketAddr) -> (TcpListener, TcpStream) {
+/// the connections that fill the queue.
+fn syn_dropper(addr: SocketAddr) -> (TcpListener, Vec<TcpStream>) {
     let family = if addr.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
     let fd = socket(family, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).expect("socket");
     bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrStorage::from(addr)).expect("bind");
-    // Backlog 0: the queue is full with one connection that is never accepted.
-    listen(&fd, Backlog::new(0).expect("backlog 0")).expect("listen");
+    // Backlog 1: Linux queues backlog + 1 connections (`sk_acceptq_is_full` is `>`), with no
+    // need for SYN cookies; two never accepted fill it.
+    listen(&fd, Backlog::new(1).expect("backlog 1")).expect("listen");
     let listener = TcpListener::from(fd);
-    let filler = TcpStream::connect(addr).expect("the connection that fills the accept queue");
+    let fillers = (0..2).map(|_| TcpStream::connect(addr).expect("a connection that fills the accept queue")).collect();
     // The proof that the next SYN is dropped: a connect that gets no answer.
     let probe = TcpStream::connect_timeout(&addr, Duration::from_millis(500));
     assert!(
         probe.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::TimedOut),
         "a SYN to a full accept queue is dropped (the probe timed out): {probe:?}"
     );
-    (listener, filler)
-}
-
-fn median(v: &mut [Duration]) -> Duration {
-    v.sort();
-    v[v.len() / 2]
+    (listener, fillers)
 }
 
 /// Ticks until `done`, failing after `limit` or when the ping-pong failed.
@@ -179,16 +106,7 @@ fn a_connect_hanging_on_dropped_syns_leaves_the_other_connections_at_their_pace(
     let mut reactor = Reactor::new().expect("reactor");
     let server = addr();
     reactor.listen(server, EchoListener { depth: 4, agents_closed: Default::default() }).expect("listen");
-    let rtts = Rc::new(RefCell::new(Vec::new()));
-    let failed = Rc::new(RefCell::new(None));
-    let pinger = Pinger {
-        seq: 0,
-        send: None,
-        waiting: false,
-        sent_at: Instant::now(),
-        rtts: rtts.clone(),
-        failed: failed.clone(),
-    };
+    let (pinger, (rtts, failed)) = TimedPinger::new(7, SIZE);
     reactor.connect(server, ConnectOptions::default(), pinger).expect("connect the ping-pong client");
 
     // Alone (after a warm-up of the same length).
@@ -200,7 +118,7 @@ fn a_connect_hanging_on_dropped_syns_leaves_the_other_connections_at_their_pace(
 
     // A connect whose SYNs are dropped.
     let dropping = addr();
-    let (listener, filler) = syn_dropper(dropping);
+    let (listener, fillers) = syn_dropper(dropping);
     let hung = Hanging::default();
     let (hung_heard, hung_closed) = (hung.heard.clone(), hung.closed.clone());
     let started = Instant::now();
@@ -244,7 +162,7 @@ fn a_connect_hanging_on_dropped_syns_leaves_the_other_connections_at_their_pace(
     );
 
     // The listener goes: the next retransmitted SYN is answered with a reset.
-    drop(filler);
+    drop(fillers);
     drop(listener);
     pump_until(&mut reactor, &failed, Duration::from_secs(60), "the calls return", |_| {
         hung_closed.borrow().is_some() && early_closed.borrow().is_some()
@@ -264,27 +182,68 @@ fn a_connect_hanging_on_dropped_syns_leaves_the_other_connections_at_their_pace(
     let st = reactor.stats();
     assert_eq!((st.connect_threads, st.connect_calls_running), (3, 0), "three calls on helpers, none left: {st:?}");
 
-    // Dropping the reactor while a call runs waits for it: the listener is gone, so the
+    // More calls than helpers: the 65th waits for one of the 64 to return, then runs.
+    let (listener, fillers) = syn_dropper(dropping);
+    let before = reactor.stats();
+    let mut line = Vec::new();
+    for _ in 0..65 {
+        let h = Hanging::default();
+        line.push(h.closed.clone());
+        reactor.connect(dropping, ConnectOptions::default(), h).expect("connect in the line");
+    }
+    pump_until(&mut reactor, &failed, Duration::from_secs(60), "64 calls run, one waits", |r| {
+        let st = r.stats();
+        st.connect_calls_running == 64 && st.connects_queued == before.connects_queued + 1
+    });
+    let settle = Instant::now();
+    pump_until(&mut reactor, &failed, Duration::from_secs(30), "the line settles", |_| {
+        settle.elapsed() >= Duration::from_millis(300)
+    });
+    let st = reactor.stats();
+    assert_eq!(
+        (st.connect_calls_running, st.connect_threads - before.connect_threads),
+        (64, 64),
+        "the 65th has not started: {st:?}"
+    );
+    drop(fillers);
+    drop(listener);
+    pump_until(&mut reactor, &failed, Duration::from_secs(60), "the line ends", |_| {
+        line.iter().all(|c| c.borrow().is_some())
+    });
+    for (i, c) in line.iter().enumerate() {
+        assert_eq!(*c.borrow(), Some(CloseReason::Rejected { status: -111, reason: None }), "connect {i} of the line");
+    }
+    let st = reactor.stats();
+    assert_eq!((st.connect_calls_running, st.connect_threads - before.connect_threads), (0, 65), "{st:?}");
+
+    // A shutdown while a call runs waits for it, past its grace: the listener is gone, so the
     // call ends at its first retransmitted SYN (about 1 s after the first).
-    let (listener, filler) = syn_dropper(dropping);
+    let (listener, fillers) = syn_dropper(dropping);
     let last = Hanging::default();
     let last_closed = last.closed.clone();
-    reactor.connect(dropping, ConnectOptions::default(), last).expect("third connect");
-    pump_until(&mut reactor, &failed, Duration::from_secs(30), "the third call starts", |r| {
+    reactor.connect(dropping, ConnectOptions::default(), last).expect("last connect");
+    pump_until(&mut reactor, &failed, Duration::from_secs(30), "the last call starts", |r| {
         r.stats().connect_calls_running == 1
     });
     // Long enough for its first SYN to be dropped: the call then waits for a retransmission.
     let settle = Instant::now();
-    pump_until(&mut reactor, &failed, Duration::from_secs(30), "the third call's SYN goes", |_| {
+    pump_until(&mut reactor, &failed, Duration::from_secs(30), "the last call's SYN goes", |_| {
         settle.elapsed() >= Duration::from_millis(300)
     });
-    assert_eq!(reactor.stats().connect_calls_running, 1, "the third call still runs");
-    drop(filler);
+    assert_eq!(reactor.stats().connect_calls_running, 1, "the last call still runs");
+    drop(fillers);
     drop(listener);
-    let dropping_at = Instant::now();
+    let shutting = Instant::now();
+    reactor.shutdown(Duration::from_millis(20));
+    let waited = shutting.elapsed();
+    println!("the shutdown (grace 20 ms) waited {waited:?} for the call");
+    // Destroyed (and told) only once its call returned: heard here, so the shutdown waited.
+    assert_eq!(
+        *last_closed.borrow(),
+        Some(CloseReason::Shutdown),
+        "the shutdown waited for the call and then closed the connection ({waited:?})"
+    );
     drop(reactor);
-    println!("the reactor's drop waited {:?} for the call", dropping_at.elapsed());
-    assert!(last_closed.borrow().is_some(), "the last client heard on_closed: {:?}", last_closed.borrow());
     // Every helper thread is gone.
     let deadline = Instant::now() + Duration::from_secs(10);
     while threads(me) > threads_before && Instant::now() < deadline {

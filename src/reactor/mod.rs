@@ -139,7 +139,8 @@ pub(crate) struct Core {
 ///
 /// Dropping it shuts it down ([`Reactor::shutdown`] with [`Timeouts::shutdown`]): every live
 /// connection and listener hears `on_closed` with [`CloseReason::Shutdown`](crate::CloseReason::Shutdown), every submitted
-/// operation completes, then every kernel object is destroyed in order.
+/// operation completes, then every kernel object is destroyed in order (after any iWARP
+/// `rdma_connect` still running on its helper thread has returned: see `shutdown`).
 ///
 /// ```compile_fail
 /// fn assert_send<T: Send>() {}
@@ -370,7 +371,10 @@ impl Reactor {
     /// Closes everything, keeping the callback contract: every listener hears
     /// [`on_closed`](ListenerHandler::on_closed) with [`CloseReason::Shutdown`](crate::CloseReason::Shutdown); every live
     /// connection is disconnected, and the loop runs for up to `grace` so connections close
-    /// cleanly; those still open then are closed at once. Every submitted operation completes
+    /// cleanly; those still open then are closed at once, except that an iWARP `rdma_connect`
+    /// still running on its helper thread is waited for first (it blocks in the kernel until
+    /// TCP connects or gives up: about 2 minutes against a host that drops SYNs; nothing ends it
+    /// early safely). Every submitted operation completes
     /// (flushed by the device, or [`OpError::Cancelled`](crate::OpError::Cancelled) if it was
     /// never posted, with its buffer), and each connection hears
     /// [`on_closed`](ConnectionHandler::on_closed) once (with `Shutdown` unless it was already

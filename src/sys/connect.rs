@@ -57,7 +57,12 @@ struct IdPtr(NonNull<ffi::rdma_cm_id>);
 // SAFETY: the pointer goes to exactly one helper thread, which makes one call with it
 // (`rdma_connect`, possibly repeated after EINTR). Its owner, `Connecting::qp`, is not
 // reachable while the helper runs and is dropped or handed back only after the helper was
-// joined, so the id outlives that use and no other thread touches it meanwhile.
+// joined, so the id outlives that use, and the reactor issues no command on the id meanwhile.
+// Once the kernel's call has returned, the reactor's thread may read and ack an event of the
+// id (`rdma_get_cm_event` reads and locks the id's private part) while the helper finishes the
+// library's `rdma_connect`, which after its `write` only reads fields nothing else writes
+// (`connect_len`, `sync`); the fields it writes it wrote before the kernel call, before any
+// event of the id could exist.
 unsafe impl Send for IdPtr {}
 
 impl Connecting {

@@ -572,6 +572,120 @@ impl ConnectionHandler for PingClient {
     }
 }
 
+/// Ping-pongs one verified message of `size` bytes at a time, for ever, recording each round
+/// trip; the first failure (an echo that differs, an error, the connection closing) is kept.
+pub struct TimedPinger {
+    id: u64,
+    size: usize,
+    seq: u64,
+    send: Option<Buf>,
+    waiting: bool,
+    sent_at: Instant,
+    rtts: Rc<RefCell<Vec<Duration>>>,
+    failed: Rc<RefCell<Option<String>>>,
+}
+
+/// A [`TimedPinger`]'s round trips and first failure, shared with the test.
+pub type PingLog = (Rc<RefCell<Vec<Duration>>>, Rc<RefCell<Option<String>>>);
+
+impl TimedPinger {
+    /// The handler, its round trips and its first failure.
+    pub fn new(id: u64, size: usize) -> (TimedPinger, PingLog) {
+        let rtts = Rc::new(RefCell::new(Vec::new()));
+        let failed = Rc::new(RefCell::new(None));
+        let p = TimedPinger {
+            id,
+            size,
+            seq: 0,
+            send: None,
+            waiting: false,
+            sent_at: Instant::now(),
+            rtts: rtts.clone(),
+            failed: failed.clone(),
+        };
+        (p, (rtts, failed))
+    }
+
+    fn send_next(&mut self, conn: &mut Conn<'_>) {
+        if self.waiting {
+            return;
+        }
+        let Some(mut buf) = self.send.take() else { return };
+        buf.fill_from(&pattern(self.size, self.id, self.seq)).expect("fill");
+        self.waiting = true;
+        self.sent_at = Instant::now();
+        if let Err(e) = conn.submit(Op::send(buf)) {
+            self.failed.borrow_mut().get_or_insert(format!("send {}: {}", self.seq, e.error));
+        }
+    }
+}
+
+impl ConnectionHandler for TimedPinger {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        // 4 receives: enough to offer flow control, so an echo never finds none posted (an
+        // RNR wait of milliseconds on RoCE).
+        post_recvs(conn, 4, self.size);
+        self.send = Some(conn.alloc(self.size).expect("send buffer"));
+    }
+
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        self.send_next(conn);
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        match (c.opcode, c.result) {
+            (OpCode::Send, Ok(_)) => {
+                self.send = c.buf;
+                self.send_next(conn);
+            }
+            (OpCode::Recv, Ok(n)) => {
+                let rtt = self.sent_at.elapsed();
+                let buf = c.buf.expect("buffer");
+                if n as usize != self.size || buf.as_slice() != pattern(self.size, self.id, self.seq).as_slice() {
+                    self.failed
+                        .borrow_mut()
+                        .get_or_insert(format!("message {}: the echo differs ({n} bytes)", self.seq));
+                    return conn.close();
+                }
+                self.rtts.borrow_mut().push(rtt);
+                self.seq += 1;
+                self.waiting = false;
+                conn.submit(Op::recv(buf)).expect("post receive");
+                self.send_next(conn);
+            }
+            (op, Err(e)) => {
+                self.failed.borrow_mut().get_or_insert(format!("{op:?} failed: {e}"));
+            }
+            _ => {}
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        self.failed.borrow_mut().get_or_insert(format!("the ping-pong connection closed: {reason}"));
+    }
+}
+
+/// The median of `v` (sorted in place); zero when empty.
+pub fn median(v: &mut [Duration]) -> Duration {
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+/// Bytes of memory regions the kernel lists for `pid` (`rdma -j res show mr`, field `mrlen`).
+pub fn mr_bytes(pid: u32) -> u64 {
+    let out = Command::new("rdma").args(["-j", "res", "show", "mr"]).output().expect("run rdma -j res show mr");
+    assert!(out.status.success(), "rdma -j res show mr: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |obj: &str, name: &str| -> Option<u64> {
+        let i = obj.find(name)? + name.len();
+        obj[i..].chars().take_while(|c| c.is_ascii_digit()).collect::<String>().parse().ok()
+    };
+    text.split('}')
+        .filter(|o| field(o, "\"pid\":") == Some(u64::from(pid)))
+        .filter_map(|o| field(o, "\"mrlen\":"))
+        .sum()
+}
+
 /// rxe's per-port counters (`rdma statistic show link DEV/1`), by name. siw has none (the
 /// command fails with EINVAL): empty there, and [`assert_no_rnr`] says why that is enough.
 pub fn link_counters() -> std::collections::HashMap<String, u64> {

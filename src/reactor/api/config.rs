@@ -20,7 +20,10 @@ pub struct Timeouts {
     pub resolve_addr: Duration,
     /// `rdma_resolve_route` (also passed to the kernel). Default 5 s.
     pub resolve_route: Duration,
-    /// From `rdma_connect` to ESTABLISHED. Default 20 s.
+    /// From `rdma_connect` (its queue pair made; on iWARP, the call handed to a helper thread or
+    /// queued for one, `Stats::connects_queued`) to ESTABLISHED. Default 20 s. When it passes
+    /// while an iWARP call still runs, the connection closes with `Timeout(Connect)` once the
+    /// call has returned (the kernel's TCP connect cannot be cut short safely).
     pub connect: Duration,
     /// From `rdma_accept` to ESTABLISHED. Default 20 s.
     pub accept: Duration,
@@ -33,8 +36,8 @@ pub struct Timeouts {
     /// peer to answer its farewell before it disconnects anyway. Default 2 s.
     pub finish: Duration,
     /// How long dropping the [`Reactor`](crate::Reactor) lets connections close cleanly before
-    /// it closes the rest at once (see [`Reactor::shutdown`](crate::Reactor::shutdown)).
-    /// Default 2 s.
+    /// it closes the rest at once (see [`Reactor::shutdown`](crate::Reactor::shutdown)), after
+    /// waiting for any iWARP `rdma_connect` still running on a helper thread. Default 2 s.
     pub shutdown: Duration,
 }
 

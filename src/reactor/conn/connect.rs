@@ -17,7 +17,13 @@
 //! - the helper tells the reactor through its `Remote` inbox when the call returned; the reactor
 //!   joins it there, on its own thread, and feeds the result to the state machine as the inline
 //!   call's would be (a refused TCP connection is `Rejected { status: -111 }`);
-//! - at most [`MAX_CALLS`] helpers run at once; further connects wait their turn in order;
+//! - at most [`MAX_CALLS`] helpers run at once; further connects wait their turn in order, with
+//!   their connect deadline running (64 calls to hosts that drop SYNs hold every helper for
+//!   about 2 minutes, so a connect queued behind them to a healthy host can time out before
+//!   its call; closing a connection does not end its call);
+//! - a CM event of the id means the call has returned (the kernel holds the id's handler mutex
+//!   for the call): the reactor joins the helper before it handles the event, whichever of the
+//!   two epoll reported first;
 //! - a shutdown (and so dropping the reactor) waits for the calls still running: the kernel
 //!   offers no way to end one early that is safe (a signal corrupts a Soft-iWARP listener that
 //!   queued the stream, FAULTS.md "a signal while connecting").
@@ -142,12 +148,20 @@ impl Core {
         self.start_waiting();
     }
 
+    /// A CM event of connection `t` came while its helper was not joined yet: joins it (its
+    /// call has returned), then starts a waiting call; the helper's own wakeup finds it done.
+    pub(in crate::reactor) fn connect_returned_before_event(&mut self, t: ConnKey) {
+        self.finish_call(t);
+        self.start_waiting();
+    }
+
     /// Joins connection `t`'s helper (waiting for it if it still runs) and carries on.
     pub(in crate::reactor) fn finish_call(&mut self, t: ConnKey) {
         let Some(c) = self.conns.get_mut(t) else { return };
         let ep = std::mem::replace(&mut c.ep, Endpoint::None);
         let Endpoint::Connecting(call) = ep else {
-            // A stale wakeup: the call was finished already (a shutdown's `finish_all_calls`).
+            // A stale wakeup: the call was finished already (by a shutdown's `finish_all_calls`, or
+            // for a CM event of the id that came first).
             c.ep = ep;
             return;
         };

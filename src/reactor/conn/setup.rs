@@ -441,6 +441,13 @@ impl Core {
     }
 
     fn on_conn_event(&mut self, t: ConnKey, ev: &CmEvent) {
+        if self.conns.get(t).is_some_and(|c| c.ep.is_connecting()) {
+            // An event of an id whose `rdma_connect` runs on a helper (`connect.rs`): the kernel
+            // queues one only once the call has returned (it holds the id's handler mutex), so
+            // the helper is done or about to be; join it first, whatever the order in which
+            // epoll reported its wakeup and this event.
+            self.connect_returned_before_event(t);
+        }
         let kind = ev.kind();
         if kind == CmEventKind::Disconnected {
             // On iWARP the stream has closed (the graceful close `rdma_disconnect` starts ends

@@ -1,0 +1,533 @@
+//! Hostile tenants (issue 32): the attacks of the isolation review, at once, against one
+//! shipped server process, while a well-behaved echo client on the same server is measured.
+//!
+//! The attacks, each against the servers it applies to:
+//! - a **flooder** that claims flow control in its connect information, ignores every credit
+//!   and sends the largest messages the server allows (1 MiB, or the SRQ's buffer size) as
+//!   fast as its send queue takes them; when the server closes it (credit overdrawn, or the
+//!   work error its echoes get) it connects again, for the whole run;
+//! - **16 half-open connects**: a client reactor that stops ticking right after its
+//!   `rdma_connect`s, so on RoCE the server's agents wait in the accept state (the client never
+//!   answers the accept) and on iWARP (whose MPA exchange is the kernel's) they are
+//!   established and never say a word;
+//! - **800 SRQ farmers** (`echo --srq`): connections that send a burst of 32 messages (the
+//!   busy connections whose shares grow) and then sit idle;
+//! - **150 idle sockets on the metrics port** (`echo`, `echo --srq`), with the server's file
+//!   descriptors limited to 96 and its HTTP connection cap above that, so it runs out of fds.
+//!
+//! What must hold: the good client is served with every byte verified, its median round trip
+//! under attack is within 2x of its median while the same flood runs against another server
+//! process (the control: on the test VM's 2 emulated CPUs the flood's kernel work alone costs
+//! the good client 1.3-3.1x its median alone, whoever it targets; the metrics sockets and the
+//! half-open connects alone cost nothing measurable, 0.8-1.5x), the server's registered memory
+//! (the kernel's MR list for its pid) stays under its pool's budget (1 GiB), the metrics
+//! sockets take the server to its fd limit, and the server is alive and serving at the end.
+
+mod util;
+
+use std::cell::RefCell;
+use std::net::{SocketAddr, TcpStream};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
+use rdma_reactor::{
+    CloseReason, Completion, Config, Conn, ConnectInfo, ConnectOptions, ConnectionHandler, Ctx, Op, OpCode, Reactor,
+    Token,
+};
+
+use util::*;
+
+/// The good client's message size.
+const SIZE: usize = 64;
+/// Round trips measured alone, and at least as many under attack.
+const ROUND_TRIPS: usize = 300;
+/// The server's file descriptor limit.
+const NOFILE: u64 = 96;
+const METRICS_SOCKETS: usize = 150;
+const HALF_OPEN: usize = 16;
+const FARMERS: usize = 800;
+/// The server's pool budget (`PoolConfig::max_bytes`, the examples' default).
+const POOL_BUDGET: u64 = 1 << 30;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Server {
+    Echo,
+    EchoSrq,
+    Aecho,
+    Blast,
+}
+
+impl Server {
+    fn has_metrics(self) -> bool {
+        self != Server::Aecho
+    }
+
+    /// The largest message the server takes: what the flooder claims and sends.
+    fn max_msg(self) -> u32 {
+        match self {
+            // `--srq-size`'s default: a larger claim is refused at connect time.
+            Server::EchoSrq => 1024,
+            _ => 1 << 20,
+        }
+    }
+}
+
+/// Starts the server with its file descriptors limited to [`NOFILE`] (set on this process
+/// around the spawn: the child inherits it).
+fn start(kind: Server, addr: SocketAddr, metrics: u16) -> Proc {
+    let a = addr.to_string();
+    let m = metrics.to_string();
+    let mut args: Vec<&str> = vec!["server", "--bind", &a, "--quiet"];
+    if kind == Server::Blast {
+        // Event mode, as the other servers: a spinning server would take a CPU of the VM's two.
+        args.extend(["--verify", "--spin-us", "0"]);
+    }
+    if kind.has_metrics() {
+        args.extend(["--metrics", &m, "--metrics-max-conns", "1000"]);
+    }
+    if kind == Server::EchoSrq {
+        args.push("--srq");
+    }
+    let program = match kind {
+        Server::Aecho => bin("aecho"),
+        Server::Blast => bin("blast"),
+        Server::Echo | Server::EchoSrq => bin("echo"),
+    };
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    setrlimit(Resource::RLIMIT_NOFILE, NOFILE.min(hard), hard).expect("lower RLIMIT_NOFILE");
+    let p = Proc::spawn("server", program, &args);
+    setrlimit(Resource::RLIMIT_NOFILE, soft, hard).expect("restore RLIMIT_NOFILE");
+    wait_listening(addr, Duration::from_secs(30));
+    p
+}
+
+/// Connect options announcing [`SIZE`]-byte messages (an SRQ server refuses larger claims).
+fn small() -> ConnectOptions {
+    ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() }
+}
+
+/// What an attack thread reports when it stops.
+#[derive(Debug, Default)]
+struct Report {
+    connections: u64,
+    messages: u64,
+    closes: Vec<String>,
+}
+
+/// Floods without credit: sends while its send queue takes them, posts no receive.
+struct Flood {
+    size: usize,
+    outstanding: u32,
+    sent: Rc<RefCell<u64>>,
+    closed: Rc<RefCell<Option<CloseReason>>>,
+}
+
+impl Flood {
+    fn send_more(&mut self, conn: &mut Conn<'_>) {
+        while self.outstanding < 16 {
+            let Ok(mut buf) = conn.alloc(self.size) else { return };
+            buf.as_mut_slice().fill(0xAB);
+            if conn.submit(Op::send(buf)).is_err() {
+                return;
+            }
+            self.outstanding += 1;
+            *self.sent.borrow_mut() += 1;
+        }
+    }
+}
+
+impl ConnectionHandler for Flood {
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        // The largest message the server announced it takes.
+        self.size = conn.peer_info().map_or(SIZE, |i| i.msg_size as usize).clamp(1, 1 << 20);
+        self.send_more(conn);
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        if c.opcode == OpCode::Send {
+            self.outstanding = self.outstanding.saturating_sub(1);
+            if c.result.is_ok() {
+                self.send_more(conn);
+            }
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        *self.closed.borrow_mut() = Some(reason);
+    }
+}
+
+/// The flooder: connects again each time the server closes it, until `stop`.
+fn flooder(server: SocketAddr, size: u32, stop: Arc<AtomicBool>, live: Arc<AtomicU64>) -> JoinHandle<Report> {
+    std::thread::spawn(move || {
+        let mut r = Reactor::with_config(Config { flow_control: false, ..Config::default() }).expect("reactor");
+        let claim = ConnectInfo {
+            msg_size: size,
+            recv_depth: 64,
+            flow_control: true,
+            tail: transport() == "siw",
+            ..ConnectInfo::default()
+        };
+        let raw = claim.encode(56).expect("encode");
+        let sent = Rc::new(RefCell::new(0));
+        let mut report = Report::default();
+        let mut current: Option<Rc<RefCell<Option<CloseReason>>>> = None;
+        while !stop.load(Ordering::Relaxed) {
+            let done = current.as_ref().map_or(true, |c| c.borrow().is_some());
+            if done {
+                if let Some(reason) = current.take().and_then(|c| c.borrow_mut().take()) {
+                    report.closes.push(reason.to_string());
+                }
+                let closed = Rc::new(RefCell::new(None));
+                let h = Flood { size: SIZE, outstanding: 0, sent: sent.clone(), closed: closed.clone() };
+                let opts = ConnectOptions {
+                    msg_size: 1 << 20,
+                    raw_private_data: Some(raw.clone()),
+                    ..ConnectOptions::default()
+                };
+                r.connect(server, opts, h).expect("flooder connect");
+                report.connections += 1;
+                live.store(report.connections, Ordering::Relaxed);
+                current = Some(closed);
+            }
+            r.run_once(Some(Duration::from_millis(5))).expect("flooder run_once");
+        }
+        report.messages = *sent.borrow();
+        report
+    })
+}
+
+/// Connects [`HALF_OPEN`] clients, ticks until their `rdma_connect`s were made, then stops
+/// ticking until `stop`.
+fn half_open(server: SocketAddr, stop: Arc<AtomicBool>, ready: Arc<AtomicBool>) -> JoinHandle<Report> {
+    std::thread::spawn(move || {
+        let mut r = Reactor::new().expect("reactor");
+        let mut logs = Vec::new();
+        for i in 0..HALF_OPEN {
+            let (c, log) = PingClient::flow_controlled(100 + i as u64, SIZE, 1);
+            logs.push(log);
+            r.connect(server, small(), c).expect("half-open connect");
+        }
+        // Each resolves its address and route (two events) before its `rdma_connect` (inline
+        // on RoCE; on iWARP on a helper, whose call ends without the reactor).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while r.stats().cm_events < 2 * HALF_OPEN as u64 || r.stats().connect_calls_running > 0 {
+            assert!(Instant::now() < deadline, "half-open connects not made: {:?}", r.stats());
+            r.run_once(Some(Duration::from_millis(5))).expect("half-open run_once");
+        }
+        ready.store(true, Ordering::Relaxed);
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Report { connections: HALF_OPEN as u64, ..Report::default() }
+    })
+}
+
+/// Sends a burst of 32 messages, takes their echoes, then sits idle.
+struct Farmer {
+    echoed: Rc<RefCell<u64>>,
+}
+
+impl ConnectionHandler for Farmer {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        post_recvs(conn, 3, SIZE);
+    }
+
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        for _ in 0..32 {
+            let buf = conn.alloc(SIZE).expect("farmer buffer");
+            conn.submit(Op::send(buf)).expect("farmer send");
+        }
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        if let (OpCode::Recv, Ok(_), Some(buf)) = (c.opcode, c.result, c.buf) {
+            *self.echoed.borrow_mut() += 1;
+            let _ = conn.submit(Op::recv(buf));
+        }
+    }
+}
+
+/// [`FARMERS`] connections that farm the SRQ and go idle; `ready` once every burst is echoed.
+fn farmers(server: SocketAddr, stop: Arc<AtomicBool>, ready: Arc<AtomicBool>) -> JoinHandle<Report> {
+    std::thread::spawn(move || {
+        let mut r = Reactor::new().expect("reactor");
+        let echoed = Rc::new(RefCell::new(0));
+        for _ in 0..FARMERS {
+            r.connect(server, small(), Farmer { echoed: echoed.clone() }).expect("farmer");
+        }
+        let deadline = Instant::now() + Duration::from_secs(240);
+        while *echoed.borrow() < 32 * FARMERS as u64 {
+            assert!(
+                Instant::now() < deadline,
+                "farmers: {} echoes of {}: {:?}",
+                echoed.borrow(),
+                32 * FARMERS,
+                r.stats()
+            );
+            r.run_once(Some(Duration::from_millis(20))).expect("farmers run_once");
+        }
+        ready.store(true, Ordering::Relaxed);
+        while !stop.load(Ordering::Relaxed) {
+            r.run_once(Some(Duration::from_millis(20))).expect("farmers run_once");
+        }
+        let (connections, messages) = (r.stats().established, *echoed.borrow());
+        Report { connections, messages, closes: Vec::new() }
+    })
+}
+
+/// Ticks the good client's reactor until `n` more round trips, and at least `min` time.
+fn measure(r: &mut Reactor, log: &PingLog, n: usize, min: Duration, what: &str) -> Duration {
+    let (rtts, failed) = log;
+    rtts.borrow_mut().clear();
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(120);
+    while rtts.borrow().len() < n || start.elapsed() < min {
+        assert!(failed.borrow().is_none(), "{what}: the good client failed: {:?}", failed.borrow());
+        assert!(Instant::now() < deadline, "{what}: {} round trips after 120 s", rtts.borrow().len());
+        r.run_once(Some(Duration::from_millis(5))).expect("run_once");
+    }
+    median(&mut rtts.borrow_mut())
+}
+
+/// Open file descriptors of `pid`.
+fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// The attacks running against one server.
+struct Attacks {
+    stop: Arc<AtomicBool>,
+    threads: Vec<(&'static str, JoinHandle<Report>)>,
+    sockets: Vec<TcpStream>,
+    flooded: Arc<AtomicU64>,
+    half_ready: Arc<AtomicBool>,
+    farm_ready: Arc<AtomicBool>,
+}
+
+impl Attacks {
+    /// The flooder alone (`all` false), or every attack that applies to `kind`.
+    fn start(kind: Server, server: SocketAddr, metrics: u16, all: bool) -> Attacks {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flooded = Arc::new(AtomicU64::new(0));
+        let mut threads = vec![("flooder", flooder(server, kind.max_msg(), stop.clone(), flooded.clone()))];
+        let half_ready = Arc::new(AtomicBool::new(!all));
+        let farm_ready = Arc::new(AtomicBool::new(!all || kind != Server::EchoSrq));
+        let mut sockets = Vec::new();
+        if all {
+            threads.push(("half-open", half_open(server, stop.clone(), half_ready.clone())));
+            if kind == Server::EchoSrq {
+                threads.push(("farmers", farmers(server, stop.clone(), farm_ready.clone())));
+            }
+            if kind.has_metrics() {
+                let m = SocketAddr::from(([127, 0, 0, 1], metrics));
+                for _ in 0..METRICS_SOCKETS {
+                    // The kernel completes the handshake into the listener's backlog whether or
+                    // not the server can accept: a refused or reset one is part of the attack.
+                    if let Ok(s) = TcpStream::connect_timeout(&m, Duration::from_secs(2)) {
+                        sockets.push(s);
+                    }
+                }
+            }
+        }
+        Attacks { stop, threads, sockets, flooded, half_ready, farm_ready }
+    }
+
+    fn in_place(&self) -> bool {
+        self.half_ready.load(Ordering::Relaxed)
+            && self.farm_ready.load(Ordering::Relaxed)
+            && self.flooded.load(Ordering::Relaxed) >= 2
+    }
+
+    fn stop(self) -> Vec<(&'static str, Report)> {
+        self.stop.store(true, Ordering::Relaxed);
+        let reports = self
+            .threads
+            .into_iter()
+            .map(|(name, h)| (name, h.join().unwrap_or_else(|_| panic!("{name} panicked"))))
+            .collect();
+        drop(self.sockets);
+        reports
+    }
+}
+
+/// Ticks the good client's reactor until `attacks` are in place.
+fn wait_in_place(r: &mut Reactor, log: &PingLog, attacks: &Attacks) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !attacks.in_place() {
+        assert!(Instant::now() < deadline, "the attacks are not in place after 300 s");
+        assert!(log.1.borrow().is_none(), "the good client failed while the attacks began: {:?}", log.1.borrow());
+        r.run_once(Some(Duration::from_millis(5))).expect("run_once");
+    }
+}
+
+fn print_reports(reports: &[(&str, Report)]) {
+    for (name, rep) in reports {
+        let mut closes: Vec<&String> = rep.closes.iter().collect();
+        closes.dedup();
+        println!("  {name}: {} connections, {} messages; closes: {closes:?}", rep.connections, rep.messages);
+    }
+}
+
+fn hostile_tenants(kind: Server) {
+    let server = addr();
+    let metrics = port();
+    let mut srv = start(kind, server, metrics);
+    let pid = srv.pid();
+    let fds_alone = fds(pid);
+    let mut r = Reactor::new().expect("good client reactor");
+    let (good, log) = TimedPinger::new(1, SIZE);
+    r.connect(server, small(), good).expect("good client");
+    measure(&mut r, &log, ROUND_TRIPS, Duration::ZERO, "warm-up");
+    let alone = measure(&mut r, &log, ROUND_TRIPS, Duration::ZERO, "alone");
+    let registered_alone = mr_bytes(pid);
+
+    // The control: the same flood against another server process of the same kind, so the
+    // machine carries its load (the kernel's copies of 1 MiB messages, under emulation) while
+    // our server does not.
+    let other = addr();
+    let mut decoy = start(kind, other, port());
+    let control_attack = Attacks::start(kind, other, 0, false);
+    wait_in_place(&mut r, &log, &control_attack);
+    let control = measure(&mut r, &log, ROUND_TRIPS, Duration::from_secs(3), "flood against another server");
+    let control_reports = control_attack.stop();
+    kill9(&mut decoy);
+
+    let attacks = Attacks::start(kind, server, metrics, true);
+    wait_in_place(&mut r, &log, &attacks);
+    let mut peak = registered_alone.max(mr_bytes(pid));
+    let fds_attacked = fds(pid);
+    let under = measure(&mut r, &log, ROUND_TRIPS, Duration::from_secs(3), "under attack");
+    peak = peak.max(mr_bytes(pid));
+    assert!(srv.0.try_wait().expect("try_wait").is_none(), "the server is alive under attack");
+    let reports = attacks.stop();
+    let ratio = |d: Duration| d.as_secs_f64() / alone.as_secs_f64();
+    println!(
+        "{kind:?} on {}: median round trip alone {alone:?}; with the flood against another server {control:?} \
+         ({:.2}x); under every attack {under:?} ({:.2}x); registered {} MiB alone, peak {} MiB (budget {} MiB); \
+         server fds {fds_alone} alone, {fds_attacked} under attack (limit {NOFILE})",
+        transport(),
+        ratio(control),
+        ratio(under),
+        registered_alone >> 20,
+        peak >> 20,
+        POOL_BUDGET >> 20,
+    );
+    println!("  control:");
+    print_reports(&control_reports);
+    println!("  attacks:");
+    print_reports(&reports);
+    assert!(reports.iter().any(|(n, rep)| *n == "flooder" && rep.messages > 0), "the flooder sent: {reports:?}");
+    if kind.has_metrics() {
+        assert!(
+            fds_attacked + 4 >= NOFILE as usize,
+            "the metrics sockets took the server to its fd limit ({fds_attacked} of {NOFILE})"
+        );
+    }
+    // The flood's own cost to the machine (the emulated kernel copying 1 MiB messages and
+    // computing their checksums on the VM's 2 CPUs) is not the server's to avoid: measured
+    // against another server process it cost the good client 1.3-3.1x its median alone on rxe.
+    // What the server must not add is its own: within 2x of that.
+    let baseline = alone.max(control);
+    assert!(
+        under <= baseline * 2,
+        "{kind:?}: median round trip under attack {under:?} is within 2x of {baseline:?} (alone {alone:?}, \
+         with the flood against another server {control:?})"
+    );
+    assert!(peak <= POOL_BUDGET, "{kind:?}: registered memory {peak} stays under the budget {POOL_BUDGET}");
+    // Still serving once the attackers are gone.
+    measure(&mut r, &log, 20, Duration::ZERO, "after the attacks");
+    assert!(srv.0.try_wait().expect("try_wait").is_none(), "the server is alive after the attacks");
+    drop(r);
+    kill9(&mut srv);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn hostile_tenants_against_echo_server() {
+    hostile_tenants(Server::Echo);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn hostile_tenants_against_echo_server_on_an_srq() {
+    hostile_tenants(Server::EchoSrq);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn hostile_tenants_against_aecho_server() {
+    hostile_tenants(Server::Aecho);
+}
+
+/// A `blast client` run against `server`: 2 000 verified 64 KiB messages; how long it took.
+fn blast_run(server: SocketAddr, what: &str) -> Duration {
+    let a = server.to_string();
+    let args = ["client", "--connect", &a, "--size", "64K", "--count", "2000", "--verify", "--spin-us", "0"];
+    let start = Instant::now();
+    let (ok, out) = run_output(bin("blast"), &args, Duration::from_secs(300));
+    assert!(ok, "{what}: the blast client failed (every byte is verified):\n{out}");
+    start.elapsed()
+}
+
+/// The same attacks against `blast server --verify`, whose good client is a `blast client`
+/// streaming verified 64 KiB messages: it must finish with every byte verified, the server
+/// must stay under its budget and alive. Its time is printed beside its time alone and with
+/// the flood against another server (a stream shares the machine's CPUs with the flood as the
+/// echo client does; its rate is reported, not asserted).
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn hostile_tenants_against_blast_server() {
+    let kind = Server::Blast;
+    let server = addr();
+    let metrics = port();
+    let mut srv = start(kind, server, metrics);
+    let pid = srv.pid();
+    blast_run(server, "warm-up");
+    let alone = blast_run(server, "alone");
+    let registered_alone = mr_bytes(pid);
+    let other = addr();
+    let mut decoy = start(kind, other, port());
+    let control_attack = Attacks::start(kind, other, 0, false);
+    while !control_attack.in_place() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let control = blast_run(server, "with the flood against another server");
+    let _ = control_attack.stop();
+    kill9(&mut decoy);
+    let attacks = Attacks::start(kind, server, metrics, true);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !attacks.in_place() {
+        assert!(Instant::now() < deadline, "the attacks are not in place after 300 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let fds_attacked = fds(pid);
+    let mut peak = registered_alone.max(mr_bytes(pid));
+    let under = blast_run(server, "under attack");
+    peak = peak.max(mr_bytes(pid));
+    assert!(srv.0.try_wait().expect("try_wait").is_none(), "the server is alive under attack");
+    let reports = attacks.stop();
+    println!(
+        "Blast on {}: 2 000 x 64 KiB verified in {alone:?} alone, {control:?} with the flood against another server, \
+         {under:?} under every attack; registered {} MiB alone, peak {} MiB (budget {} MiB); server fds {fds_attacked} \
+         under attack (limit {NOFILE})",
+        transport(),
+        registered_alone >> 20,
+        peak >> 20,
+        POOL_BUDGET >> 20,
+    );
+    print_reports(&reports);
+    assert!(reports.iter().any(|(n, rep)| *n == "flooder" && rep.messages > 0), "the flooder sent: {reports:?}");
+    assert!(
+        fds_attacked + 4 >= NOFILE as usize,
+        "the metrics sockets took the server to its fd limit ({fds_attacked})"
+    );
+    assert!(peak <= POOL_BUDGET, "registered memory {peak} stays under the budget {POOL_BUDGET}");
+    blast_run(server, "after the attacks");
+    assert!(srv.0.try_wait().expect("try_wait").is_none(), "the server is alive after the attacks");
+    kill9(&mut srv);
+}
