@@ -561,3 +561,88 @@ fn hostile_tenants_against_blast_server() {
     assert!(srv.0.try_wait().expect("try_wait").is_none(), "the server is alive after the attacks");
     kill9(&mut srv);
 }
+
+/// Holds a connection open without a word; records how it went.
+struct Idle {
+    established: Rc<RefCell<bool>>,
+    closed: Rc<RefCell<Option<CloseReason>>>,
+}
+
+impl Idle {
+    #[allow(clippy::type_complexity)]
+    fn new() -> (Idle, Rc<RefCell<bool>>, Rc<RefCell<Option<CloseReason>>>) {
+        let (e, c) = (Rc::new(RefCell::new(false)), Rc::new(RefCell::new(None)));
+        (Idle { established: e.clone(), closed: c.clone() }, e, c)
+    }
+}
+
+impl ConnectionHandler for Idle {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        post_recvs(conn, 4, SIZE);
+    }
+
+    fn on_established(&mut self, _conn: &mut Conn<'_>) {
+        *self.established.borrow_mut() = true;
+    }
+
+    fn on_completion(&mut self, _conn: &mut Conn<'_>, _c: Completion) {}
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        *self.closed.borrow_mut() = Some(reason);
+    }
+}
+
+/// Issue 32 item 1, the budget as a whole: a connect request whose receives the server's pool
+/// can no longer hold (its free chunks and the clusters `PoolConfig::max_bytes` still allows)
+/// is refused with `NoResources` before anything is registered for it, instead of being
+/// accepted to fail its first `alloc`; once a connection leaves, the next is served. Before,
+/// idle connections each pinning their receives filled the pool and the next one's agent
+/// failed in `on_ready`.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_request_the_pool_cannot_hold_is_refused_before_anything_is_registered() {
+    let pool = rdma_reactor::PoolConfig { max_bytes: 12 << 20, ..rdma_reactor::PoolConfig::default() };
+    let cfg = Config { pool, recv_depth: 16, ..Config::default() };
+    let mut r = Reactor::with_config(cfg).expect("server");
+    let server = addr();
+    let agents_closed = Rc::new(RefCell::new(Vec::new()));
+    r.listen(server, EchoListener { depth: 16, agents_closed: agents_closed.clone() }).expect("listen");
+    let mut h = Reactor::new().expect("clients");
+    let mut live = Vec::new();
+    let refused = loop {
+        assert!(live.len() < 16, "16 connections of 16 x 64 KiB receives fit in a 12 MiB pool: {:?}", r.stats());
+        let before = r.stats().registered_bytes;
+        let (idle, established, closed) = Idle::new();
+        let t = h.connect(server, ConnectOptions::default(), idle).expect("connect");
+        pump(&mut [&mut r, &mut h], Duration::from_secs(30), "accepted or refused", || {
+            closed.borrow().is_some() || *established.borrow()
+        });
+        if let Some(reason) = closed.borrow().clone() {
+            assert_eq!(r.stats().registered_bytes, before, "nothing registered for the refused request");
+            break reason;
+        }
+        live.push(t);
+    };
+    println!(
+        "{} connections accepted, the next refused: {refused}; {} bytes registered",
+        live.len(),
+        r.stats().registered_bytes
+    );
+    assert!(live.len() >= 2, "some connections fit first");
+    assert!(
+        matches!(&refused, CloseReason::Rejected { reason: Some(why), .. }
+            if why.code == rdma_reactor::RejectCode::NoResources && why.text.contains("receive pool is full")),
+        "refused for the pool: {refused}"
+    );
+    assert!(agents_closed.borrow().is_empty(), "no agent failed: {:?}", agents_closed.borrow());
+    // One leaves; the next is served.
+    let t = live.pop().expect("one");
+    h.ctx().close(t);
+    pump(&mut [&mut r, &mut h], Duration::from_secs(30), "its agent closed", || agents_closed.borrow().len() == 1);
+    let (idle, established, closed) = Idle::new();
+    h.connect(server, ConnectOptions::default(), idle).expect("connect again");
+    pump(&mut [&mut r, &mut h], Duration::from_secs(30), "served again", || {
+        closed.borrow().is_some() || *established.borrow()
+    });
+    assert!(closed.borrow().is_none(), "served once one left: {:?}", closed.borrow());
+}

@@ -305,6 +305,12 @@ impl Core {
         if let Some(why) = over_recv_budget(&self.cfg, size) {
             return refuse(self, child, RejectReason::new(RejectCode::NoResources, why));
         }
+        // The pool as a whole: a request whose receives the device's pool can no longer hold
+        // (free chunks, and clusters `PoolConfig::max_bytes` still allows) is refused now, not
+        // accepted to fail its first `alloc` (issue 32 item 1).
+        if let Some(why) = self.pool_cannot_hold(&child, size) {
+            return refuse(self, child, RejectReason::new(RejectCode::NoResources, why));
+        }
         if self.cfg.srq.is_some()
             && !info.as_ref().is_some_and(|i| i.flow_control && u32::from(i.recv_depth) >= MIN_DEPTH)
         {
@@ -572,6 +578,26 @@ impl Core {
         }
         // On the shared receive queue the first credit is the connection's credit there.
         Ok(self.conns.get(t).map(|c| c.srq_share.map_or(c.rq.outstanding(), |s| s.receives).min(u32::from(u16::MAX))))
+    }
+
+    /// Why the pool of `child`'s device cannot hold `Config::recv_depth` receives of `size`
+    /// bytes, if it cannot (never with `srq`, whose receives are the shared queue's; a device
+    /// not opened yet has its whole pool free).
+    fn pool_cannot_hold(&self, child: &CmId, size: u32) -> Option<String> {
+        if self.cfg.srq.is_some() {
+            return None;
+        }
+        let d = child.device().and_then(|dev| self.devices.index_of(dev))?;
+        let pool = &self.devices.get(d)?.pool;
+        let depth = self.cfg.recv_depth as usize;
+        (!pool.room_for(size as usize, depth)).then(|| {
+            format!(
+                "the receive pool is full: {depth} receives of {size} bytes do not fit beside the {} bytes \
+                 registered (Config::pool.max_bytes {})",
+                pool.registered_bytes(),
+                self.cfg.pool.max_bytes
+            )
+        })
     }
 
     pub(super) fn conn_param<'a>(&self, private_data: &'a [u8], responder: u8, initiator: u8) -> ConnParam<'a> {

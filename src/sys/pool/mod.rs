@@ -217,6 +217,15 @@ impl Pool {
         self.classes.iter().map(|c| c.borrow().in_use).sum()
     }
 
+    /// True if `n` buffers of `len` bytes can be had now: free chunks of the class that holds
+    /// `len`, and the clusters the maximum still lets it register (`PoolConfig::max_bytes`).
+    pub fn room_for(&self, len: usize, n: usize) -> bool {
+        let Some(class) = self.classes.iter().find(|c| c.borrow().chunk_size >= len) else { return false };
+        let c = class.borrow();
+        let free: usize = c.free.iter().map(Vec::len).sum();
+        clusters_fit(free, n, c.per_cluster, c.stride * c.per_cluster, self.registered.get(), c.max_bytes)
+    }
+
     /// Takes a free chunk of the smallest class that holds `len` bytes, registering a new
     /// cluster when that class has none free and the maximum allows, for `owner` (a
     /// connection's owner id, [`next_owner`], or [`NO_OWNER`]). The buffer's length is `len`; bytes of another
@@ -306,6 +315,25 @@ impl Class {
         self.free[slot] = chunks;
         Ok(slot)
     }
+}
+
+/// Whether `n` chunks can be had from a class with `free` chunks free, `per_cluster` chunks in
+/// each new cluster of `cluster_bytes`, the pool having `registered` bytes of at most `max`
+/// (a cluster larger than `max` may still be the first, as `Class::grow` allows). Pure.
+fn clusters_fit(
+    free: usize,
+    n: usize,
+    per_cluster: usize,
+    cluster_bytes: usize,
+    registered: usize,
+    max: usize,
+) -> bool {
+    let Some(short) = n.checked_sub(free).filter(|s| *s > 0) else { return true };
+    let clusters = short.div_ceil(per_cluster.max(1));
+    clusters
+        .checked_mul(cluster_bytes)
+        .and_then(|b| b.checked_add(registered))
+        .is_some_and(|total| total <= max.max(cluster_bytes))
 }
 
 /// One chunk of registered memory, owned. Returns to its pool when dropped.
@@ -576,7 +604,21 @@ impl Drop for Buf {
 
 #[cfg(test)]
 mod tests {
-    use super::Marks;
+    use super::{clusters_fit, Marks};
+
+    #[test]
+    fn room_counts_free_chunks_then_the_clusters_the_maximum_allows() {
+        // 4 chunks a cluster of 1 MiB, 8 MiB at most, 6 MiB registered: 2 clusters more.
+        let fit = |free, n| clusters_fit(free, n, 4, 1 << 20, 6 << 20, 8 << 20);
+        assert!(fit(0, 0) && fit(3, 3), "free chunks suffice");
+        assert!(fit(0, 8) && fit(2, 10), "two more clusters hold 8 chunks");
+        assert!(!fit(0, 9) && !fit(2, 11), "a third cluster is over the maximum");
+        // A first cluster larger than the maximum is allowed (as `Class::grow` does), no more.
+        assert!(clusters_fit(0, 1, 1, 4 << 20, 0, 1 << 20));
+        assert!(!clusters_fit(0, 2, 1, 4 << 20, 0, 1 << 20));
+        // No overflow on absurd counts.
+        assert!(!clusters_fit(0, usize::MAX, 1, usize::MAX, 1, usize::MAX));
+    }
 
     #[test]
     fn a_chunk_never_dirtied_needs_no_zeroing() {
