@@ -827,7 +827,7 @@ fn idle_clients_claiming_1_mib_cannot_make_an_async_server_pin_the_pool() {
     // The defaults: `Config::msg_size`, `Config::recv_depth`, `Config::recv_budget`.
     const OWN: u32 = 64 * 1024;
     const DEPTH: u64 = 64;
-    const BUDGET: u64 = 256 << 20;
+    const BUDGET: u64 = 64 << 20;
     let _w = Watchdog::new("claims", LIMIT);
     {
         let mut server = Reactor::new().expect("server");
@@ -940,7 +940,7 @@ fn a_send_above_the_peers_announced_size_is_refused_at_submit_naming_both_sizes(
 /// size) would pin more than the budget is refused with `NoResources` before anything is
 /// registered for it (the server's pool is still empty), and one within it is served. The
 /// server here allows 512 receives of up to 1 MiB: a 1 MiB claim would pin 512 MiB, over the
-/// default budget of 256 MiB; a 4 KiB one pins 2 MiB.
+/// default budget of 64 MiB; a 4 KiB one pins 2 MiB.
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn a_request_over_the_receive_budget_is_refused_before_anything_is_registered() {

@@ -203,8 +203,10 @@ pub struct Config {
     /// [`RejectCode::NoResources`](crate::RejectCode::NoResources) (the listener's
     /// `on_refused`) before anything is registered for it, and [`Ctx::connect`](crate::Ctx::connect)
     /// fails with [`Error::Limit`] (`what`: `"Config::recv_budget"`). Not used with `srq`
-    /// (the shared queue's receives are fixed when it is made). Default 256 MiB, a quarter of
-    /// the pool's default maximum (1 GiB).
+    /// (the shared queue's receives are fixed when it is made). Default 64 MiB: the pool's
+    /// largest message (1 MiB) at the default depth (64); with `send_backlog_bytes` (192 MiB) a
+    /// quarter of the pool's default maximum (1 GiB), the most one peer can make a connection
+    /// hold of it in receives and queued sends together.
     pub recv_budget: usize,
     /// Largest send copied inline into the work request. Default 64 bytes.
     pub max_inline: u32,
@@ -292,9 +294,10 @@ pub struct Config {
     /// memory is not the pool's) a connection may hold queued when an operation would wait
     /// beyond its free send slots: such a submission fails the same way (`what`:
     /// `"Config::send_backlog_bytes"`) if it would take them past this, unless no pool bytes
-    /// are queued (one operation may always wait). Default 256 MiB, a quarter of the pool's
-    /// default maximum (1 GiB), so one peer cannot make a connection queue more of the pool
-    /// than that (`io::Stream` keeps its writes in flight within it).
+    /// are queued (one operation may always wait). Default 192 MiB: with `recv_budget` (64
+    /// MiB) a quarter of the pool's default maximum (1 GiB), so one peer cannot make a
+    /// connection hold more of the pool than that in receives and queued sends together
+    /// (`io::Stream` keeps its writes in flight within it).
     pub send_backlog_bytes: usize,
     /// Receiver-not-ready retries (0..=6 finite; 7 retries forever). Default 6.
     pub rnr_retry_count: u8,
@@ -332,7 +335,7 @@ impl Default for Config {
             send_depth: 64,
             recv_depth: 64,
             msg_size: 64 * 1024,
-            recv_budget: 256 << 20,
+            recv_budget: 64 << 20,
             max_inline: 64,
             cq_ack_batch: 64,
             shared_cq: None,
@@ -348,7 +351,7 @@ impl Default for Config {
             keepalive: None,
             credit_timeout: None,
             send_backlog: 1024,
-            send_backlog_bytes: 256 << 20,
+            send_backlog_bytes: 192 << 20,
             rnr_retry_count: 6,
             backlog: 4096,
             max_connections: 65_536,
@@ -641,13 +644,18 @@ mod tests {
         );
         assert_eq!(recv_bytes(&cfg.pool, 64, 64 * 1024 + 1), 64 << 20, "a byte over a class takes the next chunk");
         assert_eq!(recv_bytes(&cfg.pool, 64, 1), 64 * 4096);
-        assert_eq!(cfg.recv_budget, 256 << 20, "a quarter of the default pool's 1 GiB");
-        assert_eq!(cfg.recv_budget, cfg.pool.max_bytes / 4);
+        assert_eq!(cfg.recv_budget, 64 << 20, "the largest message at the default depth");
+        assert_eq!(recv_bytes(&cfg.pool, cfg.recv_depth, cfg.pool.max_chunk()), cfg.recv_budget);
+        assert_eq!(
+            cfg.recv_budget + cfg.send_backlog_bytes,
+            cfg.pool.max_bytes / 4,
+            "receives and queued sends together: a quarter of the default pool's 1 GiB"
+        );
         assert!(over_recv_budget(&cfg, cfg.msg_size).is_none());
         // The pool's largest message at full depth is within the budget; 512 of them are not.
         let deep = Config { recv_depth: 512, msg_size: 1 << 20, ..Config::default() };
         let why = over_recv_budget(&deep, 1 << 20).expect("512 MiB of receives");
-        let want = "over Config::recv_budget (268435456 bytes): 512 receives of 1048576 bytes pin 536870912 bytes";
+        let want = "over Config::recv_budget (67108864 bytes): 512 receives of 1048576 bytes pin 536870912 bytes";
         assert!(why.starts_with(want), "{why}");
         assert!(over_recv_budget(&deep, 4096).is_none(), "a small claim fits");
         let srq = Config { srq: Some(SrqConfig::default()), ..deep };
