@@ -12,16 +12,16 @@
 //!   established and never say a word;
 //! - **800 SRQ farmers** (`echo --srq`): connections that send a burst of 32 messages (the
 //!   busy connections whose shares grow) and then sit idle;
-//! - **150 idle sockets on the metrics port** (`echo`, `echo --srq`), with the server's file
+//! - **150 idle sockets on the metrics port** (`echo`, `echo --srq`, `blast`), with the server's file
 //!   descriptors limited to 96 and its HTTP connection cap above that, so it runs out of fds.
 //!
 //! What must hold: the good client is served with every byte verified, its median round trip
-//! under attack is within 2x of its median while the same flood runs against another server
-//! process (the control: on the test VM's 2 emulated CPUs the flood's kernel work alone costs
-//! the good client 1.3-3.1x its median alone, whoever it targets; the metrics sockets and the
-//! half-open connects alone cost nothing measurable, 0.8-1.5x), the server's registered memory
+//! under attack is within 2x of the larger of its median alone and its median while the same
+//! flood runs against another server process (the control), the server's registered memory
 //! (the kernel's MR list for its pid) stays under its pool's budget (1 GiB), the metrics
 //! sockets take the server to its fd limit, and the server is alive and serving at the end.
+//! The issue asked for within 2x of alone; FAULTS.md's "hostile tenants" row says why the
+//! test asserts against the control, and records the ratios to alone, which it prints.
 
 mod util;
 
@@ -131,7 +131,8 @@ struct Report {
 struct Flood {
     size: usize,
     outstanding: u32,
-    sent: Rc<RefCell<u64>>,
+    /// Messages the server's side took (send completions: RC's acknowledgement).
+    delivered: Arc<AtomicU64>,
     closed: Rc<RefCell<Option<CloseReason>>>,
 }
 
@@ -144,7 +145,6 @@ impl Flood {
                 return;
             }
             self.outstanding += 1;
-            *self.sent.borrow_mut() += 1;
         }
     }
 }
@@ -160,6 +160,7 @@ impl ConnectionHandler for Flood {
         if c.opcode == OpCode::Send {
             self.outstanding = self.outstanding.saturating_sub(1);
             if c.result.is_ok() {
+                self.delivered.fetch_add(1, Ordering::Relaxed);
                 self.send_more(conn);
             }
         }
@@ -171,7 +172,13 @@ impl ConnectionHandler for Flood {
 }
 
 /// The flooder: connects again each time the server closes it, until `stop`.
-fn flooder(server: SocketAddr, kind: Server, stop: Arc<AtomicBool>, live: Arc<AtomicU64>) -> JoinHandle<Report> {
+fn flooder(
+    server: SocketAddr,
+    kind: Server,
+    stop: Arc<AtomicBool>,
+    live: Arc<AtomicU64>,
+    delivered: Arc<AtomicU64>,
+) -> JoinHandle<Report> {
     let size = kind.max_msg();
     std::thread::spawn(move || {
         let mut r = Reactor::with_config(Config { flow_control: false, ..Config::default() }).expect("reactor");
@@ -184,7 +191,6 @@ fn flooder(server: SocketAddr, kind: Server, stop: Arc<AtomicBool>, live: Arc<At
             ..ConnectInfo::default()
         };
         let raw = claim.encode(56).expect("encode");
-        let sent = Rc::new(RefCell::new(0));
         let mut report = Report::default();
         let mut current: Option<Rc<RefCell<Option<CloseReason>>>> = None;
         while !stop.load(Ordering::Relaxed) {
@@ -194,7 +200,7 @@ fn flooder(server: SocketAddr, kind: Server, stop: Arc<AtomicBool>, live: Arc<At
                     report.closes.push(reason.to_string());
                 }
                 let closed = Rc::new(RefCell::new(None));
-                let h = Flood { size: SIZE, outstanding: 0, sent: sent.clone(), closed: closed.clone() };
+                let h = Flood { size: SIZE, outstanding: 0, delivered: delivered.clone(), closed: closed.clone() };
                 let opts = ConnectOptions {
                     msg_size: 1 << 20,
                     raw_private_data: Some(raw.clone()),
@@ -207,15 +213,25 @@ fn flooder(server: SocketAddr, kind: Server, stop: Arc<AtomicBool>, live: Arc<At
             }
             r.run_once(Some(Duration::from_millis(5))).expect("flooder run_once");
         }
-        report.messages = *sent.borrow();
+        report.messages = delivered.load(Ordering::Relaxed);
         report
     })
 }
 
 /// Connects [`HALF_OPEN`] clients, ticks until their `rdma_connect`s were made, then stops
 /// ticking until `stop`.
-fn half_open(server: SocketAddr, stop: Arc<AtomicBool>, ready: Arc<AtomicBool>) -> JoinHandle<Report> {
+fn half_open(
+    server: SocketAddr,
+    stop: Arc<AtomicBool>,
+    after: Arc<AtomicBool>,
+    ready: Arc<AtomicBool>,
+) -> JoinHandle<Report> {
     std::thread::spawn(move || {
+        // After the farmers are in place: on RoCE the half-open agents wait out
+        // `Timeouts::accept` (20 s), so they are made just before the measurement.
+        while !after.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let mut r = Reactor::new().expect("reactor");
         let mut logs = Vec::new();
         for i in 0..HALF_OPEN {
@@ -323,8 +339,21 @@ struct Attacks {
     threads: Vec<(&'static str, JoinHandle<Report>)>,
     sockets: Vec<TcpStream>,
     flooded: Arc<AtomicU64>,
+    /// Flood messages the server's side took.
+    delivered: Arc<AtomicU64>,
     half_ready: Arc<AtomicBool>,
     farm_ready: Arc<AtomicBool>,
+}
+
+impl Drop for Attacks {
+    /// A test that fails while they run stops them (their threads would go on into the next
+    /// test otherwise).
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for (_, h) in self.threads.drain(..) {
+            let _ = h.join();
+        }
+    }
 }
 
 impl Attacks {
@@ -333,22 +362,28 @@ impl Attacks {
         // `TENANTS_ATTACKS=flooder,half-open,farmers,metrics` (any of them) runs only those
         // under attack, to tell which one costs what (the control's flood always runs).
         let chosen = std::env::var("TENANTS_ATTACKS").ok();
+        if let Some(c) = chosen.as_deref().filter(|_| all) {
+            println!(
+                "TENANTS_ATTACKS={c}: a partial run (only these attacks; the assertions that need all are skipped)"
+            );
+        }
         let on = |name: &str| !all || chosen.as_deref().map_or(true, |c| c.split(',').any(|x| x == name));
         let stop = Arc::new(AtomicBool::new(false));
         let flooded = Arc::new(AtomicU64::new(if on("flooder") { 0 } else { u64::MAX }));
+        let delivered = Arc::new(AtomicU64::new(0));
         let mut threads = Vec::new();
         if on("flooder") {
-            threads.push(("flooder", flooder(server, kind, stop.clone(), flooded.clone())));
+            threads.push(("flooder", flooder(server, kind, stop.clone(), flooded.clone(), delivered.clone())));
         }
         let half_ready = Arc::new(AtomicBool::new(!all || !on("half-open")));
         let farm_ready = Arc::new(AtomicBool::new(!all || kind != Server::EchoSrq || !on("farmers")));
         let mut sockets = Vec::new();
         if all {
-            if on("half-open") {
-                threads.push(("half-open", half_open(server, stop.clone(), half_ready.clone())));
-            }
             if kind == Server::EchoSrq && on("farmers") {
                 threads.push(("farmers", farmers(server, stop.clone(), farm_ready.clone())));
+            }
+            if on("half-open") {
+                threads.push(("half-open", half_open(server, stop.clone(), farm_ready.clone(), half_ready.clone())));
             }
             if kind.has_metrics() && on("metrics") {
                 let m = SocketAddr::from(([127, 0, 0, 1], metrics));
@@ -361,7 +396,7 @@ impl Attacks {
                 }
             }
         }
-        Attacks { stop, threads, sockets, flooded, half_ready, farm_ready }
+        Attacks { stop, threads, sockets, flooded, delivered, half_ready, farm_ready }
     }
 
     fn in_place(&self) -> bool {
@@ -370,15 +405,19 @@ impl Attacks {
             && self.flooded.load(Ordering::Relaxed) >= 2
     }
 
-    fn stop(self) -> Vec<(&'static str, Report)> {
+    fn stop(mut self) -> Vec<(&'static str, Report)> {
         self.stop.store(true, Ordering::Relaxed);
-        let reports = self
-            .threads
+        let reports = std::mem::take(&mut self.threads)
             .into_iter()
             .map(|(name, h)| (name, h.join().unwrap_or_else(|_| panic!("{name} panicked"))))
             .collect();
-        drop(self.sockets);
+        self.sockets.clear();
         reports
+    }
+
+    /// Flood messages the server's side took so far.
+    fn delivered(&self) -> u64 {
+        self.delivered.load(Ordering::Relaxed)
     }
 }
 
@@ -420,7 +459,9 @@ fn hostile_tenants(kind: Server) {
     let mut decoy = start(kind, other, port());
     let control_attack = Attacks::start(kind, other, 0, false);
     wait_in_place(&mut r, &log, &control_attack);
+    let (d0, t0) = (control_attack.delivered(), Instant::now());
     let control = measure3(&mut r, &log, ROUND_TRIPS, Duration::from_secs(3), "flood against another server");
+    let control_rate = (control_attack.delivered() - d0) as f64 / t0.elapsed().as_secs_f64();
     let control_reports = control_attack.stop();
     kill9(&mut decoy);
 
@@ -428,18 +469,22 @@ fn hostile_tenants(kind: Server) {
     wait_in_place(&mut r, &log, &attacks);
     let mut peak = registered_alone.max(mr_bytes(pid));
     let fds_attacked = fds(pid);
+    let (d0, t0) = (attacks.delivered(), Instant::now());
     let under = measure3(&mut r, &log, ROUND_TRIPS, Duration::from_secs(3), "under attack");
+    let attack_rate = (attacks.delivered() - d0) as f64 / t0.elapsed().as_secs_f64();
     peak = peak.max(mr_bytes(pid));
     assert!(srv.0.try_wait().expect("try_wait").is_none(), "the server is alive under attack");
     let reports = attacks.stop();
     let ratio = |d: Duration| d.as_secs_f64() / alone.as_secs_f64();
     println!(
         "{kind:?} on {}: median round trip alone {alone:?}; with the flood against another server {control:?} \
-         ({:.2}x); under every attack {under:?} ({:.2}x); registered {} MiB alone, peak {} MiB (budget {} MiB); \
-         server fds {fds_alone} alone, {fds_attacked} under attack (limit {NOFILE})",
+         ({:.2}x alone; flood {control_rate:.0} msg/s delivered); under every attack {under:?} ({:.2}x alone, \
+         {:.2}x the control; flood {attack_rate:.0} msg/s delivered); registered {} MiB alone, peak {} MiB \
+         (budget {} MiB); server fds {fds_alone} alone, {fds_attacked} under attack (limit {NOFILE})",
         transport(),
         ratio(control),
         ratio(under),
+        under.as_secs_f64() / control.as_secs_f64(),
         registered_alone >> 20,
         peak >> 20,
         POOL_BUDGET >> 20,
@@ -458,16 +503,17 @@ fn hostile_tenants(kind: Server) {
             "the metrics sockets took the server to its fd limit ({fds_attacked} of {NOFILE})"
         );
     }
-    // The flood's own cost to the machine (the emulated kernel copying 1 MiB messages and
-    // computing their checksums on the VM's 2 CPUs) is not the server's to avoid: measured
-    // against another server process it cost the good client 1.3-3.1x its median alone on rxe.
-    // What the server must not add is its own: within 2x of that.
+    // The issue asks for within 2x of alone. On the test VM (2 emulated CPUs) the flood's own
+    // cost to the machine, whoever it targets, already costs the good client up to 4x of
+    // alone (the control); this asserts the server adds at most 2x to that, and prints the
+    // ratio to alone, which FAULTS.md records (a deviation: see its "hostile tenants" row).
     let baseline = alone.max(control);
     assert!(
         under <= baseline * 2,
         "{kind:?}: median round trip under attack {under:?} is within 2x of {baseline:?} (alone {alone:?}, \
          with the flood against another server {control:?})"
     );
+    assert!(registered_alone > 0, "the kernel lists the server's memory regions (rdma res show mr)");
     assert!(peak <= POOL_BUDGET, "{kind:?}: registered memory {peak} stays under the budget {POOL_BUDGET}");
     // Still serving once the attackers are gone.
     measure(&mut r, &log, 20, Duration::ZERO, "after the attacks");
@@ -523,7 +569,9 @@ fn hostile_tenants_against_blast_server() {
     let other = addr();
     let mut decoy = start(kind, other, port());
     let control_attack = Attacks::start(kind, other, 0, false);
+    let deadline = Instant::now() + Duration::from_secs(120);
     while !control_attack.in_place() {
+        assert!(Instant::now() < deadline, "the control's flood is not in place after 120 s");
         std::thread::sleep(Duration::from_millis(20));
     }
     let control = blast_run(server, "with the flood against another server");
@@ -601,19 +649,23 @@ impl ConnectionHandler for Idle {
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn a_request_the_pool_cannot_hold_is_refused_before_anything_is_registered() {
+    // 1 MiB receives, 3 a connection (the flow-control minimum, which the check asks room
+    // for): a 12 MiB pool holds its first 4 MiB cluster (the smallest class) and two of 1 MiB
+    // chunks, 3 or 4 chunks each (iWARP's slack makes 3).
     let pool = rdma_reactor::PoolConfig { max_bytes: 12 << 20, ..rdma_reactor::PoolConfig::default() };
-    let cfg = Config { pool, recv_depth: 16, ..Config::default() };
+    let cfg = Config { pool, recv_depth: 3, msg_size: 1 << 20, ..Config::default() };
     let mut r = Reactor::with_config(cfg).expect("server");
     let server = addr();
     let agents_closed = Rc::new(RefCell::new(Vec::new()));
-    r.listen(server, EchoListener { depth: 16, agents_closed: agents_closed.clone() }).expect("listen");
+    r.listen(server, EchoListener { depth: 3, agents_closed: agents_closed.clone() }).expect("listen");
+    let big = || ConnectOptions { msg_size: 1 << 20, ..ConnectOptions::default() };
     let mut h = Reactor::new().expect("clients");
     let mut live = Vec::new();
     let refused = loop {
-        assert!(live.len() < 16, "16 connections of 16 x 64 KiB receives fit in a 12 MiB pool: {:?}", r.stats());
+        assert!(live.len() < 8, "8 connections of 3 x 1 MiB receives fit in a 12 MiB pool: {:?}", r.stats());
         let before = r.stats().registered_bytes;
         let (idle, established, closed) = Idle::new();
-        let t = h.connect(server, ConnectOptions::default(), idle).expect("connect");
+        let t = h.connect(server, big(), idle).expect("connect");
         pump(&mut [&mut r, &mut h], Duration::from_secs(30), "accepted or refused", || {
             closed.borrow().is_some() || *established.borrow()
         });
@@ -628,7 +680,7 @@ fn a_request_the_pool_cannot_hold_is_refused_before_anything_is_registered() {
         live.len(),
         r.stats().registered_bytes
     );
-    assert!(live.len() >= 2, "some connections fit first");
+    assert!(!live.is_empty(), "some connections fit first");
     assert!(
         matches!(&refused, CloseReason::Rejected { reason: Some(why), .. }
             if why.code == rdma_reactor::RejectCode::NoResources && why.text.contains("receive pool is full")),
@@ -640,7 +692,7 @@ fn a_request_the_pool_cannot_hold_is_refused_before_anything_is_registered() {
     h.ctx().close(t);
     pump(&mut [&mut r, &mut h], Duration::from_secs(30), "its agent closed", || agents_closed.borrow().len() == 1);
     let (idle, established, closed) = Idle::new();
-    h.connect(server, ConnectOptions::default(), idle).expect("connect again");
+    h.connect(server, big(), idle).expect("connect again");
     pump(&mut [&mut r, &mut h], Duration::from_secs(30), "served again", || {
         closed.borrow().is_some() || *established.borrow()
     });

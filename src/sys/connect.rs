@@ -24,6 +24,8 @@
 
 use std::io;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -49,6 +51,8 @@ pub(crate) struct Connecting {
     /// Taken by `finish`; while it is here nothing can use it.
     qp: Option<Qp>,
     identity: usize,
+    /// Set by the helper as soon as the call has returned (before `done`).
+    returned: Arc<AtomicBool>,
 }
 
 /// The id's address, moved to the helper.
@@ -79,6 +83,8 @@ impl Connecting {
         let id = IdPtr(qp.id().non_null());
         let identity = qp.identity();
         let private_data = param.private_data.to_vec();
+        let returned = Arc::new(AtomicBool::new(false));
+        let returned_in_helper = returned.clone();
         let (responder, initiator, retry, rnr) =
             (param.responder_resources, param.initiator_depth, param.retry_count, param.rnr_retry_count);
         let body = move || {
@@ -105,6 +111,7 @@ impl Connecting {
                     r => break r,
                 }
             };
+            returned_in_helper.store(true, Ordering::Release);
             done();
             (result, interrupted)
         };
@@ -115,9 +122,15 @@ impl Connecting {
             std::thread::Builder::new().name("rdma-connect".into()).stack_size(STACK).spawn(body)
         };
         match spawned {
-            Ok(call) => Ok(Connecting { call: Some(call), qp: Some(qp), identity }),
+            Ok(call) => Ok(Connecting { call: Some(call), qp: Some(qp), identity, returned }),
             Err(e) => Err((qp, e)),
         }
+    }
+
+    /// True once the call has returned: [`Connecting::finish`] then waits at most for the
+    /// helper's last instructions, never for the kernel.
+    pub(crate) fn has_returned(&self) -> bool {
+        self.returned.load(Ordering::Acquire)
     }
 
     /// The queue pair's address, as asynchronous events name it ([`Qp::identity`]).

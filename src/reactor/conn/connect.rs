@@ -21,9 +21,12 @@
 //!   their connect deadline running (64 calls to hosts that drop SYNs hold every helper for
 //!   about 2 minutes, so a connect queued behind them to a healthy host can time out before
 //!   its call; closing a connection does not end its call);
-//! - a CM event of the id means the call has returned (the kernel holds the id's handler mutex
-//!   for the call): the reactor joins the helper before it handles the event, whichever of the
-//!   two epoll reported first;
+//! - the kernel queues the call's own CM events only once it has returned (it holds the id's
+//!   handler mutex for the call): an event read while the helper says its call returned but
+//!   before its wakeup is handled after joining it, whichever of the two epoll reported first;
+//!   an event queued before the call (an address change) is handled while it runs, without
+//!   the queue pair, and the reactor never waits for a call that has not returned (but at
+//!   shutdown);
 //! - a shutdown (and so dropping the reactor) waits for the calls still running: the kernel
 //!   offers no way to end one early that is safe (a signal corrupts a Soft-iWARP listener that
 //!   queued the stream, FAULTS.md "a signal while connecting").
@@ -144,7 +147,11 @@ impl Core {
     /// waiting call.
     pub(in crate::reactor) fn connect_returned(&mut self, token: u64) {
         let Some(t) = Token::from_u64(token).and_then(|tok| self.conns.key_of(tok)) else { return };
-        self.finish_call(t);
+        // Only a call that has returned: a reconnecting client keeps its token, so a wakeup
+        // read late could name a newer call that still runs (its own wakeup comes later).
+        if self.conns.get(t).is_some_and(|c| c.ep.has_returned()) {
+            self.finish_call(t);
+        }
         self.start_waiting();
     }
 

@@ -86,6 +86,12 @@ impl Endpoint {
     pub(in crate::reactor) fn is_connecting(&self) -> bool {
         matches!(self, Endpoint::Connecting(_))
     }
+
+    /// True when a helper thread's `rdma_connect` call has returned and the helper is not
+    /// joined yet.
+    pub(in crate::reactor) fn has_returned(&self) -> bool {
+        matches!(self, Endpoint::Connecting(c) if c.has_returned())
+    }
 }
 
 /// What a connection was told and told the peer at setup.

@@ -305,9 +305,9 @@ impl Core {
         if let Some(why) = over_recv_budget(&self.cfg, size) {
             return refuse(self, child, RejectReason::new(RejectCode::NoResources, why));
         }
-        // The pool as a whole: a request whose receives the device's pool can no longer hold
-        // (free chunks, and clusters `PoolConfig::max_bytes` still allows) is refused now, not
-        // accepted to fail its first `alloc` (issue 32 item 1).
+        // The pool as a whole: a request whose first receives the device's pool can no longer
+        // hold (free chunks, and clusters `PoolConfig::max_bytes` still allows) is refused
+        // now, not accepted to fail its first `alloc` (issue 32 item 1).
         if let Some(why) = self.pool_cannot_hold(&child, size) {
             return refuse(self, child, RejectReason::new(RejectCode::NoResources, why));
         }
@@ -447,11 +447,12 @@ impl Core {
     }
 
     fn on_conn_event(&mut self, t: ConnKey, ev: &CmEvent) {
-        if self.conns.get(t).is_some_and(|c| c.ep.is_connecting()) {
-            // An event of an id whose `rdma_connect` runs on a helper (`connect.rs`): the kernel
-            // queues one only once the call has returned (it holds the id's handler mutex), so
-            // the helper is done or about to be; join it first, whatever the order in which
-            // epoll reported its wakeup and this event.
+        if self.conns.get(t).is_some_and(|c| c.ep.has_returned()) {
+            // An event of an id whose `rdma_connect` returned on its helper (`connect.rs`),
+            // read before the helper's wakeup: join it first, so the event finds the queue pair
+            // (the kernel queues the call's own events only once it has returned: it holds the
+            // id's handler mutex). An event queued before the call (an address change) finds
+            // the call still running and is handled without the queue pair, as a close is.
             self.connect_returned_before_event(t);
         }
         let kind = ev.kind();
@@ -580,16 +581,20 @@ impl Core {
         Ok(self.conns.get(t).map(|c| c.srq_share.map_or(c.rq.outstanding(), |s| s.receives).min(u32::from(u16::MAX))))
     }
 
-    /// Why the pool of `child`'s device cannot hold `Config::recv_depth` receives of `size`
-    /// bytes, if it cannot (never with `srq`, whose receives are the shared queue's; a device
-    /// not opened yet has its whole pool free).
+    /// Why the pool of `child`'s device cannot hold the first receives of `size` bytes a
+    /// connection needs, if it cannot: the flow-control minimum (`MIN_DEPTH`, or
+    /// `Config::recv_depth` if smaller). How many a handler posts is its own choice, made in
+    /// `on_ready` after this (`blast` posts fewer than its `recv_depth` for large messages), so
+    /// a request is refused when the pool is full, not when it could hold fewer than the
+    /// most a handler might post. Never with `srq` (the shared queue's receives); a device not
+    /// opened yet has its whole pool free.
     fn pool_cannot_hold(&self, child: &CmId, size: u32) -> Option<String> {
         if self.cfg.srq.is_some() {
             return None;
         }
         let d = child.device().and_then(|dev| self.devices.index_of(dev))?;
         let pool = &self.devices.get(d)?.pool;
-        let depth = self.cfg.recv_depth as usize;
+        let depth = MIN_DEPTH.min(self.cfg.recv_depth) as usize;
         (!pool.room_for(size as usize, depth)).then(|| {
             format!(
                 "the receive pool is full: {depth} receives of {size} bytes do not fit beside the {} bytes \
