@@ -261,7 +261,17 @@ fn server(args: Args) {
         common::fail(USAGE, "--max-size must be 1 to 1M bytes");
     }
     let srq = args.srq();
-    let cfg = Config { recv_depth: depth.max(16), msg_size: max_size as u32, spin: args.spin(), ..Config::default() };
+    // The operator's --depth and --max-size are the budget a connection's receives may pin
+    // (Config::recv_budget's default, 64 MiB, is the largest message at depth 64).
+    let chunk = rdma_reactor::PoolConfig::default().chunk_sizes.iter().copied().find(|c| *c >= max_size);
+    let recv_budget = (depth.max(16) as usize).saturating_mul(chunk.unwrap_or(max_size)).max(64 << 20);
+    let cfg = Config {
+        recv_depth: depth.max(16),
+        msg_size: max_size as u32,
+        recv_budget,
+        spin: args.spin(),
+        ..Config::default()
+    };
     let cfg = args.with_srq(args.liveness(cfg));
     let srq_note = srq.as_ref().map_or(String::new(), |s| {
         format!(", shared receive queue of {} receives of {} bytes, credit {}", s.receives, s.buf_size, s.credit)

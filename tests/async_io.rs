@@ -818,8 +818,8 @@ impl ConnectionHandler for Idle {
 /// `msg_size`, so 16 idle clients claiming 1 MiB (64 receives of 1 MiB each) registered the
 /// whole 1 GiB pool and a 17th client got no receives. Now each connection's receives are of
 /// the smaller of the claim and `Config::msg_size` (64 KiB): the server announces exactly that,
-/// its pool stays at 16 x 64 x 64 KiB (within `Config::recv_budget`, and far from the pool's
-/// maximum), and a 17th, well-behaved client is served with every byte verified.
+/// its pool stays at 16 x 64 x 64 KiB (an eighth of what the claims would pin, and far from the
+/// pool's maximum), and a 17th, well-behaved client is served with every byte verified.
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn idle_clients_claiming_1_mib_cannot_make_an_async_server_pin_the_pool() {

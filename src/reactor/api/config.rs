@@ -206,7 +206,8 @@ pub struct Config {
     /// (the shared queue's receives are fixed when it is made). Default 64 MiB: the pool's
     /// largest message (1 MiB) at the default depth (64); with `send_backlog_bytes` (192 MiB) a
     /// quarter of the pool's default maximum (1 GiB), the most one peer can make a connection
-    /// hold of it in receives and queued sends together.
+    /// hold of it in receives and queued sends together (posted sends add at most `send_depth`
+    /// of at most the message size).
     pub recv_budget: usize,
     /// Largest send copied inline into the work request. Default 64 bytes.
     pub max_inline: u32,
@@ -297,7 +298,8 @@ pub struct Config {
     /// are queued (one operation may always wait). Default 192 MiB: with `recv_budget` (64
     /// MiB) a quarter of the pool's default maximum (1 GiB), so one peer cannot make a
     /// connection hold more of the pool than that in receives and queued sends together
-    /// (`io::Stream` keeps its writes in flight within it).
+    /// (posted sends add at most `send_depth` of at most the message size; `io::Stream` keeps
+    /// its writes in flight within it).
     pub send_backlog_bytes: usize,
     /// Receiver-not-ready retries (0..=6 finite; 7 retries forever). Default 6.
     pub rnr_retry_count: u8,

@@ -21,12 +21,13 @@
 //!   their connect deadline running (64 calls to hosts that drop SYNs hold every helper for
 //!   about 2 minutes, so a connect queued behind them to a healthy host can time out before
 //!   its call; closing a connection does not end its call);
-//! - the kernel queues the call's own CM events only once it has returned (it holds the id's
-//!   handler mutex for the call): an event read while the helper says its call returned but
-//!   before its wakeup is handled after joining it, whichever of the two epoll reported first;
-//!   an event queued before the call (an address change) is handled while it runs, without
-//!   the queue pair, and the reactor never waits for a call that has not returned (but at
-//!   shutdown);
+//! - the kernel queues the call's own CM events (ESTABLISHED, REJECTED, ...) only once the
+//!   call has returned (it holds the id's handler mutex for the call): such an event read
+//!   before the helper's wakeup is handled after joining it, which waits at most for the
+//!   helper's last instructions in the library, whichever of the two epoll reported first. An
+//!   event queued before the call (an address change) is handled while it runs, without the
+//!   queue pair, unless the helper has said its call returned; the reactor never waits for
+//!   the kernel's call (but at shutdown);
 //! - a shutdown (and so dropping the reactor) waits for the calls still running: the kernel
 //!   offers no way to end one early that is safe (a signal corrupts a Soft-iWARP listener that
 //!   queued the stream, FAULTS.md "a signal while connecting").

@@ -447,12 +447,23 @@ impl Core {
     }
 
     fn on_conn_event(&mut self, t: ConnKey, ev: &CmEvent) {
-        if self.conns.get(t).is_some_and(|c| c.ep.has_returned()) {
-            // An event of an id whose `rdma_connect` returned on its helper (`connect.rs`),
-            // read before the helper's wakeup: join it first, so the event finds the queue pair
-            // (the kernel queues the call's own events only once it has returned: it holds the
-            // id's handler mutex). An event queued before the call (an address change) finds
-            // the call still running and is handled without the queue pair, as a close is.
+        let own = matches!(
+            ev.kind(),
+            CmEventKind::Established
+                | CmEventKind::Rejected
+                | CmEventKind::ConnectError
+                | CmEventKind::Unreachable
+                | CmEventKind::Disconnected
+                | CmEventKind::ConnectResponse
+        );
+        if self.conns.get(t).is_some_and(|c| c.ep.is_connecting() && (own || c.ep.has_returned())) {
+            // An event of an id whose `rdma_connect` runs on a helper (`connect.rs`), read
+            // before the helper's wakeup: join it first, so the event finds the queue pair. The
+            // call's own events the kernel queues only once the call has returned (it holds
+            // the id's handler mutex), so for them the join waits at most for the helper's last
+            // instructions in the library. Any other (an address change queued before the
+            // call) waits for nothing: it is handled while the call runs, without the queue
+            // pair, unless the helper already said its call returned.
             self.connect_returned_before_event(t);
         }
         let kind = ev.kind();
