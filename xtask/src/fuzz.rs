@@ -165,6 +165,21 @@ pub fn build() -> Result<PathBuf> {
     Ok(build_dir().join(triple).join("release"))
 }
 
+/// Removes the instrumented build of [`build`] (its binaries and their dependencies), keeping
+/// `target/fuzz/artifacts/`: used by CI, whose disk can be small, once the runs are done.
+pub fn remove_build() {
+    let Ok(entries) = std::fs::read_dir(build_dir()) else { return };
+    for e in entries.flatten() {
+        if e.file_name() != "artifacts" {
+            let path = e.path();
+            let gone = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+            if let Err(err) = gone {
+                eprintln!("xtask: could not remove {}: {err}", path.display());
+            }
+        }
+    }
+}
+
 /// Runs `target` under `limits`: its corpus is `corpus` (written) plus the seeds in
 /// `fuzz/corpus/NAME` (read); a failing input goes to `target/fuzz/artifacts/NAME/`.
 /// `verbose` shows libFuzzer's whole output, otherwise only its start, its progress at every
