@@ -223,6 +223,10 @@ reconnect_case() { # NAME PORT link|restart
         fi
         peer-signal "$name.fault-over"
         peer-wait "$name.done" 150 > /dev/null
+        # B's client has exited; the server prints its summary once it has handled the
+        # client's disconnect, which can come a moment later (on siw, the TCP close): wait for
+        # it before killing the server (killed at once, one CI run lost the line).
+        wait_log "$log" "all messages" 20 || true
         kill -9 "$server" 2>/dev/null
         wait "$server" 2>/dev/null
         server=
