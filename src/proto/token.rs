@@ -230,12 +230,25 @@ impl<K: Key, T> GenSlab<K, T> {
         }
     }
 
+    // `get` and `get_mut` look the slot up once (not `check`, then an index that looks it up
+    // again and can panic): every operation, completion and callback goes through them a few
+    // times (issue 33).
+    #[inline]
     pub(crate) fn get(&self, key: K) -> Option<&T> {
-        self.check(key).map(|i| &self.entries[i].1)
+        let token = key.token();
+        match self.entries.get(token.index() as usize) {
+            Some((g, v)) if *g == token.generation() => Some(v),
+            _ => None,
+        }
     }
 
+    #[inline]
     pub(crate) fn get_mut(&mut self, key: K) -> Option<&mut T> {
-        self.check(key).map(|i| &mut self.entries[i].1)
+        let token = key.token();
+        match self.entries.get_mut(token.index() as usize) {
+            Some((g, v)) if *g == token.generation() => Some(v),
+            _ => None,
+        }
     }
 
     pub(crate) fn remove(&mut self, key: K) -> Option<T> {

@@ -112,6 +112,9 @@ pub(crate) struct Core {
     work: WorkLists,
     /// The data path's reused buffers (`data/post.rs`).
     scratch: data::post::Scratch,
+    /// `epoll_wait`'s readiness list, reused: not filled with empty entries every tick
+    /// (`event_loop/tick.rs`).
+    events: [nix::sys::epoll::EpollEvent; event_loop::tick::EVENTS],
     /// Spinning (`Config::spin`): the tick's state (`event_loop/tick.rs`).
     spin: Spin,
     /// The time as the tick last read it (`event_loop/timers.rs`).
@@ -219,6 +222,7 @@ impl Reactor {
                 timers: Timers::new(),
                 work: WorkLists::default(),
                 scratch: data::post::Scratch::default(),
+                events: [nix::sys::epoll::EpollEvent::empty(); event_loop::tick::EVENTS],
                 spin: Spin::default(),
                 clock: Clock::new(),
                 stop: false,

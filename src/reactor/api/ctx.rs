@@ -80,13 +80,20 @@ impl<'a> Ctx<'a> {
     ///
     /// As [`Conn::submit`], and [`Error::StaleToken`] for a token that names no live connection.
     pub fn submit(&mut self, token: Token, op: Op) -> std::result::Result<(), SubmitError> {
+        match ConnKey::of(token) {
+            Some(t) => self.submit_safe(t, op),
+            None => Err(SubmitError::new(Error::StaleToken(token.as_u64()), op)),
+        }
+    }
+
+    /// [`Ctx::submit`] of a connection key: raw operations refused (they need
+    /// [`Conn::submit_raw`]'s contract).
+    #[inline]
+    fn submit_safe(&mut self, t: ConnKey, op: Op) -> std::result::Result<(), SubmitError> {
         if op.is_raw() {
             return Err(SubmitError::new(Error::Config("raw operations go through Conn::submit_raw".into()), op));
         }
-        match ConnKey::of(token) {
-            Some(t) => self.core.submit(t, op),
-            None => Err(SubmitError::new(Error::StaleToken(token.as_u64()), op)),
-        }
+        self.core.submit(t, op)
     }
 
     /// A buffer of `len` bytes from the pool of the device the connection `token` names is on.
@@ -302,7 +309,7 @@ impl<'a> Conn<'a> {
     /// messages arrive with [`Completion::SRQ_RECV`](crate::Completion::SRQ_RECV)). The
     /// operation comes back in the error.
     pub fn submit(&mut self, op: Op) -> std::result::Result<(), SubmitError> {
-        self.ctx.submit(self.key.token(), op)
+        self.ctx.submit_safe(self.key, op)
     }
 
     /// Submits an operation on caller-registered memory ([`Op::raw_send`], [`Op::raw_recv`]).

@@ -54,7 +54,9 @@ impl Core {
         let Some(c) = self.conns.get(t) else {
             return Err(SubmitError::new(Error::StaleToken(t.token().as_u64()), op));
         };
-        let (device, tail) = match (c.placed.filter(|_| c.can_submit()), c.waiting_device(&self.devices)) {
+        // The usual case first, without looking at a reconnection's device.
+        let placed = c.placed.filter(|_| c.can_submit());
+        let (device, tail) = match (placed, placed.map_or_else(|| c.waiting_device(&self.devices), |_| None)) {
             (Some(p), _) => (p.device, p.tail),
             // Reconnecting (`conn/reconnect.rs`): a two-sided operation waits for the new queue
             // pair; it is checked against the last one's device and peer.
@@ -195,7 +197,11 @@ impl Core {
         } else {
             c.sq.push(ot, opcode.consumes_peer_receive(), u32::try_from(pool_len).unwrap_or(u32::MAX));
         }
-        self.mark_dirty(t);
+        // `mark_dirty`, without looking the connection up again.
+        if !c.dirty {
+            c.dirty = true;
+            self.work.dirty.push(t);
+        }
         Ok(())
     }
 

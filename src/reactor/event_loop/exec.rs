@@ -417,6 +417,11 @@ impl Core {
     /// Step 5b of the tick: closes what lost its last async handle, then polls the woken tasks
     /// (again while polling them woke more, at most [`ROUNDS`] times). Returns the tasks polled.
     pub(in crate::reactor) fn run_tasks(&mut self) -> usize {
+        // Nothing orphaned, deferred or woken (every tick of a reactor without tasks): what
+        // follows would find nothing, through two `RefCell`s and the thread's woken list.
+        if !self.exec.has_work() {
+            return 0;
+        }
         let orphans = self.exec.orphans.take();
         for t in orphans {
             self.close(t);

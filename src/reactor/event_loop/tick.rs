@@ -39,7 +39,7 @@
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::sys::epoll::{EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::epoll::{EpollFlags, EpollTimeout};
 
 use crate::error::Result;
 use crate::proto::conn::CloseReason;
@@ -50,6 +50,10 @@ use crate::reactor::{os, Core};
 /// While spinning, one tick in this many plus one is a full one: `epoll_wait` (without
 /// blocking), the clock and the timers; the others only poll and post.
 const SPIN_WAIT_EVERY: u32 = 63;
+
+/// Readiness reported per `epoll_wait` at most (`Core::events`); more is reported again by
+/// the next wait (level-triggered).
+pub(in crate::reactor) const EVENTS: usize = 32;
 
 /// Where the reactor is in its spinning (`Config::spin`): the tick's own state.
 #[derive(Default)]
@@ -112,8 +116,7 @@ impl Core {
                 EpollTimeout::try_from(ms).unwrap_or(EpollTimeout::MAX)
             }
         };
-        let mut events = [EpollEvent::empty(); 32];
-        let n = match self.epoll.wait(&mut events, epoll_timeout) {
+        let n = match self.epoll.wait(&mut self.events, epoll_timeout) {
             Ok(n) => n,
             // A signal (epoll_wait is never restarted, SA_RESTART or not): no readiness; the
             // tick goes on as after a timeout.
@@ -128,7 +131,8 @@ impl Core {
             // The wait may have blocked: the time again, as before it.
             self.tick_clock(spin_cfg, timed);
         }
-        for ev in &events[..n] {
+        for i in 0..n {
+            let ev = self.events[i];
             match Token::from_u64(ev.data()) {
                 Some(t) if t.kind() == Kind::CmChannel => work += self.drain_cm()?,
                 Some(t) if t.kind() == Kind::CompChannel => {

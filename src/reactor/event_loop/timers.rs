@@ -67,7 +67,8 @@ pub(in crate::reactor) struct UserTimer {
 impl Core {
     /// Fires every deadline and timer expired at `now`; returns how many fired.
     pub(in crate::reactor) fn fire_timers(&mut self, now: Instant) -> usize {
-        if self.timers.next_deadline().is_none() {
+        // Nothing due (the usual tick): no list built.
+        if !self.timers.next_deadline().is_some_and(|at| at <= now) {
             return 0;
         }
         let due = self.timers.expired(now);

@@ -432,7 +432,8 @@ impl Core {
         if let Some(token) = Token::from_u64(wc.wr_id).filter(|t| t.kind() == Kind::SrqRecv) {
             return self.srq_complete(ct, wc, token);
         }
-        let op = Token::from_u64(wc.wr_id).and_then(|o| self.ops.key_of(o));
+        // One lookup: `get` checks the generation (`key_of` would look it up once more).
+        let op = Token::from_u64(wc.wr_id).and_then(OpKey::of);
         let Some((ot, t, opcode)) = op.and_then(|o| self.ops.get(o).map(|e| (o, e.conn, e.opcode))) else {
             self.stats.stale_completions += 1;
             return;

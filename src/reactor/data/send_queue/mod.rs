@@ -29,6 +29,20 @@ use crate::proto::flow::{Farewell, Flow, Imm};
 use crate::proto::token::OpKey;
 use crate::reactor::data::cq_room::CqRoom;
 
+/// Moves the first `n` keys of `from` (all of them if fewer) to the end of `out`, in order.
+/// One `pop_front` each: the usual `n` is 1, where `extend(drain(..n))` went through the
+/// generic extend (about 70 instructions a call, issue 33).
+#[inline]
+fn move_front(from: &mut VecDeque<OpKey>, n: usize, out: &mut Vec<OpKey>) {
+    out.reserve(n.min(from.len()));
+    for _ in 0..n {
+        match from.pop_front() {
+            Some(k) => out.push(k),
+            None => break,
+        }
+    }
+}
+
 /// One send work request the plan says to post now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Planned {
@@ -384,7 +398,7 @@ impl SendQueue {
     /// accounted for).
     pub(crate) fn complete(&mut self, op: OpKey, room: &mut CqRoom, done: &mut Vec<OpKey>) {
         let Some(at) = self.posted.iter().position(|o| *o == op) else { return };
-        done.extend(self.posted.drain(..=at));
+        move_front(&mut self.posted, at + 1, done);
         self.unreported = self.unreported.min(self.posted.len() as u32);
         room.release_send(at as u32 + 1);
     }
@@ -488,7 +502,7 @@ impl RecvQueue {
     /// queue pair was created. Report with [`RecvQueue::posted`]. They are appended to `out`.
     pub(crate) fn plan(&mut self, out: &mut Vec<OpKey>) {
         let n = (self.pending.len() as u32).min(self.capacity.saturating_sub(self.outstanding()));
-        out.extend(self.pending.drain(..n as usize));
+        move_front(&mut self.pending, n as usize, out);
         self.returned = self.returned.saturating_sub(n as usize);
     }
 
