@@ -18,7 +18,7 @@
 //! never has more messages in flight than the server has receives posted: receive credits
 //! (the credit rule in `ConnectionHandler`'s docs), so there are no RNR retries and nothing is lost.
 //! The rings are registered (pinned) memory outside the pool: all of a server's rings together
-//! pin at most `--ring-bytes` (default 1 GiB, [`RING_BYTES_DEFAULT`]), and a connection whose
+//! pin at most `--ring-bytes` (default 1 GiB, [`RING_BYTES_DEFAULT`](server::RING_BYTES_DEFAULT)), and a connection whose
 //! ring would go beyond is refused (`RejectCode::NoResources`, which a reconnecting client
 //! tries again).
 //!
@@ -35,7 +35,7 @@
 //! means handed to TCP), so only the server can say which messages a failure lost. With
 //! `--reconnect` each message carries its number (`common::fill_numbered`), and the server
 //! keeps, per client, which numbers arrived over all of that client's connections to the
-//! reactor ([`Coverage`]). When a connection is established, and when the last message
+//! reactor ([`Coverage`](bookkeeping::Coverage)). When a connection is established, and when the last message
 //! arrives, it sends [`RESUME`] and the first number it lacks; the client (re)sends from
 //! there and finishes only once told it has them all.
 //!
@@ -57,13 +57,13 @@
 //!   8 bytes by SEND; a number at or past its count closes that connection with a `FAILED`
 //!   line naming it;
 //! - a coverage is every message below the first missing one plus, one bit each, the next
-//!   [`AHEAD_MAX`] (at most 8 KiB, whatever the count); a message further ahead is not
+//!   [`AHEAD_MAX`](bookkeeping::AHEAD_MAX) (at most 8 KiB, whatever the count); a message further ahead is not
 //!   recorded, and the server sends `RESUME` with the first missing number again, from where
 //!   the client sends them again (an honest client gets that far ahead only with a `--window`
 //!   about that large, or when about that many messages that had completed at it were lost:
 //!   on iWARP a completion means handed to TCP);
 //! - at most one `RESUME` per connection is in flight, the latest value waiting behind it;
-//! - a reactor keeps the coverage of at most [`RESUMABLE_MAX`] clients: when a new one comes
+//! - a reactor keeps the coverage of at most [`RESUMABLE_MAX`](bookkeeping::RESUMABLE_MAX) clients: when a new one comes
 //!   and the table is full, the entry of a client with no connection, unused the longest,
 //!   goes (should that client come back, it is told to resume at 0 and sends everything
 //!   again: nothing is lost); with every entry in use the new client is refused
