@@ -232,9 +232,10 @@ impl Client {
 
     /// On siw a kill waits until the server has seen all of the process's connect requests:
     /// Soft-iWARP (Linux 6.1) drops its listening socket when a TCP connection to it closes
-    /// before siw has accepted it (FAULTS.md, "iWARP"; `faults::a_tcp_probe_of_the_listening_port`),
-    /// which a process killed with connections still in their TCP handshake does. Once the
-    /// server saw its last request, siw had accepted all of its streams.
+    /// before siw has accepted it (FAULTS.md, "iWARP";
+    /// `faults::admission::a_tcp_probe_of_the_listening_port`), which a process killed with
+    /// connections still in their TCP handshake does. Once the server saw its last request, siw
+    /// had accepted all of its streams.
     fn may_die(&self) -> bool {
         transport() != "siw" || self.requests == PER_CLIENT
     }
@@ -385,7 +386,7 @@ fn two_thousand_connections_with_random_client_kills_leave_nothing_behind() {
         "two_thousand_connections_with_random_client_kills_leave_nothing_behind",
         "Soft-iWARP's (Linux 6.1) connection management does not survive process kills reliably: its \
          listening socket closes when a killed client's stream closes before siw accepted it \
-         (faults::a_tcp_probe_of_the_listening_port), and, rarer, an accepted stream stalls before the \
+         (faults::admission::a_tcp_probe_of_the_listening_port), and, rarer, an accepted stream stalls before the \
          server's ESTABLISHED; with kills deferred until a process's last request (Client::may_die) \
          it passed 13 of 15 runs in the VM, not enough to gate CI; a kernel defect, not the runtime's",
     ) {

@@ -1,5 +1,5 @@
 //! The independent specification of the agent and client machines, and the life-long
-//! invariants of one connection: the oracle of the host tests (`tests.rs`: scripted, exhaustive
+//! invariants of one connection: the oracle of the host tests (`tests/`: scripted, exhaustive
 //! and random walks) and of the `state_machines` fuzz target (`crate::proto::fuzz`).
 //!
 //! Written from the documented behaviour, not from the machines' code: [`spec`] says what any

@@ -1,0 +1,165 @@
+//! The unit tests of `cargo xtask test`'s parsing, rows, report and runner script.
+
+use super::*;
+
+#[test]
+fn parses_libtest_summaries() {
+    let ok = "test result: ok. 3 passed; 0 failed; 2 ignored; 0 measured; 0 filtered out; finished in 0.01s";
+    assert_eq!(parse_result_line(ok), Some(Counts { passed: 3, failed: 0, ignored: 2 }));
+    let bad = "test result: FAILED. 1 passed; 4 failed; 0 ignored; 0 measured; 0 filtered out";
+    assert_eq!(parse_result_line(bad), Some(Counts { passed: 1, failed: 4, ignored: 0 }));
+    assert_eq!(parse_result_line("test foo ... ok"), None);
+    assert_eq!(parse_result_line("test result: garbage"), None);
+}
+
+/// The console of CI's siw boot that hung (stop 27): the BUG line is found, the warnings and
+/// the test's own output are not.
+#[test]
+fn a_kernel_failure_on_the_console_is_named() {
+    let console = "test signals_and_spurious_wakeups_cost_nothing ... echo server: listening on 198.18.1.1:21482\n\
+                   [   20.100000] WARNING: CPU: 0 PID: 12 at net/core/sock.c:1 x+0x1/0x2\n\
+                   [   21.083221] kernel BUG at lib/list_debug.c:53!\n\
+                   [   21.085235] invalid opcode: 0000 [#1] PREEMPT SMP NOPTI\n";
+    assert_eq!(kernel_failure(console).as_deref(), Some("kernel BUG at lib/list_debug.c:53!"));
+    assert_eq!(kernel_failure("[ 3.1] WARNING: CPU: 1 PID: 2 at x\ntest a ... ok\n"), None);
+    assert_eq!(
+        kernel_failure("[ 9.0] BUG: unable to handle page fault for address: 0000000000000008").as_deref(),
+        Some("BUG: unable to handle page fault for address: 0000000000000008")
+    );
+}
+
+#[test]
+fn parses_end_markers() {
+    assert_eq!(parse_end("end testbed rc=0 killed=0 secs=3"), Some(("testbed".into(), 0, false, 3.0)));
+    assert_eq!(parse_end("end hang rc=137 killed=1 secs=300"), Some(("hang".into(), 137, true, 300.0)));
+    assert_eq!(parse_end("end x killed=0"), None);
+    assert_eq!(parse_end("begin x"), None);
+}
+
+#[test]
+fn crashes_and_kills_count_as_failures() {
+    let row = |counts, status, killed| Row {
+        place: "vm",
+        name: "t".into(),
+        counts,
+        status,
+        killed,
+        note: None,
+        secs: None,
+        not_applicable: Vec::new(),
+        failed_tests: Vec::new(),
+        second_boot: Vec::new(),
+    };
+    let c = |p, f| Some(Counts { passed: p, failed: f, ignored: 0 });
+    assert_eq!(row(c(2, 0), Some(0), false).failed(), 0);
+    assert_eq!(row(c(2, 3), Some(101), false).failed(), 3);
+    assert_eq!(row(c(2, 0), Some(134), false).failed(), 1);
+    assert_eq!(row(None, Some(137), true).failed(), 1);
+    assert_eq!(row(None, None, false).failed(), 1);
+}
+
+#[test]
+fn failed_tests_come_from_libtest_s_closing_list() {
+    let out = b"test a ... FAILED\n\
+        test b ... ok\n\
+        \n\
+        failures:\n\
+        \n\
+        ---- a stdout ----\n\
+        thread 'a' panicked at tests/x.rs:1:1:\n\
+        \n\
+        failures:\n    a\n    c_d\n\
+        \n\
+        test result: FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out\n";
+    assert_eq!(parse_failed(out), vec!["a".to_string(), "c_d".to_string()]);
+    assert!(parse_failed(b"test result: ok. 3 passed; 0 failed; 0 ignored\n").is_empty());
+    let row = Row {
+        place: "vm siw",
+        name: "kv_e2e".into(),
+        counts: Some(Counts { passed: 2, failed: 0, ignored: 0 }),
+        status: Some(0),
+        killed: false,
+        note: None,
+        secs: None,
+        not_applicable: Vec::new(),
+        failed_tests: Vec::new(),
+        second_boot: vec!["eight".into()],
+    };
+    assert_eq!(
+        second_boot_section(std::slice::from_ref(&row)).as_deref(),
+        Some(
+            "xtask: passed on siw in a second boot (see the first boot's output above)\n  kv_e2e: failed in its \
+             first boot: eight\n"
+        )
+    );
+    assert_eq!(row_failures(&Row { failed_tests: vec!["x".into()], ..row }), vec!["x".to_string()]);
+}
+
+#[test]
+fn not_applicable_lines_are_collected_after_libtest_s_prefix_too() {
+    let out = b"running 3 tests\n\
+        test a ... xtask-not-applicable: a: iWARP has no immediate data\n\
+        ok\n\
+        test b ... ok\n\
+        xtask-not-applicable: c: no memory windows on siw\n\
+        xtask-not-applicable: c: no memory windows on siw\n\
+        test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out\n";
+    assert_eq!(
+        parse_not_applicable(out),
+        vec![
+            ("a".to_string(), "iWARP has no immediate data".to_string()),
+            ("c".to_string(), "no memory windows on siw".to_string())
+        ]
+    );
+    assert!(parse_not_applicable(b"test x ... ok\n").is_empty());
+}
+
+#[test]
+fn rows_count_not_applicable_tests_and_list_them_after_the_table() {
+    let row = |place, na: Vec<(String, String)>| Row {
+        place,
+        name: "srq".into(),
+        counts: Some(Counts { passed: 3, failed: 0, ignored: 0 }),
+        status: Some(0),
+        killed: false,
+        note: None,
+        secs: None,
+        not_applicable: na,
+        failed_tests: Vec::new(),
+        second_boot: Vec::new(),
+    };
+    let plain = row("vm rxe", Vec::new());
+    assert_eq!(plain.render(), format!("  {:<7} {:<28} 3 passed, 0 failed, 0 ignored", "vm rxe", "srq"));
+    let siw = row("vm siw", vec![("write_imm".into(), "iWARP has no immediate data".into())]);
+    assert_eq!(siw.failed(), 0, "a binary with n/a tests that exits 0 passes");
+    assert!(siw.render().ends_with(" 3 passed, 0 failed, 0 ignored, 1 n/a"), "{}", siw.render());
+    assert!(siw.render().starts_with("  vm siw  srq "), "{}", siw.render());
+    assert_eq!(not_applicable_section(&[plain]), None);
+    assert_eq!(
+        not_applicable_section(&[row("vm rxe", Vec::new()), siw]).as_deref(),
+        Some("xtask: not applicable on siw (iWARP)\n  srq: write_imm: iWARP has no immediate data\n")
+    );
+}
+
+#[test]
+fn both_devices_unless_one_is_chosen() {
+    let o = |device| Options { per_binary: Duration::from_secs(1), vm_timeout: None, verbose: false, device };
+    assert_eq!(o(None).devices(), vec![Device::Rxe, Device::Siw]);
+    assert_eq!(o(Some(Device::Siw)).devices(), vec![Device::Siw]);
+    assert_eq!((vm_place(Device::Siw), vm2_place(Device::Rxe)), ("vm siw", "vm2 rxe"));
+}
+
+#[test]
+fn runner_runs_each_binary_under_timeout() {
+    let t = |n: &str| Binary { name: n.into(), path: "/x".into() };
+    let (lib, testbed) = (t("rdma_reactor-lib"), t("testbed"));
+    let stream = t("stream");
+    let tests = [(&lib, "--ignored"), (&testbed, "--include-ignored"), (&stream, "--include-ignored")];
+    let s = runner_script("n", &tests, Duration::from_secs(300));
+    assert!(s.contains("timeout -s KILL $T \"$BIN/$name\" $filter --test-threads=1"));
+    assert!(s.contains(
+        "run_test rdma_reactor-lib 300 --ignored\nrun_test testbed 300 --include-ignored\n\
+         run_test stream 900 --include-ignored\nexit 0\n"
+    ));
+    assert!(s.contains("echo \"@@xtask-n:end $name rc=$rc killed=$killed secs=$secs@@\""));
+}
