@@ -18,9 +18,9 @@
 //! never has more messages in flight than the server has receives posted: receive credits
 //! (the credit rule in `ConnectionHandler`'s docs), so there are no RNR retries and nothing is lost.
 //! The rings are registered (pinned) memory outside the pool: all of a server's rings together
-//! pin at most `--ring-bytes` (default 1 GiB, [`RING_BYTES_DEFAULT`](server::RING_BYTES_DEFAULT)), and a connection whose
-//! ring would go beyond is refused (`RejectCode::NoResources`, which a reconnecting client
-//! tries again).
+//! pin at most `--ring-bytes` (default 1 GiB,
+//! [`RING_BYTES_DEFAULT`](server::RING_BYTES_DEFAULT)), and a connection whose ring would go
+//! beyond is refused (`RejectCode::NoResources`, which a reconnecting client tries again).
 //!
 //! Measured as perftest measures: the client takes its message buffers when each connection
 //! is established, starts sending once every connection is, and reports the rate from the
@@ -63,8 +63,8 @@
 //!   about that large, or when about that many messages that had completed at it were lost:
 //!   on iWARP a completion means handed to TCP);
 //! - at most one `RESUME` per connection is in flight, the latest value waiting behind it;
-//! - a reactor keeps the coverage of at most [`RESUMABLE_MAX`](bookkeeping::RESUMABLE_MAX) clients: when a new one comes
-//!   and the table is full, the entry of a client with no connection, unused the longest,
+//! - a reactor keeps the coverage of at most [`RESUMABLE_MAX`](bookkeeping::RESUMABLE_MAX)
+//!   clients: when a new one comes and the table is full, the entry of a client with no connection, unused the longest,
 //!   goes (should that client come back, it is told to resume at 0 and sends everything
 //!   again: nothing is lost); with every entry in use the new client is refused
 //!   (`RejectCode::NoResources`).

@@ -226,7 +226,9 @@ reconnect_case() { # NAME PORT link|restart
         # B's client has exited; the server prints its summary once it has handled the
         # client's disconnect, which can come a moment later (on siw, the TCP close): wait for
         # it before killing the server (killed at once, one CI run lost the line).
+        t1=$(now)
         wait_log "$log" "all messages" 20 || true
+        say "waited $(since "$t1") s for the server's summary after B's client ended"
         kill -9 "$server" 2>/dev/null
         wait "$server" 2>/dev/null
         server=

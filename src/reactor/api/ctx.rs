@@ -80,6 +80,9 @@ impl<'a> Ctx<'a> {
     ///
     /// As [`Conn::submit`], and [`Error::StaleToken`] for a token that names no live connection.
     pub fn submit(&mut self, token: Token, op: Op) -> std::result::Result<(), SubmitError> {
+        if op.is_raw() {
+            return Err(SubmitError::new(Error::Config("raw operations go through Conn::submit_raw".into()), op));
+        }
         match ConnKey::of(token) {
             Some(t) => self.submit_safe(t, op),
             None => Err(SubmitError::new(Error::StaleToken(token.as_u64()), op)),

@@ -13,7 +13,7 @@
 //!    (`conn/setup.rs`).
 //! 3. Completion channel readable: read its events (at most as many as the device has armed
 //!    CQs, since each raises one), count each on its CQ (acks are batched), mark the CQ hot
-//!    (`data/cq.rs`).
+//!    (`data/cq/mod.rs`).
 //!    In the same pass, in epoll's order: a device's event fd (`event_loop/device.rs`), the [`Remote`](crate::Remote)
 //!    eventfd (queued messages to the message handler, a stop request, connect requests
 //!    handed over by another reactor (`conn/handoff.rs`), asynchronous events another reactor
@@ -25,7 +25,7 @@
 //!    5b. Close what lost its last async handle and poll the woken tasks (`event_loop/exec.rs`): what
 //!    they submit is posted in step 6.
 //! 6. Post the operations submitted during the tick: first each device's shared receive queue
-//!    refill (`data/srq.rs`, one chain per device), then one chain per queue pair and direction
+//!    refill (`data/srq/`, one chain per device), then one chain per queue pair and direction
 //!    (`data/post.rs`, planned by `data/send_queue/`). Then poll the CQs emptied in step 4 once more
 //!    (a send whose ACK came back during its post completes now, not after a wakeup), arm
 //!    them with `ibv_req_notify_cq` and poll again, so a completion that raced the arm is not

@@ -34,6 +34,7 @@ use crate::reactor::data::cq_room::CqRoom;
 /// generic extend (about 70 instructions a call, issue 33).
 #[inline]
 fn move_front(from: &mut VecDeque<OpKey>, n: usize, out: &mut Vec<OpKey>) {
+    debug_assert!(n <= from.len(), "moving {n} of {} keys", from.len());
     out.reserve(n.min(from.len()));
     for _ in 0..n {
         match from.pop_front() {
