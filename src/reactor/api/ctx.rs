@@ -81,10 +81,10 @@ impl<'a> Ctx<'a> {
     /// As [`Conn::submit`], and [`Error::StaleToken`] for a token that names no live connection.
     pub fn submit(&mut self, token: Token, op: Op) -> std::result::Result<(), SubmitError> {
         if op.is_raw() {
-            return Err(SubmitError::new(Error::Config("raw operations go through Conn::submit_raw".into()), op));
+            return Err(raw_refused(op));
         }
         match ConnKey::of(token) {
-            Some(t) => self.submit_safe(t, op),
+            Some(t) => self.core.submit(t, op),
             None => Err(SubmitError::new(Error::StaleToken(token.as_u64()), op)),
         }
     }
@@ -94,7 +94,7 @@ impl<'a> Ctx<'a> {
     #[inline]
     fn submit_safe(&mut self, t: ConnKey, op: Op) -> std::result::Result<(), SubmitError> {
         if op.is_raw() {
-            return Err(SubmitError::new(Error::Config("raw operations go through Conn::submit_raw".into()), op));
+            return Err(raw_refused(op));
         }
         self.core.submit(t, op)
     }
@@ -479,4 +479,9 @@ impl<'a> Conn<'a> {
     pub fn metrics(&self) -> ConnMetrics {
         self.ctx.core.conns.get(self.key).map(|c| c.meter.snapshot(std::time::Instant::now())).unwrap_or_default()
     }
+}
+
+/// The refusal of a raw operation on a safe submit path (`Ctx::submit`, `Conn::submit`).
+fn raw_refused(op: Op) -> SubmitError {
+    SubmitError::new(Error::Config("raw operations go through Conn::submit_raw".into()), op)
 }

@@ -197,11 +197,8 @@ impl Core {
         } else {
             c.sq.push(ot, opcode.consumes_peer_receive(), u32::try_from(pool_len).unwrap_or(u32::MAX));
         }
-        // `mark_dirty`, without looking the connection up again.
-        if !c.dirty {
-            c.dirty = true;
-            self.work.dirty.push(t);
-        }
+        // Without looking the connection up again.
+        list_dirty(c, t, &mut self.work.dirty);
         Ok(())
     }
 
@@ -279,10 +276,7 @@ impl Core {
 
     pub(in crate::reactor) fn mark_dirty(&mut self, t: ConnKey) {
         if let Some(c) = self.conns.get_mut(t) {
-            if !c.dirty {
-                c.dirty = true;
-                self.work.dirty.push(t);
-            }
+            list_dirty(c, t, &mut self.work.dirty);
         }
     }
 
@@ -475,6 +469,15 @@ impl Core {
             self.deliver_completion(t, completion);
         }
         self.feed(t, Input::WorkError(WcStatus::LocQpOpErr));
+    }
+}
+
+/// Lists connection `t` (its entry `c`) among those to post at the end of the tick, once.
+#[inline]
+fn list_dirty(c: &mut crate::reactor::ConnEntry, t: ConnKey, dirty: &mut Vec<ConnKey>) {
+    if !c.dirty {
+        c.dirty = true;
+        dirty.push(t);
     }
 }
 
