@@ -206,28 +206,46 @@ impl Completion {
     }
 }
 
-/// A submitted operation while the reactor holds it: from submission to its completion.
-pub(crate) struct OpEntry {
+/// The memory a submitted operation names on this side.
+pub(crate) enum Mem {
+    /// None: a credit-only message, a keepalive probe, a window bind.
+    None,
+    /// A pool buffer.
+    Pool(Buf),
+    /// Caller-registered memory (`Conn::submit_raw`).
+    Raw(RawBuf),
+    /// A region slice, held until the operation completes (its memory and registration with
+    /// it), and the memory the device reads or writes (address, length and the region's key on
+    /// the connection's device).
+    Region(RegionSlice, RawBuf),
+}
+
+/// What few operations carry: kept out of line so an [`OpEntry`] moves in a few stores
+/// (issue 33: a 208-byte entry cost a `memmove` call each time it moved, about 14 a round
+/// trip).
+pub(crate) struct Rare {
     /// On iWARP, a READ's sink registered with remote write over exactly its bytes (the
     /// responder writes the data into it: RFC 5040's tagged sink), held until the READ
-    /// completes or is cancelled (declared first: deregistered before the memory under it
-    /// can go back to the pool or the application); its local key replaces the pool's or the region's.
-    pub(crate) sink: Option<Mr>,
+    /// completes or is cancelled; its local key replaces the pool's or the region's.
+    sink: Option<Mr>,
+    /// A window bind (`Conn::expose`): holds the window until the bind completes or is
+    /// cancelled, so the memory window outlives its posted bind.
+    bind: Option<Rc<Window>>,
+}
+
+/// A submitted operation while the reactor holds it: from submission to its completion.
+pub(crate) struct OpEntry {
+    /// A READ's sink or a window bind (declared first: a sink is deregistered before the
+    /// memory under it can go back to the pool or the application).
+    rare: Option<Box<Rare>>,
     pub(crate) conn: ConnKey,
     pub(crate) user_data: u64,
-    pub(crate) opcode: OpCode,
-    pub(crate) buf: Option<Buf>,
-    pub(crate) raw: Option<RawBuf>,
-    /// A region operation's slice, held until it completes (its memory and registration
-    /// with it); `raw` names its memory.
-    pub(crate) region: Option<RegionSlice>,
+    mem: Mem,
     pub(crate) remote: Option<RemoteSlice>,
+    pub(crate) opcode: OpCode,
     /// A credit-only send, or a window bind, of the runtime's own: its completion reaches no
     /// handler.
     pub(crate) control: bool,
-    /// A window bind (`Conn::expose`): holds the window until the bind completes or is
-    /// cancelled, so the memory window outlives its posted bind.
-    pub(crate) bind: Option<Rc<Window>>,
     /// A receive posted again after a credit-only message consumed it.
     pub(crate) after_control: bool,
     /// On the device (holds a CQ reservation); false while queued.
@@ -236,82 +254,64 @@ pub(crate) struct OpEntry {
 
 impl OpEntry {
     /// The entry of a submitted operation, not yet posted. `lkey` is the local key of a
-    /// region operation's memory on the connection's device (0 for the others).
+    /// region operation's memory on the connection's device (0 for the others); `sink`, a
+    /// READ's sink on iWARP ([`read_sink`]).
     #[inline]
-    pub(crate) fn new(conn: ConnKey, op: Op, lkey: u32) -> OpEntry {
+    pub(crate) fn new(conn: ConnKey, op: Op, lkey: u32, sink: Option<Mr>) -> OpEntry {
         let opcode = op.opcode();
         let Op { body, user_data } = op;
         let raw_of = |s: &RegionSlice, len: usize| RawBuf { addr: s.addr(), len: len as u32, lkey };
-        let (buf, raw, remote, region) = match body {
-            Body::SendRegion(s) | Body::RecvRegion(s) => (None, Some(raw_of(&s, s.len())), None, Some(s)),
-            Body::WriteRegion(s, r) => (None, Some(raw_of(&s, s.len())), Some(r), Some(s)),
-            // The device writes `r.len` bytes; submission checked they fit the slice.
-            Body::ReadRegion(s, r) => (None, Some(raw_of(&s, r.len as usize)), Some(r), Some(s)),
-            body => {
-                let (buf, raw, remote) = OpEntry::pool_parts(body);
-                (buf, raw, remote, None)
-            }
-        };
-        OpEntry {
-            conn,
-            user_data,
-            opcode,
-            buf,
-            raw,
-            region,
-            remote,
-            control: false,
-            bind: None,
-            after_control: false,
-            posted: false,
-            sink: None,
-        }
-    }
-
-    /// A pool or raw operation's buffer, raw memory and remote slice.
-    fn pool_parts(body: Body) -> (Option<Buf>, Option<RawBuf>, Option<RemoteSlice>) {
-        match body {
+        let (mem, remote) = match body {
             Body::Send(b) => {
                 // The device sends its `len()` bytes: none may be an earlier owner's.
                 b.show();
-                (Some(b), None, None)
+                (Mem::Pool(b), None)
             }
             Body::Recv(mut b) => {
                 b.lend_to_device(b.capacity());
-                (Some(b), None, None)
+                (Mem::Pool(b), None)
             }
             Body::Write(b, r) | Body::WriteImm(b, r) => {
                 b.show();
-                (Some(b), None, Some(r))
+                (Mem::Pool(b), Some(r))
             }
             Body::Read(mut b, r) => {
                 // The device writes `r.len` bytes; submission checked they fit the capacity.
                 let _ = b.set_len(r.len as usize);
                 b.lend_to_device(r.len as usize);
-                (Some(b), None, Some(r))
+                (Mem::Pool(b), Some(r))
             }
-            Body::RawSend(r) | Body::RawRecv(r) => (None, Some(r), None),
-            Body::SendRegion(_) | Body::RecvRegion(_) | Body::WriteRegion(..) | Body::ReadRegion(..) => {
-                unreachable!("region operations are taken apart by OpEntry::new")
+            Body::RawSend(r) | Body::RawRecv(r) => (Mem::Raw(r), None),
+            Body::SendRegion(s) | Body::RecvRegion(s) => {
+                let raw = raw_of(&s, s.len());
+                (Mem::Region(s, raw), None)
             }
-        }
+            Body::WriteRegion(s, r) => {
+                let raw = raw_of(&s, s.len());
+                (Mem::Region(s, raw), Some(r))
+            }
+            // The device writes `r.len` bytes; submission checked they fit the slice.
+            Body::ReadRegion(s, r) => {
+                let raw = raw_of(&s, r.len as usize);
+                (Mem::Region(s, raw), Some(r))
+            }
+        };
+        let rare = sink.map(|m| Box::new(Rare { sink: Some(m), bind: None }));
+        OpEntry { rare, conn, user_data, mem, remote, opcode, control: false, after_control: false, posted: false }
     }
 
     /// The entry of a credit-only message: a zero-length send.
     pub(crate) fn control(conn: ConnKey) -> OpEntry {
         OpEntry {
+            rare: None,
             conn,
             user_data: 0,
-            opcode: OpCode::Send,
-            buf: None,
-            raw: None,
-            region: None,
+            mem: Mem::None,
             remote: None,
+            opcode: OpCode::Send,
             control: true,
-            bind: None,
             after_control: false,
             posted: false,
-            sink: None,
         }
     }
 
@@ -324,17 +324,22 @@ impl OpEntry {
 
     /// The entry of a window bind: no local memory, no peer receive used, no handler told.
     pub(crate) fn bind(conn: ConnKey, window: Rc<Window>) -> OpEntry {
-        OpEntry { bind: Some(window), ..OpEntry::control(conn) }
+        OpEntry { rare: Some(Box::new(Rare { sink: None, bind: Some(window) })), ..OpEntry::control(conn) }
+    }
+
+    /// True for a window bind.
+    pub(crate) fn is_bind(&self) -> bool {
+        self.rare.as_ref().is_some_and(|r| r.bind.is_some())
     }
 
     /// The bind work request of a window bind entry, while its memory window exists.
     pub(crate) fn bind_wr(&self) -> Option<Bind> {
-        self.bind.as_ref().and_then(|w| w.bind())
+        self.rare.as_ref().and_then(|r| r.bind.as_ref()).and_then(|w| w.bind())
     }
 
     /// Local address, length and key of the work request.
     pub(crate) fn sge(&self) -> (u64, u32, u32) {
-        if let Some(mr) = &self.sink {
+        if let Some(mr) = self.rare.as_ref().and_then(|r| r.sink.as_ref()) {
             let (addr, len, _) = self.sge_of_memory();
             return (addr, len, mr.lkey());
         }
@@ -342,13 +347,13 @@ impl OpEntry {
     }
 
     fn sge_of_memory(&self) -> (u64, u32, u32) {
-        match (&self.buf, &self.raw) {
-            (Some(b), _) => {
+        match &self.mem {
+            Mem::Pool(b) => {
                 let len = if self.opcode == OpCode::Recv { b.post_capacity() } else { b.len() };
                 (b.addr(), len as u32, b.lkey())
             }
-            (None, Some(r)) => (r.addr, r.len, r.lkey),
-            (None, None) => (0, 0, 0),
+            Mem::Raw(r) | Mem::Region(_, r) => (r.addr, r.len, r.lkey),
+            Mem::None => (0, 0, 0),
         }
     }
 
@@ -357,29 +362,29 @@ impl OpEntry {
     /// or a raw receive's length. A tail-framed message whose payload is longer is refused
     /// (`proto::transport::unframe`).
     pub(crate) fn recv_capacity(&self) -> u32 {
-        match (&self.buf, &self.region, &self.raw) {
-            (Some(b), _, _) => u32::try_from(b.capacity()).unwrap_or(u32::MAX),
-            (None, Some(s), _) => u32::try_from(s.len()).unwrap_or(u32::MAX),
-            (None, None, Some(r)) => r.len,
-            _ => 0,
+        match &self.mem {
+            Mem::Pool(b) => u32::try_from(b.capacity()).unwrap_or(u32::MAX),
+            Mem::Region(s, _) => u32::try_from(s.len()).unwrap_or(u32::MAX),
+            Mem::Raw(r) => r.len,
+            Mem::None => 0,
         }
     }
 
     /// The last 4 of the `n` bytes a receive got: its tail, on a transport without immediate
     /// data (`proto::transport`). `None` when fewer than 4 arrived or they lie outside the
     /// posted memory.
-    pub(crate) fn received_tail(&mut self, n: u32) -> Option<[u8; 4]> {
+    pub(crate) fn received_tail(&self, n: u32) -> Option<[u8; 4]> {
         let at = n.checked_sub(TAIL_LEN)? as usize;
         let mut tail = [0u8; 4];
-        match (&mut self.buf, &self.region, &self.raw) {
-            (Some(b), _, _) => tail = b.tail_before(n as usize)?,
-            (None, Some(s), _) => {
+        match &self.mem {
+            Mem::Pool(b) => tail = b.tail_before(n as usize)?,
+            Mem::Region(s, _) => {
                 if n as usize > s.len() {
                     return None;
                 }
                 s.region().read_at(s.range().start + at, &mut tail).ok()?;
             }
-            (None, None, Some(r)) => {
+            Mem::Raw(r) => {
                 if n > r.len {
                     return None;
                 }
@@ -391,7 +396,7 @@ impl OpEntry {
                     std::ptr::copy_nonoverlapping((r.addr as usize + at) as *const u8, tail.as_mut_ptr(), tail.len());
                 }
             }
-            _ => return None,
+            Mem::None => return None,
         }
         Some(tail)
     }
@@ -401,8 +406,12 @@ impl OpEntry {
     #[inline]
     pub(crate) fn into_completion(self, result: Result<u32, OpError>, remote_write: bool) -> Completion {
         // A READ sink's registration ends before the handler sees the memory.
-        drop(self.sink);
-        let mut buf = self.buf;
+        drop(self.rare);
+        let (mut buf, region) = match self.mem {
+            Mem::Pool(b) => (Some(b), None),
+            Mem::Region(s, _) => (None, Some(s)),
+            Mem::Raw(_) | Mem::None => (None, None),
+        };
         match (buf.as_mut(), self.opcode, &result) {
             // Exactly the bytes received (none for an RDMA WRITE with immediate data).
             (Some(b), OpCode::Recv, Ok(n)) => b.received(if remote_write { 0 } else { *n as usize }),
@@ -413,7 +422,7 @@ impl OpEntry {
             }
             _ => {}
         }
-        Completion { user_data: self.user_data, opcode: self.opcode, result, buf, remote_write, region: self.region }
+        Completion { user_data: self.user_data, opcode: self.opcode, result, buf, remote_write, region }
     }
 }
 
@@ -430,7 +439,7 @@ pub(crate) fn read_sink(op: &Op, pd: &Rc<Pd>) -> crate::error::Result<Option<Mr>
     }
     #[allow(unsafe_code)]
     // SAFETY: the memory is the operation's (a pool chunk or a region slice), which its
-    // `OpEntry` holds (`buf` or `region`) after `sink`: the registration ends before that
+    // `OpEntry` holds (`mem`) after `rare`, which holds the sink: the registration ends before that
     // memory can be released or reused, whether the entry is dropped or taken apart
     // (`OpEntry::into_completion` drops it first).
     let mr =

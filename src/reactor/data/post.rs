@@ -188,9 +188,7 @@ impl Core {
             None
         };
         let opcode = op.opcode();
-        let mut entry = OpEntry::new(t, op, lkey);
-        entry.sink = sink;
-        let ot = self.ops.insert(entry);
+        let ot = self.ops.insert(OpEntry::new(t, op, lkey, sink));
         let c = self.conns.get_mut(t).expect("checked");
         if opcode == OpCode::Recv {
             c.rq.push(ot);
@@ -484,7 +482,7 @@ fn list_dirty(c: &mut crate::reactor::ConnEntry, t: ConnKey, dirty: &mut Vec<Con
 /// The work request of a planned send-queue operation; with `tails` (a transport without
 /// immediate data) a send carries its credits in a tail instead.
 fn send_wr(op: &OpEntry, w: &Planned, max_inline: u32, tails: Option<&mut TailRing>) -> SendWr {
-    if op.bind.is_some() {
+    if op.is_bind() {
         return crate::reactor::data::expose::bind_wr(op, w);
     }
     let (addr, len, lkey) = op.sge();

@@ -116,6 +116,13 @@ impl Drop for Mem {
 struct Cluster {
     mr: Mr,
     mem: Mem,
+    /// Its class's chunk size: a [`Buf`]'s capacity (kept here, not in each `Buf`, so a `Buf`
+    /// moves in a few stores: issue 33).
+    cap: usize,
+    /// Its class's stride: the chunk and its slack.
+    stride: usize,
+    /// Identity of its pool (the address of the pool's shared byte counter): [`Pool::owns`].
+    pool: usize,
     /// Per chunk: how many bytes from its start may be non-zero (its owners' dirty extents);
     /// the rest is zero, as allocated.
     dirty: Vec<Cell<u32>>,
@@ -244,7 +251,6 @@ impl Pool {
         let chunk = inner.free[slot].pop().expect("grow leaves free chunks");
         inner.in_use += 1;
         let cluster = inner.clusters[slot].clone().expect("a cluster with free chunks is present");
-        let (cap, stride) = (inner.chunk_size, inner.stride);
         drop(inner);
         let (dirty, left_by) = (cluster.dirty[chunk as usize].get() as usize, cluster.owner[chunk as usize].get());
         let marks = Marks::new(dirty, owner != NO_OWNER && left_by == owner);
@@ -254,11 +260,8 @@ impl Pool {
             slot: slot as u32,
             chunk,
             len,
-            cap,
-            stride,
             marks: Cell::new(marks),
             owner: Cell::new(owner),
-            pool: Rc::as_ptr(&self.registered) as usize,
         })
     }
 
@@ -282,7 +285,7 @@ impl Pool {
 
     /// True when `buf` came from this pool.
     pub fn owns(&self, buf: &Buf) -> bool {
-        buf.pool == Rc::as_ptr(&self.registered) as usize
+        buf.cluster.pool == Rc::as_ptr(&self.registered) as usize
     }
 }
 
@@ -301,7 +304,8 @@ impl Class {
         self.registered.set(self.registered.get() + cluster_bytes);
         let dirty = (0..self.per_cluster).map(|_| Cell::new(0)).collect();
         let owner = (0..self.per_cluster).map(|_| Cell::new(NO_OWNER)).collect();
-        let cluster = Rc::new(Cluster { mr, mem, dirty, owner });
+        let pool = Rc::as_ptr(&self.registered) as usize;
+        let cluster = Rc::new(Cluster { mr, mem, cap: self.chunk_size, stride: self.stride, pool, dirty, owner });
         let chunks: Vec<u32> = (0..self.per_cluster as u32).rev().collect();
         let slot = match self.clusters.iter().position(|c| c.is_none()) {
             Some(s) => s,
@@ -343,15 +347,12 @@ fn clusters_fit(
 /// module docs say how, at no cost on the common paths).
 pub struct Buf {
     class: Rc<RefCell<Class>>,
-    /// Identity of the pool (the address of its shared byte counter).
-    pool: usize,
+    /// Its chunk's cluster, which also holds the capacity, stride and pool identity every
+    /// chunk of its class shares.
     cluster: Rc<Cluster>,
     slot: u32,
     chunk: u32,
     len: usize,
-    cap: usize,
-    /// The chunk and its slack (`Pool::new`).
-    stride: usize,
     /// Which bytes are this owner's (a `Cell`: the shared view zeroes lazily too).
     marks: Cell<Marks>,
     /// The connection whose buffer this is (module docs), or [`NO_OWNER`].
@@ -422,7 +423,7 @@ impl fmt::Debug for Buf {
 impl Buf {
     fn base(&self) -> *mut u8 {
         // SAFETY: chunk < chunks_per_cluster, so the offset stays inside the allocation.
-        unsafe { self.cluster.mem.ptr.as_ptr().add(self.chunk as usize * self.stride) }
+        unsafe { self.cluster.mem.ptr.as_ptr().add(self.chunk as usize * self.cluster.stride) }
     }
 
     /// Bytes of data (what a send sends; what a receive received).
@@ -437,14 +438,18 @@ impl Buf {
 
     /// Bytes the chunk holds.
     pub fn capacity(&self) -> usize {
-        self.cap
+        self.cluster.cap
     }
 
     /// Sets the data length, up to the capacity. Bytes this owner did not write (or receive)
     /// read as zeros.
     pub fn set_len(&mut self, len: usize) -> Result<()> {
-        if len > self.cap {
-            return Err(Error::TooLarge { len, max: self.cap, limit: "the buffer's capacity (allocate a larger one)" });
+        if len > self.cluster.cap {
+            return Err(Error::TooLarge {
+                len,
+                max: self.cluster.cap,
+                limit: "the buffer's capacity (allocate a larger one)",
+            });
         }
         self.len = len;
         Ok(())
@@ -469,10 +474,10 @@ impl Buf {
     /// [`set_len_unchecked`](Buf::set_len_unchecked)). Their contents are unspecified: they may
     /// be an earlier owner's, so they are handed out write-only.
     pub fn spare_capacity_mut(&mut self) -> &mut [std::mem::MaybeUninit<u8>] {
-        self.update(|m| m.device_may_write(self.cap));
+        self.update(|m| m.device_may_write(self.cluster.cap));
         // SAFETY: as in as_mut_slice; len <= cap, and MaybeUninit<u8> has u8's layout, so the
         // bytes can only be written through it.
-        unsafe { std::slice::from_raw_parts_mut(self.base().add(self.len).cast(), self.cap - self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.base().add(self.len).cast(), self.cluster.cap - self.len) }
     }
 
     /// Replaces the contents with `data`.
@@ -515,13 +520,13 @@ impl Buf {
     /// Bytes a receive posted on it may take: the capacity and the slack after it (a
     /// message's tail on iWARP).
     pub(crate) fn post_capacity(&self) -> usize {
-        self.stride
+        self.cluster.stride
     }
 
     /// The 4 bytes before offset `n` of a receive that got `n` bytes: a message's tail, which
     /// may lie in the slack past the capacity. `None` when `n` is under 4 or past the slack.
     pub(crate) fn tail_before(&self, n: usize) -> Option<[u8; 4]> {
-        let at = n.checked_sub(4).filter(|_| n <= self.stride)?;
+        let at = n.checked_sub(4).filter(|_| n <= self.cluster.stride)?;
         let mut tail = [0u8; 4];
         // SAFETY: at + 4 <= stride: inside this chunk's stride, which this Buf owns; the device
         // wrote these bytes for the receive whose completion was reaped, and nothing else
@@ -543,12 +548,12 @@ impl Buf {
     /// The first `n` bytes now hold this owner's data (written by it, or by the device for
     /// its receive or READ).
     pub(crate) fn written(&mut self, n: usize) {
-        self.update(|m| m.written(n.min(self.cap)));
+        self.update(|m| m.written(n.min(self.cluster.cap)));
     }
 
     /// The device wrote `n` bytes for this owner (a receive's completion): they are the data.
     pub(crate) fn received(&mut self, n: usize) {
-        self.len = n.min(self.cap);
+        self.len = n.min(self.cluster.cap);
         self.written(self.len);
     }
 
@@ -565,7 +570,7 @@ impl Buf {
 
     /// The device may write up to `n` bytes of the chunk (a receive or READ is posted on it).
     pub(crate) fn lend_to_device(&mut self, n: usize) {
-        self.update(|m| m.device_may_write(n.min(self.cap)));
+        self.update(|m| m.device_may_write(n.min(self.cluster.cap)));
     }
 
     /// Makes the first `len()` bytes this owner's before anything shows them (a view, a send

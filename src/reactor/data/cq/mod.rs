@@ -504,7 +504,7 @@ impl Core {
         let Some(mut op) = self.ops.remove(ot) else { return };
         if op.control {
             // A credit-only send (or a keepalive probe, a window bind): nothing to deliver.
-            if op.opcode == OpCode::Send && op.bind.is_none() && wc.status == WcStatus::Success {
+            if op.opcode == OpCode::Send && !op.is_bind() && wc.status == WcStatus::Success {
                 if let Some(c) = self.conns.get_mut(t) {
                     c.meter.credit_message(true);
                 }
