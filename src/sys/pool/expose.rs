@@ -179,9 +179,11 @@ impl Exposed {
         let pd = buf.class.borrow().pd.clone();
         if how == Exposure::Registration {
             // SAFETY: as below; the region is released with the window.
-            let mr = unsafe { Mr::register(&pd, buf.base(), buf.len, Access::LOCAL_WRITE | remote_rights(access)) }
-                .map_err(|e| crate::sys::reg_error(buf.len, format!("exposing {} bytes ({access:?})", buf.len), e))?;
-            let remote = RemoteSlice { addr: buf.addr(), len: buf.len as u32, rkey: mr.rkey() };
+            let mr = unsafe { Mr::register(&pd, buf.base(), buf.len(), Access::LOCAL_WRITE | remote_rights(access)) }
+                .map_err(|e| {
+                crate::sys::reg_error(buf.len(), format!("exposing {} bytes ({access:?})", buf.len()), e)
+            })?;
+            let remote = RemoteSlice { addr: buf.addr(), len: buf.len() as u32, rkey: mr.rkey() };
             let binding = Binding { _mw: None, _mem: Under::Registered(mr, None) };
             let win = Rc::new(Window { binding: RefCell::new(Some(binding)), parked: RefCell::new(None), bind: None });
             return Ok((Exposed { buf: Some(buf), win: win.clone(), remote, access }, win));
@@ -189,15 +191,15 @@ impl Exposed {
         // SAFETY: the chunk stays allocated while the region lives: the region is released
         // (with the window, before it) by `Window::release` or the window's drop, and the chunk
         // is held until then by the `Exposed` or, once that is dropped, by the window itself.
-        let mr = unsafe { Mr::register(&pd, buf.base(), buf.len, Access::LOCAL_WRITE | Access::MW_BIND) }
-            .map_err(|e| crate::sys::reg_error(buf.len, format!("exposing {} bytes ({access:?})", buf.len), e))?;
+        let mr = unsafe { Mr::register(&pd, buf.base(), buf.len(), Access::LOCAL_WRITE | Access::MW_BIND) }
+            .map_err(|e| crate::sys::reg_error(buf.len(), format!("exposing {} bytes ({access:?})", buf.len()), e))?;
         let mw =
             Mw::alloc(&pd).map_err(|e| Error::verb("ibv_alloc_mw", "a type-2 memory window to expose memory", e))?;
         let rights = remote_rights(access);
         let rkey = next_rkey(mw.rkey());
         let bind =
-            Bind { mw: mw.as_ptr(), rkey, mr: mr.as_ptr(), addr: buf.addr(), len: buf.len as u64, access: rights };
-        let remote = RemoteSlice { addr: buf.addr(), len: buf.len as u32, rkey };
+            Bind { mw: mw.as_ptr(), rkey, mr: mr.as_ptr(), addr: buf.addr(), len: buf.len() as u64, access: rights };
+        let remote = RemoteSlice { addr: buf.addr(), len: buf.len() as u32, rkey };
         let binding = Binding { _mw: Some(mw), _mem: Under::Chunk(mr) };
         let win =
             Rc::new(Window { binding: RefCell::new(Some(binding)), parked: RefCell::new(None), bind: Some(bind) });

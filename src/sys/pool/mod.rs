@@ -259,7 +259,7 @@ impl Pool {
             cluster,
             slot: slot as u32,
             chunk,
-            len,
+            len: mark(len),
             marks: Cell::new(marks),
             owner: Cell::new(owner),
         })
@@ -352,7 +352,7 @@ pub struct Buf {
     cluster: Rc<Cluster>,
     slot: u32,
     chunk: u32,
-    len: usize,
+    len: u32,
     /// Which bytes are this owner's (a `Cell`: the shared view zeroes lazily too).
     marks: Cell<Marks>,
     /// The connection whose buffer this is (module docs), or [`NO_OWNER`].
@@ -363,18 +363,26 @@ pub struct Buf {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Marks {
     /// Bytes from the chunk's start that hold only this owner's data or zeros.
-    fresh: usize,
+    fresh: u32,
     /// Bytes from the chunk's start that may hold another owner's data; beyond, this
     /// owner's bytes or zeros.
-    stale: usize,
+    stale: u32,
     /// Bytes from the chunk's start that may be non-zero when this owner lets go.
-    dirty: usize,
+    dirty: u32,
+}
+
+/// A byte count inside a chunk as a mark (chunks are at most `u32::MAX` bytes, `Pool::new`;
+/// a larger count saturates, which only marks more bytes dirty or stale). Marks are `u32`s so
+/// a [`Buf`] moves in a few stores (issue 33).
+fn mark(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 impl Marks {
     /// A chunk whose first `dirty` bytes may be non-zero: another owner's bytes, or (`own`)
     /// those of the owner taking it.
     fn new(dirty: usize, own: bool) -> Marks {
+        let dirty = mark(dirty);
         Marks { fresh: 0, stale: if own { 0 } else { dirty }, dirty }
     }
 
@@ -383,7 +391,7 @@ impl Marks {
     /// else may be the last owner's, fresh for it or not.
     fn change_owner(&mut self, keep: usize) {
         self.stale = self.stale.max(self.dirty);
-        self.fresh = self.fresh.min(keep);
+        self.fresh = self.fresh.min(mark(keep));
     }
 
     /// Whose the chunk's bytes are once this owner lets go: its own, unless bytes of another
@@ -394,21 +402,21 @@ impl Marks {
 
     /// The first `n` bytes were written by the owner (or zeroed, or by the device for it).
     fn written(&mut self, n: usize) {
-        self.fresh = self.fresh.max(n);
-        self.dirty = self.dirty.max(n);
+        self.fresh = self.fresh.max(mark(n));
+        self.dirty = self.dirty.max(mark(n));
     }
 
     /// The device may write up to `n` bytes for this owner (a posted receive or READ).
     fn device_may_write(&mut self, n: usize) {
-        self.dirty = self.dirty.max(n);
+        self.dirty = self.dirty.max(mark(n));
     }
 
     /// The first `len` bytes are about to be shown (to the owner, the device or a peer): the
     /// range to zero first, where an earlier owner's bytes may be. Afterwards they are all
     /// this owner's.
     fn show(&mut self, len: usize) -> std::ops::Range<usize> {
-        let start = self.fresh.min(len);
-        let clear = start..self.stale.min(len).max(start);
+        let start = (self.fresh as usize).min(len);
+        let clear = start..(self.stale as usize).min(len).max(start);
         self.written(len);
         clear
     }
@@ -416,7 +424,7 @@ impl Marks {
 
 impl fmt::Debug for Buf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Buf").field("slot", &self.slot).field("chunk", &self.chunk).field("len", &self.len).finish()
+        f.debug_struct("Buf").field("slot", &self.slot).field("chunk", &self.chunk).field("len", &self.len()).finish()
     }
 }
 
@@ -428,7 +436,7 @@ impl Buf {
 
     /// Bytes of data (what a send sends; what a receive received).
     pub fn len(&self) -> usize {
-        self.len
+        self.len as usize
     }
 
     /// True when `len()` is 0.
@@ -451,7 +459,7 @@ impl Buf {
                 limit: "the buffer's capacity (allocate a larger one)",
             });
         }
-        self.len = len;
+        self.len = mark(len);
         Ok(())
     }
 
@@ -477,7 +485,7 @@ impl Buf {
         self.update(|m| m.device_may_write(self.cluster.cap));
         // SAFETY: as in as_mut_slice; len <= cap, and MaybeUninit<u8> has u8's layout, so the
         // bytes can only be written through it.
-        unsafe { std::slice::from_raw_parts_mut(self.base().add(self.len).cast(), self.cluster.cap - self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.base().add(self.len()).cast(), self.cluster.cap - self.len()) }
     }
 
     /// Replaces the contents with `data`.
@@ -493,8 +501,8 @@ impl Buf {
     /// Sets the data (`len()` bytes) to zeros.
     pub fn zero(&mut self) {
         // SAFETY: as in as_mut_slice; len <= cap.
-        unsafe { std::ptr::write_bytes(self.base(), 0, self.len) };
-        self.written(self.len);
+        unsafe { std::ptr::write_bytes(self.base(), 0, self.len()) };
+        self.written(self.len());
     }
 
     /// The data. Bytes this owner did not write or receive read as zeros.
@@ -503,14 +511,14 @@ impl Buf {
         // SAFETY: this Buf owns the chunk exclusively (it is off the free list) and it is not
         // posted (a posted Buf is held by the reactor, not reachable here); the memory lives
         // while self.cluster does; len <= cap.
-        unsafe { std::slice::from_raw_parts(self.base(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.base(), self.len()) }
     }
 
     /// The data, mutable. Bytes this owner did not write or receive read as zeros.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         self.show();
         // SAFETY: as in as_slice, and &mut self makes this the only reference.
-        unsafe { std::slice::from_raw_parts_mut(self.base(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.base(), self.len()) }
     }
 
     pub(crate) fn addr(&self) -> u64 {
@@ -553,8 +561,8 @@ impl Buf {
 
     /// The device wrote `n` bytes for this owner (a receive's completion): they are the data.
     pub(crate) fn received(&mut self, n: usize) {
-        self.len = n.min(self.cluster.cap);
-        self.written(self.len);
+        self.len = mark(n.min(self.cluster.cap));
+        self.written(self.len());
     }
 
     /// The buffer is used by connection `owner` from now on (submitted on it, or a message
@@ -563,7 +571,7 @@ impl Buf {
     /// to it, including bytes the previous owner wrote or received past `keep`.
     pub(crate) fn set_owner(&self, owner: u64, keep: usize) {
         if self.owner.get() != owner {
-            self.update(|m| m.change_owner(keep.min(self.len)));
+            self.update(|m| m.change_owner(keep.min(self.len())));
             self.owner.set(owner);
         }
     }
@@ -577,7 +585,7 @@ impl Buf {
     /// or RDMA WRITE of them, an exposure): zeroes those an earlier owner may have left.
     pub(crate) fn show(&self) {
         let mut m = self.marks.get();
-        let clear = m.show(self.len);
+        let clear = m.show(self.len());
         self.marks.set(m);
         if !clear.is_empty() {
             // SAFETY: clear.end <= len <= cap, inside the chunk this Buf owns exclusively; the
@@ -594,7 +602,7 @@ impl Drop for Buf {
         // What this owner may have left, and whose it is, for the next owner.
         let m = self.marks.get();
         let dirty = &self.cluster.dirty[self.chunk as usize];
-        dirty.set(dirty.get().max(m.dirty as u32));
+        dirty.set(dirty.get().max(m.dirty));
         let owner = if m.leaves_only_own_bytes() { self.owner.get() } else { NO_OWNER };
         self.cluster.owner[self.chunk as usize].set(owner);
         let mut inner = self.class.borrow_mut();

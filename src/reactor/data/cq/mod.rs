@@ -429,11 +429,13 @@ impl Core {
     /// One work completion reaped from CQ `ct`.
     fn complete(&mut self, ct: CqKey, wc: WorkCompletion) {
         self.stats.completions += 1;
-        if let Some(token) = Token::from_u64(wc.wr_id).filter(|t| t.kind() == Kind::SrqRecv) {
+        // The token read once; one lookup: `get` checks the generation (`key_of` would look
+        // it up once more).
+        let token = Token::from_u64(wc.wr_id);
+        if let Some(token) = token.filter(|t| t.kind() == Kind::SrqRecv) {
             return self.srq_complete(ct, wc, token);
         }
-        // One lookup: `get` checks the generation (`key_of` would look it up once more).
-        let op = Token::from_u64(wc.wr_id).and_then(OpKey::of);
+        let op = token.and_then(OpKey::of);
         let Some((ot, t, opcode)) = op.and_then(|o| self.ops.get(o).map(|e| (o, e.conn, e.opcode))) else {
             self.stats.stale_completions += 1;
             return;

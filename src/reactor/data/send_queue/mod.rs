@@ -313,8 +313,10 @@ impl SendQueue {
             self.pending_bytes -= len as usize;
             plan.wrs.push(Planned { op, imm, signaled: false });
         }
-        // The close handshake's messages: credit-only, each with the grants owed.
-        for farewell in [Farewell::Heard, Farewell::Leaving] {
+        // The close handshake's messages: credit-only, each with the grants owed (the loop
+        // only when one is due: every plan passes here).
+        let handshake = self.answer_due || self.leaving == Leaving::Due;
+        for farewell in [Farewell::Heard, Farewell::Leaving].into_iter().filter(|_| handshake) {
             let due = match farewell {
                 Farewell::Heard => self.answer_due,
                 _ => self.leaving == Leaving::Due,
@@ -382,7 +384,12 @@ impl SendQueue {
         n: usize,
         room: &mut CqRoom,
     ) -> impl Iterator<Item = OpKey> + 'p {
-        self.posted.extend(plan.wrs[..n].iter().map(|w| w.op));
+        // One `push_back` each: the usual chain is one or two requests, where the generic
+        // extend of a `VecDeque` cost more than the pushes (issue 33).
+        self.posted.reserve(n);
+        for w in &plan.wrs[..n] {
+            self.posted.push_back(w.op);
+        }
         if n < plan.wrs.len() {
             let taken = &plan.wrs[..n];
             self.unreported = taken.iter().rev().take_while(|w| !w.signaled).count() as u32;
@@ -525,7 +532,11 @@ impl RecvQueue {
 
     /// The device took the first `n` of the planned receives `planned`.
     pub(crate) fn posted(&mut self, planned: &[OpKey], n: usize) {
-        self.posted.extend(&planned[..n]);
+        // As in `SendQueue::posted`: pushes, not the generic extend.
+        self.posted.reserve(n);
+        for &op in &planned[..n] {
+            self.posted.push_back(op);
+        }
     }
 
     /// A receive completed: `op`, normally the oldest posted one. False when `op` is not
