@@ -16,7 +16,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::proto::token::{ConnKey, Key, ListenerKey};
-use crate::reactor::{Conn, ConnectionHandler, Core, Ctx, ListenerHandler};
+use crate::reactor::{Conn, ConnEntry, ConnectionHandler, Core, Ctx, ListenerHandler};
 
 impl Core {
     /// Calls a connection's handler with a context. The handler is taken out of its entry for
@@ -29,7 +29,23 @@ impl Core {
         t: ConnKey,
         f: impl FnOnce(&mut dyn ConnectionHandler, &mut Conn<'_>),
     ) {
-        let Some(mut h) = self.conns.get_mut(t).and_then(|c| c.handler.take()) else { return };
+        self.with_conn_after(t, |_| {}, f);
+    }
+
+    /// [`Core::with_conn`], running `first` on the connection's entry in the same lookup that
+    /// takes its handler (a completion's metering: one lookup a completion fewer, issue 33).
+    /// Neither runs for a connection that is gone; `first` runs even when its handler is out
+    /// (a callback of its own is running).
+    #[inline]
+    pub(in crate::reactor) fn with_conn_after(
+        &mut self,
+        t: ConnKey,
+        first: impl FnOnce(&mut ConnEntry),
+        f: impl FnOnce(&mut dyn ConnectionHandler, &mut Conn<'_>),
+    ) {
+        let Some(c) = self.conns.get_mut(t) else { return };
+        first(c);
+        let Some(mut h) = c.handler.take() else { return };
         let r = catch_unwind(AssertUnwindSafe(|| {
             let mut conn = Conn::new(self, t);
             f(&mut *h, &mut conn);

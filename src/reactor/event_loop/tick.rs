@@ -55,6 +55,14 @@ const SPIN_WAIT_EVERY: u32 = 63;
 /// the next wait (level-triggered).
 pub(in crate::reactor) const EVENTS: usize = 32;
 
+/// `epoll_wait`'s timeout for a wait of `d`, in whole milliseconds rounded up (so a deadline
+/// 0.3 ms, or 0.3 µs, away does not spin), at most `i32::MAX`. In `u64`s: the `u128` division
+/// of `Duration::as_nanos` cost about 40 instructions a tick (issue 33).
+fn wait_ms(d: Duration) -> u32 {
+    let ms = d.as_secs().saturating_mul(1000).saturating_add(u64::from(d.subsec_nanos().div_ceil(1_000_000)));
+    ms.min(i32::MAX as u64) as u32
+}
+
 /// Where the reactor is in its spinning (`Config::spin`): the tick's own state.
 #[derive(Default)]
 pub(in crate::reactor) struct Spin {
@@ -110,11 +118,7 @@ impl Core {
         }
         let epoll_timeout = match wait {
             None => EpollTimeout::NONE,
-            Some(d) => {
-                // Round up so a deadline 0.3 ms (or 0.3 µs) away does not spin.
-                let ms = d.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as u32;
-                EpollTimeout::try_from(ms).unwrap_or(EpollTimeout::MAX)
-            }
+            Some(d) => EpollTimeout::try_from(wait_ms(d)).unwrap_or(EpollTimeout::MAX),
         };
         let n = match self.epoll.wait(&mut self.events, epoll_timeout) {
             Ok(n) => n,
@@ -220,5 +224,28 @@ impl Core {
         work += self.reap();
         self.spin.worked |= work > 0;
         work
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wait_ms;
+    use std::time::Duration;
+
+    #[test]
+    fn waits_round_up_to_whole_milliseconds_and_saturate() {
+        assert_eq!(wait_ms(Duration::ZERO), 0);
+        assert_eq!(wait_ms(Duration::from_nanos(300)), 1);
+        assert_eq!(wait_ms(Duration::from_micros(300)), 1);
+        assert_eq!(wait_ms(Duration::from_millis(1)), 1);
+        assert_eq!(wait_ms(Duration::from_nanos(1_000_001)), 2);
+        assert_eq!(wait_ms(Duration::new(2, 999_000_001)), 3000);
+        assert_eq!(wait_ms(Duration::new(5, 0)), 5000);
+        assert_eq!(wait_ms(Duration::from_secs(u64::MAX)), i32::MAX as u32);
+        assert_eq!(wait_ms(Duration::MAX), i32::MAX as u32);
+        for ns in [1u64, 999_999, 1_000_000, 1_500_000, 123_456_789_012] {
+            let d = Duration::from_nanos(ns);
+            assert_eq!(u128::from(wait_ms(d)), d.as_nanos().div_ceil(1_000_000), "{ns} ns");
+        }
     }
 }

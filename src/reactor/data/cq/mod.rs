@@ -680,10 +680,9 @@ impl Core {
     /// completion of a live connection reaches its handler through here.
     #[inline]
     pub(in crate::reactor) fn deliver_completion(&mut self, t: ConnKey, completion: crate::reactor::Completion) {
-        if let Some(c) = self.conns.get_mut(t) {
-            c.meter.completed(completion.opcode, &completion.result);
-        }
-        self.with_conn(t, |h, conn| h.on_completion(conn, completion));
+        let (opcode, result) = (completion.opcode, completion.result);
+        let meter = |c: &mut crate::reactor::ConnEntry| c.meter.completed(opcode, &result);
+        self.with_conn_after(t, meter, |h, conn| h.on_completion(conn, completion));
     }
 
     /// After a completion: post what waited for queue room or credit, or grant credits.
