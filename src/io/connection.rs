@@ -291,7 +291,7 @@ impl Connection {
     /// [`Error::Closed`] with the reason when the connection fails (rejected, unreachable, a
     /// timeout), what [`Ctx::connect`] fails with at once, [`Error::NoReactor`] outside a
     /// reactor, and [`Error::Unsupported`] when `opts.reconnect` is set (reconnecting clients
-    /// are the callback API's for now: [`ConnectionHandler::on_reconnecting`](crate::ConnectionHandler::on_reconnecting)).
+    /// are the callback API's for now: [`ConnectionHandler::on_reconnecting`]).
     pub fn connect(addr: SocketAddr, opts: ConnectOptions) -> Connect {
         Connect { start: Some((addr, opts)), st: None }
     }

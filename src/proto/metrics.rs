@@ -149,7 +149,7 @@ pub(crate) struct Exposition {
 
 impl Exposition {
     /// Starts a family `name` (without the crate's prefix; a counter's name gains `_total`).
-    /// Its samples follow with [`Exposition::sample`].
+    /// Its samples follow with [`Family::sample`].
     pub(crate) fn family(&mut self, name: &str, kind: Kind, help: &str) -> Family<'_> {
         let full = match kind {
             Kind::Counter => format!("rdma_reactor_{name}_total"),

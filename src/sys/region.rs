@@ -11,7 +11,7 @@
 //! cannot be freed or deregistered under the device.
 //!
 //! **Exposure.** A peer reaches a region only through a type-2 memory window bound to its own
-//! connection's queue pair ([`RegionWindow`], made by `Conn::expose_region`). rxe (Linux 6.1,
+//! connection's queue pair ([`RegionWindow`](crate::sys::pool::RegionWindow), made by `Conn::expose_region`). rxe (Linux 6.1,
 //! `check_rkey`) checks an access through a window against the range of the window's MR, not
 //! of the window, so a window over part of a large MR would give its peer the whole MR: an
 //! exposure of the whole region uses the region's MR, and one of a part uses an MR of exactly

@@ -238,7 +238,7 @@ pub struct Config {
     /// ([`Conn::expose`](crate::Conn::expose), [`Conn::expose_region`](crate::Conn::expose_region))
     /// by registering a memory region with the remote rights for each exposure. Weaker
     /// isolation than a window, hence off by default (then such an exposure is refused with
-    /// [`Error::Unsupported`](crate::Error::Unsupported)): a window's key works only on the
+    /// [`Error::Unsupported`]): a window's key works only on the
     /// connection it was bound to, a registration's from any queue pair on the device's
     /// protection domain, so a peer of another connection of this reactor on the device that
     /// learned or guessed the key could use it while the exposure lives. Released as a window
@@ -284,7 +284,7 @@ pub struct Config {
     /// Send-queue operations (sends, writes, reads) a connection may hold submitted and
     /// waiting beyond its queue pair's free send slots (for the peer's credits, or for send
     /// or CQ room). What the next post can take is never refused; a submission that would
-    /// wait beyond this many fails with [`Error::Limit`](crate::Error::Limit) (`what`:
+    /// wait beyond this many fails with [`Error::Limit`] (`what`:
     /// `"Config::send_backlog"`), the operation given back in the
     /// [`SubmitError`](crate::SubmitError): back-pressure the handler can act on (submit it
     /// again after a completion; [`Conn::backlog`](crate::Conn::backlog) says how much waits).

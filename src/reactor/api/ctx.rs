@@ -423,7 +423,7 @@ impl<'a> Conn<'a> {
     /// the smaller of its client's `msg_size` and `Config::msg_size`. The peer may send
     /// messages of this size, so a receive posted smaller fails the connection when one comes
     /// (a local length error on InfiniBand and RoCE); and this side's sends are refused above it
-    /// ([`Error::TooLarge`](crate::Error::TooLarge)). 0 once the connection is destroyed.
+    /// ([`Error::TooLarge`]). 0 once the connection is destroyed.
     pub fn msg_size(&self) -> usize {
         self.ctx.core.conns.get(self.key).map_or(0, |c| c.infos.local.msg_size as usize)
     }

@@ -222,15 +222,15 @@ pub(crate) enum Mem {
 
 /// What few operations carry: kept out of line so an [`OpEntry`] moves in a few stores
 /// (issue 33: a 208-byte entry cost a `memmove` call each time it moved, about 14 a round
-/// trip).
-pub(crate) struct Rare {
+/// trip). One allocation per iWARP READ (which registers its sink anyway) or window bind.
+pub(crate) enum Rare {
     /// On iWARP, a READ's sink registered with remote write over exactly its bytes (the
     /// responder writes the data into it: RFC 5040's tagged sink), held until the READ
     /// completes or is cancelled; its local key replaces the pool's or the region's.
-    sink: Option<Mr>,
+    Sink(Mr),
     /// A window bind (`Conn::expose`): holds the window until the bind completes or is
     /// cancelled, so the memory window outlives its posted bind.
-    bind: Option<Rc<Window>>,
+    Bind(Rc<Window>),
 }
 
 /// A submitted operation while the reactor holds it: from submission to its completion.
@@ -296,7 +296,7 @@ impl OpEntry {
                 (Mem::Region(s, raw), Some(r))
             }
         };
-        let rare = sink.map(|m| Box::new(Rare { sink: Some(m), bind: None }));
+        let rare = sink.map(|m| Box::new(Rare::Sink(m)));
         OpEntry { rare, conn, user_data, mem, remote, opcode, control: false, after_control: false, posted: false }
     }
 
@@ -324,22 +324,25 @@ impl OpEntry {
 
     /// The entry of a window bind: no local memory, no peer receive used, no handler told.
     pub(crate) fn bind(conn: ConnKey, window: Rc<Window>) -> OpEntry {
-        OpEntry { rare: Some(Box::new(Rare { sink: None, bind: Some(window) })), ..OpEntry::control(conn) }
+        OpEntry { rare: Some(Box::new(Rare::Bind(window))), ..OpEntry::control(conn) }
     }
 
     /// True for a window bind.
     pub(crate) fn is_bind(&self) -> bool {
-        self.rare.as_ref().is_some_and(|r| r.bind.is_some())
+        matches!(self.rare.as_deref(), Some(Rare::Bind(_)))
     }
 
     /// The bind work request of a window bind entry, while its memory window exists.
     pub(crate) fn bind_wr(&self) -> Option<Bind> {
-        self.rare.as_ref().and_then(|r| r.bind.as_ref()).and_then(|w| w.bind())
+        match self.rare.as_deref() {
+            Some(Rare::Bind(w)) => w.bind(),
+            _ => None,
+        }
     }
 
     /// Local address, length and key of the work request.
     pub(crate) fn sge(&self) -> (u64, u32, u32) {
-        if let Some(mr) = self.rare.as_ref().and_then(|r| r.sink.as_ref()) {
+        if let Some(Rare::Sink(mr)) = self.rare.as_deref() {
             let (addr, len, _) = self.sge_of_memory();
             return (addr, len, mr.lkey());
         }
@@ -426,7 +429,7 @@ impl OpEntry {
     }
 }
 
-/// On iWARP, the registration a READ's sink needs ([`OpEntry::sink`]): remote write over
+/// On iWARP, the registration a READ's sink needs ([`Rare::Sink`]): remote write over
 /// exactly the bytes the READ fills; `None` for other operations.
 pub(crate) fn read_sink(op: &Op, pd: &Rc<Pd>) -> crate::error::Result<Option<Mr>> {
     let (addr, len) = match &op.body {

@@ -178,7 +178,7 @@ impl Core {
             Some(Err(e)) => return Err(SubmitError::new(e, op)),
         };
         // On iWARP a READ's sink takes a registration of its own with remote write
-        // (`OpEntry::sink`).
+        // (`op::Rare::Sink`).
         let sink = if self.devices[device].caps.tail() {
             match crate::reactor::data::op::read_sink(&op, &self.devices[device].pd) {
                 Ok(m) => m,

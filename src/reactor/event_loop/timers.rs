@@ -314,8 +314,9 @@ impl CoarseClock {
         coarse.checked_add(self.margin())
     }
 
-    /// The coarse time: at most the true time, and normally at least the true time less
-    /// `resolution` (a late kernel tick can make it lag more: hence the margin).
+    /// The coarse time: at most the true time, and normally at least the true time less the
+    /// clock's resolution, half the margin (a late kernel tick can make it lag more: hence the
+    /// margin).
     /// Without a coarse clock (it cannot fail on Linux), the precise one.
     pub(in crate::reactor) fn now(&self) -> Instant {
         match monotonic_ns(nix::time::ClockId::CLOCK_MONOTONIC_COARSE) {

@@ -184,7 +184,9 @@ impl Pool {
         let mut sizes = cfg.chunk_sizes.clone();
         sizes.sort_unstable();
         sizes.dedup();
-        if sizes.is_empty() || sizes[0] == 0 || sizes[sizes.len() - 1] > u32::MAX as usize {
+        // With its slack a chunk's stride is still a `u32`: a receive is posted over the whole
+        // stride (`Buf::post_capacity`), and its length is a `u32` in the work request.
+        if sizes.is_empty() || sizes[0] == 0 || sizes[sizes.len() - 1] > u32::MAX as usize - slack {
             return Err(Error::Config(format!("pool chunk sizes {:?}", cfg.chunk_sizes)));
         }
         let registered = Rc::new(Cell::new(0));
@@ -371,10 +373,14 @@ struct Marks {
     dirty: u32,
 }
 
-/// A byte count inside a chunk as a mark (chunks are at most `u32::MAX` bytes, `Pool::new`;
-/// a larger count saturates, which only marks more bytes dirty or stale). Marks are `u32`s so
-/// a [`Buf`] moves in a few stores (issue 33).
+/// A byte count inside a chunk as a mark, or a `Buf`'s length. Every count given is at most
+/// the chunk's capacity, which `Pool::new` keeps at most `u32::MAX` (with its slack), so the
+/// conversion is exact. (Were one larger, it would saturate to `u32::MAX`: `fresh`, only ever
+/// raised to a count, could not pass the count; a `dirty` or `stale` mark would be short of
+/// it, but every range zeroed is cut at the length first, itself at most `u32::MAX`.) Marks
+/// are `u32`s so a [`Buf`] moves in a few stores (issue 33).
 fn mark(n: usize) -> u32 {
+    debug_assert!(u32::try_from(n).is_ok(), "a count of {n} bytes in a chunk");
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
