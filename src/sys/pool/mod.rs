@@ -254,7 +254,7 @@ impl Pool {
         inner.in_use += 1;
         let cluster = inner.clusters[slot].clone().expect("a cluster with free chunks is present");
         drop(inner);
-        let (dirty, left_by) = (cluster.dirty[chunk as usize].get() as usize, cluster.owner[chunk as usize].get());
+        let (dirty, left_by) = (cluster.dirty[chunk as usize].get(), cluster.owner[chunk as usize].get());
         let marks = Marks::new(dirty, owner != NO_OWNER && left_by == owner);
         Ok(Buf {
             class: class.clone(),
@@ -387,8 +387,7 @@ fn mark(n: usize) -> u32 {
 impl Marks {
     /// A chunk whose first `dirty` bytes may be non-zero: another owner's bytes, or (`own`)
     /// those of the owner taking it.
-    fn new(dirty: usize, own: bool) -> Marks {
-        let dirty = mark(dirty);
+    fn new(dirty: u32, own: bool) -> Marks {
         Marks { fresh: 0, stale: if own { 0 } else { dirty }, dirty }
     }
 
@@ -408,8 +407,9 @@ impl Marks {
 
     /// The first `n` bytes were written by the owner (or zeroed, or by the device for it).
     fn written(&mut self, n: usize) {
-        self.fresh = self.fresh.max(mark(n));
-        self.dirty = self.dirty.max(mark(n));
+        let n = mark(n);
+        self.fresh = self.fresh.max(n);
+        self.dirty = self.dirty.max(n);
     }
 
     /// The device may write up to `n` bytes for this owner (a posted receive or READ).

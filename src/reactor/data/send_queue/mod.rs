@@ -44,6 +44,16 @@ fn move_front(from: &mut VecDeque<OpKey>, n: usize, out: &mut Vec<OpKey>) {
     }
 }
 
+/// Appends `keys` to `to`, in order: one `push_back` each. The usual chain is one or two
+/// requests, where the generic extend of a `VecDeque` cost more than the pushes (issue 33).
+#[inline]
+fn push_keys(to: &mut VecDeque<OpKey>, keys: impl ExactSizeIterator<Item = OpKey>) {
+    to.reserve(keys.len());
+    for k in keys {
+        to.push_back(k);
+    }
+}
+
 /// One send work request the plan says to post now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Planned {
@@ -384,12 +394,7 @@ impl SendQueue {
         n: usize,
         room: &mut CqRoom,
     ) -> impl Iterator<Item = OpKey> + 'p {
-        // One `push_back` each: the usual chain is one or two requests, where the generic
-        // extend of a `VecDeque` cost more than the pushes (issue 33).
-        self.posted.reserve(n);
-        for w in &plan.wrs[..n] {
-            self.posted.push_back(w.op);
-        }
+        push_keys(&mut self.posted, plan.wrs[..n].iter().map(|w| w.op));
         if n < plan.wrs.len() {
             let taken = &plan.wrs[..n];
             self.unreported = taken.iter().rev().take_while(|w| !w.signaled).count() as u32;
@@ -532,11 +537,7 @@ impl RecvQueue {
 
     /// The device took the first `n` of the planned receives `planned`.
     pub(crate) fn posted(&mut self, planned: &[OpKey], n: usize) {
-        // As in `SendQueue::posted`: pushes, not the generic extend.
-        self.posted.reserve(n);
-        for &op in &planned[..n] {
-            self.posted.push_back(op);
-        }
+        push_keys(&mut self.posted, planned[..n].iter().copied());
     }
 
     /// A receive completed: `op`, normally the oldest posted one. False when `op` is not
