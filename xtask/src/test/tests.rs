@@ -88,8 +88,8 @@ fn failed_tests_come_from_libtest_s_closing_list() {
     assert_eq!(
         second_boot_section(std::slice::from_ref(&row)).as_deref(),
         Some(
-            "xtask: passed on siw in a second boot (see the first boot's output above)\n  kv_e2e: failed in its \
-             first boot: eight\n"
+            "xtask: passed in a second boot or pair of VMs (see the first one's output above)\n  vm siw kv_e2e: \
+             failed in the first: eight\n"
         )
     );
     assert_eq!(row_failures(&Row { failed_tests: vec!["x".into()], ..row }), vec!["x".to_string()]);
@@ -162,4 +162,56 @@ fn runner_runs_each_binary_under_timeout() {
          run_test stream 900 --include-ignored\nexit 0\n"
     ));
     assert!(s.contains("echo \"@@xtask-n:end $name rc=$rc killed=$killed secs=$secs@@\""));
+}
+
+/// A case result for the two-VM stage's tests.
+fn case(name: &str, passed: bool, detail: &str) -> vm2::CaseResult {
+    vm2::CaseResult { name: name.into(), passed, detail: detail.into(), secs: Some(1.0) }
+}
+
+#[test]
+fn a_failed_two_vm_case_runs_once_more_in_a_pair_of_its_own() {
+    let mut calls: Vec<Vec<&str>> = Vec::new();
+    let rows = vm2_stage("vm2 rxe", "rxe", |cases| {
+        calls.push(cases.to_vec());
+        Ok(if cases.len() == vm2::CASES.len() {
+            cases
+                .iter()
+                .map(|&c| match c {
+                    "reconnect-restart" => case(c, false, "A: no reconnect"),
+                    "peer-killed" => case(c, false, "B: connect timed out"),
+                    _ => case(c, true, "fine"),
+                })
+                .collect()
+        } else {
+            // In a pair of its own, reconnect-restart passes and peer-killed fails again.
+            vec![case(cases[0], cases[0] == "reconnect-restart", "alone")]
+        })
+    });
+    assert_eq!(calls, vec![vm2::CASES.to_vec(), vec!["reconnect-restart"], vec!["peer-killed"]]);
+    assert_eq!(rows.len(), vm2::CASES.len());
+    let row = |n: &str| rows.iter().find(|r| r.name == n).unwrap();
+    let again = row("reconnect-restart");
+    assert_eq!(again.failed(), 0);
+    assert_eq!(again.note.as_deref(), Some("second pair; the first failed: A: no reconnect; alone"));
+    assert_eq!(again.second_boot, vec!["A: no reconnect".to_string()]);
+    assert_eq!(row("peer-killed").failed(), 1, "a second failure fails the run");
+    assert_eq!(row("blast-loss").note.as_deref(), Some("fine"));
+    let listed = second_boot_section(&rows).unwrap();
+    assert!(listed.contains("vm2 rxe reconnect-restart: failed in the first: A: no reconnect"), "{listed}");
+    assert!(!listed.contains("peer-killed"), "{listed}");
+}
+
+#[test]
+fn at_most_three_two_vm_cases_get_a_second_pair() {
+    let mut calls = 0;
+    let rows = vm2_stage("vm2 siw", "siw", |cases| {
+        calls += 1;
+        Ok(cases.iter().map(|&c| case(c, false, "down")).collect())
+    });
+    assert_eq!(calls, 1 + VM2_SECOND_PAIRS);
+    assert!(rows.iter().all(|r| r.failed() == 1));
+    let rows = vm2_stage("vm2 siw", "siw", |_| Err(crate::util::Error::new("no qemu")));
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].note.as_deref(), Some("no qemu"));
 }
