@@ -184,17 +184,42 @@ keys! {
 }
 
 /// A slab whose entries carry a generation, so keys of freed slots are detected.
+///
+/// Its own arena rather than `slab::Slab` with the generations beside it (issue 33): the
+/// generation lives in the slot, and a value is built into its slot once, where the pair of
+/// slab and generation table looked each index up twice and moved the value twice (every
+/// operation is inserted, found and removed once per message). Free slots form a list,
+/// last freed first reused, as in `slab`.
 #[derive(Debug)]
 pub(crate) struct GenSlab<K: Key, T> {
-    entries: slab::Slab<(u32, T)>,
-    /// Generation last used at each index (kept after removal so reuse bumps it).
-    gens: Vec<u32>,
+    slots: Vec<Slot<T>>,
+    /// The first free slot (each free slot names the next), [`NO_SLOT`] when none is.
+    free: u32,
+    /// Live entries.
+    len: usize,
     _key: std::marker::PhantomData<K>,
+}
+
+/// The end of a [`GenSlab`]'s free list.
+const NO_SLOT: u32 = u32::MAX;
+
+#[derive(Debug)]
+struct Slot<T> {
+    /// The generation last used at this index (kept while free, so reuse moves it on).
+    generation: u32,
+    entry: Entry<T>,
+}
+
+#[derive(Debug)]
+enum Entry<T> {
+    Full(T),
+    /// Free; the next free slot, or [`NO_SLOT`].
+    Free(u32),
 }
 
 impl<K: Key, T> Default for GenSlab<K, T> {
     fn default() -> Self {
-        GenSlab { entries: slab::Slab::new(), gens: Vec::new(), _key: std::marker::PhantomData }
+        GenSlab { slots: Vec::new(), free: NO_SLOT, len: 0, _key: std::marker::PhantomData }
     }
 }
 
@@ -204,40 +229,43 @@ impl<K: Key, T> GenSlab<K, T> {
     }
 
     /// Inserts a value built from its own key.
+    #[inline]
     pub(crate) fn insert_with(&mut self, f: impl FnOnce(K) -> T) -> K {
-        let entry = self.entries.vacant_entry();
-        let index = entry.key();
-        if self.gens.len() <= index {
-            self.gens.resize(index + 1, 0);
+        let index = self.free;
+        if let Some(slot) = self.slots.get_mut(index as usize) {
+            if let Entry::Free(next) = slot.entry {
+                let generation = next_generation(slot.generation);
+                let key = K::wrap(Token::new(K::KIND, index, generation));
+                slot.entry = Entry::Full(f(key));
+                slot.generation = generation;
+                self.free = next;
+                self.len += 1;
+                return key;
+            }
+            // A full slot on the free list would be a bug of this type: leave the list, never
+            // overwrite a live entry.
+            debug_assert!(false, "GenSlab: slot {index} is on the free list and full");
+            self.free = NO_SLOT;
         }
-        let generation = next_generation(self.gens[index]);
-        self.gens[index] = generation;
-        let key = K::wrap(Token::new(K::KIND, index as u32, generation));
-        entry.insert((generation, f(key)));
+        let index = self.slots.len() as u32;
+        let key = K::wrap(Token::new(K::KIND, index, 1));
+        self.slots.push(Slot { generation: 1, entry: Entry::Full(f(key)) });
+        self.len += 1;
         key
     }
 
+    #[inline]
     pub(crate) fn insert(&mut self, value: T) -> K {
         self.insert_with(|_| value)
     }
 
-    fn check(&self, key: K) -> Option<usize> {
-        let token = key.token();
-        let index = token.index() as usize;
-        match self.entries.get(index) {
-            Some((g, _)) if *g == token.generation() => Some(index),
-            _ => None,
-        }
-    }
-
-    // `get` and `get_mut` look the slot up once (not `check`, then an index that looks it up
-    // again and can panic): every operation, completion and callback goes through them a few
-    // times (issue 33).
+    // `get` and `get_mut` look the slot up once: every operation, completion and callback goes
+    // through them a few times (issue 33).
     #[inline]
     pub(crate) fn get(&self, key: K) -> Option<&T> {
         let token = key.token();
-        match self.entries.get(token.index() as usize) {
-            Some((g, v)) if *g == token.generation() => Some(v),
+        match self.slots.get(token.index() as usize) {
+            Some(Slot { generation, entry: Entry::Full(v) }) if *generation == token.generation() => Some(v),
             _ => None,
         }
     }
@@ -245,18 +273,28 @@ impl<K: Key, T> GenSlab<K, T> {
     #[inline]
     pub(crate) fn get_mut(&mut self, key: K) -> Option<&mut T> {
         let token = key.token();
-        match self.entries.get_mut(token.index() as usize) {
-            Some((g, v)) if *g == token.generation() => Some(v),
+        match self.slots.get_mut(token.index() as usize) {
+            Some(Slot { generation, entry: Entry::Full(v) }) if *generation == token.generation() => Some(v),
             _ => None,
         }
     }
 
+    #[inline]
     pub(crate) fn remove(&mut self, key: K) -> Option<T> {
-        self.check(key).map(|i| self.entries.remove(i).1)
+        let token = key.token();
+        let index = token.index();
+        let slot = self.slots.get_mut(index as usize)?;
+        if slot.generation != token.generation() || matches!(slot.entry, Entry::Free(_)) {
+            return None;
+        }
+        let Entry::Full(v) = std::mem::replace(&mut slot.entry, Entry::Free(self.free)) else { return None };
+        self.free = index;
+        self.len -= 1;
+        Some(v)
     }
 
     pub(crate) fn contains(&self, key: K) -> bool {
-        self.check(key).is_some()
+        self.get(key).is_some()
     }
 
     /// The key of a live entry named by a raw token, if it is one.
@@ -265,21 +303,30 @@ impl<K: Key, T> GenSlab<K, T> {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.entries.len()
+        self.len
     }
 
     /// Removes every entry for which `keep` returns false.
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
-        self.entries.retain(|_, (_, v)| keep(v));
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if matches!(&slot.entry, Entry::Full(v) if !keep(v)) {
+                slot.entry = Entry::Free(self.free);
+                self.free = i as u32;
+                self.len -= 1;
+            }
+        }
     }
 
     /// Every live entry with its key.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (K, &T)> {
-        self.entries.iter().map(|(i, (g, v))| (K::wrap(Token::new(K::KIND, i as u32, *g)), v))
+        self.slots.iter().enumerate().filter_map(|(i, s)| match &s.entry {
+            Entry::Full(v) => Some((K::wrap(Token::new(K::KIND, i as u32, s.generation)), v)),
+            Entry::Free(_) => None,
+        })
     }
 
     pub(crate) fn keys(&self) -> Vec<K> {
-        self.entries.iter().map(|(i, (g, _))| K::wrap(Token::new(K::KIND, i as u32, *g))).collect()
+        self.iter().map(|(k, _)| k).collect()
     }
 }
 
@@ -375,5 +422,33 @@ mod tests {
         assert_eq!(s.get(t), Some(&t));
         assert_eq!(s.keys(), vec![t]);
         assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn freed_slots_are_reused_last_freed_first_and_stale_keys_miss() {
+        let mut s: GenSlab<OpKey, u32> = GenSlab::new();
+        let k: Vec<OpKey> = (0..4).map(|i| s.insert(i)).collect();
+        assert_eq!(k.iter().map(|k| k.token().index()).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+        assert_eq!(s.remove(k[1]), Some(1));
+        assert_eq!(s.remove(k[1]), None, "removed twice");
+        assert_eq!(s.remove(k[3]), Some(3));
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.get(k[3]), None);
+        let a = s.insert(30);
+        let b = s.insert(10);
+        let c = s.insert(40);
+        assert_eq!((a.token().index(), b.token().index(), c.token().index()), (3, 1, 4));
+        assert_eq!((a.token().generation(), c.token().generation()), (2, 1));
+        assert_eq!(s.get(k[3]), None, "a stale key misses");
+        assert_eq!(s.get_mut(k[1]), None, "a stale key misses");
+        assert_eq!(s.remove(k[3]), None, "a stale key misses");
+        assert_eq!((s.get(a), s.get(b), s.get(c)), (Some(&30), Some(&10), Some(&40)));
+        s.retain(|v| *v != 10 && *v != 0);
+        assert_eq!(s.len(), 3);
+        assert_eq!(s.iter().map(|(_, v)| *v).collect::<Vec<_>>(), vec![2, 30, 40]);
+        // retain freed 0 then 1: 1 is reused first.
+        assert_eq!(s.insert(7).token().index(), 1);
+        assert_eq!(s.insert(8).token().index(), 0);
+        assert_eq!(s.len(), 5);
     }
 }

@@ -668,8 +668,8 @@ fn vm2_stage(
         let Some(case) = vm2::CASES.iter().copied().find(|c| *c == name) else { continue };
         let first = rows[i].note.clone().unwrap_or_else(|| "no result".into());
         eprintln!(
-            "xtask: [{place}] {name} failed ({first}); once more in a fresh pair of its own (alone: cargo xtask vm2 \
-             --cases {name} --device {device})"
+            "xtask: [{place}] {name} failed ({first}); once more in a fresh pair of its own (alone: cargo xtask vm2 --device {device} \
+             --cases {name})"
         );
         match run(&[case]) {
             Ok(mut r) if r.len() == 1 => {
