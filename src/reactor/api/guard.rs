@@ -43,15 +43,34 @@ impl Core {
         first: impl FnOnce(&mut ConnEntry),
         f: impl FnOnce(&mut dyn ConnectionHandler, &mut Conn<'_>),
     ) {
+        self.with_conn_between(t, first, f, |_, _| {});
+    }
+
+    /// [`Core::with_conn_after`], and `last` on the entry in the lookup that puts the handler
+    /// back, with the tick's list of connections to post (`list_dirty`): what a completion
+    /// leaves to do is seen without a lookup of its own (issue 33). `last` runs once `first`
+    /// did, when the connection is still there: after the handler, or at once when its
+    /// handler is out.
+    #[inline]
+    pub(in crate::reactor) fn with_conn_between(
+        &mut self,
+        t: ConnKey,
+        first: impl FnOnce(&mut ConnEntry),
+        f: impl FnOnce(&mut dyn ConnectionHandler, &mut Conn<'_>),
+        last: impl FnOnce(&mut ConnEntry, &mut Vec<ConnKey>),
+    ) {
         let Some(c) = self.conns.get_mut(t) else { return };
         first(c);
-        let Some(mut h) = c.handler.take() else { return };
+        let Some(mut h) = c.handler.take() else {
+            return last(c, &mut self.work.dirty);
+        };
         let r = catch_unwind(AssertUnwindSafe(|| {
             let mut conn = Conn::new(self, t);
             f(&mut *h, &mut conn);
         }));
         if let Some(c) = self.conns.get_mut(t) {
             c.handler = Some(h);
+            last(c, &mut self.work.dirty);
         }
         self.caught(r);
     }

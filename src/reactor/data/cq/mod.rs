@@ -14,6 +14,7 @@ use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, Key, Kind, OpKey, Token};
 use crate::proto::transport::unframe;
 use crate::reactor::data::cq_room::CqRoom;
+use crate::reactor::data::post::list_dirty;
 use crate::reactor::Core;
 use crate::sys::cq::{Cq, WcBatch, WorkCompletion, POLL_BATCH};
 
@@ -515,7 +516,10 @@ impl Core {
         }
         let mut byte_len = wc.byte_len;
         if op.opcode == OpCode::Recv && wc.status == WcStatus::Success {
-            let tail = self.conns.get(t).and_then(|c| c.placed).is_some_and(|p| p.tail);
+            // One look-up of the connection for all of it (issue 33: six were about 50
+            // instructions a message). Gone, there is no handler to tell: the buffer goes back.
+            let Some(c) = self.conns.get_mut(t) else { return };
+            let tail = c.placed.is_some_and(|p| p.tail);
             // The credits and kind: in the immediate data, or in the message's tail on a
             // transport without it (`proto::transport`).
             let imm = if tail {
@@ -528,80 +532,65 @@ impl Core {
                         // The peer broke the framing: the receive goes back unposted (the
                         // closing connection cancels it) and the connection closes.
                         op.posted = false;
-                        let nt = self.ops.insert(op);
-                        if let Some(c) = self.conns.get_mut(t) {
-                            c.rq.push_returned(nt);
-                        }
+                        c.rq.push_returned(self.ops.insert(op));
                         return self.feed(t, Input::Fault(CloseReason::Protocol(why)));
                     }
                 }
             } else {
                 wc.imm.map(Imm::decode)
             };
-            if self.conns.get_mut(t).and_then(|c| c.sq.flow_mut()).is_some_and(|f| f.exhausted()) {
+            if c.sq.flow_mut().is_some_and(|f| f.exhausted()) {
                 // The peer sent beyond the credit we granted it (review M1: a credit that is
                 // only advice lets one peer make a handler that answers every message queue
                 // without bound). The message is dropped, the receive goes back unposted (the
                 // closing connection cancels it) and the connection closes, as on a shared
                 // receive queue.
                 op.posted = false;
-                let nt = self.ops.insert(op);
-                if let Some(c) = self.conns.get_mut(t) {
-                    c.rq.push_returned(nt);
-                }
+                c.rq.push_returned(self.ops.insert(op));
                 // Counted and fed once: the messages after it in the same poll find the
                 // connection closing already.
-                let live = |c: &crate::reactor::ConnEntry| {
-                    matches!(
-                        c.role.state(),
-                        State::Accepting | State::Connecting | State::Established | State::Finishing(_)
-                    )
-                };
-                if self.conns.get(t).is_some_and(live) {
+                let live = matches!(
+                    c.role.state(),
+                    State::Accepting | State::Connecting | State::Established | State::Finishing(_)
+                );
+                if live {
                     self.stats.credit_overdrawn += 1;
                     let why = "the peer sent beyond its credit (flow control)".to_string();
                     self.feed(t, Input::Fault(CloseReason::Protocol(why)));
                 }
                 return;
             }
-            if let Some(c) = self.conns.get_mut(t) {
-                // An iWARP agent's sends wait for its client's first message: this one.
-                let released = c.sq.release();
-                let mut control = false;
-                let mut grant_due = false;
-                let mut farewell = Farewell::None;
-                if let Some(flow) = c.sq.flow_mut() {
-                    // Every message consumed a receive we granted; one without immediate data
-                    // (a peer breaking the protocol) grants nothing.
-                    let imm = imm.unwrap_or(Imm::data(0));
-                    flow.on_receive(imm);
-                    grant_due = flow.wants_control();
-                    control = imm.control;
-                    farewell = imm.farewell;
-                } else if tail {
-                    // Without flow control a tail's only credit-only message is the client's
-                    // first (`SendQueue::set_hello`).
-                    control = imm.is_some_and(|i| i.control);
-                }
-                if control {
-                    // A credit-only message used this receive: post it again, unseen.
-                    if let Some(c) = self.conns.get_mut(t) {
-                        c.meter.credit_message(false);
-                    }
-                    let mut again = op;
-                    again.after_control = true;
-                    again.posted = false;
-                    let nt = self.ops.insert(again);
-                    if let Some(c) = self.conns.get_mut(t) {
-                        c.rq.push_front(nt);
-                    }
-                    self.mark_dirty(t);
-                    return self.on_farewell(t, farewell);
-                }
-                if grant_due || released {
-                    // The peer may be blocked at its last credit, or held sends may go.
-                    self.mark_dirty(t);
-                }
+            // An iWARP agent's sends wait for its client's first message: this one.
+            let released = c.sq.release();
+            let mut control = false;
+            let mut grant_due = false;
+            let mut farewell = Farewell::None;
+            if let Some(flow) = c.sq.flow_mut() {
+                // Every message consumed a receive we granted; one without immediate data
+                // (a peer breaking the protocol) grants nothing.
+                let imm = imm.unwrap_or(Imm::data(0));
+                flow.on_receive(imm);
+                grant_due = flow.wants_control();
+                control = imm.control;
+                farewell = imm.farewell;
+            } else if tail {
+                // Without flow control a tail's only credit-only message is the client's
+                // first (`SendQueue::set_hello`).
+                control = imm.is_some_and(|i| i.control);
+            }
+            if control {
+                // A credit-only message used this receive: post it again, unseen.
+                c.meter.credit_message(false);
+                let mut again = op;
+                again.after_control = true;
+                again.posted = false;
+                c.rq.push_front(self.ops.insert(again));
+                list_dirty(c, t, &mut self.work.dirty);
+                return self.on_farewell(t, farewell);
+            }
+            if grant_due || released {
+                // The peer may be blocked at its last credit, or held sends may go.
+                list_dirty(c, t, &mut self.work.dirty);
             }
         }
         let result = match (wc.status, op.opcode) {
@@ -611,8 +600,7 @@ impl Core {
             (status, _) => Err(OpError::Wc(status)),
         };
         let completion = op.into_completion(result, wc.remote_write);
-        self.deliver_completion(t, completion);
-        self.after_completion(t);
+        self.deliver_completion_then(t, completion);
     }
 
     /// A credit-only message of connection `t`'s peer said `farewell` (the close handshake,
@@ -685,11 +673,19 @@ impl Core {
         self.with_conn_after(t, meter, |h, conn| h.on_completion(conn, completion));
     }
 
+    /// [`Core::deliver_completion`], then [`Core::after_completion`] in the lookup that puts
+    /// the handler back.
+    pub(in crate::reactor) fn deliver_completion_then(&mut self, t: ConnKey, completion: crate::reactor::Completion) {
+        let (opcode, result) = (completion.opcode, completion.result);
+        let meter = |c: &mut crate::reactor::ConnEntry| c.meter.completed(opcode, &result);
+        let after = |c: &mut crate::reactor::ConnEntry, dirty: &mut Vec<ConnKey>| after_completion(c, t, dirty);
+        self.with_conn_between(t, meter, |h, conn| h.on_completion(conn, completion), after);
+    }
+
     /// After a completion: post what waited for queue room or credit, or grant credits.
     pub(in crate::reactor) fn after_completion(&mut self, t: ConnKey) {
-        let Some(c) = self.conns.get(t) else { return };
-        if c.sq.wants_post() || c.rq.has_pending() {
-            self.mark_dirty(t);
+        if let Some(c) = self.conns.get_mut(t) {
+            after_completion(c, t, &mut self.work.dirty);
         }
     }
 
@@ -716,6 +712,14 @@ impl Core {
             }
         }
         self.work.evented.give_back(evented);
+    }
+}
+
+/// [`Core::after_completion`] on connection `t`'s entry `c`.
+#[inline]
+fn after_completion(c: &mut crate::reactor::ConnEntry, t: ConnKey, dirty: &mut Vec<ConnKey>) {
+    if c.sq.wants_post() || c.rq.has_pending() {
+        list_dirty(c, t, dirty);
     }
 }
 

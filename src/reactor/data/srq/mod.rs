@@ -533,8 +533,7 @@ impl Core {
             remote_write: wc.remote_write,
             region: None,
         };
-        self.deliver_completion(t, completion);
-        self.after_completion(t);
+        self.deliver_completion_then(t, completion);
         if self.conns.get(t).is_some_and(|c| c.drained()) {
             self.feed(t, Input::Drained);
         }
