@@ -143,28 +143,30 @@ impl Core {
         let Some(c) = self.conns.get(t) else {
             return Err(SubmitError::new(Error::StaleToken(t.token().as_u64()), op));
         };
-        // The usual case first, without looking at a reconnection's device.
-        let placed = c.placed.filter(|_| c.can_submit());
-        let (device, tail) = match (placed, placed.map_or_else(|| c.waiting_device(&self.devices), |_| None)) {
-            (Some(p), _) => (p.device, p.tail),
-            // Reconnecting (`conn/reconnect.rs`): a two-sided operation waits for the new queue
-            // pair; it is checked against the last one's device and peer.
-            (None, Some(Ok(device))) if !op.body.one_sided() => (device, false),
-            // ... unless that device was removed (and released): nothing to check it against,
-            // and its buffers could never go on the new queue pair.
-            (None, Some(Err(e))) if !op.body.one_sided() => return Err(SubmitError::new(e, op)),
-            (None, Some(_)) => {
-                let what = format!(
-                    "connection {:?} is reconnecting: a one-sided operation names the old peer's remote keys, \
-                     which are invalid on the new connection (submit it after on_reconnected, with the new ones)",
-                    t.token()
-                );
-                return Err(SubmitError::new(Error::NotConnected(what), op));
-            }
-            (None, None) => {
-                let what = format!("connection {:?} is {:?}", t.token(), c.role.state());
-                return Err(SubmitError::new(Error::NotConnected(what), op));
-            }
+        // The usual case first, without looking at a reconnection's device (and without
+        // building the pair of options the other cases match: issue 33).
+        let (device, tail) = match c.placed {
+            Some(p) if c.can_submit() => (p.device, p.tail),
+            _ => match c.waiting_device(&self.devices) {
+                // Reconnecting (`conn/reconnect.rs`): a two-sided operation waits for the new
+                // queue pair; it is checked against the last one's device and peer.
+                Some(Ok(device)) if !op.body.one_sided() => (device, false),
+                // ... unless that device was removed (and released): nothing to check it
+                // against, and its buffers could never go on the new queue pair.
+                Some(Err(e)) if !op.body.one_sided() => return Err(SubmitError::new(e, op)),
+                Some(_) => {
+                    let what = format!(
+                        "connection {:?} is reconnecting: a one-sided operation names the old peer's remote keys, \
+                         which are invalid on the new connection (submit it after on_reconnected, with the new ones)",
+                        t.token()
+                    );
+                    return Err(SubmitError::new(Error::NotConnected(what), op));
+                }
+                None => {
+                    let what = format!("connection {:?} is {:?}", t.token(), c.role.state());
+                    return Err(SubmitError::new(Error::NotConnected(what), op));
+                }
+            },
         };
         let pool = &self.devices[device].pool;
         // Everything below reads the body's shape, taken in one match (issue 33: a match
