@@ -234,10 +234,11 @@ impl<K: Key, T> GenSlab<K, T> {
         let index = self.free;
         if let Some(slot) = self.slots.get_mut(index as usize) {
             if let Entry::Free(next) = slot.entry {
-                let generation = next_generation(slot.generation);
-                let key = K::wrap(Token::new(K::KIND, index, generation));
+                // The generation moves on before `f` runs: should it panic, the key it saw is
+                // never live (the slot stays free, first on the list).
+                slot.generation = next_generation(slot.generation);
+                let key = K::wrap(Token::new(K::KIND, index, slot.generation));
                 slot.entry = Entry::Full(f(key));
-                slot.generation = generation;
                 self.free = next;
                 self.len += 1;
                 return key;
@@ -310,9 +311,11 @@ impl<K: Key, T> GenSlab<K, T> {
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
         for (i, slot) in self.slots.iter_mut().enumerate() {
             if matches!(&slot.entry, Entry::Full(v) if !keep(v)) {
-                slot.entry = Entry::Free(self.free);
+                let gone = std::mem::replace(&mut slot.entry, Entry::Free(self.free));
                 self.free = i as u32;
                 self.len -= 1;
+                // Dropped with the slab consistent: a `Drop` that panics leaves no slot lost.
+                drop(gone);
             }
         }
     }
@@ -450,5 +453,20 @@ mod tests {
         assert_eq!(s.insert(7).token().index(), 1);
         assert_eq!(s.insert(8).token().index(), 0);
         assert_eq!(s.len(), 5);
+    }
+
+    #[test]
+    fn a_slots_generation_wraps_past_the_largest_and_skips_zero() {
+        let mut s: GenSlab<OpKey, u32> = GenSlab::new();
+        let k = s.insert(0);
+        assert_eq!(s.remove(k), Some(0));
+        s.slots[0].generation = MAX_GENERATION - 1;
+        let a = s.insert(1);
+        assert_eq!(a.token().generation(), MAX_GENERATION);
+        assert_eq!(s.remove(a), Some(1));
+        let b = s.insert(2);
+        assert_eq!(b.token().generation(), 1, "wraps to 1, never 0");
+        assert_eq!(s.get(a), None);
+        assert_eq!(s.get(b), Some(&2));
     }
 }

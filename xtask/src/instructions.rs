@@ -68,6 +68,7 @@ pub const PROFILED: &[(&str, &str)] = &[
     ("aecho64_event", "client"),
     ("stream64_event", "client"),
     ("blast64_event", "client"),
+    ("blast64_event", "server"),
 ];
 
 /// The guest script: `rounds` rounds of every row, then the profiles.

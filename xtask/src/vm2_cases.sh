@@ -24,30 +24,30 @@ say() { echo "== $VM_NAME: $*"; }
 report() { # NAME pass|fail DETAIL
     xtask-mark "case $1 $2 $VM_NAME: $3"
     say "case $1: $2: $3"
-    [ "$2" = fail ] && diagnose "$1"
+    if [ "$2" = fail ]; then diagnose "$1"; fi
 }
 
-# diagnose NAME: after a failed case, what this VM's kernel RDMA stack says, bounded: the
-# kernel log's last lines, the device's nonzero hardware counters, ib_cm's message counters,
-# the peer's neighbour entry and the QPs still there. A case that fails because the stack is
-# wedged (CI once saw every rdma_cm connect between the VMs time out while the peer signals,
-# IP on the same link, went on) then says so, and which case left it so.
+# diagnose NAME: after a failed case, what this VM's kernel RDMA stack says, bounded in lines
+# and, each command, in time (a wedged stack can block a netlink dump): the kernel log's last
+# lines, the device's nonzero hardware counters and ib_cm's message counters (RoCE; iWARP has
+# neither), the neighbour entries and the QPs still there. A case that fails because the
+# stack is wedged (CI once saw every rdma_cm connect between the VMs time out while the peer
+# signals, IP on the same link, went on) then says so, and which case left it so.
 diagnose() {
     say "diagnostics after $1 failed:"
-    dmesg 2>/dev/null | grep -v 'speed is unknown' | tail -n 20 | sed 's/^/  dmesg: /'
+    timeout -s KILL 5 dmesg 2>/dev/null | grep -v 'speed is unknown' | tail -n 20 | sed 's/^/  dmesg: /'
     nonzero() { # DIR: NAME=VALUE of each nonzero counter file in DIR
-        [ -d "$1" ] || return 0
         for f in "$1"/*; do
-            v=$(cat "$f" 2>/dev/null) || continue
+            v=$(timeout -s KILL 5 cat "$f" 2>/dev/null) || continue
             [ -n "$v" ] && [ "$v" != 0 ] && printf '%s=%s ' "${f##*/}" "$v"
         done
     }
-    echo "  $RDMA_DEV hw_counters: $(nonzero "/sys/class/infiniband/$RDMA_DEV/ports/1/hw_counters")"
-    for c in cm_tx_msgs cm_rx_msgs cm_tx_retries cm_rx_duplicates; do
-        echo "  ib_cm $c: $(nonzero "/sys/class/infiniband/$RDMA_DEV/ports/1/$c")"
+    port=/sys/class/infiniband/$RDMA_DEV/ports/1
+    for d in hw_counters cm_tx_msgs cm_rx_msgs cm_tx_retries cm_rx_duplicates; do
+        [ -d "$port/$d" ] && echo "  $RDMA_DEV $d: $(nonzero "$port/$d")"
     done
-    ip neigh show dev "$RDMA_NETDEV" 2>/dev/null | sed 's/^/  neigh: /'
-    rdma resource show qp 2>/dev/null | head -n 12 | sed 's/^/  qp: /'
+    timeout -s KILL 5 ip neigh show dev "$RDMA_NETDEV" 2>/dev/null | sed 's/^/  neigh: /'
+    timeout -s KILL 5 rdma resource show qp 2>/dev/null | head -n 12 | sed 's/^/  qp: /'
     return 0
 }
 
