@@ -29,28 +29,15 @@ impl Core {
         t: ConnKey,
         f: impl FnOnce(&mut dyn ConnectionHandler, &mut Conn<'_>),
     ) {
-        self.with_conn_after(t, |_| {}, f);
+        self.with_conn_between(t, |_| {}, f, |_, _| {});
     }
 
-    /// [`Core::with_conn`], running `first` on the connection's entry in the same lookup that
-    /// takes its handler (a completion's metering: one lookup a completion fewer, issue 33).
-    /// Neither runs for a connection that is gone; `first` runs even when its handler is out
-    /// (a callback of its own is running).
-    #[inline]
-    pub(in crate::reactor) fn with_conn_after(
-        &mut self,
-        t: ConnKey,
-        first: impl FnOnce(&mut ConnEntry),
-        f: impl FnOnce(&mut dyn ConnectionHandler, &mut Conn<'_>),
-    ) {
-        self.with_conn_between(t, first, f, |_, _| {});
-    }
-
-    /// [`Core::with_conn_after`], and `last` on the entry in the lookup that puts the handler
-    /// back, with the tick's list of connections to post (`list_dirty`): what a completion
-    /// leaves to do is seen without a lookup of its own (issue 33). `last` runs once `first`
-    /// did, when the connection is still there: after the handler, or at once when its
-    /// handler is out.
+    /// [`Core::with_conn`], with `first` run on the connection's entry in the lookup that
+    /// takes its handler (a completion's metering) and `last` in the lookup that puts it back,
+    /// with the tick's list of connections to post (`list_dirty`): what a completion leaves
+    /// to do is seen without a lookup of its own (issue 33). Neither runs for a connection
+    /// that is gone. When its handler is out (a callback of its own is running), both run at
+    /// once; otherwise `last` runs after the handler, if the connection is still there.
     #[inline]
     pub(in crate::reactor) fn with_conn_between(
         &mut self,
