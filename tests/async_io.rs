@@ -23,7 +23,6 @@ use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -33,35 +32,6 @@ use rdma_reactor::{CloseReason, Completion, Conn, ConnectOptions, ConnectionHand
 use util::*;
 
 const LIMIT: Duration = Duration::from_secs(120);
-
-/// Ends the process with a message if it is not dropped within `limit`: `block_on` sleeps
-/// until an event, so a future that never resolves would otherwise hang the test.
-struct Watchdog(Arc<AtomicBool>);
-
-impl Watchdog {
-    fn new(what: &'static str, limit: Duration) -> Watchdog {
-        let done = Arc::new(AtomicBool::new(false));
-        let d = done.clone();
-        std::thread::spawn(move || {
-            let end = Instant::now() + limit;
-            while Instant::now() < end {
-                if d.load(Ordering::Relaxed) {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            eprintln!("{what}: not done after {limit:?}");
-            std::process::exit(101);
-        });
-        Watchdog(done)
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-}
 
 /// Serves `listener`: one task per connection, echoing every message until the peer closes.
 /// Returns how each served connection ended, as the tasks record it.

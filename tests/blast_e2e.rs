@@ -198,6 +198,18 @@ impl ListenerHandler for Exposer {
     }
 }
 
+/// Exposes a chunk of pattern `seed` for reading and sends the peer its 16-byte descriptor.
+fn expose_and_send(conn: &mut Conn<'_>, seed: u64) -> Exposed {
+    let mut chunk = conn.alloc(CHUNK).expect("chunk");
+    chunk.fill_from(&pattern(CHUNK, seed, 0)).expect("fill");
+    let exposed = conn.expose(chunk, RemoteAccess::READ).expect("expose");
+    let desc = exposed.remote().slice(0, CHUNK as u32).expect("fits");
+    let mut msg = conn.alloc(16).expect("buffer");
+    msg.fill_from(&desc.encode()).expect("16 bytes");
+    conn.submit(Op::send(msg)).expect("send descriptor");
+    exposed
+}
+
 struct ExposerAgent {
     exposed: Option<Exposed>,
 }
@@ -208,14 +220,7 @@ impl ConnectionHandler for ExposerAgent {
     }
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {
-        let mut chunk = conn.alloc(CHUNK).expect("chunk");
-        chunk.fill_from(&pattern(CHUNK, 77, 0)).expect("fill");
-        let exposed = conn.expose(chunk, RemoteAccess::READ).expect("expose");
-        let desc = exposed.remote().slice(0, CHUNK as u32).expect("fits");
-        self.exposed = Some(exposed);
-        let mut msg = conn.alloc(16).expect("buffer");
-        msg.fill_from(&desc.encode()).expect("16 bytes");
-        conn.submit(Op::send(msg)).expect("send descriptor");
+        self.exposed = Some(expose_and_send(conn, 77));
     }
 
     fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
@@ -680,14 +685,7 @@ fn a_stale_rkey_reaches_nothing() {
             post_receives(conn);
         }
         fn on_established(&mut self, conn: &mut Conn<'_>) {
-            let mut chunk = conn.alloc(CHUNK).expect("chunk");
-            chunk.fill_from(&pattern(CHUNK, 78, 0)).expect("fill");
-            let exposed = conn.expose(chunk, RemoteAccess::READ).expect("expose");
-            let desc = exposed.remote().slice(0, CHUNK as u32).expect("fits");
-            self.exposed = Some(exposed);
-            let mut msg = conn.alloc(16).expect("buffer");
-            msg.fill_from(&desc.encode()).expect("16 bytes");
-            conn.submit(Op::send(msg)).expect("send descriptor");
+            self.exposed = Some(expose_and_send(conn, 78));
         }
         fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
             if let (OpCode::Recv, Ok(_)) = (c.opcode, c.result) {

@@ -80,14 +80,14 @@ fn syn_dropper(addr: SocketAddr) -> (TcpListener, Vec<TcpStream>) {
 /// Ticks until `done`, failing after `limit` or when the ping-pong failed.
 fn pump_until(
     reactor: &mut Reactor,
-    failed: &Rc<RefCell<Option<String>>>,
+    ping: &Rc<RefCell<PingResult>>,
     limit: Duration,
     what: &str,
     mut done: impl FnMut(&Reactor) -> bool,
 ) {
     let deadline = Instant::now() + limit;
     while !done(reactor) {
-        assert!(failed.borrow().is_none(), "{what}: {}", failed.borrow().as_deref().unwrap_or(""));
+        assert_eq!(ping.borrow().failure(), None, "{what}: the ping-pong failed");
         assert!(Instant::now() < deadline, "{what}: not done after {limit:?}: {:?}", reactor.stats());
         reactor.run_once(Some(Duration::from_millis(5))).expect("run_once");
     }
@@ -95,19 +95,14 @@ fn pump_until(
 
 /// The median of the ping-pong's round trips over a window of at least [`ROUND_TRIPS`] of them
 /// and at least 2 s, from an empty log.
-fn measure(
-    reactor: &mut Reactor,
-    failed: &Rc<RefCell<Option<String>>>,
-    rtts: &Rc<RefCell<Vec<Duration>>>,
-    what: &str,
-) -> Duration {
-    assert!(rtts.borrow().is_empty(), "{what}: the window starts from an empty log");
+fn measure(reactor: &mut Reactor, ping: &Rc<RefCell<PingResult>>, what: &str) -> Duration {
+    assert!(ping.borrow().rtts.is_empty(), "{what}: the window starts from an empty log");
     let start = Instant::now();
-    pump_until(reactor, failed, Duration::from_secs(60), what, |_| {
-        rtts.borrow().len() >= ROUND_TRIPS && start.elapsed() >= Duration::from_secs(2)
+    pump_until(reactor, ping, Duration::from_secs(60), what, |_| {
+        ping.borrow().rtts.len() >= ROUND_TRIPS && start.elapsed() >= Duration::from_secs(2)
     });
-    let m = median(&mut rtts.borrow_mut());
-    println!("{what}: median {m:?} over {} round trips in {:?}", rtts.borrow().len(), start.elapsed());
+    let m = median(&mut ping.borrow_mut().rtts);
+    println!("{what}: median {m:?} over {} round trips in {:?}", ping.borrow().rtts.len(), start.elapsed());
     m
 }
 
@@ -125,16 +120,16 @@ fn a_connect_hanging_on_dropped_syns_leaves_the_other_connections_at_their_pace(
     let mut reactor = Reactor::new().expect("reactor");
     let server = addr();
     reactor.listen(server, EchoListener { depth: 4, agents_closed: Default::default() }).expect("listen");
-    let (pinger, (rtts, failed)) = TimedPinger::new(7, SIZE);
+    let (pinger, ping) = PingClient::timed(7, SIZE);
     reactor.connect(server, ConnectOptions::default(), pinger).expect("connect the ping-pong client");
 
     // Alone (after a warm-up). The ping-pong is measured alone before the connects and again
     // after their calls returned, in windows like the one while they hang: the emulated VM's
     // pace drifts, and a baseline taken only before would count that drift against the
     // runtime (CI saw 2.0x and 2.6x from one 70 ms window before against 2 s during).
-    pump_until(&mut reactor, &failed, Duration::from_secs(60), "warm-up", |_| rtts.borrow().len() >= ROUND_TRIPS);
-    rtts.borrow_mut().clear();
-    let alone_before = measure(&mut reactor, &failed, &rtts, "alone");
+    pump_until(&mut reactor, &ping, Duration::from_secs(60), "warm-up", |_| ping.borrow().rtts.len() >= ROUND_TRIPS);
+    ping.borrow_mut().rtts.clear();
+    let alone_before = measure(&mut reactor, &ping, "alone");
 
     // A connect whose SYNs are dropped.
     let dropping = addr();
@@ -143,7 +138,7 @@ fn a_connect_hanging_on_dropped_syns_leaves_the_other_connections_at_their_pace(
     let (hung_heard, hung_closed) = (hung.heard.clone(), hung.closed.clone());
     let started = Instant::now();
     reactor.connect(dropping, ConnectOptions::default(), hung).expect("connect to the SYN dropper");
-    pump_until(&mut reactor, &failed, Duration::from_secs(30), "the hanging call starts", |r| {
+    pump_until(&mut reactor, &ping, Duration::from_secs(30), "the hanging call starts", |r| {
         r.stats().connect_calls_running == 1
     });
     let call_started = started.elapsed();
@@ -151,14 +146,14 @@ fn a_connect_hanging_on_dropped_syns_leaves_the_other_connections_at_their_pace(
     let closed_early = Hanging::default();
     let (early_heard, early_closed) = (closed_early.heard.clone(), closed_early.closed.clone());
     let early = reactor.connect(dropping, ConnectOptions::default(), closed_early).expect("second connect");
-    pump_until(&mut reactor, &failed, Duration::from_secs(30), "the second call starts", |r| {
+    pump_until(&mut reactor, &ping, Duration::from_secs(30), "the second call starts", |r| {
         r.stats().connect_calls_running == 2
     });
     reactor.ctx().close(early);
 
     // The ping-pong goes on meanwhile.
-    rtts.borrow_mut().clear();
-    let during = measure(&mut reactor, &failed, &rtts, "while connects hang");
+    ping.borrow_mut().rtts.clear();
+    let during = measure(&mut reactor, &ping, "while connects hang");
     let st = reactor.stats();
     assert_eq!(st.connect_calls_running, 2, "both calls still run after the measurement: {st:?}");
     assert!(hung_closed.borrow().is_none(), "the hanging client is still connecting: {:?}", hung_closed.borrow());
@@ -171,7 +166,7 @@ fn a_connect_hanging_on_dropped_syns_leaves_the_other_connections_at_their_pace(
     // The listener goes: the next retransmitted SYN is answered with a reset.
     drop(fillers);
     drop(listener);
-    pump_until(&mut reactor, &failed, Duration::from_secs(60), "the calls return", |_| {
+    pump_until(&mut reactor, &ping, Duration::from_secs(60), "the calls return", |_| {
         hung_closed.borrow().is_some() && early_closed.borrow().is_some()
     });
     assert_eq!(
@@ -188,8 +183,8 @@ fn a_connect_hanging_on_dropped_syns_leaves_the_other_connections_at_their_pace(
     }
     let st = reactor.stats();
     assert_eq!((st.connect_threads, st.connect_calls_running), (3, 0), "three calls on helpers, none left: {st:?}");
-    rtts.borrow_mut().clear();
-    let alone_after = measure(&mut reactor, &failed, &rtts, "alone again");
+    ping.borrow_mut().rtts.clear();
+    let alone_after = measure(&mut reactor, &ping, "alone again");
     let alone = alone_before.max(alone_after);
     println!(
         "median round trip alone {alone_before:?} before and {alone_after:?} after, while 2 connects hang {during:?} \
@@ -210,12 +205,12 @@ fn a_connect_hanging_on_dropped_syns_leaves_the_other_connections_at_their_pace(
         line.push(h.closed.clone());
         reactor.connect(dropping, ConnectOptions::default(), h).expect("connect in the line");
     }
-    pump_until(&mut reactor, &failed, Duration::from_secs(60), "64 calls run, one waits", |r| {
+    pump_until(&mut reactor, &ping, Duration::from_secs(60), "64 calls run, one waits", |r| {
         let st = r.stats();
         st.connect_calls_running == 64 && st.connects_queued == before.connects_queued + 1
     });
     let settle = Instant::now();
-    pump_until(&mut reactor, &failed, Duration::from_secs(30), "the line settles", |_| {
+    pump_until(&mut reactor, &ping, Duration::from_secs(30), "the line settles", |_| {
         settle.elapsed() >= Duration::from_millis(300)
     });
     let st = reactor.stats();
@@ -226,7 +221,7 @@ fn a_connect_hanging_on_dropped_syns_leaves_the_other_connections_at_their_pace(
     );
     drop(fillers);
     drop(listener);
-    pump_until(&mut reactor, &failed, Duration::from_secs(60), "the line ends", |_| {
+    pump_until(&mut reactor, &ping, Duration::from_secs(60), "the line ends", |_| {
         line.iter().all(|c| c.borrow().is_some())
     });
     for (i, c) in line.iter().enumerate() {
@@ -241,12 +236,12 @@ fn a_connect_hanging_on_dropped_syns_leaves_the_other_connections_at_their_pace(
     let last = Hanging::default();
     let last_closed = last.closed.clone();
     reactor.connect(dropping, ConnectOptions::default(), last).expect("last connect");
-    pump_until(&mut reactor, &failed, Duration::from_secs(30), "the last call starts", |r| {
+    pump_until(&mut reactor, &ping, Duration::from_secs(30), "the last call starts", |r| {
         r.stats().connect_calls_running == 1
     });
     // Long enough for its first SYN to be dropped: the call then waits for a retransmission.
     let settle = Instant::now();
-    pump_until(&mut reactor, &failed, Duration::from_secs(30), "the last call's SYN goes", |_| {
+    pump_until(&mut reactor, &ping, Duration::from_secs(30), "the last call's SYN goes", |_| {
         settle.elapsed() >= Duration::from_millis(300)
     });
     assert_eq!(reactor.stats().connect_calls_running, 1, "the last call still runs");

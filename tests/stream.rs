@@ -18,43 +18,12 @@ use std::future::Future;
 use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_reactor::io::{self, Connection, Listener, Stream};
 use rdma_reactor::{CloseReason, Config, ConnectOptions, Error, Reactor};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use util::*;
-
-/// Ends the process with a message if it is not dropped within `limit`: a stream that never
-/// ends would otherwise hang the test.
-struct Watchdog(Arc<AtomicBool>);
-
-impl Watchdog {
-    fn new(what: &'static str, limit: Duration) -> Watchdog {
-        let done = Arc::new(AtomicBool::new(false));
-        let d = done.clone();
-        std::thread::spawn(move || {
-            let end = Instant::now() + limit;
-            while Instant::now() < end {
-                if d.load(Ordering::Relaxed) {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            eprintln!("{what}: not done after {limit:?}");
-            std::process::exit(101);
-        });
-        Watchdog(done)
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-}
 
 /// The bytes of a stream: byte `i` of stream `seed` is `block[(i + seed) % block.len()]`, a
 /// block of a prime length, so a lost, repeated or reordered message shows.

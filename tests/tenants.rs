@@ -310,23 +310,22 @@ fn farmers(server: SocketAddr, stop: Arc<AtomicBool>, ready: Arc<AtomicBool>) ->
 
 /// The median of three windows' medians, each of at least `n / 3` round trips and `min / 3`:
 /// one burst of the emulator's (a stall of the whole VM) moves one window, not the result.
-fn measure3(r: &mut Reactor, log: &PingLog, n: usize, min: Duration, what: &str) -> Duration {
-    let mut w: Vec<Duration> = (0..3).map(|_| measure(r, log, n.div_ceil(3), min / 3, what)).collect();
+fn measure3(r: &mut Reactor, ping: &Rc<RefCell<PingResult>>, n: usize, min: Duration, what: &str) -> Duration {
+    let mut w: Vec<Duration> = (0..3).map(|_| measure(r, ping, n.div_ceil(3), min / 3, what)).collect();
     median(&mut w)
 }
 
 /// Ticks the good client's reactor until `n` more round trips, and at least `min` time.
-fn measure(r: &mut Reactor, log: &PingLog, n: usize, min: Duration, what: &str) -> Duration {
-    let (rtts, failed) = log;
-    rtts.borrow_mut().clear();
+fn measure(r: &mut Reactor, ping: &Rc<RefCell<PingResult>>, n: usize, min: Duration, what: &str) -> Duration {
+    ping.borrow_mut().rtts.clear();
     let start = Instant::now();
     let deadline = start + Duration::from_secs(120);
-    while rtts.borrow().len() < n || start.elapsed() < min {
-        assert!(failed.borrow().is_none(), "{what}: the good client failed: {:?}", failed.borrow());
-        assert!(Instant::now() < deadline, "{what}: {} round trips after 120 s", rtts.borrow().len());
+    while ping.borrow().rtts.len() < n || start.elapsed() < min {
+        assert_eq!(ping.borrow().failure(), None, "{what}: the good client failed");
+        assert!(Instant::now() < deadline, "{what}: {} round trips after 120 s", ping.borrow().rtts.len());
         r.run_once(Some(Duration::from_millis(5))).expect("run_once");
     }
-    median(&mut rtts.borrow_mut())
+    median(&mut ping.borrow_mut().rtts)
 }
 
 /// Open file descriptors of `pid`.
@@ -423,11 +422,11 @@ impl Attacks {
 }
 
 /// Ticks the good client's reactor until `attacks` are in place.
-fn wait_in_place(r: &mut Reactor, log: &PingLog, attacks: &Attacks) {
+fn wait_in_place(r: &mut Reactor, ping: &Rc<RefCell<PingResult>>, attacks: &Attacks) {
     let deadline = Instant::now() + Duration::from_secs(300);
     while !attacks.in_place() {
         assert!(Instant::now() < deadline, "the attacks are not in place after 300 s");
-        assert!(log.1.borrow().is_none(), "the good client failed while the attacks began: {:?}", log.1.borrow());
+        assert_eq!(ping.borrow().failure(), None, "the good client failed while the attacks began");
         r.run_once(Some(Duration::from_millis(5))).expect("run_once");
     }
 }
@@ -447,7 +446,7 @@ fn hostile_tenants(kind: Server) {
     let pid = srv.pid();
     let fds_alone = fds(pid);
     let mut r = Reactor::new().expect("good client reactor");
-    let (good, log) = TimedPinger::new(1, SIZE);
+    let (good, log) = PingClient::timed(1, SIZE);
     r.connect(server, small(), good).expect("good client");
     measure(&mut r, &log, ROUND_TRIPS, Duration::ZERO, "warm-up");
     let alone = measure3(&mut r, &log, ROUND_TRIPS, Duration::ZERO, "alone");

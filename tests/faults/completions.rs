@@ -73,6 +73,76 @@ fn a_wrong_local_key_fails_that_connection_alone() {
     assert_baseline();
 }
 
+/// The safe submits refuse a raw operation: [`Conn::submit`] and [`Ctx::submit`] hand a raw
+/// send and a raw receive back, each with an error naming `submit_raw`, before anything is
+/// posted: no completion of them ever comes (their key names no region: one posted by mistake
+/// would fail and close the connection with a work error), and the connection goes on echoing
+/// every message verified (a raw receive posted by mistake would also have taken an echo).
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn the_safe_submits_refuse_a_raw_operation() {
+    const RAW: u64 = 0xbad;
+    #[derive(Default)]
+    struct Seen {
+        refused: Vec<String>,
+        raw_completions: u32,
+    }
+    struct TriesRaw {
+        inner: PingClient,
+        memory: Box<[u8; 256]>,
+        seen: Rc<RefCell<Seen>>,
+    }
+    impl rdma_reactor::ConnectionHandler for TriesRaw {
+        fn on_ready(&mut self, conn: &mut rdma_reactor::Conn<'_>) {
+            self.inner.on_ready(conn)
+        }
+        fn on_established(&mut self, conn: &mut rdma_reactor::Conn<'_>) {
+            // A key that names no region: were one of these posted, the device would refuse
+            // it and the connection would close with a work error, which the test would see.
+            let raw = rdma_reactor::RawBuf { addr: self.memory.as_ptr() as u64, len: 256, lkey: 0xdead_beef };
+            let token = conn.token();
+            let tries = [
+                conn.submit(rdma_reactor::Op::raw_recv(raw).user_data(RAW)),
+                conn.submit(rdma_reactor::Op::raw_send(raw).user_data(RAW)),
+                conn.ctx().submit(token, rdma_reactor::Op::raw_recv(raw).user_data(RAW)),
+                conn.ctx().submit(token, rdma_reactor::Op::raw_send(raw).user_data(RAW)),
+            ];
+            for t in tries {
+                let e = t.expect_err("a safe submit refuses a raw operation");
+                self.seen.borrow_mut().refused.push(e.error.to_string());
+            }
+            self.inner.on_established(conn)
+        }
+        fn on_completion(&mut self, conn: &mut rdma_reactor::Conn<'_>, c: rdma_reactor::Completion) {
+            if c.user_data == RAW {
+                self.seen.borrow_mut().raw_completions += 1;
+            }
+            self.inner.on_completion(conn, c)
+        }
+        fn on_closed(&mut self, ctx: &mut Ctx<'_>, t: rdma_reactor::Token, reason: CloseReason) {
+            self.inner.on_closed(ctx, t, reason)
+        }
+    }
+    {
+        let (mut srv, a, _heard) = server(Config::default());
+        let mut cli = Reactor::new().expect("client reactor");
+        let (inner, result) = PingClient::new(1, SIZE, 100);
+        let seen = Rc::new(RefCell::new(Seen::default()));
+        let memory = Box::new([0u8; 256]);
+        let opts = ConnectOptions { msg_size: SIZE as u32, ..ConnectOptions::default() };
+        cli.connect(a, opts, TriesRaw { inner, memory, seen: seen.clone() }).expect("connect");
+        pump(&mut [&mut srv, &mut cli], LIMIT, || result.borrow().closed.is_some());
+        let r = result.borrow();
+        assert_eq!((r.echoed, r.verified_bytes, r.error.as_deref()), (100, 100 * SIZE as u64, None), "{r:?}");
+        assert_eq!(r.closed, Some(CloseReason::Local));
+        let s = seen.borrow();
+        assert_eq!(s.refused.len(), 4, "{:?}", s.refused);
+        assert!(s.refused.iter().all(|e| e.contains("submit_raw")), "{:?}", s.refused);
+        assert_eq!(s.raw_completions, 0, "a refused operation never completes");
+    }
+    assert_baseline();
+}
+
 /// The CQ overrun test's handlers (case 23), built with the `fault-injection` feature only.
 #[cfg(feature = "fault-injection")]
 mod overrun {

@@ -446,6 +446,15 @@ pub struct PingResult {
     pub cancelled: u64,
     pub closed: Option<CloseReason>,
     pub error: Option<String>,
+    /// Each round trip, send submitted to echo verified ([`PingClient::timed`] only).
+    pub rtts: Vec<Duration>,
+}
+
+impl PingResult {
+    /// The first failure, or the connection closing: `None` while the ping-pong goes on.
+    pub fn failure(&self) -> Option<String> {
+        self.error.clone().or_else(|| self.closed.as_ref().map(|r| format!("the connection closed: {r}")))
+    }
 }
 
 /// Ping-pongs `count` verified messages of `size` bytes, then closes.
@@ -459,6 +468,9 @@ pub struct PingClient {
     /// Receives it keeps posted (1, or at least 3 to offer flow control, which a server on a
     /// shared receive queue requires).
     pub recvs: u64,
+    /// Round trips are recorded in [`PingResult::rtts`] ([`PingClient::timed`]).
+    pub timed: bool,
+    pub sent_at: Instant,
     pub result: Rc<RefCell<PingResult>>,
 }
 
@@ -473,6 +485,8 @@ impl PingClient {
             send_buf: None,
             waiting_echo: false,
             recvs: 1,
+            timed: false,
+            sent_at: Instant::now(),
             result: result.clone(),
         };
         (c, result)
@@ -483,6 +497,15 @@ impl PingClient {
     pub fn flow_controlled(id: u64, size: usize, count: u64) -> (PingClient, Rc<RefCell<PingResult>>) {
         let (mut c, result) = PingClient::new(id, size, count);
         c.recvs = 3;
+        (c, result)
+    }
+
+    /// Ping-pongs for ever, recording each round trip, with 4 receives posted: enough to offer
+    /// flow control, so an echo never finds none posted (an RNR wait of milliseconds on RoCE).
+    pub fn timed(id: u64, size: usize) -> (PingClient, Rc<RefCell<PingResult>>) {
+        let (mut c, result) = PingClient::new(id, size, u64::MAX);
+        c.recvs = 4;
+        c.timed = true;
         (c, result)
     }
 
@@ -498,6 +521,9 @@ impl PingClient {
         let Some(mut buf) = self.send_buf.take() else { return };
         buf.fill_from(&pattern(self.size, self.id, self.seq)).expect("fill");
         self.waiting_echo = true;
+        if self.timed {
+            self.sent_at = Instant::now();
+        }
         if let Err(e) = conn.submit(Op::send(buf).user_data(self.seq)) {
             self.fail(conn, format!("send: {}", e.error));
         }
@@ -527,6 +553,7 @@ impl ConnectionHandler for PingClient {
                 self.send_next(conn);
             }
             (OpCode::Recv, Ok(n)) => {
+                let rtt = self.timed.then(|| self.sent_at.elapsed());
                 let buf = c.buf.expect("buffer");
                 if n as usize != self.size {
                     return self.fail(conn, format!("message {}: {n} bytes echoed, {} sent", self.seq, self.size));
@@ -538,6 +565,7 @@ impl ConnectionHandler for PingClient {
                     let mut r = self.result.borrow_mut();
                     r.echoed += 1;
                     r.verified_bytes += n as u64;
+                    r.rtts.extend(rtt);
                 }
                 self.seq += 1;
                 self.waiting_echo = false;
@@ -572,96 +600,32 @@ impl ConnectionHandler for PingClient {
     }
 }
 
-/// Ping-pongs one verified message of `size` bytes at a time, for ever, recording each round
-/// trip; the first failure (an echo that differs, an error, the connection closing) is kept.
-pub struct TimedPinger {
-    id: u64,
-    size: usize,
-    seq: u64,
-    send: Option<Buf>,
-    waiting: bool,
-    sent_at: Instant,
-    rtts: Rc<RefCell<Vec<Duration>>>,
-    failed: Rc<RefCell<Option<String>>>,
-}
+/// Ends the process with a message if it is not dropped within `limit`: `block_on` sleeps
+/// until an event, so a future (or a stream) that never resolves would otherwise hang the test.
+pub struct Watchdog(std::sync::Arc<std::sync::atomic::AtomicBool>);
 
-/// A [`TimedPinger`]'s round trips and first failure, shared with the test.
-pub type PingLog = (Rc<RefCell<Vec<Duration>>>, Rc<RefCell<Option<String>>>);
-
-impl TimedPinger {
-    /// The handler, its round trips and its first failure.
-    pub fn new(id: u64, size: usize) -> (TimedPinger, PingLog) {
-        let rtts = Rc::new(RefCell::new(Vec::new()));
-        let failed = Rc::new(RefCell::new(None));
-        let p = TimedPinger {
-            id,
-            size,
-            seq: 0,
-            send: None,
-            waiting: false,
-            sent_at: Instant::now(),
-            rtts: rtts.clone(),
-            failed: failed.clone(),
-        };
-        (p, (rtts, failed))
-    }
-
-    fn send_next(&mut self, conn: &mut Conn<'_>) {
-        if self.waiting {
-            return;
-        }
-        let Some(mut buf) = self.send.take() else { return };
-        buf.fill_from(&pattern(self.size, self.id, self.seq)).expect("fill");
-        self.waiting = true;
-        self.sent_at = Instant::now();
-        if let Err(e) = conn.submit(Op::send(buf)) {
-            self.failed.borrow_mut().get_or_insert(format!("send {}: {}", self.seq, e.error));
-        }
-    }
-}
-
-impl ConnectionHandler for TimedPinger {
-    fn on_ready(&mut self, conn: &mut Conn<'_>) {
-        // 4 receives: enough to offer flow control, so an echo never finds none posted (an
-        // RNR wait of milliseconds on RoCE).
-        post_recvs(conn, 4, self.size);
-        self.send = Some(conn.alloc(self.size).expect("send buffer"));
-    }
-
-    fn on_established(&mut self, conn: &mut Conn<'_>) {
-        self.send_next(conn);
-    }
-
-    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
-        match (c.opcode, c.result) {
-            (OpCode::Send, Ok(_)) => {
-                self.send = c.buf;
-                self.send_next(conn);
-            }
-            (OpCode::Recv, Ok(n)) => {
-                let rtt = self.sent_at.elapsed();
-                let buf = c.buf.expect("buffer");
-                if n as usize != self.size || buf.as_slice() != pattern(self.size, self.id, self.seq).as_slice() {
-                    self.failed
-                        .borrow_mut()
-                        .get_or_insert(format!("message {}: the echo differs ({n} bytes)", self.seq));
-                    return conn.close();
+impl Watchdog {
+    pub fn new(what: &'static str, limit: Duration) -> Watchdog {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let d = done.clone();
+        std::thread::spawn(move || {
+            let end = Instant::now() + limit;
+            while Instant::now() < end {
+                if d.load(Ordering::Relaxed) {
+                    return;
                 }
-                self.rtts.borrow_mut().push(rtt);
-                self.seq += 1;
-                self.waiting = false;
-                conn.submit(Op::recv(buf)).expect("post receive");
-                self.send_next(conn);
+                std::thread::sleep(Duration::from_millis(100));
             }
-            (op, Err(e)) => {
-                self.failed.borrow_mut().get_or_insert(format!("{op:?} failed: {e}"));
-            }
-            _ => {}
-        }
+            eprintln!("{what}: not done after {limit:?}");
+            std::process::exit(101);
+        });
+        Watchdog(done)
     }
+}
 
-    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
-        self.failed.borrow_mut().get_or_insert(format!("the ping-pong connection closed: {reason}"));
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
