@@ -29,7 +29,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use nix::libc;
 use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow};
 use rdma_sys as ffi;
 
@@ -96,21 +95,12 @@ impl Connecting {
                 retry_count: retry,
                 rnr_retry_count: rnr,
             };
-            let mut interrupted = 0;
-            let result = loop {
+            let (result, interrupted) = super::restart_interrupted(deadline, || {
                 let mut raw = param.raw();
                 // SAFETY: the id is live until this thread is joined (`IdPtr`); `raw` and the
                 // private data it points to live across the call.
-                let r = cvt(unsafe { ffi::rdma_connect(id.0.as_ptr(), &mut raw) }).map(drop);
-                match r {
-                    Err(e)
-                        if e.raw_os_error() == Some(libc::EINTR) && deadline.map_or(true, |d| Instant::now() < d) =>
-                    {
-                        interrupted += 1;
-                    }
-                    r => break r,
-                }
-            };
+                cvt(unsafe { ffi::rdma_connect(id.0.as_ptr(), &mut raw) }).map(drop)
+            });
             returned_in_helper.store(true, Ordering::Release);
             done();
             (result, interrupted)

@@ -68,6 +68,27 @@ pub(crate) fn cvt_ptr<T>(p: *mut T) -> io::Result<NonNull<T>> {
     })
 }
 
+/// Makes `call` again while it fails with `EINTR` and `deadline` (`None`: no limit) has not
+/// passed, as `SA_RESTART` would for a call the kernel never restarts (`rdma_connect`'s write
+/// to the CM): its last result, and how many times it was interrupted.
+pub(crate) fn restart_interrupted<T>(
+    deadline: Option<std::time::Instant>,
+    mut call: impl FnMut() -> io::Result<T>,
+) -> (io::Result<T>, u32) {
+    let mut interrupted = 0u32;
+    loop {
+        match call() {
+            Err(e)
+                if e.raw_os_error() == Some(nix::libc::EINTR)
+                    && deadline.map_or(true, |d| std::time::Instant::now() < d) =>
+            {
+                interrupted = interrupted.saturating_add(1);
+            }
+            r => return (r, interrupted),
+        }
+    }
+}
+
 /// Maps a would-block error to `Ok(None)`.
 pub(crate) fn nonblock<T>(r: io::Result<T>) -> io::Result<Option<T>> {
     match r {

@@ -106,13 +106,9 @@ impl Core {
             return self.start_call(t, &bytes, deadline);
         }
         let param = self.conn_param(&bytes, RD_ATOM, RD_ATOM);
-        let mut result = self.conns.get(t)?.ep.id()?.connect(&param);
-        while result.as_ref().is_err_and(|e| e.raw_os_error() == Some(nix::libc::EINTR))
-            && deadline.map_or(true, |d| Instant::now() < d)
-        {
-            self.stats.interrupted_connects += 1;
-            result = self.conns.get(t)?.ep.id()?.connect(&param);
-        }
+        let id = self.conns.get(t)?.ep.id()?;
+        let (result, interrupted) = crate::sys::restart_interrupted(deadline, || id.connect(&param));
+        self.stats.interrupted_connects += u64::from(interrupted);
         result.err().map(connect_failed)
     }
 
