@@ -92,7 +92,9 @@ impl Core {
         let spin_cfg = !self.cfg.spin.is_zero();
         let timed = self.timers.next_deadline().is_some();
         let clocked = spin_cfg || timed;
-        let (now, precise) = self.tick_clock(spin_cfg, timed);
+        let timers_wait = self.tick_clock(spin_cfg);
+        // Precise when spinning; otherwise only the timers read it (`Core::timer_clock`).
+        let now = self.clock.now;
         if std::mem::take(&mut self.spin.worked) {
             self.spin.until = now.checked_add(self.cfg.spin);
         }
@@ -113,7 +115,7 @@ impl Core {
             || self.exec.has_work()
             || self.waiting_can_go();
         let mut wait = if busy { Some(Duration::ZERO) } else { timeout };
-        if let Some(t) = self.timer_wait(now, precise) {
+        if let Some(t) = timers_wait {
             wait = Some(wait.map_or(t, |w| w.min(t)));
         }
         let epoll_timeout = match wait {
@@ -133,7 +135,7 @@ impl Core {
         self.stats.wakeups += 1;
         if clocked && wait != Some(Duration::ZERO) {
             // The wait may have blocked: the time again, as before it.
-            self.tick_clock(spin_cfg, timed);
+            self.tick_clock(spin_cfg);
         }
         for i in 0..n {
             let ev = self.events[i];
@@ -191,18 +193,17 @@ impl Core {
         work
     }
 
-    /// The time for a full tick, and whether it is the precise clock. The precise clock can be
-    /// a system call (an emulated HPET in the test VM): it is read only when the spin time
-    /// needs it, or a deadline is within the coarse clock's margin (`Core::timer_clock`);
-    /// otherwise the timers make do with the coarse clock (vDSO), and without timers or
-    /// spinning the clock is not read at all.
-    fn tick_clock(&mut self, spinning: bool, timed: bool) -> (Instant, bool) {
+    /// Reads the clock for a full tick, and returns how long the timers let its wait last
+    /// (`None`: no timer). The precise clock, which can be a system call (an emulated HPET in
+    /// the test VM), is read when the spin time needs it, or a deadline is within the coarse
+    /// clock's margin (`Core::timer_clock`); otherwise the timers make do with the coarse
+    /// clock (vDSO), and without timers or spinning the clock is not read at all.
+    fn tick_clock(&mut self, spinning: bool) -> Option<Duration> {
         if spinning {
-            (self.read_clock(), true)
-        } else if timed {
-            self.timer_clock()
+            let now = self.read_clock();
+            self.timers.next_timeout(now)
         } else {
-            (self.clock.now, true)
+            self.timer_clock()
         }
     }
 

@@ -22,6 +22,7 @@
 //! rebuild drops at least half the heap, so its cost is amortised over the schedules that
 //! made it necessary.
 
+use std::cell::Cell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
@@ -171,39 +172,29 @@ impl Core {
         self.clock.now
     }
 
-    /// The time as far as the timers need it, kept in `Core::clock`, and whether it is the
-    /// precise one: the coarse clock when the earliest deadline is further away than
-    /// [`CoarseClock::margin`] (then no deadline can be due), else the precise clock. Never
-    /// goes back, and is never ahead of the true time, so nothing fires early.
-    pub(in crate::reactor) fn timer_clock(&mut self) -> (Instant, bool) {
-        let coarse = self.clock.coarse.now();
-        match self.timers.next_deadline() {
-            Some(at) if self.clock.coarse.horizon(coarse).map_or(true, |h| at <= h) => (self.read_clock(), true),
-            _ => {
-                self.clock.now = self.clock.now.max(coarse);
-                (self.clock.now, false)
-            }
+    /// Reads the clock as far as the timers need it, and returns how long they let the wait
+    /// last (`None`: no timer). The coarse clock while the earliest deadline is further away
+    /// than the coarse clock's margin (`CoarseClock::margin_ns`): then no deadline can be due, and `Core::clock.now`, never
+    /// ahead of the true time, is left as it was (nothing compares a deadline with it but
+    /// `fire_timers`, which then finds nothing due either way); the wait is shortened by the
+    /// margin, since the reading may lag the true time (the tick after such an early wakeup
+    /// reads the precise clock, the deadline being within the margin then). Otherwise the
+    /// precise clock, kept in `Core::clock.now`.
+    pub(in crate::reactor) fn timer_clock(&mut self) -> Option<Duration> {
+        let at = self.timers.next_deadline()?;
+        if let Some(wait) = self.clock.coarse.far_wait(at) {
+            return Some(wait);
         }
+        let now = self.read_clock();
+        Some(at.saturating_duration_since(now))
     }
 
-    /// How long the wait may last for the timers, from `now`: until the earliest deadline;
-    /// from a coarse reading (`precise` false) less [`CoarseClock::margin`], since the reading
-    /// may lag the true time (the tick after such an early wakeup reads the precise clock, the
-    /// deadline being within the margin then).
-    pub(in crate::reactor) fn timer_wait(&self, now: Instant, precise: bool) -> Option<Duration> {
-        let left = self.timers.next_timeout(now)?;
-        Some(if precise { left } else { left.saturating_sub(self.clock.coarse.margin()) })
-    }
-
-    /// [`Core::timer_wait`] for an outer loop (`Reactor::next_timeout`), without touching
+    /// [`Core::timer_clock`] for an outer loop (`Reactor::next_timeout`), without touching
     /// `Core::clock`: the same choice of clock, so the tick it leads to finds the deadline due
     /// (or, if the coarse clock lagged more than the margin, a little more time to wait).
     pub(in crate::reactor) fn timer_timeout(&self) -> Option<Duration> {
         let at = self.timers.next_deadline()?;
-        match self.clock.coarse.horizon(self.clock.coarse.now()) {
-            Some(h) if at > h => Some(at.saturating_duration_since(h)),
-            _ => Some(at.saturating_duration_since(Instant::now())),
-        }
+        Some(self.clock.coarse.far_wait(at).unwrap_or_else(|| at.saturating_duration_since(Instant::now())))
     }
 
     /// Cancels a user timer; a fired or stale one is ignored.
@@ -271,14 +262,27 @@ pub(in crate::reactor) struct CoarseClock {
     /// `CLOCK_MONOTONIC` on Linux, so the coarse time maps onto it (never ahead of the truth).
     anchor: Instant,
     anchor_ns: u64,
-    /// [`CoarseClock::margin`]: twice the coarse clock's resolution (a timer tick of the
-    /// kernel, 4 ms at HZ=250), computed once (it is read twice a tick).
-    margin: Duration,
+    /// The margin in nanoseconds: how far a coarse reading is trusted to lag the true time,
+    /// twice the coarse clock's resolution (one for the clock's granularity, one for a kernel
+    /// tick that comes late; 4 ms at HZ=250). Within this of a deadline the timers read the
+    /// precise clock.
+    margin_ns: u64,
+    /// The last deadline [`CoarseClock::far_wait`] was asked about, and its limit: the coarse
+    /// reading, in nanoseconds, below which that deadline is further away than the margin.
+    /// The earliest deadline changes far less often than ticks come; the `Instant` arithmetic
+    /// this saves (a coarse reading made an `Instant`, plus the margin, minus the deadline)
+    /// cost about 150 instructions a tick (issue 33).
+    limit: Cell<Option<(Instant, u64)>>,
 }
 
 fn monotonic_ns(id: nix::time::ClockId) -> Option<u64> {
     let t = nix::time::clock_gettime(id).ok()?;
     u64::try_from(t.tv_sec()).ok()?.checked_mul(1_000_000_000)?.checked_add(u64::try_from(t.tv_nsec()).ok()?)
+}
+
+/// `d` in nanoseconds, `u64::MAX` past 584 years.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl CoarseClock {
@@ -298,27 +302,48 @@ impl CoarseClock {
         let resolution = nix::time::clock_getres(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
             .ok()
             .map_or(Duration::from_millis(10), |r| Duration::from(r).max(Duration::from_micros(1)));
-        CoarseClock { anchor, anchor_ns, margin: resolution.saturating_mul(2) }
+        CoarseClock { anchor, anchor_ns, margin_ns: nanos(resolution.saturating_mul(2)), limit: Cell::new(None) }
     }
 
-    /// How far a coarse reading is trusted to lag the true time: two resolutions (one for the
-    /// clock's granularity, one for a kernel tick that comes late). Within this of a deadline
-    /// the timers read the precise clock.
-    pub(in crate::reactor) fn margin(&self) -> Duration {
-        self.margin
+    /// The margin (`CoarseClock::margin_ns`).
+    #[cfg(test)]
+    fn margin(&self) -> Duration {
+        Duration::from_nanos(self.margin_ns)
     }
 
-    /// The coarse reading `coarse` plus the margin: a deadline after it is surely in the future
-    /// (`None` past `Instant`'s range).
-    pub(in crate::reactor) fn horizon(&self, coarse: Instant) -> Option<Instant> {
-        coarse.checked_add(self.margin())
+    /// `at` in `CLOCK_MONOTONIC` nanoseconds, less the margin (saturating at both ends).
+    fn limit_ns(&self, at: Instant) -> u64 {
+        if let Some((cached, limit)) = self.limit.get() {
+            if cached == at {
+                return limit;
+            }
+        }
+        let at_ns = if at >= self.anchor {
+            self.anchor_ns.saturating_add(nanos(at.duration_since(self.anchor)))
+        } else {
+            self.anchor_ns.saturating_sub(nanos(self.anchor.duration_since(at)))
+        };
+        let limit = at_ns.saturating_sub(self.margin_ns);
+        self.limit.set(Some((at, limit)));
+        limit
     }
 
-    /// The coarse time: at most the true time, and normally at least the true time less the
-    /// clock's resolution, half the margin (a late kernel tick can make it lag more: hence the
-    /// margin).
-    /// Without a coarse clock (it cannot fail on Linux), the precise one.
-    pub(in crate::reactor) fn now(&self) -> Instant {
+    /// If a coarse reading shows `at` further away than the margin: how long until `at` less
+    /// the margin (the reading may lag the true time by that much), as the wait the timers
+    /// allow. `None` when `at` is that near, or the coarse clock cannot be read: read the
+    /// precise clock.
+    pub(in crate::reactor) fn far_wait(&self, at: Instant) -> Option<Duration> {
+        let coarse = monotonic_ns(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)?;
+        let limit = self.limit_ns(at);
+        (coarse < limit).then(|| Duration::from_nanos(limit - coarse))
+    }
+
+    /// The coarse time as an `Instant`: at most the true time, and normally at least the true
+    /// time less the clock's resolution, half the margin (a late kernel tick can make it lag
+    /// more: hence the margin). Without a coarse clock (it cannot fail on Linux), the precise
+    /// one.
+    #[cfg(test)]
+    fn now(&self) -> Instant {
         match monotonic_ns(nix::time::ClockId::CLOCK_MONOTONIC_COARSE) {
             Some(ns) => self.anchor + Duration::from_nanos(ns.saturating_sub(self.anchor_ns)),
             None => Instant::now(),
@@ -411,6 +436,33 @@ mod tests {
                 "coarse {coarse:?} lags {before:?} by more than {resolution:?}"
             );
         }
+    }
+
+    /// The coarse path's wait is the deadline less the margin less a coarse reading, read in
+    /// nanoseconds: within a resolution (plus slack) of that computed with `Instant`s, never
+    /// more; a deadline within the margin (or past) asks for the precise clock; the cached
+    /// limit follows a new deadline.
+    #[test]
+    fn far_wait_is_the_deadline_less_the_margin_or_none_when_near() {
+        let c = CoarseClock::new();
+        let margin = c.margin();
+        let slack = Duration::from_millis(2);
+        for ahead in [Duration::from_secs(1), Duration::from_millis(250), Duration::from_secs(3600)] {
+            let before = Instant::now();
+            let at = before + ahead;
+            let wait = c.far_wait(at).expect("far ahead");
+            let after = Instant::now();
+            // At most the true wait less the margin, as read after the coarse clock...
+            assert!(wait <= (at - before).saturating_sub(margin / 2), "{ahead:?}: {wait:?}");
+            // ... and at least that less a resolution and the slack.
+            assert!(wait + margin / 2 + slack >= at.saturating_duration_since(after) - margin, "{ahead:?}: {wait:?}");
+        }
+        let now = Instant::now();
+        assert_eq!(c.far_wait(now), None, "a deadline now is near");
+        assert_eq!(c.far_wait(now + margin / 4), None, "within the margin");
+        assert_eq!(c.far_wait(now - Duration::from_secs(1)), None, "a past deadline");
+        assert!(c.far_wait(now + Duration::from_secs(10)).is_some(), "the cache follows a new deadline");
+        assert_eq!(c.far_wait(now), None, "and back");
     }
 
     #[test]
