@@ -36,9 +36,12 @@ pub struct Row {
     pub what: &'static str,
     /// The most ours may be, as a multiple of theirs (issue 33's targets).
     pub target: f64,
-    /// The sides whose count is time, not work: a program that busy-polls (perftest without
-    /// `-e`; our blast client at the defaults with 8 connections, whose reactor spins) counts
-    /// the polls that found nothing, as many as the wait lasted. Those sides get no verdict.
+    /// The sides whose count is time, not work: a program that busy-polls while it waits
+    /// counts the polls that found nothing, as many as the wait lasted. Those sides get no
+    /// verdict. At the defaults both perftest and our blast (`BLAST_SPIN_US`) busy-poll, but
+    /// a sender with one connection seldom waits (its count is the event mode's within a few
+    /// percent: judged); a receiver waits for every message, and with 8 connections each side
+    /// waits on the others (not judged).
     pub busy: Busy,
 }
 
