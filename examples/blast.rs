@@ -144,6 +144,9 @@ server: receives from any number of clients at once, from one thread.
   --retry-count N    (both) transport retries, 0 to 7 (default 6)
   --credit-timeout-ms N (both) close a connection whose sends waited this long for the
                      peer's credits (a stopped peer; default: wait for ever)
+  --violation-backoff-ms N (server) refuse connect requests from an address for N ms,
+                     twice as long per repeat, after one of its connections broke the
+                     protocol (a message beyond its credit; default: off)
   --srq              receives from one shared receive queue the runtime keeps filled; the
                      credit window starts at --srq-credit instead of --depth
   --srq-receives N   receives on the shared queue (default 31232; (N - reserve) / credit

@@ -69,6 +69,9 @@ server: echoes every message on every connection, from one thread.
   --retry-count N      (both) transport retries, 0 to 7 (default 6; rxe retries 7 forever)
   --credit-timeout-ms N (both) close a connection whose sends waited this long for the
                        peer's credits (a stopped peer; default: wait for ever)
+  --violation-backoff-ms N (server) refuse connect requests from an address for N ms, twice
+                       as long per repeat, after one of its connections broke the protocol
+                       (a message beyond its credit; default: off)
   --srq                receives from one shared receive queue the runtime keeps filled, not
                        --depth per connection: registered memory does not grow with connections
   --srq-receives N     receives on the shared queue (default 31232); at most

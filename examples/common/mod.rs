@@ -77,8 +77,9 @@ impl Args {
     }
 
     /// `--keepalive-ms N`, `--ack-timeout-ms N`, `--retry-count N` (dead-peer detection, see
-    /// `Config::keepalive`) and `--credit-timeout-ms N` (stalled-peer detection, see
-    /// `Config::credit_timeout`) applied to `cfg`.
+    /// `Config::keepalive`), `--credit-timeout-ms N` (stalled-peer detection, see
+    /// `Config::credit_timeout`) and `--violation-backoff-ms N` (the penalty box, see
+    /// `Config::violation_backoff`) applied to `cfg`.
     pub fn liveness(&self, cfg: rdma_reactor::Config) -> rdma_reactor::Config {
         let ms = |name: &str| Some(self.get::<u64>(name, 0)).filter(|v| *v > 0).map(std::time::Duration::from_millis);
         rdma_reactor::Config {
@@ -86,6 +87,7 @@ impl Args {
             ack_timeout: ms("ack-timeout-ms"),
             retry_count: self.get("retry-count", cfg.retry_count),
             credit_timeout: ms("credit-timeout-ms"),
+            violation_backoff: ms("violation-backoff-ms"),
             ..cfg
         }
     }
@@ -108,7 +110,8 @@ impl Args {
     pub const METRICS: [&'static str; 2] = ["metrics", "metrics-max-conns"];
 
     /// The flags [`Args::liveness`] reads.
-    pub const LIVENESS: [&'static str; 4] = ["keepalive-ms", "ack-timeout-ms", "retry-count", "credit-timeout-ms"];
+    pub const LIVENESS: [&'static str; 5] =
+        ["keepalive-ms", "ack-timeout-ms", "retry-count", "credit-timeout-ms", "violation-backoff-ms"];
 
     /// `--srq` (a switch) with `--srq-receives N`, `--srq-credit N`, `--srq-max-credit N`,
     /// `--srq-reserve N` (default a thirty-second of the receives) and `--srq-size BYTES`: a shared receive queue per device

@@ -201,6 +201,7 @@ fn reject_code_value(c: RejectCode) -> u8 {
         RejectCode::Refused => 2,
         RejectCode::NoResources => 3,
         RejectCode::Unsupported => 4,
+        RejectCode::Backoff => 5,
         RejectCode::Unknown(v) => v,
     }
 }
@@ -228,11 +229,12 @@ fn reject_reason(data: &[u8]) {
     // What decoded, and an arbitrary reason built from the bytes, survive a round trip: the
     // text cut at a character boundary to fit in a reject.
     let mut b = Bytes(data);
-    let code = match b.u8() % 6 {
+    let code = match b.u8() % 7 {
         0 => RejectCode::BadConnectInfo,
         1 => RejectCode::Refused,
         2 => RejectCode::NoResources,
         3 => RejectCode::Unsupported,
+        4 => RejectCode::Backoff,
         _ => RejectCode::Unknown(b.u8()),
     };
     let n = usize::from(b.u8());

@@ -4,7 +4,8 @@
 //! receive-credit flow control ([`flow`]), what differs between transports ([`transport`]), the listener/agent/client state machines ([`conn`])
 //! the data path's plain vocabulary ([`op`]: operation kinds, completion statuses) and the
 //! per-connection counters with their Prometheus text ([`metrics`]) and a reconnecting client's
-//! policy and backoff ([`reconnect`]).
+//! policy and backoff ([`reconnect`]), and the addresses a listener refuses for a while after
+//! their connections broke the protocol ([`penalty`]).
 //!
 //! **Architecture invariant:** nothing here names `crate::sys`, `crate::reactor` or an FFI
 //! type, performs I/O or can fail with an OS error; all of it is unit-tested on a host without
@@ -29,6 +30,7 @@ pub(crate) mod flow;
 pub(crate) mod fuzz;
 pub(crate) mod metrics;
 pub(crate) mod op;
+pub(crate) mod penalty;
 pub(crate) mod reconnect;
 pub(crate) mod token;
 pub(crate) mod transport;

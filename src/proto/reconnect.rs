@@ -86,7 +86,11 @@ impl Reconnect {
 pub fn retries(reason: &CloseReason) -> bool {
     match reason {
         CloseReason::Local | CloseReason::Shutdown => false,
-        CloseReason::Rejected { reason: Some(r), .. } => r.code == RejectCode::NoResources,
+        // Refused for now: no resources, or the penalty box's wait (which the policy's backoff
+        // waits out, or retries into a reject as cheap as this one).
+        CloseReason::Rejected { reason: Some(r), .. } => {
+            matches!(r.code, RejectCode::NoResources | RejectCode::Backoff)
+        }
         _ => true,
     }
 }
@@ -237,6 +241,7 @@ mod tests {
             CloseReason::Peer,
             lost(),
             app(RejectCode::NoResources),
+            app(RejectCode::Backoff),
             CloseReason::Rejected { status: 8, reason: None },
             CloseReason::Rejected { status: -111, reason: None },
             CloseReason::Timeout(crate::proto::conn::Step::ResolveAddr),

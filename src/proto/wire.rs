@@ -251,6 +251,10 @@ pub enum RejectCode {
     NoResources,
     /// The client asked for more than the server allows.
     Unsupported,
+    /// A connection from the client's address broke the protocol recently: the server
+    /// refuses that address for a while (`Config::violation_backoff`, the penalty box; the
+    /// reason's text says how much longer).
+    Backoff,
     /// A code this version does not know.
     Unknown(u8),
 }
@@ -262,6 +266,7 @@ impl RejectCode {
             RejectCode::Refused => 2,
             RejectCode::NoResources => 3,
             RejectCode::Unsupported => 4,
+            RejectCode::Backoff => 5,
             RejectCode::Unknown(v) => v,
         }
     }
@@ -272,6 +277,7 @@ impl RejectCode {
             2 => RejectCode::Refused,
             3 => RejectCode::NoResources,
             4 => RejectCode::Unsupported,
+            5 => RejectCode::Backoff,
             v => RejectCode::Unknown(v),
         }
     }
@@ -284,6 +290,7 @@ impl fmt::Display for RejectCode {
             RejectCode::Refused => f.write_str("refused by the application"),
             RejectCode::NoResources => f.write_str("no resources"),
             RejectCode::Unsupported => f.write_str("unsupported request"),
+            RejectCode::Backoff => f.write_str("refused for a while after a protocol violation from this address"),
             RejectCode::Unknown(v) => write!(f, "code {v}"),
         }
     }

@@ -130,6 +130,9 @@ pub(crate) struct Core {
     /// An `SrqRefill` timer is pending: receives of a shared receive queue wait for pool
     /// buffers, which may come back with no event to wake the reactor (`data/srq/mod.rs`).
     srq_refill: bool,
+    /// The penalty box (`Config::violation_backoff`, `proto/penalty.rs`): addresses whose
+    /// accepted connections broke the protocol, refused by `Core::decide` for a while.
+    penalties: crate::proto::penalty::PenaltyBox,
     /// Faults a test injected (`fault-injection` feature, `api/faults.rs`).
     #[cfg(feature = "fault-injection")]
     faults: api::faults::Faults,
@@ -229,6 +232,7 @@ impl Reactor {
                 shutting_down: false,
                 accepting: 0,
                 srq_refill: false,
+                penalties: Default::default(),
                 panic: None,
                 #[cfg(feature = "fault-injection")]
                 faults: api::faults::Faults::default(),

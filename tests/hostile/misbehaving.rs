@@ -342,3 +342,71 @@ fn a_flooding_connection_does_not_starve_the_others() {
     }
     assert_baseline();
 }
+
+/// The penalty box (`Config::violation_backoff`; issue 32's leftover "a penalty box for
+/// reconnect storms"): once the agent of a peer that spent more than its credit is closed with
+/// `Protocol`, a connect request from the same address is refused at once with
+/// `RejectCode::Backoff` (no queue pair, no receives: `Stats::violation_refusals`), a
+/// connection made before the violation is untouched, and once the wait is over the address
+/// is served again. On RoCE, where the overdraw is what closes the flooder's agent (on iWARP
+/// its own connection may fail first, which is no violation of ours: see the test above).
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_peer_that_broke_the_protocol_waits_in_the_penalty_box() {
+    if not_on_iwarp(
+        "a_peer_that_broke_the_protocol_waits_in_the_penalty_box",
+        "needs the overdraw to close the flooder's agent with Protocol, which on iWARP its own connection's failure can precede (a_peer_beyond_its_credit_is_closed_on_its_own_receive_queue)",
+    ) {
+        return;
+    }
+    const WAIT: Duration = Duration::from_secs(5);
+    {
+        let cfg = Config { violation_backoff: Some(WAIT), ..Config::default() };
+        let mut r = Reactor::with_config(cfg).expect("server reactor");
+        let s = listen(&mut r, 4);
+        let good = ping(&mut r, s.addr, 1, u64::MAX);
+        pump(&mut [&mut r], LIMIT, "good client served", || good.borrow().echoed >= 10);
+        let (mut h, opts) = flooder_claiming_flow_control(8);
+        let seen = Rc::new(RefCell::new(Hostile::default()));
+        let flooder =
+            Flooder { size: SIZE, count: 2_000, sent: 0, window: 16, outstanding: 0, recvs: 256, seen: seen.clone() };
+        h.connect(s.addr, opts, flooder).expect("connect");
+        // Counted when its agent is destroyed, at the end of the tick it closed in or after
+        // its drain.
+        let deadline = Instant::now() + LIMIT;
+        while r.stats().violation_strikes == 0 {
+            assert!(Instant::now() < deadline, "no violation counted: {:?} {:?}", s.agents_closed.borrow(), r.stats());
+            r.run_once(Some(Duration::from_millis(5))).expect("run_once");
+            h.run_once(Some(Duration::from_millis(5))).expect("run_once");
+        }
+        let struck = Instant::now();
+        let agents = s.agents_closed.borrow().clone();
+        assert!(
+            matches!(agents.as_slice(), [CloseReason::Protocol(why)] if why.contains("beyond its credit")),
+            "{agents:?}"
+        );
+        let accepted = r.stats().accepted;
+        // The same address again, at once: refused, and nothing accepted for it.
+        let refused = ping(&mut h, s.addr, 2, 5);
+        pump(&mut [&mut r, &mut h], LIMIT, "the second connect refused", || refused.borrow().closed.is_some());
+        assert!(struck.elapsed() < WAIT, "the test was too slow to see the wait: {:?}", struck.elapsed());
+        let closed = refused.borrow().closed.clone();
+        println!("from the penalized address: {closed:?}");
+        assert!(
+            matches!(&closed, Some(CloseReason::Rejected { reason: Some(why), .. })
+                if why.code == rdma_reactor::RejectCode::Backoff && why.text.contains("Config::violation_backoff")),
+            "{closed:?}"
+        );
+        assert_eq!((r.stats().violation_refusals, r.stats().accepted), (1, accepted), "{:?}", r.stats());
+        // The connection made before the violation goes on.
+        still_served(&mut [&mut r, &mut h], &good, 20);
+        // Once the wait is over, the address is served again.
+        pump(&mut [&mut r, &mut h], WAIT + LIMIT, "the wait ends", || struck.elapsed() > WAIT);
+        let again = ping(&mut h, s.addr, 3, 10);
+        pump(&mut [&mut r, &mut h], LIMIT, "served again", || again.borrow().closed.is_some());
+        let a = again.borrow();
+        assert_eq!((a.echoed, a.error.as_deref(), a.closed.clone()), (10, None, Some(CloseReason::Local)), "{a:?}");
+        assert_eq!(r.stats().violation_refusals, 1);
+    }
+    assert_baseline();
+}

@@ -281,6 +281,20 @@ pub struct Config {
     /// still acknowledges them (a stopped or hung process), which neither RC retries nor
     /// keepalive probes can. `None` (the default): sends wait for credits for ever.
     pub credit_timeout: Option<Duration>,
+    /// The penalty box: once a connection a listener accepted is closed because its peer
+    /// broke the protocol ([`CloseReason::Protocol`](crate::CloseReason::Protocol): a message
+    /// beyond the credit it was granted, among others; or
+    /// [`CloseReason::PeerViolation`](crate::CloseReason::PeerViolation)), every listener of
+    /// this reactor refuses connect requests from that peer's IP address for this long
+    /// ([`RejectCode::Backoff`](crate::RejectCode::Backoff), counted in
+    /// [`Stats::violation_refusals`](crate::Stats::violation_refusals)), twice as long after
+    /// each further violation while it is remembered (at most 64 times this), forgetting it
+    /// after it has behaved for 8 times its last wait. A peer that reconnects after every such
+    /// close (a reconnect storm) then costs a reject each time, not an accept, a queue pair,
+    /// registered receives and a teardown. At most 4 096 addresses are remembered. Every
+    /// client behind one address (a NAT, one host's processes) shares its wait: `None` (the
+    /// default) keeps the box off.
+    pub violation_backoff: Option<Duration>,
     /// Send-queue operations (sends, writes, reads) a connection may hold submitted and
     /// waiting beyond its queue pair's free send slots (for the peer's credits, or for send
     /// or CQ room). What the next post can take is never refused; a submission that would
@@ -352,6 +366,7 @@ impl Default for Config {
             ack_timeout: None,
             keepalive: None,
             credit_timeout: None,
+            violation_backoff: None,
             send_backlog: 1024,
             send_backlog_bytes: 192 << 20,
             rnr_retry_count: 6,
@@ -400,6 +415,9 @@ impl Config {
         if self.credit_timeout.is_some_and(|k| k.is_zero()) {
             return Err(Error::Config("a credit timeout must not be zero".into()));
         }
+        if self.violation_backoff.is_some_and(|k| k.is_zero()) {
+            return Err(Error::Config("a violation backoff must not be zero (None turns it off)".into()));
+        }
         // The reactor adds each of these to the time now for a deadline: one it cannot
         // represent would panic or be no deadline at all.
         let t = &self.timeouts;
@@ -415,6 +433,7 @@ impl Config {
             ("spin", Some(self.spin)),
             ("keepalive", self.keepalive),
             ("credit_timeout", self.credit_timeout),
+            ("violation_backoff", self.violation_backoff),
         ];
         for (name, d) in durations {
             if let Some(d) = d.filter(|d| *d > MAX_DURATION) {
@@ -611,6 +630,7 @@ mod tests {
         cases.push((Config { spin: over, ..Config::default() }, "spin"));
         cases.push((Config { keepalive: Some(over), ..Config::default() }, "keepalive"));
         cases.push((Config { credit_timeout: Some(Duration::MAX), ..Config::default() }, "credit_timeout"));
+        cases.push((Config { violation_backoff: Some(Duration::MAX), ..Config::default() }, "violation_backoff"));
         for (cfg, field) in cases {
             let e = cfg.validate().expect_err(field).to_string();
             assert!(e.starts_with(&format!("bad configuration: {field} ")), "{field}: {e}");

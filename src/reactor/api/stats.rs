@@ -193,6 +193,12 @@ pub struct Stats {
     /// Connections closed because the peer sent a message beyond the credit we granted it, on
     /// their own receive queue (on a shared one: [`Stats::srq_overdrawn`]).
     pub credit_overdrawn: u64,
+    /// Violations counted in the penalty box ([`Config::violation_backoff`](crate::Config::violation_backoff)):
+    /// accepted connections closed because their peer broke the protocol.
+    pub violation_strikes: u64,
+    /// Connect requests refused because their address is in the penalty box
+    /// ([`RejectCode::Backoff`](crate::RejectCode::Backoff)).
+    pub violation_refusals: u64,
 }
 
 /// The reactor-wide families of [`Stats`], each `(field, kind, help)`, then its value.
@@ -217,7 +223,7 @@ impl Stats {
                 devices_lost, devices_released, keepalives, iwarp_nudges, accepts_waited, credit_stalls, handed_off, handoffs_received,
                 handoffs_failed, timer_compactions, srq_posted, srq_post_calls, srq_consumed, srq_stale,
                 srq_limit_events, srq_refused, srq_overdrawn, srq_grown, srq_shrunk, peer_violations,
-                backlog_refusals, credit_overdrawn;
+                backlog_refusals, credit_overdrawn, violation_strikes, violation_refusals;
             gauges: cq_peak_reserved, connections, connect_calls_running, timer_entries, registered_bytes, buffers_in_use, srq_receives,
                 srq_free,
         )

@@ -14,6 +14,8 @@
 //!   work carried from one queue pair to the next.
 //! - `waiting.rs`: connect requests beyond `Config::max_pending_accepts`, which wait for room
 //!   instead of being refused.
+//! - `penalty.rs`: the penalty box (`Config::violation_backoff`): an address whose accepted
+//!   connection broke the protocol is refused for a while.
 //!
 //! Invariants owned here: a CM event is acked before its object is destroyed (destruction waits
 //! for the end of the tick, `reap`); a connection's kernel objects are freed in field order
@@ -27,6 +29,7 @@ pub(super) mod connect;
 pub(super) mod drive;
 pub(super) mod entry;
 pub(super) mod handoff;
+pub(super) mod penalty;
 pub(super) mod reconnect;
 pub(super) mod setup;
 pub(super) mod teardown;

@@ -273,6 +273,15 @@ impl Core {
     ) {
         let peer = child.peer_addr();
         let refuse = |core: &mut Core, child: CmId, reason: RejectReason| core.refuse_request(lt, child, reason);
+        // The penalty box first: a peer that broke the protocol costs a reject, nothing more.
+        if let Some(left) = self.penalized(peer) {
+            self.stats.violation_refusals += 1;
+            let text = format!(
+                "a connection from this address broke the protocol: refused for {} ms more (Config::violation_backoff)",
+                left.as_millis().max(1)
+            );
+            return refuse(self, child, RejectReason::new(RejectCode::Backoff, text));
+        }
         let info = match ConnectInfo::decode(private_data) {
             Ok(info) => info,
             Err(e) => return refuse(self, child, RejectReason::new(RejectCode::BadConnectInfo, e.to_string())),
