@@ -1,23 +1,25 @@
-//! The penalty box (`Config::violation_backoff`): after a connection a listener accepted is
-//! closed because its peer broke the protocol (a message beyond the credit it was granted, a
-//! request on memory it was not given: `CloseReason::Protocol`, `CloseReason::PeerViolation`),
-//! the listeners refuse connect requests from that peer's address for a while, so a peer that
+//! The penalty box (`Config::violation_backoff`): once the peer of a connection a listener
+//! accepted breaks the data path's protocol (a message beyond the credit it was granted, a
+//! message whose framing is broken: the connection closes with `CloseReason::Protocol`), the
+//! listeners refuse connect requests from that peer's address for a while, so a peer that
 //! reconnects after each such close (a reconnect storm) costs a reject each time, not an
 //! accept, a queue pair, registered receives and a teardown.
 //!
-//! The wait doubles with each further violation while the address is remembered (at most
-//! [`MAX_DOUBLINGS`] times), and the address is forgotten once it has behaved for
-//! [`FORGET_AFTER`] times its last wait after that wait ended. At most [`CAPACITY`] addresses
+//! The wait doubles with each further violation after the last wait ended, while the address
+//! is remembered (at most [`MAX_DOUBLINGS`] times); violations during a wait (connections made
+//! before it, breaking the protocol together) do not lengthen it. The address is forgotten once
+//! it has behaved for [`FORGET_AFTER`] times its last wait after that wait ended. At most [`CAPACITY`] addresses
 //! are remembered: a new one takes the place of the one whose wait ends first (expired ones
 //! first), so what a flood of addresses makes the reactor hold is bounded, and it can at worst
 //! shorten another address's wait.
 //!
-//! Keyed by IP address, not port: a reconnecting peer gets a new port each time. Every client
-//! behind one address (a NAT, or one host's processes) shares its wait, which is why the box is
-//! off by default.
+//! Keyed by IP address, not port: a reconnecting peer gets a new port each time; an IPv6
+//! address by its /64 prefix, which one host can hand itself addresses from, and an
+//! IPv4-mapped one as the IPv4 address. Every client behind one address (a NAT, one host's
+//! processes) shares its wait, which is why the box is off by default.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 /// Addresses remembered at most.
@@ -44,6 +46,18 @@ impl Strikes {
     }
 }
 
+/// The key an address is remembered by (module docs): an IPv6 address's /64 prefix, an
+/// IPv4-mapped address's IPv4 address.
+fn key(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V4(_) => addr,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
+        },
+    }
+}
+
 /// The addresses whose connections broke the protocol recently.
 #[derive(Debug, Default)]
 pub(crate) struct PenaltyBox {
@@ -53,16 +67,18 @@ pub(crate) struct PenaltyBox {
 impl PenaltyBox {
     /// Counts a violation of a connection from `addr` at `now`: its connect requests are
     /// refused for `base`, or twice its last wait if it is still remembered (at most
-    /// [`MAX_DOUBLINGS`] doublings). Returns the wait.
+    /// [`MAX_DOUBLINGS`] doublings); during a wait, the wait stays as it is. Returns the wait.
     pub(crate) fn strike(&mut self, addr: IpAddr, now: Instant, base: Duration) -> Duration {
+        let addr = key(addr);
         let max = base.saturating_mul(1 << MAX_DOUBLINGS);
         let wait = match self.strikes.get(&addr).filter(|s| !s.forgotten(now)) {
+            Some(s) if now < s.until => return s.wait,
             Some(s) => s.wait.saturating_mul(2).min(max),
             None => base,
         };
         // `Config::validate` bounds `base`, so this is representable; were it not, the
         // address would be refused until the far future, which is what a wait that long says.
-        let until = now.checked_add(wait).unwrap_or(now + Duration::from_secs(365 * 86_400));
+        let until = now.checked_add(wait).unwrap_or_else(|| now + Duration::from_secs(365 * 86_400));
         if !self.strikes.contains_key(&addr) && self.strikes.len() >= CAPACITY {
             self.make_room(now);
         }
@@ -73,7 +89,7 @@ impl PenaltyBox {
     /// How much longer connect requests from `addr` are refused at `now`: `None` when they
     /// are not.
     pub(crate) fn refusal(&self, addr: IpAddr, now: Instant) -> Option<Duration> {
-        let s = self.strikes.get(&addr)?;
+        let s = self.strikes.get(&key(addr))?;
         (now < s.until).then(|| s.until - now)
     }
 
@@ -164,12 +180,44 @@ mod tests {
     }
 
     #[test]
-    fn waits_saturate_instead_of_overflowing() {
+    fn the_longest_wait_is_representable() {
         let t0 = Instant::now();
         let mut b = PenaltyBox::default();
         let year = Duration::from_secs(365 * 86_400);
         assert_eq!(b.strike(v4(1), t0, year), year);
-        assert_eq!(b.strike(v4(1), t0, year), year * 2);
-        assert!(b.refusal(v4(1), t0 + year).is_some());
+        // After the first wait, the second: twice as long.
+        assert_eq!(b.strike(v4(1), t0 + year, year), year * 2);
+        assert!(b.refusal(v4(1), t0 + year * 2).is_some());
+    }
+
+    #[test]
+    fn violations_during_a_wait_do_not_lengthen_it() {
+        let t0 = Instant::now();
+        let mut b = PenaltyBox::default();
+        assert_eq!(b.strike(v4(1), t0, 100 * MS), 100 * MS);
+        // Seven connections made before the first violation break the protocol together.
+        for i in 1..8 {
+            assert_eq!(b.strike(v4(1), t0 + i * MS, 100 * MS), 100 * MS);
+        }
+        assert_eq!(b.refusal(v4(1), t0 + 99 * MS), Some(MS));
+        assert_eq!(b.refusal(v4(1), t0 + 100 * MS), None);
+        // Again after the wait: doubled, once.
+        assert_eq!(b.strike(v4(1), t0 + 100 * MS, 100 * MS), 200 * MS);
+    }
+
+    #[test]
+    fn an_ipv6_host_is_its_64_prefix_and_a_mapped_address_its_ipv4_one() {
+        let t0 = Instant::now();
+        let mut b = PenaltyBox::default();
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let same_64: IpAddr = "2001:db8:1:2:ffff:1:2:3".parse().unwrap();
+        let other_64: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        b.strike(a, t0, 100 * MS);
+        assert!(b.refusal(same_64, t0).is_some(), "a new address of the same /64");
+        assert_eq!(b.refusal(other_64, t0), None);
+        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        b.strike(mapped, t0, 100 * MS);
+        assert!(b.refusal("192.0.2.7".parse().unwrap(), t0).is_some());
+        assert_eq!(b.refusal("192.0.2.8".parse().unwrap(), t0), None);
     }
 }

@@ -7,8 +7,9 @@
 //!
 //! - **Which failures.** Every end this side did not ask for ([`retries`]): not a local close
 //!   or a shutdown, and not a server's deliberate answer that a new attempt would only repeat
-//!   (a reject with the runtime's reason other than "no resources": the application refused,
-//!   or the connect information is wrong or unsupported).
+//!   (a reject with the runtime's reason other than "no resources" or the penalty box's
+//!   "backoff": the application refused, or the connect information is wrong or
+//!   unsupported).
 //! - **How often.** At most [`Reconnect::attempts`] attempts in a row that fail; an attempt
 //!   that reaches ESTABLISHED starts the count again ([`Backoff::connected`]).
 //! - **How long.** The first wait is [`Reconnect::backoff`], each later one twice the one

@@ -344,8 +344,8 @@ fn a_flooding_connection_does_not_starve_the_others() {
 }
 
 /// The penalty box (`Config::violation_backoff`; issue 32's leftover "a penalty box for
-/// reconnect storms"): once the agent of a peer that spent more than its credit is closed with
-/// `Protocol`, a connect request from the same address is refused at once with
+/// reconnect storms"): once a peer sends beyond its credit (its agent closes with `Protocol`),
+/// a connect request from the same address is refused at once with
 /// `RejectCode::Backoff` (no queue pair, no receives: `Stats::violation_refusals`), a
 /// connection made before the violation is untouched, and once the wait is over the address
 /// is served again. On RoCE, where the overdraw is what closes the flooder's agent (on iWARP
@@ -371,8 +371,7 @@ fn a_peer_that_broke_the_protocol_waits_in_the_penalty_box() {
         let flooder =
             Flooder { size: SIZE, count: 2_000, sent: 0, window: 16, outstanding: 0, recvs: 256, seen: seen.clone() };
         h.connect(s.addr, opts, flooder).expect("connect");
-        // Counted when its agent is destroyed, at the end of the tick it closed in or after
-        // its drain.
+        // Struck as the overdraw is found, before the agent closes.
         let deadline = Instant::now() + LIMIT;
         while r.stats().violation_strikes == 0 {
             assert!(Instant::now() < deadline, "no violation counted: {:?} {:?}", s.agents_closed.borrow(), r.stats());
@@ -380,6 +379,7 @@ fn a_peer_that_broke_the_protocol_waits_in_the_penalty_box() {
             h.run_once(Some(Duration::from_millis(5))).expect("run_once");
         }
         let struck = Instant::now();
+        pump(&mut [&mut r, &mut h], LIMIT, "the flooder's agent closed", || !s.agents_closed.borrow().is_empty());
         let agents = s.agents_closed.borrow().clone();
         assert!(
             matches!(agents.as_slice(), [CloseReason::Protocol(why)] if why.contains("beyond its credit")),
@@ -406,7 +406,7 @@ fn a_peer_that_broke_the_protocol_waits_in_the_penalty_box() {
         pump(&mut [&mut r, &mut h], LIMIT, "served again", || again.borrow().closed.is_some());
         let a = again.borrow();
         assert_eq!((a.echoed, a.error.as_deref(), a.closed.clone()), (10, None, Some(CloseReason::Local)), "{a:?}");
-        assert_eq!(r.stats().violation_refusals, 1);
+        assert_eq!((r.stats().violation_refusals, r.stats().violation_strikes), (1, 1), "{:?}", r.stats());
     }
     assert_baseline();
 }

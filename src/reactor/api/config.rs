@@ -281,19 +281,21 @@ pub struct Config {
     /// still acknowledges them (a stopped or hung process), which neither RC retries nor
     /// keepalive probes can. `None` (the default): sends wait for credits for ever.
     pub credit_timeout: Option<Duration>,
-    /// The penalty box: once a connection a listener accepted is closed because its peer
-    /// broke the protocol ([`CloseReason::Protocol`](crate::CloseReason::Protocol): a message
-    /// beyond the credit it was granted, among others; or
-    /// [`CloseReason::PeerViolation`](crate::CloseReason::PeerViolation)), every listener of
-    /// this reactor refuses connect requests from that peer's IP address for this long
-    /// ([`RejectCode::Backoff`](crate::RejectCode::Backoff), counted in
+    /// The penalty box: once the peer of a connection a listener accepted sends a message
+    /// beyond the credit it was granted, or one whose framing is broken (the connection closes
+    /// with [`CloseReason::Protocol`](crate::CloseReason::Protocol)), every listener of this
+    /// reactor refuses connect requests from that peer's IP address (an IPv6 one by its /64)
+    /// for this long ([`RejectCode::Backoff`](crate::RejectCode::Backoff), counted in
     /// [`Stats::violation_refusals`](crate::Stats::violation_refusals)), twice as long after
-    /// each further violation while it is remembered (at most 64 times this), forgetting it
-    /// after it has behaved for 8 times its last wait. A peer that reconnects after every such
-    /// close (a reconnect storm) then costs a reject each time, not an accept, a queue pair,
-    /// registered receives and a teardown. At most 4 096 addresses are remembered. Every
-    /// client behind one address (a NAT, one host's processes) shares its wait: `None` (the
-    /// default) keeps the box off.
+    /// each violation after a wait ended while it is remembered (at most 64 times this; a
+    /// violation during a wait does not lengthen it), forgetting it after it has behaved for 8
+    /// times its last wait. A peer that reconnects after every such close (a reconnect storm)
+    /// then costs a reject each time, not an accept, a queue pair, registered receives and a
+    /// teardown. At most 4 096 addresses are remembered, by each reactor (listeners spread over
+    /// reactors: each refuses what broke its own connections). Every client behind one
+    /// address (a NAT, one host's processes) shares its wait: `None` (the default) keeps the
+    /// box off. A client of an older version of this crate reads the reject's code as unknown
+    /// and does not reconnect after it.
     pub violation_backoff: Option<Duration>,
     /// Send-queue operations (sends, writes, reads) a connection may hold submitted and
     /// waiting beyond its queue pair's free send slots (for the peer's credits, or for send

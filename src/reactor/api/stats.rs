@@ -194,7 +194,8 @@ pub struct Stats {
     /// their own receive queue (on a shared one: [`Stats::srq_overdrawn`]).
     pub credit_overdrawn: u64,
     /// Violations counted in the penalty box ([`Config::violation_backoff`](crate::Config::violation_backoff)):
-    /// accepted connections closed because their peer broke the protocol.
+    /// messages beyond their credit, or with broken framing, from the peers of accepted
+    /// connections (each closes its connection).
     pub violation_strikes: u64,
     /// Connect requests refused because their address is in the penalty box
     /// ([`RejectCode::Backoff`](crate::RejectCode::Backoff)).

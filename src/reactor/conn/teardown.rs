@@ -121,15 +121,11 @@ impl Core {
             return;
         }
         let (cq, on_srq) = c.cqs();
-        let violator = super::penalty::violator(&self.cfg, c);
         let recv_room = c.placed.map_or(0, |p| p.recv_room);
         let qp_num = c.ep.qp().map(|q| q.qp_num());
         let share = c.srq_share.map_or(0, |s| s.receives);
         c.windows.release();
         drop(std::mem::replace(&mut c.ep, Endpoint::None));
-        if let Some(peer) = violator {
-            self.strike(peer);
-        }
         self.reap_conn_cqs(cq, on_srq);
         if let Some(s) = on_srq.and_then(|d| self.devices.get_mut(d)).and_then(|x| x.srq.as_mut()) {
             // Its queue pair is gone and its CQs drained: no completion names it any more.

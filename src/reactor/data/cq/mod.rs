@@ -541,6 +541,7 @@ impl Core {
                         // closing connection cancels it) and the connection closes.
                         op.posted = false;
                         c.rq.push_returned(self.ops.insert(op));
+                        self.violated(t);
                         return self.feed(t, Input::Fault(CloseReason::Protocol(why)));
                     }
                 }
@@ -563,6 +564,7 @@ impl Core {
                 );
                 if live {
                     self.stats.credit_overdrawn += 1;
+                    self.violated(t);
                     let why = "the peer sent beyond its credit (flow control)".to_string();
                     self.feed(t, Input::Fault(CloseReason::Protocol(why)));
                 }

@@ -472,6 +472,7 @@ impl Core {
             // connections were promised. The message is dropped and the connection closed.
             s.repost.push(Repost { buf: Some(buf), owner: None });
             self.stats.srq_overdrawn += 1;
+            self.violated(t);
             let why = "the peer sent beyond its credit on the shared receive queue".to_string();
             return self.feed(t, Input::Fault(CloseReason::Protocol(why)));
         }
@@ -489,6 +490,7 @@ impl Core {
                 Err(why) => {
                     let s = self.devices[d].srq.as_mut().expect("checked");
                     s.repost.push(Repost { buf: Some(buf), owner: None });
+                    self.violated(t);
                     return self.feed(t, Input::Fault(CloseReason::Protocol(why)));
                 }
             }
