@@ -284,7 +284,8 @@ pub struct Config {
     /// The penalty box: once the peer of a connection a listener accepted sends a message
     /// beyond the credit it was granted, or one whose framing is broken (the connection closes
     /// with [`CloseReason::Protocol`](crate::CloseReason::Protocol)), every listener of this
-    /// reactor refuses connect requests from that peer's IP address (an IPv6 one by its /64)
+    /// reactor refuses connect requests from that peer's IP address (an IPv6 one whole: a host
+    /// handing itself new addresses evades it, rather than a subnet paying for one peer)
     /// for this long ([`RejectCode::Backoff`](crate::RejectCode::Backoff), counted in
     /// [`Stats::violation_refusals`](crate::Stats::violation_refusals)), twice as long after
     /// each violation after a wait ended while it is remembered (at most 64 times this; a

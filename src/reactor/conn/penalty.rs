@@ -16,9 +16,18 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use crate::proto::conn::State;
 use crate::proto::token::ConnKey;
 use crate::reactor::conn::entry::Role;
 use crate::reactor::Core;
+
+/// True when a connection in `state`, accepted by a listener (`agent`), is struck for a
+/// violation found now: one not closing yet, so that the messages a peer's connection still
+/// delivers while it closes (after a first overdraw the credit stays spent) strike once, not
+/// once each.
+fn strikes(agent: bool, state: &State) -> bool {
+    agent && matches!(state, State::Accepting | State::Established | State::Finishing(_))
+}
 
 impl Core {
     /// How much longer connect requests from `peer` are refused (`None`: not at all, or the
@@ -37,14 +46,37 @@ impl Core {
     pub(in crate::reactor) fn violated(&mut self, t: ConnKey) {
         let Some(base) = self.cfg.violation_backoff else { return };
         let Some(c) = self.conns.get(t) else { return };
-        if !matches!(c.role, Role::Agent(_)) {
+        if !strikes(matches!(c.role, Role::Agent(_)), c.role.state()) {
             return;
         }
         let Some(peer) = c.ep.id().and_then(|id| id.peer_addr()) else { return };
         let wait = self.penalties.strike(peer.ip(), Instant::now(), base);
         self.stats.violation_strikes += 1;
-        event!(info, "{}: a connection broke the protocol: its connect requests are refused for {wait:?}", peer.ip());
+        event!(
+            info,
+            "{}: a connection broke the protocol: its connect requests are refused (wait {wait:?})",
+            peer.ip()
+        );
         // Read only by `event!`, which the `log` feature compiles in.
         let _ = wait;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::strikes;
+    use crate::proto::conn::{CloseReason, State};
+
+    #[test]
+    fn an_accepted_connection_is_struck_once_before_it_closes_and_a_client_never() {
+        let bye = || CloseReason::Protocol("the peer sent beyond its credit".into());
+        for s in [State::Accepting, State::Established, State::Finishing(CloseReason::Local)] {
+            assert!(strikes(true, &s), "{s:?}");
+            assert!(!strikes(false, &s), "a client's server is never struck: {s:?}");
+        }
+        // The first violation closed it: what it still delivers strikes no more.
+        for s in [State::Disconnecting(bye()), State::Draining(bye()), State::Closed] {
+            assert!(!strikes(true, &s), "{s:?}");
+        }
     }
 }
