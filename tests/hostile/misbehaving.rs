@@ -196,6 +196,29 @@ fn flooder_claiming_flow_control(recv_depth: u16) -> (Reactor, ConnectOptions) {
     (h, ConnectOptions { msg_size: SIZE as u32, raw_private_data: Some(raw), ..ConnectOptions::default() })
 }
 
+/// A server reactor with `cfg` listening (4 receives per connection), and its well-behaved
+/// client, served 10 verified echoes already.
+fn server_with_a_good_client(cfg: Config) -> (Reactor, Server, Ping) {
+    let mut r = Reactor::with_config(cfg).expect("server reactor");
+    let s = listen(&mut r, 4);
+    let good = ping(&mut r, s.addr, 1, u64::MAX);
+    pump(&mut [&mut r], LIMIT, "good client served", || good.borrow().echoed >= 10);
+    (r, s, good)
+}
+
+/// A flooder connecting to `addr` that claims flow control with 8 receives, keeps 256 posted
+/// for the echoes, and sends 2 000 messages 16 at a time whatever credit it is granted: the
+/// server's first message beyond the credit it granted is its own. Its reactor, its token and
+/// what it saw.
+fn overdrawing_flooder(addr: SocketAddr) -> (Reactor, Token, Rc<RefCell<Hostile>>) {
+    let (mut h, opts) = flooder_claiming_flow_control(8);
+    let seen = Rc::new(RefCell::new(Hostile::default()));
+    let flooder =
+        Flooder { size: SIZE, count: 2_000, sent: 0, window: 16, outstanding: 0, recvs: 256, seen: seen.clone() };
+    let ft = h.connect(addr, opts, flooder).expect("connect");
+    (h, ft, seen)
+}
+
 /// Case 16, hostile: a client that offers flow control in its connect information, then
 /// ignores credits, floods sends and posts no receive of its own. The server (4 receives
 /// kept posted) serves it as far as its receives allow, and its agent closes: with
@@ -207,10 +230,7 @@ fn flooder_claiming_flow_control(recv_depth: u16) -> (Reactor, ConnectOptions) {
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn sends_without_credit_cost_only_the_sender() {
     {
-        let mut r = Reactor::new().expect("server reactor");
-        let s = listen(&mut r, 4);
-        let good = ping(&mut r, s.addr, 1, u64::MAX);
-        pump(&mut [&mut r], LIMIT, "good client served", || good.borrow().echoed >= 10);
+        let (mut r, s, good) = server_with_a_good_client(Config::default());
         let (mut h, opts) = flooder_claiming_flow_control(64);
         let seen = Rc::new(RefCell::new(Hostile::default()));
         let flooder =
@@ -264,15 +284,8 @@ fn sends_without_credit_cost_only_the_sender() {
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn a_peer_beyond_its_credit_is_closed_on_its_own_receive_queue() {
     {
-        let mut r = Reactor::new().expect("server reactor");
-        let s = listen(&mut r, 4);
-        let good = ping(&mut r, s.addr, 1, u64::MAX);
-        pump(&mut [&mut r], LIMIT, "good client served", || good.borrow().echoed >= 10);
-        let (mut h, opts) = flooder_claiming_flow_control(8);
-        let seen = Rc::new(RefCell::new(Hostile::default()));
-        let flooder =
-            Flooder { size: SIZE, count: 2_000, sent: 0, window: 16, outstanding: 0, recvs: 256, seen: seen.clone() };
-        let ft = h.connect(s.addr, opts, flooder).expect("connect");
+        let (mut r, s, good) = server_with_a_good_client(Config::default());
+        let (mut h, ft, seen) = overdrawing_flooder(s.addr);
         pump(&mut [&mut r, &mut h], LIMIT, "the flooder's agent closed", || !s.agents_closed.borrow().is_empty());
         let agents = s.agents_closed.borrow().clone();
         let overdrawn = r.stats().credit_overdrawn;
@@ -361,16 +374,8 @@ fn a_peer_that_broke_the_protocol_waits_in_the_penalty_box() {
     }
     const WAIT: Duration = Duration::from_secs(5);
     {
-        let cfg = Config { violation_backoff: Some(WAIT), ..Config::default() };
-        let mut r = Reactor::with_config(cfg).expect("server reactor");
-        let s = listen(&mut r, 4);
-        let good = ping(&mut r, s.addr, 1, u64::MAX);
-        pump(&mut [&mut r], LIMIT, "good client served", || good.borrow().echoed >= 10);
-        let (mut h, opts) = flooder_claiming_flow_control(8);
-        let seen = Rc::new(RefCell::new(Hostile::default()));
-        let flooder =
-            Flooder { size: SIZE, count: 2_000, sent: 0, window: 16, outstanding: 0, recvs: 256, seen: seen.clone() };
-        h.connect(s.addr, opts, flooder).expect("connect");
+        let (mut r, s, good) = server_with_a_good_client(Config { violation_backoff: Some(WAIT), ..Config::default() });
+        let (mut h, _flooder, _seen) = overdrawing_flooder(s.addr);
         // Struck as the overdraw is found, before the agent closes.
         let deadline = Instant::now() + LIMIT;
         while r.stats().violation_strikes == 0 {

@@ -176,11 +176,11 @@ impl Core {
     /// Reads the clock as far as the timers need it, and returns how long they let the wait
     /// last (`None`: no timer). The coarse clock while the earliest deadline is further away
     /// than the coarse clock's margin (`CoarseClock::margin_ns`): then no deadline can be
-    /// due, and `Core::clock.now`, never ahead of the true time, is left as it was (nothing compares a deadline with it but
-    /// `fire_timers`, which then finds nothing due either way); the wait is shortened by the
-    /// margin, since the reading may lag the true time (the tick after such an early wakeup
-    /// reads the precise clock, the deadline being within the margin then). Otherwise the
-    /// precise clock, kept in `Core::clock.now`.
+    /// due, and `Core::clock.now`, never ahead of the true time, is left as it was (nothing
+    /// compares a deadline with it but `fire_timers`, which then finds nothing due either
+    /// way); the wait is shortened by the margin, since the reading may lag the true time (the
+    /// tick after such an early wakeup reads the precise clock, the deadline being within the
+    /// margin then). Otherwise the precise clock, kept in `Core::clock.now`.
     pub(in crate::reactor) fn timer_clock(&mut self) -> Option<Duration> {
         let at = self.timers.next_deadline()?;
         if let Some(wait) = self.clock.coarse.far_wait(at) {
