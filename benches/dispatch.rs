@@ -5,11 +5,19 @@
 //! table insert and lookup by `wr_id`, queue planning with credits, CQ room and selective
 //! signaling, completion accounting). What it leaves out is the FFI itself (`ibv_post_*`,
 //! `ibv_poll_cq`) and the user's callback.
+//!
+//! `dispatch/per_message_path` is the whole per-message path the instruction profile names
+//! (issue 33), on the echo server's side: a receive's work completion found by `wr_id`, its
+//! credit taken, the completion built and handed to the handler, which submits the reply and
+//! the receive again; both planned, built into work requests and chained as for a post; the
+//! reply's completion delivered. Only the FFI and the connection and CQ tables around it are
+//! left out (`bench_internals::Path`).
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use rdma_reactor::bench_internals::Dispatch;
+use rdma_reactor::bench_internals::{Dispatch, Path};
+use rdma_reactor::{Completion, Op, OpCode, RawBuf};
 
 fn dispatch(c: &mut Criterion) {
     let mut d = Dispatch::new(16);
@@ -22,5 +30,22 @@ fn dispatch(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, dispatch);
+/// The echo server's handler: a message back for every message, and the receive again.
+fn echo(c: Completion, raw: RawBuf) -> [Option<Op>; 2] {
+    match c.opcode {
+        OpCode::Recv => [
+            Some(Op::raw_send(RawBuf { len: c.result.unwrap_or(0), ..raw }).user_data(c.user_data + 1)),
+            Some(Op::raw_recv(raw).user_data(c.user_data)),
+        ],
+        _ => [None, None],
+    }
+}
+
+fn path(c: &mut Criterion) {
+    let mut p = Path::new(16);
+    let mut handler = echo;
+    c.bench_function("dispatch/per_message_path", |b| b.iter(|| black_box(p.message(&mut handler))));
+}
+
+criterion_group!(benches, dispatch, path);
 criterion_main!(benches);

@@ -238,6 +238,7 @@ impl ConnectionHandler for EchoAgent {
         let bytes = self.echoed * self.size as u64;
         if let Some(closed) = s.group.closed(ctx, s.reactor, self.echoed, bytes, !reason.is_clean()) {
             println!("echo server: {closed} connections closed, {} messages echoed; exiting", s.group.messages());
+            print_idle_spins("echo server", &ctx.stats());
         }
     }
 }
@@ -286,6 +287,14 @@ fn server(args: Args) {
         srq: on_srq,
         stats: Rc::new(RefCell::new(ServerStats { quiet, live: 0, marks: marks.clone(), reactor, group: g.clone() })),
     });
+}
+
+/// With `--spin-us`: the ticks that spun and found nothing, which `cargo xtask bench
+/// --instructions` subtracts from the spin-mode count (they are time, not work).
+fn print_idle_spins(program: &str, stats: &rdma_reactor::Stats) {
+    if stats.idle_spins > 0 {
+        println!("{program}: idle spinning ticks {}", stats.idle_spins);
+    }
 }
 
 // ----- client -------------------------------------------------------------------------------
@@ -563,6 +572,7 @@ fn client(args: Args) {
             per(stats.cq_events)
         );
     }
+    print_idle_spins("echo client", &stats);
     common::print_round_trips("echo", &lat, size, clients, elapsed, verify);
     if !r.failures.is_empty() {
         for f in &r.failures {

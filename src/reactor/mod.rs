@@ -41,7 +41,19 @@ pub use api::config::{Config, ConnectOptions, SrqConfig, Timeouts};
 #[cfg(feature = "bench-internals")]
 pub(crate) mod bench {
     pub(crate) use super::data::cq_room::CqRoom;
+    pub(crate) use super::data::op::OpEntry;
+    pub(crate) use super::data::post::queue_shape;
     pub(crate) use super::data::send_queue::{Plan, RecvQueue, SendQueue};
+
+    /// The work request of a planned send (`post::send_wr`), on a transport with immediate
+    /// data.
+    pub(crate) fn send_wr(
+        op: &OpEntry,
+        w: &super::data::send_queue::Planned,
+        max_inline: u32,
+    ) -> crate::sys::qp::SendWr {
+        super::data::post::send_wr(op, w, max_inline, None)
+    }
 }
 pub use api::ctx::{Conn, Ctx, SubmitError};
 pub use api::handler::{ConnectRequest, ConnectionHandler, Decision, ListenerHandler};

@@ -233,12 +233,39 @@ impl Qp {
         if wrs.is_empty() {
             return Ok(());
         }
+        let base = chains.send_chain(wrs);
+        let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
+        // SAFETY: the QP is live while self lives; the chain and its SGEs are valid for the
+        // call (`Chains::send_chain`); the memory they name is the caller's to keep valid (this
+        // fn's contract).
+        let ret = unsafe { ffi::ibv_post_send(self.raw(), base, &mut bad) };
+        post_outcome(ret, bad, base, wrs.len())
+    }
+
+    /// Posts `wrs` as one chain (one doorbell).
+    ///
+    /// # Safety
+    ///
+    /// As [`Qp::post_send`]; the device writes the memory until the completion.
+    pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr], chains: &mut Chains) -> Result<(), PostError> {
+        // SAFETY: the QP is live while self lives; the chain is valid for the call; the memory
+        // it names is the caller's to keep valid (this fn's contract).
+        post_recv_chain(wrs, chains, |base, bad| unsafe { ffi::ibv_post_recv(self.raw(), base, bad) })
+    }
+}
+
+impl Chains {
+    /// Builds `wrs` (at least one) into one linked chain of send requests in the reused
+    /// buffers and returns its head, valid until these buffers are next used. Safe: it only
+    /// writes memory it owns; what the requests name is the poster's to keep valid.
+    #[inline]
+    pub(crate) fn send_chain(&mut self, wrs: &[SendWr]) -> *mut ffi::ibv_send_wr {
         // Built in place in the reused buffers: no work request is moved after it is written
         // (they were collected into `SmallVec`s, whose moves cost ~300 instructions a post:
         // issue 33). The chain buffer keeps its elements between posts (zeroed once, when it
         // grows) and every field of the ones used is written below, so no request is zeroed
         // whole per post (a `memset` of 128 bytes a request, as much as the rest of the post).
-        let Chains { send: chain, sge: sges, .. } = chains;
+        let Chains { send: chain, sge: sges, .. } = self;
         sges.clear();
         // Two entries per request: the payload's, and its tail's (used when it has one).
         sges.reserve(2 * wrs.len());
@@ -311,23 +338,26 @@ impl Qp {
             raw.send_flags = flags;
         }
         link(chain, |wr, next| wr.next = next);
-        let base = chain.as_mut_ptr();
-        let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
-        // SAFETY: the QP is live while self lives; the chain and its SGEs are valid for the
-        // call; the memory they name is the caller's to keep valid (this fn's contract).
-        let ret = unsafe { ffi::ibv_post_send(self.raw(), base, &mut bad) };
-        post_outcome(ret, bad, base, wrs.len())
+        chain.as_mut_ptr()
     }
 
-    /// Posts `wrs` as one chain (one doorbell).
-    ///
-    /// # Safety
-    ///
-    /// As [`Qp::post_send`]; the device writes the memory until the completion.
-    pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr], chains: &mut Chains) -> Result<(), PostError> {
-        // SAFETY: the QP is live while self lives; the chain is valid for the call; the memory
-        // it names is the caller's to keep valid (this fn's contract).
-        post_recv_chain(wrs, chains, |base, bad| unsafe { ffi::ibv_post_recv(self.raw(), base, bad) })
+    /// Builds `wrs` (at least one) into one linked chain of receive requests (one SGE each)
+    /// in the reused buffers and returns its head, valid until these buffers are next used.
+    #[inline]
+    pub(crate) fn recv_chain(&mut self, wrs: &[RecvWr]) -> *mut ffi::ibv_recv_wr {
+        let Chains { recv: chain, sge: sges, .. } = self;
+        sges.clear();
+        sges.extend(wrs.iter().map(|w| ffi::ibv_sge { addr: w.addr, length: w.len, lkey: w.lkey }));
+        chain.clear();
+        // `sges` is not grown again before the post: the pointers into it stay valid.
+        chain.extend(wrs.iter().zip(sges.iter_mut()).map(|(w, sge)| ffi::ibv_recv_wr {
+            wr_id: w.wr_id,
+            next: ptr::null_mut(),
+            sg_list: sge,
+            num_sge: 1,
+        }));
+        link(chain, |wr, next| wr.next = next);
+        chain.as_mut_ptr()
     }
 }
 
@@ -339,7 +369,6 @@ impl Drop for Qp {
     }
 }
 
-/// Links a chain of work requests through their `next` pointers (the last one's stays NULL).
 /// Builds `wrs` into one chain of receive requests (one SGE each) and hands it to `post`
 /// (`ibv_post_recv` or `ibv_post_srq_recv`, which report the first refused request in `bad`);
 /// returns how many were taken on failure.
@@ -351,24 +380,13 @@ pub(super) fn post_recv_chain(
     if wrs.is_empty() {
         return Ok(());
     }
-    let Chains { recv: chain, sge: sges, .. } = chains;
-    sges.clear();
-    sges.extend(wrs.iter().map(|w| ffi::ibv_sge { addr: w.addr, length: w.len, lkey: w.lkey }));
-    chain.clear();
-    // `sges` is not grown again before the post: the pointers into it stay valid.
-    chain.extend(wrs.iter().zip(sges.iter_mut()).map(|(w, sge)| ffi::ibv_recv_wr {
-        wr_id: w.wr_id,
-        next: ptr::null_mut(),
-        sg_list: sge,
-        num_sge: 1,
-    }));
-    link(chain, |wr, next| wr.next = next);
-    let base = chain.as_mut_ptr();
+    let base = chains.recv_chain(wrs);
     let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
     let ret = post(base, &mut bad);
     post_outcome(ret, bad, base, wrs.len())
 }
 
+/// Links a chain of work requests through their `next` pointers (the last one's stays NULL).
 pub(super) fn link<T>(chain: &mut [T], set_next: impl Fn(&mut T, *mut T)) {
     let base = chain.as_mut_ptr();
     for i in 1..chain.len() {
@@ -378,11 +396,6 @@ pub(super) fn link<T>(chain: &mut [T], set_next: impl Fn(&mut T, *mut T)) {
     }
 }
 
-/// Index of the failing request `bad` in a chain at `base` of `len`: the requests before it
-/// were taken. When `bad` names none of them (NULL, or outside the chain: a provider that did
-/// not say), every request is taken to be posted: reading it as "none posted" would hand back
-/// buffers the device may still write. The caller then closes the queue pair, whose
-/// destruction (or flush) settles them.
 /// What a post call of a chain of `len` requests at `base` did, from its return value and
 /// the first refused request it reported in `bad` (NULL before the call).
 ///
@@ -401,6 +414,11 @@ pub(super) fn post_outcome<T>(ret: i32, bad: *mut T, base: *mut T, len: usize) -
     Err(PostError { posted: failed_index(bad, base, len), error })
 }
 
+/// Index of the failing request `bad` in a chain at `base` of `len`: the requests before it
+/// were taken. When `bad` names none of them (NULL, or outside the chain: a provider that did
+/// not say), every request is taken to be posted: reading it as "none posted" would hand back
+/// buffers the device may still write. The caller then closes the queue pair, whose
+/// destruction (or flush) settles them.
 pub(super) fn failed_index<T>(bad: *mut T, base: *mut T, len: usize) -> usize {
     let (bad, base) = (bad as usize, base as usize);
     let size = std::mem::size_of::<T>().max(1);

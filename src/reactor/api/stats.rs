@@ -61,6 +61,10 @@ pub struct Stats {
     pub cq_rearm_catches: u64,
     /// Ticks that polled CQs left unarmed by spinning (`Config::spin`).
     pub spin_polls: u64,
+    /// Ticks while spinning (`Config::spin`) that found no work: the polls that waited, which
+    /// count as time, not work (`cargo xtask bench --instructions` subtracts them from the
+    /// spin-mode row's count).
+    pub idle_spins: u64,
     /// `ibv_poll_cq` calls.
     pub cq_polls: u64,
     /// Work completions reaped.
@@ -218,7 +222,7 @@ impl Stats {
         families!(self;
             counters: wakeups, interrupted_waits, interrupted_connects, connect_threads, connects_queued, channel_reads, spurious_wakeups,
                 cm_events, stale_cm_events, cq_events, spurious_cq_events, cq_ack_calls, cq_events_acked,
-                cq_arms, cq_rearm_catches, spin_polls, cq_polls, completions, stale_completions,
+                cq_arms, cq_rearm_catches, spin_polls, idle_spins, cq_polls, completions, stale_completions,
                 budget_exhausted, cq_room_waits, post_send_calls, post_recv_calls, wrs_posted, accepted,
                 rejected, established, closed, farewells_answered, farewells_unanswered, farewells_heard, silent_partings, reconnects, reconnected, async_events, stale_async_events, shared_async_events,
                 devices_lost, devices_released, keepalives, iwarp_nudges, accepts_waited, credit_stalls, handed_off, handoffs_received,

@@ -136,6 +136,14 @@ impl<'a> Shape<'a> {
     }
 }
 
+/// What `Core::submit` reads of an operation to queue it, for `crate::bench_internals`: its
+/// opcode and the pool bytes it holds while it waits.
+#[cfg(feature = "bench-internals")]
+pub(crate) fn queue_shape(op: &Op) -> (OpCode, usize) {
+    let shape = Shape::of(&op.body);
+    (shape.opcode, shape.pool_len)
+}
+
 impl Core {
     /// Queues an operation on a connection after checking it; it is posted at the end of the
     /// tick. `raw` operations are accepted only here, for `Conn::submit_raw`.
@@ -558,7 +566,7 @@ pub(in crate::reactor) fn list_dirty(c: &mut crate::reactor::ConnEntry, t: ConnK
 
 /// The work request of a planned send-queue operation; with `tails` (a transport without
 /// immediate data) a send carries its credits in a tail instead.
-fn send_wr(op: &OpEntry, w: &Planned, max_inline: u32, tails: Option<&mut TailRing>) -> SendWr {
+pub(in crate::reactor) fn send_wr(op: &OpEntry, w: &Planned, max_inline: u32, tails: Option<&mut TailRing>) -> SendWr {
     if op.is_bind() {
         return crate::reactor::data::expose::bind_wr(op, w);
     }

@@ -176,6 +176,8 @@ impl Core {
         }
         if work > 0 && spin_cfg {
             self.spin.until = self.clock.now.checked_add(self.cfg.spin);
+        } else if spin && work == 0 {
+            self.stats.idle_spins += 1;
         }
         Ok(work)
     }
@@ -224,6 +226,7 @@ impl Core {
         self.flush_acks();
         work += self.reap();
         self.spin.worked |= work > 0;
+        self.stats.idle_spins += u64::from(work == 0);
         work
     }
 }

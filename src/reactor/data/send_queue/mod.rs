@@ -410,7 +410,14 @@ impl SendQueue {
     /// given back. Appends nothing when `op` is not outstanding (a completion already
     /// accounted for).
     pub(crate) fn complete(&mut self, op: OpKey, room: &mut CqRoom, done: &mut Vec<OpKey>) {
-        let Some(at) = self.posted.iter().position(|o| *o == op) else { return };
+        // Usually the oldest posted request (a chain of one, signaled): a pop, without the
+        // search over the deque's two halves (issue 33: about 40 instructions).
+        let at = if self.posted.front() == Some(&op) {
+            0
+        } else {
+            let Some(at) = self.posted.iter().position(|o| *o == op) else { return };
+            at
+        };
         move_front(&mut self.posted, at + 1, done);
         self.unreported = self.unreported.min(self.posted.len() as u32);
         room.release_send(at as u32 + 1);
