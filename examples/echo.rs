@@ -119,6 +119,9 @@ struct ServerStats {
     /// This reactor's index in the group.
     reactor: usize,
     group: Arc<Group>,
+    /// `--spin-us` was given (not 0): the idle spinning ticks are printed when the
+    /// `--exit-after`-th connection closes.
+    spinning: bool,
 }
 
 struct EchoListener {
@@ -238,7 +241,9 @@ impl ConnectionHandler for EchoAgent {
         let bytes = self.echoed * self.size as u64;
         if let Some(closed) = s.group.closed(ctx, s.reactor, self.echoed, bytes, !reason.is_clean()) {
             println!("echo server: {closed} connections closed, {} messages echoed; exiting", s.group.messages());
-            print_idle_spins("echo server", &ctx.stats());
+            if s.spinning {
+                print_idle_spins("echo server", &ctx.stats());
+            }
         }
     }
 }
@@ -280,21 +285,30 @@ fn server(args: Args) {
     let srq_note = srq.as_ref().map_or(String::new(), |s| {
         format!(", shared receive queue of {} receives of {} bytes, credit {}", s.receives, s.buf_size, s.credit)
     });
-    let (g, on_srq) = (group.clone(), srq.is_some());
+    let (g, on_srq, spinning) = (group.clone(), srq.is_some(), !args.spin().is_zero());
     group::serve("echo", &group, bind, cfg, balance, &srq_note, move |reactor| EchoListener {
         depth,
         accept_delay,
         srq: on_srq,
-        stats: Rc::new(RefCell::new(ServerStats { quiet, live: 0, marks: marks.clone(), reactor, group: g.clone() })),
+        stats: Rc::new(RefCell::new(ServerStats {
+            quiet,
+            live: 0,
+            marks: marks.clone(),
+            reactor,
+            group: g.clone(),
+            spinning,
+        })),
     });
 }
 
 /// With `--spin-us`: the ticks that spun and found nothing, which `cargo xtask bench
-/// --instructions` subtracts from the spin-mode count (they are time, not work).
+/// --instructions` subtracts from the spin-mode count (they are time, not work). Printed
+/// whenever spinning was asked for, 0 too, so a missing line is a run that never got that far
+/// (the client prints it before it reports failures; the server when the `--exit-after`-th
+/// connection closes, the figure of the reactor that saw it: with `--threads`, only that
+/// one's; the instrument runs one).
 fn print_idle_spins(program: &str, stats: &rdma_reactor::Stats) {
-    if stats.idle_spins > 0 {
-        println!("{program}: idle spinning ticks {}", stats.idle_spins);
-    }
+    println!("{program}: idle spinning ticks {}", stats.idle_spins);
 }
 
 // ----- client -------------------------------------------------------------------------------
@@ -572,7 +586,9 @@ fn client(args: Args) {
             per(stats.cq_events)
         );
     }
-    print_idle_spins("echo client", &stats);
+    if !args.spin().is_zero() {
+        print_idle_spins("echo client", &stats);
+    }
     common::print_round_trips("echo", &lat, size, clients, elapsed, verify);
     if !r.failures.is_empty() {
         for f in &r.failures {

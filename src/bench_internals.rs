@@ -70,14 +70,22 @@ impl Dispatch {
     }
 }
 
-/// One connection's whole per-message path as the reactor runs it, without the device: the
-/// echo server's side of a round trip from the receive's work completion to the next
-/// receive's and the reply's work requests built into their chains, and the reply's own
-/// completion. The steps are the reactor's (`Core::complete`, `finish_op`, `Conn::submit`,
-/// `flush_conn`), called in its order on the same types; what is left out is what needs a
-/// device (`ibv_poll_cq`, `ibv_post_*`, the connection and CQ tables' look-ups around them)
-/// and the handler's `Conn` (the handler here is a plain closure). The memory is caller
-/// memory ([`crate::RawBuf`]) that nothing reads: no device is told of it.
+/// One connection's per-message path without the device: the echo server's side of a round
+/// trip from the receive's work completion to the next receive's and the reply's work
+/// requests built into their chains, and the reply's own completion. It calls the reactor's
+/// own pieces on the same types (the token and operation table, `RecvQueue::complete`,
+/// `SendQueue::complete`, `Flow::on_receive`, `OpEntry::into_completion`, `OpEntry::new`,
+/// the queues' plans with credits, CQ room and signaling, `post::send_wr`,
+/// `sys::qp::Chains`), in the reactor's order, joined by glue of its own. Left out, so not
+/// measured here: the FFI (`ibv_poll_cq` and its conversion of `ibv_wc`, `ibv_post_*`); the
+/// connection and CQ tables' look-ups; `Core::submit`'s checks (state and placement, the
+/// pool's ownership, the size limits, the send backlog); `finish_op`'s overdraw, release,
+/// credit-only and farewell branches and the connection's meters; the handler's `Conn` and
+/// what runs after it (`after_completion`, the drained check); `flush_conn`'s state checks
+/// and credit watch. The reactor flushes once a tick, after all the tick's completions; here
+/// a flush follows each completion that submitted something (one completion a tick, as in a
+/// ping-pong). The handler is a plain closure; the memory is caller memory
+/// ([`crate::RawBuf`]) that nothing reads: no device is told of it.
 pub struct Path {
     conn: crate::proto::token::ConnKey,
     ops: GenSlab<OpKey, crate::reactor::bench::OpEntry>,
@@ -171,8 +179,8 @@ impl Path {
         sum
     }
 
-    /// `Core::complete` and `finish_op` for one work completion, then the submissions'
-    /// flush: what the reactor does per completion reaped.
+    /// `Core::complete` and `finish_op` for one work completion (the parts [`Path`] names),
+    /// then the flush of what the handler submitted.
     fn complete(
         &mut self,
         wc: crate::sys::cq::WorkCompletion,

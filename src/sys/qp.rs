@@ -108,8 +108,9 @@ pub struct PostError {
 
 /// The buffers a post builds its chain of raw work requests and scatter entries in, kept by
 /// the caller across posts: once they have grown to the largest chain, a post allocates and
-/// moves nothing. What they hold between posts is stale and never read (each post clears them
-/// first).
+/// moves nothing. What they hold between posts is stale and never read: a post clears the
+/// scatter entries and the receive chain, and writes every field of the send requests it uses
+/// (`Chains::send_chain`).
 #[derive(Default)]
 pub(crate) struct Chains {
     send: Vec<ffi::ibv_send_wr>,
@@ -260,6 +261,8 @@ impl Chains {
     /// writes memory it owns; what the requests name is the poster's to keep valid.
     #[inline]
     pub(crate) fn send_chain(&mut self, wrs: &[SendWr]) -> *mut ffi::ibv_send_wr {
+        // Empty, the head would be the last chain's first request, still linked.
+        debug_assert!(!wrs.is_empty(), "an empty send chain");
         // Built in place in the reused buffers: no work request is moved after it is written
         // (they were collected into `SmallVec`s, whose moves cost ~300 instructions a post:
         // issue 33). The chain buffer keeps its elements between posts (zeroed once, when it
@@ -345,6 +348,7 @@ impl Chains {
     /// in the reused buffers and returns its head, valid until these buffers are next used.
     #[inline]
     pub(crate) fn recv_chain(&mut self, wrs: &[RecvWr]) -> *mut ffi::ibv_recv_wr {
+        debug_assert!(!wrs.is_empty(), "an empty receive chain");
         let Chains { recv: chain, sge: sges, .. } = self;
         sges.clear();
         sges.extend(wrs.iter().map(|w| ffi::ibv_sge { addr: w.addr, length: w.len, lkey: w.lkey }));

@@ -10,9 +10,11 @@
 //!
 //! The spin-mode row ([`Row::idle`]) counts only the work of the messages: a spinning
 //! program's polls that find nothing are as many as its waits last, time, not work. Our echo
-//! prints its idle spinning ticks (`Stats::idle_spins`); each side is counted once more at the
-//! high count with its peer run natively (faster: far fewer idle ticks), and the two high
-//! counts give the cost of one idle tick, which [`spin_per_message`] subtracts.
+//! prints its idle spinning ticks (`Stats::idle_spins`). Each side is counted at both message
+//! counts with its peer run natively (an answer comes at once: few idle ticks), and once more
+//! at the high count with the client holding the connection open, idle, for half a second
+//! (`--hold-ms`): the same messages, more idle ticks, so the two high counts give what one
+//! idle tick costs, which [`spin_per_message`] subtracts.
 //!
 //! Then callgrind profiles our side of the rows in [`PROFILED`] at the high count; the guest
 //! prints each profile (gzip, base64) between markers, and the host annotates it with
@@ -167,7 +169,7 @@ CG="valgrind.bin --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/nul
 CALL="valgrind.bin --tool=callgrind --dump-instr=no --callgrind-out-file=/tmp/cg.out"
 echo "@@ machine nproc=$(nproc) kernel=$(uname -r) device=$RDMA_DEV valgrind=$(valgrind.bin --tool=cachegrind --version)"
 irefs() {{ sed -n 's/.*I *refs: *\([0-9,]*\).*/\1/p' "$1" | tr -d , | tail -1; }}
-idle() {{ sed -n 's/.*idle spinning ticks \([0-9]*\).*/\1/p' "$1" | tail -1; }}
+idle_of() {{ sed -n 's/.*idle spinning ticks \([0-9]*\).*/\1/p' "$1" | tail -1; }}
 # pair ROW ROUND N WHO VG SERVER-CMD -- CLIENT-CMD: one server and one client, each under $VG
 # (the client gets $A as its last word where it needs one); prints both sides' counts, and the
 # idle spinning ticks our echo printed. A pair that fails to meet (a server slow to start under
@@ -190,16 +192,23 @@ pair2() {{
         # rate ("Can't produce a report") and exits 1: the instructions are counted all the same.
         [ $rc -eq 1 ] && grep -q "Can't produce a report" $f.cli.vg && rc=0
         [ $rc -ne 0 ] && kill $srv 2>/dev/null
-        wait $srv 2>/dev/null
+        wait $srv 2>/dev/null; src=$?
         c=$(irefs $f.cli.vg); s=$(irefs $f.srv.vg)
+        # A spin run ($SPIN_RUN): the measured server must end well too (valgrind prints a
+        # count for a killed one), and each measured side must have printed its idle ticks.
+        if [ -n "$SPIN_RUN" ] && [ $rc -eq 0 ]; then
+            [ -n "$svg" ] && [ $src -ne 0 ] && rc=$src
+            [ -n "$svg" ] && [ -z "$(idle_of $f.srv.out)" ] && rc=98
+            [ -n "$cvg" ] && [ -z "$(idle_of $f.cli.out)" ] && rc=99
+        fi
         if [ $rc -eq 0 ] && {{ [ -z "$cvg" ] || [ -n "$c" ]; }} && {{ [ -z "$svg" ] || [ -n "$s" ]; }}; then ok=1; break; fi
         echo "== $row $who n=$n try $try failed (rc $rc):"; tail -3 $f.cli.out $f.cli.vg $f.srv.out $f.srv.vg
     done
     # A pair that never met reports no count (valgrind prints one for a failed run too).
     [ -n "$ok" ] || {{ c=""; s=""; }}
-    ci=$(idle $f.cli.out); si=$(idle $f.srv.out)
+    ci=$(idle_of $f.cli.out); si=$(idle_of $f.srv.out)
     [ "$svg" = "$CG" ] || [ "$cvg" = "$CG" ] && \
-        echo "@@ irow=$row round=$round n=$n who=$who client=$c server=$s client_idle=${{ci:-0}} server_idle=${{si:-0}}"
+        echo "@@ irow=$row round=$round n=$n who=$who client=$c server=$s client_idle=$ci server_idle=$si"
     rm -f /tmp/pair-$port.*
 }}
 echo_row() {{ # ROW ROUND SIZE: echo vs ib_send_lat -e
@@ -214,16 +223,23 @@ echo_spin_row() {{ # ROW ROUND SIZE: echo spinning (idle ticks subtracted) vs ib
     spin="--spin-us 1000000"
     for n in {N_LO} {N_HI}; do
         # Each side counted with its peer native: the peer answers at once, few idle ticks.
+        SPIN_RUN=1
         pair2 $1 $2 $n ours "" "$CG" "$BIN"/echo server --bind $A:PORT --quiet --exit-after 1 $spin -- \
             "$BIN"/echo client --connect $A:PORT --size $3 --count $n $spin
         pair2 $1 $2 $n ours "$CG" "" "$BIN"/echo server --bind $A:PORT --quiet --exit-after 1 $spin -- \
             "$BIN"/echo client --connect $A:PORT --size $3 --count $n $spin
+        SPIN_RUN=
         pair $1 $2 $n theirs "$CG" ib_send_lat $PT_OPTS -e -s $3 -n $n -p PORT -- \
             ib_send_lat $PT_OPTS -e -s $3 -n $n -p PORT $A
     done
-    # Both sides counted: each waits for the other, many idle ticks, same messages.
-    pair $1 $2 {N_HI} idle "$CG" "$BIN"/echo server --bind $A:PORT --quiet --exit-after 1 $spin -- \
-        "$BIN"/echo client --connect $A:PORT --size $3 --count {N_HI} $spin
+    SPIN_RUN=1
+    # The high count again, the client holding the connection open and idle for 0.5 s (within
+    # the spin time) before it closes: the same messages, more idle ticks on both sides.
+    pair2 $1 $2 {N_HI} hold "" "$CG" "$BIN"/echo server --bind $A:PORT --quiet --exit-after 1 $spin -- \
+        "$BIN"/echo client --connect $A:PORT --size $3 --count {N_HI} $spin --hold-ms 500
+    pair2 $1 $2 {N_HI} hold "$CG" "" "$BIN"/echo server --bind $A:PORT --quiet --exit-after 1 $spin -- \
+        "$BIN"/echo client --connect $A:PORT --size $3 --count {N_HI} $spin --hold-ms 500
+    SPIN_RUN=
 }}
 aecho_row() {{ # ROW ROUND SIZE: aecho vs echo, event mode
     for n in {N_LO} {N_HI}; do
@@ -322,13 +338,14 @@ pub struct Count {
     pub row: String,
     pub round: u32,
     pub n: u32,
-    /// `ours` or `theirs`.
+    /// `ours` or `theirs`; `hold` for the spin row's run with an idle hold.
     pub who: String,
     pub client: Option<u64>,
     pub server: Option<u64>,
-    /// Idle spinning ticks our echo printed (0 when it printed none).
-    pub client_idle: u64,
-    pub server_idle: u64,
+    /// Idle spinning ticks our echo printed (`None` when it printed none: not a spinning echo,
+    /// or one that did not end well).
+    pub client_idle: Option<u64>,
+    pub server_idle: Option<u64>,
 }
 
 /// Reads the `@@ irow=...` lines of the guest's output.
@@ -345,8 +362,8 @@ pub fn parse(output: &str) -> Vec<Count> {
                 who: String::new(),
                 client: None,
                 server: None,
-                client_idle: 0,
-                server_idle: 0,
+                client_idle: None,
+                server_idle: None,
             };
             for kv in fields {
                 let (k, v) = kv.split_once('=')?;
@@ -356,8 +373,8 @@ pub fn parse(output: &str) -> Vec<Count> {
                     "who" => c.who = v.to_string(),
                     "client" => c.client = v.parse().ok(),
                     "server" => c.server = v.parse().ok(),
-                    "client_idle" => c.client_idle = v.parse().unwrap_or(0),
-                    "server_idle" => c.server_idle = v.parse().unwrap_or(0),
+                    "client_idle" => c.client_idle = v.parse().ok(),
+                    "server_idle" => c.server_idle = v.parse().ok(),
                     _ => {}
                 }
             }
@@ -382,21 +399,24 @@ fn per_message(counts: &[Count], row: &str, round: u32, who: &str, client: bool)
 /// Instructions per message of our spinning `side` in `row` and `round`, its idle ticks
 /// subtracted, and what one idle tick cost: `(per message, per idle tick)`.
 ///
-/// Three counts of the side: `ours` at the low and high counts, each with its peer run
-/// natively (it answers at once: few idle ticks, and as few in either run), and `idle` at the
-/// high count with both under valgrind (each waits for the other: many). Each count is
-/// `a n + k e + c` (`n` messages, `e` idle ticks, `c` set-up): the two high counts give `k`,
-/// and `a` is the low-to-high difference less its idle ticks' cost. (Counting the per-message
-/// difference where idle ticks are few keeps a tick that costs other than `k`, such as one
-/// spun while a connection is set up, out of it.) `None` without all three, or when the
-/// idle ticks of the high counts did not differ by a tenth of the messages (`k` would be
-/// noise).
+/// Three counts of the side, each with its peer run natively (it answers at once): `ours` at
+/// the low and high counts, and `hold` at the high count with the client holding the
+/// connection open and idle before it closes. Each count is `a n + k e + c` (`n` messages,
+/// `e` idle ticks, `c` set-up and teardown): the two high counts differ only in idle ticks
+/// (the same messages; one hold timer more), which gives `k`, and `a` is the low-to-high
+/// difference less its idle ticks' cost. The assumption, stated: an idle tick costs the same
+/// whether it waits for a message or in the hold (both poll the connection's unarmed CQ and
+/// find nothing); the native peer keeps the idle ticks between messages few, so `k` is
+/// applied to a small difference. `None` without all three counts and idle figures, when
+/// the hold added fewer idle ticks than a tenth of the messages (`k` would be noise), when
+/// `k` is not positive, or when the idle ticks' cost is more than a tenth of the counts'
+/// difference (a round whose messages waited on idle ticks: its figure would be mostly `k`'s).
 pub fn spin_per_message(counts: &[Count], row: &str, round: u32, client: bool) -> Option<(f64, f64)> {
     let side = |c: &Count| {
         if client {
-            Some((c.client? as f64, c.client_idle as f64))
+            Some((c.client? as f64, c.client_idle? as f64))
         } else {
-            Some((c.server? as f64, c.server_idle as f64))
+            Some((c.server? as f64, c.server_idle? as f64))
         }
     };
     let mine = |who: &'static str| counts.iter().filter(move |c| c.row == row && c.round == round && c.who == who);
@@ -404,12 +424,16 @@ pub fn spin_per_message(counts: &[Count], row: &str, round: u32, client: bool) -
     let mut ns: Vec<u32> = mine("ours").filter(|c| side(c).is_some()).map(|c| c.n).collect();
     ns.sort_unstable();
     let (&lo, &hi) = (ns.first()?, ns.last()?);
-    let ((i_lo, e_lo), (i_hi, e_hi), (i_cal, e_cal)) = (at("ours", lo)?, at("ours", hi)?, at("idle", hi)?);
-    if hi <= lo || (e_cal - e_hi).abs() < f64::from(hi) / 10.0 {
+    let ((i_lo, e_lo), (i_hi, e_hi), (i_hold, e_hold)) = (at("ours", lo)?, at("ours", hi)?, at("hold", hi)?);
+    if hi <= lo || e_hold - e_hi < f64::from(hi) / 10.0 {
         return None;
     }
-    let k = (i_cal - i_hi) / (e_cal - e_hi);
-    Some(((i_hi - i_lo - k * (e_hi - e_lo)) / f64::from(hi - lo), k))
+    let k = (i_hold - i_hi) / (e_hold - e_hi);
+    // The subtraction must stay a correction: were it a tenth of the difference, an error of
+    // a third in `k` would move the figure by 3 %.
+    let correction = k * (e_hi - e_lo);
+    (k > 0.0 && correction.abs() <= (i_hi - i_lo).abs() / 10.0)
+        .then(|| ((i_hi - i_lo - correction) / f64::from(hi - lo), k))
 }
 
 /// The Markdown table (medians over the rounds, ratio spread), and whether every row has every
@@ -596,19 +620,29 @@ mod tests {
     #[test]
     fn a_spinning_side_has_its_idle_ticks_subtracted() {
         // 1000 instructions a message, 50 an idle tick, a million of set-up: the client's
-        // counts (its peer native, then both counted); the server's idle ticks do not differ
-        // enough to say what one costs.
-        let out = "@@ irow=echo64_spin round=1 n=500 who=ours client=1600000 server= client_idle=2000 server_idle=0\n\
+        // counts (then with the hold); the server's hold added too few idle ticks to say what
+        // one costs.
+        let out = "@@ irow=echo64_spin round=1 n=500 who=ours client=1600000 server= client_idle=2000 server_idle=\n\
                    @@ irow=echo64_spin round=1 n=500 who=ours client= server=1 client_idle=0 server_idle=100\n\
-                   @@ irow=echo64_spin round=1 n=2500 who=ours client=3650000 server= client_idle=3000 server_idle=0\n\
+                   @@ irow=echo64_spin round=1 n=2500 who=ours client=3650000 server= client_idle=3000 server_idle=\n\
                    @@ irow=echo64_spin round=1 n=2500 who=ours client= server=2 client_idle=0 server_idle=200\n\
-                   @@ irow=echo64_spin round=1 n=2500 who=idle client=4000000 server=2 client_idle=10000 server_idle=150\n\
-                   @@ irow=echo64_spin round=1 n=500 who=theirs client=1000000 server=1000000\n\
-                   @@ irow=echo64_spin round=1 n=2500 who=theirs client=2000000 server=2000000\n";
+                   @@ irow=echo64_spin round=1 n=2500 who=hold client=4000000 server= client_idle=10000 server_idle=\n\
+                   @@ irow=echo64_spin round=1 n=2500 who=hold client= server=3 client_idle=0 server_idle=250\n\
+                   @@ irow=echo64_spin round=1 n=500 who=theirs client=1000000 server=1000000 client_idle= server_idle=\n\
+                   @@ irow=echo64_spin round=1 n=2500 who=theirs client=2000000 server=2000000 client_idle= server_idle=\n";
         let c = parse(out);
-        assert_eq!((c[0].client_idle, c[5].client_idle), (2000, 0));
+        assert_eq!((c[0].client_idle, c[0].server_idle, c[6].client_idle), (Some(2000), None, None));
         assert_eq!(spin_per_message(&c, "echo64_spin", 1, true), Some((1000.0, 50.0)));
         assert_eq!(spin_per_message(&c, "echo64_spin", 1, false), None, "50 idle ticks apart is noise");
+        // A count whose idle figure is missing (an echo that did not end well) is no count.
+        let mut gone = c.clone();
+        gone[4].client_idle = None;
+        assert_eq!(spin_per_message(&gone, "echo64_spin", 1, true), None);
+        // Idle ticks between the messages that cost more than a tenth of the difference: no
+        // figure (it would be mostly the idle cost's).
+        let mut waited = c.clone();
+        waited[2].client_idle = Some(9000);
+        assert_eq!(spin_per_message(&waited, "echo64_spin", 1, true), None);
         let (t, complete) = table(&c, 1, &["echo64_spin".into()]);
         assert!(!complete);
         let client = t.lines().find(|l| l.contains("spin mode") && l.contains("| client |")).unwrap();

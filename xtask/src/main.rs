@@ -393,7 +393,7 @@ fn cmd_bench(args: &[String]) -> Result<u8> {
     }
     if o.instructions {
         script.push_str(&instructions::script(rounds, &o.rows));
-        limit += 900 * u64::from(rounds) + 900;
+        limit += 1200 * u64::from(rounds) + 900;
     }
     o.timeout = o.timeout.or(Some(limit));
     let started = std::time::Instant::now();
