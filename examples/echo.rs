@@ -62,7 +62,8 @@ server: echoes every message on every connection, from one thread.
                        it was accepted is closed at the next accept; at the cap a newcomer
                        is closed at once
   --spin-us N          (both) poll for N microseconds after work before sleeping (default 0:
-                       event mode)
+                       event mode); then also prints `idle spinning ticks N` (the client at
+                       the end, the server when its --exit-after-th connection closes)
   --keepalive-ms N     (both) probe an idle connection every N ms (zero-length RDMA WRITE), so
                        a peer host that vanished is noticed (default: off)
   --ack-timeout-ms N   (both) RC ACK timeout (default: the kernel's, about 1-2 s on RoCE)
