@@ -6,22 +6,21 @@ use crate::proto::token::{GenSlab, Key, OpKey, Token};
 use crate::proto::wire::ConnectInfo;
 use crate::reactor::bench::{CqRoom, Plan, RecvQueue, SendQueue};
 
-/// One connection's queues, its CQ room and an operation table, driven without a device.
+/// One connection's queues and CQ room, with the reused lists the reactor keeps beside them
+/// (`Scratch`): what [`Dispatch`] and [`Path`] both drive.
 #[derive(Debug)]
-pub struct Dispatch {
-    ops: GenSlab<OpKey, u64>,
+struct Queues {
     sq: SendQueue,
     rq: RecvQueue,
     room: CqRoom,
-    /// The reused lists, as the reactor keeps them (`Scratch`).
     plan: Plan,
     keys: Vec<OpKey>,
     done: Vec<OpKey>,
 }
 
-impl Dispatch {
-    /// A connection with receive-credit flow control on, both depths `depth`.
-    pub fn new(depth: u32) -> Dispatch {
+impl Queues {
+    /// Receive-credit flow control on, both depths `depth`.
+    fn new(depth: u32) -> Queues {
         let mut sq = SendQueue::new(16);
         sq.set_capacity(depth);
         let peer = ConnectInfo { flow_control: true, recv_depth: depth as u16, ..ConnectInfo::default() };
@@ -30,7 +29,21 @@ impl Dispatch {
         rq.set_capacity(depth);
         let mut room = CqRoom::new(4 * depth, depth);
         room.admit(depth);
-        Dispatch { ops: GenSlab::new(), sq, rq, room, plan: Plan::default(), keys: Vec::new(), done: Vec::new() }
+        Queues { sq, rq, room, plan: Plan::default(), keys: Vec::new(), done: Vec::new() }
+    }
+}
+
+/// One connection's queues, its CQ room and an operation table, driven without a device.
+#[derive(Debug)]
+pub struct Dispatch {
+    ops: GenSlab<OpKey, u64>,
+    q: Queues,
+}
+
+impl Dispatch {
+    /// A connection with receive-credit flow control on, both depths `depth`.
+    pub fn new(depth: u32) -> Dispatch {
+        Dispatch { ops: GenSlab::new(), q: Queues::new(depth) }
     }
 
     /// The bookkeeping of one ping-pong on one side: a receive is submitted and posted, its
@@ -38,27 +51,27 @@ impl Dispatch {
     /// room and signaling. Returns a value that depends on all of it.
     pub fn round(&mut self, user_data: u64) -> u64 {
         let r = self.ops.insert(user_data);
-        self.rq.push(r);
-        self.keys.clear();
-        self.rq.plan(&mut self.keys);
-        self.rq.posted(&self.keys, self.keys.len());
+        self.q.rq.push(r);
+        self.q.keys.clear();
+        self.q.rq.plan(&mut self.q.keys);
+        self.q.rq.posted(&self.q.keys, self.q.keys.len());
         let found = self.find(r.token().as_u64());
-        let recv_ok = self.rq.complete(found);
+        let recv_ok = self.q.rq.complete(found);
         let mut sum = self.ops.remove(found).unwrap_or(0);
-        if let Some(flow) = self.sq.flow_mut() {
+        if let Some(flow) = self.q.sq.flow_mut() {
             flow.on_repost(false);
             flow.on_receive(crate::proto::flow::Imm::data(1));
         }
         let s = self.ops.insert(user_data ^ 1);
-        self.sq.push(s, true, 64);
+        self.q.sq.push(s, true, 64);
         let ops = &mut self.ops;
-        self.sq.plan_into(&mut self.room, || ops.insert(0), &mut self.plan);
-        self.sq.posted(&self.plan, self.plan.wrs.len(), &mut self.room).for_each(drop);
-        for w in self.plan.wrs.iter().filter(|w| w.signaled) {
+        self.q.sq.plan_into(&mut self.q.room, || ops.insert(0), &mut self.q.plan);
+        self.q.sq.posted(&self.q.plan, self.q.plan.wrs.len(), &mut self.q.room).for_each(drop);
+        for w in self.q.plan.wrs.iter().filter(|w| w.signaled) {
             let found = self.find(w.op.token().as_u64());
-            self.done.clear();
-            self.sq.complete(found, &mut self.room, &mut self.done);
-            for done in &self.done {
+            self.q.done.clear();
+            self.q.sq.complete(found, &mut self.q.room, &mut self.q.done);
+            for done in &self.q.done {
                 sum = sum.wrapping_add(self.ops.remove(*done).unwrap_or(0));
             }
         }
@@ -89,12 +102,7 @@ impl Dispatch {
 pub struct Path {
     conn: crate::proto::token::ConnKey,
     ops: GenSlab<OpKey, crate::reactor::bench::OpEntry>,
-    sq: SendQueue,
-    rq: RecvQueue,
-    room: CqRoom,
-    plan: Plan,
-    keys: Vec<OpKey>,
-    done: Vec<OpKey>,
+    q: Queues,
     signaled: Vec<OpKey>,
     send_wrs: Vec<crate::sys::qp::SendWr>,
     recv_wrs: Vec<crate::sys::qp::RecvWr>,
@@ -117,17 +125,11 @@ impl Path {
     /// A connection with receive-credit flow control on, both depths `depth`, one receive
     /// posted.
     pub fn new(depth: u32) -> Path {
-        let Dispatch { sq, rq, room, .. } = Dispatch::new(depth);
         let mut conns: GenSlab<crate::proto::token::ConnKey, ()> = GenSlab::new();
         let mut p = Path {
             conn: conns.insert(()),
             ops: GenSlab::new(),
-            sq,
-            rq,
-            room,
-            plan: Plan::default(),
-            keys: Vec::new(),
-            done: Vec::new(),
+            q: Queues::new(depth),
             signaled: Vec::new(),
             send_wrs: Vec::new(),
             recv_wrs: Vec::new(),
@@ -170,7 +172,7 @@ impl Path {
         // first: completing one plans again.
         let mut signaled = std::mem::take(&mut self.signaled);
         signaled.clear();
-        signaled.extend(self.plan.wrs.iter().filter(|w| w.signaled).map(|w| w.op));
+        signaled.extend(self.q.plan.wrs.iter().filter(|w| w.signaled).map(|w| w.op));
         for op in &signaled {
             let wc = WorkCompletion { wr_id: op.token().as_u64(), byte_len: 0, imm: None, ..wc };
             sum = sum.wrapping_add(self.complete(wc, handler));
@@ -189,20 +191,20 @@ impl Path {
         use crate::proto::flow::Imm;
         let Some(ot) = Token::from_u64(wc.wr_id).and_then(OpKey::of) else { return 0 };
         let Some(opcode) = self.ops.get(ot).map(|e| e.opcode) else { return 0 };
-        self.done.clear();
+        self.q.done.clear();
         if opcode.on_send_queue() {
-            self.sq.complete(ot, &mut self.room, &mut self.done);
-        } else if self.rq.complete(ot) {
-            self.done.push(ot);
+            self.q.sq.complete(ot, &mut self.q.room, &mut self.q.done);
+        } else if self.q.rq.complete(ot) {
+            self.q.done.push(ot);
         }
         let mut sum = 0u64;
-        for i in 0..self.done.len() {
-            let Some(op) = self.ops.remove(self.done[i]) else { continue };
+        for i in 0..self.q.done.len() {
+            let Some(op) = self.ops.remove(self.q.done[i]) else { continue };
             if op.control {
                 continue;
             }
             if op.opcode == crate::OpCode::Recv {
-                if let Some(flow) = self.sq.flow_mut() {
+                if let Some(flow) = self.q.sq.flow_mut() {
                     flow.on_receive(wc.imm.map_or(Imm::data(0), Imm::decode));
                 }
             }
@@ -228,50 +230,52 @@ impl Path {
         self.dirty = true;
         let key = self.ops.insert(crate::reactor::bench::OpEntry::new(self.conn, op, 0, None));
         if opcode == crate::OpCode::Recv {
-            self.rq.push(key);
+            self.q.rq.push(key);
         } else {
-            self.sq.push(key, opcode.consumes_peer_receive(), u32::try_from(pool_len).unwrap_or(u32::MAX));
+            self.q.sq.push(key, opcode.consumes_peer_receive(), u32::try_from(pool_len).unwrap_or(u32::MAX));
         }
     }
 
     /// `Core::flush_conn`: receives planned, built and chained, then sends likewise.
     fn flush(&mut self) {
-        self.keys.clear();
-        self.rq.plan(&mut self.keys);
-        if !self.keys.is_empty() {
+        self.q.keys.clear();
+        self.q.rq.plan(&mut self.q.keys);
+        if !self.q.keys.is_empty() {
             self.recv_wrs.clear();
             let ops = &self.ops;
-            self.recv_wrs.extend(self.keys.iter().filter_map(|k| {
-                let (addr, len, lkey) = ops.get(*k)?.sge();
-                Some(crate::sys::qp::RecvWr { wr_id: k.token().as_u64(), addr, len, lkey })
-            }));
+            self.recv_wrs
+                .extend(self.q.keys.iter().filter_map(|k| Some(crate::reactor::bench::recv_wr(*k, ops.get(*k)?))));
             std::hint::black_box(self.chains.recv_chain(&self.recv_wrs));
-            self.rq.posted(&self.keys, self.keys.len());
-            for k in &self.keys {
+            self.q.rq.posted(&self.q.keys, self.q.keys.len());
+            for k in &self.q.keys {
                 if let Some(op) = self.ops.get_mut(*k) {
                     op.posted = true;
                 }
-                if let Some(flow) = self.sq.flow_mut() {
+                if let Some(flow) = self.q.sq.flow_mut() {
                     flow.on_repost(false);
                 }
             }
-            self.posted = self.keys.last().copied();
+            self.posted = self.q.keys.last().copied();
         }
         let (ops, conn) = (&mut self.ops, self.conn);
-        self.sq.plan_into(&mut self.room, || ops.insert(crate::reactor::bench::OpEntry::control(conn)), &mut self.plan);
-        if !self.plan.wrs.is_empty() {
+        self.q.sq.plan_into(
+            &mut self.q.room,
+            || ops.insert(crate::reactor::bench::OpEntry::control(conn)),
+            &mut self.q.plan,
+        );
+        if !self.q.plan.wrs.is_empty() {
             self.send_wrs.clear();
             let ops = &self.ops;
             self.send_wrs.extend(
-                self.plan.wrs.iter().filter_map(|w| Some(crate::reactor::bench::send_wr(ops.get(w.op)?, w, 64))),
+                self.q.plan.wrs.iter().filter_map(|w| Some(crate::reactor::bench::send_wr(ops.get(w.op)?, w, 64))),
             );
             std::hint::black_box(self.chains.send_chain(&self.send_wrs));
-            for w in &self.plan.wrs {
+            for w in &self.q.plan.wrs {
                 if let Some(op) = self.ops.get_mut(w.op) {
                     op.posted = true;
                 }
             }
-            self.sq.posted(&self.plan, self.plan.wrs.len(), &mut self.room).for_each(drop);
+            self.q.sq.posted(&self.q.plan, self.q.plan.wrs.len(), &mut self.q.room).for_each(drop);
         }
     }
 }

@@ -43,6 +43,12 @@ pub(crate) mod bench {
     pub(crate) use super::data::cq_room::CqRoom;
     pub(crate) use super::data::op::OpEntry;
     pub(crate) use super::data::post::queue_shape;
+
+    /// The work request of a queued receive (`post::recv_wr`).
+    #[inline]
+    pub(crate) fn recv_wr(k: crate::proto::token::OpKey, op: &OpEntry) -> crate::sys::qp::RecvWr {
+        super::data::post::recv_wr(k, op)
+    }
     pub(crate) use super::data::send_queue::{Plan, RecvQueue, SendQueue};
 
     /// The work request of a planned send (`post::send_wr`), on a transport with immediate

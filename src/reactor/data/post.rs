@@ -417,10 +417,7 @@ impl Core {
             return;
         }
         wrs.clear();
-        wrs.extend(keys.iter().map(|k| {
-            let (addr, len, lkey) = self.ops.get(*k).expect("queued op").sge();
-            RecvWr { wr_id: k.token().as_u64(), addr, len, lkey }
-        }));
+        wrs.extend(keys.iter().map(|k| recv_wr(*k, self.ops.get(*k).expect("queued op"))));
         let qp = c.ep.qp().expect("can_post");
         #[allow(unsafe_code)]
         // SAFETY: every request names a pool `Buf`, a region slice or a `RawBuf` held by its
@@ -562,6 +559,13 @@ pub(in crate::reactor) fn list_dirty(c: &mut crate::reactor::ConnEntry, t: ConnK
         c.dirty = true;
         dirty.push(t);
     }
+}
+
+/// The work request of queued receive `k`.
+#[inline]
+pub(in crate::reactor) fn recv_wr(k: OpKey, op: &OpEntry) -> RecvWr {
+    let (addr, len, lkey) = op.sge();
+    RecvWr { wr_id: k.token().as_u64(), addr, len, lkey }
 }
 
 /// The work request of a planned send-queue operation; with `tails` (a transport without
