@@ -796,6 +796,7 @@ struct Probed {
     write_imm: Option<Result<(), String>>,
     expose: Option<Result<u32, String>>,
     done: bool,
+    closed: bool,
 }
 
 /// Tries, once established, what iWARP lacks: an RDMA WRITE with immediate data (only where
@@ -826,7 +827,9 @@ impl ConnectionHandler for TransportProbe {
 
     fn on_completion(&mut self, _conn: &mut Conn<'_>, _c: Completion) {}
 
-    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, _reason: CloseReason) {}
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, _reason: CloseReason) {
+        self.0.borrow_mut().closed = true;
+    }
 }
 
 fn probe_transport(cfg: rdma_reactor::Config) -> Probed {
@@ -835,6 +838,9 @@ fn probe_transport(cfg: rdma_reactor::Config) -> Probed {
     let state = Rc::new(RefCell::new(Probed::default()));
     cli.connect(server, ConnectOptions::default(), TransportProbe(state.clone())).expect("connect");
     pump(&mut [&mut srv, &mut cli], LIMIT, "the probe", || state.borrow().done);
+    // Both reactors tick until the close: the server's answers the client's disconnect (with
+    // only the client's ticking, its disconnect waited `Timeouts::disconnect` out).
+    pump(&mut [&mut srv, &mut cli], LIMIT, "the probe's close", || state.borrow().closed);
     run_until_idle(&mut cli, Duration::from_secs(5));
     Rc::try_unwrap(state).expect("the probe is done").into_inner()
 }

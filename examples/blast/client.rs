@@ -469,6 +469,12 @@ pub(crate) fn client(args: Args) {
         stats.cq_events,
         stats.cq_ack_calls
     );
+    if stats.disconnects_unanswered > 0 {
+        println!(
+            "blast client: {} disconnect(s) unanswered within the disconnect timeout: the server may not have heard",
+            stats.disconnects_unanswered
+        );
+    }
     if !t.failures.is_empty() {
         for f in &t.failures {
             eprintln!("blast client: FAILED {f}");

@@ -149,6 +149,11 @@ fn a_stopped_peer_recovers_within_the_credit_timeout_and_is_closed_past_it() {
             );
         }
         assert_eq!(cli.stats().credit_stalls, 1);
+        if transport() == "rxe" {
+            // The stopped peer's kernel took our DREQ but answers it only once its process
+            // disconnects: our disconnect waited `Timeouts::disconnect` out, counted.
+            assert_eq!(cli.stats().disconnects_unanswered, 1, "the unanswered disconnect counted");
+        }
 
         // Another connection of the same reactor is unaffected.
         let p = ping(&mut cli, other_addr, 15, 20);

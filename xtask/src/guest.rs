@@ -13,7 +13,8 @@
 //!
 //! A VM of a linked pair (`cargo xtask vm2`, [`Link`]) differs in its network: instead of `d0`
 //! its rxe0 sits on a virtio NIC (its address `$RDMA_ADDR`, the peer's `$PEER_ADDR`, in one
-//! /24), `sch_netem` is loaded, and it has the helpers `peer-signal`, `peer-wait`, `peer-sync`
+//! /24), `sch_netem` is loaded (and `sch_ingress`, `cls_u32`, `act_gact`: a `clsact` u32
+//! filter can drop chosen packets), and it has the helpers `peer-signal`, `peer-wait`, `peer-sync`
 //! (a busybox httpd on the link serves this VM's signals), `vm-poweroff` and `xtask-mark`
 //! (see [`LINK_HELPERS`]).
 
@@ -150,8 +151,9 @@ const MODULES: &[&str] =
     &["crc32_generic", "crc32c_generic", "configfs", "dummy", "ib_uverbs", "rdma_ucm", "rdma_rxe", "libcrc32c"];
 /// Modules that newer kernels may not have (rxe there uses the crc32 library directly).
 const OPTIONAL_MODULES: &[&str] = &["crc32_generic", "crc32c_generic"];
-/// More modules for a linked VM: its NICs, and netem for `tc qdisc ... netem`.
-const LINK_MODULES: &[&str] = &["virtio_pci", "virtio_net", "sch_netem"];
+/// More modules for a linked VM: its NICs, netem for `tc qdisc ... netem`, and `clsact` with
+/// `u32` matches and the drop action for a filter that drops chosen packets (`dreq-lost`).
+const LINK_MODULES: &[&str] = &["virtio_pci", "virtio_net", "sch_netem", "sch_ingress", "cls_u32", "act_gact"];
 
 /// The two VMs of a linked pair, by name, and their addresses (TEST-NET-2, never routed; the
 /// frames travel only between the two qemu processes).

@@ -47,9 +47,9 @@ commands:
                              cannot contain a `--` word); streams both consoles (`A| `, `B| `);
                              exits non-zero when either fails (the first failure's status;
                              124: timeout; 125: xtask or the VM failed)
-  vm2 --cases [NAME...]      the two-VM cases (blast-loss, blast-delay, link-down-up,
-                             close-after-send, peer-link-down, reconnect-link,
-                             reconnect-restart, peer-killed)
+  vm2 --cases [NAME...]      the two-VM cases (blast-loss, blast-delay, dreq-lost,
+                             link-down-up, close-after-send, peer-link-down,
+                             reconnect-link, reconnect-restart, peer-killed)
                              in one linked pair, as a table
   test [options]             host unit tests, then every tests/*.rs binary in one VM boot per
                              device, rxe0 then siw0 (or here, when this host has an active
@@ -99,7 +99,8 @@ unprivileged uid 1000 (memlock $RUNAS_MEMLOCK KiB, default 8192); /tmp is a tmpf
 RUST_BACKTRACE=1.
 in vm2's VMs: $VM_NAME is A or B, $RDMA_ADDR ends in .1 (A) or .2 (B) (::1, ::2 in IPv6),
 $PEER_ADDR, $PEER_ADDR6, $PEER_LL6 the other's; rxe0 sits on one virtio NIC, siw0 on a
-second one, s0, on a link of its own ($RDMA_NETDEV is the chosen one's); `tc ... netem` works (iproute2's tc);
+second one, s0, on a link of its own ($RDMA_NETDEV is the chosen one's); `tc ... netem` works (iproute2's tc),
+and so does a `clsact` qdisc with u32 filters and the drop action;
 `peer-signal NAME` / `peer-wait NAME [SECS]` / `peer-sync NAME [SECS]` coordinate the two
 commands (bounded waits), `vm-poweroff` pulls the VM's plug (counts as exit 0).
 

@@ -28,6 +28,7 @@ pub const CASES_SCRIPT: &str = include_str!("vm2_cases.sh");
 pub const CASES: &[&str] = &[
     "blast-loss",
     "blast-delay",
+    "dreq-lost",
     "link-down-up",
     "close-after-send",
     "peer-link-down",

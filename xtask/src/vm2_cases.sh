@@ -12,7 +12,7 @@
 # that `blast server --verify` checks byte by byte.
 . /xtask/iproute2.sh
 
-ALL="blast-loss blast-delay link-down-up close-after-send peer-link-down reconnect-link reconnect-restart peer-killed"
+ALL="blast-loss blast-delay dreq-lost link-down-up close-after-send peer-link-down reconnect-link reconnect-restart peer-killed"
 # Blast cases: messages of SIZE (each 64 packets at rxe's 1024-byte MTU).
 SIZE=64K
 
@@ -117,6 +117,7 @@ cleanup() { # kills what a case left running, takes the link up, removes netem
     server= client=
     ip link set dev "$RDMA_NETDEV" up 2>/dev/null
     tc qdisc del dev "$RDMA_NETDEV" root 2>/dev/null
+    tc qdisc del dev "$RDMA_NETDEV" clsact 2>/dev/null
 }
 
 # ---- 1. blast under netem loss or delay, every byte verified ----------------------------
@@ -169,6 +170,98 @@ blast_netem() {
         else
             report "$name" fail "client exit status $rc: $(client_failure "$log")"
         fi
+    fi
+}
+
+# ---- 1b. the client's disconnect lost twice (RoCE) ----------------------------------------
+# B's kernel CM retransmits a DREQ that got no DREP (every 6.1 s by its timeouts on Debian's
+# Linux 6.1, 6.2-6.4 s measured), but
+# only while B's id lives: a client that gives up waiting for DISCONNECTED before a
+# retransmission gets through destroys its id, and A never hears the disconnect. (blast-loss
+# once failed so: B's client waited its 5 s disconnect timeout and exited; A, with no
+# keepalive, held the connection until the case's limit.) Here A's ingress drops the CM's
+# DREQs, as the wire would lose them (a u32 match on RoCEv2's UDP port, the GSI queue pair and
+# the MAD's attribute, DREQ 0x0015; dropped on B's egress instead, rxe hears of the drop and
+# sends again at once), until DREQ_DROPS of them were dropped; then the filter goes. A's
+# server must see its client disconnect (`--exit-after 1`: it exits 0 with the connection's
+# line) and B's client must exit 0 with no disconnect unanswered. On iWARP a disconnect is a
+# TCP close, retransmitted by TCP even after the process exits: nothing of the CM's to drop.
+DREQ_DROPS=2
+# dreq_dropped: how many packets the DREQ filter dropped so far.
+dreq_dropped() {
+    tc -s filter show dev "$RDMA_NETDEV" ingress 2>/dev/null | sed -n 's/.*(dropped \([0-9]*\).*/\1/p' | head -n 1
+}
+dreq_lost() {
+    name=$1 port=$2
+    log=/tmp/$name.log
+    if [ "$RDMA_DEVICE" != rxe ]; then
+        report "$name" pass "n/a on $RDMA_DEVICE: an iWARP disconnect is a TCP close, which TCP retransmits (no CM DREQ to lose)"
+        return
+    fi
+    if [ "$VM_NAME" = B ]; then
+        peer-wait "$name.listening" 60 > /dev/null || { report "$name" fail "A's server did not come up"; return; }
+        t0=$(now)
+        timeout -s KILL 90 "$BIN"/blast client --connect "$PEER_ADDR:$port" --size 4K --count 16 --verify > "$log" 2>&1
+        rc=$?
+        show "$log" client
+        unanswered=$(grep -c "disconnect(s) unanswered" "$log")
+        if [ $rc -eq 0 ] && [ "$unanswered" -eq 0 ]; then
+            report "$name" pass "client: exited 0 after $(since "$t0") s, its disconnect answered"
+        else
+            report "$name" fail "client exit status $rc after $(since "$t0") s: $(grep -m1 'unanswered\|FAILED' "$log")"
+        fi
+        return
+    fi
+    # RoCEv2 over IPv4 (no options): UDP port 4791, the BTH's destination queue pair 1 (GSI),
+    # the MAD's management class 7 (CM) and attribute 0x0015 (DREQ) 48 bytes in (IP 20, UDP 8,
+    # BTH 12, DETH 8).
+    if ! { tc qdisc add dev "$RDMA_NETDEV" clsact &&
+        tc filter add dev "$RDMA_NETDEV" ingress protocol ip u32 match ip protocol 17 0xff match ip dport 4791 0xffff \
+            match u32 0x00000001 0x00ffffff at 32 match u8 0x07 0xff at 49 match u16 0x0015 0xffff at 64 action drop; }; then
+        report "$name" fail "cannot install the DREQ filter on $RDMA_NETDEV"
+        return
+    fi
+    if ! server "$log" "$port" --exit-after 1; then
+        show "$log" server
+        report "$name" fail "the blast server did not start"
+        return
+    fi
+    peer-signal "$name.listening"
+    t0= drops=0 times=
+    end=$(( $(secs_now) + 60 ))
+    while [ "$drops" -lt "$DREQ_DROPS" ] && alive "$server" && [ "$(secs_now)" -lt "$end" ]; do
+        n=$(dreq_dropped)
+        if [ "${n:-0}" -gt "$drops" ]; then
+            drops=$n
+            if [ -z "$t0" ]; then t0=$(now); times=0.0; else times="$times, $(since "$t0")"; fi
+        fi
+        usleep 50000
+    done
+    tc -s filter show dev "$RDMA_NETDEV" ingress | grep -E 'rule hit|dropped' | sed 's/^/[tc] /'
+    tc qdisc del dev "$RDMA_NETDEV" clsact
+    [ -z "$t0" ] && t0=$(now)
+    held=0
+    alive "$server" && [ "$drops" -lt "$DREQ_DROPS" ] && held=1
+    if [ $held -eq 1 ]; then
+        kill -9 "$server" 2>/dev/null
+        wait "$server" 2>/dev/null
+        rc=124
+    else
+        wait_pid "$server" 30
+        rc=$?
+    fi
+    server=
+    show "$log" server
+    # Closed by the peer's disconnect (a DREQ that got through), not by anything of its own.
+    line=$(server_conn "$log" "every byte verified \\(peer disconnected\\)")
+    if [ $held -eq 1 ] && [ "$drops" -ge 1 ]; then
+        report "$name" fail "the server never heard the disconnect: $drops DREQ(s) came (at $times s) and no more within 60 s of the server's start (B's CM stopped retransmitting: its id destroyed?)"
+    elif [ "$drops" -lt "$DREQ_DROPS" ]; then
+        report "$name" fail "only ${drops} DREQ(s) dropped (server exit status $rc): the filter did not match?"
+    elif [ $rc -eq 0 ] && [ -n "$line" ]; then
+        report "$name" pass "server: $drops DREQs dropped (at $times s), the disconnect heard $(since "$t0") s after the first: $(echo "$line" | sed 's/^Token([^)]*) client [0-9]*: //')"
+    else
+        report "$name" fail "server exit status $rc, $drops DREQs dropped (at $times s), $(since "$t0") s after the first (it never heard the disconnect?): $(tail -n 1 "$log")"
     fi
 }
 
@@ -227,9 +320,10 @@ reconnect_case() { # NAME PORT link|restart
         fi
         t0=$(now)
         if [ "$fault" = link ]; then
-            # Long enough for B's retries to run out (link-down-up: B's connection fails
-            # about 8 s in), so it must reconnect, and its first attempts fail while the
-            # link is still down.
+            # Long enough for B's retries to run out (link-down-up: B's first send fails
+            # about 2 s in), so it must reconnect. Its connection closes, and it redials,
+            # once its disconnect is answered after the link is back (or
+            # `Timeouts::disconnect` passes).
             ip link set dev "$RDMA_NETDEV" down
             sleep 12
             ip link set dev "$RDMA_NETDEV" up
@@ -302,6 +396,7 @@ run_case() {
     case $1 in
     blast-loss) blast_netem blast-loss 7471 32 loss 1% ;;
     blast-delay) blast_netem blast-delay 7472 64 delay 5ms ;;
+    dreq-lost) dreq_lost dreq-lost 7475 ;;
     link-down-up) two_vm link-down-up link_down_up_busy_fails_new_works ;;
     close-after-send) two_vm close-after-send close_right_after_the_last_send ;;
     peer-link-down) two_vm peer-link-down peer_link_down_sender_gives_up ;;

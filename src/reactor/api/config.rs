@@ -27,7 +27,19 @@ pub struct Timeouts {
     pub connect: Duration,
     /// From `rdma_accept` to ESTABLISHED. Default 20 s.
     pub accept: Duration,
-    /// From our `rdma_disconnect` to DISCONNECTED. Default 5 s.
+    /// From our `rdma_disconnect` to DISCONNECTED. Default 15 s: on RoCE and InfiniBand the
+    /// kernel's CM retransmits a DREQ that got no answer, but only while the id lives: with
+    /// rdma_cm's RoCE settings on Linux 6.1 every 6.1 s from the connecting side (twice the
+    /// path's packet lifetime, 1 s, plus the CM response timeout, 4 s; 6.2-6.4 s measured by
+    /// the two-VM case `dreq-lost`) and every 4.1 s from the accepting side (the response
+    /// timeout). The
+    /// default outlasts two retransmissions. A shorter wait (it was 5 s) gives up before the
+    /// first, destroys the id, and a single lost DREQ leaves the peer holding the connection,
+    /// never told (with no [`Config::keepalive`], for as long as it sends nothing). The price:
+    /// a connection whose peer is gone or cut off, or whose peer's process does not
+    /// disconnect (stopped, or not ticking its reactor: its kernel answers our DREQ only then),
+    /// waits this long before `on_closed` (and a reconnecting client before its next attempt). A disconnect that times out is counted
+    /// (`Stats::disconnects_unanswered`).
     pub disconnect: Duration,
     /// From DISCONNECTED until every outstanding work request has completed. Default 5 s.
     pub drain: Duration,
@@ -37,7 +49,12 @@ pub struct Timeouts {
     pub finish: Duration,
     /// How long dropping the [`Reactor`](crate::Reactor) lets connections close cleanly before
     /// it closes the rest at once (see [`Reactor::shutdown`](crate::Reactor::shutdown)), after
-    /// waiting for any iWARP `rdma_connect` still running on a helper thread. Default 2 s.
+    /// waiting for any iWARP `rdma_connect` still running on a helper thread. Default 2 s,
+    /// shorter than one DREQ retransmission ([`disconnect`](Timeouts::disconnect)): a
+    /// connection whose disconnect was lost is destroyed then and its peer never told
+    /// (counted in `Stats::disconnects_unanswered`). An application that must have its peers
+    /// told closes its connections and waits for `on_closed`, or passes a longer grace to
+    /// `Reactor::shutdown`.
     pub shutdown: Duration,
 }
 
@@ -48,7 +65,7 @@ impl Default for Timeouts {
             resolve_route: Duration::from_secs(5),
             connect: Duration::from_secs(20),
             accept: Duration::from_secs(20),
-            disconnect: Duration::from_secs(5),
+            disconnect: Duration::from_secs(15),
             drain: Duration::from_secs(5),
             finish: Duration::from_secs(2),
             shutdown: Duration::from_secs(2),

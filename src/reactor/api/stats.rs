@@ -104,6 +104,13 @@ pub struct Stats {
     /// later: this reactor disconnected them (closed as `CloseReason::Peer`). Their kernel may
     /// have dropped the stream without a word (FAULTS.md, iWARP).
     pub silent_partings: u64,
+    /// Disconnects of this side (`rdma_disconnect`) that no DISCONNECTED followed within
+    /// `Timeouts::disconnect`, or before a shutdown's grace ran out: the connection was
+    /// drained and destroyed anyway. Its DREQ and the retransmissions were lost, the peer is
+    /// gone or cut off, or the `rdma_disconnect` call itself failed (the peer may then never
+    /// have heard of it); or the peer's kernel got it but its process never disconnected
+    /// (stopped, or not ticking its reactor).
+    pub disconnects_unanswered: u64,
     /// Reconnect attempts scheduled by clients with a reconnect policy
     /// (`ConnectOptions::reconnect`): one per failure that did not close the connection.
     pub reconnects: u64,
@@ -224,7 +231,7 @@ impl Stats {
                 cm_events, stale_cm_events, cq_events, spurious_cq_events, cq_ack_calls, cq_events_acked,
                 cq_arms, cq_rearm_catches, spin_polls, idle_spins, cq_polls, completions, stale_completions,
                 budget_exhausted, cq_room_waits, post_send_calls, post_recv_calls, wrs_posted, accepted,
-                rejected, established, closed, farewells_answered, farewells_unanswered, farewells_heard, silent_partings, reconnects, reconnected, async_events, stale_async_events, shared_async_events,
+                rejected, established, closed, farewells_answered, farewells_unanswered, farewells_heard, silent_partings, disconnects_unanswered, reconnects, reconnected, async_events, stale_async_events, shared_async_events,
                 devices_lost, devices_released, keepalives, iwarp_nudges, accepts_waited, credit_stalls, handed_off, handoffs_received,
                 handoffs_failed, timer_compactions, srq_posted, srq_post_calls, srq_consumed, srq_stale,
                 srq_limit_events, srq_refused, srq_overdrawn, srq_grown, srq_shrunk, peer_violations,

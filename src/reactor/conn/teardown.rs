@@ -284,6 +284,11 @@ impl Core {
         self.finish_all_calls();
         for t in self.conns.keys() {
             if let Some(c) = self.conns.get_mut(t) {
+                if matches!(c.role.state(), State::Disconnecting(_)) {
+                    // Our DREQ unanswered within the grace: its id goes now, and with it the
+                    // kernel's retransmissions (`Timeouts::disconnect`).
+                    self.stats.disconnects_unanswered += 1;
+                }
                 c.close_reason.get_or_insert(CloseReason::Shutdown);
             }
             self.destroy_conn(t);

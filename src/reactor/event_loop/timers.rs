@@ -96,6 +96,14 @@ impl Core {
                                 crate::proto::token::Key::token(t),
                                 self.cfg.timeouts.finish
                             );
+                        } else if step == Step::Disconnect {
+                            self.stats.disconnects_unanswered += 1;
+                            event!(
+                                info,
+                                "{:?}: no DISCONNECTED within {:?} of our disconnect: the peer may not have heard it",
+                                crate::proto::token::Key::token(t),
+                                self.cfg.timeouts.disconnect
+                            );
                         }
                         self.feed(t, Input::Timeout(step));
                         1
