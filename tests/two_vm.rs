@@ -85,9 +85,9 @@ struct Watch {
     /// Credit-only messages the streams that finished their count had received (flow control
     /// at work).
     credit_messages: u64,
-    /// When a stream's first operation failed (not flushed or cancelled): the handler knows of
-    /// the failure then; `on_closed` follows once the disconnect is answered or its deadline
-    /// (`Timeouts::disconnect`) has passed.
+    /// When a stream's first operation failed with the device's error (not a flush): the
+    /// handler knows of the failure then; `on_closed` follows once the disconnect is answered
+    /// or its deadline (`Timeouts::disconnect`) has passed.
     first_failure: Option<Instant>,
 }
 

@@ -32,13 +32,13 @@ pub struct Timeouts {
     /// rdma_cm's RoCE settings on Linux 6.1 every 6.1 s from the connecting side (twice the
     /// path's packet lifetime, 1 s, plus the CM response timeout, 4 s; 6.2-6.4 s measured by
     /// the two-VM case `dreq-lost`) and every 4.1 s from the accepting side (the response
-    /// timeout). The
-    /// default outlasts two retransmissions. A shorter wait (it was 5 s) gives up before the
-    /// first, destroys the id, and a single lost DREQ leaves the peer holding the connection,
-    /// never told (with no [`Config::keepalive`], for as long as it sends nothing). The price:
-    /// a connection whose peer is gone or cut off, or whose peer's process does not
-    /// disconnect (stopped, or not ticking its reactor: its kernel answers our DREQ only then),
-    /// waits this long before `on_closed` (and a reconnecting client before its next attempt). A disconnect that times out is counted
+    /// timeout). The default outlasts two retransmissions. A shorter wait (it was 5 s) gives
+    /// up before the first, destroys the id, and a single lost DREQ leaves the peer holding the
+    /// connection, never told (with no [`Config::keepalive`], for as long as it sends
+    /// nothing). The price: a connection whose peer is gone or cut off, or whose peer's
+    /// process does not disconnect (stopped, or not ticking its reactor: its kernel answers
+    /// our DREQ only then), waits this long before `on_closed` (and a reconnecting client
+    /// before its next attempt). A disconnect that times out is counted
     /// (`Stats::disconnects_unanswered`).
     pub disconnect: Duration,
     /// From DISCONNECTED until every outstanding work request has completed. Default 5 s.

@@ -260,6 +260,19 @@ impl Core {
         out
     }
 
+    /// Our disconnect of `t` got no DISCONNECTED before its deadline or a shutdown's grace ran
+    /// out: counted and said. Its id goes next, and with it the kernel's retransmissions of the
+    /// DREQ (`Timeouts::disconnect`).
+    #[cfg_attr(not(feature = "log"), allow(unused_variables))] // `t` names it in the log only.
+    pub(in crate::reactor) fn disconnect_unanswered(&mut self, t: ConnKey) {
+        self.stats.disconnects_unanswered += 1;
+        event!(
+            info,
+            "{:?}: our disconnect unanswered (its deadline or a shutdown's grace ran out): the peer may not have heard it",
+            t.token()
+        );
+    }
+
     /// See [`Reactor::shutdown`](crate::reactor::Reactor::shutdown).
     pub(in crate::reactor) fn shutdown(&mut self, grace: Duration) {
         self.shutting_down = true;
@@ -284,12 +297,10 @@ impl Core {
         self.finish_all_calls();
         for t in self.conns.keys() {
             if let Some(c) = self.conns.get_mut(t) {
-                if matches!(c.role.state(), State::Disconnecting(_)) {
-                    // Our DREQ unanswered within the grace: its id goes now, and with it the
-                    // kernel's retransmissions (`Timeouts::disconnect`).
-                    self.stats.disconnects_unanswered += 1;
-                }
                 c.close_reason.get_or_insert(CloseReason::Shutdown);
+                if matches!(c.role.state(), State::Disconnecting(_)) {
+                    self.disconnect_unanswered(t);
+                }
             }
             self.destroy_conn(t);
         }

@@ -88,22 +88,18 @@ impl Core {
                 match c.deadline {
                     Some((k, step)) if k == key => {
                         c.deadline = None;
-                        if step == Step::Finish {
-                            self.stats.farewells_unanswered += 1;
-                            event!(
-                                info,
-                                "{:?}: the peer did not answer the farewell within {:?}: disconnecting anyway",
-                                crate::proto::token::Key::token(t),
-                                self.cfg.timeouts.finish
-                            );
-                        } else if step == Step::Disconnect {
-                            self.stats.disconnects_unanswered += 1;
-                            event!(
-                                info,
-                                "{:?}: no DISCONNECTED within {:?} of our disconnect: the peer may not have heard it",
-                                crate::proto::token::Key::token(t),
-                                self.cfg.timeouts.disconnect
-                            );
+                        match step {
+                            Step::Finish => {
+                                self.stats.farewells_unanswered += 1;
+                                event!(
+                                    info,
+                                    "{:?}: the peer did not answer the farewell within {:?}: disconnecting anyway",
+                                    t.token(),
+                                    self.cfg.timeouts.finish
+                                );
+                            }
+                            Step::Disconnect => self.disconnect_unanswered(t),
+                            _ => {}
                         }
                         self.feed(t, Input::Timeout(step));
                         1
