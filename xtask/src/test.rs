@@ -66,7 +66,6 @@ fn parse_not_applicable(output: &[u8]) -> Vec<(String, String)> {
     found
 }
 
-/// The names in libtest's closing `failures:` list (four spaces, then a test's name).
 /// The first line of `console` that says the guest kernel failed (an oops or a BUG; not a
 /// warning), without its timestamp.
 fn kernel_failure(console: &str) -> Option<String> {
@@ -82,25 +81,63 @@ fn kernel_failure(console: &str) -> Option<String> {
     })
 }
 
+/// The names in libtest's closing `failures:` lists (four spaces, then a test's name), of
+/// every test binary in `output`, each once.
 fn parse_failed(output: &[u8]) -> Vec<String> {
     let text = String::from_utf8_lossy(output);
-    let mut found = Vec::new();
+    let mut found: Vec<String> = Vec::new();
     let mut in_list = false;
+    let mut listed = 0;
     for line in text.lines() {
         if line.trim_end() == "failures:" {
             in_list = true;
-            found.clear();
+            listed = 0;
             continue;
         }
         if in_list {
             match line.strip_prefix("    ") {
-                Some(name) if !name.is_empty() && !name.contains(' ') => found.push(name.to_string()),
-                _ if found.is_empty() && line.trim().is_empty() => {}
+                Some(name) if !name.is_empty() && !name.contains(' ') => {
+                    listed += 1;
+                    if !found.iter().any(|f| f == name) {
+                        found.push(name.to_string());
+                    }
+                }
+                _ if listed == 0 && line.trim().is_empty() => {}
                 _ => in_list = false,
             }
         }
     }
     found
+}
+
+/// The failed tests in `output` ([`parse_failed`]), each with where it panicked and the
+/// panic's first line when libtest printed them (`name: panicked at f.rs:1:2: message`), so
+/// that the closing list of failures says why without the log above it.
+fn describe_failed(output: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(output);
+    parse_failed(output)
+        .into_iter()
+        .map(|name| {
+            let header = format!("---- {name} stdout ----");
+            let why = text.split_once(header.as_str()).and_then(|(_, block)| {
+                let mut lines = block.lines().skip_while(|l| !l.contains(" panicked at "));
+                let at = lines.next()?;
+                let at = &at[at.find("panicked at ")?..];
+                let message = lines.find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+                let mut why = format!("{} {message}", at.trim_end()).trim_end().to_string();
+                if why.len() > 300 {
+                    let cut = (0..=300).rev().find(|&i| why.is_char_boundary(i)).unwrap_or(0);
+                    why.truncate(cut);
+                    why.push_str(" ...");
+                }
+                Some(why)
+            });
+            match why {
+                Some(why) => format!("{name}: {why}"),
+                None => name,
+            }
+        })
+        .collect()
 }
 
 /// libtest's counts from a `test result:` line.
@@ -146,6 +183,7 @@ pub fn parse_result_line(line: &str) -> Option<Counts> {
 }
 
 /// One line of the final report.
+#[derive(Clone)]
 struct Row {
     place: &'static str,
     name: String,
@@ -235,6 +273,8 @@ fn host_unit_tests() -> Result<Row> {
     let out = std::io::stdout();
     let mut reader = BufReader::new(child.stdout.take().expect("piped stdout"));
     let mut line = Vec::new();
+    // All of it, for the failed tests' names and panics (a few hundred KiB).
+    let mut output = Vec::new();
     while reader.read_until(b'\n', &mut line).map(|n| n > 0).unwrap_or(false) {
         {
             let mut o = out.lock();
@@ -245,6 +285,7 @@ fn host_unit_tests() -> Result<Row> {
             total += c;
             any = true;
         }
+        output.extend_from_slice(&line);
         line.clear();
     }
     let status = child.wait().map_err(|e| Error::new(format!("waiting for cargo test: {e}")))?;
@@ -263,7 +304,7 @@ fn host_unit_tests() -> Result<Row> {
         note: None,
         secs: Some(start.elapsed().as_secs_f64()),
         not_applicable: Vec::new(),
-        failed_tests: Vec::new(),
+        failed_tests: describe_failed(&output),
         second_boot: Vec::new(),
     })
 }
@@ -467,6 +508,19 @@ fn second_boot_section(rows: &[Row]) -> Option<String> {
         .then(|| format!("xtask: passed in a second boot or pair of VMs (see the first one's output above)\n{s}"))
 }
 
+/// The list closing the results of what failed: each failed row's tests (with their panics)
+/// or its own description ([`row_failures`]), or `None` when nothing failed. Printed last, so
+/// that the end of a long log (all a CI page may show) says which test failed and why.
+fn failed_section(rows: &[Row]) -> Option<String> {
+    let mut s = String::new();
+    for r in rows.iter().filter(|r| r.failed() > 0) {
+        for what in row_failures(r) {
+            let _ = writeln!(s, "  {} {}: {what}", r.place, r.name);
+        }
+    }
+    (!s.is_empty()).then(|| format!("xtask: FAILED (see each one's output above)\n{s}"))
+}
+
 /// Runs `tests` one after the other in one VM boot on `device`, a row each.
 fn vm_tests_in_one_boot(
     kernel: &setup::Kernel,
@@ -572,7 +626,7 @@ fn vm_tests_in_one_boot(
                     note: None,
                     secs: Some(secs),
                     not_applicable: parse_not_applicable(&output),
-                    failed_tests: parse_failed(&output),
+                    failed_tests: describe_failed(&output),
                     second_boot: Vec::new(),
                 });
             }
@@ -811,6 +865,10 @@ pub fn run(opts: &Options) -> Result<i32> {
         print!("{section}");
     }
     if let Some(section) = second_boot_section(&rows) {
+        println!();
+        print!("{section}");
+    }
+    if let Some(section) = failed_section(&rows) {
         println!();
         print!("{section}");
     }

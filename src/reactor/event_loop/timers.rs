@@ -341,9 +341,15 @@ impl CoarseClock {
     /// allow. `None` when `at` is that near, or the coarse clock cannot be read: read the
     /// precise clock.
     pub(in crate::reactor) fn far_wait(&self, at: Instant) -> Option<Duration> {
-        let coarse = monotonic_ns(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)?;
+        self.far_wait_from(monotonic_ns(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)?, at)
+    }
+
+    /// [`CoarseClock::far_wait`] for a given coarse reading (`CLOCK_MONOTONIC_COARSE`
+    /// nanoseconds): the arithmetic alone, so that a test can check it exactly.
+    #[inline]
+    fn far_wait_from(&self, coarse_ns: u64, at: Instant) -> Option<Duration> {
         let limit = self.limit_ns(at);
-        (coarse < limit).then(|| Duration::from_nanos(limit - coarse))
+        (coarse_ns < limit).then(|| Duration::from_nanos(limit - coarse_ns))
     }
 
     /// The coarse time as an `Instant`: at most the true time, and normally at least the true
@@ -425,53 +431,74 @@ impl<T: Ord + Copy> Timers<T> {
 mod tests {
     use super::*;
 
-    /// The coarse clock never runs ahead of the precise one (so nothing fires early) and lags
-    /// it by at most its resolution (so a wait shortened by the resolution never oversleeps).
+    /// The coarse clock never runs ahead of the precise one (so nothing fires early), and its
+    /// anchor maps it onto `Instant`s without an offset: its smallest lag over many readings is
+    /// within its resolution. A single reading may lag more: a kernel tick that comes late (a
+    /// loaded or virtual machine) holds the coarse clock back, by 7 ms at a 4 ms resolution
+    /// once under load in CI, which this test asserted against and so failed at random (stop 41).
+    /// The margin covers such lags; beyond it a wait ends that much late, never early.
     #[test]
-    fn the_coarse_clock_is_never_ahead_and_lags_by_at_most_its_resolution() {
+    fn the_coarse_clock_is_never_ahead_and_its_anchor_adds_no_offset() {
         let c = CoarseClock::new();
         let resolution = c.margin() / 2;
         assert!(resolution > Duration::ZERO && resolution <= Duration::from_millis(100), "{resolution:?}");
+        let mut least_lag = Duration::MAX;
         for _ in 0..1000 {
             let before = Instant::now();
             let coarse = c.now();
             let after = Instant::now();
             assert!(coarse <= after, "coarse {coarse:?} ahead of {after:?}");
-            // Slack for the anchor's two reads and for scheduling between the reads above.
-            let slack = Duration::from_millis(2);
-            assert!(
-                coarse + resolution + slack >= before,
-                "coarse {coarse:?} lags {before:?} by more than {resolution:?}"
-            );
+            least_lag = least_lag.min(before.saturating_duration_since(coarse));
         }
+        // Slack for the anchor's two reads.
+        let slack = Duration::from_millis(2);
+        assert!(least_lag <= resolution + slack, "the coarse clock lagged by at least {least_lag:?}: an offset");
     }
 
-    /// The coarse path's wait is the deadline less the margin less a coarse reading, read in
-    /// nanoseconds: within a resolution (plus slack) of that computed with `Instant`s, never
-    /// more; a deadline within the margin (or past) asks for the precise clock; the cached
-    /// limit follows a new deadline.
+    /// The coarse path's wait is the deadline less the margin less the coarse reading, exactly
+    /// (checked with given readings: a test that reads the coarse clock itself depends on the
+    /// kernel's tick, see above); a deadline within the margin (or past) asks for the precise
+    /// clock; the cached limit follows a new deadline; the live reading lies between the
+    /// results for readings taken before and after it.
     #[test]
     fn far_wait_is_the_deadline_less_the_margin_or_none_when_near() {
-        let c = CoarseClock::new();
-        let margin = c.margin();
-        let slack = Duration::from_millis(2);
-        for ahead in [Duration::from_secs(1), Duration::from_millis(250), Duration::from_secs(3600)] {
-            let before = Instant::now();
-            let at = before + ahead;
-            let wait = c.far_wait(at).expect("far ahead");
-            let after = Instant::now();
-            // At most the true wait less the margin, as read after the coarse clock, give or
-            // take its resolution (half the margin), the anchor's reads and scheduling...
-            assert!(wait <= (at - before).saturating_sub(margin / 2) + slack, "{ahead:?}: {wait:?}");
-            // ... and at least that less a resolution and the slack.
-            assert!(wait + margin / 2 + slack >= at.saturating_duration_since(after) - margin, "{ahead:?}: {wait:?}");
-        }
         let now = Instant::now();
-        assert_eq!(c.far_wait(now), None, "a deadline now is near");
-        assert_eq!(c.far_wait(now + margin / 4), None, "within the margin");
-        assert_eq!(c.far_wait(now - Duration::from_secs(1)), None, "a past deadline");
-        assert!(c.far_wait(now + Duration::from_secs(10)).is_some(), "the cache follows a new deadline");
-        assert_eq!(c.far_wait(now), None, "and back");
+        let ms = |n: u64| Duration::from_millis(n);
+        let anchor_ns = 5_000_000_000_000;
+        let c = CoarseClock { anchor: now, anchor_ns, margin_ns: 8_000_000, limit: Cell::new(None) };
+        for ahead in [ms(1000), ms(250), ms(3_600_000)] {
+            let at = now + ahead;
+            let limit = anchor_ns + nanos(ahead) - 8_000_000;
+            assert_eq!(c.far_wait_from(anchor_ns, at), Some(ahead - ms(8)), "{ahead:?} at the anchor");
+            assert_eq!(c.far_wait_from(anchor_ns + 2_000_000, at), Some(ahead - ms(10)), "{ahead:?}, 2 ms on");
+            assert_eq!(c.far_wait_from(limit - 1, at), Some(Duration::from_nanos(1)), "{ahead:?}, just far");
+            assert_eq!(c.far_wait_from(limit, at), None, "{ahead:?}: within the margin");
+            assert_eq!(c.far_wait_from(limit + 9_000_000, at), None, "{ahead:?}: past");
+        }
+        assert_eq!(c.far_wait_from(anchor_ns, now), None, "a deadline now is near");
+        assert_eq!(c.far_wait_from(anchor_ns, now + ms(8)), None, "at the margin");
+        assert_eq!(c.far_wait_from(anchor_ns, now + ms(9)), Some(ms(1)), "just beyond it");
+        if let Some(earlier) = now.checked_sub(ms(1000)) {
+            assert_eq!(c.far_wait_from(anchor_ns, earlier), None, "a deadline before the anchor");
+        }
+        assert_eq!(c.far_wait_from(anchor_ns, now + ms(10_000)), Some(ms(9_992)), "the cache follows a new deadline");
+        assert_eq!(c.far_wait_from(anchor_ns, now), None, "and back");
+        // Near the clock's zero the limit saturates: nothing is far.
+        let early = CoarseClock { anchor: now, anchor_ns: 1_000, margin_ns: 8_000_000, limit: Cell::new(None) };
+        assert_eq!(early.far_wait_from(0, now + ms(5)), None);
+
+        // The live clock: far_wait's own reading lies between two taken around it (the coarse
+        // clock is monotonic), so its wait lies between theirs.
+        let live = CoarseClock::new();
+        let at = Instant::now() + ms(1000);
+        let coarse = || monotonic_ns(nix::time::ClockId::CLOCK_MONOTONIC_COARSE).expect("coarse clock");
+        let first = coarse();
+        let wait = live.far_wait(at).expect("1 s ahead is far");
+        let second = coarse();
+        assert!(
+            live.far_wait_from(second, at) <= Some(wait) && Some(wait) <= live.far_wait_from(first, at),
+            "{wait:?}"
+        );
     }
 
     #[test]

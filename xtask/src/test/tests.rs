@@ -96,6 +96,68 @@ fn failed_tests_come_from_libtest_s_closing_list() {
 }
 
 #[test]
+fn failures_are_named_with_their_panics_across_binaries_and_listed_last() {
+    // Two test binaries' output, as `cargo test --workspace` prints it.
+    let out = b"running 2 tests\n\
+        test t::slow ... FAILED\n\
+        \n\
+        failures:\n\
+        \n\
+        ---- t::slow stdout ----\n\
+        \n\
+        thread 't::slow' (2978) panicked at src/t.rs:465:13:\n\
+        1s: 999.068965ms\n\
+        note: run with `RUST_BACKTRACE=1`\n\
+        \n\
+        \n\
+        failures:\n    t::slow\n\
+        \n\
+        test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\n\
+        running 1 test\n\
+        test u ... FAILED\n\
+        \n\
+        failures:\n\
+        \n\
+        failures:\n    u\n\
+        \n\
+        test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\n";
+    assert_eq!(parse_failed(out), vec!["t::slow".to_string(), "u".to_string()]);
+    let described = describe_failed(out);
+    assert_eq!(described, vec!["t::slow: panicked at src/t.rs:465:13: 1s: 999.068965ms".to_string(), "u".to_string()]);
+    let failed = Row {
+        place: "host",
+        name: "cargo test --workspace".into(),
+        counts: Some(Counts { passed: 1, failed: 2, ignored: 0 }),
+        status: Some(101),
+        killed: false,
+        note: None,
+        secs: None,
+        not_applicable: Vec::new(),
+        failed_tests: described,
+        second_boot: Vec::new(),
+    };
+    let crashed = Row {
+        place: "vm rxe",
+        name: "faults".into(),
+        counts: None,
+        status: Some(139),
+        note: Some("no test result".into()),
+        failed_tests: Vec::new(),
+        ..failed.clone()
+    };
+    let passed = Row { counts: Some(Counts { passed: 3, failed: 0, ignored: 0 }), status: Some(0), ..crashed.clone() };
+    assert_eq!(failed_section(std::slice::from_ref(&passed)), None);
+    assert_eq!(
+        failed_section(&[failed, passed, crashed]).as_deref(),
+        Some(
+            "xtask: FAILED (see each one's output above)\n  host cargo test --workspace: t::slow: panicked at \
+             src/t.rs:465:13: 1s: 999.068965ms\n  host cargo test --workspace: u\n  vm rxe faults: faults (no test \
+             result)\n"
+        )
+    );
+}
+
+#[test]
 fn not_applicable_lines_are_collected_after_libtest_s_prefix_too() {
     let out = b"running 3 tests\n\
         test a ... xtask-not-applicable: a: iWARP has no immediate data\n\
