@@ -5,7 +5,7 @@
 //! VMs per device (`cargo xtask vm2 --cases`; not on a host with RDMA hardware).
 //!
 //! A test that does not apply to iWARP says so by name (`util::not_on_iwarp` in
-//! `tests/util/mod.rs`): it prints [`NOT_APPLICABLE`] and returns early; the runner counts it as
+//! `tests/util/mod.rs`): it prints [`libtest::NOT_APPLICABLE`] and returns early; the runner counts it as
 //! `n/a` in its row and lists it after the table.
 
 use std::fmt::Write as _;
@@ -22,6 +22,9 @@ use crate::setup;
 use crate::util::{self, shell_quote, Error, Result};
 use crate::vm::{self, Boot, Event, Outcome};
 use crate::vm2;
+
+mod libtest;
+use libtest::{last_result, parse_failures, parse_not_applicable, parse_result_line, Counts, Failure};
 
 /// Options of `cargo xtask test`.
 pub struct Options {
@@ -45,27 +48,6 @@ impl Options {
     }
 }
 
-/// The line a test prints (to stdout, past libtest's capture) when it does not apply to the
-/// device's transport: `xtask-not-applicable: TEST: REASON` (`util::not_on_iwarp`).
-pub const NOT_APPLICABLE: &str = "xtask-not-applicable: ";
-
-/// The `(test, reason)` of every [`NOT_APPLICABLE`] line in a binary's output. The line may
-/// follow libtest's `test NAME ... ` on the same line (libtest prints the result after the
-/// test ran).
-fn parse_not_applicable(output: &[u8]) -> Vec<(String, String)> {
-    let mut found: Vec<(String, String)> = Vec::new();
-    for line in String::from_utf8_lossy(output).lines() {
-        let Some(i) = line.find(NOT_APPLICABLE) else { continue };
-        let rest = line[i + NOT_APPLICABLE.len()..].trim_end();
-        let (test, reason) = rest.split_once(": ").unwrap_or((rest, ""));
-        let entry = (test.trim().to_string(), reason.trim().to_string());
-        if !entry.0.is_empty() && !found.contains(&entry) {
-            found.push(entry);
-        }
-    }
-    found
-}
-
 /// The first line of `console` that says the guest kernel failed (an oops or a BUG; not a
 /// warning), without its timestamp.
 fn kernel_failure(console: &str) -> Option<String> {
@@ -79,107 +61,6 @@ fn kernel_failure(console: &str) -> Option<String> {
             None => l.to_string(),
         }
     })
-}
-
-/// The names in libtest's closing `failures:` lists (four spaces, then a test's name), of
-/// every test binary in `output`, each once.
-fn parse_failed(output: &[u8]) -> Vec<String> {
-    let text = String::from_utf8_lossy(output);
-    let mut found: Vec<String> = Vec::new();
-    let mut in_list = false;
-    let mut listed = 0;
-    for line in text.lines() {
-        if line.trim_end() == "failures:" {
-            in_list = true;
-            listed = 0;
-            continue;
-        }
-        if in_list {
-            match line.strip_prefix("    ") {
-                Some(name) if !name.is_empty() && !name.contains(' ') => {
-                    listed += 1;
-                    if !found.iter().any(|f| f == name) {
-                        found.push(name.to_string());
-                    }
-                }
-                _ if listed == 0 && line.trim().is_empty() => {}
-                _ => in_list = false,
-            }
-        }
-    }
-    found
-}
-
-/// The failed tests in `output` ([`parse_failed`]), each with where it panicked and the
-/// panic's first line when libtest printed them (`name: panicked at f.rs:1:2: message`), so
-/// that the closing list of failures says why without the log above it.
-fn describe_failed(output: &[u8]) -> Vec<String> {
-    let text = String::from_utf8_lossy(output);
-    parse_failed(output)
-        .into_iter()
-        .map(|name| {
-            let header = format!("---- {name} stdout ----");
-            let why = text.split_once(header.as_str()).and_then(|(_, block)| {
-                let mut lines = block.lines().skip_while(|l| !l.contains(" panicked at "));
-                let at = lines.next()?;
-                let at = &at[at.find("panicked at ")?..];
-                let message = lines.find(|l| !l.trim().is_empty()).unwrap_or("").trim();
-                let mut why = format!("{} {message}", at.trim_end()).trim_end().to_string();
-                if why.len() > 300 {
-                    let cut = (0..=300).rev().find(|&i| why.is_char_boundary(i)).unwrap_or(0);
-                    why.truncate(cut);
-                    why.push_str(" ...");
-                }
-                Some(why)
-            });
-            match why {
-                Some(why) => format!("{name}: {why}"),
-                None => name,
-            }
-        })
-        .collect()
-}
-
-/// libtest's counts from a `test result:` line.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Counts {
-    /// Tests that passed.
-    pub passed: u64,
-    /// Tests that failed.
-    pub failed: u64,
-    /// Tests that were ignored.
-    pub ignored: u64,
-}
-
-impl std::ops::AddAssign for Counts {
-    fn add_assign(&mut self, o: Counts) {
-        self.passed += o.passed;
-        self.failed += o.failed;
-        self.ignored += o.ignored;
-    }
-}
-
-/// Parses `test result: ok. 3 passed; 1 failed; 2 ignored; 0 measured; 0 filtered out; ...`.
-pub fn parse_result_line(line: &str) -> Option<Counts> {
-    let rest = &line[line.find("test result: ")? + "test result: ".len()..];
-    let (_, counts) = rest.split_once(". ")?;
-    let mut c = Counts::default();
-    let mut seen = false;
-    for part in counts.split(';') {
-        let mut it = part.split_whitespace();
-        let (Some(n), Some(what)) = (it.next(), it.next()) else {
-            continue;
-        };
-        let Ok(n) = n.parse::<u64>() else { continue };
-        match what {
-            "passed" => c.passed = n,
-            "failed" => c.failed = n,
-            "ignored" => c.ignored = n,
-            _ => continue,
-        }
-        seen = true;
-    }
-    seen.then_some(c)
 }
 
 /// One line of the final report.
@@ -196,7 +77,7 @@ struct Row {
     /// them among the passed.
     not_applicable: Vec<(String, String)>,
     /// The tests libtest listed as failed (its `failures:` list).
-    failed_tests: Vec<String>,
+    failed_tests: Vec<Failure>,
     /// A binary on siw that failed and passed in a second boot, or a two-VM case that failed
     /// and passed in a second pair: what failed in the first (reported after the table, never
     /// hidden).
@@ -304,7 +185,7 @@ fn host_unit_tests() -> Result<Row> {
         note: None,
         secs: Some(start.elapsed().as_secs_f64()),
         not_applicable: Vec::new(),
-        failed_tests: describe_failed(&output),
+        failed_tests: parse_failures(&output),
         second_boot: Vec::new(),
     })
 }
@@ -410,10 +291,6 @@ fn parse_end(marker: &str) -> Option<(String, i32, bool, f64)> {
     Some((name, rc?, killed, secs))
 }
 
-fn last_result(output: &[u8]) -> Option<Counts> {
-    String::from_utf8_lossy(output).lines().rev().find_map(parse_result_line)
-}
-
 /// The place of the single-VM stage's rows on `device`.
 fn vm_place(device: Device) -> &'static str {
     match device {
@@ -460,7 +337,7 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options, de
     let mut second_boots = 0;
     for t in &tests {
         let mut got = vm_tests_in_one_boot(kernel, bins, opts, device, std::slice::from_ref(t))?;
-        let failed: Vec<String> = got.iter().filter(|r| r.failed() > 0).flat_map(row_failures).collect();
+        let failed: Vec<String> = got.iter().filter(|r| r.failed() > 0).flat_map(|r| row_failures(r, false)).collect();
         if !failed.is_empty() && second_boots < SIW_SECOND_BOOTS {
             second_boots += 1;
             eprintln!(
@@ -486,13 +363,26 @@ const NEVER_RAN: &str = "never ran";
 /// How many binaries may get a second boot on siw in one run (`vm_tests`).
 const SIW_SECOND_BOOTS: usize = 3;
 
-/// What failed in a row: libtest's list, or the row's own description when it has none (a
-/// crash, a kill, a binary that never ran).
-fn row_failures(r: &Row) -> Vec<String> {
+/// What failed in a row: libtest's list (the names, or with `why` each test's
+/// [`Failure::describe`]), or the row's own description when it has none (a crash, a kill,
+/// a binary that never ran).
+fn row_failures(r: &Row, why: bool) -> Vec<String> {
     if r.failed_tests.is_empty() {
-        vec![format!("{} ({})", r.name, r.note.as_deref().unwrap_or("no test result"))]
+        let what = match (&r.note, r.counts) {
+            (Some(note), _) => note.clone(),
+            _ if r.killed => "killed by the watchdog".into(),
+            (None, Some(c)) if c.failed > 0 => format!("{} failed, not named in its output", c.failed),
+            (None, _) => match r.status {
+                Some(0) => "no test result".into(),
+                Some(code) => format!("exit status {code}"),
+                None => "did not run to the end".into(),
+            },
+        };
+        vec![format!("{} ({what})", r.name)]
+    } else if why {
+        r.failed_tests.iter().map(Failure::describe).collect()
     } else {
-        r.failed_tests.clone()
+        r.failed_tests.iter().map(|f| f.name.clone()).collect()
     }
 }
 
@@ -508,13 +398,13 @@ fn second_boot_section(rows: &[Row]) -> Option<String> {
         .then(|| format!("xtask: passed in a second boot or pair of VMs (see the first one's output above)\n{s}"))
 }
 
-/// The list closing the results of what failed: each failed row's tests (with their panics)
-/// or its own description ([`row_failures`]), or `None` when nothing failed. Printed last, so
+/// The list closing the results of what failed: each failed row's tests (with why) or its
+/// own description ([`row_failures`]), or `None` when nothing failed. Printed last, so
 /// that the end of a long log (all a CI page may show) says which test failed and why.
 fn failed_section(rows: &[Row]) -> Option<String> {
     let mut s = String::new();
     for r in rows.iter().filter(|r| r.failed() > 0) {
-        for what in row_failures(r) {
+        for what in row_failures(r, true) {
             let _ = writeln!(s, "  {} {}: {what}", r.place, r.name);
         }
     }
@@ -626,7 +516,7 @@ fn vm_tests_in_one_boot(
                     note: None,
                     secs: Some(secs),
                     not_applicable: parse_not_applicable(&output),
-                    failed_tests: describe_failed(&output),
+                    failed_tests: parse_failures(&output),
                     second_boot: Vec::new(),
                 });
             }
@@ -781,10 +671,13 @@ fn host_rdma_tests(bins: &project::Binaries, opts: &Options) -> Result<Vec<Row>>
         cmd.args([filter, "--test-threads=1"]).current_dir(&tmp);
         host::env(&mut cmd, &bin, &addr);
         let mut counts = None;
+        let mut output = String::new();
         let w = host::run_watched(&mut cmd, watchdog(&b.name, opts.per_binary), &mut |l| {
             if let Some(c) = parse_result_line(l) {
                 counts = Some(c);
             }
+            output.push_str(l);
+            output.push('\n');
         })?;
         let status = w.status.map(|s| s.code().unwrap_or_else(|| 128 + signal_of(s)));
         rows.push(Row {
@@ -796,7 +689,7 @@ fn host_rdma_tests(bins: &project::Binaries, opts: &Options) -> Result<Vec<Row>>
             note: None,
             secs: Some(w.elapsed.as_secs_f64()),
             not_applicable: Vec::new(),
-            failed_tests: Vec::new(),
+            failed_tests: parse_failures(output.as_bytes()),
             second_boot: Vec::new(),
         });
     }

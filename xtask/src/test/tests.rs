@@ -71,8 +71,9 @@ fn failed_tests_come_from_libtest_s_closing_list() {
         failures:\n    a\n    c_d\n\
         \n\
         test result: FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out\n";
-    assert_eq!(parse_failed(out), vec!["a".to_string(), "c_d".to_string()]);
-    assert!(parse_failed(b"test result: ok. 3 passed; 0 failed; 0 ignored\n").is_empty());
+    let names: Vec<String> = parse_failures(out).into_iter().map(|f| f.name).collect();
+    assert_eq!(names, vec!["a".to_string(), "c_d".to_string()]);
+    assert!(parse_failures(b"test result: ok. 3 passed; 0 failed; 0 ignored\n").is_empty());
     let row = Row {
         place: "vm siw",
         name: "kv_e2e".into(),
@@ -92,12 +93,17 @@ fn failed_tests_come_from_libtest_s_closing_list() {
              failed in the first: eight\n"
         )
     );
-    assert_eq!(row_failures(&Row { failed_tests: vec!["x".into()], ..row }), vec!["x".to_string()]);
+    let x = Failure { name: "x".into(), why: Some("panicked at a.rs:1:1: no".into()) };
+    let with_x = Row { failed_tests: vec![x], ..row };
+    assert_eq!(row_failures(&with_x, false), vec!["x".to_string()]);
+    assert_eq!(row_failures(&with_x, true), vec!["x: panicked at a.rs:1:1: no".to_string()]);
 }
 
 #[test]
-fn failures_are_named_with_their_panics_across_binaries_and_listed_last() {
-    // Two test binaries' output, as `cargo test --workspace` prints it.
+fn failures_are_named_with_why_across_binaries_and_listed_last() {
+    // Three test binaries' output, as `cargo test --workspace` prints it: a panic; a test with
+    // no panic line (a `should_panic` test that did not panic) listed before one that panicked;
+    // a doc test (spaces in its name) and a test named as one in the first binary.
     let out = b"running 2 tests\n\
         test t::slow ... FAILED\n\
         \n\
@@ -113,27 +119,62 @@ fn failures_are_named_with_their_panics_across_binaries_and_listed_last() {
         failures:\n    t::slow\n\
         \n\
         test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\n\
-        running 1 test\n\
-        test u ... FAILED\n\
+        running 2 tests\n\
         \n\
         failures:\n\
         \n\
-        failures:\n    u\n\
+        ---- u stdout ----\n\
+        note: test did not panic as expected at src/u.rs:3:4\n\
+        ---- v stdout ----\n\
+        thread 'v' panicked at src/v.rs:1:2:\n\
+        oh no\n\
         \n\
-        test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\n";
-    assert_eq!(parse_failed(out), vec!["t::slow".to_string(), "u".to_string()]);
-    let described = describe_failed(out);
-    assert_eq!(described, vec!["t::slow: panicked at src/t.rs:465:13: 1s: 999.068965ms".to_string(), "u".to_string()]);
+        failures:\n    u\n    v\n\
+        \n\
+        test result: FAILED. 0 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out\n\
+        running 2 tests\n\
+        \n\
+        failures:\n\
+        \n\
+        ---- src/lib.rs - Foo (line 12) stdout ----\n\
+        Test executable failed (exit status: 101).\n\
+        ---- t::slow stdout ----\n\
+        thread 't::slow' panicked at xtask/src/t.rs:9:9:\n\
+        another\n\
+        \n\
+        failures:\n    src/lib.rs - Foo (line 12)\n    t::slow\n\
+        \n\
+        test result: FAILED. 0 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out\n";
+    let failures = parse_failures(out);
+    let described: Vec<String> = failures.iter().map(Failure::describe).collect();
+    assert_eq!(
+        described,
+        vec![
+            "t::slow: panicked at src/t.rs:465:13: 1s: 999.068965ms".to_string(),
+            "u: note: test did not panic as expected at src/u.rs:3:4".to_string(),
+            "v: panicked at src/v.rs:1:2: oh no".to_string(),
+            "src/lib.rs - Foo (line 12): Test executable failed (exit status: 101).".to_string(),
+            "t::slow: panicked at xtask/src/t.rs:9:9: another".to_string(),
+        ]
+    );
+    // A long message is cut at a character boundary.
+    let long = format!(
+        "failures:\n\n---- w stdout ----\nthread 'w' panicked at a.rs:1:1:\n{}\n\nfailures:\n    w\n",
+        "é".repeat(400)
+    );
+    let why = parse_failures(long.as_bytes()).remove(0).why.expect("why");
+    assert!(why.ends_with(" ...") && why.len() <= 304, "{why}");
+
     let failed = Row {
         place: "host",
         name: "cargo test --workspace".into(),
-        counts: Some(Counts { passed: 1, failed: 2, ignored: 0 }),
+        counts: Some(Counts { passed: 1, failed: 5, ignored: 0 }),
         status: Some(101),
         killed: false,
         note: None,
         secs: None,
         not_applicable: Vec::new(),
-        failed_tests: described,
+        failed_tests: failures[..2].to_vec(),
         second_boot: Vec::new(),
     };
     let crashed = Row {
@@ -141,18 +182,23 @@ fn failures_are_named_with_their_panics_across_binaries_and_listed_last() {
         name: "faults".into(),
         counts: None,
         status: Some(139),
-        note: Some("no test result".into()),
         failed_tests: Vec::new(),
         ..failed.clone()
     };
+    let unnamed =
+        Row { name: "memory".into(), counts: Some(Counts { passed: 3, failed: 1, ignored: 0 }), ..crashed.clone() };
+    let killed = Row { name: "scale".into(), killed: true, ..crashed.clone() };
+    let never = Row { name: "srq".into(), note: Some("never ran".into()), ..crashed.clone() };
     let passed = Row { counts: Some(Counts { passed: 3, failed: 0, ignored: 0 }), status: Some(0), ..crashed.clone() };
     assert_eq!(failed_section(std::slice::from_ref(&passed)), None);
     assert_eq!(
-        failed_section(&[failed, passed, crashed]).as_deref(),
+        failed_section(&[failed, passed, crashed, unnamed, killed, never]).as_deref(),
         Some(
             "xtask: FAILED (see each one's output above)\n  host cargo test --workspace: t::slow: panicked at \
-             src/t.rs:465:13: 1s: 999.068965ms\n  host cargo test --workspace: u\n  vm rxe faults: faults (no test \
-             result)\n"
+             src/t.rs:465:13: 1s: 999.068965ms\n  host cargo test --workspace: u: note: test did not panic as \
+             expected at src/u.rs:3:4\n  vm rxe faults: faults (exit status 139)\n  vm rxe memory: memory (1 \
+             failed, not named in its output)\n  vm rxe scale: scale (killed by the watchdog)\n  vm rxe srq: srq \
+             (never ran)\n"
         )
     );
 }
