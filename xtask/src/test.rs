@@ -5,8 +5,9 @@
 //! VMs per device (`cargo xtask vm2 --cases`; not on a host with RDMA hardware).
 //!
 //! A test that does not apply to iWARP says so by name (`util::not_on_iwarp` in
-//! `tests/util/mod.rs`): it prints [`libtest::NOT_APPLICABLE`] and returns early; the runner counts it as
-//! `n/a` in its row and lists it after the table.
+//! `tests/util/mod.rs`): it prints [`libtest::NOT_APPLICABLE`] and returns early; the runner
+//! counts it as `n/a` in its row and lists it after the table. The report ends with what
+//! failed, each test with why (`libtest.rs` reads libtest's output).
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
@@ -64,7 +65,7 @@ fn kernel_failure(console: &str) -> Option<String> {
 }
 
 /// One line of the final report.
-#[derive(Clone)]
+#[cfg_attr(test, derive(Clone))]
 struct Row {
     place: &'static str,
     name: String,
@@ -363,22 +364,28 @@ const NEVER_RAN: &str = "never ran";
 /// How many binaries may get a second boot on siw in one run (`vm_tests`).
 const SIW_SECOND_BOOTS: usize = 3;
 
+/// What a failed row says of itself when libtest named none of its failures: its note (a
+/// binary that never ran, a second boot), a kill, its unnamed failures, or its exit.
+fn row_description(r: &Row) -> String {
+    match (&r.note, r.counts) {
+        (Some(note), _) => note.clone(),
+        _ if r.killed => "killed by the watchdog".into(),
+        (None, Some(c)) if c.failed > 0 => format!("{} failed, not named in its output", c.failed),
+        (None, _) => match r.status {
+            Some(0) => "no test result".into(),
+            Some(code) if code > 128 => format!("exit status {code} (signal {})", code - 128),
+            Some(code) => format!("exit status {code}"),
+            None => "did not run to the end".into(),
+        },
+    }
+}
+
 /// What failed in a row: libtest's list (the names, or with `why` each test's
-/// [`Failure::describe`]), or the row's own description when it has none (a crash, a kill,
-/// a binary that never ran).
+/// [`Failure::describe`]), or the row's name and [`row_description`] when it has none (a
+/// crash, a kill, a binary that never ran).
 fn row_failures(r: &Row, why: bool) -> Vec<String> {
     if r.failed_tests.is_empty() {
-        let what = match (&r.note, r.counts) {
-            (Some(note), _) => note.clone(),
-            _ if r.killed => "killed by the watchdog".into(),
-            (None, Some(c)) if c.failed > 0 => format!("{} failed, not named in its output", c.failed),
-            (None, _) => match r.status {
-                Some(0) => "no test result".into(),
-                Some(code) => format!("exit status {code}"),
-                None => "did not run to the end".into(),
-            },
-        };
-        vec![format!("{} ({what})", r.name)]
+        vec![format!("{} ({})", r.name, row_description(r))]
     } else if why {
         r.failed_tests.iter().map(Failure::describe).collect()
     } else {
@@ -404,8 +411,18 @@ fn second_boot_section(rows: &[Row]) -> Option<String> {
 fn failed_section(rows: &[Row]) -> Option<String> {
     let mut s = String::new();
     for r in rows.iter().filter(|r| r.failed() > 0) {
+        if r.failed_tests.is_empty() {
+            let _ = writeln!(s, "  {} {}: {}", r.place, r.name, row_description(r));
+            continue;
+        }
         for what in row_failures(r, true) {
             let _ = writeln!(s, "  {} {}: {what}", r.place, r.name);
+        }
+        // A crashed binary lists nothing (on the host, cargo says so on stderr): its failures
+        // are not among the names.
+        let unnamed = r.failed().saturating_sub(r.failed_tests.len() as u64);
+        if unnamed > 0 {
+            let _ = writeln!(s, "  {} {}: and {unnamed} more, not named in its output", r.place, r.name);
         }
     }
     (!s.is_empty()).then(|| format!("xtask: FAILED (see each one's output above)\n{s}"))

@@ -192,14 +192,59 @@ fn failures_are_named_with_why_across_binaries_and_listed_last() {
     let passed = Row { counts: Some(Counts { passed: 3, failed: 0, ignored: 0 }), status: Some(0), ..crashed.clone() };
     assert_eq!(failed_section(std::slice::from_ref(&passed)), None);
     assert_eq!(
-        failed_section(&[failed, passed, crashed, unnamed, killed, never]).as_deref(),
+        failed_section(&[failed, passed, crashed.clone(), unnamed, killed, never]).as_deref(),
         Some(
             "xtask: FAILED (see each one's output above)\n  host cargo test --workspace: t::slow: panicked at \
              src/t.rs:465:13: 1s: 999.068965ms\n  host cargo test --workspace: u: note: test did not panic as \
-             expected at src/u.rs:3:4\n  vm rxe faults: faults (exit status 139)\n  vm rxe memory: memory (1 \
-             failed, not named in its output)\n  vm rxe scale: scale (killed by the watchdog)\n  vm rxe srq: srq \
-             (never ran)\n"
+             expected at src/u.rs:3:4\n  host cargo test --workspace: and 3 more, not named in its output\n  vm \
+             rxe faults: exit status 139 (signal 11)\n  vm rxe memory: 1 failed, not named in its output\n  vm \
+             rxe scale: killed by the watchdog\n  vm rxe srq: never ran\n"
         )
+    );
+    // The second boot's note keeps the names (or the row's description) only.
+    assert_eq!(row_failures(&crashed, false), vec!["faults (exit status 139 (signal 11))".to_string()]);
+}
+
+#[test]
+fn a_test_s_own_output_is_not_misread_and_a_crashed_binary_is_named() {
+    // A test whose output has a `failures:` heading and a header-like line of its own, a
+    // panic of another thread before its own, then a binary that crashed (no result) and one
+    // after it.
+    let out = b"running 1 test\n\
+        test nested ... FAILED\n\
+        \n\
+        failures:\n\
+        \n\
+        ---- nested stdout ----\n\
+        failures:\n    not_a_test\n\
+        ---- inner stdout ----\n\
+        thread 'worker' panicked at src/w.rs:1:1:\n\
+        caught\n\
+        thread 'nested' panicked at src/n.rs:2:2:\n\
+        note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n\
+        the real one\n\
+        \n\
+        \n\
+        failures:\n    nested\n\
+        \n\
+        test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\n\
+        running 3 tests\n\
+        test a ... ok\n\
+        test b ... \n\
+        running 1 test\n\
+        test c ... ok\n\
+        \n\
+        test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out\n\
+        running 2 tests\n\
+        test d ... ok\n";
+    let described: Vec<String> = parse_failures(out).iter().map(Failure::describe).collect();
+    assert_eq!(
+        described,
+        vec![
+            "nested: panicked at src/n.rs:2:2: the real one".to_string(),
+            "(ended without a test result): a crash? its last line: `test b ...`".to_string(),
+            "(ended without a test result): a crash? its last line: `test d ... ok`".to_string(),
+        ]
     );
 }
 
