@@ -368,3 +368,25 @@ fn at_most_three_two_vm_cases_get_a_second_pair() {
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].note.as_deref(), Some("no qemu"));
 }
+
+/// Real output of `cargo test --no-fail-fast` (stdout; Rust 1.92, `RUST_BACKTRACE=1`) of a
+/// crate with a failed assertion that printed first, a `should_panic` test that did not panic,
+/// a test that returned `Err`, a binary that aborted, a second binary with a test of the same
+/// name, and a failed doc test.
+#[test]
+fn real_libtest_output_is_read() {
+    let out = include_bytes!("libtest-sample.txt");
+    let described: Vec<String> = parse_failures(out).iter().map(Failure::describe).collect();
+    assert_eq!(
+        described,
+        vec![
+            "tests::no_panic: note: test did not panic as expected at src/lib.rs:14:8".to_string(),
+            "tests::plain_panic: panicked at src/lib.rs:11:49: assertion `left == right` failed: arith is off"
+                .to_string(),
+            "tests::returns_err: Error: \"bad thing\"".to_string(),
+            "(ended without a test result): a crash? its last line: `running 1 test`".to_string(),
+            "plain_panic: panicked at tests/other.rs:2:20: second binary".to_string(),
+            "src/lib.rs - add (line 3): panicked at src/lib.rs:5:1: assertion `left == right` failed".to_string(),
+        ]
+    );
+}
