@@ -30,9 +30,14 @@ report() { # NAME pass|fail DETAIL
 # diagnose NAME: after a failed case, what this VM's kernel RDMA stack says, bounded in lines
 # and, each command, in time (a wedged stack can block a netlink dump): the kernel log's last
 # lines, the device's nonzero hardware counters and ib_cm's message counters (RoCE; iWARP has
-# neither), the neighbour entries and the QPs still there. A case that fails because the
-# stack is wedged (CI once saw every rdma_cm connect between the VMs time out while the peer
-# signals, IP on the same link, went on) then says so, and which case left it so.
+# neither), the neighbour entries and the QPs still there; then where received packets could
+# stop short of the device: the link's packet and drop counts, the qdiscs, the kernel's UDP
+# counters and RoCE's UDP socket (port 4791, 0x12B7: its drops), and the device's GID table
+# (a packet to an address not in it is dropped before rxe counts it). A case that fails
+# because the stack is wedged (CI saw every rdma_cm connect between the VMs time out while the
+# peer signals, IP on the same link, went on: twice, the second time after A's link went down
+# and up in reconnect-link, with A's rxe counting no packet received from then on while it
+# still sent) then says so, which case left it so, and where the packets stopped.
 diagnose() {
     say "diagnostics after $1 failed:"
     timeout -s KILL 5 dmesg 2>/dev/null | grep -v 'speed is unknown' | tail -n 20 | sed 's/^/  dmesg: /'
@@ -48,6 +53,24 @@ diagnose() {
     done
     timeout -s KILL 5 ip neigh show dev "$RDMA_NETDEV" 2>/dev/null | sed 's/^/  neigh: /'
     timeout -s KILL 5 rdma resource show qp 2>/dev/null | head -n 12 | sed 's/^/  qp: /'
+    st=/sys/class/net/$RDMA_NETDEV/statistics
+    line=
+    for c in rx_packets rx_dropped rx_errors rx_missed_errors tx_packets tx_dropped tx_errors; do
+        read -r v < "$st/$c" 2>/dev/null && line="$line$c=$v "
+    done
+    echo "  link $RDMA_NETDEV: $line"
+    timeout -s KILL 5 tc qdisc show dev "$RDMA_NETDEV" 2>&1 | head -n 6 | sed "s/^/  qdisc: /"
+    grep '^Udp:' /proc/net/snmp 2>/dev/null | sed 's/^/  snmp: /'
+    grep -i ':12B7 ' /proc/net/udp /proc/net/udp6 2>/dev/null | head -n 4 | sed 's/^/  udp 4791: /'
+    # The table's first entries (it fills from the start; rxe's has 1024), read without a fork.
+    for i in 0 1 2 3 4 5 6 7; do
+        read -r v < "$port/gids/$i" 2>/dev/null || continue
+        [ "$v" = 0000:0000:0000:0000:0000:0000:0000:0000 ] && continue
+        t= n=
+        read -r t < "$port/gid_attrs/types/$i" 2>/dev/null
+        read -r n < "$port/gid_attrs/ndevs/$i" 2>/dev/null
+        echo "  gid $i: $v $t $n"
+    done
     return 0
 }
 
