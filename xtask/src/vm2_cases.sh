@@ -42,34 +42,35 @@ diagnose() {
     say "diagnostics after $1 failed:"
     timeout -s KILL 5 dmesg 2>/dev/null | grep -v 'speed is unknown' | tail -n 20 | sed 's/^/  dmesg: /'
     nonzero() { # DIR: NAME=VALUE of each nonzero counter file in DIR
-        for f in "$1"/*; do
-            v=$(timeout -s KILL 5 cat "$f" 2>/dev/null) || continue
-            [ -n "$v" ] && [ "$v" != 0 ] && printf '%s=%s ' "${f##*/}" "$v"
+        for _df in "$1"/*; do
+            _dv=$(timeout -s KILL 5 cat "$_df" 2>/dev/null) || continue
+            [ -n "$_dv" ] && [ "$_dv" != 0 ] && printf '%s=%s ' "${_df##*/}" "$_dv"
         done
     }
-    port=/sys/class/infiniband/$RDMA_DEV/ports/1
-    for d in hw_counters cm_tx_msgs cm_rx_msgs cm_tx_retries cm_rx_duplicates; do
-        [ -d "$port/$d" ] && echo "  $RDMA_DEV $d: $(nonzero "$port/$d")"
+    # Names of its own (`_d...`): the case that called report() may use `port`, `line` and the like.
+    _dport=/sys/class/infiniband/$RDMA_DEV/ports/1
+    for _dd in hw_counters cm_tx_msgs cm_rx_msgs cm_tx_retries cm_rx_duplicates; do
+        [ -d "$_dport/$_dd" ] && echo "  $RDMA_DEV $_dd: $(nonzero "$_dport/$_dd")"
     done
     timeout -s KILL 5 ip neigh show dev "$RDMA_NETDEV" 2>/dev/null | sed 's/^/  neigh: /'
     timeout -s KILL 5 rdma resource show qp 2>/dev/null | head -n 12 | sed 's/^/  qp: /'
-    st=/sys/class/net/$RDMA_NETDEV/statistics
-    line=
-    for c in rx_packets rx_dropped rx_errors rx_missed_errors tx_packets tx_dropped tx_errors; do
-        read -r v < "$st/$c" 2>/dev/null && line="$line$c=$v "
+    _dst=/sys/class/net/$RDMA_NETDEV/statistics
+    _dline=
+    for _dc in rx_packets rx_dropped rx_errors rx_missed_errors tx_packets tx_dropped tx_errors; do
+        read -r _dv 2>/dev/null < "$_dst/$_dc" && _dline="$_dline$_dc=$_dv "
     done
-    echo "  link $RDMA_NETDEV: $line"
+    echo "  link $RDMA_NETDEV: $_dline"
     timeout -s KILL 5 tc qdisc show dev "$RDMA_NETDEV" 2>&1 | head -n 6 | sed "s/^/  qdisc: /"
     grep '^Udp:' /proc/net/snmp 2>/dev/null | sed 's/^/  snmp: /'
     grep -i ':12B7 ' /proc/net/udp /proc/net/udp6 2>/dev/null | head -n 4 | sed 's/^/  udp 4791: /'
     # The table's first entries (it fills from the start; rxe's has 1024), read without a fork.
-    for i in 0 1 2 3 4 5 6 7; do
-        read -r v < "$port/gids/$i" 2>/dev/null || continue
-        [ "$v" = 0000:0000:0000:0000:0000:0000:0000:0000 ] && continue
-        t= n=
-        read -r t < "$port/gid_attrs/types/$i" 2>/dev/null
-        read -r n < "$port/gid_attrs/ndevs/$i" 2>/dev/null
-        echo "  gid $i: $v $t $n"
+    for _di in 0 1 2 3 4 5 6 7; do
+        read -r _dv 2>/dev/null < "$_dport/gids/$_di" || continue
+        [ "$_dv" = 0000:0000:0000:0000:0000:0000:0000:0000 ] && continue
+        _dt= _dn=
+        read -r _dt 2>/dev/null < "$_dport/gid_attrs/types/$_di"
+        read -r _dn 2>/dev/null < "$_dport/gid_attrs/ndevs/$_di"
+        echo "  gid $_di: $_dv $_dt $_dn"
     done
     return 0
 }
