@@ -578,12 +578,13 @@ fn vm_tests_in_one_boot(
 }
 
 /// The two-VM stage on `device`: every case of [`vm2::CASES`] in one linked pair, a row per
-/// case. A case that fails gets one more run in a fresh pair of its own (at most
-/// [`VM2_SECOND_PAIRS`] a stage): a kernel RDMA stack that one case left wedged (CI saw every
-/// rdma_cm connect between the VMs time out after `reconnect-restart`, while their IP traffic
-/// went on) fails the cases after it too, and a pair of its own tells which case failed by
-/// itself. A pass there is listed after the table with what failed in the first pair (never
-/// hidden); a second failure fails the run.
+/// case. Every case that fails gets one more run ([`vm2_stage`]): the first alone in a fresh
+/// pair, the others together in another. A kernel RDMA stack that one case left wedged fails
+/// the cases after it too (CI saw every rdma_cm connect between the VMs time out after
+/// `reconnect-restart`, and a local run after `reconnect-link`, while their IP traffic went
+/// on), and the first that failed, run apart, cannot fail the others again. A pass there is
+/// listed after the table with what failed in the first pair (never hidden); a second failure
+/// fails the run.
 fn vm2_cases(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options, device: Device) -> Vec<Row> {
     let place = vm2_place(device);
     eprintln!(
@@ -622,65 +623,47 @@ fn vm2_stage(
         }
     };
     let mut rows: Vec<Row> = results.into_iter().map(|r| vm2_row(place, r)).collect();
-    let failed = |rows: &[Row]| -> Vec<usize> { (0..rows.len()).filter(|&i| rows[i].failed() > 0).collect() };
-    let mut pairs = 0;
-    let mut again = failed(&rows);
-    if again.len() > 1 {
-        // Several failed: most often the pair's stack wedged at one case and every case after
-        // it failed (CI saw reconnect-link, reconnect-restart and peer-killed fail so: every
-        // connect from B to A timed out once A's link had gone down and up). They go once more
-        // together in one fresh pair, so a wedged pair costs one more pair, not one a case.
-        pairs += 1;
+    // Every failed case runs once more, and a second failure fails the run. The first that
+    // failed goes alone; the others go together, in a second fresh pair. A pair's stack that
+    // one case wedges fails the cases after it too (a local CI run saw reconnect-link,
+    // reconnect-restart and peer-killed fail so: every connect from B to A timed out once A's
+    // link had gone down and up in reconnect-link), and the first that failed is the likeliest
+    // to have wedged it: run apart, it cannot fail the others again.
+    let failed: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].failed() > 0).collect();
+    let groups: Vec<&[usize]> = match failed.split_first() {
+        None => Vec::new(),
+        Some((first, [])) => vec![std::slice::from_ref(first)],
+        Some((first, rest)) => vec![std::slice::from_ref(first), rest],
+    };
+    for (n, group) in groups.into_iter().enumerate() {
         let cases: Vec<&'static str> =
-            again.iter().filter_map(|&i| vm2::CASES.iter().copied().find(|c| *c == rows[i].name)).collect();
-        eprintln!(
-            "xtask: [{place}] {} cases failed ({}); once more together in a fresh pair",
-            cases.len(),
-            cases.join(", ")
-        );
+            group.iter().filter_map(|&i| vm2::CASES.iter().copied().find(|c| *c == rows[i].name)).collect();
+        let (pair, with) =
+            if n == 0 { ("a fresh pair of its own", "") } else { ("one fresh pair", ", with the other failed cases") };
+        for &i in group {
+            let first = rows[i].note.as_deref().unwrap_or("no result");
+            eprintln!(
+                "xtask: [{place}] {} failed ({first}); once more in {pair} (alone: cargo xtask vm2 --device {device} --cases {})",
+                rows[i].name, rows[i].name
+            );
+        }
         match run(&cases) {
             Ok(results) => {
-                for r in results.into_iter().filter(|r| r.passed) {
-                    let Some(i) = again.iter().copied().find(|&i| rows[i].name == r.name) else { continue };
+                for r in results {
+                    let Some(i) = group.iter().copied().find(|&i| rows[i].name == r.name) else { continue };
                     let first = rows[i].note.clone().unwrap_or_else(|| "no result".into());
                     let mut row = vm2_row(place, r);
                     let note = row.note.take().unwrap_or_default();
-                    row.note =
-                        Some(format!("second pair, with the other failed cases; the first failed: {first}; {note}"));
+                    row.note = Some(format!("second pair{with}; the first failed: {first}; {note}"));
                     row.second_boot = vec![first];
                     rows[i] = row;
                 }
             }
-            Err(e) => eprintln!("xtask: error: [{place}] the failed cases in a second pair: {e}"),
-        }
-        again = failed(&rows);
-    }
-    for i in again.into_iter().take(VM2_SECOND_PAIRS - pairs) {
-        let name = rows[i].name.clone();
-        let Some(case) = vm2::CASES.iter().copied().find(|c| *c == name) else { continue };
-        let first = rows[i].note.clone().unwrap_or_else(|| "no result".into());
-        eprintln!(
-            "xtask: [{place}] {name} failed ({first}); once more in a fresh pair of its own (alone: cargo xtask vm2 --device {device} \
-             --cases {name})"
-        );
-        match run(&[case]) {
-            Ok(mut r) if r.len() == 1 => {
-                let mut row = vm2_row(place, r.remove(0));
-                let note = row.note.take().unwrap_or_default();
-                row.note = Some(format!("second pair; the first failed: {first}; {note}"));
-                row.second_boot = vec![first];
-                rows[i] = row;
-            }
-            Ok(r) => eprintln!("xtask: [{place}] {name}: the second pair gave {} results, not 1", r.len()),
-            Err(e) => eprintln!("xtask: error: [{place}] {name} in a second pair: {e}"),
+            Err(e) => eprintln!("xtask: error: [{place}] {} in a second pair: {e}", cases.join(", ")),
         }
     }
     rows
 }
-
-/// How many second pairs of VMs the two-VM cases may get in one stage (`vm2_stage`): one
-/// for all that failed when more than one did, then one a case that failed again.
-const VM2_SECOND_PAIRS: usize = 3;
 
 /// A two-VM case's row.
 fn vm2_row(place: &'static str, r: vm2::CaseResult) -> Row {

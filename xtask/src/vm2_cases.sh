@@ -35,9 +35,9 @@ report() { # NAME pass|fail DETAIL
 # counters and RoCE's UDP socket (port 4791, 0x12B7: its drops), and the device's GID table
 # (a packet to an address not in it is dropped before rxe counts it). A case that fails
 # because the stack is wedged (CI saw every rdma_cm connect between the VMs time out while the
-# peer signals, IP on the same link, went on: twice, the second time after A's link went down
-# and up in reconnect-link, with A's rxe counting no packet received from then on while it
-# still sent) then says so, which case left it so, and where the packets stopped.
+# peer signals, IP on the same link, went on: twice, the second time in a local CI run after
+# A's link went down and up in reconnect-link, with A's rxe counting no packet received from
+# then on while it still sent) then says so, which case left it so, and where the packets stopped.
 diagnose() {
     say "diagnostics after $1 failed:"
     timeout -s KILL 5 dmesg 2>/dev/null | grep -v 'speed is unknown' | tail -n 20 | sed 's/^/  dmesg: /'
@@ -60,6 +60,7 @@ diagnose() {
         read -r _dv 2>/dev/null < "$_dst/$_dc" && _dline="$_dline$_dc=$_dv "
     done
     echo "  link $RDMA_NETDEV: $_dline"
+    # Without -s: under busybox's `timeout`, `tc` runs as busybox's applet, which has none.
     timeout -s KILL 5 tc qdisc show dev "$RDMA_NETDEV" 2>&1 | head -n 6 | sed "s/^/  qdisc: /"
     grep '^Udp:' /proc/net/snmp 2>/dev/null | sed 's/^/  snmp: /'
     grep -i ':12B7 ' /proc/net/udp /proc/net/udp6 2>/dev/null | head -n 4 | sed 's/^/  udp 4791: /'
