@@ -119,10 +119,7 @@ impl Row {
             match self.status {
                 Some(0) => {}
                 Some(code) => {
-                    let _ = write!(s, "; exit status {code}");
-                    if code > 128 {
-                        let _ = write!(s, " (signal {})", code - 128);
-                    }
+                    let _ = write!(s, "; {}", exit_status(code));
                 }
                 None => s.push_str("; did not run to the end"),
             }
@@ -338,7 +335,7 @@ fn vm_tests(kernel: &setup::Kernel, bins: &project::Binaries, opts: &Options, de
     let mut second_boots = 0;
     for t in &tests {
         let mut got = vm_tests_in_one_boot(kernel, bins, opts, device, std::slice::from_ref(t))?;
-        let failed: Vec<String> = got.iter().filter(|r| r.failed() > 0).flat_map(|r| row_failures(r, false)).collect();
+        let failed: Vec<String> = got.iter().filter(|r| r.failed() > 0).flat_map(row_failures).collect();
         if !failed.is_empty() && second_boots < SIW_SECOND_BOOTS {
             second_boots += 1;
             eprintln!(
@@ -364,6 +361,15 @@ const NEVER_RAN: &str = "never ran";
 /// How many binaries may get a second boot on siw in one run (`vm_tests`).
 const SIW_SECOND_BOOTS: usize = 3;
 
+/// `exit status CODE`, with the signal when CODE is one's (128 + N).
+fn exit_status(code: i32) -> String {
+    if code > 128 {
+        format!("exit status {code} (signal {})", code - 128)
+    } else {
+        format!("exit status {code}")
+    }
+}
+
 /// What a failed row says of itself when libtest named none of its failures: its note (a
 /// binary that never ran, a second boot), a kill, its unnamed failures, or its exit.
 fn row_description(r: &Row) -> String {
@@ -373,21 +379,17 @@ fn row_description(r: &Row) -> String {
         (None, Some(c)) if c.failed > 0 => format!("{} failed, not named in its output", c.failed),
         (None, _) => match r.status {
             Some(0) => "no test result".into(),
-            Some(code) if code > 128 => format!("exit status {code} (signal {})", code - 128),
-            Some(code) => format!("exit status {code}"),
+            Some(code) => exit_status(code),
             None => "did not run to the end".into(),
         },
     }
 }
 
-/// What failed in a row: libtest's list (the names, or with `why` each test's
-/// [`Failure::describe`]), or the row's name and [`row_description`] when it has none (a
-/// crash, a kill, a binary that never ran).
-fn row_failures(r: &Row, why: bool) -> Vec<String> {
+/// What failed in a row, for a note: the names in libtest's list, or the row's name and
+/// [`row_description`] when it has none (a crash, a kill, a binary that never ran).
+fn row_failures(r: &Row) -> Vec<String> {
     if r.failed_tests.is_empty() {
         vec![format!("{} ({})", r.name, row_description(r))]
-    } else if why {
-        r.failed_tests.iter().map(Failure::describe).collect()
     } else {
         r.failed_tests.iter().map(|f| f.name.clone()).collect()
     }
@@ -405,8 +407,9 @@ fn second_boot_section(rows: &[Row]) -> Option<String> {
         .then(|| format!("xtask: passed in a second boot or pair of VMs (see the first one's output above)\n{s}"))
 }
 
-/// The list closing the results of what failed: each failed row's tests (with why) or its
-/// own description ([`row_failures`]), or `None` when nothing failed. Printed last, so
+/// The list closing the results of what failed: each failed row's tests with why
+/// ([`Failure::describe`]) or its own description ([`row_description`]), or `None` when
+/// nothing failed. Printed last, so
 /// that the end of a long log (all a CI page may show) says which test failed and why.
 fn failed_section(rows: &[Row]) -> Option<String> {
     let mut s = String::new();
@@ -415,8 +418,8 @@ fn failed_section(rows: &[Row]) -> Option<String> {
             let _ = writeln!(s, "  {} {}: {}", r.place, r.name, row_description(r));
             continue;
         }
-        for what in row_failures(r, true) {
-            let _ = writeln!(s, "  {} {}: {what}", r.place, r.name);
+        for f in &r.failed_tests {
+            let _ = writeln!(s, "  {} {}: {}", r.place, r.name, f.describe());
         }
         // A crashed binary lists nothing (on the host, cargo says so on stderr): its failures
         // are not among the names.

@@ -2,6 +2,23 @@
 
 use super::*;
 
+/// A row of `place` and `name` that passed with counts `c` and nothing else said: the tests
+/// change what they test with struct update syntax.
+fn row_of(place: &'static str, name: &str, c: Option<Counts>) -> Row {
+    Row {
+        place,
+        name: name.into(),
+        counts: c,
+        status: Some(0),
+        killed: false,
+        note: None,
+        secs: None,
+        not_applicable: Vec::new(),
+        failed_tests: Vec::new(),
+        second_boot: Vec::new(),
+    }
+}
+
 #[test]
 fn parses_libtest_summaries() {
     let ok = "test result: ok. 3 passed; 0 failed; 2 ignored; 0 measured; 0 filtered out; finished in 0.01s";
@@ -38,18 +55,7 @@ fn parses_end_markers() {
 
 #[test]
 fn crashes_and_kills_count_as_failures() {
-    let row = |counts, status, killed| Row {
-        place: "vm",
-        name: "t".into(),
-        counts,
-        status,
-        killed,
-        note: None,
-        secs: None,
-        not_applicable: Vec::new(),
-        failed_tests: Vec::new(),
-        second_boot: Vec::new(),
-    };
+    let row = |counts, status, killed| Row { status, killed, ..row_of("vm", "t", counts) };
     let c = |p, f| Some(Counts { passed: p, failed: f, ignored: 0 });
     assert_eq!(row(c(2, 0), Some(0), false).failed(), 0);
     assert_eq!(row(c(2, 3), Some(101), false).failed(), 3);
@@ -75,16 +81,8 @@ fn failed_tests_come_from_libtest_s_closing_list() {
     assert_eq!(names, vec!["a".to_string(), "c_d".to_string()]);
     assert!(parse_failures(b"test result: ok. 3 passed; 0 failed; 0 ignored\n").is_empty());
     let row = Row {
-        place: "vm siw",
-        name: "kv_e2e".into(),
-        counts: Some(Counts { passed: 2, failed: 0, ignored: 0 }),
-        status: Some(0),
-        killed: false,
-        note: None,
-        secs: None,
-        not_applicable: Vec::new(),
-        failed_tests: Vec::new(),
         second_boot: vec!["eight".into()],
+        ..row_of("vm siw", "kv_e2e", Some(Counts { passed: 2, failed: 0, ignored: 0 }))
     };
     assert_eq!(
         second_boot_section(std::slice::from_ref(&row)).as_deref(),
@@ -95,8 +93,8 @@ fn failed_tests_come_from_libtest_s_closing_list() {
     );
     let x = Failure { name: "x".into(), why: Some("panicked at a.rs:1:1: no".into()) };
     let with_x = Row { failed_tests: vec![x], ..row };
-    assert_eq!(row_failures(&with_x, false), vec!["x".to_string()]);
-    assert_eq!(row_failures(&with_x, true), vec!["x: panicked at a.rs:1:1: no".to_string()]);
+    assert_eq!(row_failures(&with_x), vec!["x".to_string()]);
+    assert_eq!(with_x.failed_tests[0].describe(), "x: panicked at a.rs:1:1: no");
 }
 
 #[test]
@@ -166,16 +164,9 @@ fn failures_are_named_with_why_across_binaries_and_listed_last() {
     assert!(why.ends_with(" ...") && why.len() <= 304, "{why}");
 
     let failed = Row {
-        place: "host",
-        name: "cargo test --workspace".into(),
-        counts: Some(Counts { passed: 1, failed: 5, ignored: 0 }),
         status: Some(101),
-        killed: false,
-        note: None,
-        secs: None,
-        not_applicable: Vec::new(),
         failed_tests: failures[..2].to_vec(),
-        second_boot: Vec::new(),
+        ..row_of("host", "cargo test --workspace", Some(Counts { passed: 1, failed: 5, ignored: 0 }))
     };
     let crashed = Row {
         place: "vm rxe",
@@ -202,7 +193,7 @@ fn failures_are_named_with_why_across_binaries_and_listed_last() {
         )
     );
     // The second boot's note keeps the names (or the row's description) only.
-    assert_eq!(row_failures(&crashed, false), vec!["faults (exit status 139 (signal 11))".to_string()]);
+    assert_eq!(row_failures(&crashed), vec!["faults (exit status 139 (signal 11))".to_string()]);
 }
 
 #[test]
@@ -270,16 +261,8 @@ fn not_applicable_lines_are_collected_after_libtest_s_prefix_too() {
 #[test]
 fn rows_count_not_applicable_tests_and_list_them_after_the_table() {
     let row = |place, na: Vec<(String, String)>| Row {
-        place,
-        name: "srq".into(),
-        counts: Some(Counts { passed: 3, failed: 0, ignored: 0 }),
-        status: Some(0),
-        killed: false,
-        note: None,
-        secs: None,
         not_applicable: na,
-        failed_tests: Vec::new(),
-        second_boot: Vec::new(),
+        ..row_of(place, "srq", Some(Counts { passed: 3, failed: 0, ignored: 0 }))
     };
     let plain = row("vm rxe", Vec::new());
     assert_eq!(plain.render(), format!("  {:<7} {:<28} 3 passed, 0 failed, 0 ignored", "vm rxe", "srq"));
