@@ -8,14 +8,17 @@ use crate::error::Error;
 use crate::proto::conn::{CloseReason, Input, State};
 use crate::proto::flow::{Farewell, Imm};
 use crate::proto::op::{OpCode, OpError, WcStatus};
-use crate::proto::token::{ConnKey, Key, OpKey};
+use crate::proto::token::{ConnKey, CqKey, GenSlab, Key, OpKey};
 use crate::proto::transport::{Tail, TAIL_LEN};
+use crate::reactor::conn::entry::ConnEntry;
+use crate::reactor::data::cq::CqEntry;
 use crate::reactor::data::op::{Body, OpEntry};
 use crate::reactor::data::send_queue::{Plan, Planned};
 use crate::reactor::Op;
 use crate::reactor::TailRing;
-use crate::reactor::{Core, Placement, SubmitError};
+use crate::reactor::{Config, Core, Placement, Stats, SubmitError};
 use crate::sys::qp::{Chains, RecvWr, SendOp, SendWr};
+use std::time::Duration;
 
 /// The buffers the data path builds its lists in, reused from one tick to the next: once
 /// they have grown to the largest batch, planning, posting and reaping allocate and move
@@ -35,6 +38,46 @@ pub(in crate::reactor) struct Scratch {
     pub(in crate::reactor) done: Vec<OpKey>,
     /// The raw chains the device is handed (`sys/qp.rs`).
     pub(in crate::reactor) chains: Chains,
+}
+
+/// What posting a connection's operations borrows of the core beside the connection itself,
+/// so that a flush looks the connection up once (issue 33): built by `posting!`.
+struct Posting<'a> {
+    cqs: &'a mut GenSlab<CqKey, CqEntry>,
+    ops: &'a mut GenSlab<OpKey, OpEntry>,
+    scratch: &'a mut Scratch,
+    stats: &'a mut Stats,
+    cfg: &'a Config,
+    /// `Reactor::inject_refused_send`.
+    #[cfg(feature = "fault-injection")]
+    refuse_send: &'a mut Option<usize>,
+}
+
+/// The [`Posting`] of a core: its fields borrowed apart, beside a connection borrowed from
+/// `conns`.
+macro_rules! posting {
+    ($core:expr) => {
+        Posting {
+            cqs: &mut $core.cqs,
+            ops: &mut $core.ops,
+            scratch: &mut $core.scratch,
+            stats: &mut $core.stats,
+            cfg: &$core.cfg,
+            #[cfg(feature = "fault-injection")]
+            refuse_send: &mut $core.faults.refuse_send,
+        }
+    };
+}
+
+/// What is left to do after [`Posting::post_sends`], with the whole core.
+enum AfterSends {
+    /// Nothing.
+    Done,
+    /// Start the connection's credit-stall timer (`Config::credit_timeout`), this long.
+    Stall(Duration),
+    /// The device refused these requests (with this errno): fail them, then wait for CQ room
+    /// if the plan was short of it and watch the credits.
+    Refused { failed: Vec<OpKey>, errno: i32, short_of_room: bool },
 }
 
 /// True when `body` is a receive the application may not post on this connection: it takes
@@ -148,7 +191,8 @@ impl Core {
     /// Queues an operation on a connection after checking it; it is posted at the end of the
     /// tick. `raw` operations are accepted only here, for `Conn::submit_raw`.
     pub(crate) fn submit(&mut self, t: ConnKey, op: Op) -> std::result::Result<(), SubmitError> {
-        let Some(c) = self.conns.get(t) else {
+        // Looked up once for all of it (issue 33).
+        let Some(c) = self.conns.get_mut(t) else {
             return Err(SubmitError::new(Error::StaleToken(t.token().as_u64()), op));
         };
         // The usual case first, without looking at a reconnection's device (and without
@@ -274,13 +318,11 @@ impl Core {
             None
         };
         let ot = self.ops.insert(OpEntry::new(t, op, lkey, sink));
-        let c = self.conns.get_mut(t).expect("checked");
         if opcode == OpCode::Recv {
             c.rq.push(ot);
         } else {
             c.sq.push(ot, opcode.consumes_peer_receive(), u32::try_from(pool_len).unwrap_or(u32::MAX));
         }
-        // Without looking the connection up again.
         list_dirty(c, t, &mut self.work.dirty);
         Ok(())
     }
@@ -377,15 +419,49 @@ impl Core {
         self.work.dirty.give_back(dirty);
     }
 
-    /// Posts a connection's queued operations, as many as may go now.
+    /// Posts a connection's queued operations, as many as may go now. On the usual path the
+    /// connection is looked up once for all of it (issue 33: five times before); after a post
+    /// the device refused, handlers run, and what follows looks everything up again.
     pub(in crate::reactor) fn flush_conn(&mut self, t: ConnKey) {
         let Some(c) = self.conns.get_mut(t) else { return };
         c.dirty = false;
         let Some(placed) = c.placed.filter(|_| c.can_post()) else { return };
-        self.post_recvs(t);
+        if let Some((failed, errno)) = posting!(self).post_recvs(c) {
+            self.fail_unposted(t, &failed, errno);
+            if self.conns.get(t).is_some_and(|c| c.role.state().is_connected()) {
+                self.post_sends(t, placed);
+            }
+            return;
+        }
         // Saying goodbye, the farewell (and credit-only messages) still go (`SendQueue`).
-        if self.conns.get(t).is_some_and(|c| c.role.state().is_connected()) {
-            self.post_sends(t, placed);
+        if c.role.state().is_connected() {
+            let next = posting!(self).post_sends(t, c, placed);
+            self.after_sends(t, placed, next);
+        }
+    }
+
+    /// Posts connection `t`'s sends, looking it up (after a refused receive post's handlers).
+    fn post_sends(&mut self, t: ConnKey, placed: Placement) {
+        let Some(c) = self.conns.get_mut(t) else { return };
+        let next = posting!(self).post_sends(t, c, placed);
+        self.after_sends(t, placed, next);
+    }
+
+    /// What follows a send post that needs the whole core: a credit-stall timer to start, or
+    /// the requests the device refused to fail (which runs handlers).
+    fn after_sends(&mut self, t: ConnKey, placed: Placement, next: AfterSends) {
+        match next {
+            AfterSends::Done => {}
+            AfterSends::Stall(limit) => self.start_stall_timer(t, limit),
+            AfterSends::Refused { failed, errno, short_of_room } => {
+                self.fail_unposted(t, &failed, errno);
+                // The refused requests gave their CQ room back.
+                self.wake_waiting(placed.cq);
+                if short_of_room {
+                    self.wait_for_room(t, placed);
+                }
+                self.watch_credits(t);
+            }
         }
     }
 
@@ -400,124 +476,21 @@ impl Core {
         }
     }
 
-    fn post_recvs(&mut self, t: ConnKey) {
-        let c = self.conns.get_mut(t).expect("live");
-        let Scratch { recv_keys: keys, recv_wrs: wrs, chains, .. } = &mut self.scratch;
-        keys.clear();
-        if matches!(c.role.state(), State::Finishing(_)) {
-            // Saying goodbye: what the handler submitted is never posted (a closing connection
-            // cancels it), but a receive a credit-only message consumed goes back, so that its
-            // grant can reach a peer that needs it to answer our farewell.
-            let ops = &self.ops;
-            c.rq.plan_only(|k| ops.get(k).is_some_and(|o| o.after_control), keys);
-        } else {
-            c.rq.plan(keys);
-        }
-        if keys.is_empty() {
-            return;
-        }
-        wrs.clear();
-        wrs.extend(keys.iter().map(|k| recv_wr(*k, self.ops.get(*k).expect("queued op"))));
-        let qp = c.ep.qp().expect("can_post");
-        #[allow(unsafe_code)]
-        // SAFETY: every request names a pool `Buf`, a region slice or a `RawBuf` held by its
-        // `OpEntry` in `self.ops` until its completion is reaped or it is cancelled after the
-        // queue pair is destroyed; a pool buffer is registered on this device's PD and keeps its
-        // region alive, and so does a region slice (its `lkey` is the region's registration on
-        // this PD, which the region keeps while any handle lives); a `RawBuf` is covered by
-        // `Conn::submit_raw`'s contract.
-        let r = unsafe { qp.post_recv(wrs, chains) };
-        self.stats.post_recv_calls += 1;
-        let n = r.as_ref().map_or_else(|e| e.posted, |()| wrs.len());
-        self.stats.wrs_posted += n as u64;
-        c.rq.posted(keys, n);
-        for k in &keys[..n] {
-            let op = self.ops.get_mut(*k).expect("queued op");
-            op.posted = true;
-            // Receives posted after the connect information grant credits one by one.
-            if c.infos.sent {
-                if let Some(flow) = c.sq.flow_mut() {
-                    flow.on_repost(op.after_control);
-                }
-            }
-        }
-        if let Err(e) = r {
-            let failed = keys[n..].to_vec();
-            self.fail_unposted(t, &failed, e.error.raw_os_error().unwrap_or(0));
-        }
-    }
-
-    fn post_sends(&mut self, t: ConnKey, placed: Placement) {
-        let c = self.conns.get_mut(t).expect("live");
-        let e = self.cqs.get_mut(placed.cq).expect("a connection's CQ lives as long as it");
-        let ops = &mut self.ops;
-        let Scratch { plan, send_wrs: wrs, chains, .. } = &mut self.scratch;
-        c.sq.plan_into(&mut e.room, || ops.insert(OpEntry::control(t)), plan);
-        // Read now: the plan is shared, and failing refused requests below runs handlers.
-        let short_of_room = plan.short_of_room;
-        self.stats.cq_peak_reserved = self.stats.cq_peak_reserved.max(u64::from(e.room.reserved()));
-        if !plan.wrs.is_empty() {
-            let mut tails = c.tails.as_mut();
-            wrs.clear();
-            wrs.extend(
-                plan.wrs
-                    .iter()
-                    .map(|w| send_wr(ops.get(w.op).expect("planned op"), w, placed.max_inline, tails.as_deref_mut())),
-            );
-            #[cfg(feature = "fault-injection")]
-            if let Some(i) = self.faults.refuse_send.filter(|i| *i < wrs.len()) {
-                // `Reactor::inject_refused_send`: inline beyond the limit, refused at post time.
-                self.faults.refuse_send = None;
-                wrs[i].inline = true;
-            }
-            let qp = c.ep.qp().expect("can_post");
-            #[allow(unsafe_code)]
-            // SAFETY: as for post_recv: every request's memory is held by its OpEntry until it
-            // completes or is cancelled after the queue pair is destroyed; a credit-only
-            // message names no memory; a window bind's entry holds its window, whose chunk its
-            // `Exposed` or the window itself keeps until the memory window is deallocated.
-            let r = unsafe { qp.post_send(wrs, chains) };
-            self.stats.post_send_calls += 1;
-            let n = r.as_ref().map_or_else(|e| e.posted, |()| wrs.len());
-            self.stats.wrs_posted += n as u64;
-            for w in &plan.wrs[..n] {
-                ops.get_mut(w.op).expect("planned op").posted = true;
-            }
-            let failed: Vec<OpKey> = c.sq.posted(plan, n, &mut e.room).collect();
-            if let Err(e) = r {
-                self.fail_unposted(t, &failed, e.error.raw_os_error().unwrap_or(0));
-                // The refused requests gave their CQ room back.
-                self.wake_waiting(placed.cq);
-            }
-        }
-        if short_of_room {
-            self.wait_for_room(t, placed);
-        }
-        self.watch_credits(t);
-    }
-
-    /// After a plan, starts connection `t`'s credit-stall timer (`Config::credit_timeout`) when
-    /// its next send waits for credits and none is running, and stops it (lazily: the key is
-    /// forgotten) when nothing waits for credits. A grant that lets a send go therefore restarts
-    /// the bound: it measures time without progress, not time spent short of credits in total.
-    /// Also counts the connection's credit waits (`Conn::metrics`), reading the clock only when
-    /// one begins or ends.
+    /// [`credit_watch`] for connection `t`, looked up.
     fn watch_credits(&mut self, t: ConnKey) {
         let Some(c) = self.conns.get_mut(t) else { return };
-        let blocked = c.sq.credit_blocked();
-        if blocked != c.meter.waiting() {
-            c.meter.credit_state(blocked, std::time::Instant::now());
+        if let Some(limit) = credit_watch(c, &self.cfg) {
+            self.start_stall_timer(t, limit);
         }
-        let Some(limit) = self.cfg.credit_timeout else { return };
-        match (blocked, c.stall) {
-            (true, None) => {
-                if let Some(at) = self.read_clock().checked_add(limit) {
-                    let key = self.timers.schedule(at, crate::reactor::event_loop::timers::TimerTarget::Stall(t));
-                    self.conns.get_mut(t).expect("checked").stall = Some(key);
-                }
+    }
+
+    /// Starts connection `t`'s credit-stall timer, `limit` from now.
+    fn start_stall_timer(&mut self, t: ConnKey, limit: Duration) {
+        if let Some(at) = self.read_clock().checked_add(limit) {
+            let key = self.timers.schedule(at, crate::reactor::event_loop::timers::TimerTarget::Stall(t));
+            if let Some(c) = self.conns.get_mut(t) {
+                c.stall = Some(key);
             }
-            (false, Some(_)) => c.stall = None,
-            _ => {}
         }
     }
 
@@ -549,6 +522,134 @@ impl Core {
             self.deliver_completion(t, completion);
         }
         self.feed(t, Input::WorkError(WcStatus::LocQpOpErr));
+    }
+}
+
+/// After a plan, starts the connection's credit-stall timer (`Config::credit_timeout`) when its
+/// next send waits for credits and none is running (returns how long then), and stops it
+/// (lazily: the key is forgotten) when nothing waits for credits. A grant that lets a send go
+/// therefore restarts the bound: it measures time without progress, not time spent short of
+/// credits in total. Also counts the connection's credit waits (`Conn::metrics`), reading the
+/// clock only when one begins or ends.
+fn credit_watch(c: &mut ConnEntry, cfg: &Config) -> Option<Duration> {
+    let blocked = c.sq.credit_blocked();
+    if blocked != c.meter.waiting() {
+        c.meter.credit_state(blocked, std::time::Instant::now());
+    }
+    let limit = cfg.credit_timeout?;
+    match (blocked, c.stall) {
+        (true, None) => Some(limit),
+        (false, Some(_)) => {
+            c.stall = None;
+            None
+        }
+        _ => None,
+    }
+}
+
+impl Posting<'_> {
+    /// Posts connection `c`'s planned receives. Returns the ones the device refused, with the
+    /// errno, for the caller to fail.
+    fn post_recvs(&mut self, c: &mut ConnEntry) -> Option<(Vec<OpKey>, i32)> {
+        let Scratch { recv_keys: keys, recv_wrs: wrs, chains, .. } = &mut *self.scratch;
+        keys.clear();
+        if matches!(c.role.state(), State::Finishing(_)) {
+            // Saying goodbye: what the handler submitted is never posted (a closing connection
+            // cancels it), but a receive a credit-only message consumed goes back, so that its
+            // grant can reach a peer that needs it to answer our farewell.
+            let ops = &*self.ops;
+            c.rq.plan_only(|k| ops.get(k).is_some_and(|o| o.after_control), keys);
+        } else {
+            c.rq.plan(keys);
+        }
+        if keys.is_empty() {
+            return None;
+        }
+        wrs.clear();
+        wrs.extend(keys.iter().map(|k| recv_wr(*k, self.ops.get(*k).expect("queued op"))));
+        let qp = c.ep.qp().expect("can_post");
+        #[allow(unsafe_code)]
+        // SAFETY: every request names a pool `Buf`, a region slice or a `RawBuf` held by its
+        // `OpEntry` in `Core::ops` until its completion is reaped or it is cancelled after the
+        // queue pair is destroyed; a pool buffer is registered on this device's PD and keeps its
+        // region alive, and so does a region slice (its `lkey` is the region's registration on
+        // this PD, which the region keeps while any handle lives); a `RawBuf` is covered by
+        // `Conn::submit_raw`'s contract.
+        let r = unsafe { qp.post_recv(wrs, chains) };
+        self.stats.post_recv_calls += 1;
+        let n = r.as_ref().map_or_else(|e| e.posted, |()| wrs.len());
+        self.stats.wrs_posted += n as u64;
+        c.rq.posted(keys, n);
+        for k in &keys[..n] {
+            let op = self.ops.get_mut(*k).expect("queued op");
+            op.posted = true;
+            // Receives posted after the connect information grant credits one by one.
+            if c.infos.sent {
+                if let Some(flow) = c.sq.flow_mut() {
+                    flow.on_repost(op.after_control);
+                }
+            }
+        }
+        r.err().map(|e| (keys[n..].to_vec(), e.error.raw_os_error().unwrap_or(0)))
+    }
+
+    /// Plans and posts connection `t`'s (entry `c`, placed `placed`) sends, waits for CQ room
+    /// if the plan was short of it, and watches its credits; what needs the whole core is
+    /// returned.
+    fn post_sends(&mut self, t: ConnKey, c: &mut ConnEntry, placed: Placement) -> AfterSends {
+        let e = self.cqs.get_mut(placed.cq).expect("a connection's CQ lives as long as it");
+        let ops = &mut *self.ops;
+        let Scratch { plan, send_wrs: wrs, chains, .. } = &mut *self.scratch;
+        c.sq.plan_into(&mut e.room, || ops.insert(OpEntry::control(t)), plan);
+        let short_of_room = plan.short_of_room;
+        self.stats.cq_peak_reserved = self.stats.cq_peak_reserved.max(u64::from(e.room.reserved()));
+        if !plan.wrs.is_empty() {
+            let mut tails = c.tails.as_mut();
+            wrs.clear();
+            // Each operation is marked posted as its request is built (one look-up, issue 33);
+            // those the device refuses are unmarked below.
+            wrs.extend(plan.wrs.iter().map(|w| {
+                let op = ops.get_mut(w.op).expect("planned op");
+                op.posted = true;
+                send_wr(op, w, placed.max_inline, tails.as_deref_mut())
+            }));
+            #[cfg(feature = "fault-injection")]
+            if let Some(i) = self.refuse_send.filter(|i| *i < wrs.len()) {
+                // `Reactor::inject_refused_send`: inline beyond the limit, refused at post time.
+                *self.refuse_send = None;
+                wrs[i].inline = true;
+            }
+            let qp = c.ep.qp().expect("can_post");
+            #[allow(unsafe_code)]
+            // SAFETY: as for post_recv: every request's memory is held by its OpEntry until it
+            // completes or is cancelled after the queue pair is destroyed; a credit-only
+            // message names no memory; a window bind's entry holds its window, whose chunk its
+            // `Exposed` or the window itself keeps until the memory window is deallocated.
+            let r = unsafe { qp.post_send(wrs, chains) };
+            self.stats.post_send_calls += 1;
+            let n = r.as_ref().map_or_else(|e| e.posted, |()| wrs.len());
+            self.stats.wrs_posted += n as u64;
+            if let Err(err) = r {
+                for w in &plan.wrs[n..] {
+                    if let Some(op) = ops.get_mut(w.op) {
+                        op.posted = false;
+                    }
+                }
+                let failed: Vec<OpKey> = c.sq.posted(plan, n, &mut e.room).collect();
+                let errno = err.error.raw_os_error().unwrap_or(0);
+                return AfterSends::Refused { failed, errno, short_of_room };
+            }
+            // All taken: nothing refused.
+            c.sq.posted(plan, n, &mut e.room).for_each(drop);
+        }
+        if short_of_room {
+            self.stats.cq_room_waits += 1;
+            if !c.waiting_room {
+                c.waiting_room = true;
+                e.waiting.push_back(t);
+            }
+        }
+        credit_watch(c, self.cfg).map_or(AfterSends::Done, AfterSends::Stall)
     }
 }
 

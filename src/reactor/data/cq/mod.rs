@@ -157,6 +157,14 @@ pub(in crate::reactor) struct CqEntry {
     pub(in crate::reactor) waiting: VecDeque<ConnKey>,
 }
 
+impl CqEntry {
+    /// Connections wait for room on it, and it has some: [`Core::wake_waiting`] marks them.
+    #[inline(always)]
+    fn wakes(&self) -> bool {
+        !self.waiting.is_empty() && !self.room.is_full()
+    }
+}
+
 impl Core {
     /// Creates a CQ of `entries` on device `d`, armed, and returns its key (also its context).
     pub(in crate::reactor) fn new_cq(&mut self, d: usize, entries: u32, shared: bool) -> Result<CqKey> {
@@ -328,7 +336,10 @@ impl Core {
                     break;
                 }
                 AfterPoll::PollAgain => {}
-                AfterPoll::Done => break,
+                AfterPoll::Done => {
+                    let wakes = e.wakes();
+                    return self.polled(t, found, wakes);
+                }
                 AfterPoll::LeaveUnarmed => {
                     // It is armed after the tick's posts (or, spinning, polled again next
                     // tick).
@@ -336,11 +347,22 @@ impl Core {
                         e.spinning = true;
                         self.work.spinning.push(t);
                     }
-                    break;
+                    let wakes = e.wakes();
+                    return self.polled(t, found, wakes);
                 }
                 AfterPoll::ArmThenPoll => {
-                    if !self.arm_cq(t) {
+                    // Armed for one event with the entry in hand (issue 33: looked up again
+                    // before). A failed arm fails the CQ: unarmed, it would raise no event (its
+                    // connections would wait forever), and retrying would spin the tick.
+                    self.stats.cq_arms += 1;
+                    if let Err(err) = e.cq.req_notify() {
+                        let errno = err.raw_os_error().unwrap_or(nix::libc::EIO);
+                        self.fail_cq(t, CloseReason::CqFailed { call: "ibv_req_notify_cq", errno });
                         break;
+                    }
+                    if !e.armed {
+                        e.armed = true;
+                        self.devices[e.device].armed += 1;
                     }
                     just_armed = true;
                 }
@@ -350,7 +372,8 @@ impl Core {
                         e.hot = true;
                         self.work.hot.push(t);
                     }
-                    break;
+                    let wakes = e.wakes();
+                    return self.polled(t, found, wakes);
                 }
             }
         }
@@ -358,22 +381,14 @@ impl Core {
         found
     }
 
-    /// Arms CQ `t` for one event (`ibv_req_notify_cq`). False when the arm failed: the CQ is
-    /// failed then (unarmed, it would raise no event: its connections would wait forever, and
-    /// retrying would spin the tick).
-    fn arm_cq(&mut self, t: CqKey) -> bool {
-        let Some(e) = self.cqs.get_mut(t).filter(|e| !e.failed) else { return false };
-        self.stats.cq_arms += 1;
-        if let Err(err) = e.cq.req_notify() {
-            let errno = err.raw_os_error().unwrap_or(nix::libc::EIO);
-            self.fail_cq(t, CloseReason::CqFailed { call: "ibv_req_notify_cq", errno });
-            return false;
+    /// The end of a poll of CQ `t` that reaped `found`: [`Core::wake_waiting`] with what the
+    /// poll read of its entry (`wakes`), without looking it up again (issue 33).
+    #[inline(always)]
+    fn polled(&mut self, t: CqKey, found: usize, wakes: bool) -> usize {
+        if wakes {
+            self.wake_waiting_now(t);
         }
-        if !e.armed {
-            e.armed = true;
-            self.devices[e.device].armed += 1;
-        }
-        true
+        found
     }
 
     /// Destroys a CQ entry (its `Drop` acks its counted events, then `ibv_destroy_cq`).
@@ -417,7 +432,7 @@ impl Core {
     /// to find nobody waiting (issue 33).
     #[inline]
     pub(in crate::reactor) fn wake_waiting(&mut self, t: CqKey) {
-        if self.cqs.get(t).is_some_and(|e| !e.waiting.is_empty() && !e.room.is_full()) {
+        if self.cqs.get(t).is_some_and(CqEntry::wakes) {
             self.wake_waiting_now(t);
         }
     }
