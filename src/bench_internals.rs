@@ -265,16 +265,14 @@ impl Path {
         );
         if !self.q.plan.wrs.is_empty() {
             self.send_wrs.clear();
-            let ops = &self.ops;
-            self.send_wrs.extend(
-                self.q.plan.wrs.iter().filter_map(|w| Some(crate::reactor::bench::send_wr(ops.get(w.op)?, w, 64))),
-            );
+            // Marked posted as each request is built, as `Posting::post_sends` does.
+            let ops = &mut self.ops;
+            self.send_wrs.extend(self.q.plan.wrs.iter().filter_map(|w| {
+                let op = ops.get_mut(w.op)?;
+                op.posted = true;
+                Some(crate::reactor::bench::send_wr(op, w, 64))
+            }));
             std::hint::black_box(self.chains.send_chain(&self.send_wrs));
-            for w in &self.q.plan.wrs {
-                if let Some(op) = self.ops.get_mut(w.op) {
-                    op.posted = true;
-                }
-            }
             self.q.sq.posted(&self.q.plan, self.q.plan.wrs.len(), &mut self.q.room).for_each(drop);
         }
     }

@@ -525,8 +525,9 @@ impl Core {
     }
 }
 
-/// After a plan, starts the connection's credit-stall timer (`Config::credit_timeout`) when its
-/// next send waits for credits and none is running (returns how long then), and stops it
+/// After a plan, asks for the connection's credit-stall timer (`Config::credit_timeout`) when
+/// its next send waits for credits and none is running (returns its length, for
+/// `Core::start_stall_timer`), and stops it
 /// (lazily: the key is forgotten) when nothing waits for credits. A grant that lets a send go
 /// therefore restarts the bound: it measures time without progress, not time spent short of
 /// credits in total. Also counts the connection's credit waits (`Conn::metrics`), reading the
@@ -593,9 +594,10 @@ impl Posting<'_> {
         r.err().map(|e| (keys[n..].to_vec(), e.error.raw_os_error().unwrap_or(0)))
     }
 
-    /// Plans and posts connection `t`'s (entry `c`, placed `placed`) sends, waits for CQ room
-    /// if the plan was short of it, and watches its credits; what needs the whole core is
-    /// returned.
+    /// Plans and posts connection `t`'s (entry `c`, placed `placed`) sends, then waits for CQ
+    /// room if the plan was short of it and watches its credits; what needs the whole core is
+    /// returned. When the device refused part of the chain, the waiting and the watch are left
+    /// to the caller too (`AfterSends::Refused`: they come after the refused requests fail).
     fn post_sends(&mut self, t: ConnKey, c: &mut ConnEntry, placed: Placement) -> AfterSends {
         let e = self.cqs.get_mut(placed.cq).expect("a connection's CQ lives as long as it");
         let ops = &mut *self.ops;
