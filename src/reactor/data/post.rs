@@ -468,12 +468,7 @@ impl Core {
     fn wait_for_room(&mut self, t: ConnKey, placed: Placement) {
         self.stats.cq_room_waits += 1;
         let Some(c) = self.conns.get_mut(t) else { return };
-        if !c.waiting_room {
-            c.waiting_room = true;
-            if let Some(e) = self.cqs.get_mut(placed.cq) {
-                e.waiting.push_back(t);
-            }
-        }
+        list_waiting_room(c, t, self.cqs.get_mut(placed.cq).map(|e| &mut e.waiting));
     }
 
     /// [`credit_watch`] for connection `t`, looked up.
@@ -527,11 +522,10 @@ impl Core {
 
 /// After a plan, asks for the connection's credit-stall timer (`Config::credit_timeout`) when
 /// its next send waits for credits and none is running (returns its length, for
-/// `Core::start_stall_timer`), and stops it
-/// (lazily: the key is forgotten) when nothing waits for credits. A grant that lets a send go
-/// therefore restarts the bound: it measures time without progress, not time spent short of
-/// credits in total. Also counts the connection's credit waits (`Conn::metrics`), reading the
-/// clock only when one begins or ends.
+/// `Core::start_stall_timer`), and stops it (lazily: the key is forgotten) when nothing waits
+/// for credits. A grant that lets a send go therefore restarts the bound: it measures time
+/// without progress, not time spent short of credits in total. Also counts the connection's
+/// credit waits (`Conn::metrics`), reading the clock only when one begins or ends.
 fn credit_watch(c: &mut ConnEntry, cfg: &Config) -> Option<Duration> {
     let blocked = c.sq.credit_blocked();
     if blocked != c.meter.waiting() {
@@ -646,12 +640,20 @@ impl Posting<'_> {
         }
         if short_of_room {
             self.stats.cq_room_waits += 1;
-            if !c.waiting_room {
-                c.waiting_room = true;
-                e.waiting.push_back(t);
-            }
+            list_waiting_room(c, t, Some(&mut e.waiting));
         }
         credit_watch(c, self.cfg).map_or(AfterSends::Done, AfterSends::Stall)
+    }
+}
+
+/// Lists connection `t` (its entry `c`) among those waiting for room on its CQ (`waiting`, its
+/// entry's list), once.
+fn list_waiting_room(c: &mut ConnEntry, t: ConnKey, waiting: Option<&mut std::collections::VecDeque<ConnKey>>) {
+    if !c.waiting_room {
+        c.waiting_room = true;
+        if let Some(waiting) = waiting {
+            waiting.push_back(t);
+        }
     }
 }
 

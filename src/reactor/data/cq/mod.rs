@@ -313,7 +313,9 @@ impl Core {
         let mut found = 0;
         // The last call armed the CQ: this poll is the one that closes the race.
         let mut just_armed = false;
-        loop {
+        // Whether connections wait for room on it, read from the entry in hand where the poll
+        // ends with it (issue 33: no look-up again); `None` where it ends without it.
+        let wakes = loop {
             let want = left.min(POLL_BATCH);
             self.stats.cq_polls += 1;
             let polled = cq.poll(&mut wcs, want).map_err(|e| e.raw_os_error().unwrap_or(nix::libc::EIO));
@@ -327,19 +329,16 @@ impl Core {
             }
             found += n;
             left -= n;
-            let Some(e) = self.cqs.get_mut(t).filter(|e| !e.failed) else { break };
+            let Some(e) = self.cqs.get_mut(t).filter(|e| !e.failed) else { break None };
             match after_poll(polled, want, left, e.armed, self.work.arm_now) {
                 AfterPoll::Fail(errno) => {
                     // Its completions cannot be reaped: waiting for them would hang its
                     // connections with operations outstanding.
                     self.fail_cq(t, CloseReason::CqFailed { call: "ibv_poll_cq", errno });
-                    break;
+                    break None;
                 }
                 AfterPoll::PollAgain => {}
-                AfterPoll::Done => {
-                    let wakes = e.wakes();
-                    return self.polled(t, found, wakes);
-                }
+                AfterPoll::Done => break Some(e.wakes()),
                 AfterPoll::LeaveUnarmed => {
                     // It is armed after the tick's posts (or, spinning, polled again next
                     // tick).
@@ -347,8 +346,7 @@ impl Core {
                         e.spinning = true;
                         self.work.spinning.push(t);
                     }
-                    let wakes = e.wakes();
-                    return self.polled(t, found, wakes);
+                    break Some(e.wakes());
                 }
                 AfterPoll::ArmThenPoll => {
                     // Armed for one event with the entry in hand (issue 33: looked up again
@@ -358,7 +356,7 @@ impl Core {
                     if let Err(err) = e.cq.req_notify() {
                         let errno = err.raw_os_error().unwrap_or(nix::libc::EIO);
                         self.fail_cq(t, CloseReason::CqFailed { call: "ibv_req_notify_cq", errno });
-                        break;
+                        break None;
                     }
                     if !e.armed {
                         e.armed = true;
@@ -372,21 +370,14 @@ impl Core {
                         e.hot = true;
                         self.work.hot.push(t);
                     }
-                    let wakes = e.wakes();
-                    return self.polled(t, found, wakes);
+                    break Some(e.wakes());
                 }
             }
-        }
-        self.wake_waiting(t);
-        found
-    }
-
-    /// The end of a poll of CQ `t` that reaped `found`: [`Core::wake_waiting`] with what the
-    /// poll read of its entry (`wakes`), without looking it up again (issue 33).
-    #[inline(always)]
-    fn polled(&mut self, t: CqKey, found: usize, wakes: bool) -> usize {
-        if wakes {
-            self.wake_waiting_now(t);
+        };
+        match wakes {
+            Some(true) => self.wake_waiting_now(t),
+            Some(false) => {}
+            None => self.wake_waiting(t),
         }
         found
     }
