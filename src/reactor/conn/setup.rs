@@ -772,20 +772,28 @@ impl Core {
     }
 
     pub(crate) fn alloc(&mut self, t: ConnKey, len: usize) -> Result<crate::Buf> {
-        let d = self.placed_device(t)?;
-        self.devices[d].pool.alloc(len, self.conns.get(t).expect("checked").mem_owner)
+        // Looked up once (issue 33: `placed_device` and a second look-up for the owner).
+        let c = self.conns.get(t).ok_or(Error::StaleToken(t.token().as_u64()))?;
+        let d = conn_device(c, &self.devices, t)?;
+        self.devices[d].pool.alloc(len, c.mem_owner)
     }
 
     /// The device of a connection that has one (from `on_ready` on): a live index into
     /// `devices` (`Error::NoDevice` for a reconnecting client whose last device was removed).
     pub(in crate::reactor) fn placed_device(&self, t: ConnKey) -> Result<usize> {
         let c = self.conns.get(t).ok_or(Error::StaleToken(t.token().as_u64()))?;
-        match (c.placed, c.waiting_device(&self.devices)) {
-            (Some(p), _) => Ok(p.device),
-            // Reconnecting: the last connection's (`reconnect.rs`), if it is still there.
-            (None, Some(d)) => d,
-            (None, None) => Err(Error::NotConnected(format!("connection {:?} has no device yet", t.token()))),
-        }
+        conn_device(c, &self.devices, t)
+    }
+}
+
+/// [`Core::placed_device`] of connection `t`'s entry `c`, already looked up.
+fn conn_device(c: &ConnEntry, devices: &crate::reactor::event_loop::device::Devices, t: ConnKey) -> Result<usize> {
+    match c.placed {
+        Some(p) => Ok(p.device),
+        // Reconnecting: the last connection's (`reconnect.rs`), if it is still there.
+        None => c
+            .waiting_device(devices)
+            .unwrap_or_else(|| Err(Error::NotConnected(format!("connection {:?} has no device yet", t.token())))),
     }
 }
 

@@ -428,7 +428,10 @@ impl Core {
         let Some(placed) = c.placed.filter(|_| c.can_post()) else { return };
         if let Some((failed, errno)) = posting!(self).post_recvs(c) {
             self.fail_unposted(t, &failed, errno);
-            if self.conns.get(t).is_some_and(|c| c.role.state().is_connected()) {
+            // Its handlers ran: the connection, its queue pair and its placement are read
+            // again, not taken from before them.
+            let again = self.conns.get(t).filter(|c| c.can_post() && c.role.state().is_connected());
+            if let Some(placed) = again.and_then(|c| c.placed) {
                 self.post_sends(t, placed);
             }
             return;
