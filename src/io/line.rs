@@ -86,8 +86,12 @@ impl<T> RecvLine<T> {
             return None;
         }
         let msg = self.places.remove(key).msg;
-        let pos = self.position(key);
-        self.line.remove(pos);
+        // Usually the head of the line takes its message: `pop_front` then (issue 33:
+        // `VecDeque::remove` of the front cost about 40 instructions a message).
+        match self.position(key) {
+            0 => drop(self.line.pop_front()),
+            pos => drop(self.line.remove(pos)),
+        }
         self.served -= 1;
         msg
     }

@@ -106,7 +106,7 @@ impl<'a> Ctx<'a> {
     ///
     /// As [`Conn::alloc`], and [`Error::StaleToken`] for a token that names no connection.
     pub fn alloc(&mut self, token: Token, len: usize) -> Result<Buf> {
-        let t = ConnKey::of(token).ok_or(Error::StaleToken(token.as_u64()))?;
+        let t = ConnKey::of(token).ok_or_else(|| Error::StaleToken(token.as_u64()))?;
         self.core.alloc(t, len)
     }
 

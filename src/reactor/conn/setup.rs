@@ -773,7 +773,7 @@ impl Core {
 
     pub(crate) fn alloc(&mut self, t: ConnKey, len: usize) -> Result<crate::Buf> {
         // Looked up once (issue 33: `placed_device` and a second look-up for the owner).
-        let c = self.conns.get(t).ok_or(Error::StaleToken(t.token().as_u64()))?;
+        let c = self.conns.get(t).ok_or_else(|| Error::StaleToken(t.token().as_u64()))?;
         let d = conn_device(c, &self.devices, t)?;
         self.devices[d].pool.alloc(len, c.mem_owner)
     }
@@ -781,7 +781,7 @@ impl Core {
     /// The device of a connection that has one (from `on_ready` on): a live index into
     /// `devices` (`Error::NoDevice` for a reconnecting client whose last device was removed).
     pub(in crate::reactor) fn placed_device(&self, t: ConnKey) -> Result<usize> {
-        let c = self.conns.get(t).ok_or(Error::StaleToken(t.token().as_u64()))?;
+        let c = self.conns.get(t).ok_or_else(|| Error::StaleToken(t.token().as_u64()))?;
         conn_device(c, &self.devices, t)
     }
 }

@@ -298,7 +298,9 @@ struct Task {
     generation: u32,
     /// `None` while it is being polled.
     fut: Option<Pin<Box<dyn Future<Output = ()>>>>,
-    waker: Waker,
+    /// Shared with each poll (an `Rc` clone, issue 33: cloning the `Waker` itself went through
+    /// its vtable and an atomic count, twice a poll).
+    waker: Rc<Waker>,
 }
 
 impl Exec {
@@ -345,6 +347,11 @@ impl Exec {
 
     /// Takes this executor's woken tasks off the thread's list.
     fn take_woken(&mut self, into: &mut Vec<u64>) {
+        // Nothing woken on this thread: no walk of the list (issue 33: a tick that polled its
+        // tasks asks once more, and finds nothing, which cost a `retain` of about 50).
+        if !ANY_WOKEN.get() {
+            return;
+        }
         let id = self.id;
         retain_woken(|&(e, t)| {
             if e != id {
@@ -359,9 +366,9 @@ impl Exec {
         });
     }
 
-    /// Whether `block_on`'s future was woken (and forgets it).
-    /// `block_on` runs this tick and polls its future right after it if it was woken
-    /// ([`Exec::main_is_woken`]): the tick may leave its arm to `block_on`. Taken at the start
+    /// Whether `block_on` runs this tick (and forgets it). `block_on` polls its future right
+    /// after the tick if it was woken ([`Exec::main_is_woken`]): the tick may leave its arm
+    /// to `block_on`. Taken at the start
     /// of the tick, so a tick that `block_on` did not start never skips its arm (a `main_woken`
     /// left set by a stale waker after `block_on` returned, or after a tick failed, does not
     /// count).
@@ -374,8 +381,13 @@ impl Exec {
         self.main_woken
     }
 
+    /// Whether `block_on`'s future was woken (and forgets it), taking its wakes off the
+    /// thread's list.
     fn take_main(&mut self) -> bool {
         let id = self.id;
+        if !ANY_WOKEN.get() {
+            return std::mem::take(&mut self.main_woken);
+        }
         retain_woken(|&(e, t)| {
             let main = e == id && t == MAIN;
             self.main_woken |= main;
@@ -394,7 +406,7 @@ impl Exec {
         self.generation = self.generation.wrapping_add(1);
         let generation = self.generation;
         let id = u64::from(generation) << 32 | self.tasks.vacant_key() as u64;
-        let waker = self.waker(id);
+        let waker = Rc::new(self.waker(id));
         self.tasks.insert(Task { generation, fut: Some(fut), waker });
         push_woken([(self.id, id)]);
     }
@@ -416,6 +428,16 @@ impl Wake for TaskWaker {
 
     fn wake_by_ref(self: &Arc<Self>) {
         if THREAD.try_with(|t| *t == self.owner).unwrap_or(false) {
+            let inside = INSIDE.try_with(Cell::get).unwrap_or(0);
+            if inside == self.exec {
+                // Woken in its own reactor's tick or poll (a completion's handler, say): that
+                // reactor lives, and sees the wake before it sleeps (issue 33: the check of
+                // the live list cost about 20 instructions a wake). Also while this thread's
+                // locals are destroyed, when the live list may be gone: a shutdown tick's
+                // wakes are kept then (`Exec`'s drop clears what is left).
+                push_woken([(self.exec, self.task)]);
+                return;
+            }
             if !LIVE.try_with(|l| l.borrow().contains(&self.exec)).unwrap_or(false) {
                 // Its reactor was dropped: no task is left to wake.
                 return;
@@ -424,9 +446,7 @@ impl Wake for TaskWaker {
             // Outside this reactor's tick (a timer of another runtime, a future the
             // application polls, another reactor's tick on this thread): make it look, should
             // it sleep.
-            if INSIDE.try_with(Cell::get).unwrap_or(0) != self.exec {
-                self.remote.nudge();
-            }
+            self.remote.nudge();
         } else {
             // A dropped reactor has no tasks left to wake.
             let _ = self.remote.wake_task(self.task);
@@ -443,12 +463,16 @@ impl Core {
         if !self.exec.has_work() {
             return 0;
         }
-        let orphans = self.exec.orphans.take();
-        for t in orphans {
-            self.close(t);
-        }
-        for f in self.exec.orphans.take_deferred() {
-            f(&mut crate::reactor::Ctx::new(self, None));
+        // Taken only when there are some (issue 33: two empty lists taken and walked cost
+        // about 40 instructions a tick with a task woken).
+        if !self.exec.orphans.is_empty() {
+            let orphans = self.exec.orphans.take();
+            for t in orphans {
+                self.close(t);
+            }
+            for f in self.exec.orphans.take_deferred() {
+                f(&mut crate::reactor::Ctx::new(self, None));
+            }
         }
         let mut polled = 0;
         let mut woken = std::mem::take(&mut self.exec.woken);
