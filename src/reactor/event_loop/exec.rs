@@ -95,8 +95,13 @@ fn push_woken(entries: impl IntoIterator<Item = (u64, u64)>) {
     });
 }
 
-/// Keeps the entries of this thread's [`WOKEN`] list for which `keep` is true.
+/// Keeps the entries of this thread's [`WOKEN`] list for which `keep` is true. With nothing
+/// woken on the thread ([`ANY_WOKEN`] false) there is nothing to walk (issue 33: a tick that
+/// polled its tasks asks once more and finds nothing, which cost a `retain` of about 50).
 fn retain_woken(keep: impl FnMut(&(u64, u64)) -> bool) {
+    if !ANY_WOKEN.get() {
+        return;
+    }
     let _ = WOKEN.try_with(|w| {
         let mut w = w.borrow_mut();
         w.retain(keep);
@@ -347,11 +352,6 @@ impl Exec {
 
     /// Takes this executor's woken tasks off the thread's list.
     fn take_woken(&mut self, into: &mut Vec<u64>) {
-        // Nothing woken on this thread: no walk of the list (issue 33: a tick that polled its
-        // tasks asks once more, and finds nothing, which cost a `retain` of about 50).
-        if !ANY_WOKEN.get() {
-            return;
-        }
         let id = self.id;
         retain_woken(|&(e, t)| {
             if e != id {
@@ -368,10 +368,9 @@ impl Exec {
 
     /// Whether `block_on` runs this tick (and forgets it). `block_on` polls its future right
     /// after the tick if it was woken ([`Exec::main_is_woken`]): the tick may leave its arm
-    /// to `block_on`. Taken at the start
-    /// of the tick, so a tick that `block_on` did not start never skips its arm (a `main_woken`
-    /// left set by a stale waker after `block_on` returned, or after a tick failed, does not
-    /// count).
+    /// to `block_on`. Taken at the start of the tick, so a tick that `block_on` did not start
+    /// never skips its arm (a `main_woken` left set by a stale waker after `block_on` returned,
+    /// or after a tick failed, does not count).
     pub(in crate::reactor) fn take_defer_arm(&mut self) -> bool {
         std::mem::take(&mut self.defer_arm)
     }
@@ -385,9 +384,6 @@ impl Exec {
     /// thread's list.
     fn take_main(&mut self) -> bool {
         let id = self.id;
-        if !ANY_WOKEN.get() {
-            return std::mem::take(&mut self.main_woken);
-        }
         retain_woken(|&(e, t)| {
             let main = e == id && t == MAIN;
             self.main_woken |= main;
