@@ -85,6 +85,10 @@ impl Core {
         }
         child.set_context(0);
         let since = self.read_clock();
+        // Just past the patience: `admit_waiting` refuses what waited longer than it.
+        if let Some(at) = since.checked_add(self.cfg.timeouts.accept + std::time::Duration::from_millis(1)) {
+            self.timers.schedule(at, crate::reactor::event_loop::timers::TimerTarget::WaitingExpiry);
+        }
         self.waiting.queue.push_back(Waiting {
             listener,
             child,

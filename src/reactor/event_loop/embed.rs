@@ -51,7 +51,10 @@ impl Core {
             || !self.closing.conns.is_empty()
             || !self.closing.listeners.is_empty()
             || !self.closing.rejected.is_empty()
-            || self.exec.has_work();
+            || self.exec.has_work()
+            // As the tick's own test: a connect request that can be decided now (review of
+            // 2026-12-07, N11; one that cannot has its expiry among the timers).
+            || self.waiting_can_go();
         if busy {
             return Some(Duration::ZERO);
         }

@@ -57,6 +57,11 @@ pub(in crate::reactor) enum TimerTarget {
     Parting(ConnKey),
     /// A task's sleep is over (`io::sleep`, `event_loop/exec.rs`): wake it.
     Wake(TimerKey),
+    /// A connect request that waits for room among the pending accepts has waited
+    /// `Timeouts::accept` (`conn/waiting.rs`): the tick's `admit_waiting` refuses it. A timer,
+    /// so a reactor with nothing else to do wakes for it, and an outer loop's
+    /// `Reactor::next_timeout` names it (review of 2026-12-07, N11).
+    WaitingExpiry,
 }
 
 /// A timer set by a callback: whose `on_timer` to call, with what.
@@ -122,6 +127,8 @@ impl Core {
                 self.srq_refill = false;
                 0
             }
+            // The tick's `admit_waiting`, after the timers, refuses what waited too long.
+            TimerTarget::WaitingExpiry => 0,
             TimerTarget::Wake(k) => match self.exec.sleepers.remove(k) {
                 Some(w) => {
                     w.wake();
@@ -212,10 +219,10 @@ impl Core {
 
     /// At most how many heap entries can be live: every user timer and sleeping task; per connection its
     /// connection-manager deadline, its keepalive, its credit-stall, its parting timer and its
-    /// nudge (a redial replaces the deadline); the retry of forgetting devices and the SRQ
-    /// refill.
+    /// nudge (a redial replaces the deadline); each waiting connect request's expiry; the retry
+    /// of forgetting devices and the SRQ refill.
     fn live_timer_bound(&self) -> usize {
-        self.user_timers.len() + self.exec.sleepers.len() + 5 * self.conns.len() + 2
+        self.user_timers.len() + self.exec.sleepers.len() + 5 * self.conns.len() + self.waiting.len() + 2
     }
 
     /// Drops the heap's stale entries once more than half of it (beyond a slack) must be
@@ -238,7 +245,7 @@ impl Core {
             }
             TimerTarget::User(tt) => user_timers.contains(tt),
             TimerTarget::Wake(k) => sleepers.contains(k),
-            TimerTarget::ForgetDevices | TimerTarget::SrqRefill => true,
+            TimerTarget::ForgetDevices | TimerTarget::SrqRefill | TimerTarget::WaitingExpiry => true,
         });
         self.stats.timer_compactions += 1;
     }
@@ -317,6 +324,13 @@ impl CoarseClock {
             .ok()
             .map_or(Duration::from_millis(10), |r| Duration::from(r).max(Duration::from_micros(1)));
         CoarseClock { anchor, anchor_ns, margin_ns: nanos(resolution.saturating_mul(2)), limit: Cell::new(None) }
+    }
+
+    /// The coarse clock in milliseconds (`CLOCK_MONOTONIC_COARSE`, a vDSO read: no system
+    /// call), for what ages by the clock without a deadline (the SRQ's grown shares); 0 if it
+    /// cannot be read.
+    pub(in crate::reactor) fn millis(&self) -> u64 {
+        monotonic_ns(nix::time::ClockId::CLOCK_MONOTONIC_COARSE).map_or(0, |ns| ns / 1_000_000)
     }
 
     /// The margin (`CoarseClock::margin_ns`).

@@ -43,6 +43,12 @@ pub(crate) struct SrqBudget {
     /// Data messages whose receives were posted again, over every connection: the queue's
     /// traffic, by which a peer's silence is measured.
     pub(super) traffic: u64,
+    /// The time, in milliseconds of the caller's clock ([`SrqBudget::set_now`]; 0 if it never
+    /// says), by which grown shares age.
+    pub(super) now: u64,
+    /// When a share that would have grown last could not because the growth pool was full
+    /// (`grown == grow_cap`): others want the growth that grown shares hold.
+    pub(super) contended_at: Option<u64>,
 }
 
 /// The next [`ConnShare::id`], unique in the process: a connection that reconnects can move to
@@ -68,6 +74,8 @@ pub(crate) struct ConnShare {
     /// Its peer left the grown share unused while the queue took `receives` data messages of
     /// others: each of its receives that comes back is kept until the share is at its base.
     pub(super) lapsed: bool,
+    /// [`SrqBudget::now`] when it last grew.
+    pub(super) grew_at: u64,
     /// Which admission to its SRQ this share is ([`SrqBudget::new_share`]; 0 for one made by
     /// [`ConnShare::new`]): a connection that reconnects keeps its key but gets a new share
     /// with its new queue pair, and a receive queued for posting again on behalf of the old
@@ -79,7 +87,7 @@ pub(crate) struct ConnShare {
 impl ConnShare {
     /// A connection just admitted with `credit`.
     pub(crate) fn new(credit: u32) -> ConnShare {
-        ConnShare { receives: credit, quiet: 0, since_growth: 0, last_data: 0, lapsed: false, id: 0 }
+        ConnShare { receives: credit, quiet: 0, since_growth: 0, last_data: 0, lapsed: false, grew_at: 0, id: 0 }
     }
 
     /// Which admission to its SRQ this share is: what a re-post queued for it names.
@@ -115,7 +123,15 @@ impl SrqBudget {
             conns: 0,
             free: receives.saturating_sub(reserve),
             traffic: 0,
+            now: 0,
+            contended_at: None,
         }
+    }
+
+    /// The time now, in milliseconds of a monotonic clock: grown shares age by it (see
+    /// [`SrqBudget::on_repost`]). Called by the runtime before a posting's re-posts.
+    pub(crate) fn set_now(&mut self, now_ms: u64) {
+        self.now = self.now.max(now_ms);
     }
 
     /// The share of a connection just admitted ([`SrqBudget::admit`]): its base, under an `id`
@@ -209,6 +225,18 @@ impl SrqBudget {
         if s > self.credit && self.traffic.saturating_sub(share.last_data) > u64::from(self.receives) {
             share.lapsed = true;
         }
+        // Grown shares age while others want the growth they hold (review of 2026-12-07, N9:
+        // peers that burst now and then, each burst running low, kept their growth for good
+        // and left every other connection at its base): one grown more than `SHARE_TTL_MS`
+        // ago, while a share was refused growth for want of the pool within the same time,
+        // lapses, and grows again only as a newcomer does. So the pool is shared out over time
+        // among the busy; with no one refused, nothing changes.
+        if s > self.credit
+            && self.contended_at.is_some_and(|c| self.now.saturating_sub(c) <= SHARE_TTL_MS)
+            && self.now.saturating_sub(share.grew_at) > SHARE_TTL_MS
+        {
+            share.lapsed = true;
+        }
         if !control {
             share.last_data = self.traffic;
             share.since_growth = share.since_growth.saturating_add(1);
@@ -234,18 +262,16 @@ impl SrqBudget {
             self.free += 1;
             return Share::Shrink;
         }
-        if ran_low
-            && share.since_growth >= s
-            && all_posted
-            && s < self.max_credit
-            && self.free > self.keep
-            && self.grown < self.grow_cap
-        {
-            share.receives += 1;
-            share.since_growth = 0;
-            self.grown += 1;
-            self.free -= 1;
-            return Share::Grow;
+        if ran_low && share.since_growth >= s && all_posted && s < self.max_credit && self.free > self.keep {
+            if self.grown < self.grow_cap {
+                share.receives += 1;
+                share.since_growth = 0;
+                share.grew_at = self.now;
+                self.grown += 1;
+                self.free -= 1;
+                return Share::Grow;
+            }
+            self.contended_at = Some(self.now);
         }
         Share::Return
     }
@@ -263,6 +289,11 @@ impl SrqBudget {
         self.conns
     }
 }
+
+/// How long a grown share keeps its growth while others are refused growth
+/// ([`SrqBudget::on_repost`]): one second, so the growth pool goes round the busy connections
+/// within seconds, and one that stays busy grows back in about 500 messages.
+pub(super) const SHARE_TTL_MS: u64 = 1_000;
 
 /// Shares grow only while more than `receives / KEEP_FREE_DIVISOR` receives are free: room kept
 /// for connections yet to come (a grown share comes back only as its peer sends).

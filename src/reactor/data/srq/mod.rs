@@ -64,6 +64,11 @@
 //! after a share's worth of data messages. A peer that never sends again keeps what it holds
 //! until it closes, and that part of the pool is not there for others to grow into (silent
 //! peers holding all of it leave every other connection at its base: slower, never refused).
+//! And grown shares age by the clock while others want the growth (review of 2026-12-07, N9:
+//! peers bursting now and then, each burst running low, renewed their growth for good): while
+//! a busy connection was refused growth for want of the pool within the last second, a share
+//! grown more than a second ago lapses as above (`SrqBudget::set_now`, set from the coarse
+//! clock at each posting), so the pool goes round the connections that want it.
 //! The pool is no place of its own: a bound on the receives inside the shares beyond their
 //! bases, taken from and given back to the free ones. `Stats::srq_grown`, `srq_shrunk`,
 //! `srq_free`. The rule is unit-tested with a model of the SRQ (connections streaming,
@@ -366,6 +371,10 @@ impl Core {
         // receive waits unposted (then every free receive is on the queue), and never for a
         // receive a credit-only message consumed.
         let all_posted = s.repost.is_empty();
+        if !owners.is_empty() {
+            // Grown shares age by the clock while others want growth (review N9).
+            s.budget.set_now(self.clock.coarse.millis());
+        }
         let mut dirty: SmallVec<[ConnKey; 16]> = SmallVec::new();
         for Owner { conn: t, share: of, control } in owners[..n].iter().flatten().copied() {
             let Some(c) = self.conns.get_mut(t) else { continue };

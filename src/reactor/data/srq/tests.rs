@@ -799,3 +799,67 @@ fn srq_credit_follows_activity_no_rnr_no_loss() {
     eprintln!("shares that lapsed, per run: {lapses:?}");
     assert!(lapses.iter().sum::<u32>() > 0, "some grown share lapsed and was given back");
 }
+
+/// Review of 2026-12-07, N9: peers that burst now and then, each burst running low, kept the
+/// grown shares that fill the growth pool for good, and every other connection stayed at its
+/// base. Now, while another busy connection is refused growth, a share grown more than
+/// `SHARE_TTL_MS` ago lapses at its peer's next messages, and the newcomer grows.
+#[test]
+fn bursty_peers_cannot_hold_the_growth_pool_while_others_want_it() {
+    use super::budget::SHARE_TTL_MS;
+    let d = crate::SrqConfig::default();
+    let mut b = SrqBudget::new(d.receives, d.credit, d.max_credit, d.reserve);
+    b.set_now(1);
+    // Attackers grow to max_credit until the growth pool is full (34 at the defaults).
+    let mut attackers = Vec::new();
+    while b.grown < b.grow_cap() {
+        assert!(b.admit());
+        let mut share = b.new_share();
+        while share.receives < d.max_credit && b.grown < b.grow_cap() {
+            b.on_repost(&mut share, DATA, 0, true);
+        }
+        attackers.push(share);
+    }
+    assert_eq!(attackers.len(), 34);
+    assert!(b.admit());
+    let mut busy = b.new_share();
+    // The busy newcomer runs low at every message: refused growth, the pool being full.
+    let burst = |b: &mut SrqBudget, attackers: &mut Vec<ConnShare>| {
+        for a in attackers.iter_mut() {
+            for _ in 0..4 {
+                b.on_repost(a, DATA, 0, true);
+            }
+        }
+    };
+    for t in [2, 400, 900] {
+        b.set_now(t);
+        for _ in 0..10 {
+            assert_eq!(b.on_repost(&mut busy, DATA, 0, true), Share::Return, "the pool is full");
+        }
+        // The attackers burst now and then, running low: within the time they keep it.
+        burst(&mut b, &mut attackers);
+        assert_eq!(b.grown, b.grow_cap(), "at {t} ms the grown shares are kept");
+    }
+    // Past the time: the attackers' next bursts give their growth back, one receive a message.
+    b.set_now(2 + SHARE_TTL_MS + 1);
+    assert_eq!(b.on_repost(&mut busy, DATA, 0, true), Share::Return, "still refused: marks the contention");
+    for a in attackers.iter_mut() {
+        // One receive kept per message, however low the peer runs, down to the base.
+        while a.receives > d.credit {
+            assert_eq!(b.on_repost(a, DATA, 0, true), Share::Shrink);
+        }
+    }
+    assert_eq!(b.grown, 0);
+    let mut grew = 0;
+    for _ in 0..2_000 {
+        if b.on_repost(&mut busy, DATA, 0, true) == Share::Grow {
+            grew += 1;
+        }
+    }
+    assert_eq!(busy.receives, d.max_credit, "the busy newcomer grew ({grew} times)");
+    // With nobody refused since, a grown share is kept however old.
+    b.set_now(2 + 10 * SHARE_TTL_MS);
+    for _ in 0..100 {
+        assert_ne!(b.on_repost(&mut busy, DATA, 0, true), Share::Shrink);
+    }
+}
