@@ -143,7 +143,8 @@ server: receives from any number of clients at once, from one thread.
   --ack-timeout-ms N (both) RC ACK timeout (default: the kernel's)
   --retry-count N    (both) transport retries, 0 to 7 (default 6)
   --credit-timeout-ms N (both) close a connection whose sends waited this long for the
-                     peer's credits (a stopped peer; default: wait for ever)
+                     peer's credits (a stopped peer; default 60000, the library's; 0:
+                     wait for ever)
   --violation-backoff-ms N (server) refuse connect requests from an address for N ms,
                      twice as long per repeat, after one of its connections broke the
                      protocol (a message beyond its credit; default: off)

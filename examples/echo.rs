@@ -69,7 +69,8 @@ server: echoes every message on every connection, from one thread.
   --ack-timeout-ms N   (both) RC ACK timeout (default: the kernel's, about 1-2 s on RoCE)
   --retry-count N      (both) transport retries, 0 to 7 (default 6; rxe retries 7 forever)
   --credit-timeout-ms N (both) close a connection whose sends waited this long for the
-                       peer's credits (a stopped peer; default: wait for ever)
+                       peer's credits (a stopped peer; default 60000, the library's; 0: wait
+                       for ever)
   --violation-backoff-ms N (server) refuse connect requests from an address for N ms, twice
                        as long per repeat, after one of its connections broke the protocol
                        (a message beyond its credit; default: off)
@@ -149,6 +150,8 @@ impl ListenerHandler for EchoListener {
             size: 0,
             echoed: 0,
             established: false,
+            owed: 0,
+            retry: None,
             stats: self.stats.clone(),
         }))
     }
@@ -164,19 +167,50 @@ struct EchoAgent {
     established: bool,
     size: usize,
     echoed: u64,
+    /// Receives not posted for want of pool memory (the connection is at its reservation and
+    /// may borrow no more), posted by a timer as memory comes back: its peer's credit is
+    /// smaller meanwhile, so it sends less.
+    owed: u32,
+    /// The retry timer's wait while one is set (doubled each time it finds no memory).
+    retry: Option<Duration>,
     stats: Rc<RefCell<ServerStats>>,
 }
 
+/// The first and the longest wait before receives owed for want of memory are tried again.
+const RETRY_FIRST: Duration = Duration::from_millis(5);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
 impl EchoAgent {
-    fn post_recv(&mut self, conn: &mut Conn<'_>) -> bool {
-        match conn.alloc(self.size) {
-            Ok(buf) => conn.submit(Op::recv(buf)).is_ok(),
-            Err(e) => {
-                eprintln!("echo server: {:?}: no receive buffer: {e}", conn.token());
-                conn.close();
-                false
+    /// Posts `n` receives; those the pool cannot give this connection now are owed, and
+    /// tried again on a timer. False when the connection was closed (a failure other than
+    /// memory).
+    fn post_recvs(&mut self, conn: &mut Conn<'_>, n: u32) -> bool {
+        for i in 0..n {
+            match conn.alloc(self.size) {
+                Ok(buf) => {
+                    if conn.submit(Op::recv(buf)).is_err() {
+                        return false;
+                    }
+                }
+                // Beyond its reservation with nothing left to borrow (the pool's memory
+                // guarantee, `PoolConfig`): fewer receives, so fewer credits for its peer,
+                // until memory comes back. Never another connection's memory.
+                Err(rdma_reactor::Error::OverBudget { .. } | rdma_reactor::Error::PoolExhausted { .. }) => {
+                    self.owed += n - i;
+                    if self.retry.is_none() {
+                        self.retry = Some(RETRY_FIRST);
+                        let _ = conn.ctx().set_timer(RETRY_FIRST, 0);
+                    }
+                    return true;
+                }
+                Err(e) => {
+                    eprintln!("echo server: {:?}: no receive buffer: {e}", conn.token());
+                    conn.close();
+                    return false;
+                }
             }
         }
+        true
     }
 }
 
@@ -188,16 +222,32 @@ impl ConnectionHandler for EchoAgent {
         if self.srq {
             return;
         }
-        let n = self.depth.min(conn.recv_capacity());
-        for _ in 0..n {
-            if !self.post_recv(conn) {
-                return;
-            }
+        // Before the connection is up, only what its reservation covers (the flow-control
+        // minimum): a half-open connection pins no more; the rest at establishment.
+        let n = self.depth.min(conn.recv_capacity()).min(3);
+        self.post_recvs(conn, n);
+    }
+
+    fn on_timer(&mut self, conn: &mut Conn<'_>, _user_data: u64) {
+        let owed = std::mem::take(&mut self.owed);
+        let wait = self.retry.take().unwrap_or(RETRY_FIRST);
+        if !self.post_recvs(conn, owed) || self.owed == 0 {
+            return;
         }
+        // Still short: look again later, less often.
+        let wait = (wait * 2).min(RETRY_MAX);
+        self.retry = Some(wait);
+        let _ = conn.ctx().set_timer(wait, 0);
     }
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {
         self.established = true;
+        if !self.srq {
+            // The rest of its receives, borrowed from the pool's shared remainder: each is
+            // granted to the peer as it is posted.
+            let n = self.depth.min(conn.recv_capacity()).saturating_sub(3);
+            self.post_recvs(conn, n);
+        }
         {
             let mut s = self.stats.borrow_mut();
             s.live += 1;
@@ -226,7 +276,7 @@ impl ConnectionHandler for EchoAgent {
             }
             self.echoed += 1;
             if !self.srq {
-                self.post_recv(conn);
+                self.post_recvs(conn, 1);
             }
         }
     }

@@ -50,6 +50,18 @@ pub enum Error {
         /// Bytes the pool holds at its configured maximum.
         max_bytes: usize,
     },
+    /// A connection may take no more of its device's pool now: it holds its reservation and
+    /// may borrow no more beyond it, its own limit reached or the pool's shared remainder
+    /// lent out (`PoolConfig`'s docs: what is reserved and what is shared). Transient: it
+    /// passes as buffers come back.
+    OverBudget {
+        /// Pool bytes the connection holds now.
+        held: usize,
+        /// Its reservation.
+        reserved: usize,
+        /// What stops it: its own borrowing limit or the shared remainder, named by setting.
+        limit: &'static str,
+    },
     /// A buffer is larger than the chunk size, or a message larger than the peer accepts.
     TooLarge {
         /// The size asked for.
@@ -152,6 +164,11 @@ impl fmt::Display for Error {
             Error::PoolExhausted { max_bytes } => {
                 write!(f, "registered buffer pool exhausted (maximum {max_bytes} bytes)")
             }
+            Error::OverBudget { held, reserved, limit } => write!(
+                f,
+                "this connection holds {held} bytes of the pool ({reserved} reserved for it) and may borrow no \
+                 more now: {limit}"
+            ),
             Error::TooLarge { len, max, limit } => {
                 write!(f, "{len} bytes is larger than the maximum {max} (set by {limit})")
             }

@@ -86,7 +86,12 @@ impl Args {
             keepalive: ms("keepalive-ms"),
             ack_timeout: ms("ack-timeout-ms"),
             retry_count: self.get("retry-count", cfg.retry_count),
-            credit_timeout: ms("credit-timeout-ms"),
+            // Not given: the library's default (60 s); 0 waits for ever.
+            credit_timeout: if self.values.contains_key("credit-timeout-ms") {
+                ms("credit-timeout-ms")
+            } else {
+                cfg.credit_timeout
+            },
             violation_backoff: ms("violation-backoff-ms"),
             ..cfg
         }

@@ -50,6 +50,16 @@ use crate::sys::pool::{Buf, Exposed};
 /// The user_data of the receives the connection posts itself.
 const RECV: u64 = u64::MAX - 1;
 
+/// The user_data of the timer that tries a failed receive refill again.
+const REFILL: u64 = u64::MAX - 2;
+
+/// The first wait before a failed refill is tried again, and the longest (the wait doubles
+/// while it keeps failing): a connection whose receives ran short for want of pool memory
+/// gets them back soon after memory comes back, and thousands of such connections cost the
+/// reactor a few timers a second each, not a busy loop.
+const REFILL_FIRST: std::time::Duration = std::time::Duration::from_millis(5);
+const REFILL_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The message size a byte stream assumes for a peer that states none (a plain librdmacm
 /// peer).
 #[cfg(feature = "tokio")]
@@ -89,6 +99,14 @@ pub(super) struct ConnState {
     recv_size: usize,
     /// On a shared receive queue (`Config::srq`) the runtime posts the receives.
     srq: bool,
+    /// On a shared receive queue: receives its messages consumed that this side withheld
+    /// (`Conn::withhold_receive`) while more messages waited unread than its share.
+    withheld: u32,
+    /// The last wait of a failed refill's retry (`replenish`): doubled at the next failure,
+    /// forgotten once every receive is posted.
+    refill: Option<std::time::Duration>,
+    /// The refill's retry timer is set.
+    refill_pending: bool,
     slots: Slab<Slot>,
     /// The connect future or the handles are gone before the connection was up: close it
     /// once it is.
@@ -112,6 +130,9 @@ impl ConnState {
             depth: 0,
             recv_size: 0,
             srq: false,
+            withheld: 0,
+            refill: None,
+            refill_pending: false,
             slots: Slab::new(),
             abandoned: false,
             orphans,
@@ -141,17 +162,50 @@ impl ConnState {
         }
     }
 
-    /// Posts receives until `depth` are posted or `limit` more were.
+    /// Posts receives until `depth` are posted or `limit` more were. One that cannot be had
+    /// for want of pool memory (the connection is beyond its reservation and may borrow no
+    /// more: `PoolConfig`'s memory guarantee) is tried again on a timer, its wait doubling
+    /// from [`REFILL_FIRST`] to [`REFILL_MAX`] while it keeps failing (review of 2026-12-07,
+    /// N2: a refill that failed was never tried again, and a connection left with one receive
+    /// posted and nothing unread hung for good).
     fn replenish(&mut self, conn: &mut Conn<'_>, limit: u32) {
         let mut n = 0;
         while !self.srq && self.posted < self.depth && n < limit {
-            let Ok(buf) = conn.alloc(self.recv_size) else { break };
+            let buf = match conn.alloc(self.recv_size) {
+                Ok(buf) => buf,
+                Err(Error::OverBudget { .. } | Error::PoolExhausted { .. }) => {
+                    self.retry_refill(conn);
+                    return;
+                }
+                Err(_) => break,
+            };
             if conn.submit(Op::recv(buf).user_data(RECV)).is_err() {
                 break;
             }
             self.posted += 1;
             n += 1;
         }
+        if self.posted >= self.depth {
+            self.refill = None;
+        }
+    }
+
+    /// Sets the refill's retry timer, unless one is set.
+    fn retry_refill(&mut self, conn: &mut Conn<'_>) {
+        if self.refill_pending {
+            return;
+        }
+        let wait = self.refill.map_or(REFILL_FIRST, |w| (w * 2).min(REFILL_MAX));
+        if conn.ctx().set_timer(wait, REFILL).is_ok() {
+            self.refill = Some(wait);
+            self.refill_pending = true;
+        }
+    }
+
+    /// The receives a refill is owed now: fewer than `depth` posted, and room under the
+    /// peer's credit (fewer than `depth` messages wait unread).
+    fn owed(&self) -> bool {
+        !self.srq && self.posted < self.depth && self.recvs.unread() < self.depth as usize
     }
 }
 
@@ -173,8 +227,13 @@ impl ConnectionHandler for AsyncConn {
         let capacity = conn.recv_capacity();
         st.srq = capacity == 0;
         st.depth = conn.ctx().config().recv_depth.min(capacity);
-        let depth = st.depth;
-        st.replenish(conn, depth);
+        // Only the flow-control minimum before the connection is up: what its reservation in
+        // the pool covers (issue 45, and the review of 2026-11-26, M2: every connection,
+        // idle or half open, pinned its whole depth of receives before `rdma_accept`). The
+        // rest is posted at establishment, borrowed from the pool's shared remainder, and
+        // granted to the peer as it is posted.
+        let first = st.depth.min(crate::proto::flow::MIN_DEPTH);
+        st.replenish(conn, first);
     }
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {
@@ -182,6 +241,8 @@ impl ConnectionHandler for AsyncConn {
             let mut st = self.st.borrow_mut();
             st.phase = Phase::Established;
             st.wake_all();
+            let depth = st.depth;
+            st.replenish(conn, depth);
             st.abandoned
         };
         if abandoned {
@@ -208,9 +269,20 @@ impl ConnectionHandler for AsyncConn {
             }
             if let (Ok(_), Some(buf)) = (c.result, c.buf) {
                 st.recvs.arrive(buf);
-                // Up to `depth` messages may wait unread while the peer keeps its full credit;
-                // beyond that its credit shrinks until the application catches up.
-                if st.recvs.unread() <= st.depth as usize {
+                if c.user_data == Completion::SRQ_RECV {
+                    // On a shared receive queue the runtime posts a fresh receive for each
+                    // message and grants it back at once: beyond its share of unread messages,
+                    // this connection keeps that receive back, and its peer's credit shrinks,
+                    // until the application reads (review of 2026-12-07, N1: the unread
+                    // messages had no bound but the pool, and a full pool starved every
+                    // connection on the queue).
+                    let share = conn.recv_share().unwrap_or(0) as usize;
+                    if st.recvs.unread() > share && conn.withhold_receive() {
+                        st.withheld += 1;
+                    }
+                } else if st.recvs.unread() <= st.depth as usize {
+                    // Up to `depth` messages may wait unread while the peer keeps its full
+                    // credit; beyond that its credit shrinks until the application catches up.
                     st.replenish(conn, 1);
                 }
             }
@@ -229,6 +301,21 @@ impl ConnectionHandler for AsyncConn {
             }
             Some(Slot::Done(..)) | None => {}
         }
+    }
+
+    fn on_timer(&mut self, conn: &mut Conn<'_>, user_data: u64) {
+        if user_data != REFILL {
+            return;
+        }
+        let mut st = self.st.borrow_mut();
+        st.refill_pending = false;
+        if matches!(st.phase, Phase::Closed(_)) || !st.owed() {
+            st.refill = None;
+            return;
+        }
+        // Tried again (and the timer set again, its wait doubled, if it still fails).
+        let depth = st.depth;
+        st.replenish(conn, depth);
     }
 
     fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
@@ -445,7 +532,7 @@ impl Connection {
     /// What a byte stream over this connection may send (`stream.rs`): the largest message
     /// (the smaller of the sizes both sides stated, [`DEFAULT_MSG`] for a peer that states
     /// none, within this side's largest pool buffer) and how many sends it keeps in flight (the queue pair's send
-    /// slots, within the receives the peer announced).
+    /// slots, within what the send backlog takes).
     #[cfg(feature = "tokio")]
     pub(super) fn stream_limits(&self) -> Result<(usize, usize)> {
         self.with_conn(|c| {
@@ -456,12 +543,14 @@ impl Connection {
             // messages must keep to its own size too.
             let own = c.local_info().map(|i| i.msg_size as usize).filter(|m| *m > 0).unwrap_or(msg);
             let chunk = msg.min(own).min(c.ctx().max_msg()).max(1);
+            // Not the receive depth the peer announced: that is only its first credit (the
+            // flow-control minimum, issue 45), and it grants the receives it posts once
+            // established; sends beyond its credit wait in the send queue for its grants.
             let slots = c.send_capacity() as usize;
-            let credit = peer.map(|i| usize::from(i.recv_depth)).filter(|d| *d > 0).unwrap_or(slots);
             // Never more queued than the send backlog takes (`Config::send_backlog_bytes`): a
             // write is then never refused for it, whatever the send depth.
             let backlog = (c.ctx().config().send_backlog_bytes / chunk).max(1);
-            Ok((chunk, slots.min(credit).min(backlog).max(1)))
+            Ok((chunk, slots.min(backlog).max(1)))
         })
     }
 
@@ -708,7 +797,9 @@ impl Future for Recv {
         let place = *this.place.get_or_insert_with(|| st.recvs.join());
         if let Some(buf) = st.recvs.take(place, cx.waker()) {
             this.place = None;
-            let refill = !st.srq && st.posted < st.depth && st.recvs.unread() < st.depth as usize;
+            // A receive to post again (its own queue), or one withheld to release (a shared
+            // queue): room again under the peer's credit.
+            let refill = st.owed() || st.withheld > 0;
             let key = st.token.and_then(ConnKey::of).filter(|_| refill);
             // The state's handle and the orphan list are cloned only for a refill (issue 33:
             // cloned and dropped on every message, about 40 instructions).
@@ -723,7 +814,18 @@ impl Future for Recv {
                 // at none posted its peer could send nothing more (late review of M5, F2).
                 let refill = move |ctx: &mut Ctx<'_>| {
                     if let Some(mut conn) = ctx.conn(key) {
-                        st_rc.borrow_mut().replenish(&mut conn, 1);
+                        let mut st = st_rc.borrow_mut();
+                        if st.srq {
+                            // Back within its share of unread messages: one withheld receive
+                            // goes back to the queue, and its credit to the peer.
+                            let share = conn.recv_share().unwrap_or(0) as usize;
+                            if st.withheld > 0 && st.recvs.unread() <= share {
+                                st.withheld -= conn.release_receives(1).min(st.withheld);
+                            }
+                        } else if !st.refill_pending {
+                            // (A refill that failed waits for its timer.)
+                            st.replenish(&mut conn, 1);
+                        }
                     }
                 };
                 let mut refill = Some(refill);

@@ -243,6 +243,17 @@ impl Flow {
         self.threshold = (depth / 2).max(1);
     }
 
+    /// The receives posted for the peer now number `posted` (a receive queue of its own):
+    /// grants are batched for half of the most posted so far. A connection announces only the
+    /// receives it posted before connecting (its first credit) and posts the rest once
+    /// established (issue 45: beyond a small minimum, a connection's receives are the pool's
+    /// shared remainder, borrowed only once it is up), so the batch grows with them; without
+    /// it, every receive posted after a data message would go back in a credit-only message
+    /// of its own.
+    pub fn note_depth(&mut self, posted: u32) {
+        self.threshold = self.threshold.max(posted / 2);
+    }
+
     /// A receive was posted again after a message consumed it; `control` when that message
     /// was credit-only.
     pub fn on_repost(&mut self, control: bool) {

@@ -148,6 +148,10 @@ pub(crate) struct Core {
     /// An `SrqRefill` timer is pending: receives of a shared receive queue wait for pool
     /// buffers, which may come back with no event to wake the reactor (`data/srq/mod.rs`).
     srq_refill: bool,
+    /// The shared receive queue's receive a message being delivered consumed, on its way to
+    /// the device's re-post queue after the handler returns, unless the handler withholds it
+    /// (`Conn::withhold_receive`): the connection, its device, the re-post.
+    srq_delivering: Option<(ConnKey, usize, data::srq::Repost)>,
     /// The penalty box (`Config::violation_backoff`, `proto/penalty.rs`): addresses whose
     /// accepted connections broke the protocol, refused by `Core::decide` for a while.
     penalties: crate::proto::penalty::PenaltyBox,
@@ -250,6 +254,7 @@ impl Reactor {
                 shutting_down: false,
                 accepting: 0,
                 srq_refill: false,
+                srq_delivering: None,
                 penalties: Default::default(),
                 panic: None,
                 #[cfg(feature = "fault-injection")]

@@ -233,7 +233,15 @@ impl ListenerHandler for KeeperListener {
 fn one_dip_below_the_srq_mark_raises_one_event_shared_with_no_one() {
     let server = addr();
     let srq = SrqConfig { receives: 64, credit: 60, max_credit: 60, buf_size: 4096, low_water: 32, reserve: 0 };
-    let pool = rdma_reactor::PoolConfig { chunk_sizes: vec![4096], cluster_bytes: 64 * 4096, max_bytes: 64 * 4096 };
+    // The accounts' limits above the pool's own: this test is about the pool itself.
+    let pool = rdma_reactor::PoolConfig {
+        chunk_sizes: vec![4096],
+        cluster_bytes: 64 * 4096,
+        max_bytes: 64 * 4096,
+        reserved_bytes: Some(1 << 20),
+        shared_bytes: Some(1 << 20),
+        per_connection_bytes: Some(1 << 20),
+    };
     let mut srv = Reactor::with_config(Config { srq: Some(srq), pool, ..Config::default() }).expect("SRQ reactor");
     let kept = Rc::new(RefCell::new(Vec::new()));
     srv.listen(server, KeeperListener(kept.clone())).expect("listen");

@@ -296,7 +296,12 @@ pub struct Config {
     /// [`CloseReason::Stalled`](crate::CloseReason::Stalled) (it disconnects and drains like
     /// a work error). This notices a peer that stopped consuming messages while its kernel
     /// still acknowledges them (a stopped or hung process), which neither RC retries nor
-    /// keepalive probes can. `None` (the default): sends wait for credits for ever.
+    /// keepalive probes can, and a peer that grants just enough to keep us answering and
+    /// never enough to answer with data (review of 2026-12-07, N3: one credit per burst made
+    /// a server queue its replies for good). Counted in
+    /// [`Stats::credit_stalls`](crate::Stats::credit_stalls). Default 60 s; `None`: sends wait
+    /// for credits for ever (as a TCP sender waits on a zero window: a reader that stops
+    /// reading for longer than this closes a byte stream's writer).
     pub credit_timeout: Option<Duration>,
     /// The penalty box: once the peer of a connection a listener accepted sends a message
     /// beyond the credit it was granted, or one whose framing is broken (the connection closes
@@ -385,7 +390,7 @@ impl Default for Config {
             retry_count: 6,
             ack_timeout: None,
             keepalive: None,
-            credit_timeout: None,
+            credit_timeout: Some(Duration::from_secs(60)),
             violation_backoff: None,
             send_backlog: 1024,
             send_backlog_bytes: 192 << 20,
@@ -408,8 +413,23 @@ impl Config {
             if size > 0 && pool.chunk_sizes.iter().all(|&c| c > size) {
                 pool.chunk_sizes.insert(0, size);
             }
+            // The SRQ's receives are the device's own reservation: set aside before the rest
+            // is split between connections' reservations and the shared remainder.
+            let chunk = pool.chunk_for(size).unwrap_or(size);
+            let budget = pool.budget_beside(chunk.saturating_mul(srq.receives as usize));
+            pool.reserved_bytes = Some(budget.reservable);
+            pool.shared_bytes = Some(budget.shared);
+            pool.per_connection_bytes = Some(budget.per_account);
         }
         pool
+    }
+
+    /// The chunk bytes of a device's shared receive queue's receives (`srq`): its own
+    /// reservation in the device's pool.
+    pub(crate) fn srq_bytes(&self) -> usize {
+        let Some(srq) = self.srq else { return 0 };
+        let pool = self.device_pool();
+        pool.chunk_for(srq.buf_size as usize).unwrap_or(srq.buf_size as usize).saturating_mul(srq.receives as usize)
     }
 
     /// Checks the values a reactor cannot work with.

@@ -469,6 +469,37 @@ impl<'a> Conn<'a> {
         self.ctx.core.conns.get(self.key).map_or(0, |c| c.rq.capacity())
     }
 
+    /// On a shared receive queue ([`Config::srq`](crate::Config::srq)): the receives of the
+    /// queue this connection holds now, its share ([`SrqConfig`](crate::SrqConfig): its
+    /// peer's credits never exceed it); `None` on a receive queue of its own.
+    pub fn recv_share(&self) -> Option<u32> {
+        self.ctx.core.conns.get(self.key).and_then(|c| c.srq_share).map(|s| s.receives)
+    }
+
+    /// On a shared receive queue, from [`ConnectionHandler::on_completion`] for a message
+    /// ([`Completion::SRQ_RECV`](crate::Completion::SRQ_RECV)): the receive it consumed is not
+    /// posted again, and its credit not returned to the peer, until
+    /// [`release_receives`](Conn::release_receives). Back-pressure for a handler that keeps
+    /// messages it has not processed (the async face does, beyond its share of unread
+    /// messages): its peer's credit shrinks by one for each receive withheld, so a peer cannot
+    /// make the runtime post fresh receives for it while its messages pile up. False (and
+    /// nothing withheld) anywhere else. The receives still withheld when the connection
+    /// leaves the queue are posted again for others.
+    pub fn withhold_receive(&mut self) -> bool {
+        self.ctx.core.withhold_receive(self.key)
+    }
+
+    /// Posts again up to `n` of the receives [`withhold_receive`](Conn::withhold_receive)
+    /// kept (at the tick's posting), each returning its credit to the peer; returns how many.
+    pub fn release_receives(&mut self, n: u32) -> u32 {
+        self.ctx.core.release_receives(self.key, n)
+    }
+
+    /// Receives withheld by [`withhold_receive`](Conn::withhold_receive) and not released.
+    pub fn withheld_receives(&self) -> u32 {
+        self.ctx.core.conns.get(self.key).map_or(0, |c| c.srq_withheld.by_handler)
+    }
+
     /// Send work requests this connection's queue pair holds at most.
     pub fn send_capacity(&self) -> u32 {
         self.ctx.core.conns.get(self.key).map_or(0, |c| c.sq.capacity())

@@ -211,6 +211,17 @@ pub struct Stats {
     /// Connect requests refused because their address is in the penalty box
     /// ([`RejectCode::Backoff`](crate::RejectCode::Backoff)).
     pub violation_refusals: u64,
+    /// Connections refused because the pool's bytes reserved for connections could not hold
+    /// one more reservation ([`PoolConfig`](crate::PoolConfig)'s memory guarantee).
+    pub reservations_refused: u64,
+    /// Pool bytes reserved for connections now, over all devices (a gauge).
+    pub reserved_bytes: u64,
+    /// Pool bytes connections hold beyond their reservations now, over all devices (a gauge).
+    pub borrowed_bytes: u64,
+    /// Receives of a shared receive queue not posted again (their credits withheld) because
+    /// their connection held too much: its own memory beyond its limit, or, for the async
+    /// face, more unread messages than its share.
+    pub srq_withheld: u64,
 }
 
 /// The reactor-wide families of [`Stats`], each `(field, kind, help)`, then its value.
@@ -235,9 +246,10 @@ impl Stats {
                 devices_lost, devices_released, keepalives, iwarp_nudges, accepts_waited, credit_stalls, handed_off, handoffs_received,
                 handoffs_failed, timer_compactions, srq_posted, srq_post_calls, srq_consumed, srq_stale,
                 srq_limit_events, srq_refused, srq_overdrawn, srq_grown, srq_shrunk, peer_violations,
-                backlog_refusals, credit_overdrawn, violation_strikes, violation_refusals;
+                backlog_refusals, credit_overdrawn, violation_strikes, violation_refusals, reservations_refused,
+                srq_withheld;
             gauges: cq_peak_reserved, connections, connect_calls_running, timer_entries, registered_bytes, buffers_in_use, srq_receives,
-                srq_free,
+                srq_free, reserved_bytes, borrowed_bytes,
         )
     }
 
@@ -318,7 +330,11 @@ impl Core {
         let srq_receives = self.devices.iter().filter_map(|d| d.srq.as_ref()).map(|s| s.posted() as u64).sum();
         let srq_free = self.devices.iter().filter_map(|d| d.srq.as_ref()).map(|s| u64::from(s.budget.free())).sum();
         let buffers_in_use = self.devices.iter().map(|d| d.pool.in_use() as u64).sum();
+        let reserved_bytes = self.devices.iter().map(|d| d.pool.ledger().reserved() as u64).sum();
+        let borrowed_bytes = self.devices.iter().map(|d| d.pool.ledger().borrowed() as u64).sum();
         Stats {
+            reserved_bytes,
+            borrowed_bytes,
             registered_bytes: registered,
             buffers_in_use,
             connections: self.conns.len() as u64,

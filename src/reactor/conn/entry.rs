@@ -19,7 +19,7 @@ use crate::reactor::event_loop::device::Devices;
 use crate::reactor::{ConnectionHandler, ListenerHandler};
 use crate::sys::cm::CmId;
 use crate::sys::connect::Connecting;
-use crate::sys::pool::Windows;
+use crate::sys::pool::{Account, Windows};
 use crate::sys::qp::Qp;
 
 /// A connection's role: its state machine.
@@ -149,8 +149,18 @@ pub(in crate::reactor) struct ConnEntry {
     /// On its device's shared receive queue (`Config::srq`): its share of the queue, which
     /// follows its activity (`data/srq/mod.rs`, `SrqBudget`), instead of a receive depth.
     pub(in crate::reactor) srq_share: Option<srq::ConnShare>,
+    /// On a shared receive queue: receives its peer's messages consumed that are not posted
+    /// again, their credits withheld: by its handler (`Conn::withhold_receive`, released by
+    /// `Conn::release_receives`), and by the runtime while it holds too much of the pool
+    /// (posted again as its buffers come back). Posted again, for no connection, when it
+    /// leaves the queue (`data/srq/mod.rs`).
+    pub(in crate::reactor) srq_withheld: srq::Withheld,
     /// Whose bytes this connection's buffers hold (`sys/pool/mod.rs`): unique in the process.
     pub(in crate::reactor) mem_owner: u64,
+    /// Its account in its device's pool (`sys/pool/ledger.rs`: its reservation, and what it
+    /// borrows beyond), and that device: opened when its queue pair is made, closed when it is
+    /// destroyed (kept across a reconnection on the same device).
+    pub(in crate::reactor) account: Option<(usize, Account)>,
     /// iWARP only: the stream ended (DISCONNECTED) and the queue pair was moved to the error
     /// state. Soft-iWARP flushes the receives posted at that moment, never one posted later:
     /// the drain waits for sends only, and a receive still posted at destruction is reported
@@ -200,7 +210,9 @@ impl ConnEntry {
             infos: Infos { local, peer: None, raw_private_data: None, sent: false },
             close_reason: None,
             srq_share: None,
+            srq_withheld: srq::Withheld::default(),
             mem_owner: crate::sys::pool::next_owner(),
+            account: None,
             stream_closed: false,
             meter: ConnMeter::default(),
             keepalive: None,

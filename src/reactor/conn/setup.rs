@@ -15,6 +15,7 @@ use crate::reactor::{
     ListenerHandler, Placement, Role, TailRing,
 };
 use crate::sys::cm::{CmEvent, CmId, ConnParam};
+use crate::sys::pool::Account;
 use crate::sys::qp::{Qp, QpCaps};
 
 /// RDMA READ/atomic depth requested and granted on every connection.
@@ -701,6 +702,16 @@ impl Core {
                 }
             }
         };
+        // Its reservation in the device's pool (`sys/pool/ledger.rs`): made here, where its
+        // device is known, for both roles; kept across a reconnection on the same device.
+        if let Err(e) = self.reserve(t, d, srq.is_some()) {
+            leave_srq(self);
+            return Err(e);
+        }
+        let leave_srq = |core: &mut Core| {
+            leave_srq(core);
+            core.release_account(t);
+        };
         let shared = self.cfg.shared_cq;
         let ct = match shared {
             Some(entries) => self.shared_cq(d, entries),
@@ -775,7 +786,62 @@ impl Core {
         // Looked up once (issue 33: `placed_device` and a second look-up for the owner).
         let c = self.conns.get(t).ok_or_else(|| Error::StaleToken(t.token().as_u64()))?;
         let d = conn_device(c, &self.devices, t)?;
-        self.devices[d].pool.alloc(len, c.mem_owner)
+        // Charged to its account on that device (none while a reconnecting client waits on
+        // another: uncharged, as the runtime's own).
+        let account = c.account.filter(|&(ad, _)| ad == d).map_or(Account::NONE, |(_, a)| a);
+        self.devices[d].pool.alloc_for(len, c.mem_owner, account)
+    }
+
+    /// The chunk bytes connection `t` reserves on device `d`'s pool: its first receives
+    /// (`min(MIN_DEPTH, Config::recv_depth)` of its receive size; none on a shared receive
+    /// queue, whose receives are the device's) and one send of its message size. Its size is
+    /// what this side announced (`ConnectInfo::msg_size`: an agent's is the smaller of its
+    /// client's claim and `Config::msg_size`), within the pool's largest chunk.
+    pub(in crate::reactor) fn reservation(&self, t: ConnKey, d: usize, srq: bool) -> usize {
+        let Some(c) = self.conns.get(t) else { return 0 };
+        let pool = self.cfg.device_pool();
+        let size = (c.infos.local.msg_size as usize).clamp(1, pool.max_chunk().max(1));
+        let chunk = pool.chunk_for(size).unwrap_or(size);
+        let _ = d;
+        let recvs = if srq { 0 } else { MIN_DEPTH.min(self.cfg.recv_depth) as usize };
+        chunk.saturating_mul(recvs + 1)
+    }
+
+    /// Opens connection `t`'s account with its reservation on device `d`'s pool, unless it has
+    /// one there already (a reconnection on the same device); one on another device is closed
+    /// first.
+    fn reserve(&mut self, t: ConnKey, d: usize, srq: bool) -> Result<()> {
+        let Some(c) = self.conns.get(t) else { return Err(Error::StaleToken(t.token().as_u64())) };
+        match c.account {
+            Some((ad, _)) if ad == d => return Ok(()),
+            Some(_) => self.release_account(t),
+            None => {}
+        }
+        let bytes = self.reservation(t, d, srq);
+        let pool = &self.devices[d].pool;
+        let Some(a) = pool.open_account(bytes) else {
+            let l = pool.ledger();
+            self.stats.reservations_refused += 1;
+            let _ = l.reserved();
+            return Err(Error::Limit {
+                what: "bytes of the device's pool reserved for connections, each needing its own to be admitted \
+                       (PoolConfig::reserved_bytes, in Config::pool)",
+                limit: l.budget().reservable,
+            });
+        };
+        if let Some(c) = self.conns.get_mut(t) {
+            c.account = Some((d, a));
+        }
+        Ok(())
+    }
+
+    /// Closes connection `t`'s account (`reserve`): its reservation is released, what its
+    /// buffers still hold counts as borrowed until they are dropped.
+    pub(in crate::reactor) fn release_account(&mut self, t: ConnKey) {
+        let Some((d, a)) = self.conns.get_mut(t).and_then(|c| c.account.take()) else { return };
+        if let Some(dev) = self.devices.get(d) {
+            dev.pool.close_account(a);
+        }
     }
 
     /// The device of a connection that has one (from `on_ready` on): a live index into

@@ -134,6 +134,10 @@ impl Core {
             }
             s.budget.leave(share);
         }
+        if let Some(d) = on_srq {
+            // The receives it withheld are counted in the share just left: posted again.
+            self.srq_leave_withheld(d, t);
+        }
         // A client with a reconnect policy may try again instead (`reconnect.rs`); asked after
         // the reap above, whose completions may have made its handler close it.
         let shutting_down = self.shutting_down;
@@ -150,6 +154,9 @@ impl Core {
             self.wait_to_redial(t, attempt, delay, completions);
             return;
         }
+        // Its reservation goes; what its buffers still hold (an application may keep one)
+        // counts as borrowed until dropped.
+        self.release_account(t);
         let Some(mut c) = self.conns.remove(t) else { return };
         if matches!(c.role.state(), State::Accepting) {
             // Destroyed without leaving the state (a forced close at the end of a shutdown).

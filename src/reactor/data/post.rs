@@ -588,6 +588,12 @@ impl Posting<'_> {
                 }
             }
         }
+        if c.infos.sent {
+            let outstanding = c.rq.outstanding();
+            if let Some(flow) = c.sq.flow_mut() {
+                flow.note_depth(outstanding);
+            }
+        }
         r.err().map(|e| (keys[n..].to_vec(), e.error.raw_os_error().unwrap_or(0)))
     }
 

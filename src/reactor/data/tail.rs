@@ -32,7 +32,8 @@ pub(in crate::reactor) fn ring_pool(pd: &Rc<Pd>, cfg: &Config) -> Result<Pool> {
     let chunk = ring_bytes(cfg.send_depth);
     let srq_conns = cfg.srq.map_or(0, |s| s.max_connections() as usize);
     let cluster_bytes = (2 << 20).max(chunk).max(chunk.saturating_mul(srq_conns));
-    let rings = PoolConfig { chunk_sizes: vec![chunk], cluster_bytes, max_bytes: cfg.pool.max_bytes };
+    let rings =
+        PoolConfig { chunk_sizes: vec![chunk], cluster_bytes, max_bytes: cfg.pool.max_bytes, ..PoolConfig::default() };
     Pool::new(pd, &rings, 0)
 }
 

@@ -50,9 +50,11 @@ use std::ptr::NonNull;
 use std::rc::Rc;
 
 mod expose;
+mod ledger;
 
 pub use expose::{Exposed, RegionWindow};
 pub(crate) use expose::{Exposure, Window, Windows};
+pub use ledger::{Account, Budget, Ledger, Refusal};
 
 use super::mr::{Access, Mr};
 use super::pd::Pd;
@@ -61,6 +63,39 @@ use crate::error::{Error, Result};
 /// Pool sizing. The default: size classes of 4 KiB, 64 KiB and 1 MiB chunks (the largest pool
 /// message is 1 MiB; larger data goes in an application [`Region`](crate::Region)), clusters of 4 MiB
 /// registered at a time, at most 1 GiB registered in all.
+///
+/// # Who may hold what: the memory guarantee
+///
+/// A device's pool is shared by every connection of the reactor on the device, and what a
+/// peer can make its connection hold (receives, replies queued behind its credit, messages
+/// its task does not read) is bounded per connection **and in total** (issue 45):
+///
+/// - **Every admitted connection has its reservation**: the chunk bytes of its first
+///   receives (`min(3, Config::recv_depth)` of its receive size; none on a shared receive
+///   queue) and of one send of its message size. What it holds within its reservation no
+///   other connection can take. Reservations together are at most
+///   [`reserved_bytes`](PoolConfig::reserved_bytes) (half of `max_bytes` by default); a
+///   connect request whose reservation does not fit is refused
+///   ([`RejectCode::NoResources`](crate::RejectCode::NoResources), the reason naming this
+///   setting), and `Ctx::connect` fails with [`Error::Limit`].
+/// - **Beyond its reservation a connection borrows** from the shared remainder
+///   ([`shared_bytes`](PoolConfig::shared_bytes), a quarter of `max_bytes` by default), at
+///   most [`per_connection_bytes`](PoolConfig::per_connection_bytes) of it (a quarter of the
+///   shared remainder by default). An allocation that would borrow more fails with
+///   [`Error::OverBudget`], and what the runtime posts for itself waits: the async face's
+///   receives beyond the reservation are posted again only as memory comes back (their
+///   credits with them), a shared receive queue's credit for a connection over its limit
+///   is withheld until it lets go of buffers.
+/// - So a peer can make one connection hold at most its reservation plus
+///   `per_connection_bytes` (64 MiB at the defaults, beside at most 4 MiB reserved), and all
+///   connections of one address together at most `shared_bytes` beyond their reservations
+///   (256 MiB), whatever the number; and all connections together at most `reserved_bytes +
+///   shared_bytes` in buffers (768 MiB). The rest of `max_bytes` (a quarter) is room for the
+///   clusters' fragmentation: the pool registers whole clusters, and a cluster with one
+///   buffer in use stays registered.
+///
+/// A shared receive queue's own receives (`SrqConfig::receives × buf_size`) are the device's
+/// reservation, made when the queue is created.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolConfig {
     /// Chunk sizes of the size classes, ascending. A buffer comes from the smallest class that
@@ -70,6 +105,15 @@ pub struct PoolConfig {
     pub cluster_bytes: usize,
     /// Most bytes the pool may register in total, over all classes.
     pub max_bytes: usize,
+    /// Most bytes reserved for connections at once (see the type's docs). `None` (the
+    /// default): half of `max_bytes`.
+    pub reserved_bytes: Option<usize>,
+    /// Most bytes all connections together borrow beyond their reservations (see the type's
+    /// docs). `None` (the default): a quarter of `max_bytes`.
+    pub shared_bytes: Option<usize>,
+    /// Most bytes one connection borrows beyond its reservation. `None` (the default): a
+    /// quarter of the shared remainder.
+    pub per_connection_bytes: Option<usize>,
 }
 
 impl Default for PoolConfig {
@@ -78,6 +122,9 @@ impl Default for PoolConfig {
             chunk_sizes: vec![4096, 64 * 1024, 1024 * 1024],
             cluster_bytes: 4 * 1024 * 1024,
             max_bytes: 1024 * 1024 * 1024,
+            reserved_bytes: None,
+            shared_bytes: None,
+            per_connection_bytes: None,
         }
     }
 }
@@ -86,6 +133,30 @@ impl PoolConfig {
     /// The largest chunk: the largest message a pool buffer holds.
     pub fn max_chunk(&self) -> usize {
         self.chunk_sizes.iter().copied().max().unwrap_or(0)
+    }
+
+    /// The chunk a buffer of `len` bytes takes: the smallest class that holds it (`None`
+    /// beyond the largest).
+    pub fn chunk_for(&self, len: usize) -> Option<usize> {
+        self.chunk_sizes.iter().copied().filter(|&c| c >= len).min()
+    }
+
+    /// How the pool's bytes are split between reservations and the shared remainder, the
+    /// defaults resolved (see the type's docs).
+    pub fn budget(&self) -> Budget {
+        self.budget_beside(0)
+    }
+
+    /// [`PoolConfig::budget`] with `device` bytes set aside first for the device's own use (a
+    /// shared receive queue's receives): the defaults split what is left.
+    pub(crate) fn budget_beside(&self, device: usize) -> Budget {
+        let rest = self.max_bytes.saturating_sub(device);
+        let shared = self.shared_bytes.unwrap_or(rest / 4);
+        Budget {
+            reservable: self.reserved_bytes.unwrap_or(rest / 2),
+            shared,
+            per_account: self.per_connection_bytes.unwrap_or(shared / 4),
+        }
     }
 }
 
@@ -156,6 +227,9 @@ struct Class {
     /// Bytes registered by every class of the pool, shared.
     registered: Rc<Cell<usize>>,
     max_bytes: usize,
+    /// Who holds the pool's bytes (`ledger.rs`), shared by the classes: a buffer is charged
+    /// to its account when allocated and credited when dropped.
+    ledger: Rc<RefCell<Ledger>>,
 }
 
 /// A pool of registered chunks, in size classes, on one protection domain.
@@ -163,6 +237,7 @@ struct Class {
 pub struct Pool {
     classes: Vec<Rc<RefCell<Class>>>,
     registered: Rc<Cell<usize>>,
+    ledger: Rc<RefCell<Ledger>>,
 }
 
 impl fmt::Debug for Pool {
@@ -190,6 +265,7 @@ impl Pool {
             return Err(Error::Config(format!("pool chunk sizes {:?}", cfg.chunk_sizes)));
         }
         let registered = Rc::new(Cell::new(0));
+        let ledger = Rc::new(RefCell::new(Ledger::new(cfg.budget())));
         let classes = sizes
             .iter()
             .map(|&chunk_size| {
@@ -203,10 +279,11 @@ impl Pool {
                     in_use: 0,
                     registered: registered.clone(),
                     max_bytes: cfg.max_bytes,
+                    ledger: ledger.clone(),
                 }))
             })
             .collect();
-        let pool = Pool { classes, registered };
+        let pool = Pool { classes, registered, ledger };
         pool.classes[0].borrow_mut().grow()?;
         Ok(pool)
     }
@@ -240,6 +317,12 @@ impl Pool {
     /// connection's owner id, [`next_owner`], or [`NO_OWNER`]). The buffer's length is `len`; bytes of another
     /// owner's in it read as zeros.
     pub fn alloc(&self, len: usize, owner: u64) -> Result<Buf> {
+        self.alloc_for(len, owner, Account::NONE)
+    }
+
+    /// [`Pool::alloc`], charged to `account` ([`Ledger`]): refused with
+    /// [`Error::OverBudget`] when the account may not hold one more chunk of the class.
+    pub fn alloc_for(&self, len: usize, owner: u64, account: Account) -> Result<Buf> {
         // The error is built only when it is returned (issue 33: built and dropped on every
         // allocation, with the largest class borrowed for it, it cost about 45 instructions).
         let class = self.classes.iter().find(|c| c.borrow().chunk_size >= len).ok_or_else(|| Error::TooLarge {
@@ -248,9 +331,23 @@ impl Pool {
             limit: "the pool's largest chunk, PoolConfig::chunk_sizes (Config::pool)",
         })?;
         let mut inner = class.borrow_mut();
+        if account != Account::NONE {
+            let cap = inner.chunk_size;
+            let charged = inner.ledger.borrow_mut().charge(account, cap);
+            if let Err(r) = charged {
+                return Err(over_budget(r, &inner.ledger.borrow(), account));
+            }
+        }
         let slot = match inner.free.iter().position(|f| !f.is_empty()) {
             Some(i) => i,
-            None => inner.grow()?,
+            None => match inner.grow() {
+                Ok(i) => i,
+                Err(e) => {
+                    let cap = inner.chunk_size;
+                    inner.ledger.borrow_mut().credit(account, cap);
+                    return Err(e);
+                }
+            },
         };
         let chunk = inner.free[slot].pop().expect("grow leaves free chunks");
         inner.in_use += 1;
@@ -266,7 +363,38 @@ impl Pool {
             len: mark(len),
             marks: Cell::new(marks),
             owner: Cell::new(owner),
+            account: account.raw(),
         })
+    }
+
+    /// Opens an account with a reservation of `bytes` ([`Ledger::open`]); `None` when the
+    /// reservations would exceed the pool's [`Budget::reservable`].
+    pub fn open_account(&self, bytes: usize) -> Option<Account> {
+        self.ledger.borrow_mut().open(bytes)
+    }
+
+    /// Opens the device's own account, whose reservation of `bytes` was set aside before the
+    /// split ([`Ledger::open_outside`]: a shared receive queue's receives).
+    pub fn open_device_account(&self, bytes: usize) -> Account {
+        self.ledger.borrow_mut().open_outside(bytes)
+    }
+
+    /// Closes an account ([`Ledger::close`]): its reservation is released.
+    pub fn close_account(&self, account: Account) {
+        self.ledger.borrow_mut().close(account);
+    }
+
+    /// True when `account` may hold `len` bytes more (a chunk of the class that holds them).
+    pub fn can_charge(&self, account: Account, len: usize) -> bool {
+        let Some(cap) = self.classes.iter().map(|c| c.borrow().chunk_size).find(|&c| c >= len) else {
+            return false;
+        };
+        self.ledger.borrow().can_charge(account, cap)
+    }
+
+    /// The ledger: reservations and what is borrowed.
+    pub fn ledger(&self) -> std::cell::Ref<'_, Ledger> {
+        self.ledger.borrow()
     }
 
     /// Releases clusters whose chunks are all free, except the first cluster of the smallest
@@ -291,6 +419,16 @@ impl Pool {
     pub fn owns(&self, buf: &Buf) -> bool {
         buf.cluster.pool == Rc::as_ptr(&self.registered) as usize
     }
+}
+
+/// [`Error::OverBudget`] for refusal `r` of `account`.
+fn over_budget(r: Refusal, ledger: &Ledger, account: Account) -> Error {
+    let (held, reserved) = ledger.held(account);
+    let limit = match r {
+        Refusal::Account { .. } => "its own limit, PoolConfig::per_connection_bytes",
+        Refusal::Shared { .. } => "every connection's borrowing together, PoolConfig::shared_bytes",
+    };
+    Error::OverBudget { held, reserved, limit }
 }
 
 impl Class {
@@ -361,6 +499,8 @@ pub struct Buf {
     marks: Cell<Marks>,
     /// The connection whose buffer this is (module docs), or [`NO_OWNER`].
     owner: Cell<u64>,
+    /// The account its chunk is charged to ([`Ledger`]; 0: none).
+    account: u32,
 }
 
 /// Which bytes of a chunk are its current owner's (pure; see the module docs).
@@ -584,6 +724,16 @@ impl Buf {
         }
     }
 
+    /// Moves the chunk's charge to `to` ([`Ledger::transfer`]): a shared receive queue's
+    /// buffer now holds a message for `to`'s connection.
+    pub(crate) fn charge_to(&mut self, to: Account) {
+        if self.account != to.raw() {
+            let inner = self.class.borrow();
+            inner.ledger.borrow_mut().transfer(Account::from_raw(self.account), to, inner.chunk_size);
+            self.account = to.raw();
+        }
+    }
+
     /// The device may write up to `n` bytes of the chunk (a receive or READ is posted on it).
     pub(crate) fn lend_to_device(&mut self, n: usize) {
         self.update(|m| m.device_may_write(n.min(self.cluster.cap)));
@@ -615,6 +765,10 @@ impl Drop for Buf {
         self.cluster.owner[self.chunk as usize].set(owner);
         let mut inner = self.class.borrow_mut();
         inner.in_use -= 1;
+        if self.account != 0 {
+            let cap = inner.chunk_size;
+            inner.ledger.borrow_mut().credit(Account::from_raw(self.account), cap);
+        }
         let slot = self.slot as usize;
         // A trimmed cluster has no live Buf, so the slot still names this cluster.
         if inner.clusters[slot].as_ref().is_some_and(|c| Rc::ptr_eq(c, &self.cluster)) {

@@ -129,7 +129,7 @@ use crate::reactor::data::op::Completion;
 use crate::reactor::event_loop::timers::TimerTarget;
 use crate::reactor::Core;
 use crate::sys::cq::WorkCompletion;
-use crate::sys::pool::{Buf, NO_OWNER};
+use crate::sys::pool::{Account, Buf, NO_OWNER};
 use crate::sys::qp::RecvWr;
 use crate::sys::srq::Srq;
 
@@ -137,6 +137,26 @@ pub(crate) use budget::{ConnShare, Share, SrqBudget};
 
 /// How soon receives left unposted for want of pool buffers are tried again.
 const SRQ_REFILL_RETRY: Duration = Duration::from_millis(5);
+
+/// A connection's receives of the SRQ that its peer's messages consumed and that are not
+/// posted again, their credits withheld (`ConnEntry::srq_withheld`; the module docs'
+/// "Withheld receives").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(in crate::reactor) struct Withheld {
+    /// By its handler (`Conn::withhold_receive`), until it releases them
+    /// (`Conn::release_receives`).
+    pub(in crate::reactor) by_handler: u32,
+    /// By the runtime, while the connection holds more of the pool than it may
+    /// (`PoolConfig::per_connection_bytes`, or the shared remainder lent out): posted again as
+    /// its buffers come back (`Core::post_srqs`).
+    pub(in crate::reactor) for_memory: u32,
+}
+
+impl Withheld {
+    pub(in crate::reactor) fn total(&self) -> u32 {
+        self.by_handler + self.for_memory
+    }
+}
 
 /// A receive to post (again): its buffer (none: allocate a fresh one), and the connection
 /// whose credit it returns once posted.
@@ -213,6 +233,13 @@ pub(in crate::reactor) struct DevSrq {
     limit_armed: bool,
     /// SRQ_ERR or a failed post: nothing is posted any more, no connection admitted.
     pub(in crate::reactor) failed: bool,
+    /// The device's own account in its pool (`sys/pool/ledger.rs`): the receives' buffers are
+    /// charged to it, within its reservation of `receives` of them, until a message for a
+    /// connection lands in one, whose account it is charged to from then on.
+    account: Account,
+    /// Connections with receives withheld for memory (`Withheld::for_memory`), looked at
+    /// by each posting.
+    mem_withheld: Vec<ConnKey>,
 }
 
 impl Drop for DevSrq {
@@ -256,6 +283,7 @@ impl Core {
         e.room = CqRoom::new(cfg.receives, 0);
         e.room.admit(cfg.receives);
         let repost = (0..cfg.receives).map(|_| Repost { buf: None, owner: None }).collect();
+        let account = self.devices[d].pool.open_device_account(self.cfg.srq_bytes());
         self.devices[d].srq = Some(DevSrq {
             srq,
             cq,
@@ -267,6 +295,8 @@ impl Core {
             low_water: cfg.low_water,
             limit_armed: false,
             failed: false,
+            account,
+            mem_withheld: Vec::new(),
         });
         self.post_srq(d);
         let dev = self.devices[d].srq.as_mut().expect("just set");
@@ -290,15 +320,105 @@ impl Core {
         Ok(())
     }
 
-    /// Posts every device's queued SRQ receives (start of the tick's posting).
+    /// Posts every device's queued SRQ receives (start of the tick's posting), with those
+    /// withheld for connections whose memory is back within their limits.
     pub(in crate::reactor) fn post_srqs(&mut self) {
         if self.cfg.srq.is_none() {
             return;
         }
         for d in 0..self.devices.slots() {
+            if self.devices.get(d).and_then(|x| x.srq.as_ref()).is_some_and(|s| !s.mem_withheld.is_empty()) {
+                self.release_mem_withheld(d);
+            }
             if self.devices.get(d).and_then(|x| x.srq.as_ref()).is_some_and(|s| !s.repost.is_empty()) {
                 self.post_srq(d);
             }
+        }
+    }
+
+    /// Device `d`'s connections whose receives were withheld for memory: each gets back as
+    /// many as its account may hold again (one chunk each), the others keep waiting, and a
+    /// short timer looks again while any wait (their buffers can come back with no event).
+    fn release_mem_withheld(&mut self, d: usize) {
+        let Some(dev) = self.devices.get_mut(d) else { return };
+        let pool = dev.pool.clone();
+        let Some(s) = dev.srq.as_mut() else { return };
+        let chunk = s.buf_size;
+        let mut waiting = std::mem::take(&mut s.mem_withheld);
+        waiting.retain(|&t| {
+            let Some(c) = self.conns.get_mut(t) else { return false };
+            let (Some(share), Some((_, account))) = (c.srq_share, c.account) else {
+                c.srq_withheld.for_memory = 0;
+                return false;
+            };
+            // One chunk at a time: each receive posted again lets one more message land.
+            let mut room = 0;
+            while room < c.srq_withheld.for_memory && pool.can_charge(account, chunk * (room as usize + 1)) {
+                room += 1;
+            }
+            for _ in 0..room {
+                s.repost.push(Repost { buf: None, owner: Some(Owner { conn: t, share: share.id(), control: false }) });
+            }
+            c.srq_withheld.for_memory -= room;
+            c.srq_withheld.for_memory > 0
+        });
+        s.mem_withheld = waiting;
+        if !s.mem_withheld.is_empty() {
+            self.schedule_srq_retry();
+        }
+    }
+
+    /// The SRQ's short retry timer (`SRQ_REFILL_RETRY`), unless one is pending.
+    fn schedule_srq_retry(&mut self) {
+        if !self.srq_refill {
+            self.srq_refill = true;
+            if let Some(at) = Instant::now().checked_add(SRQ_REFILL_RETRY) {
+                self.timers.schedule(at, TimerTarget::SrqRefill);
+            }
+        }
+    }
+
+    /// `Conn::withhold_receive`: the receive the message being delivered to `t` consumed is
+    /// not posted again (nor its credit returned) until `Core::release_receives`. False when no
+    /// such message is being delivered to `t`.
+    pub(in crate::reactor) fn withhold_receive(&mut self, t: ConnKey) -> bool {
+        if !self.srq_delivering.as_ref().is_some_and(|(c, _, _)| *c == t) {
+            return false;
+        }
+        self.srq_delivering = None;
+        let Some(c) = self.conns.get_mut(t) else { return false };
+        c.srq_withheld.by_handler += 1;
+        self.stats.srq_withheld += 1;
+        true
+    }
+
+    /// `Conn::release_receives`: up to `n` of the receives `t`'s handler withheld are queued
+    /// to be posted again, each returning its credit once posted; how many.
+    pub(in crate::reactor) fn release_receives(&mut self, t: ConnKey, n: u32) -> u32 {
+        let Some(c) = self.conns.get_mut(t) else { return 0 };
+        let k = n.min(c.srq_withheld.by_handler);
+        let (Some(share), Some(p)) = (c.srq_share, c.placed) else { return 0 };
+        if k == 0 {
+            return 0;
+        }
+        c.srq_withheld.by_handler -= k;
+        let Some(s) = self.devices.get_mut(p.device).and_then(|x| x.srq.as_mut()) else { return 0 };
+        for _ in 0..k {
+            s.repost.push(Repost { buf: None, owner: Some(Owner { conn: t, share: share.id(), control: false }) });
+        }
+        k
+    }
+
+    /// Connection `t` leaves device `d`'s SRQ (destroyed, or reconnecting): the receives it
+    /// withheld are posted again for no connection (its share, which counts them, goes back to
+    /// the free receives, which must all be on the queue).
+    pub(in crate::reactor) fn srq_leave_withheld(&mut self, d: usize, t: ConnKey) {
+        let Some(c) = self.conns.get_mut(t) else { return };
+        let n = std::mem::take(&mut c.srq_withheld).total();
+        let Some(s) = self.devices.get_mut(d).and_then(|x| x.srq.as_mut()) else { return };
+        s.mem_withheld.retain(|&k| k != t);
+        for _ in 0..n {
+            s.repost.push(Repost { buf: None, owner: None });
         }
     }
 
@@ -315,7 +435,7 @@ impl Core {
         for r in queued.by_ref() {
             let buf = match r.buf {
                 Some(b) => b,
-                None => match pool.alloc(s.buf_size, NO_OWNER) {
+                None => match pool.alloc_for(s.buf_size, NO_OWNER, s.account) {
                     Ok(b) => b,
                     Err(_) => {
                         // The pool is at its maximum: this and the rest wait for buffers to
@@ -474,6 +594,7 @@ impl Core {
         }
         let c = self.conns.get_mut(t).expect("checked");
         let c_owner = c.mem_owner;
+        let account = c.account.filter(|(ad, _)| *ad == d).map(|(_, a)| a);
         // The share its peer consumed the receive from: the credit goes back to that one only.
         let share = c.srq_share.map_or(0, |s| s.id());
         if c.sq.flow_mut().is_some_and(|f| f.exhausted()) {
@@ -530,12 +651,16 @@ impl Core {
             self.after_completion(t);
             return self.on_farewell(t, farewell);
         }
-        s.repost.push(Repost { buf: None, owner: Some(Owner { conn: t, share, control: false }) });
+        let repost = Repost { buf: None, owner: Some(Owner { conn: t, share, control: false }) };
         // Exactly the bytes received (none for an RDMA WRITE with immediate data).
         buf.received(if wc.remote_write { 0 } else { byte_len as usize });
         // The message is this connection's; the rest of the chunk is foreign to it.
         let n = buf.len();
         buf.set_owner(c_owner, n);
+        // And so is the chunk's charge: the device's account takes a fresh one for the re-post.
+        if let Some(a) = account {
+            buf.charge_to(a);
+        }
         let completion = Completion {
             user_data: Completion::SRQ_RECV,
             opcode: OpCode::Recv,
@@ -544,9 +669,43 @@ impl Core {
             remote_write: wc.remote_write,
             region: None,
         };
+        // The handler may keep the receive from being posted again (`Conn::withhold_receive`).
+        // (Deliveries do not nest: a handler cannot poll. Should one, the outer re-post goes.)
+        if let Some((pt, pd, prev)) = self.srq_delivering.replace((t, d, repost)) {
+            debug_assert!(false, "nested SRQ deliveries");
+            if let Some(s) = self.devices.get_mut(pd).and_then(|x| x.srq.as_mut()) {
+                let _ = pt;
+                s.repost.push(prev);
+            }
+        }
         self.deliver_completion_then(t, completion);
+        if let Some((_, d, repost)) = self.srq_delivering.take() {
+            self.srq_repost_or_withhold(t, d, repost, account);
+        }
         if self.conns.get(t).is_some_and(|c| c.drained()) {
             self.feed(t, Input::Drained);
+        }
+    }
+
+    /// The receive of a message delivered to `t` goes back to the queue, its credit with it,
+    /// unless `t` holds more of the pool than it may: then it waits, withheld, until `t`'s
+    /// buffers come back (`release_mem_withheld`). So a peer cannot make its connection hold
+    /// more than its account allows by having the runtime post fresh receives for it while its
+    /// handler keeps the messages.
+    fn srq_repost_or_withhold(&mut self, t: ConnKey, d: usize, repost: Repost, account: Option<Account>) {
+        let Some(dev) = self.devices.get_mut(d) else { return };
+        let Some(s) = dev.srq.as_mut() else { return };
+        let over = account.is_some_and(|a| !dev.pool.can_charge(a, s.buf_size));
+        match self.conns.get_mut(t).filter(|_| over) {
+            Some(c) => {
+                if c.srq_withheld.for_memory == 0 {
+                    s.mem_withheld.push(t);
+                }
+                c.srq_withheld.for_memory += 1;
+                self.stats.srq_withheld += 1;
+                self.schedule_srq_retry();
+            }
+            None => s.repost.push(repost),
         }
     }
 }
