@@ -28,6 +28,8 @@ use rdma_reactor::{Config, ConnectOptions, Error, Reactor};
 
 const USAGE: &str = "\
 usage: aecho server --bind ADDR:PORT [--max-size BYTES] [--exit-after N] [--quiet] [--spin-us N]
+                    [--srq [--srq-receives N] [--srq-credit N] [--srq-max-credit N] [--srq-reserve N] [--srq-size BYTES]]
+                    [--sleep-first-ms N]
        aecho client --connect ADDR:PORT --size BYTES --count N [--verify] [--clients K] [--spin-us N]
 
 The echo protocol with async/await: one task per connection, on one reactor thread.
@@ -39,6 +41,11 @@ server: echoes every message on every connection.
   --exit-after N       exit after N connections have closed (default: run until killed)
   --quiet              no per-connection lines
   --spin-us N          (both) poll for N microseconds after work before sleeping (default 0)
+  --srq                receives from one shared receive queue the runtime keeps filled (the
+                       --srq-* flags as echo's); a connection's task that reads slowly holds
+                       at most its share of messages unread: its peer's credit shrinks
+  --sleep-first-ms N   test hook: the first connection's task sleeps N ms before it reads
+                       (a task that does not read, while its peer sends)
 client: ping-pongs messages and reports round-trip latency.
   --connect ADDR:PORT  the server (an aecho or echo server)
   --size BYTES         message size, 1 to 1M (suffixes K, M)
@@ -50,7 +57,7 @@ fn main() {
     common::observe::init_logging("aecho");
     let mut argv = std::env::args().skip(1);
     match argv.next().as_deref() {
-        Some("server") => server(Args::parse(argv, &["quiet"], USAGE)),
+        Some("server") => server(Args::parse(argv, &["quiet", "srq"], USAGE)),
         Some("client") => client(Args::parse(argv, &["verify"], USAGE)),
         Some("--help") | Some("-h") => println!("{USAGE}"),
         _ => common::fail(USAGE, "the first argument is `server` or `client`"),
@@ -91,7 +98,11 @@ impl Future for Closed {
 }
 
 /// Echoes every message of `conn` until it ends; returns the messages echoed and how it ended.
-async fn serve(conn: Connection) -> (u64, String) {
+/// With `sleep`, the task first sleeps that long (`--sleep-first-ms`).
+async fn serve(conn: Connection, sleep: Option<std::time::Duration>) -> (u64, String) {
+    if let Some(d) = sleep {
+        let _ = io::sleep(d).await;
+    }
     let mut echoed = 0;
     loop {
         let msg = match conn.recv().await {
@@ -108,9 +119,18 @@ async fn serve(conn: Connection) -> (u64, String) {
 }
 
 /// Accepts for ever, one task per connection.
-async fn accept_loop(listener: Listener, served: Rc<RefCell<Served>>, quiet: bool) -> Result<(), Error> {
+async fn accept_loop(
+    listener: Listener,
+    served: Rc<RefCell<Served>>,
+    quiet: bool,
+    mut sleep_first: Option<std::time::Duration>,
+) -> Result<(), Error> {
     loop {
         let conn = listener.accept().await?;
+        let sleep = sleep_first.take();
+        if let Some(d) = sleep {
+            println!("aecho server: {:?} sleeps {} ms before it reads (test hook)", conn.token(), d.as_millis());
+        }
         if !quiet {
             let peer = conn.peer_addr().map_or("?".into(), |p| p.to_string());
             println!("aecho server: {:?} established with {peer}", conn.token());
@@ -119,7 +139,7 @@ async fn accept_loop(listener: Listener, served: Rc<RefCell<Served>>, quiet: boo
         // Detached: the task reports its end through `served`.
         let _task = io::spawn(async move {
             let token = conn.token();
-            let (echoed, why) = serve(conn).await;
+            let (echoed, why) = serve(conn, sleep).await;
             if !quiet {
                 println!("aecho server: {token:?} closed after {echoed} messages: {why}");
             }
@@ -134,7 +154,12 @@ async fn accept_loop(listener: Listener, served: Rc<RefCell<Served>>, quiet: boo
 }
 
 fn server(args: Args) {
-    args.finish(&["bind", "max-size", "exit-after", "quiet", "spin-us"]);
+    args.finish(
+        &[&["bind", "max-size", "exit-after", "quiet", "srq", "spin-us", "sleep-first-ms"][..], &Args::SRQ[..]]
+            .concat(),
+    );
+    let sleep_first =
+        Some(args.get::<u64>("sleep-first-ms", 0)).filter(|ms| *ms > 0).map(std::time::Duration::from_millis);
     let addr = args.addr("bind");
     let exit_after: u64 = args.get("exit-after", 0);
     let quiet = args.switch("quiet");
@@ -143,14 +168,15 @@ fn server(args: Args) {
     if !(1..=1024 * 1024).contains(&max_size) {
         common::fail(USAGE, "--max-size must be 1 to 1M bytes");
     }
-    let mut reactor = reactor(Config { msg_size: max_size as u32, spin: args.spin(), ..Config::default() });
+    let cfg = args.with_srq(Config { msg_size: max_size as u32, spin: args.spin(), ..Config::default() });
+    let mut reactor = reactor(cfg);
     let served = Rc::new(RefCell::new(Served::default()));
     let listener = reactor
         .block_on(async { Listener::bind(addr) })
         .and_then(|r| r)
         .unwrap_or_else(|e| common::die("aecho server", &format!("cannot listen on {addr}: {}", common::report(&e))));
     println!("aecho server: listening on {addr} (pid {})", std::process::id());
-    let accept = reactor.spawn(accept_loop(listener, served.clone(), quiet));
+    let accept = reactor.spawn(accept_loop(listener, served.clone(), quiet, sleep_first));
     let outcome = if exit_after == 0 {
         reactor.block_on(accept).map(|r| match r {
             Ok(Ok(())) => Ok(()),

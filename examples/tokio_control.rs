@@ -10,10 +10,14 @@
 //! the messages echoed and the reactor's counters; `quit` answers `bye` and stops the
 //! program. Any `echo client` (or `aecho client`) can use the RDMA side.
 //!
-//! The control port serves one connection at a time and survives what a peer sends: a line
-//! that is not UTF-8, longer than 4 KiB (never buffered beyond that) or no command is answered
-//! with an `error: ` line and the connection goes on; a connection reset, or silent for a
-//! minute, ends that connection alone.
+//! The control port serves up to 8 connections at once (a task of the reactor each; a ninth is
+//! told `error: busy` and closed) and survives what a peer sends: a line that is not UTF-8,
+//! longer than 4 KiB (never buffered beyond that) or no command is answered with an `error: `
+//! line and the connection goes on; a connection reset, silent for a minute or open for ten
+//! ends that connection alone. So one client cannot hold the port (the review of 2026-12-07,
+//! X3: served one at a time, a client sending a byte a minute held it for 600 s). `quit` is
+//! not authenticated: bind the control port to a loopback address (or one only operators
+//! reach).
 
 mod common;
 
@@ -34,16 +38,19 @@ usage: tokio_control --bind ADDR:PORT --control ADDR:PORT
 
 An RDMA echo server and a TCP control port in one tokio program.
   --bind ADDR:PORT     RDMA address to serve echo clients on
-  --control ADDR:PORT  TCP address of the control port: `stats` or `quit`, one per line (one
-                       connection at a time; a bad line is answered `error: ...`; a connection
-                       silent for 60 s is closed)";
+  --control ADDR:PORT  TCP address of the control port: `stats` or `quit`, one per line (up to
+                       8 connections at once; a bad line is answered `error: ...`; a connection
+                       silent for 60 s, or open for 600 s, is closed). `quit` asks no password:
+                       bind it to a loopback address";
 
 /// The longest control line taken; the bytes of a longer one are dropped up to its end.
 const MAX_LINE: usize = 4096;
 
-/// A control connection that sends nothing (or reads nothing) this long is closed, so that it
-/// cannot hold the port, which serves one connection at a time.
+/// A control connection that sends nothing (or reads nothing) this long is closed.
 const CONTROL_IDLE: Duration = Duration::from_secs(60);
+
+/// Control connections served at once; one more is told it is busy and closed.
+const MAX_SESSIONS: usize = 8;
 
 /// The longest a control connection lasts, whatever it does: a peer trickling a byte before
 /// each [`CONTROL_IDLE`] runs out cannot hold the port (and lock out `quit`) for longer.
@@ -192,13 +199,25 @@ async fn session(stream: tokio::net::TcpStream, counts: &RefCell<Counts>) -> std
     }
 }
 
-/// Serves the control port, one connection at a time, until a `quit`. Nothing a peer does ends
-/// it: a failed connection ends alone, and an accept that fails for want of descriptors or
-/// memory waits a second before the next (the connection stays queued, and tokio would retry
-/// it at once).
+/// What the control port's sessions share: how many are open, and a `quit` seen.
+#[derive(Default)]
+struct Sessions {
+    open: std::cell::Cell<usize>,
+    quit: tokio::sync::Notify,
+}
+
+/// Serves the control port, up to [`MAX_SESSIONS`] connections at once (a task of the reactor
+/// each), until a `quit`. Nothing a peer does ends it: a failed connection ends alone, and an
+/// accept that fails for want of descriptors or memory waits a second before the next (the
+/// connection stays queued, and tokio would retry it at once).
 async fn control(tcp: tokio::net::TcpListener, counts: Rc<RefCell<Counts>>) {
+    let sessions = Rc::new(Sessions::default());
     loop {
-        let (stream, peer) = match tcp.accept().await {
+        let accepted = tokio::select! {
+            a = tcp.accept() => a,
+            () = sessions.quit.notified() => return,
+        };
+        let (mut stream, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(e) if classify(&e) == AcceptError::ThatOne => continue,
             Err(e) => {
@@ -207,15 +226,30 @@ async fn control(tcp: tokio::net::TcpListener, counts: Rc<RefCell<Counts>>) {
                 continue;
             }
         };
-        let ended = tokio::time::timeout(CONTROL_SESSION, session(stream, &counts)).await;
-        let ended = ended.unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "open for 600 s")));
-        match ended {
-            Ok(true) => {
-                println!("tokio_control: quit from {peer}");
-                return;
+        if sessions.open.get() >= MAX_SESSIONS {
+            // Told why, within a second; never waited on.
+            let busy = format!("error: busy ({MAX_SESSIONS} control connections open); try again later\n");
+            let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(busy.as_bytes())).await;
+            continue;
+        }
+        sessions.open.set(sessions.open.get() + 1);
+        let (sessions, counts) = (sessions.clone(), counts.clone());
+        let task = io::spawn(async move {
+            let ended = tokio::time::timeout(CONTROL_SESSION, session(stream, &counts)).await;
+            let ended =
+                ended.unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "open for 600 s")));
+            sessions.open.set(sessions.open.get() - 1);
+            match ended {
+                Ok(true) => {
+                    println!("tokio_control: quit from {peer}");
+                    sessions.quit.notify_one();
+                }
+                Ok(false) => {}
+                Err(e) => eprintln!("tokio_control: control connection from {peer}: {e}; it is closed"),
             }
-            Ok(false) => {}
-            Err(e) => eprintln!("tokio_control: control connection from {peer}: {e}; it is closed"),
+        });
+        if let Err(e) = task {
+            eprintln!("tokio_control: cannot serve a control connection: {}", common::report(&e));
         }
     }
 }

@@ -139,6 +139,35 @@ fn the_metrics_endpoint_shows_a_blast_run_s_counters_moving() {
     assert!(srv.wait(LIMIT).success(), "blast server");
 }
 
+/// The review of 2026-12-07, N10: an HTTP connection to the metrics endpoint that sends
+/// nothing was closed only at the next accept, so a client rotating its connections just
+/// within the idle time (10 s) kept every scrape out. Now the endpoint closes it when its idle
+/// time is up, with no other connection made: the client reads the end of the stream.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn an_idle_metrics_connection_is_closed_when_its_time_is_up() {
+    let server = addr();
+    let metrics = SocketAddr::new(server.ip(), port());
+    let (s, m) = (server.to_string(), metrics.to_string());
+    let mut srv = Proc::spawn("echo server", bin("echo"), &["server", "--bind", &s, "--metrics", &m, "--quiet"]);
+    wait_listening(server, LIMIT);
+    let mut idle = TcpStream::connect_timeout(&metrics, Duration::from_secs(5)).expect("connect");
+    let start = Instant::now();
+    idle.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    let mut b = [0u8; 16];
+    let got = idle.read(&mut b);
+    let waited = start.elapsed();
+    println!("an idle metrics connection: {got:?} after {waited:?}");
+    assert!(matches!(got, Ok(0)), "closed by the server, not by the read timeout: {got:?} after {waited:?}");
+    assert!(
+        waited >= Duration::from_secs(9) && waited < Duration::from_secs(20),
+        "at its idle time (10 s): {waited:?}"
+    );
+    // The endpoint serves on.
+    assert!(http_get(metrics, "/metrics").starts_with("HTTP/1.1 200 OK\r\n"));
+    kill9(&mut srv);
+}
+
 /// With `RUST_LOG=info` an echo server built with the feature `log` says what an operator
 /// needs: listening, a reject and why, each accept and establishment, each close and why (a
 /// killed client's included).

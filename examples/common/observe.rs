@@ -62,8 +62,8 @@ const MAX_REQUEST: usize = 8 * 1024;
 /// HTTP connections an endpoint holds at most at once, by default (`--metrics-max-conns`).
 pub const MAX_CONNS: usize = 64;
 
-/// An HTTP connection not done this long after it was accepted is closed when the next one is
-/// accepted (there are no timers for fd callbacks: the reaping is lazy, see [`Live`]).
+/// An HTTP connection not done this long after it was accepted is closed then (a timerfd of
+/// the endpoint's, armed for the oldest held) or at the next accept, whichever comes first.
 pub const IDLE: Duration = Duration::from_secs(10);
 
 /// How long the endpoint stops accepting when it cannot even refuse a connection (out of file
@@ -82,7 +82,7 @@ pub struct Metrics {
     pub addr: SocketAddr,
     /// HTTP connections held at once (`--metrics-max-conns`, default [`MAX_CONNS`]).
     pub max_conns: usize,
-    /// An HTTP connection older than this is closed at the next accept ([`IDLE`]).
+    /// An HTTP connection older than this is closed ([`IDLE`]).
     pub idle: Duration,
     /// `--metrics-conns`: every connection's series too, each labelled with its peer's
     /// address (`Ctx::prometheus`); without it only the reactor's totals
@@ -125,6 +125,11 @@ impl<K: Copy> Live<K> {
     /// True when none is held.
     pub fn is_empty(&self) -> bool {
         self.conns.is_empty()
+    }
+
+    /// When the oldest connection held was accepted: the next to expire.
+    pub fn oldest(&self) -> Option<Instant> {
+        self.conns.first_key_value().map(|(_, v)| v.1)
     }
 
     /// A number for the next connection, which [`Live::insert`] files it under.
@@ -281,6 +286,14 @@ struct Endpoint {
     live: Rc<RefCell<Live<Token>>>,
     /// Armed for [`BACKOFF`] while accepting is paused (the listener's interest empty).
     backoff: TimerFd,
+    /// Armed for when the oldest HTTP connection held expires (`opts.idle` after its
+    /// accept), while any is held: expired ones are closed then, not only at the next accept
+    /// (the review of 2026-12-07, N10: a client that rotated its connections just within the
+    /// idle time kept every scrape out).
+    reaper: TimerFd,
+    reaper_token: Cell<Option<Token>>,
+    /// The reaper's deadline while it is armed.
+    reaper_at: Cell<Option<Instant>>,
     listener_token: Cell<Option<Token>>,
     timer_token: Cell<Option<Token>>,
     paused: Cell<bool>,
@@ -298,8 +311,8 @@ struct Endpoint {
 /// only while there is something to write) and closes. Nothing blocks the reactor's thread.
 ///
 /// Bounded: at most `opts.max_conns` HTTP connections at once (at the cap, those older than
-/// `opts.idle` are closed first; if none is, the newcomer is closed at once), and at every
-/// accept those older than `opts.idle` are closed (lazily: fd callbacks have no timers). Out
+/// `opts.idle` are closed first; if none is, the newcomer is closed at once), and those older
+/// than `opts.idle` are closed when they reach it (a timerfd armed for the oldest one held). Out
 /// of file descriptors, a queued connection is accepted with the room of a spare descriptor
 /// and closed; when even that is impossible, or the kernel is out of memory, accepting pauses
 /// for a second (a timerfd made at the start). One line a second at most tells of either.
@@ -308,6 +321,8 @@ pub fn serve_metrics(ctx: &mut Ctx<'_>, opts: Metrics, index: usize) -> std::io:
     let listener = TcpListener::bind(addr)?;
     listener.set_nonblocking(true)?;
     let backoff = TimerFd::new(ClockId::CLOCK_MONOTONIC, TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC)
+        .map_err(std::io::Error::from)?;
+    let reaper = TimerFd::new(ClockId::CLOCK_MONOTONIC, TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC)
         .map_err(std::io::Error::from)?;
     let every = Duration::from_secs(1);
     let ep = Rc::new(Endpoint {
@@ -318,6 +333,9 @@ pub fn serve_metrics(ctx: &mut Ctx<'_>, opts: Metrics, index: usize) -> std::io:
         spare: RefCell::new(open_spare()),
         live: Rc::new(RefCell::new(Live::default())),
         backoff,
+        reaper,
+        reaper_token: Cell::new(None),
+        reaper_at: Cell::new(None),
         listener_token: Cell::new(None),
         timer_token: Cell::new(None),
         paused: Cell::new(false),
@@ -332,12 +350,23 @@ pub fn serve_metrics(ctx: &mut Ctx<'_>, opts: Metrics, index: usize) -> std::io:
         .map_err(to_io)?;
     ep.timer_token.set(Some(timer));
     let e = ep.clone();
+    let reaper = ctx.register_fd(&ep.reaper, Interest::READABLE, 0, move |ctx: &mut Ctx<'_>, _ev: FdEvent| e.reap(ctx));
+    let reaper = match reaper {
+        Ok(token) => token,
+        Err(err) => {
+            ctx.deregister_fd(timer);
+            return Err(to_io(err));
+        }
+    };
+    ep.reaper_token.set(Some(reaper));
+    let e = ep.clone();
     let registered =
         ctx.register_fd(&ep.listener, Interest::READABLE, 0, move |ctx: &mut Ctx<'_>, _ev: FdEvent| e.on_accept(ctx));
     match registered {
         Ok(token) => ep.listener_token.set(Some(token)),
         Err(err) => {
             ctx.deregister_fd(timer);
+            ctx.deregister_fd(reaper);
             return Err(to_io(err));
         }
     }
@@ -453,12 +482,43 @@ impl Endpoint {
         }
     }
 
-    /// Deregisters the listening socket and the timer: their callbacks, which hold the
+    /// Deregisters the listening socket and the timers: their callbacks, which hold the
     /// endpoint, are dropped, and the listening socket is closed with it (connections queued
-    /// on it are refused, not left waiting). HTTP connections in progress finish.
+    /// on it are refused, not left waiting). HTTP connections in progress finish (the reaper
+    /// goes too: one that never does ends with its client).
     fn stop(&self, ctx: &mut Ctx<'_>) {
-        for token in [self.listener_token.take(), self.timer_token.take()].into_iter().flatten() {
+        let tokens = [self.listener_token.take(), self.timer_token.take(), self.reaper_token.take()];
+        for token in tokens.into_iter().flatten() {
             ctx.deregister_fd(token);
+        }
+    }
+
+    /// The reaper fired: closes the HTTP connections held `opts.idle` or longer, and arms it
+    /// again for the next one to expire.
+    fn reap(&self, ctx: &mut Ctx<'_>) {
+        let mut expirations = [0u8; 8];
+        let _ = nix::unistd::read(&self.reaper, &mut expirations);
+        self.reaper_at.set(None);
+        let now = Instant::now();
+        // The borrow ends before the registrations are dropped: their `Http`s borrow `live`.
+        let reaped = self.live.borrow_mut().reap(now, self.opts.idle);
+        for token in reaped {
+            ctx.deregister_fd(token);
+        }
+        self.arm_reaper();
+    }
+
+    /// Arms the reaper for when the oldest connection held expires, unless it is armed
+    /// already (for that or an earlier time) or none is held.
+    fn arm_reaper(&self) {
+        let Some(oldest) = self.live.borrow().oldest() else { return };
+        if self.reaper_at.get().is_some() {
+            return;
+        }
+        let at = oldest + self.opts.idle;
+        let wait = at.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        if self.reaper.set(Expiration::OneShot(TimeSpec::from_duration(wait)), TimerSetTimeFlags::empty()).is_ok() {
+            self.reaper_at.set(Some(at));
         }
     }
 
@@ -504,7 +564,10 @@ impl Endpoint {
                 .map_err(|e| e.to_string())
         });
         match registered {
-            Ok(token) => self.live.borrow_mut().insert(id, token, now),
+            Ok(token) => {
+                self.live.borrow_mut().insert(id, token, now);
+                self.arm_reaper();
+            }
             Err(e) => {
                 if let Some(n) = self.errors.borrow_mut().event(now) {
                     eprintln!("metrics on {}: cannot take a connection: {e}{}", self.addr, more(n));

@@ -66,7 +66,26 @@ fn the_tokio_example_serves_rdma_and_its_control_port() {
     };
     println!("control port: stats -> {}", stats.trim());
     assert!(stats.starts_with("served 2 live 0 echoed 200;"), "{stats}");
+    // The review of 2026-12-07, X3: a client that holds a control connection open (sending
+    // nothing) no longer holds the port: others are answered meanwhile, and a ninth one at
+    // once is told the port is busy.
+    let mut holders: Vec<std::net::TcpStream> =
+        (0..8).map(|_| std::net::TcpStream::connect(&control).expect("a holder")).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let busy = ask("stats");
+    assert!(busy.starts_with("error: busy"), "eight held open: the ninth is told so: {busy}");
+    drop(holders.pop());
+    let end = Instant::now() + Duration::from_secs(30);
+    let answered = loop {
+        let s = ask("stats");
+        if s.starts_with("served ") || Instant::now() > end {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(answered.starts_with("served "), "answered while seven others hold theirs: {answered}");
     assert_eq!(ask("quit").trim(), "bye");
+    drop(holders);
     let st = srv.0.wait().expect("wait");
     assert!(st.success(), "tokio_control exited {st}");
 }

@@ -8,7 +8,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_reactor::{
@@ -720,5 +721,98 @@ pub fn run_output(program: impl AsRef<std::ffi::OsStr>, args: &[&str], limit: Du
             };
             panic!("{:?} {args:?} did not finish within {limit:?}; it printed:\n{text}", program.as_ref());
         }
+    }
+}
+
+// ----- tenants of issue 45: a streamer, an idle client -----------------------------------------
+
+/// A message's sequence number (its first 8 bytes), the rest the pattern of stream `id`.
+pub fn numbered(len: usize, id: u64, seq: u64) -> Vec<u8> {
+    let mut m = pattern(len, id, seq);
+    m[..8].copy_from_slice(&seq.to_be_bytes());
+    m
+}
+
+/// Sends numbered messages as fast as its peer's credits let it (the runtime queues what the
+/// credits do not allow yet), `window` submitted at a time, until `stop`; then closes once
+/// every one sent has completed. Counts what completed.
+pub struct Streamer {
+    pub size: usize,
+    pub window: u32,
+    pub seq: u64,
+    pub outstanding: u32,
+    pub stop: Arc<AtomicBool>,
+    pub sent: Arc<AtomicU64>,
+    pub closed: Rc<RefCell<Option<CloseReason>>>,
+}
+
+impl Streamer {
+    fn more(&mut self, conn: &mut Conn<'_>) {
+        if self.stop.load(Ordering::Relaxed) {
+            if self.outstanding == 0 {
+                conn.close();
+            }
+            return;
+        }
+        while self.outstanding < self.window {
+            let Ok(mut buf) = conn.alloc(self.size) else { return };
+            buf.fill_from(&numbered(self.size, 9, self.seq)).expect("fits");
+            if conn.submit(Op::send(buf)).is_err() {
+                return;
+            }
+            self.seq += 1;
+            self.outstanding += 1;
+        }
+    }
+}
+
+impl ConnectionHandler for Streamer {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        // Enough to offer flow control (an SRQ server requires it); the echoes never come.
+        post_recvs(conn, 3, self.size);
+    }
+
+    fn on_established(&mut self, conn: &mut Conn<'_>) {
+        self.more(conn);
+    }
+
+    fn on_completion(&mut self, conn: &mut Conn<'_>, c: Completion) {
+        if c.opcode == OpCode::Send {
+            self.outstanding -= 1;
+            if c.result.is_ok() {
+                self.sent.fetch_add(1, Ordering::Relaxed);
+            }
+            self.more(conn);
+        }
+    }
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        *self.closed.borrow_mut() = Some(reason);
+    }
+}
+
+/// What an idle client saw.
+#[derive(Default)]
+pub struct IdleLog {
+    pub established: bool,
+    pub closed: Option<CloseReason>,
+}
+
+/// A client that connects, posts its receives (enough to offer flow control) and sends nothing.
+pub struct Idle(pub Rc<RefCell<IdleLog>>);
+
+impl ConnectionHandler for Idle {
+    fn on_ready(&mut self, conn: &mut Conn<'_>) {
+        post_recvs(conn, 3, 64);
+    }
+
+    fn on_established(&mut self, _conn: &mut Conn<'_>) {
+        self.0.borrow_mut().established = true;
+    }
+
+    fn on_completion(&mut self, _conn: &mut Conn<'_>, _c: Completion) {}
+
+    fn on_closed(&mut self, _ctx: &mut Ctx<'_>, _token: Token, reason: CloseReason) {
+        self.0.borrow_mut().closed = Some(reason);
     }
 }
