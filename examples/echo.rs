@@ -152,6 +152,7 @@ impl ListenerHandler for EchoListener {
             established: false,
             owed: 0,
             retry: None,
+            retry_set: false,
             stats: self.stats.clone(),
         }))
     }
@@ -171,8 +172,10 @@ struct EchoAgent {
     /// may borrow no more), posted by a timer as memory comes back: its peer's credit is
     /// smaller meanwhile, so it sends less.
     owed: u32,
-    /// The retry timer's wait while one is set (doubled each time it finds no memory).
+    /// The retry timer's last wait (doubled each time it finds no memory, forgotten once
+    /// nothing is owed), and whether it is set.
     retry: Option<Duration>,
+    retry_set: bool,
     stats: Rc<RefCell<ServerStats>>,
 }
 
@@ -197,9 +200,11 @@ impl EchoAgent {
                 // until memory comes back. Never another connection's memory.
                 Err(rdma_reactor::Error::OverBudget { .. } | rdma_reactor::Error::PoolExhausted { .. }) => {
                     self.owed += n - i;
-                    if self.retry.is_none() {
-                        self.retry = Some(RETRY_FIRST);
-                        let _ = conn.ctx().set_timer(RETRY_FIRST, 0);
+                    if !self.retry_set {
+                        // One timer at a time, its wait doubling while memory stays short.
+                        let wait = self.retry.map_or(RETRY_FIRST, |w| (w * 2).min(RETRY_MAX));
+                        self.retry_set = conn.ctx().set_timer(wait, 0).is_ok();
+                        self.retry = Some(wait);
                     }
                     return true;
                 }
@@ -229,15 +234,12 @@ impl ConnectionHandler for EchoAgent {
     }
 
     fn on_timer(&mut self, conn: &mut Conn<'_>, _user_data: u64) {
+        self.retry_set = false;
         let owed = std::mem::take(&mut self.owed);
-        let wait = self.retry.take().unwrap_or(RETRY_FIRST);
-        if !self.post_recvs(conn, owed) || self.owed == 0 {
-            return;
+        // Still short: `post_recvs` sets the timer again, for twice as long.
+        if self.post_recvs(conn, owed) && self.owed == 0 {
+            self.retry = None;
         }
-        // Still short: look again later, less often.
-        let wait = (wait * 2).min(RETRY_MAX);
-        self.retry = Some(wait);
-        let _ = conn.ctx().set_timer(wait, 0);
     }
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {

@@ -773,6 +773,8 @@ impl ConnectionHandler for Streamer {
     }
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {
+        // At most what the server takes (a larger send is refused at submit).
+        self.size = conn.peer_info().map_or(self.size, |i| i.msg_size as usize).clamp(16, self.size.max(16));
         self.more(conn);
     }
 
