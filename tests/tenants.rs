@@ -18,10 +18,18 @@
 //! What must hold: the good client is served with every byte verified, its median round trip
 //! under attack is within 2x of the larger of its median alone and its median while the same
 //! flood runs against another server process (the control), the server's registered memory
-//! (the kernel's MR list for its pid) stays under its pool's budget (1 GiB), the metrics
-//! sockets take the server to its fd limit, and the server is alive and serving at the end.
-//! The issue asked for within 2x of alone; FAULTS.md's "hostile tenants" row says why the
-//! test asserts against the control, and records the ratios to alone, which it prints.
+//! (the kernel's MR list for its pid, sampled every 300 ms) stays under what its connections
+//! may hold (three quarters of its 1 GiB pool, issue 45), the metrics sockets take the server
+//! to its fd limit, and the server is alive and serving at the end. The issue asked for within
+//! 2x of alone; FAULTS.md's "hostile tenants" row says why the test asserts against the
+//! control, and records the ratios to alone, which it prints.
+//!
+//! Issue 45's tenants (`reservations_hold_*`, against `echo` and `aecho`, with and without
+//! `--srq`) keep to the protocol and still try to make the server hold memory: 15 one-credit
+//! peers (their echoes queue), 256 idle connections and a stream into a task that does not
+//! read. There the good client's median is within 2x of its median alone (before and after),
+//! and the peak of the registered memory under a bound computed from the configuration: the
+//! connections' reservations, the shared remainder, two clusters per class.
 
 mod util;
 
@@ -322,7 +330,19 @@ fn farmers(server: SocketAddr, stop: Arc<AtomicBool>, ready: Arc<AtomicBool>) ->
 /// The median of three windows' medians, each of at least `n / 3` round trips and `min / 3`:
 /// one burst of the emulator's (a stall of the whole VM) moves one window, not the result.
 fn measure3(r: &mut Reactor, ping: &Rc<RefCell<PingResult>>, n: usize, min: Duration, what: &str) -> Duration {
-    let mut w: Vec<Duration> = (0..3).map(|_| measure(r, ping, n.div_ceil(3), min / 3, what)).collect();
+    measure_windows(r, ping, 3, n, min, what)
+}
+
+/// The median of `k` windows' medians, each of at least `n / k` round trips and `min / k`.
+fn measure_windows(
+    r: &mut Reactor,
+    ping: &Rc<RefCell<PingResult>>,
+    k: u32,
+    n: usize,
+    min: Duration,
+    what: &str,
+) -> Duration {
+    let mut w: Vec<Duration> = (0..k).map(|_| measure(r, ping, n.div_ceil(k as usize), min / k, what)).collect();
     median(&mut w)
 }
 
@@ -354,6 +374,8 @@ struct Attacks {
     delivered: Arc<AtomicU64>,
     half_ready: Arc<AtomicBool>,
     farm_ready: Arc<AtomicBool>,
+    /// The metrics port to open idle sockets on (`open_metrics_sockets`), if that attack runs.
+    metrics: Option<u16>,
 }
 
 impl Drop for Attacks {
@@ -388,7 +410,7 @@ impl Attacks {
         }
         let half_ready = Arc::new(AtomicBool::new(!all || !on("half-open")));
         let farm_ready = Arc::new(AtomicBool::new(!all || kind != Server::EchoSrq || !on("farmers")));
-        let mut sockets = Vec::new();
+        let sockets = Vec::new();
         if all {
             if kind == Server::EchoSrq && on("farmers") {
                 threads.push(("farmers", farmers(server, stop.clone(), farm_ready.clone())));
@@ -396,18 +418,24 @@ impl Attacks {
             if on("half-open") {
                 threads.push(("half-open", half_open(server, stop.clone(), farm_ready.clone(), half_ready.clone())));
             }
-            if kind.has_metrics() && on("metrics") {
-                let m = SocketAddr::from(([127, 0, 0, 1], metrics));
-                for _ in 0..METRICS_SOCKETS {
-                    // The kernel completes the handshake into the listener's backlog whether or
-                    // not the server can accept: a refused or reset one is part of the attack.
-                    if let Ok(s) = TcpStream::connect_timeout(&m, Duration::from_secs(2)) {
-                        sockets.push(s);
-                    }
-                }
+        }
+        let metrics = (all && kind.has_metrics() && on("metrics")).then_some(metrics);
+        Attacks { stop, threads, sockets, flooded, delivered, half_ready, farm_ready, metrics }
+    }
+
+    /// The idle sockets on the metrics port, once the other attacks are in place: the endpoint
+    /// closes an idle HTTP connection 10 s after its accept (issue 45, N10), so sockets opened
+    /// at the start (the SRQ farmers take longer than that) would be gone by the measurement.
+    fn open_metrics_sockets(&mut self) {
+        let Some(port) = self.metrics else { return };
+        let m = SocketAddr::from(([127, 0, 0, 1], port));
+        for _ in 0..METRICS_SOCKETS {
+            // The kernel completes the handshake into the listener's backlog whether or not
+            // the server can accept: a refused or reset one is part of the attack.
+            if let Ok(s) = TcpStream::connect_timeout(&m, Duration::from_secs(2)) {
+                self.sockets.push(s);
             }
         }
-        Attacks { stop, threads, sockets, flooded, delivered, half_ready, farm_ready }
     }
 
     fn in_place(&self) -> bool {
@@ -476,16 +504,20 @@ fn hostile_tenants(kind: Server) {
     let control_reports = control_attack.stop();
     kill9(&mut decoy);
 
-    let attacks = Attacks::start(kind, server, metrics, true);
+    let sampler = Sampler::start(pid, registered_alone, Duration::from_millis(300));
+    let mut attacks = Attacks::start(kind, server, metrics, true);
     wait_in_place(&mut r, &log, &attacks);
-    let mut peak = registered_alone.max(mr_bytes(pid));
+    attacks.open_metrics_sockets();
+    // The server accepts what it can of them in its next ticks.
+    measure(&mut r, &log, 20, Duration::from_millis(500), "the metrics sockets arrive");
     let fds_attacked = fds(pid);
     let (d0, t0) = (attacks.delivered(), Instant::now());
     let under = measure3(&mut r, &log, ROUND_TRIPS, Duration::from_secs(3), "under attack");
     let attack_rate = (attacks.delivered() - d0) as f64 / t0.elapsed().as_secs_f64();
-    peak = peak.max(mr_bytes(pid));
     assert!(srv.0.try_wait().expect("try_wait").is_none(), "the server is alive under attack");
     let reports = attacks.stop();
+    // Sampled every 300 ms from before the attacks to their end (it was sampled twice).
+    let peak = sampler.stop();
     let ratio = |d: Duration| d.as_secs_f64() / alone.as_secs_f64();
     println!(
         "{kind:?} on {}: median round trip alone {alone:?}; with the flood against another server {control:?} \
@@ -522,7 +554,10 @@ fn hostile_tenants(kind: Server) {
     // overdrawing its credit), and the reconnections are its own reactor's work, which the
     // control does not load it with (FAULTS.md: 2.1-3.4x of alone in the runs; one CI run's
     // control flood delivered 48 messages/s against 951 under attack, so the control can be no
-    // shield). The backoff that would bring it to 2x is not built.
+    // shield). The penalty box (`Config::violation_backoff`, `echo --violation-backoff-ms`)
+    // turns the storm's reconnections into rejects; the server runs here without it, as the
+    // issue's measurement was made. (`reservations_hold_*` below asserts the issue 45 bound,
+    // 2x of alone, against tenants that keep to the protocol.)
     let factor = if kind == Server::EchoSrq { 4 } else { 2 };
     let baseline = alone.max(control);
     assert!(
@@ -532,6 +567,10 @@ fn hostile_tenants(kind: Server) {
     );
     assert!(registered_alone > 0, "the kernel lists the server's memory regions (rdma res show mr)");
     assert!(peak <= POOL_BUDGET, "{kind:?}: registered memory {peak} stays under the budget {POOL_BUDGET}");
+    // Tighter, from the configuration (issue 45): what connections may hold, reserved and
+    // borrowed (three quarters of the pool at the examples' defaults), and the SRQ's own.
+    let held = POOL_BUDGET / 2 + POOL_BUDGET / 4 + if kind.srq() { 32 << 20 } else { 0 };
+    assert!(peak <= held + (32 << 20), "{kind:?}: registered memory {peak} beyond what connections may hold, {held}");
     // Still serving once the attackers are gone.
     measure(&mut r, &log, 20, Duration::ZERO, "after the attacks");
     assert!(srv.0.try_wait().expect("try_wait").is_none(), "the server is alive after the attacks");
@@ -594,12 +633,14 @@ fn hostile_tenants_against_blast_server() {
     let control = blast_run(server, "with the flood against another server");
     let _ = control_attack.stop();
     kill9(&mut decoy);
-    let attacks = Attacks::start(kind, server, metrics, true);
+    let mut attacks = Attacks::start(kind, server, metrics, true);
     let deadline = Instant::now() + Duration::from_secs(300);
     while !attacks.in_place() {
         assert!(Instant::now() < deadline, "the attacks are not in place after 300 s");
         std::thread::sleep(Duration::from_millis(20));
     }
+    attacks.open_metrics_sockets();
+    std::thread::sleep(Duration::from_millis(500));
     let fds_attacked = fds(pid);
     let mut peak = registered_alone.max(mr_bytes(pid));
     let under = blast_run(server, "under attack");
@@ -671,7 +712,14 @@ fn a_request_the_pool_cannot_hold_is_refused_before_anything_is_registered() {
     // for): a 12 MiB pool holds its first 4 MiB cluster (the smallest class) and two clusters
     // of four 1 MiB chunks on RoCE; on iWARP each chunk's slack makes the clusters a little
     // larger than 4 MiB, so only one more fits (one connection).
-    let pool = rdma_reactor::PoolConfig { max_bytes: 12 << 20, ..rdma_reactor::PoolConfig::default() };
+    // Reservations as large as the pool itself (issue 45's split would refuse the second
+    // connection for its reservation first): this test is about the pool's own room.
+    let pool = rdma_reactor::PoolConfig {
+        max_bytes: 12 << 20,
+        reserved_bytes: Some(12 << 20),
+        per_address_bytes: Some(12 << 20),
+        ..rdma_reactor::PoolConfig::default()
+    };
     let cfg = Config { pool, recv_depth: 3, msg_size: 1 << 20, ..Config::default() };
     let mut r = Reactor::with_config(cfg).expect("server");
     let server = addr();
@@ -793,11 +841,11 @@ fn tenants_bound(kind: Server, claims: &[(usize, usize)]) -> u64 {
 }
 
 /// Issue 45: the reservation holds. Against one shipped server at its defaults, while 15
-/// one-credit peers (1 MiB messages where the server takes them), 256 idle connections and a
+/// one-credit peers (64 KiB messages, 1 KiB on an SRQ), 256 idle connections and a
 /// stream into a task that does not read (`aecho --sleep-first-ms`; against `echo` a peer that
 /// never reads its echoes) run, one well-behaved client's round trips stay within 2x of its
 /// round trips alone, it is never refused, and the server's registered memory, sampled every
-/// 300 ms, stays within what its configuration lets these connections hold (their
+/// second, stays within what its configuration lets these connections hold (their
 /// reservations and the shared remainder), not the pool's maximum (before: the one-credit
 /// peers' queued answers alone took the whole 1 GiB pool, and every other connection's next
 /// allocation failed).
@@ -812,8 +860,11 @@ fn reservations_hold(kind: Server) {
     let (ready, sent) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
     let streamer_up = Arc::new(AtomicBool::new(false));
     let size = kind.max_msg() as usize;
-    // What the tenants claim: the largest the server takes (an SRQ server refuses more).
-    let (idle_claim, oc_claim) = (size.min(64 << 10), size);
+    // What the tenants claim: 64 KiB messages, or the largest an SRQ server takes. (All come
+    // from this host's one address, like the good client: with 1 MiB claims the one-credit
+    // peers' reservations, 4 MiB each, would take the address past its share of the
+    // reservations, `PoolConfig::per_address_bytes`, and the last of them would be refused.)
+    let (idle_claim, oc_claim) = (size.min(64 << 10), size.min(64 << 10));
     let tenants = {
         let (go, stop, ready, sent, streamer_up) =
             (go.clone(), stop.clone(), ready.clone(), sent.clone(), streamer_up.clone());
@@ -877,20 +928,13 @@ fn reservations_hold(kind: Server) {
     let (good, log) = PingClient::timed(1, SIZE);
     r.connect(server, small(), good).expect("good client");
     measure(&mut r, &log, ROUND_TRIPS, Duration::ZERO, "warm-up");
-    let alone = measure3(&mut r, &log, ROUND_TRIPS, Duration::ZERO, "alone");
+    // Five windows a phase: the emulator's timing swings 2x between windows of one phase.
+    let alone = measure_windows(&mut r, &log, 5, ROUND_TRIPS, Duration::ZERO, "alone");
     let registered_alone = mr_bytes(pid);
-    // Registered memory, sampled from here on.
-    let sampling = Arc::new(AtomicBool::new(true));
-    let peak = Arc::new(AtomicU64::new(registered_alone));
-    let sampler = {
-        let (sampling, peak) = (sampling.clone(), peak.clone());
-        std::thread::spawn(move || {
-            while sampling.load(Ordering::Relaxed) {
-                peak.fetch_max(mr_bytes(pid), Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(300));
-            }
-        })
-    };
+    // Registered memory, sampled from here on (each sample lists every memory region of the
+    // machine: a second apart, so the sampling itself costs the good client little).
+    let sampler = Sampler::start(pid, registered_alone, Duration::from_secs(1));
+    let sampled_since = Instant::now();
     go.store(true, Ordering::Relaxed);
     let deadline = Instant::now() + Duration::from_secs(300);
     while !ready.load(Ordering::Relaxed) {
@@ -901,9 +945,10 @@ fn reservations_hold(kind: Server) {
     if kind.has_metrics() {
         println!("  the server under the tenants: {}", scrape(metrics));
     }
-    let under = measure3(&mut r, &log, ROUND_TRIPS, Duration::from_secs(3), "under the tenants");
+    let under = measure_windows(&mut r, &log, 5, ROUND_TRIPS, Duration::from_secs(3), "under the tenants");
     assert!(srv.0.try_wait().expect("try_wait").is_none(), "the server is alive");
     stop.store(true, Ordering::Relaxed);
+    let stopped_at = sampled_since.elapsed();
     let (refused, tenant_stats) = tenants.join().expect("tenants thread");
     // Alone again once they are gone (their connections closed): the emulator's timing drifts
     // over a run, so "alone" is the mean of the medians before and after.
@@ -911,12 +956,10 @@ fn reservations_hold(kind: Server) {
     while Instant::now() < settle {
         r.run_once(Some(Duration::from_millis(5))).expect("run_once");
     }
-    let after = measure3(&mut r, &log, ROUND_TRIPS, Duration::ZERO, "alone again");
+    let after = measure_windows(&mut r, &log, 5, ROUND_TRIPS, Duration::ZERO, "alone again");
     let before = alone;
     let alone = (before + after) / 2;
-    sampling.store(false, Ordering::Relaxed);
-    sampler.join().expect("sampler");
-    let peak = peak.load(Ordering::Relaxed);
+    let (peak, series) = sampler.stop_with_series();
     let claims = [(1, SIZE), (1, size), (IDLE, idle_claim), (ONE_CREDIT, oc_claim)];
     let bound = registered_alone + tenants_bound(kind, &claims);
     println!(
@@ -935,10 +978,65 @@ fn reservations_hold(kind: Server) {
     );
     assert_eq!(log.borrow().failure(), None, "the good client was served throughout, never refused");
     assert!(under <= alone * 2, "{kind:?}: median round trip under the tenants {under:?} within 2x of alone {alone:?}");
-    assert!(peak <= bound, "{kind:?}: registered memory peaked at {peak}, beyond {bound} the configuration allows");
+    assert!(
+        peak <= bound,
+        "{kind:?}: registered memory peaked at {peak}, beyond {bound} the configuration allows; MiB over time (the \
+         tenants came at 0, were stopped at {:?}): {}",
+        stopped_at,
+        series_mib(&series)
+    );
     assert_eq!(refused, 0, "the idle connections' reservations fit: none refused");
     drop(r);
     kill9(&mut srv);
+}
+
+/// The peak of a process's registered memory (`mr_bytes`), sampled at an interval on a thread
+/// of its own until stopped.
+struct Sampler {
+    on: Arc<AtomicBool>,
+    peak: Arc<AtomicU64>,
+    thread: Option<JoinHandle<Vec<(Duration, u64)>>>,
+}
+
+impl Sampler {
+    fn start(pid: u32, at_least: u64, every: Duration) -> Sampler {
+        let (on, peak) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicU64::new(at_least)));
+        let (o, p) = (on.clone(), peak.clone());
+        let thread = std::thread::spawn(move || {
+            let (start, mut series) = (Instant::now(), Vec::new());
+            while o.load(Ordering::Relaxed) {
+                let b = mr_bytes(pid);
+                p.fetch_max(b, Ordering::Relaxed);
+                series.push((start.elapsed(), b));
+                std::thread::sleep(every);
+            }
+            series
+        });
+        Sampler { on, peak, thread: Some(thread) }
+    }
+
+    /// Stops sampling; the peak, and the samples (time since the start, bytes).
+    fn stop_with_series(mut self) -> (u64, Vec<(Duration, u64)>) {
+        self.on.store(false, Ordering::Relaxed);
+        let series = self.thread.take().and_then(|t| t.join().ok()).unwrap_or_default();
+        (self.peak.load(Ordering::Relaxed), series)
+    }
+
+    /// Stops sampling; the peak.
+    fn stop(self) -> u64 {
+        self.stop_with_series().0
+    }
+}
+
+/// The samples of a [`Sampler`] in MiB, a line.
+fn series_mib(series: &[(Duration, u64)]) -> String {
+    series.iter().map(|(t, b)| format!("{:.1}s {}", t.as_secs_f64(), b >> 20)).collect::<Vec<_>>().join(", ")
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.on.store(false, Ordering::Relaxed);
+    }
 }
 
 /// A few of the server's counters, from its metrics endpoint.

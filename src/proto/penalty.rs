@@ -49,8 +49,8 @@ impl Strikes {
 }
 
 /// The key an address is remembered by (module docs): the address, an IPv4-mapped one as its
-/// IPv4 address.
-fn key(addr: IpAddr) -> IpAddr {
+/// IPv4 address. Also what the pool's per-address reservations are counted by.
+pub(crate) fn key(addr: IpAddr) -> IpAddr {
     match addr {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(addr, IpAddr::V4),
         IpAddr::V4(_) => addr,

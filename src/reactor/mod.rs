@@ -152,6 +152,10 @@ pub(crate) struct Core {
     /// the device's re-post queue after the handler returns, unless the handler withholds it
     /// (`Conn::withhold_receive`): the connection, its device, the re-post.
     srq_delivering: Option<(ConnKey, usize, data::srq::Repost)>,
+    /// Bytes reserved by the connections accepted from each peer address
+    /// (`PoolConfig::per_address_bytes`; `conn/setup.rs`, `Core::reserve`): an entry only
+    /// while one of them lives.
+    addr_reserved: std::collections::HashMap<std::net::IpAddr, usize>,
     /// The penalty box (`Config::violation_backoff`, `proto/penalty.rs`): addresses whose
     /// accepted connections broke the protocol, refused by `Core::decide` for a while.
     penalties: crate::proto::penalty::PenaltyBox,
@@ -255,6 +259,7 @@ impl Reactor {
                 accepting: 0,
                 srq_refill: false,
                 srq_delivering: None,
+                addr_reserved: std::collections::HashMap::new(),
                 penalties: Default::default(),
                 panic: None,
                 #[cfg(feature = "fault-injection")]

@@ -89,6 +89,7 @@ fn buffers_released_outside_the_reactor_refill_the_srq() {
                 reserved_bytes: Some(1 << 20),
                 shared_bytes: Some(1 << 20),
                 per_connection_bytes: Some(1 << 20),
+                per_address_bytes: None,
             };
         let mut srv = Reactor::with_config(Config { srq: Some(srq), pool, ..Config::default() }).expect("server");
         let a = addr();

@@ -241,6 +241,7 @@ fn one_dip_below_the_srq_mark_raises_one_event_shared_with_no_one() {
         reserved_bytes: Some(1 << 20),
         shared_bytes: Some(1 << 20),
         per_connection_bytes: Some(1 << 20),
+        per_address_bytes: None,
     };
     let mut srv = Reactor::with_config(Config { srq: Some(srq), pool, ..Config::default() }).expect("SRQ reactor");
     let kept = Rc::new(RefCell::new(Vec::new()));

@@ -192,6 +192,16 @@ impl Default for SrqConfig {
 /// Reactor configuration. `Config::default()` suits most uses; each field says its default.
 /// Every duration in it is at most 365 days: [`Reactor::with_config`](crate::Reactor::with_config)
 /// refuses a longer one with [`Error::Config`] naming the field.
+///
+/// **What peers can make the reactor hold.** Per connection, the fields below bound its
+/// receives (`recv_depth`, `msg_size`, `recv_budget`), its queued sends (`send_backlog`,
+/// `send_backlog_bytes`), its peer's credit (`flow_control`, enforced) and how long its sends
+/// wait for credits (`credit_timeout`). In total, its device's pool gives each admitted
+/// connection a reservation no other can take and lends the rest within limits per
+/// connection, per peer address and for all: [`PoolConfig`]'s docs, "Who may hold what",
+/// state the guarantee and its defaults (one connection: its reservation and at most 64 MiB
+/// more; one address: 128 MiB of reservations and the 256 MiB shared remainder; all
+/// connections: 768 MiB of the 1 GiB pool).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// The registered buffer pool of each device (chunk size = largest pool message).
@@ -221,10 +231,9 @@ pub struct Config {
     /// `on_refused`) before anything is registered for it, and [`Ctx::connect`](crate::Ctx::connect)
     /// fails with [`Error::Limit`] (`what`: `"Config::recv_budget"`). Not used with `srq`
     /// (the shared queue's receives are fixed when it is made). Default 64 MiB: the pool's
-    /// largest message (1 MiB) at the default depth (64); with `send_backlog_bytes` (192 MiB) a
-    /// quarter of the pool's default maximum (1 GiB), the most one peer can make a connection
-    /// hold of it in receives and queued sends together (posted sends add at most `send_depth`
-    /// of at most the message size).
+    /// largest message (1 MiB) at the default depth (64). A bound per connection: what all
+    /// connections hold together is the pool's guarantee ([`PoolConfig`]: a connection
+    /// beyond its reservation borrows, within `PoolConfig::per_connection_bytes`).
     pub recv_budget: usize,
     /// Largest send copied inline into the work request. Default 64 bytes.
     pub max_inline: u32,
@@ -334,11 +343,11 @@ pub struct Config {
     /// memory is not the pool's) a connection may hold queued when an operation would wait
     /// beyond its free send slots: such a submission fails the same way (`what`:
     /// `"Config::send_backlog_bytes"`) if it would take them past this, unless no pool bytes
-    /// are queued (one operation may always wait). Default 192 MiB: with `recv_budget` (64
-    /// MiB) a quarter of the pool's default maximum (1 GiB), so one peer cannot make a
-    /// connection hold more of the pool than that in receives and queued sends together
-    /// (posted sends add at most `send_depth` of at most the message size; `io::Stream` keeps
-    /// its writes in flight within it).
+    /// are queued (one operation may always wait). Default 192 MiB (`io::Stream` keeps its writes
+    /// in flight within it). A bound per connection, on what waits; the memory its buffers
+    /// take is also bounded by its account in the pool ([`PoolConfig`]: its reservation and
+    /// at most `per_connection_bytes` more), and all connections' together by the pool's
+    /// guarantee.
     pub send_backlog_bytes: usize,
     /// Receiver-not-ready retries (0..=6 finite; 7 retries forever). Default 6.
     pub rnr_retry_count: u8,

@@ -87,7 +87,15 @@ pub trait ListenerHandler {
 /// `k - 1` messages. **A handler that stops posting receives stalls its peer**: its sends wait
 /// (for ever, or until [`Config::credit_timeout`](crate::Config::credit_timeout) closes the
 /// connection with `Stalled`). Keeping fewer receives posted than at first is fine: it slows the
-/// peer (back-pressure), it never deadlocks. On a shared receive queue
+/// peer (back-pressure), it never deadlocks. Posting more than at first is fine too: each
+/// receive posted after `on_ready` is granted as it is posted. So a server that posts the
+/// flow-control minimum (3) in `on_ready` and the rest of its depth in `on_established` pins,
+/// for a connection not yet up (idle, half open), only what its reservation in the pool covers
+/// (its first three receives and one send: [`PoolConfig`](crate::PoolConfig)'s memory
+/// guarantee), and borrows the rest once the connection is up; the async face and the `echo`
+/// example do so. An allocation the pool cannot give the connection now fails with
+/// [`Error::OverBudget`](crate::Error::OverBudget): post that receive later (a timer), which
+/// shrinks the peer's credit meanwhile. On a shared receive queue
 /// ([`Config::srq`](crate::Config::srq)) the runtime posts the receives and grants the credit.
 ///
 /// **Receive sizes.** Each side announces a message size in its connect information, and that

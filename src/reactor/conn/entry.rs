@@ -120,6 +120,17 @@ pub(in crate::reactor) struct Placement {
     pub(in crate::reactor) recv_room: u32,
 }
 
+/// A connection's reservation ([`ConnEntry::account`]).
+#[derive(Clone, Copy, Debug)]
+pub(in crate::reactor) struct Reserved {
+    /// The device whose pool holds it.
+    pub(in crate::reactor) device: usize,
+    pub(in crate::reactor) account: Account,
+    /// An accepted connection's peer address and the bytes counted for it there
+    /// (`PoolConfig::per_address_bytes`).
+    pub(in crate::reactor) addr: Option<(std::net::IpAddr, usize)>,
+}
+
 pub(in crate::reactor) struct ConnEntry {
     /// Memory windows exposed on this connection (`Conn::expose`): deallocated at destruction
     /// before the queue pair.
@@ -158,9 +169,9 @@ pub(in crate::reactor) struct ConnEntry {
     /// Whose bytes this connection's buffers hold (`sys/pool/mod.rs`): unique in the process.
     pub(in crate::reactor) mem_owner: u64,
     /// Its account in its device's pool (`sys/pool/ledger.rs`: its reservation, and what it
-    /// borrows beyond), and that device: opened when its queue pair is made, closed when it is
-    /// destroyed (kept across a reconnection on the same device).
-    pub(in crate::reactor) account: Option<(usize, Account)>,
+    /// borrows beyond): opened when its queue pair is made, closed when it is destroyed (kept
+    /// across a reconnection on the same device).
+    pub(in crate::reactor) account: Option<Reserved>,
     /// iWARP only: the stream ended (DISCONNECTED) and the queue pair was moved to the error
     /// state. Soft-iWARP flushes the receives posted at that moment, never one posted later:
     /// the drain waits for sends only, and a receive still posted at destruction is reported

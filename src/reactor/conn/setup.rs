@@ -16,6 +16,7 @@ use crate::reactor::{
 };
 use crate::sys::cm::{CmEvent, CmId, ConnParam};
 use crate::sys::pool::Account;
+use crate::reactor::conn::entry::Reserved;
 use crate::sys::qp::{Qp, QpCaps};
 
 /// RDMA READ/atomic depth requested and granted on every connection.
@@ -319,6 +320,11 @@ impl Core {
         // hold (free chunks, and clusters `PoolConfig::max_bytes` still allows) is refused
         // now, not accepted to fail its first `alloc` (issue 32 item 1).
         if let Some(why) = self.pool_cannot_hold(&child, size) {
+            return refuse(self, child, RejectReason::new(RejectCode::NoResources, why));
+        }
+        // Its reservation (issue 45): the pool's reservations, and its address's, have room.
+        if let Some(why) = self.reservation_refusal(&child, peer, size) {
+            self.stats.reservations_refused += 1;
             return refuse(self, child, RejectReason::new(RejectCode::NoResources, why));
         }
         if self.cfg.srq.is_some()
@@ -788,8 +794,45 @@ impl Core {
         let d = conn_device(c, &self.devices, t)?;
         // Charged to its account on that device (none while a reconnecting client waits on
         // another: uncharged, as the runtime's own).
-        let account = c.account.filter(|&(ad, _)| ad == d).map_or(Account::NONE, |(_, a)| a);
+        let account = c.account.filter(|r| r.device == d).map_or(Account::NONE, |r| r.account);
         self.devices[d].pool.alloc_for(len, c.mem_owner, account)
+    }
+
+    /// The bytes a connection of message size `size` reserves (`reservation`), before it
+    /// exists.
+    fn reservation_of(&self, size: usize, srq: bool) -> usize {
+        let pool = self.cfg.device_pool();
+        let size = size.clamp(1, pool.max_chunk().max(1));
+        let chunk = pool.chunk_for(size).unwrap_or(size);
+        let recvs = if srq { 0 } else { MIN_DEPTH.min(self.cfg.recv_depth) as usize };
+        chunk.saturating_mul(recvs + 1)
+    }
+
+    /// Why a connect request from `peer` on `child`'s device, of message size `size`, cannot
+    /// have its reservation now (the pool's reservations, or its address's, are full), if it
+    /// cannot: refused before the listener is asked, with nothing registered.
+    fn reservation_refusal(&self, child: &CmId, peer: Option<SocketAddr>, size: u32) -> Option<String> {
+        let bytes = self.reservation_of(size as usize, self.cfg.srq.is_some());
+        if let Some(ip) = peer.map(|p| crate::proto::penalty::key(p.ip())) {
+            let held = self.addr_reserved.get(&ip).copied().unwrap_or(0);
+            let most = self.cfg.device_pool().per_address();
+            if held.saturating_add(bytes) > most {
+                // Within a reject's 144 bytes of text.
+                return Some(format!(
+                    "{ip} holds {held} of its {most} bytes of reservations; one more needs {bytes} \
+                     (PoolConfig::per_address_bytes)"
+                ));
+            }
+        }
+        let d = child.device().and_then(|dev| self.devices.index_of(dev))?;
+        let ledger = self.devices.get(d)?.pool.ledger();
+        (!ledger.can_reserve(bytes)).then(|| {
+            format!(
+                "no room for a connection's reservation of {bytes} bytes: {} of {} taken (PoolConfig::reserved_bytes)",
+                ledger.reserved(),
+                ledger.budget().reservable
+            )
+        })
     }
 
     /// The chunk bytes connection `t` reserves on device `d`'s pool: its first receives
@@ -797,14 +840,8 @@ impl Core {
     /// queue, whose receives are the device's) and one send of its message size. Its size is
     /// what this side announced (`ConnectInfo::msg_size`: an agent's is the smaller of its
     /// client's claim and `Config::msg_size`), within the pool's largest chunk.
-    pub(in crate::reactor) fn reservation(&self, t: ConnKey, d: usize, srq: bool) -> usize {
-        let Some(c) = self.conns.get(t) else { return 0 };
-        let pool = self.cfg.device_pool();
-        let size = (c.infos.local.msg_size as usize).clamp(1, pool.max_chunk().max(1));
-        let chunk = pool.chunk_for(size).unwrap_or(size);
-        let _ = d;
-        let recvs = if srq { 0 } else { MIN_DEPTH.min(self.cfg.recv_depth) as usize };
-        chunk.saturating_mul(recvs + 1)
+    pub(in crate::reactor) fn reservation(&self, t: ConnKey, srq: bool) -> usize {
+        self.conns.get(t).map_or(0, |c| self.reservation_of(c.infos.local.msg_size as usize, srq))
     }
 
     /// Opens connection `t`'s account with its reservation on device `d`'s pool, unless it has
@@ -813,34 +850,54 @@ impl Core {
     fn reserve(&mut self, t: ConnKey, d: usize, srq: bool) -> Result<()> {
         let Some(c) = self.conns.get(t) else { return Err(Error::StaleToken(t.token().as_u64())) };
         match c.account {
-            Some((ad, _)) if ad == d => return Ok(()),
+            Some(r) if r.device == d => return Ok(()),
             Some(_) => self.release_account(t),
             None => {}
         }
-        let bytes = self.reservation(t, d, srq);
-        let pool = &self.devices[d].pool;
-        let Some(a) = pool.open_account(bytes) else {
-            let l = pool.ledger();
-            self.stats.reservations_refused += 1;
-            let _ = l.reserved();
-            return Err(Error::Limit {
-                what: "bytes of the device's pool reserved for connections, each needing its own to be admitted \
-                       (PoolConfig::reserved_bytes, in Config::pool)",
-                limit: l.budget().reservable,
-            });
+        let bytes = self.reservation(t, srq);
+        let c = self.conns.get(t).expect("checked");
+        // An accepted connection's reservation counts for its peer's address too.
+        let addr = match c.role {
+            Role::Agent(_) => c.ep.id().and_then(|id| id.peer_addr()).map(|p| crate::proto::penalty::key(p.ip())),
+            _ => None,
         };
+        if let Some(ip) = addr {
+            let most = self.cfg.device_pool().per_address();
+            if self.addr_reserved.get(&ip).copied().unwrap_or(0).saturating_add(bytes) > most {
+                self.stats.reservations_refused += 1;
+                return Err(Error::Limit { what: "one address's reservations, PoolConfig::per_address_bytes", limit: most });
+            }
+        }
+        let pool = &self.devices[d].pool;
+        let Some(account) = pool.open_account(bytes) else {
+            let limit = pool.ledger().budget().reservable;
+            self.stats.reservations_refused += 1;
+            return Err(Error::Limit { what: "the pool's reservations for connections, PoolConfig::reserved_bytes", limit });
+        };
+        if let Some(ip) = addr {
+            *self.addr_reserved.entry(ip).or_insert(0) += bytes;
+        }
         if let Some(c) = self.conns.get_mut(t) {
-            c.account = Some((d, a));
+            c.account = Some(Reserved { device: d, account, addr: addr.map(|ip| (ip, bytes)) });
         }
         Ok(())
     }
 
-    /// Closes connection `t`'s account (`reserve`): its reservation is released, what its
-    /// buffers still hold counts as borrowed until they are dropped.
+    /// Closes connection `t`'s account (`reserve`): its reservation is released (its
+    /// address's count too), what its buffers still hold counts as borrowed until they are
+    /// dropped.
     pub(in crate::reactor) fn release_account(&mut self, t: ConnKey) {
-        let Some((d, a)) = self.conns.get_mut(t).and_then(|c| c.account.take()) else { return };
-        if let Some(dev) = self.devices.get(d) {
-            dev.pool.close_account(a);
+        let Some(r) = self.conns.get_mut(t).and_then(|c| c.account.take()) else { return };
+        if let Some(dev) = self.devices.get(r.device) {
+            dev.pool.close_account(r.account);
+        }
+        if let Some((ip, bytes)) = r.addr {
+            if let std::collections::hash_map::Entry::Occupied(mut e) = self.addr_reserved.entry(ip) {
+                *e.get_mut() = e.get().saturating_sub(bytes);
+                if *e.get() == 0 {
+                    e.remove();
+                }
+            }
         }
     }
 

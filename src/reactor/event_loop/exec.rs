@@ -465,9 +465,9 @@ struct TaskWaker {
     /// yet taken to be polled: a wake then adds nothing ([`RunQueue`]). Set by the wake that
     /// queues it, on any thread; cleared on the reactor's thread when the task is taken to be
     /// polled, before the poll, so a wake during the poll queues it again. Never set for
-    /// `block_on`'s future ([`MAIN`]). Relaxed: the flag only saves a duplicate entry; what
-    /// the poll observes is ordered by the inbox's lock for a wake from another thread, and is
-    /// on this thread otherwise.
+    /// `block_on`'s future ([`MAIN`]). Relaxed: the flag only saves a duplicate entry (a rare
+    /// one still comes through, see `wake_by_ref`); what the poll observes is ordered by the
+    /// inbox's lock for a wake from another thread, and is on this thread otherwise.
     queued: AtomicBool,
 }
 
@@ -477,10 +477,16 @@ impl Wake for TaskWaker {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        if self.task != MAIN && self.queued.swap(true, Ordering::Relaxed) {
-            // Queued already: by a wake inside its reactor's tick (seen before it sleeps) or by
-            // one that nudged it, or on its way through the inbox.
-            return;
+        if self.task != MAIN {
+            if self.queued.load(Ordering::Relaxed) {
+                // Queued already: by a wake inside its reactor's tick (seen before it sleeps)
+                // or by one that nudged it, or on its way through the inbox.
+                return;
+            }
+            // A load and a store, no read-modify-write (no locked instruction on the hot
+            // path): two threads waking it at once may both queue it, and it is polled once
+            // more, which a future must take anyway.
+            self.queued.store(true, Ordering::Relaxed);
         }
         if THREAD.try_with(|t| *t == self.owner).unwrap_or(false) {
             let inside = INSIDE.try_with(Cell::get).unwrap_or(0);

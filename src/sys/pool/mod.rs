@@ -74,10 +74,13 @@ use crate::error::{Error, Result};
 ///   receives (`min(3, Config::recv_depth)` of its receive size; none on a shared receive
 ///   queue) and of one send of its message size. What it holds within its reservation no
 ///   other connection can take. Reservations together are at most
-///   [`reserved_bytes`](PoolConfig::reserved_bytes) (half of `max_bytes` by default); a
-///   connect request whose reservation does not fit is refused
-///   ([`RejectCode::NoResources`](crate::RejectCode::NoResources), the reason naming this
-///   setting), and `Ctx::connect` fails with [`Error::Limit`].
+///   [`reserved_bytes`](PoolConfig::reserved_bytes) (half of `max_bytes` by default), and
+///   those of the connections accepted from one peer address (an IPv6 address whole) at most
+///   [`per_address_bytes`](PoolConfig::per_address_bytes) (a quarter of that): a connect
+///   request whose reservation does not fit is refused
+///   ([`RejectCode::NoResources`](crate::RejectCode::NoResources), the reason naming the
+///   setting), and a client whose reservation does not fit closes before it connects
+///   ([`CloseReason::Setup`](crate::CloseReason::Setup) with the text of an [`Error::Limit`]).
 /// - **Beyond its reservation a connection borrows** from the shared remainder
 ///   ([`shared_bytes`](PoolConfig::shared_bytes), a quarter of `max_bytes` by default), at
 ///   most [`per_connection_bytes`](PoolConfig::per_connection_bytes) of it (a quarter of the
@@ -87,12 +90,14 @@ use crate::error::{Error, Result};
 ///   credits with them), a shared receive queue's credit for a connection over its limit
 ///   is withheld until it lets go of buffers.
 /// - So a peer can make one connection hold at most its reservation plus
-///   `per_connection_bytes` (64 MiB at the defaults, beside at most 4 MiB reserved), and all
-///   connections of one address together at most `shared_bytes` beyond their reservations
+///   `per_connection_bytes` (64 MiB at the defaults, beside at most 4 MiB reserved); all
+///   connections of one address together at most `per_address_bytes` in reservations (128
+///   MiB; at 64 KiB messages 512 connections, the rest refused) plus the shared remainder
 ///   (256 MiB), whatever the number; and all connections together at most `reserved_bytes +
-///   shared_bytes` in buffers (768 MiB). The rest of `max_bytes` (a quarter) is room for the
-///   clusters' fragmentation: the pool registers whole clusters, and a cluster with one
-///   buffer in use stays registered.
+///   shared_bytes` in buffers (768 MiB), while every other address's connections keep their
+///   reservations and new addresses are admitted. The rest of `max_bytes` (a quarter) is room
+///   for the clusters' fragmentation: the pool registers whole clusters, and a cluster with
+///   one buffer in use stays registered.
 ///
 /// A shared receive queue's own receives (`SrqConfig::receives × buf_size`) are the device's
 /// reservation, made when the queue is created.
@@ -114,6 +119,9 @@ pub struct PoolConfig {
     /// Most bytes one connection borrows beyond its reservation. `None` (the default): a
     /// quarter of the shared remainder.
     pub per_connection_bytes: Option<usize>,
+    /// Most bytes the reservations of the connections accepted from one peer address hold
+    /// together (see the type's docs). `None` (the default): a quarter of `reserved_bytes`.
+    pub per_address_bytes: Option<usize>,
 }
 
 impl Default for PoolConfig {
@@ -125,6 +133,7 @@ impl Default for PoolConfig {
             reserved_bytes: None,
             shared_bytes: None,
             per_connection_bytes: None,
+            per_address_bytes: None,
         }
     }
 }
@@ -145,6 +154,12 @@ impl PoolConfig {
     /// defaults resolved (see the type's docs).
     pub fn budget(&self) -> Budget {
         self.budget_beside(0)
+    }
+
+    /// The most the reservations of one peer address's accepted connections hold together
+    /// (`per_address_bytes`, resolved).
+    pub fn per_address(&self) -> usize {
+        self.per_address_bytes.unwrap_or(self.budget().reservable / 4)
     }
 
     /// [`PoolConfig::budget`] with `device` bytes set aside first for the device's own use (a

@@ -347,7 +347,7 @@ impl Core {
         let mut waiting = std::mem::take(&mut s.mem_withheld);
         waiting.retain(|&t| {
             let Some(c) = self.conns.get_mut(t) else { return false };
-            let (Some(share), Some((_, account))) = (c.srq_share, c.account) else {
+            let (Some(share), Some(account)) = (c.srq_share, c.account.map(|r| r.account)) else {
                 c.srq_withheld.for_memory = 0;
                 return false;
             };
@@ -594,7 +594,7 @@ impl Core {
         }
         let c = self.conns.get_mut(t).expect("checked");
         let c_owner = c.mem_owner;
-        let account = c.account.filter(|(ad, _)| *ad == d).map(|(_, a)| a);
+        let account = c.account.filter(|r| r.device == d).map(|r| r.account);
         // The share its peer consumed the receive from: the credit goes back to that one only.
         let share = c.srq_share.map_or(0, |s| s.id());
         if c.sq.flow_mut().is_some_and(|f| f.exhausted()) {
