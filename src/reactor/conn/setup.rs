@@ -10,13 +10,13 @@ use crate::proto::token::{ConnKey, Key, Kind, ListenerKey, Token};
 use crate::proto::transport::{normalize_reject_status, Caps, Transport};
 use crate::proto::wire::{ConnectInfo, RejectCode, RejectReason, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
 use crate::reactor::api::config::{over_recv_budget, recv_size};
+use crate::reactor::conn::entry::Reserved;
 use crate::reactor::{
     ConnEntry, ConnectOptions, ConnectRequest, ConnectionHandler, Core, Decision, Endpoint, ListenerEntry,
     ListenerHandler, Placement, Role, TailRing,
 };
 use crate::sys::cm::{CmEvent, CmId, ConnParam};
 use crate::sys::pool::Account;
-use crate::reactor::conn::entry::Reserved;
 use crate::sys::qp::{Qp, QpCaps};
 
 /// RDMA READ/atomic depth requested and granted on every connection.
@@ -865,14 +865,20 @@ impl Core {
             let most = self.cfg.device_pool().per_address();
             if self.addr_reserved.get(&ip).copied().unwrap_or(0).saturating_add(bytes) > most {
                 self.stats.reservations_refused += 1;
-                return Err(Error::Limit { what: "one address's reservations, PoolConfig::per_address_bytes", limit: most });
+                return Err(Error::Limit {
+                    what: "one address's reservations, PoolConfig::per_address_bytes",
+                    limit: most,
+                });
             }
         }
         let pool = &self.devices[d].pool;
         let Some(account) = pool.open_account(bytes) else {
             let limit = pool.ledger().budget().reservable;
             self.stats.reservations_refused += 1;
-            return Err(Error::Limit { what: "the pool's reservations for connections, PoolConfig::reserved_bytes", limit });
+            return Err(Error::Limit {
+                what: "the pool's reservations for connections, PoolConfig::reserved_bytes",
+                limit,
+            });
         };
         if let Some(ip) = addr {
             *self.addr_reserved.entry(ip).or_insert(0) += bytes;
