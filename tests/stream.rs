@@ -10,8 +10,9 @@
 //!
 //! Sizes can be set by hand: `STREAM_BYTES` (the proxy test's bytes each way, default 1 GiB,
 //! the size: 110-200 s under TCG, so `cargo xtask test` gives this binary three
-//! watchdogs), `STREAM_COUNT` (the many-streams test's streams, default 1000) and `HTTP_REQUESTS`
-//! (the HTTP example's requests, default 400).
+//! watchdogs), `STREAM_COUNT` (the many-streams test's streams, default 1000), `HTTP_REQUESTS`
+//! (the HTTP example's requests, default 400) and `HTTP_ROUNDS` (the rounds of 8 connections x
+//! 10 requests of `stream/http.rs`, default 20).
 #![cfg(feature = "tokio")]
 
 mod util;

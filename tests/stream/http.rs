@@ -154,10 +154,11 @@ fn the_http_example_refuses_a_body_above_its_limit_with_413() {
         s.write_all(&vec![6u8; 1 << 20]).await.expect("body");
         let at_limit = read_response(&mut s).await.map(|(st, body)| (st, body.len(), body.iter().all(|b| *b == 6)));
         drop(s);
-        // Half a head, then nothing: closed after the header timeout.
+        // Half a head, then nothing: closed after the header timeout (which starts at the
+        // server's accept, after this).
+        let t = Instant::now();
         let mut s = Stream::new(Connection::connect(a, opts).await.expect("connect"));
         s.write_all(b"GET /bytes/10/1 HTTP/1.1\r\nhost: rd").await.expect("half a head");
-        let t = Instant::now();
         let mut b = [0u8; 64];
         let end = io::timeout(Duration::from_secs(20), s.read(&mut b)).await;
         let idle = (end.map(|r| r.map_err(|e| e.kind())), t.elapsed());
@@ -171,8 +172,5 @@ fn the_http_example_refuses_a_body_above_its_limit_with_413() {
     assert_eq!(at_limit, Some((200, 1 << 20, true)), "a body at the limit is served");
     let (end, took) = idle;
     assert!(matches!(end, Ok(Ok(0))), "the server ended the idle connection: {end:?}");
-    assert!(
-        took >= Duration::from_millis(1500) && took < Duration::from_secs(15),
-        "after the header timeout: {took:?}"
-    );
+    assert!(took >= Duration::from_secs(2) && took < Duration::from_secs(15), "after the header timeout: {took:?}");
 }
