@@ -87,7 +87,8 @@ const MAX_LINGER: Duration = Duration::from_secs(600);
 /// The error's source ([`io::Error::get_ref`]) is the crate's [`Error`]: `Error::Closed` with
 /// the connection's [`CloseReason`] (`Peer`, `Shutdown`, `WorkError(..)`...) wherever the
 /// connection ended, so a program can tell more than the kind; [`kind_of_close`] is the
-/// mapping. Every error of the write side (but the pool's) is kept: later writes fail with it.
+/// mapping. Every error of the write side (but the pool's, and a reactor out of reach) is kept:
+/// later writes fail with it.
 ///
 /// # Writing
 ///
@@ -307,7 +308,7 @@ fn kind_of(e: &Error) -> io::ErrorKind {
         Error::Operation(_) => K::ConnectionReset,
         Error::NotConnected(_) | Error::StaleToken(_) => K::NotConnected,
         Error::Elapsed(_) => K::TimedOut,
-        Error::Unsupported(_) => K::InvalidData,
+        Error::Unsupported(_) => K::Unsupported,
         _ => K::Other,
     }
 }
@@ -873,7 +874,7 @@ mod tests {
         assert_eq!(kind_of(&Error::PoolExhausted { max_bytes: 1 }), K::OutOfMemory);
         assert_eq!(kind_of(&Error::NoReactor), K::Other);
         assert_eq!(kind_of(&Error::Operation(OpError::Wc(WcStatus::RetryExcErr))), K::TimedOut);
-        assert_eq!(kind_of(&Error::Unsupported("x".into())), K::InvalidData);
+        assert_eq!(kind_of(&Error::Unsupported("x".into())), K::Unsupported);
     }
 
     #[test]
