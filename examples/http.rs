@@ -1,29 +1,44 @@
-//! HTTP/1.1 over RDMA: hyper 1 on `io::Stream` (issue 31 item 2), under the tokio driver.
+//! HTTP/1.1 over RDMA: hyper 1 on `io::Stream` (issue 31 item 2; a deployable server, issue
+//! 46), under the tokio driver.
 //!
 //! ```text
-//! http server --bind ADDR:PORT [--exit-after N] [--quiet]
-//! http client --connect ADDR:PORT [--clients K] [--requests N] [--max-body BYTES]
+//! http server --bind ADDR:PORT [--max-body BYTES] [--header-timeout SECS] [--exit-after N] [--tcp] [--quiet]
+//! http client --connect ADDR:PORT [--clients K] [--requests N] [--max-body BYTES] [--tcp]
 //! ```
 //!
 //! The server is hyper's `http1::Builder::serve_connection` over
-//! `hyper_util::rt::TokioIo<Stream>`, one task of the reactor per connection; it answers
-//! `POST /echo` with the request's body and `GET /bytes/LEN/SEED` with LEN bytes of a pattern.
+//! `hyper_util::rt::TokioIo<Stream>`, one task per connection, started with
+//! `tokio::task::spawn_local` as a hyper server would (the tokio driver runs such tasks where
+//! the reactor is at hand); it answers `POST /echo` with the request's body and
+//! `GET /bytes/LEN/SEED` with LEN bytes of a pattern. What a peer can make it hold is bounded:
+//! a request body above `--max-body` (16 MiB by default) is refused with 413 (at once when its
+//! `content-length` says so, else once that much arrived: `http_body_util::Limited`), a
+//! response body is at most 16 MiB, and a connection that has not sent a whole request head
+//! within `--header-timeout` seconds (10 by default) is closed by hyper. It prints one line per
+//! connection that ended with an error (and, without `--quiet`, per connection that ended
+//! cleanly), and at exit how many ended cleanly.
+//!
 //! The client opens K connections (hyper's `http1::handshake`, one task each) and makes N
 //! requests over them, alternating the two kinds, with bodies from 0 B to `--max-body` (1 MiB
-//! by default), and checks every byte of every response. Everything runs on one reactor thread
-//! inside one tokio current-thread runtime (`io::tokio::drive`): hyper's timers are tokio's,
-//! which work in the reactor's tasks there.
+//! by default), and checks every byte of every response. It ends each connection as hyper's
+//! own client does: it drops the request sender, and the connection's task shuts the stream
+//! down and drops it. Everything runs on one reactor thread inside one tokio current-thread
+//! runtime (`io::tokio::drive`): hyper's timers are tokio's, which work in the driver's tasks.
+//!
+//! `--tcp` runs the same over TCP (`tokio::net`), the control of `tests/stream.rs`'s HTTP case:
+//! the same code, the same requests, another byte stream.
 
 mod common;
 
 use std::cell::RefCell;
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::process::exit;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use common::{fill_pattern, Args};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -31,29 +46,36 @@ use rdma_reactor::io::{self, Connection, Listener, Stream};
 use rdma_reactor::{Config, ConnectOptions, Reactor};
 
 const USAGE: &str = "\
-usage: http server --bind ADDR:PORT [--exit-after N] [--quiet]
-       http client --connect ADDR:PORT [--clients K] [--requests N] [--max-body BYTES]
+usage: http server --bind ADDR:PORT [--max-body BYTES] [--header-timeout SECS] [--exit-after N] [--tcp] [--quiet]
+       http client --connect ADDR:PORT [--clients K] [--requests N] [--max-body BYTES] [--tcp]
 
 HTTP/1.1 (hyper 1) over RDMA byte streams (rdma_reactor::io::Stream), on one reactor thread.
 server: POST /echo answers with the request's body; GET /bytes/LEN/SEED with LEN pattern bytes.
-  --bind ADDR:PORT     address of an RDMA device to listen on
-  --exit-after N       exit after N connections have ended (default: run until killed)
-  --quiet              no per-connection lines
+  --bind ADDR:PORT       address of an RDMA device to listen on
+  --max-body BYTES       largest request body; a larger one is refused with 413 (default 16M)
+  --header-timeout SECS  a connection must send a request head within this (default 10)
+  --exit-after N         exit after N connections have ended (default: run until killed)
+  --tcp                  serve over TCP instead (the control)
+  --quiet                no line for a connection that ended cleanly
 client: N requests over K connections, every response byte verified; exits 1 on any mismatch.
-  --connect ADDR:PORT  the server
-  --clients K          connections (default 4)
-  --requests N         requests in all (default 2000), spread over the connections
-  --max-body BYTES     largest body, 0 to 16M (suffixes K, M; default 1M)";
+  --connect ADDR:PORT    the server
+  --clients K            connections (default 4)
+  --requests N           requests in all (default 2000), spread over the connections
+  --max-body BYTES       largest body, 0 to 16M (suffixes K, M; default 1M)
+  --tcp                  over TCP instead (the control)";
 
 /// The stream's message size: 64 KiB messages carry a 1 MiB body in 16.
 const MSG: u32 = 64 * 1024;
+
+/// The largest body `GET /bytes` answers with.
+const MAX_RESPONSE: usize = 16 << 20;
 
 fn main() {
     common::observe::init_logging("http");
     let mut argv = std::env::args().skip(1);
     match argv.next().as_deref() {
-        Some("server") => server(Args::parse(argv, &["quiet"], USAGE)),
-        Some("client") => client(Args::parse(argv, &[], USAGE)),
+        Some("server") => server(Args::parse(argv, &["quiet", "tcp"], USAGE)),
+        Some("client") => client(Args::parse(argv, &["tcp"], USAGE)),
         Some("--help") | Some("-h") => println!("{USAGE}"),
         _ => common::fail(USAGE, "the first argument is `server` or `client`"),
     }
@@ -90,21 +112,40 @@ fn body(len: usize, seed: u64) -> Vec<u8> {
 fn bytes_path(path: &str) -> Option<(usize, u64)> {
     let rest = path.strip_prefix("/bytes/")?;
     let (len, seed) = rest.split_once('/')?;
-    let len: usize = len.parse().ok().filter(|l| *l <= 16 << 20)?;
+    let len: usize = len.parse().ok().filter(|l| *l <= MAX_RESPONSE)?;
     Some((len, seed.parse().ok()?))
 }
 
-async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+/// A request's `content-length`, when it states one (and it parses).
+fn content_length(req: &Request<Incoming>) -> Option<u64> {
+    req.headers().get(hyper::header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()
+}
+
+/// The response to one request; request bodies are read up to `max_body` bytes.
+async fn handle(req: Request<Incoming>, max_body: usize) -> Result<Response<Full<Bytes>>, Infallible> {
     let reply = |status: StatusCode, body: Bytes| {
         let mut r = Response::new(Full::new(body));
         *r.status_mut() = status;
         Ok(r)
     };
+    let too_large = || {
+        let msg = format!("the request body is larger than this server takes ({max_body} bytes)\n");
+        reply(StatusCode::PAYLOAD_TOO_LARGE, Bytes::from(msg))
+    };
     match (req.method(), req.uri().path()) {
-        (&Method::POST, "/echo") => match req.into_body().collect().await {
-            Ok(b) => reply(StatusCode::OK, b.to_bytes()),
-            Err(e) => reply(StatusCode::BAD_REQUEST, Bytes::from(format!("reading the body: {e}\n"))),
-        },
+        (&Method::POST, "/echo") => {
+            if content_length(&req).is_some_and(|n| n > max_body as u64) {
+                // Refused before a byte of it is read (hyper closes the connection after the
+                // answer: the rest of the body is not read).
+                return too_large();
+            }
+            // A body without a length (chunked) is cut at the limit as it comes.
+            match Limited::new(req.into_body(), max_body).collect().await {
+                Ok(b) => reply(StatusCode::OK, b.to_bytes()),
+                Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => too_large(),
+                Err(e) => reply(StatusCode::BAD_REQUEST, Bytes::from(format!("reading the body: {e}\n"))),
+            }
+        }
         (&Method::GET, path) => match bytes_path(path) {
             Some((len, seed)) => reply(StatusCode::OK, Bytes::from(body(len, seed))),
             None => reply(StatusCode::NOT_FOUND, Bytes::from_static(b"GET /bytes/LEN/SEED or POST /echo\n")),
@@ -113,47 +154,113 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
     }
 }
 
+/// What the server's connections did: ended cleanly, and ended with an error.
+#[derive(Default)]
+struct Ended {
+    clean: u64,
+    failed: u64,
+}
+
+/// Serves one connection with hyper; counts and reports how it ended.
+async fn serve<S>(
+    io: S,
+    peer: String,
+    max_body: usize,
+    header_timeout: Duration,
+    quiet: bool,
+    ended: Rc<RefCell<Ended>>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
+{
+    let served = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .serve_connection(TokioIo::new(io), hyper::service::service_fn(move |req| handle(req, max_body)))
+        .await;
+    let mut ended = ended.borrow_mut();
+    match served {
+        Ok(()) => {
+            ended.clean += 1;
+            if !quiet {
+                println!("http server: {peer} done");
+            }
+        }
+        Err(e) => {
+            ended.failed += 1;
+            // The error and what caused it (hyper's own words, then the stream's).
+            let mut why = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                why.push_str(": ");
+                why.push_str(&c.to_string());
+                cause = c.source();
+            }
+            println!("http server: {peer} ended with an error: {why}");
+        }
+    }
+}
+
 fn server(args: Args) {
-    args.finish(&["bind", "exit-after"]);
+    args.finish(&["bind", "max-body", "header-timeout", "exit-after", "quiet", "tcp"]);
     let addr = args.addr("bind");
+    let max_body = args.size("max-body", 16 << 20);
+    let header_timeout = Duration::from_secs(args.get("header-timeout", 10u64).max(1));
     let exit_after: u64 = args.get("exit-after", 0);
     let quiet = args.switch("quiet");
-    let ended = Rc::new(RefCell::new(0u64));
+    let tcp = args.switch("tcp");
+    let ended = Rc::new(RefCell::new(Ended::default()));
+    let counts = ended.clone();
     let result = run(async move {
-        let listener = Listener::bind(addr)?;
-        println!("http server: listening on {addr}");
-        while exit_after == 0 || *ended.borrow() < exit_after {
+        let listener = if tcp {
+            let bound = tokio::net::TcpListener::bind(addr).await;
+            Accepting::Tcp(bound.map_err(|source| rdma_reactor::Error::Os { call: "bind (TCP)", source })?)
+        } else {
+            Accepting::Rdma(Listener::bind(addr)?)
+        };
+        println!("http server: listening on {addr}{}", if tcp { " (TCP)" } else { "" });
+        let done = |e: &Ended| exit_after > 0 && e.clean + e.failed >= exit_after;
+        while !done(&ended.borrow()) {
             // Accept until enough connections have ended (checked between accepts and by a
             // periodic look, so the last one's end is seen without another accept).
-            let next = io::timeout(Duration::from_millis(200), listener.accept()).await;
-            let conn = match next {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => return Err(e),
-                Err(_) => continue,
-            };
-            let peer = conn.peer_addr();
-            let ended = ended.clone();
-            let _task = io::spawn(async move {
-                let io = TokioIo::new(Stream::new(conn));
-                let served = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .serve_connection(io, hyper::service::service_fn(handle))
-                    .await;
-                if !quiet {
-                    match served {
-                        Ok(()) => println!("http server: {peer:?} done"),
-                        Err(e) => println!("http server: {peer:?} ended: {e}"),
+            let limit = Duration::from_millis(200);
+            let (io, peer): (Box<dyn Io>, String) = match &listener {
+                Accepting::Rdma(l) => match io::timeout(limit, l.accept()).await {
+                    Ok(Ok(conn)) => {
+                        let peer = format!("{:?}", conn.peer_addr());
+                        (Box::new(Stream::new(conn)), peer)
                     }
-                }
-                *ended.borrow_mut() += 1;
-            })?;
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => continue,
+                },
+                Accepting::Tcp(l) => match tokio::time::timeout(limit, l.accept()).await {
+                    Ok(Ok((sock, peer))) => (Box::new(sock), format!("{peer}")),
+                    Ok(Err(e)) => return Err(rdma_reactor::Error::Os { call: "accept (TCP)", source: e }),
+                    Err(_) => continue,
+                },
+            };
+            // A task per connection, as a hyper server makes it: `spawn_local` (the driver
+            // runs it where the reactor is at hand).
+            drop(tokio::task::spawn_local(serve(io, peer, max_body, header_timeout, quiet, ended.clone())));
         }
         Ok(())
     });
     if let Err(e) = result {
         common::die("http server", &common::report(&e));
     }
+    let e = counts.borrow();
+    println!("http server: {} connections ended, {} cleanly, {} with an error", e.clean + e.failed, e.clean, e.failed);
 }
+
+/// Where the server's connections come from.
+enum Accepting {
+    Rdma(Listener),
+    Tcp(tokio::net::TcpListener),
+}
+
+/// A byte stream hyper can serve: an RDMA stream or a TCP socket.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> Io for T {}
 
 // ----- client -------------------------------------------------------------------------------
 
@@ -171,14 +278,24 @@ fn size_of(i: u64, n: u64, max: usize) -> usize {
 /// mismatch.
 type Outcome = Result<(u64, u64), String>;
 
-async fn one_connection(addr: std::net::SocketAddr, first: u64, count: u64, total: u64, max: usize) -> Outcome {
+/// Connects over RDMA, or TCP with `tcp`.
+async fn connect(addr: SocketAddr, tcp: bool) -> Result<Box<dyn Io>, String> {
+    if tcp {
+        let sock = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect (TCP): {e}"))?;
+        return Ok(Box::new(sock));
+    }
     let opts = ConnectOptions { msg_size: MSG, ..ConnectOptions::default() };
     let conn = Connection::connect(addr, opts).await.map_err(|e| format!("connect: {e}"))?;
+    Ok(Box::new(Stream::new(conn)))
+}
+
+async fn one_connection(addr: SocketAddr, tcp: bool, first: u64, count: u64, total: u64, max: usize) -> Outcome {
+    let io = connect(addr, tcp).await?;
     let (mut send, driver) = hyper::client::conn::http1::Builder::new()
-        .handshake(TokioIo::new(Stream::new(conn)))
+        .handshake(TokioIo::new(io))
         .await
         .map_err(|e| format!("handshake: {e}"))?;
-    let driver = io::spawn(driver).map_err(|e| format!("spawn: {e}"))?;
+    let driver = tokio::task::spawn_local(driver);
     let (mut requests, mut bytes) = (0u64, 0u64);
     for i in first..first + count {
         let len = size_of(i, total, max);
@@ -206,22 +323,24 @@ async fn one_connection(addr: std::net::SocketAddr, first: u64, count: u64, tota
         requests += 1;
         bytes += (len * if i % 2 == 0 { 2 } else { 1 }) as u64;
     }
-    // Closing the sender ends the connection's driver, which shuts the stream down.
+    // As hyper's client ends a connection: the sender dropped, the connection's task shuts
+    // the stream down and drops it.
     drop(send);
     match driver.await {
         Ok(Ok(())) => Ok((requests, bytes)),
         Ok(Err(e)) => Err(format!("the connection ended with {e}")),
-        Err(_) => Err("the connection's task panicked".into()),
+        Err(e) => Err(format!("the connection's task: {e}")),
     }
 }
 
 fn client(args: Args) {
-    args.finish(&["connect", "clients", "requests", "max-body"]);
+    args.finish(&["connect", "clients", "requests", "max-body", "tcp"]);
     let addr = args.addr("connect");
     let clients: u64 = args.get("clients", 4).max(1);
     let total: u64 = args.get("requests", 2000);
     let max = args.size("max-body", 1 << 20);
-    if max > 16 << 20 {
+    let tcp = args.switch("tcp");
+    if max > MAX_RESPONSE {
         common::fail(USAGE, "--max-body is at most 16M");
     }
     let t0 = Instant::now();
@@ -230,7 +349,7 @@ fn client(args: Args) {
         let mut first = 0;
         for k in 0..clients {
             let count = total / clients + u64::from(k < total % clients);
-            tasks.push(io::spawn(one_connection(addr, first, count, total, max))?);
+            tasks.push(io::spawn(one_connection(addr, tcp, first, count, total, max))?);
             first += count;
         }
         let mut outcomes = Vec::new();
@@ -256,7 +375,8 @@ fn client(args: Args) {
     }
     println!(
         "http client: {requests} of {total} requests over {clients} connections verified, {bytes} body bytes \
-         (bodies 0 to {max} B), in {secs:.1} s"
+         (bodies 0 to {max} B){}, in {secs:.1} s",
+        if tcp { " over TCP" } else { "" }
     );
     if failed > 0 || requests != total {
         exit(1);

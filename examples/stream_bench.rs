@@ -2,8 +2,8 @@
 //! server, and one-way throughput into this program's sink.
 //!
 //! ```text
-//! stream_bench server --bind ADDR:PORT [--exit-after N] [--quiet]
-//! stream_bench client --connect ADDR:PORT --size BYTES --count N [--echo] [--verify]
+//! stream_bench server --bind ADDR:PORT [--exit-after N] [--depth N] [--quiet]
+//! stream_bench client --connect ADDR:PORT --size BYTES --count N [--echo | --copy | --copy-buf BYTES] [--depth N] [--verify]
 //! ```
 //!
 //! `stream_bench server` is a sink: each connection's stream is read to its end (the client's
@@ -14,7 +14,11 @@
 //! to an `aecho server` (a message server: each write is one message, echoed as it came)
 //! instead: `--count` round trips of `--size` bytes, each a write and a read of as many, and
 //! prints the round-trip distribution as the echo clients do (`cargo xtask bench --compare`
-//! reads its `p50`).
+//! reads its `p50`). With `--copy` the same bytes go from an in-memory reader into the stream
+//! through `tokio::io::copy` (whose writes are of its own 8 KiB buffer), with `--copy-buf
+//! BYTES` through `tokio::io::copy_buf` from a `BufReader` of that capacity (writes of that
+//! size): what a tokio program writes without thinking of message sizes, against what one
+//! that does writes (issue 46: the stream coalesces the small writes into messages).
 
 mod common;
 
@@ -28,20 +32,24 @@ use rdma_reactor::{Config, ConnectOptions, Reactor};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const USAGE: &str = "\
-usage: stream_bench server --bind ADDR:PORT [--exit-after N] [--quiet]
-       stream_bench client --connect ADDR:PORT --size BYTES --count N [--echo] [--verify]
+usage: stream_bench server --bind ADDR:PORT [--exit-after N] [--depth N] [--quiet]
+       stream_bench client --connect ADDR:PORT --size BYTES --count N [--echo | --copy | --copy-buf BYTES] [--depth N] [--verify]
 
 Byte streams over RDMA (rdma_reactor::io::Stream), for benchmarks.
 server: a sink; reads each stream to its end and answers with the byte count.
   --bind ADDR:PORT     address of an RDMA device to listen on
   --exit-after N       exit after N connections (default: run until killed)
   --quiet              no per-connection lines
+  --depth N            receives (and sends) kept posted per connection (default: Config's, 64)
 client:
   --connect ADDR:PORT  the server (`stream_bench server`; with --echo an `aecho server`)
   --size BYTES         bytes per write, 1 to 1M (suffixes K, M)
   --count N            writes (with --echo: round trips)
   --echo               round trips against a message echo server: write, then read as many
-  --verify             fill and check a pattern in every byte";
+  --copy               the BYTES x N bytes through tokio::io::copy (writes of 8 KiB) from memory
+  --copy-buf BYTES     ... through tokio::io::copy_buf from a BufReader of BYTES (writes of BYTES)
+  --verify             fill and check a pattern in every byte
+  --depth N            sends (and receives) in flight per connection (default: Config's, 64)";
 
 /// The message size the client asks for: one write of up to 64 KiB is one message.
 const MSG: usize = 64 * 1024;
@@ -51,10 +59,17 @@ fn main() {
     let mut argv = std::env::args().skip(1);
     match argv.next().as_deref() {
         Some("server") => server(Args::parse(argv, &["quiet"], USAGE)),
-        Some("client") => client(Args::parse(argv, &["echo", "verify"], USAGE)),
+        Some("client") => client(Args::parse(argv, &["echo", "copy", "verify"], USAGE)),
         Some("--help") | Some("-h") => println!("{USAGE}"),
         _ => common::fail(USAGE, "the first argument is `server` or `client`"),
     }
+}
+
+/// The configuration at `--depth N` (sends and receives kept posted; `Config`'s when not given).
+fn depths(args: &Args) -> Config {
+    let d = Config::default();
+    let depth = args.get("depth", d.recv_depth).max(3);
+    Config { send_depth: depth, recv_depth: depth, ..d }
 }
 
 fn reactor(cfg: Config) -> Reactor {
@@ -108,11 +123,11 @@ async fn sink(conn: Connection) -> Result<u64, String> {
 }
 
 fn server(args: Args) {
-    args.finish(&["bind", "exit-after", "quiet"]);
+    args.finish(&["bind", "exit-after", "quiet", "depth"]);
     let addr = args.addr("bind");
     let exit_after: u64 = args.get("exit-after", 0);
     let quiet = args.switch("quiet");
-    let mut reactor = reactor(Config::default());
+    let mut reactor = reactor(depths(&args));
     let result = reactor.block_on(async move {
         let listener = Listener::bind(addr)?;
         println!("stream_bench server: listening on {addr}");
@@ -147,8 +162,63 @@ fn server(args: Args) {
 
 // ----- client -------------------------------------------------------------------------------
 
-/// `count` writes of `size` bytes, the shutdown, and the sink's count; returns the bytes sent.
-async fn bulk(dst: SocketAddr, size: usize, count: u64, verify: bool) -> Result<u64, String> {
+/// The bytes a copy reads: `count` units of `size` bytes of the pattern (unit `seq` is the
+/// pattern's message `seq`, what the sink checks), or of a constant block without `verify`.
+struct Source {
+    size: usize,
+    count: u64,
+    verify: bool,
+    /// The unit being read, its number, and how far.
+    unit: Vec<u8>,
+    seq: u64,
+    at: usize,
+}
+
+impl Source {
+    fn new(size: usize, count: u64, verify: bool) -> Source {
+        let mut unit = vec![0u8; size];
+        fill_pattern(&mut unit, 0, if verify { 0 } else { u64::MAX });
+        Source { size, count, verify, unit, seq: 0, at: 0 }
+    }
+}
+
+impl tokio::io::AsyncRead for Source {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        out: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let s = &mut *self;
+        while out.remaining() > 0 && s.seq < s.count {
+            let n = (s.size - s.at).min(out.remaining());
+            out.put_slice(&s.unit[s.at..s.at + n]);
+            s.at += n;
+            if s.at == s.size {
+                s.at = 0;
+                s.seq += 1;
+                if s.verify {
+                    fill_pattern(&mut s.unit, 0, s.seq);
+                }
+            }
+        }
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// How the client writes its bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// `write_all` of `--size` bytes at a time.
+    Writes,
+    /// `tokio::io::copy` (writes of its 8 KiB buffer).
+    Copy,
+    /// `tokio::io::copy_buf` from a `BufReader` of this capacity.
+    CopyBuf(usize),
+}
+
+/// `count` writes of `size` bytes (or as many bytes through a copy), the shutdown, and the
+/// sink's count; returns the bytes sent.
+async fn bulk(dst: SocketAddr, size: usize, count: u64, verify: bool, via: Via) -> Result<u64, String> {
     let opts = ConnectOptions { msg_size: MSG as u32, ..ConnectOptions::default() };
     let conn = Connection::connect(dst, opts).await.map_err(|e| format!("connect: {}", common::report(&e)))?;
     let mut s = Stream::new(conn);
@@ -157,13 +227,25 @@ async fn bulk(dst: SocketAddr, size: usize, count: u64, verify: bool) -> Result<
         head.extend_from_slice(&(size as u64).to_le_bytes());
     }
     s.write_all(&head).await.map_err(|e| format!("the header: {e}"))?;
-    let mut buf = vec![0u8; size];
-    fill_pattern(&mut buf, 0, u64::MAX);
-    for seq in 0..count {
-        if verify {
-            fill_pattern(&mut buf, 0, seq);
+    match via {
+        Via::Writes => {
+            let mut buf = vec![0u8; size];
+            fill_pattern(&mut buf, 0, u64::MAX);
+            for seq in 0..count {
+                if verify {
+                    fill_pattern(&mut buf, 0, seq);
+                }
+                s.write_all(&buf).await.map_err(|e| format!("write {seq}: {e}"))?;
+            }
         }
-        s.write_all(&buf).await.map_err(|e| format!("write {seq}: {e}"))?;
+        Via::Copy => {
+            let mut src = Source::new(size, count, verify);
+            tokio::io::copy(&mut src, &mut s).await.map_err(|e| format!("copy: {e}"))?;
+        }
+        Via::CopyBuf(cap) => {
+            let mut src = tokio::io::BufReader::with_capacity(cap, Source::new(size, count, verify));
+            tokio::io::copy_buf(&mut src, &mut s).await.map_err(|e| format!("copy_buf: {e}"))?;
+        }
     }
     s.shutdown().await.map_err(|e| format!("the shutdown: {e}"))?;
     let mut answer = [0u8; 8];
@@ -209,7 +291,7 @@ async fn echo(dst: SocketAddr, size: usize, count: u64, verify: bool) -> Result<
 }
 
 fn client(args: Args) {
-    args.finish(&["connect", "size", "count", "echo", "verify"]);
+    args.finish(&["connect", "size", "count", "echo", "copy", "copy-buf", "verify", "depth"]);
     let dst = args.addr("connect");
     let size = args.size("size", 0);
     if !(1..=1024 * 1024).contains(&size) {
@@ -239,12 +321,23 @@ fn client(args: Args) {
         }
         return;
     }
-    let mut reactor = reactor(Config::default());
-    match reactor.block_on(bulk(dst, size, count, verify)) {
+    let via = match (args.switch("copy"), args.given("copy-buf")) {
+        (false, false) => Via::Writes,
+        (true, false) => Via::Copy,
+        (false, true) => Via::CopyBuf(args.size("copy-buf", 0).max(1)),
+        (true, true) => common::fail(USAGE, "--copy or --copy-buf, not both"),
+    };
+    let mut reactor = reactor(depths(&args));
+    match reactor.block_on(bulk(dst, size, count, verify, via)) {
         Ok(Ok(bytes)) => {
             let secs = start.elapsed().as_secs_f64();
+            let how = match via {
+                Via::Writes => format!("in {count} writes of {size} bytes"),
+                Via::Copy => "through tokio::io::copy (8 KiB writes)".to_string(),
+                Via::CopyBuf(cap) => format!("through tokio::io::copy_buf ({cap}-byte writes)"),
+            };
             println!(
-                "stream_bench client: {bytes} bytes in {count} writes of {size} bytes{}: {:.1} MB/s",
+                "stream_bench client: {bytes} bytes {how}{}: {:.1} MB/s",
                 if verify { ", every byte verified" } else { "" },
                 bytes as f64 / secs / 1e6
             );

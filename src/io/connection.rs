@@ -36,6 +36,7 @@ use slab::Slab;
 
 use super::line::RecvLine;
 use super::listener::ListenState;
+use super::message::{Message, RecvMessage};
 use crate::error::{Error, Result};
 use crate::proto::conn::CloseReason;
 use crate::proto::op::{OpCode, OpError, RemoteAccess};
@@ -90,8 +91,9 @@ pub(super) struct ConnState {
     /// A connect future, or the tasks waiting for the close.
     waiters: Vec<Waker>,
     /// Messages received and not yet taken, and the callers of `recv` in line for them
-    /// (`line.rs`: a woken caller's message is its own).
-    recvs: RecvLine<Buf>,
+    /// (`line.rs`: a woken caller's message is its own), each with its kind
+    /// (`message.rs`: a peer's RDMA WRITE with immediate data is not an empty SEND).
+    recvs: RecvLine<Message>,
     /// Receives posted now, and the most kept posted.
     posted: u32,
     depth: u32,
@@ -267,8 +269,8 @@ impl ConnectionHandler for AsyncConn {
             if c.user_data == RECV {
                 st.posted -= 1;
             }
-            if let (Ok(_), Some(buf)) = (c.result, c.buf) {
-                st.recvs.arrive(buf);
+            if let (Ok(n), Some(buf)) = (c.result, c.buf) {
+                st.recvs.arrive(Message::of(buf, c.remote_write, n));
                 if c.user_data == Completion::SRQ_RECV {
                     // On a shared receive queue the runtime posts a fresh receive for each
                     // message and grants it back at once: beyond its share of unread messages,
@@ -492,6 +494,19 @@ impl Connection {
         Recv { st, place }
     }
 
+    /// The next message with its kind ([`Message`]): as [`recv`](Connection::recv), in the
+    /// same line, but a peer's RDMA WRITE with immediate data
+    /// ([`Op::write_imm`](crate::Op::write_imm)) is told from a SEND: it resolves to
+    /// [`Message::RemoteWrite`] with the bytes written, where `recv` hands out its receive's
+    /// empty buffer, as it would an empty SEND.
+    ///
+    /// # Errors
+    ///
+    /// As [`recv`](Connection::recv).
+    pub fn recv_message(&self) -> RecvMessage {
+        RecvMessage::new(self.recv())
+    }
+
     /// Exposes `buf` to the peer with `access` ([`Conn::expose`]).
     ///
     /// # Errors
@@ -552,6 +567,37 @@ impl Connection {
             let backlog = (c.ctx().config().send_backlog_bytes / chunk).max(1);
             Ok((chunk, slots.min(backlog).max(1)))
         })
+    }
+
+    /// Appends as many of `bytes` as fit to the SEND of operation slot `slot` if it is still
+    /// the connection's last submitted operation and not posted yet ([`Conn::append_send`]);
+    /// returns how many bytes it took (0 also where its reactor is not at hand). A byte
+    /// stream's coalesced writes (`stream.rs`).
+    #[cfg(feature = "tokio")]
+    pub(super) fn append(&self, slot: usize, bytes: &[std::io::IoSlice<'_>]) -> usize {
+        self.with_conn(|c| Ok(c.append_send(slot as u64, bytes))).unwrap_or(0)
+    }
+
+    /// True once the connection has ended (cheaper than [`close_reason`](Connection::close_reason)).
+    #[cfg(feature = "tokio")]
+    pub(super) fn is_closed(&self) -> bool {
+        matches!(self.st().borrow().phase, Phase::Closed(_))
+    }
+
+    /// Runs `fut` as a task of the connection's own reactor: spawned at once where that
+    /// reactor polls, else queued for its next tick (and dropped with it, if it is gone). A
+    /// byte stream's lingering close (`stream.rs`), which may start where a stream is dropped.
+    #[cfg(feature = "tokio")]
+    pub(super) fn spawn_at_home(&self, fut: Pin<Box<dyn Future<Output = ()>>>) {
+        let (home, orphans) = {
+            let st = self.st().borrow();
+            (st.home, st.orphans.clone())
+        };
+        let mut fut = Some(fut);
+        let _ = with_ctx_of(home, |ctx| fut.take().map(|f| ctx.spawn(f)));
+        if let Some(f) = fut {
+            orphans.defer(Box::new(move |ctx| ctx.spawn(f)));
+        }
     }
 
     /// Starts closing the connection without waiting for the end (a byte stream's end, or its
@@ -714,6 +760,12 @@ impl OpFuture {
 
 #[cfg(feature = "tokio")]
 impl OpFuture {
+    /// The slot its completion lands in, while it is submitted and has not resolved: its
+    /// operation's user_data ([`Connection::append`]).
+    pub(super) fn slot(&self) -> Option<usize> {
+        self.slot
+    }
+
     /// Whether the submission went: `None` when it did (the completion comes later), the
     /// failed submission's result otherwise. Submits first when it was made where no reactor
     /// was at hand. Registers no waker: the first `poll` does.
@@ -791,11 +843,21 @@ impl Future for Recv {
     type Output = Result<Buf>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
+        self.poll_message(cx).map(|r| r.map(Message::into_buf))
+    }
+}
+
+impl Recv {
+    /// The next message and its kind ([`Connection::recv_message`]); inlined into `Recv`'s
+    /// poll, whose body it is (a call of its own cost a round trip of the async face about 150
+    /// instructions, issue 46's measurement).
+    #[inline]
+    pub(super) fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<Message>> {
+        let this = self;
         let mut st = this.st.borrow_mut();
         // Polled again after it resolved: a new call, at the end of the line.
         let place = *this.place.get_or_insert_with(|| st.recvs.join());
-        if let Some(buf) = st.recvs.take(place, cx.waker()) {
+        if let Some(msg) = st.recvs.take(place, cx.waker()) {
             this.place = None;
             // A receive to post again (its own queue), or one withheld to release (a shared
             // queue): room again under the peer's credit.
@@ -834,7 +896,7 @@ impl Future for Recv {
                     orphans.defer(Box::new(f));
                 }
             }
-            return Poll::Ready(Ok(buf));
+            return Poll::Ready(Ok(msg));
         }
         if let Phase::Closed(r) = &st.phase {
             // It holds no message, so none is unclaimed: every one that arrived before the

@@ -55,15 +55,19 @@
 //! - `connection.rs`: [`Connection`], its handler and its futures ([`Connect`], [`OpFuture`],
 //!   [`Recv`], [`Close`]).
 //! - `line.rs`: the order `Connection::recv` keeps (pure, unit-tested).
+//! - `message.rs`: [`Message`], what consumed a receive with its kind (a SEND, or the peer's
+//!   RDMA WRITE with immediate data), and [`RecvMessage`], `Connection::recv_message`'s future.
 //! - `listener.rs`: [`Listener`] and [`Accept`].
 //! - `stream.rs` (feature `tokio`): `Stream`, a connection as a byte stream (tokio's
-//!   `AsyncRead` and `AsyncWrite`), over `Connection`'s send and recv.
+//!   `AsyncRead` and `AsyncWrite`), over `Connection`'s send and recv; its owned halves
+//!   (`Stream::into_split`) in `stream/split.rs`, its lingering close in `stream/linger.rs`.
 //! - `time.rs`: [`sleep`], [`sleep_until`] and [`timeout`], on the reactor's own timers.
 //! - `tokio.rs` (feature `tokio`): the tokio driver.
 
 mod connection;
 mod line;
 mod listener;
+mod message;
 #[cfg(feature = "tokio")]
 mod stream;
 mod time;
@@ -73,6 +77,7 @@ pub mod tokio;
 pub use crate::reactor::{spawn, stats, JoinHandle};
 pub use connection::{Close, Connect, Connection, OpFuture, Recv};
 pub use listener::{Accept, Listener};
+pub use message::{Message, RecvMessage};
 #[cfg(feature = "tokio")]
-pub use stream::{kind_of_close, Stream};
+pub use stream::{kind_of_close, OwnedReadHalf, OwnedWriteHalf, ReuniteError, Stream};
 pub use time::{sleep, sleep_until, timeout, Sleep, Timeout};

@@ -1,30 +1,51 @@
 //! [`Stream`]: an established [`Connection`] as a byte stream, tokio's [`AsyncRead`] and
 //! [`AsyncWrite`] (feature `tokio`).
 //!
-//! The stream adds no framing: its bytes are the connection's ordinary messages. A write is
-//! one message of at most the connection's message size, copied into a pool buffer and
-//! submitted; at most `window` sends are in flight, and a write beyond them waits for the
-//! oldest to complete. A read copies out of the message at hand and drops its buffer once
-//! emptied. The end of the write side is an empty message. The decisions that need no device
-//! (which end comes when, the error kinds, how many bytes a write takes) are pure functions
-//! and [`Ends`], unit-tested below.
+//! The stream adds no framing: its bytes are the connection's ordinary messages. A write
+//! copies its bytes into the stream's last message when that one is still waiting to be posted
+//! (`Conn::append_send`: submitted in this tick, or waiting for credits or a send slot), up to
+//! the message size, else into a new message, which it submits at once; at most `window`
+//! messages are in flight, and a write beyond them waits for the oldest to complete. A read
+//! copies out of the message at hand and drops its buffer once emptied. The end of the write
+//! side is an empty message. A dropped stream sends that end after what it accepted and
+//! closes the connection once everything went, or after its linger time (`stream/linger.rs`).
+//! The decisions that need no device (which end comes when, what each call returns once the
+//! connection ended, how many bytes a write takes) are pure functions and [`Ends`],
+//! unit-tested below.
 
+mod linger;
+mod split;
+
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use ::tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::connection::{Close, Connection, OpFuture, Recv};
+pub use split::{OwnedReadHalf, OwnedWriteHalf, ReuniteError};
+
+use super::connection::{Close, Connection, OpFuture};
+use super::message::{Message, RecvMessage};
 use crate::error::Error;
 use crate::proto::conn::CloseReason;
 use crate::proto::op::{OpError, WcStatus};
 use crate::sys::pool::Buf;
 
+/// How long a dropped stream keeps its connection open, at most, to deliver what it accepted
+/// ([`Stream::set_linger`]).
+const DEFAULT_LINGER: Duration = Duration::from_secs(10);
+
+/// The longest linger [`Stream::set_linger`] takes: what a peer that stops granting credit can
+/// make a dropped stream hold is bounded in time whatever the setting.
+const MAX_LINGER: Duration = Duration::from_secs(600);
+
 /// An established [`Connection`] as a byte stream: tokio's [`AsyncRead`] and [`AsyncWrite`]
 /// (feature `tokio`), for code written against them (`tokio::io::copy`, codecs, hyper through
-/// `hyper_util::rt::TokioIo`).
+/// `hyper_util::rt::TokioIo`). It behaves as a `TcpStream` does wherever the two can be
+/// compared (the table below).
 ///
 /// ```no_run
 /// use rdma_reactor::io::{Connection, Stream};
@@ -42,78 +63,123 @@ use crate::sys::pool::Buf;
 /// }
 /// ```
 ///
+/// # Closing, flushing, dropping and errors, beside TCP
+///
+/// What each call returns once something has ended (a read returns the bytes that arrived
+/// before it first). "Its end" is the peer's end-of-stream marker: the empty message a stream
+/// sends when its writing is shut down, or when it is dropped.
+///
+/// | situation | `read` | `write` | `flush` | `shutdown` | `TcpStream` |
+/// |---|---|---|---|---|---|
+/// | the peer shut down its writing (its end came), the connection open | `Ok(0)` | goes on | `Ok` | `Ok` | the same (a FIN) |
+/// | the peer closed: its end came, then its disconnect (a `shutdown` and a drop, or a drop alone) | `Ok(0)` | `BrokenPipe` | `Ok` | `Ok` | the same: `0`, `EPIPE`, `shutdown` is `Ok` |
+/// | the peer vanished: it disconnected without its end (its process killed, a [`set_linger`](Stream::set_linger) of zero, a message-API peer that closed) | `ConnectionReset` | `BrokenPipe` | `Ok` | `Ok` | a reset: `ECONNRESET` on a read |
+/// | the peer stopped answering: its device did not acknowledge (`RetryExcErr`), no credit came for [`Config::credit_timeout`](crate::Config::credit_timeout), a connection-manager deadline | `TimedOut` | `TimedOut` | `TimedOut` | `TimedOut` | `ETIMEDOUT` |
+/// | the connection broke: a work request failed, the peer's request was refused by this side's device | `ConnectionReset` | `ConnectionReset` | `ConnectionReset` | `ConnectionReset` | `ECONNRESET` |
+/// | the peer broke the protocol (sent beyond its credit, a broken frame; into a stream, an RDMA WRITE with immediate data) | `InvalidData` | `InvalidData` | `InvalidData` | `InvalidData` | - |
+/// | this side shut down its writing (`shutdown`) | goes on | `BrokenPipe` | `Ok` | `Ok` | the same |
+/// | this side's reactor shut down or was dropped ([`Reactor::shutdown`](crate::Reactor::shutdown)) | `ConnectionAborted` | `ConnectionAborted` | `ConnectionAborted` | `ConnectionAborted` | `ECONNABORTED` |
+/// | a local failure: the RDMA device removed or failed, the connection's completion queue failed | `ConnectionAborted` | `ConnectionAborted` | `ConnectionAborted` | `ConnectionAborted` | `ECONNABORTED` |
+/// | this side closed the connection through another handle ([`Connection::close`]) | `NotConnected` | `NotConnected` | `NotConnected` | `NotConnected` | `ENOTCONN` |
+/// | the pool at its maximum ([`PoolConfig::max_bytes`](crate::PoolConfig)) | - | `OutOfMemory`, that write only | - | `OutOfMemory` | `ENOBUFS` |
+/// | polled where its reactor does not poll (below) | `Other` | `Other` | `Other` | `Other` | - |
+///
+/// The error's source ([`io::Error::get_ref`]) is the crate's [`Error`]: `Error::Closed` with
+/// the connection's [`CloseReason`] (`Peer`, `Shutdown`, `WorkError(..)`...) wherever the
+/// connection ended, so a program can tell more than the kind; [`kind_of_close`] is the
+/// mapping. Every error of the write side (but the pool's, and a reactor out of reach) is kept:
+/// later writes fail with it.
+///
 /// # Writing
 ///
 /// - A write takes at most one message's worth of its bytes (the connection's message size:
 ///   the smaller of the two sides' stated sizes, the client's
 ///   [`ConnectOptions::msg_size`](crate::ConnectOptions::msg_size) or else
 ///   [`Config::msg_size`](crate::Config::msg_size), 64 KiB by default; a server states at most
-///   that), copies them into a pool buffer and submits the
-///   send; it is ready then, and returns how many it took. Vectored writes gather their slices
-///   into one message.
-/// - At most [`window`](Stream::window) sends are in flight (the queue pair's send slots,
-///   within the receives the peer announced). A write beyond them is pending until the oldest
-///   completes: a reader that stops reading stops granting credits, the sends stop completing,
-///   and the writer waits, with at most `window` buffers of its own in use. Nothing is
-///   buffered beyond that. The buffer of the last completed send is kept for the next write
-///   (no pool round trip per message), so a stream holds one pool buffer of at most its
-///   message size between writes, idle too, until it is dropped.
-/// - `poll_flush` is ready when every submitted send has completed: the peer's device has the
-///   bytes (on iWARP, the local TCP stack).
-/// - `poll_shutdown` closes the write side: it sends an empty message after the data (the
-///   end-of-stream marker) and is ready once everything, the marker included, has completed.
-///   The peer reads the end of the stream and may still write back. Writing after it fails
-///   with [`BrokenPipe`](io::ErrorKind::BrokenPipe).
+///   that) and is ready once they are in a message submitted to the connection, which sends
+///   it without further calls: it never returns `Ok(n)` for bytes it will not send.
+/// - **Writes coalesce.** While the stream's last message has not been posted to the device
+///   (it was submitted in this tick of the reactor, or waits for the peer's credits or a send
+///   slot), a write appends to it, up to the message size; otherwise it starts a message,
+///   which goes at the end of the tick. So `tokio::io::copy`'s 8 KiB writes travel as messages
+///   of the connection's size, while a lone small write goes at once, as it would alone (no
+///   delay, no timer: nothing waits for more bytes).
+/// - At most [`window`](Stream::window) messages are in flight (the queue pair's send slots,
+///   within the receives the peer announced); a write that needs a new message beyond them is
+///   pending until the oldest completes. The buffer of the last completed send is kept for
+///   the next message (no pool round trip per message), so a stream holds one pool buffer of
+///   the message size between writes, idle too, until it is dropped.
+/// - **A reader that stops reading** stops granting credits, and the writer's writes become
+///   pending once the window is full: at most `2 × recv_depth` messages wait at the reader
+///   (its posted receives, [`Config::recv_depth`](crate::Config::recv_depth), refilled while
+///   no more than `recv_depth` are unread) and `window` at the writer, each of up to the
+///   message size. At the defaults (64 KiB messages, `recv_depth` 64, `send_depth` 64, so a
+///   window of 64) that is `(2 × 64 + 64) × 64 KiB` = 12 MiB a direction; smaller
+///   `msg_size`, `recv_depth` or `send_depth` make it smaller. On a shared receive queue
+///   ([`Config::srq`](crate::Config::srq)) the reader's side is about twice its
+///   connection's share of the queue (its unread messages beyond its share withhold their
+///   receives, and the peer's credit dries up), each of up to `SrqConfig::buf_size`.
+/// - `poll_flush` has nothing to push (every accepted byte is already in a submitted message)
+///   and does not wait for the device: it is `Ok` unless the write side failed, as a
+///   `TcpStream`'s flush is once the kernel holds the bytes. So code that flushes after each
+///   response (hyper) does not wait a round trip, and a peer that reads everything and closes
+///   meanwhile does not turn a flush into an error.
+/// - `poll_shutdown` ends the write side: it sends the end marker after the data and is ready
+///   once every message, the marker included, has completed (on InfiniBand and RoCE the
+///   peer's device acknowledged them; on iWARP the local TCP stack took them). It is the call
+///   to await for "everything went". After the peer's close it is `Ok`, as TCP's is.
 ///
 /// # Reading
 ///
 /// A read copies out of the message at hand and, while the caller's buffer has room, out of
 /// the messages that have already arrived; a message's buffer goes back to the pool once read
-/// to its end, and its receive is posted again. The stream reads its end (`Ok` with no
-/// bytes) at the peer's end-of-stream marker, and also when the peer closes the connection
-/// without one (a disconnect with no error: a dropped stream, an echo-style peer);
-/// [`peer_shut_down`](Stream::peer_shut_down) tells the two apart.
+/// to its end, and its receive is posted again. The stream reads its end (`Ok` with no bytes)
+/// at the peer's end-of-stream marker; a connection that ends without it is the peer vanishing
+/// (the table). [`peer_shut_down`](Stream::peer_shut_down) says whether the marker came.
 ///
-/// # The end
+/// # The end, and a dropped stream
 ///
 /// When both sides have shut down (this side's marker completed and the peer's arrived), the
-/// stream closes the connection (the close handshake where the transport needs it). Dropping
-/// the stream closes it too: call `shutdown` (or at least `flush`) first, since a send still
-/// in flight at the close may be lost (flushed) on InfiniBand and RoCE.
+/// stream closes the connection (with the close handshake where the transport needs it).
 ///
-/// # Errors
-///
-/// Every error is an [`io::Error`] whose source is the crate's [`Error`], its kind mapped
-/// from how the connection ended ([`kind_of_close`]): the peer's disconnect is
-/// [`BrokenPipe`](io::ErrorKind::BrokenPipe) for a writer (and the end of the stream for a
-/// reader), a retry or credit timeout [`TimedOut`](io::ErrorKind::TimedOut), a device's
-/// failure or a peer's violation [`ConnectionReset`](io::ErrorKind::ConnectionReset) or
-/// [`ConnectionAborted`](io::ErrorKind::ConnectionAborted), a reactor shut down
-/// `ConnectionAborted`, a closed or not yet connected one
-/// [`NotConnected`](io::ErrorKind::NotConnected); a pool at its maximum is
-/// [`OutOfMemory`](io::ErrorKind::OutOfMemory).
+/// **A dropped stream delivers what it accepted** (a lingering close, as TCP's default close
+/// does): it sends its end marker after the messages still in flight and closes the connection
+/// once all of them completed, or when its linger time ([`set_linger`](Stream::set_linger), 10
+/// s by default) has passed, whichever comes first. The linger is a task of the stream's
+/// reactor (dropped where that reactor is not at hand, at its next tick): the dropping task
+/// does not wait, the reactor goes on, and what the linger holds is bounded, the window's
+/// messages and the marker for at most the linger time. On iWARP, where a send completes once
+/// TCP took it, the close handshake then keeps the disconnect until the peer has the marker.
+/// A reactor that stops running ends the linger: its shutdown closes the connection as any
+/// other (the peer reads `ConnectionReset` if its end had not gone). A linger of zero closes at
+/// once, without the marker (TCP's `SO_LINGER` of zero: the peer sees the close as a reset).
 ///
 /// # Where it may be polled
 ///
 /// Where the rest of the async face may: in a task of the reactor
 /// ([`Reactor::spawn`](crate::Reactor::spawn), [`io::spawn`](crate::io::spawn)), in
-/// [`Reactor::block_on`](crate::Reactor::block_on)'s future, or in the future given to
-/// [`io::tokio::drive`](crate::io::tokio::drive) (and the reactor's tasks under it, which may
-/// use tokio's sockets and timers too: `tokio::io::copy` between a `TcpStream` and a `Stream`
-/// works there). Polled anywhere else (a task spawned on tokio, another thread) every call
-/// fails with an [`Other`](io::ErrorKind::Other) error whose source is [`Error::NoReactor`].
+/// [`Reactor::block_on`](crate::Reactor::block_on)'s future, in the future given to
+/// [`io::tokio::drive`](crate::io::tokio::drive), and in the tasks started inside it, the
+/// reactor's and tokio's (`tokio::task::spawn_local`, which the driver runs: hyper's habit of a
+/// task per connection works there). Polled anywhere else (a task of another runtime or
+/// another `LocalSet`, another thread) every call fails with an [`Other`](io::ErrorKind::Other)
+/// error whose source is [`Error::NoReactor`].
+///
+/// [`into_split`](Stream::into_split) gives owned halves, for a reader and a writer in two
+/// tasks (as `TcpStream`'s; the write half's drop shuts the writing down).
 ///
 /// # The message API on the other side
 ///
 /// The stream's bytes are the connection's ordinary messages: a peer using
 /// [`Connection::recv`] (or a callback handler) sees its bytes in messages of at most its own
-/// message size, cut where the writes were cut (no framing to parse), and an empty message at
-/// the shutdown; a peer's messages are read by the stream as consecutive bytes, and an empty
-/// message ends the stream. So a stream interoperates with the `echo` and `aecho` examples'
-/// servers: they echo its messages as they came, the empty marker included, and the stream
-/// reads its bytes back, then its own marker as the end (`tests/stream.rs`). A message
+/// message size, cut wherever the stream cut them (no framing to parse), and an empty message
+/// at the shutdown; a peer's messages are read by the stream as consecutive bytes, and an
+/// empty message ends the stream. So a stream interoperates with the `echo` and `aecho`
+/// examples' servers: they echo its messages as they came, the empty marker included, and the
+/// stream reads its bytes back, then its own marker as the end (`tests/stream.rs`). A message
 /// protocol that gives an empty message another meaning cannot share a connection with a
-/// stream.
+/// stream. A peer's RDMA WRITE with immediate data carries no stream bytes: the stream's
+/// reads fail with `InvalidData` from there on.
 ///
 /// The stream owns the connection's receives: do not call [`Connection::recv`] on a clone
 /// while a stream reads (each would take some of the other's messages).
@@ -121,24 +187,28 @@ pub struct Stream {
     conn: Connection,
     /// Set at the first write: the largest message, and the most sends in flight.
     limits: Option<(usize, usize)>,
-    /// The sends in flight, oldest first (the end-of-stream marker among them).
-    sends: std::collections::VecDeque<OpFuture>,
-    /// The buffer of the last send that completed, for the next write (no pool round trip per
-    /// message); with the sends in flight, never more than `window` buffers.
+    /// The messages in flight, oldest first (the end-of-stream marker among them, last).
+    sends: VecDeque<OpFuture>,
+    /// The buffer of the last send that completed, for the next message (no pool round trip
+    /// per message); with the sends in flight, never more than `window` buffers.
     spare: Option<Buf>,
-    /// The first error of the write side (a failed send): every later write and flush fails
-    /// with it.
-    write_err: Option<(io::ErrorKind, Error)>,
-    /// A send failed (a flush, a cancel) before the connection's end was known: its end, whose
-    /// reason becomes the write side's error.
+    /// The first failure of the write side: every later write fails with it.
+    write_err: Option<Failure>,
+    /// A send failed, or a submission was refused, before the connection's end was known: its
+    /// end, whose reason becomes the write side's failure.
     why: Option<Close>,
-    /// The receive waited for, in the connection's line.
-    recv: Option<Recv>,
+    /// The message waited for, in the connection's line.
+    recv: Option<RecvMessage>,
     /// The message being read, and how far.
     cur: Option<(Buf, usize)>,
-    /// An error of the read side, reported after the bytes read before it.
-    read_err: Option<(io::ErrorKind, Error)>,
+    /// The failure of the read side, reported after the bytes read before it.
+    read_err: Option<Failure>,
     ends: Ends,
+    /// The bytes of the last data message submitted, as far as this stream knows (its appends
+    /// count): a full one is not offered more.
+    last_len: usize,
+    /// How long a dropped stream lingers at most.
+    linger: Duration,
 }
 
 impl std::fmt::Debug for Stream {
@@ -157,11 +227,11 @@ impl std::fmt::Debug for Stream {
 pub(crate) struct Ends {
     /// This side's write end.
     pub(crate) write: WriteEnd,
-    /// The peer's end arrived (its marker, or its disconnect).
+    /// The peer's end arrived (its marker), or the read side ended otherwise.
     pub(crate) read_done: bool,
     /// The peer's end was its marker.
     pub(crate) marked: bool,
-    /// The stream started the connection's close.
+    /// The stream started the connection's close (or its lingering close).
     pub(crate) closing: bool,
 }
 
@@ -173,7 +243,7 @@ pub(crate) enum WriteEnd {
     Open,
     /// The end-of-stream marker is submitted, not yet completed.
     Marked,
-    /// The marker completed (after every send before it).
+    /// The marker completed (after every send before it), or the write side ended otherwise.
     Shut,
 }
 
@@ -187,19 +257,36 @@ impl Ends {
     }
 }
 
-/// How many bytes one write takes of `lens` (a vectored write's slices): at most `max`, the
-/// message size.
-pub(crate) fn take(lens: impl IntoIterator<Item = usize>, max: usize) -> usize {
-    lens.into_iter().fold(0usize, |n, l| n.saturating_add(l)).min(max)
+/// One of the stream's calls, as the table in [`Stream`]'s docs names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Call {
+    Read,
+    Write,
+    Flush,
+    Shutdown,
 }
 
-/// The [`io::ErrorKind`] of a connection that ended with `reason`, for a `writer` (a reader
-/// gets the end of the stream for a clean close instead).
+/// What `call` returns once the connection ended with `reason` (a read, after the bytes that
+/// arrived first, and only when the peer's end marker did not come): `None` for `Ok`. Pure:
+/// the table in [`Stream`]'s docs.
+pub(crate) fn outcome(reason: &CloseReason, call: Call) -> Option<io::ErrorKind> {
+    match (reason, call) {
+        // The peer closed (or vanished): TCP's flush and shutdown are `Ok` then.
+        (CloseReason::Peer, Call::Flush | Call::Shutdown) => None,
+        (r, Call::Read) => Some(kind_of_close(r, false)),
+        (r, _) => Some(kind_of_close(r, true)),
+    }
+}
+
+/// The [`io::ErrorKind`] of a connection that ended with `reason`, for a `writer` (a write, a
+/// flush or a shutdown) or a reader (`false`). A reader that got the peer's end-of-stream
+/// marker reads the end of the stream instead; one that did not reads a disconnect by the
+/// peer as `ConnectionReset`, as TCP reads a reset. The table in [`Stream`]'s docs.
 pub fn kind_of_close(reason: &CloseReason, writer: bool) -> io::ErrorKind {
     use io::ErrorKind as K;
     match reason {
         CloseReason::Peer if writer => K::BrokenPipe,
-        CloseReason::Peer => K::UnexpectedEof,
+        CloseReason::Peer => K::ConnectionReset,
         CloseReason::Local => K::NotConnected,
         CloseReason::Shutdown | CloseReason::DeviceRemoval => K::ConnectionAborted,
         CloseReason::AsyncEvent(_) | CloseReason::CqFailed { .. } => K::ConnectionAborted,
@@ -213,29 +300,46 @@ pub fn kind_of_close(reason: &CloseReason, writer: bool) -> io::ErrorKind {
     }
 }
 
-/// The kind of one of the crate's errors as the stream reports it (`writer`: on the write
-/// side); a failed operation takes the connection's close reason when it has one.
-fn kind_of(e: &Error, close: Option<&CloseReason>, writer: bool) -> io::ErrorKind {
+/// The kind of one of the crate's errors that is not the connection's end (a call refused
+/// while the connection lives): the pool's, a size, the reactor's reach.
+fn kind_of(e: &Error) -> io::ErrorKind {
     use io::ErrorKind as K;
-    match (e, close) {
-        (Error::Closed(r), _) | (Error::Operation(_), Some(r)) => kind_of_close(r, writer),
-        (Error::Operation(OpError::Wc(WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr)), None) => K::TimedOut,
-        (Error::Operation(OpError::Cancelled), None) => K::NotConnected,
-        (Error::Operation(_), None) => K::ConnectionReset,
-        (Error::NotConnected(_) | Error::StaleToken(_), _) => K::NotConnected,
-        (Error::PoolExhausted { .. } | Error::Memlock { .. }, _) => K::OutOfMemory,
-        (Error::TooLarge { .. } | Error::Config(_), _) => K::InvalidInput,
-        (Error::Elapsed(_), _) => K::TimedOut,
-        (Error::Unsupported(_), _) => K::Unsupported,
+    match e {
+        Error::PoolExhausted { .. } | Error::OverBudget { .. } | Error::Memlock { .. } => K::OutOfMemory,
+        Error::TooLarge { .. } | Error::Config(_) | Error::Limit { .. } => K::InvalidInput,
+        Error::Operation(OpError::Wc(WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr)) => K::TimedOut,
+        Error::Operation(_) => K::ConnectionReset,
+        Error::NotConnected(_) | Error::StaleToken(_) => K::NotConnected,
+        Error::Elapsed(_) => K::TimedOut,
+        Error::Unsupported(_) => K::Unsupported,
         _ => K::Other,
     }
 }
 
-fn io_err((kind, e): &(io::ErrorKind, Error)) -> io::Error {
-    io::Error::new(*kind, copy(e))
+/// A failure of one side of the stream: its kind and the crate's error, and whether it came
+/// of the peer's close (`CloseReason::Peer`: `flush` and `shutdown` are `Ok` then).
+#[derive(Debug)]
+struct Failure {
+    kind: io::ErrorKind,
+    err: Error,
+    peer: bool,
 }
 
-/// A copy of a sticky error, for each `io::Error` made of it (the crate's `Error` is not
+impl Failure {
+    /// The failure of `call` (a read or a write) on a connection that ended with `reason`;
+    /// `peer` when `flush` and `shutdown` are `Ok` then.
+    fn closed(reason: CloseReason, call: Call) -> Failure {
+        let kind = outcome(&reason, call).unwrap_or(io::ErrorKind::Other);
+        let peer = outcome(&reason, Call::Shutdown).is_none();
+        Failure { kind, err: Error::Closed(reason), peer }
+    }
+
+    fn io(&self) -> io::Error {
+        io::Error::new(self.kind, copy(&self.err))
+    }
+}
+
+/// A copy of a kept error, for each `io::Error` made of it (the crate's `Error` is not
 /// `Clone`: it can hold an `io::Error`): the same variant and words where it can, else its
 /// text.
 fn copy(e: &Error) -> Error {
@@ -244,7 +348,9 @@ fn copy(e: &Error) -> Error {
         Error::Operation(o) => Error::Operation(*o),
         Error::NoReactor => Error::NoReactor,
         Error::PoolExhausted { max_bytes } => Error::PoolExhausted { max_bytes: *max_bytes },
+        Error::OverBudget { held, reserved, limit } => Error::OverBudget { held: *held, reserved: *reserved, limit },
         Error::NotConnected(s) => Error::NotConnected(s.clone()),
+        Error::Unsupported(s) => Error::Unsupported(s.clone()),
         other => Error::NotConnected(other.to_string()),
     }
 }
@@ -255,15 +361,23 @@ fn no_reactor(conn: &Connection) -> Option<io::Error> {
     conn.unreachable().map(io::Error::other)
 }
 
+/// The write side's error after the stream's own shutdown.
+fn shut_down() -> io::Error {
+    let e =
+        Error::NotConnected("this stream's writing was shut down (poll_shutdown): nothing more can be written".into());
+    io::Error::new(io::ErrorKind::BrokenPipe, e)
+}
+
 impl Stream {
     /// The byte stream over `conn`, an established connection (from
     /// [`Connection::connect`] or [`Listener::accept`](crate::io::Listener::accept)). The
-    /// stream takes over its receives; dropping the stream closes the connection.
+    /// stream takes over its receives; dropping the stream closes the connection (once what
+    /// it accepted went: the lingering close).
     pub fn new(conn: Connection) -> Stream {
         Stream {
             conn,
             limits: None,
-            sends: std::collections::VecDeque::new(),
+            sends: VecDeque::new(),
             spare: None,
             write_err: None,
             why: None,
@@ -271,6 +385,8 @@ impl Stream {
             cur: None,
             read_err: None,
             ends: Ends::default(),
+            last_len: 0,
+            linger: DEFAULT_LINGER,
         }
     }
 
@@ -279,38 +395,50 @@ impl Stream {
         &self.conn
     }
 
-    /// Sends submitted and not yet completed (at most [`window`](Stream::window)).
+    /// Messages submitted and not yet completed (at most [`window`](Stream::window), and
+    /// the end marker).
     pub fn in_flight(&self) -> usize {
         self.sends.len()
     }
 
-    /// The most sends the stream keeps in flight, once known (at the first write); `None`
+    /// The most messages the stream keeps in flight, once known (at the first write); `None`
     /// before.
     pub fn window(&self) -> Option<usize> {
         self.limits.map(|(_, w)| w)
     }
 
-    /// The largest message a write sends, once known (at the first write).
+    /// The largest message the stream sends, once known (at the first write).
     pub fn max_message(&self) -> Option<usize> {
         self.limits.map(|(m, _)| m)
     }
 
-    /// True once the peer's end-of-stream marker arrived: its writer shut down. A stream that
-    /// reads its end without it was ended by the peer's disconnect.
+    /// True once the peer's end-of-stream marker arrived: its writing shut down, cleanly. A
+    /// stream whose reads failed with `ConnectionReset` instead saw its peer vanish.
     pub fn peer_shut_down(&self) -> bool {
         self.ends.marked
     }
 
-    /// The error of a failed operation or call, with its kind; sticky on the write side.
-    fn fail(&self, e: Error, writer: bool) -> (io::ErrorKind, Error) {
-        let close = self.conn.close_reason();
-        let kind = kind_of(&e, close.as_ref(), writer);
-        // A failed send of a closed connection says why it closed.
-        let e = match (e, close) {
-            (Error::Operation(_), Some(r)) => Error::Closed(r),
-            (e, _) => e,
-        };
-        (kind, e)
+    /// Sets how long a dropped stream keeps its connection open, at most, to deliver what it
+    /// accepted (10 s by default, 10 minutes at most: a longer time is taken as that): the
+    /// lingering close (the type's docs). Zero closes at once when the stream is dropped,
+    /// without the end marker, losing what is still in flight (TCP's `SO_LINGER` of zero); the
+    /// peer reads that as a reset (`ConnectionReset`).
+    pub fn set_linger(&mut self, linger: Duration) {
+        self.linger = linger.min(MAX_LINGER);
+    }
+
+    /// How long a dropped stream lingers at most ([`set_linger`](Stream::set_linger)).
+    pub fn linger(&self) -> Duration {
+        self.linger
+    }
+
+    /// Splits the stream into a reader and a writer that two tasks can own, as
+    /// `TcpStream::into_split` does: the halves share the stream (on the reactor's thread, no
+    /// lock), [`OwnedReadHalf::reunite`] puts it back together, and dropping the write half
+    /// shuts the writing down (the end marker goes, once its reactor is at hand). The stream
+    /// ends, as a dropped stream does, when both halves are dropped.
+    pub fn into_split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
+        split::split(self)
     }
 
     /// Closes the connection once both sides have shut down.
@@ -320,38 +448,57 @@ impl Stream {
         }
     }
 
+    /// What an error of a write-side call means: the connection's end when it has ended (kept
+    /// as the write side's failure); `None` while it is ending and its reason is not known
+    /// yet (waited for in `why`, whose poll registers `cx`); else the error itself, kept or
+    /// not (a full pool, or a reactor out of reach, is this call's alone).
+    fn settle(&mut self, e: Error, cx: &mut Context<'_>) -> Option<io::Error> {
+        if let Some(r) = self.conn.close_reason() {
+            let f = Failure::closed(r, Call::Write);
+            let err = f.io();
+            self.write_err.get_or_insert(f);
+            return Some(err);
+        }
+        match e {
+            // The queue pair failed, or the connection is closing: its reason says why.
+            Error::Operation(_) | Error::NotConnected(_) | Error::StaleToken(_) | Error::Closed(_) => {
+                if self.why.is_none() {
+                    self.why = Some(self.conn.closed());
+                }
+                self.poll_why(cx);
+                self.write_err.as_ref().map(Failure::io)
+            }
+            e => Some(io::Error::new(kind_of(&e), e)),
+        }
+    }
+
+    /// Learns the connection's end once a failure said it comes.
+    fn poll_why(&mut self, cx: &mut Context<'_>) {
+        if let Some(why) = &mut self.why {
+            if let Poll::Ready(r) = Pin::new(why).poll(cx) {
+                self.why = None;
+                self.write_err.get_or_insert(Failure::closed(r, Call::Write));
+            }
+        }
+    }
+
     /// Takes the completed sends, oldest first, up to the first still in flight (whose waker
     /// is then `cx`'s). The first failure is kept.
     fn reap(&mut self, cx: &mut Context<'_>) {
         while let Some(front) = self.sends.front_mut() {
-            match Pin::new(front).poll(cx) {
-                Poll::Pending => return,
-                Poll::Ready((res, buf)) => {
-                    self.sends.pop_front();
-                    match res {
-                        Ok(_) => {
-                            // Kept for the next write; any other goes back to the pool here.
-                            if self.spare.is_none() {
-                                self.spare = buf;
-                            }
-                        }
-                        Err(_) if self.write_err.is_some() || self.why.is_some() => {}
-                        Err(Error::Operation(_)) if self.conn.close_reason().is_none() => {
-                            // The queue pair is in error and the connection closing: its
-                            // reason (the peer's disconnect, a retry timeout...) says more.
-                            self.why = Some(self.conn.closed());
-                        }
-                        Err(e) => self.write_err = Some(self.fail(e, true)),
-                    }
+            let Poll::Ready((res, buf)) = Pin::new(front).poll(cx) else { break };
+            self.sends.pop_front();
+            match res {
+                // Kept for the next message; any other goes back to the pool here.
+                Ok(_) if self.spare.is_none() => self.spare = buf,
+                Ok(_) => {}
+                Err(_) if self.write_err.is_some() || self.why.is_some() => {}
+                Err(e) => {
+                    let _ = self.settle(e, cx);
                 }
             }
         }
-        if let Some(why) = &mut self.why {
-            if let Poll::Ready(r) = Pin::new(why).poll(cx) {
-                self.why = None;
-                self.write_err = Some((kind_of_close(&r, true), Error::Closed(r)));
-            }
-        }
+        self.poll_why(cx);
         let settled = self.write_err.is_none() && self.why.is_none();
         if self.ends.write == WriteEnd::Marked && self.sends.is_empty() && settled {
             self.ends.write = WriteEnd::Shut;
@@ -359,126 +506,187 @@ impl Stream {
         }
     }
 
-    /// Submits one message of `len` bytes gathered from `bufs`.
-    fn submit(&mut self, bufs: &[io::IoSlice<'_>], len: usize, cx: &mut Context<'_>) -> io::Result<()> {
-        let mut buf = match self.spare.take() {
-            // The last completed send's buffer: it held this connection's bytes only, and
-            // every byte of the new message is written below.
-            Some(mut b) if b.capacity() >= len => {
-                b.set_len(len).map_err(|e| io_err(&self.fail(e, true)))?;
-                b
-            }
-            _ => self.conn.alloc(len).map_err(|e| io_err(&self.fail(e, true)))?,
-        };
-        if let Some(one) = bufs.iter().find(|b| !b.is_empty()) {
-            if one.len() >= len {
-                // The usual case: one slice, copied once.
-                buf.fill_from(&one[..len]).map_err(|e| io_err(&self.fail(e, true)))?;
-            } else {
-                let out = buf.as_mut_slice();
-                let mut at = 0;
-                for b in bufs {
-                    let n = b.len().min(len - at);
-                    out[at..at + n].copy_from_slice(&b[..n]);
-                    at += n;
-                    if at == len {
-                        break;
-                    }
-                }
-            }
-        }
-        let mut send = self.conn.send(buf);
-        // A refused submission fails this write (none of its bytes went). No waker yet: the
-        // oldest send is polled (and so wakes this task) before any write or flush waits.
-        match send.refused(cx.waker()) {
-            None => {
-                self.sends.push_back(send);
-                Ok(())
-            }
-            Some((Ok(_), _)) => Ok(()),
-            Some((Err(e), _)) => {
-                let f = self.fail(e, true);
-                let err = io_err(&f);
-                self.write_err = Some(f);
-                Err(err)
-            }
-        }
-    }
-
+    /// Ready to take bytes: the failure or the reach of the write side checked, the sends that
+    /// completed taken, the limits known. Pending while a failure's reason is awaited.
     fn write_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let Some(e) = no_reactor(&self.conn) {
-            return Poll::Ready(Err(e));
-        }
-        if self.limits.is_none() {
-            match self.conn.stream_limits() {
-                Ok(l) => self.limits = Some(l),
-                Err(e) => return Poll::Ready(Err(io_err(&self.fail(e, true)))),
-            }
-        }
         self.reap(cx);
-        if let Some(e) = &self.write_err {
-            return Poll::Ready(Err(io_err(e)));
+        if let Some(f) = &self.write_err {
+            return Poll::Ready(Err(f.io()));
         }
         if self.why.is_some() {
             // Woken by the connection's end.
             return Poll::Pending;
         }
-        let window = self.limits.map_or(1, |(_, w)| w);
+        if let Some(e) = no_reactor(&self.conn) {
+            // Out of its reactor's reach: unless the connection has ended (its reactor shut
+            // down, say), whose end is then the answer. (A connection that ended otherwise
+            // says so when a submission is refused.)
+            return Poll::Ready(Err(self.settle(Error::NoReactor, cx).unwrap_or(e)));
+        }
+        if self.limits.is_none() {
+            match self.conn.stream_limits() {
+                Ok(l) => self.limits = Some(l),
+                Err(e) => {
+                    return match self.settle(e, cx) {
+                        Some(err) => Poll::Ready(Err(err)),
+                        None => Poll::Pending,
+                    }
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Submits `buf` as the next message; pending when the connection turned out to be
+    /// ending (the bytes are not taken).
+    fn push_send(&mut self, buf: Buf, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut send = self.conn.send(buf);
+        // A refused submission fails this call (none of its bytes went). No waker yet: the
+        // oldest send is polled (and so wakes this task) before any call waits.
+        match send.refused(cx.waker()) {
+            None => {
+                self.sends.push_back(send);
+                Poll::Ready(Ok(()))
+            }
+            Some((Ok(_), _)) => Poll::Ready(Ok(())),
+            Some((Err(e), buf)) => {
+                if self.spare.is_none() {
+                    self.spare = buf;
+                }
+                match self.settle(e, cx) {
+                    Some(err) => Poll::Ready(Err(err)),
+                    None => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    /// An empty buffer of at least `cap` bytes for a new message: the spare one, or the pool's.
+    fn message_buf(&mut self, cap: usize, cx: &mut Context<'_>) -> Poll<io::Result<Buf>> {
+        let mut buf = match self.spare.take() {
+            // The last completed send's buffer: it held this connection's bytes only, and
+            // the new message's bytes are written over it from its start.
+            Some(b) if b.capacity() >= cap => b,
+            _ => match self.conn.alloc(cap) {
+                Ok(b) => b,
+                Err(e) => {
+                    return match self.settle(e, cx) {
+                        Some(err) => Poll::Ready(Err(err)),
+                        None => Poll::Pending,
+                    }
+                }
+            },
+        };
+        let _ = buf.set_len(0);
+        Poll::Ready(Ok(buf))
+    }
+
+    fn write_vectored(&mut self, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        if self.ends.write != WriteEnd::Open {
+            return Poll::Ready(Err(shut_down()));
+        }
+        let total = bufs.iter().fold(0usize, |n, b| n.saturating_add(b.len()));
+        if total == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        ready!(self.write_ready(cx))?;
+        let (max, window) = self.limits.unwrap_or((1, 1));
+        // The last message has room and may still wait to be posted: the bytes join it if it
+        // does (`Conn::append_send`). Not asked of a full one (a writer of whole messages).
+        if self.last_len < max {
+            if let Some(slot) = self.sends.back().and_then(OpFuture::slot) {
+                let n = self.conn.append(slot, bufs);
+                if n > 0 {
+                    self.last_len += n;
+                    return Poll::Ready(Ok(n));
+                }
+            }
+        }
         if self.sends.len() >= window {
             // The oldest send's completion wakes this task.
+            return Poll::Pending;
+        }
+        // Of the message size, so the next writes can join it.
+        let mut buf = ready!(self.message_buf(max, cx))?;
+        let len = take(bufs.iter().map(|b| b.len()), max);
+        let mut left = len;
+        for b in bufs {
+            if left == 0 {
+                break;
+            }
+            left -= buf.append(&b[..b.len().min(left)]);
+        }
+        ready!(self.push_send(buf, cx))?;
+        self.last_len = len;
+        Poll::Ready(Ok(len))
+    }
+
+    fn flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.reap(cx);
+        if let Some(f) = &self.write_err {
+            return Poll::Ready(if f.peer { Ok(()) } else { Err(f.io()) });
+        }
+        if self.why.is_some() {
+            return Poll::Pending;
+        }
+        if let Some(r) = self.conn.close_reason() {
+            return Poll::Ready(match outcome(&r, Call::Flush) {
+                None => Ok(()),
+                Some(kind) => Err(io::Error::new(kind, Error::Closed(r))),
+            });
+        }
+        if let Some(e) = no_reactor(&self.conn) {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.ends.write == WriteEnd::Open {
+            match self.start_shutdown(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => {
+                    return Poll::Ready(if self.write_err.as_ref().is_some_and(|f| f.peer) {
+                        // After the peer's close: TCP's shutdown is `Ok` then.
+                        self.ends.write = WriteEnd::Shut;
+                        Ok(())
+                    } else {
+                        Err(e)
+                    });
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        self.reap(cx);
+        if let Some(f) = &self.write_err {
+            return Poll::Ready(if f.peer { Ok(()) } else { Err(f.io()) });
+        }
+        if self.why.is_some() || !self.sends.is_empty() {
             return Poll::Pending;
         }
         Poll::Ready(Ok(()))
     }
 
-    fn write_vectored(&mut self, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        if self.ends.write != WriteEnd::Open {
-            let e = Error::NotConnected("the stream's write side was shut down".into());
-            return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, e)));
+    /// Submits the end-of-stream marker, an empty message after the data.
+    fn start_shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.write_ready(cx))?;
+        let window = self.limits.map_or(1, |(_, w)| w);
+        if self.sends.len() >= window {
+            return Poll::Pending;
         }
-        if bufs.iter().all(|b| b.is_empty()) {
-            return Poll::Ready(Ok(0));
-        }
-        match self.write_ready(cx) {
-            Poll::Ready(Ok(())) => {}
-            other => return other.map(|r| r.map(|()| 0)),
-        }
-        let max = self.limits.map_or(1, |(m, _)| m);
-        let len = take(bufs.iter().map(|b| b.len()), max);
-        Poll::Ready(self.submit(bufs, len, cx).map(|()| len))
-    }
-
-    fn shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.ends.write == WriteEnd::Open {
-            match self.write_ready(cx) {
-                Poll::Ready(Ok(())) => {}
-                other => return other,
-            }
-            // The end-of-stream marker: an empty message after the data.
-            self.submit(&[], 0, cx)?;
-            self.ends.write = WriteEnd::Marked;
-        }
-        self.flush(cx)
-    }
-
-    fn flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let Some(e) = no_reactor(&self.conn) {
-            return Poll::Ready(Err(e));
-        }
-        self.reap(cx);
-        if let Some(e) = &self.write_err {
-            return Poll::Ready(Err(io_err(e)));
-        }
-        if self.sends.is_empty() && self.why.is_none() {
-            Poll::Ready(Ok(()))
-        } else {
-            Poll::Pending
-        }
+        let buf = ready!(self.message_buf(0, cx))?;
+        ready!(self.push_send(buf, cx))?;
+        self.ends.write = WriteEnd::Marked;
+        Poll::Ready(Ok(()))
     }
 
     fn read(&mut self, cx: &mut Context<'_>, out: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         if let Some(e) = no_reactor(&self.conn) {
-            return Poll::Ready(Err(e));
+            // Out of its reactor's reach: the messages that arrived before the connection
+            // ended are still read, then its end (its reactor shut down, say).
+            if !self.conn.is_closed() {
+                return Poll::Ready(Err(e));
+            }
         }
         let start = out.filled().len();
         loop {
@@ -505,37 +713,54 @@ impl Stream {
             if self.ends.read_done {
                 return Poll::Ready(Ok(()));
             }
-            if let Some(e) = &self.read_err {
+            if let Some(f) = &self.read_err {
                 if progressed {
                     return Poll::Ready(Ok(()));
                 }
-                return Poll::Ready(Err(io_err(e)));
+                return Poll::Ready(Err(f.io()));
             }
             let conn = &self.conn;
-            let recv = self.recv.get_or_insert_with(|| conn.recv());
+            let recv = self.recv.get_or_insert_with(|| conn.recv_message());
             match Pin::new(recv).poll(cx) {
                 Poll::Pending if progressed => return Poll::Ready(Ok(())),
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(got) => {
                     self.recv = None;
                     match got {
-                        Ok(buf) if buf.is_empty() => {
+                        Ok(Message::Send(buf)) if buf.is_empty() => {
                             // The peer's end-of-stream marker.
                             self.ends.read_done = true;
                             self.ends.marked = true;
+                            if self.ends.write == WriteEnd::Marked {
+                                // Our marker may have completed with no writer to see it (an
+                                // owned write half dropped): `reap` closes then.
+                                self.reap(cx);
+                            }
                             self.maybe_close();
                         }
-                        Ok(buf) => self.cur = Some((buf, 0)),
-                        Err(Error::Closed(r)) if r.is_clean() => {
-                            // The peer's disconnect (or this side's close): the end.
-                            self.ends.read_done = true;
+                        Ok(Message::Send(buf)) => self.cur = Some((buf, 0)),
+                        Ok(Message::RemoteWrite { len, .. }) => {
+                            let what = format!(
+                                "the peer wrote {len} bytes with an RDMA WRITE with immediate data, which a byte \
+                                 stream does not carry (its bytes are the peer's SENDs): the peer does not speak \
+                                 the stream"
+                            );
+                            let err = Error::Unsupported(what);
+                            self.read_err = Some(Failure { kind: io::ErrorKind::InvalidData, err, peer: false });
                         }
-                        Err(e) => self.read_err = Some(self.fail(e, false)),
+                        Err(Error::Closed(r)) => self.read_err = Some(Failure::closed(r, Call::Read)),
+                        Err(e) => self.read_err = Some(Failure { kind: kind_of(&e), err: e, peer: false }),
                     }
                 }
             }
         }
     }
+}
+
+/// How many bytes one write takes of `lens` (a vectored write's slices): at most `max`, the
+/// message size.
+pub(crate) fn take(lens: impl IntoIterator<Item = usize>, max: usize) -> usize {
+    lens.into_iter().fold(0usize, |n, l| n.saturating_add(l)).min(max)
 }
 
 impl AsyncRead for Stream {
@@ -572,10 +797,23 @@ impl AsyncWrite for Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if !self.ends.closing {
-            self.ends.closing = true;
-            self.conn.start_close();
+        if self.ends.closing {
+            return;
         }
+        self.ends.closing = true;
+        let sends = std::mem::take(&mut self.sends);
+        // The end marker goes unless the writing was shut down already or failed.
+        let marker = self.ends.write == WriteEnd::Open && self.write_err.is_none() && self.why.is_none();
+        let abort = self.linger.is_zero() || self.conn.is_closed() || self.write_err.is_some();
+        if abort || (sends.is_empty() && !marker) {
+            // Nothing to deliver, or no delivery asked: closed at once (what is in flight is
+            // flushed on InfiniBand and RoCE).
+            self.conn.start_close();
+            return;
+        }
+        let marker = marker.then(|| self.spare.take());
+        let task = linger::linger(self.conn.clone(), sends, marker, self.linger);
+        self.conn.spawn_at_home(Box::pin(task));
     }
 }
 
@@ -606,31 +844,55 @@ mod tests {
         assert_eq!(take([usize::MAX, 1], 65536), 65536);
     }
 
+    /// The table of `Stream`'s docs (issue 46), row by row: one kind per situation, TCP's
+    /// where TCP has one.
     #[test]
-    fn close_reasons_map_to_io_error_kinds() {
+    fn each_situation_ends_each_call_as_the_table_says() {
         use io::ErrorKind as K;
+        use Call::*;
+        let rows: [(CloseReason, [Option<K>; 4]); 9] = [
+            // The peer closed (after its end: a reader read `Ok(0)` already) or vanished.
+            (CloseReason::Peer, [Some(K::ConnectionReset), Some(K::BrokenPipe), None, None]),
+            (CloseReason::WorkError(WcStatus::RetryExcErr), [Some(K::TimedOut); 4]),
+            (CloseReason::Stalled(Duration::from_secs(1)), [Some(K::TimedOut); 4]),
+            (CloseReason::WorkError(WcStatus::RemAccessErr), [Some(K::ConnectionReset); 4]),
+            (CloseReason::PeerViolation, [Some(K::ConnectionReset); 4]),
+            (CloseReason::Protocol("beyond its credit".into()), [Some(K::InvalidData); 4]),
+            (CloseReason::Shutdown, [Some(K::ConnectionAborted); 4]),
+            (CloseReason::DeviceRemoval, [Some(K::ConnectionAborted); 4]),
+            (CloseReason::Local, [Some(K::NotConnected); 4]),
+        ];
+        for (reason, kinds) in rows {
+            for (call, kind) in [Read, Write, Flush, Shutdown].into_iter().zip(kinds) {
+                assert_eq!(outcome(&reason, call), kind, "{reason:?} {call:?}");
+            }
+        }
         assert_eq!(kind_of_close(&CloseReason::Peer, true), K::BrokenPipe);
-        assert_eq!(kind_of_close(&CloseReason::Local, true), K::NotConnected);
-        assert_eq!(kind_of_close(&CloseReason::WorkError(WcStatus::RetryExcErr), true), K::TimedOut);
-        assert_eq!(kind_of_close(&CloseReason::WorkError(WcStatus::WrFlushErr), false), K::ConnectionReset);
-        assert_eq!(kind_of_close(&CloseReason::Stalled(std::time::Duration::from_secs(1)), true), K::TimedOut);
-        assert_eq!(kind_of_close(&CloseReason::Shutdown, false), K::ConnectionAborted);
-        assert_eq!(kind_of_close(&CloseReason::Protocol("x".into()), false), K::InvalidData);
-        // A failed send of a closed connection takes the close's kind; without one, its own.
-        let flushed = Error::Operation(OpError::Wc(WcStatus::WrFlushErr));
-        assert_eq!(kind_of(&flushed, Some(&CloseReason::Peer), true), K::BrokenPipe);
-        assert_eq!(kind_of(&flushed, None, true), K::ConnectionReset);
-        assert_eq!(kind_of(&Error::PoolExhausted { max_bytes: 1 }, None, true), K::OutOfMemory);
-        assert_eq!(kind_of(&Error::NoReactor, None, false), K::Other);
+        assert_eq!(kind_of_close(&CloseReason::Peer, false), K::ConnectionReset, "a vanished peer reads as a reset");
+        assert_eq!(kind_of_close(&CloseReason::Timeout(crate::proto::conn::Step::Drain), false), K::TimedOut);
     }
 
     #[test]
-    fn a_sticky_error_keeps_its_variant_and_words() {
+    fn errors_that_are_not_the_connections_end_keep_their_own_kind() {
+        use io::ErrorKind as K;
+        assert_eq!(kind_of(&Error::PoolExhausted { max_bytes: 1 }), K::OutOfMemory);
+        assert_eq!(kind_of(&Error::OverBudget { held: 1, reserved: 1, limit: "x" }), K::OutOfMemory);
+        assert_eq!(kind_of(&Error::NoReactor), K::Other);
+        assert_eq!(kind_of(&Error::Operation(OpError::Wc(WcStatus::RetryExcErr))), K::TimedOut);
+        assert_eq!(kind_of(&Error::Unsupported("x".into())), K::Unsupported);
+    }
+
+    #[test]
+    fn a_kept_error_keeps_its_variant_its_words_and_whether_the_peer_closed() {
         let e = Error::Closed(CloseReason::Peer);
         assert_eq!(copy(&e).to_string(), e.to_string());
-        let io = io_err(&(io::ErrorKind::BrokenPipe, Error::Closed(CloseReason::Peer)));
+        let f = Failure::closed(CloseReason::Peer, Call::Write);
+        assert!(f.peer, "the peer's close: flush and shutdown are Ok");
+        let io = f.io();
         assert_eq!(io.kind(), io::ErrorKind::BrokenPipe);
         let inner = io.get_ref().and_then(|s| s.downcast_ref::<Error>()).expect("the crate's error is the source");
         assert!(matches!(inner, Error::Closed(CloseReason::Peer)));
+        assert!(!Failure::closed(CloseReason::Shutdown, Call::Write).peer);
+        assert!(!io.to_string().contains("Token"), "no token in a stream's error: {io}");
     }
 }

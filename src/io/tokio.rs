@@ -1,6 +1,13 @@
 //! The tokio driver (feature `tokio`): [`drive`] runs a reactor inside a tokio task, through
 //! [`AsyncFd`] on its epoll fd and a tokio timer for [`Reactor::next_timeout`], so RDMA
 //! futures and tokio's own (TCP, timers, channels) are awaited in the same task.
+//!
+//! The driver keeps a [`LocalSet`] of its own, entered while it runs: a task started inside it
+//! with `tokio::task::spawn_local` (hyper's habit: a task per connection) is polled inside the
+//! driver's poll, where the reactor is at hand, so the async face works there as in the
+//! reactor's own tasks (issue 46; before, such a task compiled and failed with `NoReactor`).
+//! The reactor stays reachable only while the driver polls, as before: nothing of it outlives
+//! a poll.
 
 use std::future::Future;
 use std::os::fd::{AsRawFd, RawFd};
@@ -9,6 +16,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use ::tokio::io::unix::AsyncFd;
+use ::tokio::task::LocalSet;
 use ::tokio::time::{Instant, Sleep};
 
 use crate::error::{Error, Result};
@@ -30,6 +38,9 @@ impl AsRawFd for EpollFd {
 pub struct Drive<'r, F: Future> {
     reactor: &'r mut Reactor,
     fut: Pin<Box<F>>,
+    /// The tasks `tokio::task::spawn_local` starts inside the driver, polled in its poll;
+    /// `None` once `fut` completed (they were dropped then, inside the reactor's reach).
+    local: Option<LocalSet>,
     fd: AsyncFd<EpollFd>,
     sleep: Pin<Box<Sleep>>,
 }
@@ -43,7 +54,13 @@ impl<F: Future> std::fmt::Debug for Drive<'_, F> {
 /// Runs `fut` to completion inside a tokio task, running `reactor` (its ticks and its
 /// spawned tasks) meanwhile: the async face (`rdma_reactor::io`) works inside `fut` next to
 /// tokio's own futures. Await it on a current-thread runtime or in a
-/// [`LocalSet`](tokio::task::LocalSet) (the reactor is not `Send`).
+/// [`LocalSet`] (the reactor is not `Send`).
+///
+/// Tasks started with `tokio::task::spawn_local` inside `fut` (or inside the reactor's tasks,
+/// or inside such a task) run in a `LocalSet` of the driver's own, polled within the driver's
+/// poll: the async face works in them too. They end with `fut`: when it completes they are
+/// dropped (as a `LocalSet` drops its tasks), inside the reactor's reach, so a byte stream
+/// they held closes as a dropped stream does.
 ///
 /// The task sleeps in tokio: the reactor's epoll fd is registered with tokio's
 /// ([`AsyncFd`]), and a tokio timer covers [`Reactor::next_timeout`]. Each wakeup runs the
@@ -62,7 +79,13 @@ pub fn drive<F: Future>(reactor: &mut Reactor, fut: F) -> Result<Drive<'_, F>> {
     #[allow(deprecated)]
     let fd = AsyncFd::with_interest(EpollFd(reactor.as_raw_fd()), tokio::io::Interest::READABLE)
         .map_err(|source| Error::Os { call: "tokio AsyncFd::new (the reactor's epoll fd)", source })?;
-    Ok(Drive { reactor, fut: Box::pin(fut), fd, sleep: Box::pin(tokio::time::sleep(Duration::ZERO)) })
+    Ok(Drive {
+        reactor,
+        fut: Box::pin(fut),
+        local: Some(LocalSet::new()),
+        fd,
+        sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+    })
 }
 
 impl<F: Future> Future for Drive<'_, F> {
@@ -70,9 +93,34 @@ impl<F: Future> Future for Drive<'_, F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        let Some(local) = &this.local else {
+            return Poll::Ready(Err(Error::Config("the tokio driver was polled after it completed".into())));
+        };
+        // `spawn_local` inside the driver's poll (its future, the reactor's tasks, the local
+        // tasks themselves) starts a task of the driver's set.
+        let _local = local.enter();
         for _ in 0..TICKS_PER_POLL {
-            let f: Pin<&mut dyn Future<Output = F::Output>> = this.fut.as_mut();
+            let (fut, local) = (&mut this.fut, &mut this.local);
+            // The future, then the local tasks it woke or started, with the reactor at hand.
+            let step = std::pin::pin!(std::future::poll_fn(|cx| {
+                if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+                    return Poll::Ready(v);
+                }
+                if let Some(set) = local.as_mut() {
+                    // Ready means no task is left; new ones may come: polled again next time.
+                    let _ = Pin::new(set).poll(cx);
+                }
+                Poll::Pending
+            }));
+            let f: Pin<&mut dyn Future<Output = F::Output>> = step;
             if let Poll::Ready(v) = this.reactor.poll_inside(f, cx.waker()) {
+                // The local tasks end with the future, dropped where the reactor is at hand.
+                let mut set = this.local.take();
+                let end = std::pin::pin!(std::future::poll_fn(|_| {
+                    drop(set.take());
+                    Poll::Ready(())
+                }));
+                let _ = this.reactor.poll_inside(end, cx.waker());
                 return Poll::Ready(Ok(v));
             }
             if let Err(e) = this.reactor.run_once(Some(Duration::ZERO)) {

@@ -13,6 +13,8 @@ pub const N_LAT: u32 = 2000;
 pub const N_RATE: u32 = 20000;
 /// Messages of the 64 KiB throughput rows.
 pub const N_BW: u32 = 2000;
+/// 64 KiB units of the copy rows: 256 MiB (issue 46).
+pub const N_COPY: u32 = 4096;
 /// Connections of the setup row.
 pub const N_CONN: u32 = 1000;
 /// The most inline data siw accepts on a queue pair (`SIW_MAX_INLINE`: 5 SGEs of 16 bytes); a
@@ -155,6 +157,20 @@ pub const ROWS: &[Row] = &[
         target: 0.9,
     },
     Row {
+        id: "stream_copy8k",
+        what: "byte stream: tokio::io::copy of 256 MiB (8 KiB writes) vs copy_buf from a 64 KiB BufReader (64 KiB writes)",
+        unit: "MB/s",
+        better: Better::Higher,
+        target: 0.9,
+    },
+    Row {
+        id: "stream_copy8k_blast",
+        what: "byte stream: tokio::io::copy of 256 MiB (8 KiB writes) vs blast's 64 KiB SENDs of as many bytes",
+        unit: "MB/s",
+        better: Better::Higher,
+        target: 0.9,
+    },
+    Row {
         id: "idle100_event",
         what: "idle echo server holding 100 connections, event mode (share of a core)",
         unit: "%",
@@ -292,6 +308,30 @@ stream_bw() {{ # ROW ROUND SIZE COUNT: one-way stream writes into the sink again
     theirs=$(echo "$out" | grep 'messages of' | sed -n 's/.*: \([0-9.]*\) MB\/s, .*/\1/p')
     echo "@@ row=$1 round=$2 ours=$ours theirs=$theirs cpu=- tcpu=-"
 }}
+stream_copy() {{ # ROW ROUND THEIRS(copybuf|blast): tokio::io::copy's 8 KiB writes into the sink against
+    # copy_buf's 64 KiB writes or blast's 64 KiB SENDs, {N_COPY} x 64 KiB each; CPU per 64 KiB
+    # (client plus server, user plus system)
+    port=$((port + 1))
+    ( time -p $T "$BIN"/stream_bench server --bind $A:$port --quiet --exit-after 1 >/dev/null ) 2>/tmp/srv.time & srv=$!; sleep 1
+    out=$( ( time -p $T "$BIN"/stream_bench client --connect $A:$port --size 65536 --count {N_COPY} --copy ) 2>&1 )
+    wait $srv 2>/dev/null
+    ours=$(echo "$out" | sed -n 's/^stream_bench client: .*: \([0-9.]*\) MB\/s$/\1/p')
+    cpu=$(awk -v c="$(echo "$out" | cpu_of)" -v s="$(cpu_of </tmp/srv.time)" "BEGIN{{printf \"%.1f\", (c + s) * 1000000 / {N_COPY}}}")
+    port=$((port + 1))
+    if [ $3 = copybuf ]; then
+        ( time -p $T "$BIN"/stream_bench server --bind $A:$port --quiet --exit-after 1 >/dev/null ) 2>/tmp/srv.time & srv=$!; sleep 1
+        out=$( ( time -p $T "$BIN"/stream_bench client --connect $A:$port --size 65536 --count {N_COPY} --copy-buf 65536 ) 2>&1 )
+        wait $srv 2>/dev/null
+        theirs=$(echo "$out" | sed -n 's/^stream_bench client: .*: \([0-9.]*\) MB\/s$/\1/p')
+    else
+        ( time -p $T "$BIN"/blast server --bind $A:$port --quiet --exit-after 1 >/dev/null ) 2>/tmp/srv.time & srv=$!; sleep 1
+        out=$( ( time -p $T "$BIN"/blast client --connect $A:$port --size 65536 --count {N_COPY} ) 2>&1 )
+        wait $srv 2>/dev/null
+        theirs=$(echo "$out" | grep 'messages of' | sed -n 's/.*: \([0-9.]*\) MB\/s, .*/\1/p')
+    fi
+    tcpu=$(awk -v c="$(echo "$out" | cpu_of)" -v s="$(cpu_of </tmp/srv.time)" "BEGIN{{printf \"%.1f\", (c + s) * 1000000 / {N_COPY}}}")
+    echo "@@ row=$1 round=$2 ours=$ours theirs=$theirs cpu=$cpu tcpu=$tcpu"
+}}
 conns() {{ # ROUND
     server echo
     out=$( ( time -p $T "$BIN"/echo client --connect $A:$port --size 64 --count 1 --clients {N_CONN} ) 2>&1 )
@@ -333,6 +373,8 @@ idle() {{ # ROW ROUND SPIN
             ("aecho64_rate16", format!("aecho_cmp aecho64_rate16 {r} 64 0 16 rate")),
             ("stream64_event", format!("stream_cmp stream64_event {r} 64")),
             ("stream64k_bw", format!("stream_bw stream64k_bw {r} 65536 {N_BW}")),
+            ("stream_copy8k", format!("stream_copy stream_copy8k {r} copybuf")),
+            ("stream_copy8k_blast", format!("stream_copy stream_copy8k_blast {r} blast")),
             ("conn1000", format!("conns {r}")),
             ("idle100_event", format!("idle idle100_event {r} 0")),
             ("idle100_spin", format!("idle idle100_spin {r} 1000")),

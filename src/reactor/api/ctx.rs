@@ -129,6 +129,14 @@ impl<'a> Ctx<'a> {
         self.core.cancel_timer(timer);
     }
 
+    /// Spawns `fut` as a task of this reactor, as [`Reactor::spawn`](crate::Reactor::spawn)
+    /// does: the async face's way to start work where its reactor is at hand only as a context
+    /// (a byte stream's lingering close queued for the next tick, `crate::io`). Detached.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn spawn(&mut self, fut: impl std::future::Future<Output = ()> + 'static) {
+        drop(crate::reactor::event_loop::exec::spawn_on(&mut self.core.exec, fut));
+    }
+
     /// The live connection `key` names, as its callbacks see it (the async face, `crate::io`).
     pub(crate) fn conn(&mut self, key: ConnKey) -> Option<Conn<'_>> {
         self.core.conns.get(key)?;
@@ -313,6 +321,16 @@ impl<'a> Conn<'a> {
     /// operation comes back in the error.
     pub fn submit(&mut self, op: Op) -> std::result::Result<(), SubmitError> {
         self.ctx.submit_safe(self.key, op)
+    }
+
+    /// Appends as many of `bytes` as fit to this connection's last submitted operation if it
+    /// is a SEND of a pool buffer with `user_data`, not posted yet (submitted in this tick, or
+    /// waiting for credits or a send slot): up to its buffer's capacity and the message size.
+    /// Returns how many bytes it took (0: none, nothing changed). The byte stream's coalesced
+    /// writes (`crate::io::Stream`; `data/append.rs`).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn append_send(&mut self, user_data: u64, bytes: &[std::io::IoSlice<'_>]) -> usize {
+        self.ctx.core.append_send(self.key, user_data, bytes)
     }
 
     /// Submits an operation on caller-registered memory ([`Op::raw_send`], [`Op::raw_recv`]).

@@ -14,12 +14,15 @@
 //! - `srq/mod.rs`: the shared receive queues and the SRQ credit rule (`SrqBudget`, pure).
 //! - `tail.rs`: the tail rings that carry immediate data where the transport has none (iWARP).
 //! - `expose.rs`: memory windows bound to a connection (`Conn::expose`).
+//! - `append.rs`: bytes appended to a SEND submitted and not yet posted (the byte stream's
+//!   coalesced writes, `Conn::append_send`).
 //!
 //! Invariants owned here: a CQ's completions never exceed its entries (`CqRoom`); a completion
 //! that raced an arm is never stranded (poll after arming); a credit is never granted ahead of
 //! the receive it stands for (the SRQ refill and the receives are posted before the sends);
 //! the device holds a buffer only through an `OpEntry` that returns it in the completion.
 
+pub(super) mod append;
 pub(super) mod cq;
 pub(super) mod cq_room;
 pub(super) mod expose;

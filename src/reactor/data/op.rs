@@ -329,6 +329,15 @@ impl OpEntry {
         OpEntry { rare: Some(Box::new(Rare::Bind(window))), ..OpEntry::control(conn) }
     }
 
+    /// The pool buffer of an operation on one (`data/append.rs` appends to a pending SEND's).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn pool_buf_mut(&mut self) -> Option<&mut Buf> {
+        match &mut self.mem {
+            Mem::Pool(b) => Some(b),
+            _ => None,
+        }
+    }
+
     /// True for a window bind.
     pub(crate) fn is_bind(&self) -> bool {
         matches!(self.rare.as_deref(), Some(Rare::Bind(_)))

@@ -661,7 +661,7 @@ impl<F: Future> Future for CatchPanic<F> {
     }
 }
 
-fn spawn_on<F>(exec: &mut Exec, fut: F) -> JoinHandle<F::Output>
+pub(in crate::reactor) fn spawn_on<F>(exec: &mut Exec, fut: F) -> JoinHandle<F::Output>
 where
     F: Future + 'static,
     F::Output: 'static,

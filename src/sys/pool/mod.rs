@@ -661,6 +661,22 @@ impl Buf {
         Ok(())
     }
 
+    /// Appends as many bytes of `data` as fit in the capacity after the data; returns how
+    /// many. The data before them are this owner's (or zeros) from then on, as after
+    /// [`as_slice`](Buf::as_slice).
+    pub fn append(&mut self, data: &[u8]) -> usize {
+        let at = self.len();
+        let n = data.len().min(self.cluster.cap - at);
+        // The first `at` bytes become this owner's before the mark below counts them written.
+        self.show();
+        // SAFETY: as in as_mut_slice; at + n <= cap, and `data` cannot alias the chunk (the
+        // only references to it come from &self or &mut self).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base().add(at), n) };
+        self.len = mark(at + n);
+        self.written(at + n);
+        n
+    }
+
     /// Sets the data (`len()` bytes) to zeros.
     pub fn zero(&mut self) {
         // SAFETY: as in as_mut_slice; len <= cap.
@@ -864,6 +880,25 @@ mod tests {
         r.change_owner(0);
         r.written(100); // Y's receive of 100 bytes
         assert_eq!(r.show(4096), 100..4096, "X's bytes past Y's message are zeroed");
+    }
+
+    /// `Buf::append`'s marks (issue 46): the data before the appended bytes are shown (an
+    /// earlier owner's bytes there zeroed) before the appended ones count as written, so
+    /// bytes past the data that were never written stay foreign.
+    #[test]
+    fn appended_bytes_are_the_owners_and_what_lay_before_them_was_shown_first() {
+        let mut m = Marks::new(4096, false);
+        m.written(100); // filled with 100 bytes
+        m.change_owner(100); // submitted on a connection
+        assert!(m.show(100).is_empty(), "append's show: the data are already the owner's");
+        m.written(1100); // 1 000 bytes appended after them
+        assert!(m.show(1100).is_empty(), "the appended bytes are the owner's");
+        assert_eq!(m.show(4096), 1100..4096, "what lies past them is still zeroed before it shows");
+        // Data whose length was set without writing (`set_len`): shown (zeroed) first.
+        let mut n = Marks::new(4096, false);
+        assert_eq!(n.show(50), 0..50, "the first 50 bytes, never written, are zeroed before the append");
+        n.written(80);
+        assert!(n.show(80).is_empty());
     }
 
     #[test]

@@ -229,6 +229,21 @@ impl SendQueue {
         self.pending_bytes += len as usize;
     }
 
+    /// The last operation queued and not yet posted: the one a byte stream's next write may
+    /// still append to (`data/append.rs`).
+    pub(crate) fn last_pending(&self) -> Option<OpKey> {
+        self.pending.back().map(|&(op, _, _)| op)
+    }
+
+    /// The last pending operation grew by `n` bytes (`data/append.rs`): its bytes and the
+    /// queue's, which `Config::send_backlog_bytes` bounds, count them.
+    pub(crate) fn grow_last(&mut self, n: u32) {
+        if let Some(last) = self.pending.back_mut() {
+            last.2 = last.2.saturating_add(n);
+            self.pending_bytes += n as usize;
+        }
+    }
+
     /// Operations queued and not yet posted, and their pool bytes (`Config::send_backlog`).
     pub(crate) fn backlog(&self) -> (u32, usize) {
         (self.pending.len() as u32, self.pending_bytes)

@@ -607,3 +607,25 @@ fn the_connecting_sides_farewell_takes_the_last_credit_only_with_a_grant() {
     let plan = two.plan(&mut room, || k[3]);
     assert_eq!(farewell_of(&plan.wrs[0]), Some(Farewell::Leaving), "a credit is left for an answer");
 }
+
+/// The byte stream's coalescing (issue 46, `data/append.rs`): only the last operation still
+/// pending may grow, and its bytes count in the backlog until it is posted; once posted there
+/// is nothing left to grow.
+#[test]
+fn only_the_last_pending_operation_grows_and_the_backlog_counts_it() {
+    let k = keys(3);
+    let mut room = CqRoom::new(64, 16);
+    let mut q = filled(1, &k[..2], true);
+    assert_eq!(q.last_pending(), Some(k[1]));
+    assert_eq!(q.backlog(), (2, 128));
+    q.grow_last(1000);
+    assert_eq!(q.backlog(), (2, 1128), "the grown bytes are counted");
+    let plan = q.plan(&mut room, || unreachable!());
+    assert_eq!(ops(&plan), vec![k[0], k[1]]);
+    q.posted(&plan, 2, &mut room).for_each(drop);
+    assert_eq!((q.last_pending(), q.backlog()), (None, (0, 0)), "posted: nothing pending, nothing counted");
+    q.grow_last(7);
+    assert_eq!(q.backlog(), (0, 0), "no pending operation: nothing grows");
+    q.push(k[2], true, 64);
+    assert_eq!(q.last_pending(), Some(k[2]));
+}
