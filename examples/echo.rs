@@ -150,6 +150,7 @@ impl ListenerHandler for EchoListener {
             size: 0,
             echoed: 0,
             established: false,
+            target: 0,
             owed: 0,
             retry: None,
             retry_set: false,
@@ -168,6 +169,9 @@ struct EchoAgent {
     established: bool,
     size: usize,
     echoed: u64,
+    /// Receives to keep posted: the flow-control minimum, growing by one a message to
+    /// `depth` (see `on_ready`).
+    target: u32,
     /// Receives not posted for want of pool memory (the connection is at its reservation and
     /// may borrow no more), posted by a timer as memory comes back: its peer's credit is
     /// smaller meanwhile, so it sends less.
@@ -227,10 +231,20 @@ impl ConnectionHandler for EchoAgent {
         if self.srq {
             return;
         }
-        // Before the connection is up, only what its reservation covers (the flow-control
-        // minimum): a half-open connection pins no more; the rest at establishment.
-        let n = self.depth.min(conn.recv_capacity()).min(3);
-        self.post_recvs(conn, n);
+        self.depth = self.depth.min(conn.recv_capacity());
+        // A peer that keeps to credits gets only what this connection's reservation covers
+        // (the flow-control minimum): a half-open or idle connection pins no more, and the
+        // rest grows with its traffic (`on_completion`). One that may send without credits
+        // (no flow control) finds every receive posted before it can.
+        // (This server offers flow control: `Config::flow_control`'s default.)
+        let credits = conn.peer_info().is_some_and(|i| i.flow_control && i.recv_depth >= 3);
+        self.target = if credits { self.depth.min(3) } else { self.depth };
+        let first = self.target;
+        if self.post_recvs(conn, first) && self.owed > 0 && first - self.owed < first.min(3) {
+            // Not even the minimum: the pool has no room for it now.
+            eprintln!("echo server: {:?}: no room in the pool for its first receives", conn.token());
+            conn.close();
+        }
     }
 
     fn on_timer(&mut self, conn: &mut Conn<'_>, _user_data: u64) {
@@ -244,12 +258,6 @@ impl ConnectionHandler for EchoAgent {
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {
         self.established = true;
-        if !self.srq {
-            // The rest of its receives, borrowed from the pool's shared remainder: each is
-            // granted to the peer as it is posted.
-            let n = self.depth.min(conn.recv_capacity()).saturating_sub(3);
-            self.post_recvs(conn, n);
-        }
         {
             let mut s = self.stats.borrow_mut();
             s.live += 1;
@@ -278,7 +286,12 @@ impl ConnectionHandler for EchoAgent {
             }
             self.echoed += 1;
             if !self.srq {
-                self.post_recvs(conn, 1);
+                // The receive consumed, and one more while traffic grows the depth kept
+                // posted (borrowed from the pool's shared remainder; owed to the retry timer
+                // when it cannot be had).
+                let grow = u32::from(self.target < self.depth);
+                self.target += grow;
+                self.post_recvs(conn, 1 + grow);
             }
         }
     }

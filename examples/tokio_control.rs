@@ -233,8 +233,9 @@ async fn control(tcp: tokio::net::TcpListener, counts: Rc<RefCell<Counts>>) {
             continue;
         }
         sessions.open.set(sessions.open.get() + 1);
-        let (sessions, counts) = (sessions.clone(), counts.clone());
+        let (held, counts) = (sessions.clone(), counts.clone());
         let task = io::spawn(async move {
+            let sessions = held;
             let ended = tokio::time::timeout(CONTROL_SESSION, session(stream, &counts)).await;
             let ended =
                 ended.unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "open for 600 s")));
@@ -249,6 +250,8 @@ async fn control(tcp: tokio::net::TcpListener, counts: Rc<RefCell<Counts>>) {
             }
         });
         if let Err(e) = task {
+            // Not served: not counted either (its stream went with the future).
+            sessions.open.set(sessions.open.get() - 1);
             eprintln!("tokio_control: cannot serve a control connection: {}", common::report(&e));
         }
     }

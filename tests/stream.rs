@@ -192,6 +192,38 @@ fn tcp_piped_through_an_rdma_stream_and_back_every_byte_verified() {
     assert_eq!(proxied.1, 0, "nothing in flight after the shutdown");
 }
 
+/// Issue 45 (its hostile review): a writer whose connection is at its pool budget waits, as a
+/// TCP writer waits for buffer space, instead of failing. With 1 MiB messages, 8 receives a
+/// connection and 16 MiB a connection may borrow, a stream's window of 64 sends does not fit:
+/// its writes wait for its sends to give their buffers back, and 64 MiB go through to an echo
+/// and back, every byte verified (a write failed with `OverBudget` before).
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_writer_at_its_pool_budget_waits_instead_of_failing() {
+    const TOTAL: u64 = 64 << 20;
+    let _w = Watchdog::new("budget", Duration::from_secs(400));
+    let pool = rdma_reactor::PoolConfig { per_connection_bytes: Some(16 << 20), ..rdma_reactor::PoolConfig::default() };
+    let cfg = Config { pool, msg_size: 1 << 20, recv_depth: 8, ..Config::default() };
+    let (sent, got, echoed, window) = drive(cfg, |a| async move {
+        let echoed = serve_echo(Listener::bind(a).expect("listen"));
+        let opts = ConnectOptions { msg_size: 1 << 20, ..ConnectOptions::default() };
+        let stream = Stream::new(Connection::connect(a, opts).await.expect("connect"));
+        let (mut rd, mut wr) = tokio::io::split(stream);
+        let bytes = Bytes::new();
+        let writer = async {
+            write_stream(&mut wr, &bytes, 5, TOTAL, 1 << 20).await;
+            TOTAL
+        };
+        let reader = async { read_stream(&mut rd, &bytes, 5).await.expect("read") };
+        let (sent, got) = tokio::join!(writer, reader);
+        let window = rd.unsplit(wr).window();
+        let echoed = echoed.borrow().clone();
+        (sent, got, echoed, window)
+    });
+    println!("at its budget: {got} of {sent} bytes back through an echo; echoed {echoed:?}; window {window:?}");
+    assert_eq!(got, sent, "every byte back, no write failed");
+}
+
 /// Half-close: the client writes and shuts down; the server reads to the end (the marker),
 /// then writes back on its still open side and shuts down; the client reads that to the end.
 /// Both saw the peer's marker, and the connection is closed cleanly afterwards.

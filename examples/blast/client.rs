@@ -97,6 +97,13 @@ impl BlastClient {
             let seq = self.submitted;
             let mut buf = match self.free.pop().map_or_else(|| conn.alloc(self.size), Ok) {
                 Ok(b) => b,
+                // No pool memory for one more now (the connection's budget, `PoolConfig`):
+                // the next completion gives a buffer back and pumps again.
+                Err(rdma_reactor::Error::OverBudget { .. } | rdma_reactor::Error::PoolExhausted { .. })
+                    if self.submitted > self.completed =>
+                {
+                    return
+                }
                 Err(e) => return self.fail(conn, format!("buffer: {}", common::report(&e))),
             };
             if self.numbered {
@@ -171,6 +178,13 @@ impl ConnectionHandler for BlastClient {
         for _ in 0..self.window.min(self.count) {
             match conn.alloc(self.size) {
                 Ok(b) => self.free.push(b),
+                // The connection's share of the pool (`PoolConfig`'s memory guarantee) holds
+                // fewer: a smaller window.
+                Err(rdma_reactor::Error::OverBudget { .. } | rdma_reactor::Error::PoolExhausted { .. })
+                    if !self.free.is_empty() =>
+                {
+                    break
+                }
                 Err(e) => return self.fail(conn, format!("buffer: {}", common::report(&e))),
             }
         }

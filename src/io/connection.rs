@@ -97,6 +97,12 @@ pub(super) struct ConnState {
     /// Receives posted now, and the most kept posted.
     posted: u32,
     depth: u32,
+    /// The receives kept posted now: the flow-control minimum at first, one more for each
+    /// message that arrives, up to `depth` (issue 45: receives beyond the minimum are the
+    /// pool's shared remainder, borrowed as the traffic shows they are wanted; a connection
+    /// that stays idle borrows none). `depth` from the start where the peer may send without
+    /// credits (no flow control) and on a client.
+    target: u32,
     /// The size each receive is posted with: the size this side announced (`Conn::msg_size`).
     recv_size: usize,
     /// On a shared receive queue (`Config::srq`) the runtime posts the receives.
@@ -130,6 +136,7 @@ impl ConnState {
             recvs: RecvLine::default(),
             posted: 0,
             depth: 0,
+            target: 0,
             recv_size: 0,
             srq: false,
             withheld: 0,
@@ -172,7 +179,7 @@ impl ConnState {
     /// posted and nothing unread hung for good).
     fn replenish(&mut self, conn: &mut Conn<'_>, limit: u32) {
         let mut n = 0;
-        while !self.srq && self.posted < self.depth && n < limit {
+        while !self.srq && self.posted < self.target && n < limit {
             let buf = match conn.alloc(self.recv_size) {
                 Ok(buf) => buf,
                 Err(Error::OverBudget { .. } | Error::PoolExhausted { .. }) => {
@@ -187,7 +194,7 @@ impl ConnState {
             self.posted += 1;
             n += 1;
         }
-        if self.posted >= self.depth {
+        if self.posted >= self.target {
             self.refill = None;
         }
     }
@@ -204,10 +211,10 @@ impl ConnState {
         }
     }
 
-    /// The receives a refill is owed now: fewer than `depth` posted, and room under the
+    /// The receives a refill is owed now: fewer than `target` posted, and room under the
     /// peer's credit (fewer than `depth` messages wait unread).
     fn owed(&self) -> bool {
-        !self.srq && self.posted < self.depth && self.recvs.unread() < self.depth as usize
+        !self.srq && self.posted < self.target && self.recvs.unread() < self.depth as usize
     }
 }
 
@@ -229,13 +236,27 @@ impl ConnectionHandler for AsyncConn {
         let capacity = conn.recv_capacity();
         st.srq = capacity == 0;
         st.depth = conn.ctx().config().recv_depth.min(capacity);
-        // Only the flow-control minimum before the connection is up: what its reservation in
-        // the pool covers (issue 45, and the review of 2026-11-26, M2: every connection,
-        // idle or half open, pinned its whole depth of receives before `rdma_accept`). The
-        // rest is posted at establishment, borrowed from the pool's shared remainder, and
-        // granted to the peer as it is posted.
-        let first = st.depth.min(crate::proto::flow::MIN_DEPTH);
+        // An accepted connection whose peer keeps to credits posts only the flow-control
+        // minimum, what its reservation in the pool covers (issue 45, and the review of
+        // 2026-11-26, M2: every connection, idle or half open, pinned its whole depth of
+        // receives before `rdma_accept`); the rest grows with its traffic once it is up,
+        // borrowed from the pool's shared remainder and granted to the peer as it is posted. A
+        // peer without flow control may send at once, before this side's establishment is
+        // handled, and a client cannot know yet whether its server agrees to it: both post
+        // their whole depth now (a receive missing then is an RNR on RoCE, the end of the
+        // connection on iWARP).
+        let min = crate::proto::flow::MIN_DEPTH;
+        let credits = conn.ctx().config().flow_control
+            && conn.peer_info().is_some_and(|i| i.flow_control && u32::from(i.recv_depth) >= min);
+        st.target = if self.accept.is_some() && credits { st.depth.min(min) } else { st.depth };
+        let first = st.target;
         st.replenish(conn, first);
+        if !st.srq && st.posted < first.min(min) {
+            // Not even the minimum (the pool had no room at all): flow control could not be
+            // offered, so the connection is not made.
+            drop(st);
+            conn.close();
+        }
     }
 
     fn on_established(&mut self, conn: &mut Conn<'_>) {
@@ -243,8 +264,6 @@ impl ConnectionHandler for AsyncConn {
             let mut st = self.st.borrow_mut();
             st.phase = Phase::Established;
             st.wake_all();
-            let depth = st.depth;
-            st.replenish(conn, depth);
             st.abandoned
         };
         if abandoned {
@@ -283,9 +302,12 @@ impl ConnectionHandler for AsyncConn {
                         st.withheld += 1;
                     }
                 } else if st.recvs.unread() <= st.depth as usize {
+                    // Traffic: one receive more is wanted, up to `depth`.
+                    st.target = (st.target + 1).min(st.depth);
                     // Up to `depth` messages may wait unread while the peer keeps its full
                     // credit; beyond that its credit shrinks until the application catches up.
-                    st.replenish(conn, 1);
+                    // (Two: the one consumed, and one more while the target grows.)
+                    st.replenish(conn, 2);
                 }
             }
             return;
@@ -576,6 +598,27 @@ impl Connection {
     #[cfg(feature = "tokio")]
     pub(super) fn append(&self, slot: usize, bytes: &[std::io::IoSlice<'_>]) -> usize {
         self.with_conn(|c| Ok(c.append_send(slot as u64, bytes))).unwrap_or(0)
+    }
+
+    /// Posts the receives the connection owes now, if it owes any, before a writer takes pool
+    /// memory for a new message: receives come first (without them the peer's credits, then
+    /// this side's sends, stop: a writer that took every chunk of its connection's budget
+    /// would wait for ever on sends that wait for the peer, whose answers find no receive).
+    #[cfg(feature = "tokio")]
+    pub(super) fn receives_first(&self) {
+        let (owed, token, home) = {
+            let st = self.st().borrow();
+            (st.owed(), st.token.and_then(ConnKey::of), st.home)
+        };
+        let Some(key) = token.filter(|_| owed) else { return };
+        let st = self.st().clone();
+        let _ = with_ctx_of(home, |ctx| {
+            if let Some(mut conn) = ctx.conn(key) {
+                let mut st = st.borrow_mut();
+                let target = st.target;
+                st.replenish(&mut conn, target);
+            }
+        });
     }
 
     /// True once the connection has ended (cheaper than [`close_reason`](Connection::close_reason)).

@@ -209,6 +209,12 @@ pub struct Stream {
     last_len: usize,
     /// How long a dropped stream lingers at most.
     linger: Duration,
+    /// A new message's buffer could not be had for want of pool memory (this connection at
+    /// its reservation with nothing left to borrow: `PoolConfig`'s memory guarantee) while
+    /// none of its sends was in flight to wake it: the wait before it asks again (5 ms,
+    /// doubling to 100 ms), and its timer. Back-pressure, as TCP's writer waits for buffer
+    /// space, never an error.
+    memory_wait: Option<(Duration, super::time::Sleep)>,
 }
 
 impl std::fmt::Debug for Stream {
@@ -387,6 +393,7 @@ impl Stream {
             ends: Ends::default(),
             last_len: 0,
             linger: DEFAULT_LINGER,
+            memory_wait: None,
         }
     }
 
@@ -561,14 +568,19 @@ impl Stream {
         }
     }
 
-    /// An empty buffer of at least `cap` bytes for a new message: the spare one, or the pool's.
+    /// An empty buffer of at least `cap` bytes for a new message: the spare one, or the pool's
+    /// (after the receives the connection owes: they come first).
     fn message_buf(&mut self, cap: usize, cx: &mut Context<'_>) -> Poll<io::Result<Buf>> {
+        if self.spare.as_ref().map_or(true, |b| b.capacity() < cap) {
+            self.conn.receives_first();
+        }
         let mut buf = match self.spare.take() {
             // The last completed send's buffer: it held this connection's bytes only, and
             // the new message's bytes are written over it from its start.
             Some(b) if b.capacity() >= cap => b,
             _ => match self.conn.alloc(cap) {
                 Ok(b) => b,
+                Err(Error::OverBudget { .. } | Error::PoolExhausted { .. }) => return self.wait_for_memory(cx),
                 Err(e) => {
                     return match self.settle(e, cx) {
                         Some(err) => Poll::Ready(Err(err)),
@@ -577,8 +589,28 @@ impl Stream {
                 }
             },
         };
+        self.memory_wait = None;
         let _ = buf.set_len(0);
         Poll::Ready(Ok(buf))
+    }
+
+    /// No pool memory for a new message now: pending until a send of this stream completes
+    /// (which gives its buffer back, and wakes this task: `reap` polled the oldest with `cx`),
+    /// or, with none in flight, until a short timer, doubling while memory stays short.
+    fn wait_for_memory<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        if !self.sends.is_empty() {
+            return Poll::Pending;
+        }
+        let (wait, sleep) = self.memory_wait.get_or_insert_with(|| (MEMORY_FIRST, super::time::sleep(MEMORY_FIRST)));
+        if Pin::new(sleep).poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        // The wait is over: the caller asks again at its next poll (woken now), and should
+        // the memory still be short, waits twice as long.
+        let next = (*wait * 2).min(MEMORY_MAX);
+        self.memory_wait = Some((next, super::time::sleep(next)));
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 
     fn write_vectored(&mut self, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
@@ -756,6 +788,11 @@ impl Stream {
         }
     }
 }
+
+/// The first and the longest wait of a write for pool memory with none of its sends in
+/// flight (`Stream::wait_for_memory`).
+const MEMORY_FIRST: Duration = Duration::from_millis(5);
+const MEMORY_MAX: Duration = Duration::from_millis(100);
 
 /// How many bytes one write takes of `lens` (a vectored write's slices): at most `max`, the
 /// message size.

@@ -148,6 +148,11 @@ pub(crate) struct Core {
     /// An `SrqRefill` timer is pending: receives of a shared receive queue wait for pool
     /// buffers, which may come back with no event to wake the reactor (`data/srq/mod.rs`).
     srq_refill: bool,
+    /// The wait of the next `SrqRefill` timer (`data/srq/mod.rs`, `schedule_srq_retry`).
+    srq_retry_wait: std::time::Duration,
+    /// The `SrqRefill` timer fired: the next posting looks at the connections whose receives
+    /// are withheld for memory.
+    srq_release_due: bool,
     /// The shared receive queue's receive a message being delivered consumed, on its way to
     /// the device's re-post queue after the handler returns, unless the handler withholds it
     /// (`Conn::withhold_receive`): the connection, its device, the re-post.
@@ -258,6 +263,8 @@ impl Reactor {
                 shutting_down: false,
                 accepting: 0,
                 srq_refill: false,
+                srq_retry_wait: std::time::Duration::ZERO,
+                srq_release_due: false,
                 srq_delivering: None,
                 addr_reserved: std::collections::HashMap::new(),
                 penalties: Default::default(),

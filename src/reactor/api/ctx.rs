@@ -297,9 +297,11 @@ impl<'a> Conn<'a> {
     /// # Errors
     ///
     /// [`Error::TooLarge`] beyond the largest class (`PoolConfig::chunk_sizes`, set through
-    /// [`Config::pool`](crate::Config::pool)); [`Error::PoolExhausted`] when the pool is at
-    /// its maximum; [`Error::NotConnected`] before the connection has a device (before
-    /// [`on_ready`](ConnectionHandler::on_ready)).
+    /// [`Config::pool`](crate::Config::pool)); [`Error::OverBudget`] when the connection holds
+    /// its reservation and may borrow no more now ([`PoolConfig`](crate::PoolConfig)'s memory
+    /// guarantee: transient, it passes as buffers come back); [`Error::PoolExhausted`] when
+    /// the pool is at its maximum; [`Error::NotConnected`] before the connection has a device
+    /// (before [`on_ready`](ConnectionHandler::on_ready)).
     pub fn alloc(&mut self, len: usize) -> Result<Buf> {
         self.ctx.core.alloc(self.key, len)
     }

@@ -1,7 +1,7 @@
 //! Connection setup: rdma_cm event dispatch, listening, accepting, connecting, queue pairs and
 //! per-device resources.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use crate::error::{Error, Result};
 use crate::proto::conn::{Agent, Client, CloseReason, CmEventKind, Input, ListenerAction};
@@ -813,26 +813,35 @@ impl Core {
     /// cannot: refused before the listener is asked, with nothing registered.
     fn reservation_refusal(&self, child: &CmId, peer: Option<SocketAddr>, size: u32) -> Option<String> {
         let bytes = self.reservation_of(size as usize, self.cfg.srq.is_some());
-        if let Some(ip) = peer.map(|p| crate::proto::penalty::key(p.ip())) {
-            let held = self.addr_reserved.get(&ip).copied().unwrap_or(0);
+        let d = child.device().and_then(|dev| self.devices.index_of(dev));
+        self.reservation_room(d, peer.map(|p| quota_key(p.ip())), bytes).err().map(|r| r.text(bytes))
+    }
+
+    /// Whether a reservation of `bytes` fits device `d`'s pool (when it exists) for a
+    /// connection from `addr` (an accepted one's peer; `None` for a client): its address within
+    /// `PoolConfig::per_address_bytes`, and, beyond the address's floor (a sixteenth of that),
+    /// not into the last quarter of the reservations, which is kept for addresses below
+    /// theirs (the hostile review of issue 45: four addresses could take every reservation, and
+    /// refuse every later client); then the pool's reservations.
+    fn reservation_room(&self, d: Option<usize>, addr: Option<IpAddr>, bytes: usize) -> Result<(), Refused> {
+        let pool = d.and_then(|d| self.devices.get(d)).map(|x| &x.pool);
+        let budget = pool.map_or_else(|| self.cfg.device_pool().budget(), |p| p.ledger().budget());
+        let reserved = pool.map_or(0, |p| p.ledger().reserved());
+        if let Some(ip) = addr {
             let most = self.cfg.device_pool().per_address();
-            if held.saturating_add(bytes) > most {
-                // Within a reject's 144 bytes of text.
-                return Some(format!(
-                    "{ip} holds {held} of its {most} bytes of reservations; one more needs {bytes} \
-                     (PoolConfig::per_address_bytes)"
-                ));
+            let held = self.addr_reserved.get(&ip).copied().unwrap_or(0).saturating_add(bytes);
+            if held > most {
+                return Err(Refused::Address { ip, held: held - bytes, most });
+            }
+            let kept = budget.reservable / 4;
+            if held > most / 16 && reserved.saturating_add(bytes) > budget.reservable - kept {
+                return Err(Refused::Kept { ip, reserved, kept });
             }
         }
-        let d = child.device().and_then(|dev| self.devices.index_of(dev))?;
-        let ledger = self.devices.get(d)?.pool.ledger();
-        (!ledger.can_reserve(bytes)).then(|| {
-            format!(
-                "no room for a connection's reservation of {bytes} bytes: {} of {} taken (PoolConfig::reserved_bytes)",
-                ledger.reserved(),
-                ledger.budget().reservable
-            )
-        })
+        if reserved.saturating_add(bytes) > budget.reservable {
+            return Err(Refused::Pool { reserved, reservable: budget.reservable });
+        }
+        Ok(())
     }
 
     /// The chunk bytes connection `t` reserves on device `d`'s pool: its first receives
@@ -858,27 +867,22 @@ impl Core {
         let c = self.conns.get(t).expect("checked");
         // An accepted connection's reservation counts for its peer's address too.
         let addr = match c.role {
-            Role::Agent(_) => c.ep.id().and_then(|id| id.peer_addr()).map(|p| crate::proto::penalty::key(p.ip())),
+            Role::Agent(_) => c.ep.id().and_then(|id| id.peer_addr()).map(|p| quota_key(p.ip())),
             _ => None,
         };
-        if let Some(ip) = addr {
-            let most = self.cfg.device_pool().per_address();
-            if self.addr_reserved.get(&ip).copied().unwrap_or(0).saturating_add(bytes) > most {
-                self.stats.reservations_refused += 1;
-                return Err(Error::Limit {
-                    what: "one address's reservations, PoolConfig::per_address_bytes",
-                    limit: most,
-                });
-            }
+        let refused = |core: &mut Core, r: Refused| {
+            core.stats.reservations_refused += 1;
+            Err(r.into_error())
+        };
+        if let Err(r) = self.reservation_room(Some(d), addr, bytes) {
+            return refused(self, r);
         }
         let pool = &self.devices[d].pool;
         let Some(account) = pool.open_account(bytes) else {
-            let limit = pool.ledger().budget().reservable;
-            self.stats.reservations_refused += 1;
-            return Err(Error::Limit {
-                what: "the pool's reservations for connections, PoolConfig::reserved_bytes",
-                limit,
-            });
+            let ledger = pool.ledger();
+            let r = Refused::Pool { reserved: ledger.reserved(), reservable: ledger.budget().reservable };
+            drop(ledger);
+            return refused(self, r);
         };
         if let Some(ip) = addr {
             *self.addr_reserved.entry(ip).or_insert(0) += bytes;
@@ -939,11 +943,98 @@ pub(in crate::reactor) fn millis(d: std::time::Duration) -> i32 {
     d.as_millis().min(i32::MAX as u128) as i32
 }
 
+/// Why a reservation was refused (`Core::reservation_room`).
+#[derive(Clone, Copy, Debug)]
+enum Refused {
+    /// The address is at `PoolConfig::per_address_bytes`.
+    Address { ip: IpAddr, held: usize, most: usize },
+    /// The address is beyond its floor, and only the part kept for addresses below theirs is
+    /// left.
+    Kept { ip: IpAddr, reserved: usize, kept: usize },
+    /// The pool's reservations are full (`PoolConfig::reserved_bytes`).
+    Pool { reserved: usize, reservable: usize },
+}
+
+impl Refused {
+    /// The reject's text (within its 141 bytes, an IPv6 address included).
+    fn text(self, bytes: usize) -> String {
+        let k = |n: usize| n.div_ceil(1024);
+        match self {
+            Refused::Address { ip, held, most } => format!(
+                "{ip}: {} of its {} KiB reserved, one more needs {} (per_address_bytes)",
+                k(held),
+                k(most),
+                k(bytes)
+            ),
+            Refused::Kept { ip, reserved, kept } => format!(
+                "{ip} past its floor, {} KiB reserved: the last {} KiB are kept for new addresses",
+                k(reserved),
+                k(kept)
+            ),
+            Refused::Pool { reserved, reservable } => format!(
+                "no room for a reservation of {} KiB: {} of {} KiB taken (reserved_bytes)",
+                k(bytes),
+                k(reserved),
+                k(reservable)
+            ),
+        }
+    }
+
+    fn into_error(self) -> Error {
+        match self {
+            Refused::Address { most, .. } => {
+                Error::Limit { what: "one address's reservations, PoolConfig::per_address_bytes", limit: most }
+            }
+            Refused::Kept { kept, .. } => {
+                Error::Limit { what: "reservations kept for addresses below their floor (PoolConfig)", limit: kept }
+            }
+            Refused::Pool { reservable, .. } => {
+                Error::Limit { what: "the pool's reservations, PoolConfig::reserved_bytes", limit: reservable }
+            }
+        }
+    }
+}
+
+/// What the reservations of accepted connections are counted by: an IPv4 address (an
+/// IPv4-mapped one as such), or an IPv6 address's /64 (a host usually has a /64 of its own, and
+/// could make itself a new address for every connection).
+fn quota_key(ip: IpAddr) -> IpAddr {
+    match crate::proto::penalty::key(ip) {
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        v4 => v4,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
     use super::ack_timeout_exponent;
+
+    #[test]
+    fn refusal_texts_fit_a_reject_and_ipv6_counts_by_its_64() {
+        use super::{quota_key, Refused};
+        use std::net::IpAddr;
+        let v6: IpAddr = "fd18:ffff:ffff:ffff:ffff:ffff:ffff:ffff".parse().expect("an address");
+        // A petabyte of anything: every count at most 13 digits in KiB.
+        let big = 1usize << 50;
+        for r in [
+            Refused::Address { ip: v6, held: big, most: big },
+            Refused::Kept { ip: v6, reserved: big, kept: big },
+            Refused::Pool { reserved: big, reservable: big },
+        ] {
+            let text = r.text(big);
+            assert!(text.len() <= 141, "{} bytes: {text}", text.len());
+        }
+        let a: IpAddr = "fd18::1:2:3:4".parse().expect("an address");
+        let b: IpAddr = "fd18::5:6:7:8".parse().expect("an address");
+        assert_eq!(quota_key(a), quota_key(b), "one /64");
+        let mapped: IpAddr = "::ffff:198.18.0.1".parse().expect("an address");
+        assert_eq!(quota_key(mapped), "198.18.0.1".parse::<IpAddr>().expect("an address"));
+    }
 
     #[test]
     fn the_ack_timeout_exponent_is_the_smallest_that_covers_the_duration() {

@@ -50,6 +50,11 @@ pub(in crate::reactor) struct WaitingRequests {
     queue: VecDeque<Waiting>,
     /// [`Core::admit_waiting`] is deciding one of them: it does not queue again.
     admitting: bool,
+    /// The heap key of the one expiry timer, set for the front request's patience while any
+    /// waits (`TimerTarget::WaitingExpiry`; one timer, not one per request, so that requests
+    /// decided long before their expiry leave no entries behind: the hostile review of issue
+    /// 45).
+    pub(in crate::reactor) expiry: Option<u64>,
 }
 
 impl WaitingRequests {
@@ -85,10 +90,6 @@ impl Core {
         }
         child.set_context(0);
         let since = self.read_clock();
-        // Just past the patience: `admit_waiting` refuses what waited longer than it.
-        if let Some(at) = since.checked_add(self.cfg.timeouts.accept + std::time::Duration::from_millis(1)) {
-            self.timers.schedule(at, crate::reactor::event_loop::timers::TimerTarget::WaitingExpiry);
-        }
         self.waiting.queue.push_back(Waiting {
             listener,
             child,
@@ -97,6 +98,22 @@ impl Core {
             since,
         });
         self.stats.accepts_waited += 1;
+        self.arm_waiting_expiry();
+    }
+
+    /// Sets the expiry timer for the front request, unless it is set: just past its patience,
+    /// when `admit_waiting` refuses it (a timer, so a reactor with nothing else to do wakes,
+    /// and `Reactor::next_timeout` names it: review N11).
+    fn arm_waiting_expiry(&mut self) {
+        if self.waiting.expiry.is_some() {
+            return;
+        }
+        let Some(front) = self.waiting.queue.front() else { return };
+        let patience = self.cfg.timeouts.accept + std::time::Duration::from_millis(1);
+        if let Some(at) = front.since.checked_add(patience) {
+            let key = self.timers.schedule(at, crate::reactor::event_loop::timers::TimerTarget::WaitingExpiry);
+            self.waiting.expiry = Some(key);
+        }
     }
 
     /// True when a waiting request can be decided now (the tick must not sleep).
@@ -137,6 +154,8 @@ impl Core {
             self.decide(w.listener, w.child, &w.private_data, w.resources);
         }
         self.waiting.admitting = false;
+        // The front may have changed: its expiry.
+        self.arm_waiting_expiry();
         n
     }
 

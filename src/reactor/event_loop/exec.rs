@@ -433,11 +433,21 @@ impl Exec {
         std::mem::take(&mut self.main_woken)
     }
 
-    /// Tasks other threads woke (taken from the inbox by the reactor): as if woken here.
-    /// Their flags were set by the waking thread ([`TaskWaker::queued`]), so each comes once.
+    /// Tasks other threads woke (taken from the inbox by the reactor): as if woken here, each
+    /// queued unless its flag says it is already ([`TaskWaker::queued`]); a task gone since is
+    /// not.
     pub(in crate::reactor) fn woken_elsewhere(&mut self, tasks: impl IntoIterator<Item = u64>) {
-        for t in tasks {
-            push_woken(self.id, t);
+        for id in tasks {
+            if id == MAIN {
+                push_woken(self.id, id);
+                continue;
+            }
+            let (index, generation) = ((id & 0xFFFF_FFFF) as usize, (id >> 32) as u32);
+            let Some(task) = self.tasks.get(index).filter(|t| t.generation == generation) else { continue };
+            if !task.shared.queued.load(Ordering::Relaxed) {
+                task.shared.queued.store(true, Ordering::Relaxed);
+                push_woken(self.id, id);
+            }
         }
     }
 
@@ -461,13 +471,13 @@ struct TaskWaker {
     task: u64,
     owner: ThreadId,
     remote: Remote,
-    /// The task is on its executor's run queue (or on its way there through the inbox) and not
-    /// yet taken to be polled: a wake then adds nothing ([`RunQueue`]). Set by the wake that
-    /// queues it, on any thread; cleared on the reactor's thread when the task is taken to be
-    /// polled, before the poll, so a wake during the poll queues it again. Never set for
-    /// `block_on`'s future ([`MAIN`]). Relaxed: the flag only saves a duplicate entry (a rare
-    /// one still comes through, see `wake_by_ref`); what the poll observes is ordered by the
-    /// inbox's lock for a wake from another thread, and is on this thread otherwise.
+    /// The task is on its executor's run queue and not yet taken to be polled: a wake then
+    /// adds nothing ([`RunQueue`]). Read and written on the reactor's thread only (a wake
+    /// from another thread goes through the inbox, and the reactor sets it when it takes
+    /// that); cleared when the task is taken to be polled, before the poll, so a wake during
+    /// the poll queues it again. Never set for `block_on`'s future ([`MAIN`]).
+    /// (An atomic for `Sync` alone: every access is a relaxed load or store, plain moves, by
+    /// one thread.)
     queued: AtomicBool,
 }
 
@@ -477,18 +487,15 @@ impl Wake for TaskWaker {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        if self.task != MAIN {
-            if self.queued.load(Ordering::Relaxed) {
-                // Queued already: by a wake inside its reactor's tick (seen before it sleeps)
-                // or by one that nudged it, or on its way through the inbox.
-                return;
-            }
-            // A load and a store, no read-modify-write (no locked instruction on the hot
-            // path): two threads waking it at once may both queue it, and it is polled once
-            // more, which a future must take anyway.
-            self.queued.store(true, Ordering::Relaxed);
-        }
         if THREAD.try_with(|t| *t == self.owner).unwrap_or(false) {
+            if self.task != MAIN {
+                if self.queued.load(Ordering::Relaxed) {
+                    // Queued already: by a wake inside its reactor's tick (seen before it
+                    // sleeps) or by one that nudged it.
+                    return;
+                }
+                self.queued.store(true, Ordering::Relaxed);
+            }
             let inside = INSIDE.try_with(Cell::get).unwrap_or(0);
             // Its reactor was dropped when it has no run queue: no task is left to wake.
             if push_woken(self.exec, self.task) && inside != self.exec {
@@ -498,7 +505,11 @@ impl Wake for TaskWaker {
                 self.remote.nudge();
             }
         } else {
-            // A dropped reactor has no tasks left to wake.
+            // Through the inbox, every time: the flag is the reactor's thread's alone (a
+            // flag set here could be read as set there while the task is being taken, and the
+            // wake lost: the hostile review of issue 45). The reactor queues it, flag and all,
+            // when it takes the inbox (`Exec::woken_elsewhere`). A dropped reactor has no
+            // tasks left to wake.
             let _ = self.remote.wake_task(self.task);
         }
     }

@@ -122,13 +122,20 @@ impl Core {
             TimerTarget::Stall(t) => self.credit_stall(t, key),
             TimerTarget::Parting(t) => self.parting(t, key),
             TimerTarget::SrqRefill => {
-                // The tick's posting tries the refill again (and re-arms this if it still
-                // finds the pool empty).
+                // The tick's posting tries the refill again, and looks at the connections
+                // withheld for memory (and re-arms this if either is still short).
                 self.srq_refill = false;
+                self.srq_release_due = true;
                 0
             }
-            // The tick's `admit_waiting`, after the timers, refuses what waited too long.
-            TimerTarget::WaitingExpiry => 0,
+            // The tick's `admit_waiting`, after the timers, refuses what waited too long and
+            // sets the timer again for the new front.
+            TimerTarget::WaitingExpiry => {
+                if self.waiting.expiry == Some(key) {
+                    self.waiting.expiry = None;
+                }
+                0
+            }
             TimerTarget::Wake(k) => match self.exec.sleepers.remove(k) {
                 Some(w) => {
                     w.wake();
@@ -219,10 +226,10 @@ impl Core {
 
     /// At most how many heap entries can be live: every user timer and sleeping task; per connection its
     /// connection-manager deadline, its keepalive, its credit-stall, its parting timer and its
-    /// nudge (a redial replaces the deadline); each waiting connect request's expiry; the retry
+    /// nudge (a redial replaces the deadline); the waiting connect requests' expiry; the retry
     /// of forgetting devices and the SRQ refill.
     fn live_timer_bound(&self) -> usize {
-        self.user_timers.len() + self.exec.sleepers.len() + 5 * self.conns.len() + self.waiting.len() + 2
+        self.user_timers.len() + self.exec.sleepers.len() + 5 * self.conns.len() + 3
     }
 
     /// Drops the heap's stale entries once more than half of it (beyond a slack) must be
@@ -233,6 +240,7 @@ impl Core {
             return;
         }
         let (conns, user_timers, sleepers) = (&self.conns, &self.user_timers, &self.exec.sleepers);
+        let waiting_expiry = self.waiting.expiry;
         self.timers.retain(|key, target| match target {
             TimerTarget::Deadline(t) => conns.get(t).is_some_and(|c| c.deadline.is_some_and(|(k, _)| k == key)),
             TimerTarget::Stall(t) => conns.get(t).is_some_and(|c| c.stall == Some(key)),
@@ -245,7 +253,8 @@ impl Core {
             }
             TimerTarget::User(tt) => user_timers.contains(tt),
             TimerTarget::Wake(k) => sleepers.contains(k),
-            TimerTarget::ForgetDevices | TimerTarget::SrqRefill | TimerTarget::WaitingExpiry => true,
+            TimerTarget::WaitingExpiry => waiting_expiry == Some(key),
+            TimerTarget::ForgetDevices | TimerTarget::SrqRefill => true,
         });
         self.stats.timer_compactions += 1;
     }

@@ -72,12 +72,15 @@ use crate::error::{Error, Result};
 ///
 /// - **Every admitted connection has its reservation**: the chunk bytes of its first
 ///   receives (`min(3, Config::recv_depth)` of its receive size; none on a shared receive
-///   queue) and of one send of its message size. What it holds within its reservation no
-///   other connection can take. Reservations together are at most
-///   [`reserved_bytes`](PoolConfig::reserved_bytes) (half of `max_bytes` by default), and
-///   those of the connections accepted from one peer address (an IPv6 address whole) at most
-///   [`per_address_bytes`](PoolConfig::per_address_bytes) (a quarter of that): a connect
-///   request whose reservation does not fit is refused
+///   queue) and of one send of its message size. No other connection's use can make an
+///   allocation within it fail. Reservations together are at most
+///   [`reserved_bytes`](PoolConfig::reserved_bytes) (half of `max_bytes` by default); those of
+///   the connections accepted from one peer address (an IPv4 address, an IPv6 address's
+///   /64) at most [`per_address_bytes`](PoolConfig::per_address_bytes) (a quarter of that);
+///   and the last quarter of `reserved_bytes` is kept for addresses below their floor (a
+///   sixteenth of `per_address_bytes`, 8 MiB at the defaults), so that a few addresses
+///   cannot take every reservation: a new address is admitted while that part has room. A
+///   connect request whose reservation does not fit is refused
 ///   ([`RejectCode::NoResources`](crate::RejectCode::NoResources), the reason naming the
 ///   setting), and a client whose reservation does not fit closes before it connects
 ///   ([`CloseReason::Setup`](crate::CloseReason::Setup) with the text of an [`Error::Limit`]).
@@ -85,22 +88,32 @@ use crate::error::{Error, Result};
 ///   ([`shared_bytes`](PoolConfig::shared_bytes), a quarter of `max_bytes` by default), at
 ///   most [`per_connection_bytes`](PoolConfig::per_connection_bytes) of it (a quarter of the
 ///   shared remainder by default). An allocation that would borrow more fails with
-///   [`Error::OverBudget`], and what the runtime posts for itself waits: the async face's
-///   receives beyond the reservation are posted again only as memory comes back (their
-///   credits with them), a shared receive queue's credit for a connection over its limit
-///   is withheld until it lets go of buffers.
+///   [`Error::OverBudget`], and what waits for memory waits: the async face and `echo` post
+///   receives beyond the flow-control minimum only as traffic shows they are wanted (an
+///   idle connection borrows none) and post one that cannot be had later (its credit with
+///   it), `io::Stream`'s writes wait for their sends' buffers, and a shared receive queue's
+///   credit for a connection over its limit is withheld until it lets go of buffers.
 /// - So a peer can make one connection hold at most its reservation plus
-///   `per_connection_bytes` (64 MiB at the defaults, beside at most 4 MiB reserved); all
-///   connections of one address together at most `per_address_bytes` in reservations (128
-///   MiB; at 64 KiB messages 512 connections, the rest refused) plus the shared remainder
-///   (256 MiB), whatever the number; and all connections together at most `reserved_bytes +
+///   `per_connection_bytes` (64 MiB at the defaults, beside at most 4 MiB reserved; on a
+///   shared receive queue up to its share of messages more, which land before the runtime
+///   can withhold); all connections of one address together at most `per_address_bytes` in
+///   reservations (128 MiB; at 64 KiB messages 512 connections, the rest refused) plus the
+///   shared remainder (256 MiB); and all connections together at most `reserved_bytes +
 ///   shared_bytes` in buffers (768 MiB), while every other address's connections keep their
-///   reservations and new addresses are admitted. The rest of `max_bytes` (a quarter) is room
-///   for the clusters' fragmentation: the pool registers whole clusters, and a cluster with
-///   one buffer in use stays registered.
+///   reservations. What is borrowed is lent first come, first served, and a receive posted
+///   is not taken back: connections that were busy and then went idle keep what they
+///   borrowed until their peers send again (they cannot take a reservation). The counts are
+///   per reactor and device.
+/// - The rest of `max_bytes` (a quarter) is room for the clusters' fragmentation: the pool
+///   registers whole clusters, per size class, and a cluster with one buffer in use stays
+///   registered. The guarantee is on the chunks handed out; should mixed sizes fragment the
+///   classes beyond that quarter, an allocation can still find `max_bytes` reached
+///   ([`Error::PoolExhausted`]). With explicit values the split holds when `reserved_bytes +
+///   shared_bytes` (and the SRQ's receives) fit in `max_bytes` with room to spare; nothing
+///   checks that.
 ///
 /// A shared receive queue's own receives (`SrqConfig::receives × buf_size`) are the device's
-/// reservation, made when the queue is created.
+/// reservation, set aside before the split.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolConfig {
     /// Chunk sizes of the size classes, ascending. A buffer comes from the smallest class that
@@ -397,6 +410,11 @@ impl Pool {
     /// Closes an account ([`Ledger::close`]): its reservation is released.
     pub fn close_account(&self, account: Account) {
         self.ledger.borrow_mut().close(account);
+    }
+
+    /// The chunk size of the class that holds `len` bytes (`None` beyond the largest).
+    pub fn chunk_size(&self, len: usize) -> Option<usize> {
+        self.classes.iter().map(|c| c.borrow().chunk_size).find(|&c| c >= len)
     }
 
     /// True when `account` may hold `len` bytes more (a chunk of the class that holds them).

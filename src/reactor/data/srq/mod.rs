@@ -135,8 +135,11 @@ use crate::sys::srq::Srq;
 
 pub(crate) use budget::{ConnShare, Share, SrqBudget};
 
-/// How soon receives left unposted for want of pool buffers are tried again.
+/// How soon receives left unposted for want of pool buffers (or withheld for a connection's
+/// memory) are tried again, at first; the wait doubles while a try finds nothing, to at most
+/// `SRQ_RETRY_MAX`.
 const SRQ_REFILL_RETRY: Duration = Duration::from_millis(5);
+const SRQ_RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// A connection's receives of the SRQ that its peer's messages consumed and that are not
 /// posted again, their credits withheld (`ConnEntry::srq_withheld`; the module docs'
@@ -326,8 +329,11 @@ impl Core {
         if self.cfg.srq.is_none() {
             return;
         }
+        // Connections withheld for memory are looked at when the retry timer says (not every
+        // tick: they can be many).
+        let release = std::mem::take(&mut self.srq_release_due);
         for d in 0..self.devices.slots() {
-            if self.devices.get(d).and_then(|x| x.srq.as_ref()).is_some_and(|s| !s.mem_withheld.is_empty()) {
+            if release && self.devices.get(d).and_then(|x| x.srq.as_ref()).is_some_and(|s| !s.mem_withheld.is_empty()) {
                 self.release_mem_withheld(d);
             }
             if self.devices.get(d).and_then(|x| x.srq.as_ref()).is_some_and(|s| !s.repost.is_empty()) {
@@ -343,36 +349,51 @@ impl Core {
         let Some(dev) = self.devices.get_mut(d) else { return };
         let pool = dev.pool.clone();
         let Some(s) = dev.srq.as_mut() else { return };
-        let chunk = s.buf_size;
+        let chunk = pool.chunk_size(s.buf_size).unwrap_or(s.buf_size);
         let mut waiting = std::mem::take(&mut s.mem_withheld);
+        let mut released = false;
         waiting.retain(|&t| {
             let Some(c) = self.conns.get_mut(t) else { return false };
             let (Some(share), Some(account)) = (c.srq_share, c.account.map(|r| r.account)) else {
                 c.srq_withheld.for_memory = 0;
                 return false;
             };
-            // One chunk at a time: each receive posted again lets one more message land.
+            // As many as its account may hold chunks for: each receive posted again lets one
+            // more message land in its share.
             let mut room = 0;
-            while room < c.srq_withheld.for_memory && pool.can_charge(account, chunk * (room as usize + 1)) {
+            while room < c.srq_withheld.for_memory
+                && pool.ledger().can_charge(account, chunk.saturating_mul(room as usize + 1))
+            {
                 room += 1;
             }
             for _ in 0..room {
                 s.repost.push(Repost { buf: None, owner: Some(Owner { conn: t, share: share.id(), control: false }) });
             }
+            released |= room > 0;
             c.srq_withheld.for_memory -= room;
             c.srq_withheld.for_memory > 0
         });
         s.mem_withheld = waiting;
         if !s.mem_withheld.is_empty() {
+            // Looked at again by the next retry: soon after progress, else later and later.
+            self.srq_retry_wait = if released {
+                SRQ_REFILL_RETRY
+            } else {
+                (self.srq_retry_wait * 2).clamp(SRQ_REFILL_RETRY, SRQ_RETRY_MAX)
+            };
             self.schedule_srq_retry();
         }
     }
 
-    /// The SRQ's short retry timer (`SRQ_REFILL_RETRY`), unless one is pending.
+    /// The SRQ's retry timer, unless one is pending: `SRQ_REFILL_RETRY` after a posting that
+    /// made progress, twice the last wait (at most `SRQ_RETRY_MAX`) after one that found
+    /// nothing to post (review of issue 45: a connection holding its memory for good kept the
+    /// reactor waking every 5 ms).
     fn schedule_srq_retry(&mut self) {
         if !self.srq_refill {
             self.srq_refill = true;
-            if let Some(at) = Instant::now().checked_add(SRQ_REFILL_RETRY) {
+            let wait = self.srq_retry_wait.max(SRQ_REFILL_RETRY);
+            if let Some(at) = Instant::now().checked_add(wait) {
                 self.timers.schedule(at, TimerTarget::SrqRefill);
             }
         }
@@ -432,6 +453,7 @@ impl Core {
         let mut wrs: Vec<RecvWr> = Vec::with_capacity(queued.len());
         let mut owners: SmallVec<[Option<Owner>; 16]> = SmallVec::new();
         let mut keys: Vec<SrqKey> = Vec::with_capacity(queued.len());
+        let mut short = false;
         for r in queued.by_ref() {
             let buf = match r.buf {
                 Some(b) => b,
@@ -443,12 +465,7 @@ impl Core {
                         // in `on_closed`, after this tick's posting, or outside the reactor),
                         // so a short timer tries again.
                         s.repost.push(r);
-                        if !self.srq_refill {
-                            self.srq_refill = true;
-                            if let Some(at) = Instant::now().checked_add(SRQ_REFILL_RETRY) {
-                                self.timers.schedule(at, TimerTarget::SrqRefill);
-                            }
-                        }
+                        short = true;
                         break;
                     }
                 },
@@ -462,6 +479,16 @@ impl Core {
             keys.push(k);
         }
         s.repost.extend(queued);
+        // The retry's wait: short again after progress, doubled after a try that found nothing.
+        self.srq_retry_wait =
+            if wrs.is_empty() { (self.srq_retry_wait * 2).min(SRQ_RETRY_MAX) } else { SRQ_REFILL_RETRY };
+        if short && !self.srq_refill {
+            // `schedule_srq_retry`, with the device borrowed.
+            self.srq_refill = true;
+            if let Some(at) = Instant::now().checked_add(self.srq_retry_wait.max(SRQ_REFILL_RETRY)) {
+                self.timers.schedule(at, TimerTarget::SrqRefill);
+            }
+        }
         if wrs.is_empty() {
             return;
         }
@@ -501,7 +528,11 @@ impl Core {
             let (Some(share), Some(flow)) = (c.srq_share.as_mut(), c.sq.flow_mut()) else { continue };
             // `None`: queued for the connection's earlier queue pair, whose share `leave` freed
             // with this receive in it; it is free now, no credit of the new one (review L3).
-            let Some(verdict) = s.budget.repost_for(share, of, control, flow.unused() + flow.owed(), all_posted) else {
+            // What its peer holds or is about to, and what its connection withholds: receives
+            // kept back from a connection that does not read are not its peer running low
+            // (review of issue 45: they grew the share of a connection that did not read).
+            let held = flow.unused() + flow.owed() + c.srq_withheld.total();
+            let Some(verdict) = s.budget.repost_for(share, of, control, held, all_posted) else {
                 continue;
             };
             match verdict {
