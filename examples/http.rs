@@ -2,7 +2,8 @@
 //! 46), under the tokio driver.
 //!
 //! ```text
-//! http server --bind ADDR:PORT [--max-body BYTES] [--header-timeout SECS] [--exit-after N] [--tcp] [--quiet]
+//! http server --bind ADDR:PORT [--max-body BYTES] [--header-timeout SECS] [--body-timeout SECS]
+//!             [--connection-timeout SECS] [--max-connections N] [--exit-after N] [--tcp] [--quiet]
 //! http client --connect ADDR:PORT [--clients K] [--requests N] [--max-body BYTES] [--tcp]
 //! ```
 //!
@@ -12,9 +13,15 @@
 //! the reactor is at hand); it answers `POST /echo` with the request's body and
 //! `GET /bytes/LEN/SEED` with LEN bytes of a pattern. What a peer can make it hold is bounded:
 //! a request body above `--max-body` (16 MiB by default) is refused with 413 (at once when its
-//! `content-length` says so, else once that much arrived: `http_body_util::Limited`), a
-//! response body is at most 16 MiB, and a connection that has not sent a whole request head
-//! within `--header-timeout` seconds (10 by default) is closed by hyper. It prints one line per
+//! `content-length` says so, else once that much arrived: `http_body_util::Limited`), a body
+//! that has not all arrived within `--body-timeout` seconds (30 by default) is answered with
+//! 408, a response body is at most 16 MiB, a connection that has not sent a whole request head
+//! within `--header-timeout` seconds (10 by default) is closed by hyper, and every connection
+//! is closed after `--connection-timeout` seconds (600 by default: a client that never reads
+//! its response holds it no longer). In total: at most `--max-connections` (64 by default) are
+//! served at once, the next accepted when one ends (connect requests wait meanwhile, as the
+//! reactor's admission bounds them), so the heap holds at most max-connections x (max-body +
+//! 16 MiB), 2 GiB at the defaults, and the pool what its `PoolConfig` allows. It prints one line per
 //! connection that ended with an error (and, without `--quiet`, per connection that ended
 //! cleanly), and at exit how many ended cleanly.
 //!
@@ -46,7 +53,8 @@ use rdma_reactor::io::{self, Connection, Listener, Stream};
 use rdma_reactor::{Config, ConnectOptions, Reactor};
 
 const USAGE: &str = "\
-usage: http server --bind ADDR:PORT [--max-body BYTES] [--header-timeout SECS] [--exit-after N] [--tcp] [--quiet]
+usage: http server --bind ADDR:PORT [--max-body BYTES] [--header-timeout SECS] [--body-timeout SECS]
+                   [--connection-timeout SECS] [--max-connections N] [--exit-after N] [--tcp] [--quiet]
        http client --connect ADDR:PORT [--clients K] [--requests N] [--max-body BYTES] [--tcp]
 
 HTTP/1.1 (hyper 1) over RDMA byte streams (rdma_reactor::io::Stream), on one reactor thread.
@@ -54,6 +62,9 @@ server: POST /echo answers with the request's body; GET /bytes/LEN/SEED with LEN
   --bind ADDR:PORT       address of an RDMA device to listen on
   --max-body BYTES       largest request body; a larger one is refused with 413 (default 16M)
   --header-timeout SECS  a connection must send a request head within this (default 10)
+  --body-timeout SECS    a request body must arrive within this, else 408 (default 30)
+  --connection-timeout SECS  a connection is closed after this, whatever it does (default 600)
+  --max-connections N    connections served at once; more wait to be accepted (default 64)
   --exit-after N         exit after N connections have ended (default: run until killed)
   --tcp                  serve over TCP instead (the control)
   --quiet                no line for a connection that ended cleanly
@@ -121,8 +132,13 @@ fn content_length(req: &Request<Incoming>) -> Option<u64> {
     req.headers().get(hyper::header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()
 }
 
-/// The response to one request; request bodies are read up to `max_body` bytes.
-async fn handle(req: Request<Incoming>, max_body: usize) -> Result<Response<Full<Bytes>>, Infallible> {
+/// The response to one request; request bodies are read up to `max_body` bytes, for at most
+/// `body_timeout`.
+async fn handle(
+    req: Request<Incoming>,
+    max_body: usize,
+    body_timeout: Duration,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let reply = |status: StatusCode, body: Bytes| {
         let mut r = Response::new(Full::new(body));
         *r.status_mut() = status;
@@ -140,10 +156,14 @@ async fn handle(req: Request<Incoming>, max_body: usize) -> Result<Response<Full
                 return too_large();
             }
             // A body without a length (chunked) is cut at the limit as it comes.
-            match Limited::new(req.into_body(), max_body).collect().await {
-                Ok(b) => reply(StatusCode::OK, b.to_bytes()),
-                Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => too_large(),
-                Err(e) => reply(StatusCode::BAD_REQUEST, Bytes::from(format!("reading the body: {e}\n"))),
+            match tokio::time::timeout(body_timeout, Limited::new(req.into_body(), max_body).collect()).await {
+                Ok(Ok(b)) => reply(StatusCode::OK, b.to_bytes()),
+                Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => too_large(),
+                Ok(Err(e)) => reply(StatusCode::BAD_REQUEST, Bytes::from(format!("reading the body: {e}\n"))),
+                Err(_) => {
+                    let msg = format!("the request body did not arrive within {} s\n", body_timeout.as_secs());
+                    reply(StatusCode::REQUEST_TIMEOUT, Bytes::from(msg))
+                }
             }
         }
         (&Method::GET, path) => match bytes_path(path) {
@@ -161,31 +181,41 @@ struct Ended {
     failed: u64,
 }
 
-/// Serves one connection with hyper; counts and reports how it ended.
-async fn serve<S>(
-    io: S,
-    peer: String,
+/// The server's limits.
+#[derive(Clone, Copy)]
+struct Limits {
     max_body: usize,
     header_timeout: Duration,
-    quiet: bool,
-    ended: Rc<RefCell<Ended>>,
-) where
+    body_timeout: Duration,
+    connection_timeout: Duration,
+}
+
+/// Serves one connection with hyper; counts and reports how it ended.
+async fn serve<S>(io: S, peer: String, limits: Limits, quiet: bool, ended: Rc<RefCell<Ended>>)
+where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
-    let served = hyper::server::conn::http1::Builder::new()
+    let Limits { max_body, header_timeout, body_timeout, connection_timeout } = limits;
+    let serving = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
-        .serve_connection(TokioIo::new(io), hyper::service::service_fn(move |req| handle(req, max_body)))
-        .await;
+        .serve_connection(TokioIo::new(io), hyper::service::service_fn(move |req| handle(req, max_body, body_timeout)));
+    // Bounded in time whatever the peer does (hyper has no timeout for a response its peer
+    // does not read): dropped at the limit, which drops the stream (a lingering close).
+    let served = tokio::time::timeout(connection_timeout, serving).await;
     let mut ended = ended.borrow_mut();
     match served {
-        Ok(()) => {
+        Err(_) => {
+            ended.failed += 1;
+            println!("http server: {peer} closed after its {} s (--connection-timeout)", connection_timeout.as_secs());
+        }
+        Ok(Ok(())) => {
             ended.clean += 1;
             if !quiet {
                 println!("http server: {peer} done");
             }
         }
-        Err(e) => {
+        Ok(Err(e)) => {
             ended.failed += 1;
             // The error and what caused it (hyper's own words, then the stream's).
             let mut why = e.to_string();
@@ -201,10 +231,26 @@ async fn serve<S>(
 }
 
 fn server(args: Args) {
-    args.finish(&["bind", "max-body", "header-timeout", "exit-after", "quiet", "tcp"]);
+    args.finish(&[
+        "bind",
+        "max-body",
+        "header-timeout",
+        "body-timeout",
+        "connection-timeout",
+        "max-connections",
+        "exit-after",
+        "quiet",
+        "tcp",
+    ]);
     let addr = args.addr("bind");
-    let max_body = args.size("max-body", 16 << 20);
-    let header_timeout = Duration::from_secs(args.get("header-timeout", 10u64).max(1));
+    let secs = |name: &str, default: u64| Duration::from_secs(args.get(name, default).max(1));
+    let limits = Limits {
+        max_body: args.size("max-body", 16 << 20),
+        header_timeout: secs("header-timeout", 10),
+        body_timeout: secs("body-timeout", 30),
+        connection_timeout: secs("connection-timeout", 600),
+    };
+    let max_connections: u64 = args.get("max-connections", 64u64).max(1);
     let exit_after: u64 = args.get("exit-after", 0);
     let quiet = args.switch("quiet");
     let tcp = args.switch("tcp");
@@ -219,7 +265,17 @@ fn server(args: Args) {
         };
         println!("http server: listening on {addr}{}", if tcp { " (TCP)" } else { "" });
         let done = |e: &Ended| exit_after > 0 && e.clean + e.failed >= exit_after;
+        let mut accepted = 0u64;
         while !done(&ended.borrow()) {
+            let open = {
+                let e = ended.borrow();
+                accepted - (e.clean + e.failed)
+            };
+            if open >= max_connections {
+                // At the limit: the next connection is accepted when one ends.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
             // Accept until enough connections have ended (checked between accepts and by a
             // periodic look, so the last one's end is seen without another accept).
             let limit = Duration::from_millis(200);
@@ -240,7 +296,8 @@ fn server(args: Args) {
             };
             // A task per connection, as a hyper server makes it: `spawn_local` (the driver
             // runs it where the reactor is at hand).
-            drop(tokio::task::spawn_local(serve(io, peer, max_body, header_timeout, quiet, ended.clone())));
+            accepted += 1;
+            drop(tokio::task::spawn_local(serve(io, peer, limits, quiet, ended.clone())));
         }
         Ok(())
     });

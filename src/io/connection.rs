@@ -591,13 +591,13 @@ impl Connection {
         })
     }
 
-    /// Appends as many of `bytes` as fit to the SEND of operation slot `slot` if it is still
-    /// the connection's last submitted operation and not posted yet ([`Conn::append_send`]);
-    /// returns how many bytes it took (0 also where its reactor is not at hand). A byte
-    /// stream's coalesced writes (`stream.rs`).
+    /// Appends as many of `bytes` as fit, and at most `limit`, to the SEND of operation slot
+    /// `slot` if it is still the connection's last submitted operation and not posted yet
+    /// ([`Conn::append_send`]); returns how many bytes it took (0 also where its reactor is not
+    /// at hand). A byte stream's coalesced writes (`stream.rs`), within its message size.
     #[cfg(feature = "tokio")]
-    pub(super) fn append(&self, slot: usize, bytes: &[std::io::IoSlice<'_>]) -> usize {
-        self.with_conn(|c| Ok(c.append_send(slot as u64, bytes))).unwrap_or(0)
+    pub(super) fn append(&self, slot: usize, bytes: &[std::io::IoSlice<'_>], limit: usize) -> usize {
+        self.with_conn(|c| Ok(c.append_send(slot as u64, bytes, limit))).unwrap_or(0)
     }
 
     /// Posts the receives the connection owes now, if it owes any, before a writer takes pool
@@ -807,6 +807,17 @@ impl OpFuture {
     /// operation's user_data ([`Connection::append`]).
     pub(super) fn slot(&self) -> Option<usize> {
         self.slot
+    }
+
+    /// True when its completion (or its refusal) is in: a poll now resolves, and registers no
+    /// waker. A look that replaces no waker of another task's (a byte stream's reader looking
+    /// at its writer's sends).
+    pub(super) fn is_done(&self) -> bool {
+        if self.failed.is_some() {
+            return true;
+        }
+        let Some(slot) = self.slot else { return self.op.is_none() };
+        matches!(self.st.borrow().slots.get(slot), Some(Slot::Done(..)) | Some(Slot::Abandoned) | None)
     }
 
     /// Whether the submission went: `None` when it did (the completion comes later), the

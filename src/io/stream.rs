@@ -73,15 +73,16 @@ const MAX_LINGER: Duration = Duration::from_secs(600);
 /// |---|---|---|---|---|---|
 /// | the peer shut down its writing (its end came), the connection open | `Ok(0)` | goes on | `Ok` | `Ok` | the same (a FIN) |
 /// | the peer closed: its end came, then its disconnect (a `shutdown` and a drop, or a drop alone) | `Ok(0)` | `BrokenPipe` | `Ok` | `Ok` | the same: `0`, `EPIPE`, `shutdown` is `Ok` |
-/// | the peer vanished: it disconnected without its end (its process killed, a [`set_linger`](Stream::set_linger) of zero, a message-API peer that closed) | `ConnectionReset` | `BrokenPipe` | `Ok` | `Ok` | a reset: `ECONNRESET` on a read |
+/// | the peer vanished: it disconnected without its end (its process killed, a [`set_linger`](Stream::set_linger) of zero, a message-API peer that closed) | `ConnectionReset` | `BrokenPipe` | `Ok`, but `BrokenPipe` if bytes a write accepted did not all go | as `flush` | a reset: `ECONNRESET` on a read, `ENOTCONN` from a `shutdown` |
 /// | the peer stopped answering: its device did not acknowledge (`RetryExcErr`), no credit came for [`Config::credit_timeout`](crate::Config::credit_timeout), a connection-manager deadline | `TimedOut` | `TimedOut` | `TimedOut` | `TimedOut` | `ETIMEDOUT` |
 /// | the connection broke: a work request failed, the peer's request was refused by this side's device | `ConnectionReset` | `ConnectionReset` | `ConnectionReset` | `ConnectionReset` | `ECONNRESET` |
-/// | the peer broke the protocol (sent beyond its credit, a broken frame; into a stream, an RDMA WRITE with immediate data) | `InvalidData` | `InvalidData` | `InvalidData` | `InvalidData` | - |
+/// | the peer broke the protocol (sent beyond its credit, a broken frame) | `InvalidData` | `InvalidData` | `InvalidData` | `InvalidData` | - |
+/// | the peer wrote into the stream with an RDMA WRITE with immediate data (not a stream's message) | `InvalidData` | goes on | `Ok` | `Ok` | - |
 /// | this side shut down its writing (`shutdown`) | goes on | `BrokenPipe` | `Ok` | `Ok` | the same |
 /// | this side's reactor shut down or was dropped ([`Reactor::shutdown`](crate::Reactor::shutdown)) | `ConnectionAborted` | `ConnectionAborted` | `ConnectionAborted` | `ConnectionAborted` | `ECONNABORTED` |
 /// | a local failure: the RDMA device removed or failed, the connection's completion queue failed | `ConnectionAborted` | `ConnectionAborted` | `ConnectionAborted` | `ConnectionAborted` | `ECONNABORTED` |
 /// | this side closed the connection through another handle ([`Connection::close`]) | `NotConnected` | `NotConnected` | `NotConnected` | `NotConnected` | `ENOTCONN` |
-/// | the pool at its maximum ([`PoolConfig::max_bytes`](crate::PoolConfig)) | - | `OutOfMemory`, that write only | - | `OutOfMemory` | `ENOBUFS` |
+/// | the pool has no memory for this connection now ([`PoolConfig`](crate::PoolConfig)'s memory guarantee: its budget, or the pool's maximum) | - | pending until a send gives its buffer back (or a short timer, none in flight) | - | pending, likewise | a full send buffer: the write waits |
 /// | polled where its reactor does not poll (below) | `Other` | `Other` | `Other` | `Other` | - |
 ///
 /// The error's source ([`io::Error::get_ref`]) is the crate's [`Error`]: `Error::Closed` with
@@ -190,7 +191,8 @@ pub struct Stream {
     /// The messages in flight, oldest first (the end-of-stream marker among them, last).
     sends: VecDeque<OpFuture>,
     /// The buffer of the last send that completed, for the next message (no pool round trip
-    /// per message); with the sends in flight, never more than `window` buffers.
+    /// per message while a writer streams); with the sends in flight, never more than `window`
+    /// buffers. Once none is in flight, only a small one is kept (`small`).
     spare: Option<Buf>,
     /// The first failure of the write side: every later write fails with it.
     write_err: Option<Failure>,
@@ -215,6 +217,12 @@ pub struct Stream {
     /// doubling to 100 ms), and its timer. Back-pressure, as TCP's writer waits for buffer
     /// space, never an error.
     memory_wait: Option<(Duration, super::time::Sleep)>,
+    /// The slot of this side's end-of-stream marker, once submitted.
+    marker_slot: Option<usize>,
+    /// A send of data bytes (not the marker) failed: bytes a write accepted did not all go.
+    /// `flush` and `shutdown` after the peer's close are `Ok` only without it (or once the
+    /// peer's own marker was read): the hostile review of issue 46.
+    data_lost: bool,
 }
 
 impl std::fmt::Debug for Stream {
@@ -368,6 +376,12 @@ fn no_reactor(conn: &Connection) -> Option<io::Error> {
 }
 
 /// The write side's error after the stream's own shutdown.
+/// A buffer of the pool's smallest class at most (4 KiB by default): kept as a stream's spare
+/// while it is idle.
+fn small(b: &Buf) -> bool {
+    b.capacity() <= SMALL_SPARE
+}
+
 fn shut_down() -> io::Error {
     let e =
         Error::NotConnected("this stream's writing was shut down (poll_shutdown): nothing more can be written".into());
@@ -394,6 +408,8 @@ impl Stream {
             last_len: 0,
             linger: DEFAULT_LINGER,
             memory_wait: None,
+            marker_slot: None,
+            data_lost: false,
         }
     }
 
@@ -493,11 +509,19 @@ impl Stream {
     /// is then `cx`'s). The first failure is kept.
     fn reap(&mut self, cx: &mut Context<'_>) {
         while let Some(front) = self.sends.front_mut() {
+            let slot = front.slot();
             let Poll::Ready((res, buf)) = Pin::new(front).poll(cx) else { break };
             self.sends.pop_front();
+            if res.is_err() && (slot.is_none() || slot != self.marker_slot) {
+                self.data_lost = true;
+            }
             match res {
-                // Kept for the next message; any other goes back to the pool here.
-                Ok(_) if self.spare.is_none() => self.spare = buf,
+                // Kept for the next message while more are in flight (a writer streaming), or
+                // when it is of the smallest class; any other goes back to the pool here, so an
+                // idle stream holds no message-size chunk.
+                Ok(_) if self.spare.is_none() && (!self.sends.is_empty() || buf.as_ref().is_some_and(small)) => {
+                    self.spare = buf
+                }
                 Ok(_) => {}
                 Err(_) if self.write_err.is_some() || self.why.is_some() => {}
                 Err(e) => {
@@ -627,7 +651,7 @@ impl Stream {
         // does (`Conn::append_send`). Not asked of a full one (a writer of whole messages).
         if self.last_len < max {
             if let Some(slot) = self.sends.back().and_then(OpFuture::slot) {
-                let n = self.conn.append(slot, bufs);
+                let n = self.conn.append(slot, bufs, max - self.last_len);
                 if n > 0 {
                     self.last_len += n;
                     return Poll::Ready(Ok(n));
@@ -638,9 +662,13 @@ impl Stream {
             // The oldest send's completion wakes this task.
             return Poll::Pending;
         }
-        // Of the message size, so the next writes can join it.
-        let mut buf = ready!(self.message_buf(max, cx))?;
         let len = take(bufs.iter().map(|b| b.len()), max);
+        // Of the message size while sends are in flight, so the next writes can join it (a
+        // writer streaming); else of the smallest chunk that holds these bytes (a small
+        // request or answer does not hold a message-size chunk: the hostile review of issue
+        // 46). Writes in the same poll still join it, up to that chunk.
+        let cap = if self.sends.is_empty() { len } else { max };
+        let mut buf = ready!(self.message_buf(cap, cx))?;
         let mut left = len;
         for b in bufs {
             if left == 0 {
@@ -653,10 +681,23 @@ impl Stream {
         Poll::Ready(Ok(len))
     }
 
+    /// The write side failed for the peer's close, and nothing it accepted was lost (only the
+    /// marker failed, or the peer's own marker was read first): `flush` and `shutdown` are `Ok`
+    /// then, as TCP's after the peer's orderly close. Bytes lost to a peer that vanished are
+    /// the write side's error.
+    fn closed_cleanly(&self) -> bool {
+        self.write_err.as_ref().is_some_and(|f| f.peer) && (!self.data_lost || self.ends.marked)
+    }
+
     fn flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.ends.closing && self.ends.write == WriteEnd::Shut {
+            // This stream closed its connection itself, both ends read and written (every
+            // send completed): nothing is left to flush, as TCP's after its orderly close.
+            return Poll::Ready(Ok(()));
+        }
         self.reap(cx);
         if let Some(f) = &self.write_err {
-            return Poll::Ready(if f.peer { Ok(()) } else { Err(f.io()) });
+            return Poll::Ready(if self.closed_cleanly() { Ok(()) } else { Err(f.io()) });
         }
         if self.why.is_some() {
             return Poll::Pending;
@@ -678,7 +719,7 @@ impl Stream {
             match self.start_shutdown(cx) {
                 Poll::Ready(Ok(())) => {}
                 Poll::Ready(Err(e)) => {
-                    return Poll::Ready(if self.write_err.as_ref().is_some_and(|f| f.peer) {
+                    return Poll::Ready(if self.closed_cleanly() {
                         // After the peer's close: TCP's shutdown is `Ok` then.
                         self.ends.write = WriteEnd::Shut;
                         Ok(())
@@ -691,7 +732,7 @@ impl Stream {
         }
         self.reap(cx);
         if let Some(f) = &self.write_err {
-            return Poll::Ready(if f.peer { Ok(()) } else { Err(f.io()) });
+            return Poll::Ready(if self.closed_cleanly() { Ok(()) } else { Err(f.io()) });
         }
         if self.why.is_some() || !self.sends.is_empty() {
             return Poll::Pending;
@@ -708,6 +749,7 @@ impl Stream {
         }
         let buf = ready!(self.message_buf(0, cx))?;
         ready!(self.push_send(buf, cx))?;
+        self.marker_slot = self.sends.back().and_then(OpFuture::slot);
         self.ends.write = WriteEnd::Marked;
         Poll::Ready(Ok(()))
     }
@@ -763,9 +805,13 @@ impl Stream {
                             // The peer's end-of-stream marker.
                             self.ends.read_done = true;
                             self.ends.marked = true;
-                            if self.ends.write == WriteEnd::Marked {
+                            if self.ends.write == WriteEnd::Marked && self.sends.iter().all(OpFuture::is_done) {
                                 // Our marker may have completed with no writer to see it (an
-                                // owned write half dropped): `reap` closes then.
+                                // owned write half dropped): `reap` closes then. Only when
+                                // every send is done: a poll of one in flight would put this
+                                // reader's waker in place of the writer's, which another task
+                                // may be waiting on (`shutdown`), and that writer would never
+                                // wake (the hostile review of issue 46).
                                 self.reap(cx);
                             }
                             self.maybe_close();
@@ -793,6 +839,8 @@ impl Stream {
 /// flight (`Stream::wait_for_memory`).
 const MEMORY_FIRST: Duration = Duration::from_millis(5);
 const MEMORY_MAX: Duration = Duration::from_millis(100);
+/// The largest spare buffer an idle stream keeps (the pool's smallest class by default).
+const SMALL_SPARE: usize = 4096;
 
 /// How many bytes one write takes of `lens` (a vectored write's slices): at most `max`, the
 /// message size.

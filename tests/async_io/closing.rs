@@ -59,6 +59,18 @@ fn a_future_dropped_mid_flight_returns_its_buffer_and_leaks_nothing() {
             .block_on(Connection::connect(a, ConnectOptions { msg_size: 256, ..ConnectOptions::default() }))
             .expect("block_on")
             .expect("connect");
+        // The server's receives grow with its traffic, one a message, to its depth (64, issue
+        // 45): grown first, so that what this test counts is the dropped futures' buffers.
+        let c = conn.clone();
+        r.block_on(async move {
+            for i in 0..64 {
+                let buf = c.alloc_from(&pattern(256, 8, i)).expect("buffer");
+                c.send(buf).await.0.expect("a warm-up send");
+            }
+        })
+        .expect("block_on");
+        run_until(&mut r, LIMIT, || received.borrow().len() == 64);
+        received.borrow_mut().clear();
         // Settled: the server task waits for a message, both sides' receives are posted.
         let end = Instant::now() + LIMIT;
         while r.stats().connections < 2

@@ -160,6 +160,46 @@ fn a_peer_that_vanished_reads_as_a_reset_after_its_bytes() {
     assert_eq!(rest, [Err(ErrorKind::BrokenPipe), Ok(()), Ok(()), Err(ErrorKind::ConnectionReset)]);
 }
 
+/// The row of the peer that vanished, with bytes a write accepted still waiting to go (the peer
+/// stopped reading, then closed with a linger of zero): `flush` and `shutdown` are
+/// `BrokenPipe`, not `Ok` (the hostile review of issue 46: they said `Ok` with the bytes lost).
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_peer_that_vanished_with_bytes_still_to_go_fails_the_flush_and_the_shutdown() {
+    let _w = Watchdog::new("peer vanished, bytes lost", LIMIT);
+    let (stalled, flush, shutdown) = drive(Config::default(), |a| async move {
+        let listener = Listener::bind(a).expect("listen");
+        let stop = Rc::new(Cell::new(false));
+        let st = stop.clone();
+        let server = io::spawn(async move {
+            // Never reads: the writer's credits, then its sends, stop.
+            let mut s = Stream::new(listener.accept().await.expect("accept"));
+            while !st.get() {
+                io::sleep(Duration::from_millis(10)).await.expect("sleep");
+            }
+            s.set_linger(Duration::ZERO);
+            drop(s);
+        })
+        .expect("spawn");
+        let mut s = Stream::new(Connection::connect(a, opts()).await.expect("connect"));
+        let mut buf = vec![0u8; 32 << 20];
+        Bytes::new().fill(24, 0, &mut buf);
+        // Stalls once the reader holds what it may and the window is in flight.
+        let stalled = io::timeout(Duration::from_secs(3), s.write_all(&buf)).await.is_err();
+        stop.set(true);
+        server.await.expect("server");
+        let why = io::timeout(Duration::from_secs(30), s.connection().closed()).await.expect("the peer's disconnect");
+        assert_eq!(why, CloseReason::Peer);
+        let flush = s.flush().await.map_err(|e| e.kind());
+        let shutdown = s.shutdown().await.map_err(|e| e.kind());
+        (stalled, flush, shutdown)
+    });
+    println!("peer vanished with bytes to go: stalled {stalled}; flush {flush:?}, shutdown {shutdown:?}");
+    assert!(stalled, "32 MiB into a reader that never reads stalls the writer");
+    assert_eq!(flush, Err(ErrorKind::BrokenPipe), "bytes a write accepted were lost");
+    assert_eq!(shutdown, Err(ErrorKind::BrokenPipe));
+}
+
 /// The row of this side's shutdown: writes fail with `BrokenPipe`, a flush and a second
 /// shutdown are `Ok`, reads go on (the peer writes back and ends).
 #[test]

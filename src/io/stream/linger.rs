@@ -18,8 +18,13 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use crate::error::Error;
 use crate::io::connection::{Connection, OpFuture};
 use crate::sys::pool::Buf;
+
+/// The first wait for memory for the marker, doubled while memory stays short, to its most.
+const MEMORY_FIRST: Duration = Duration::from_millis(5);
+const MEMORY_MAX: Duration = Duration::from_millis(100);
 
 /// Waits for `sends` (and, when `marker` is given, the end-of-stream marker sent after them,
 /// in the spare buffer it holds if any) for at most `limit`, then closes `conn`.
@@ -31,13 +36,36 @@ pub(super) async fn linger(
 ) {
     let delivered = async {
         if let Some(spare) = marker {
-            let buf = match spare {
-                Some(mut b) => b.set_len(0).map(|()| b),
-                None => conn.alloc(0),
-            };
-            // Without a buffer (the pool at its maximum) the peer reads a close without the
-            // marker: what went before it still went.
-            if let Ok(b) = buf {
+            let mut buf = spare.and_then(|mut b| b.set_len(0).ok().map(|()| b));
+            let mut wait = MEMORY_FIRST;
+            while buf.is_none() {
+                match conn.alloc(0) {
+                    Ok(b) => buf = Some(b),
+                    // No memory for it now (the connection at its budget, the pool at its
+                    // maximum): the oldest send's buffer, once it completed, or memory a
+                    // moment later. Within the linger time: the hostile review of issue 46
+                    // found the marker skipped, the peer then read a reset, not the end.
+                    Err(Error::OverBudget { .. } | Error::PoolExhausted { .. }) => match sends.pop_front() {
+                        Some(send) => {
+                            let (res, b) = send.await;
+                            if res.is_err() {
+                                return;
+                            }
+                            buf = b.and_then(|mut b| b.set_len(0).ok().map(|()| b));
+                        }
+                        None => {
+                            if crate::io::time::sleep(wait).await.is_err() {
+                                // Out of its reactor's reach: its timers with it.
+                                return;
+                            }
+                            wait = (wait * 2).min(MEMORY_MAX);
+                        }
+                    },
+                    // The connection ended: nothing more will go.
+                    Err(_) => return,
+                }
+            }
+            if let Some(b) = buf {
                 sends.push_back(conn.send(b));
             }
         }

@@ -157,7 +157,13 @@ impl Drop for OwnedWriteHalf {
                 Ok(mut s) => s.shutdown(cx),
                 Err(_) => Poll::Ready(Ok(())),
             });
-            let _ = crate::io::timeout(limit, shut).await;
+            if crate::io::timeout(limit, shut).await.is_err() {
+                // The linger time is spent: the stream's own drop, when this task's hold is
+                // the last, closes at once rather than lingering a second time.
+                if let Ok(mut s) = shared.try_borrow_mut() {
+                    s.linger = std::time::Duration::ZERO;
+                }
+            }
         };
         conn.spawn_at_home(Box::pin(task));
     }

@@ -327,12 +327,12 @@ impl<'a> Conn<'a> {
 
     /// Appends as many of `bytes` as fit to this connection's last submitted operation if it
     /// is a SEND of a pool buffer with `user_data`, not posted yet (submitted in this tick, or
-    /// waiting for credits or a send slot): up to its buffer's capacity and the message size.
-    /// Returns how many bytes it took (0: none, nothing changed). The byte stream's coalesced
+    /// waiting for credits or a send slot): up to its buffer's capacity, the message size and
+    /// `limit`. Returns how many bytes it took (0: none, nothing changed). The byte stream's coalesced
     /// writes (`crate::io::Stream`; `data/append.rs`).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn append_send(&mut self, user_data: u64, bytes: &[std::io::IoSlice<'_>]) -> usize {
-        self.ctx.core.append_send(self.key, user_data, bytes)
+    pub(crate) fn append_send(&mut self, user_data: u64, bytes: &[std::io::IoSlice<'_>], limit: usize) -> usize {
+        self.ctx.core.append_send(self.key, user_data, bytes, limit)
     }
 
     /// Submits an operation on caller-registered memory ([`Op::raw_send`], [`Op::raw_recv`]).

@@ -48,10 +48,11 @@ fn msg_limit(c: &ConnEntry) -> Option<usize> {
 
 impl Core {
     /// Appends as many of `bytes` as fit to connection `t`'s last pending operation, if it is
-    /// a SEND of a pool buffer with `user_data` that is not posted yet (module docs). Returns
-    /// how many bytes it took; 0 when it took none (nothing changed).
+    /// a SEND of a pool buffer with `user_data` that is not posted yet (module docs), at most
+    /// `limit` of them (the caller's own message size). Returns how many bytes it took; 0 when
+    /// it took none (nothing changed).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn append_send(&mut self, t: ConnKey, user_data: u64, bytes: &[IoSlice<'_>]) -> usize {
+    pub(crate) fn append_send(&mut self, t: ConnKey, user_data: u64, bytes: &[IoSlice<'_>], limit: usize) -> usize {
         let backlog_limit = self.cfg.send_backlog_bytes;
         let Some(c) = self.conns.get_mut(t) else { return 0 };
         if c.placed.is_none() || !c.role.state().is_established() {
@@ -68,7 +69,7 @@ impl Core {
         // fewer of those: then the backlog's byte bound applies to what it grows by.
         let waits = ops > c.sq.free_slots();
         let backlog_room = waits.then(|| backlog_limit.saturating_sub(pending_bytes));
-        let mut room = append_room(buf.len(), buf.capacity(), msg_limit(c), backlog_room);
+        let mut room = append_room(buf.len(), buf.capacity(), msg_limit(c), backlog_room).min(limit);
         let mut took = 0;
         for b in bytes {
             if room == 0 {

@@ -54,7 +54,9 @@ impl Core {
             || self.exec.has_work()
             // As the tick's own test: a connect request that can be decided now (review of
             // 2026-12-07, N11; one that cannot has its expiry among the timers).
-            || self.waiting_can_go();
+            || self.waiting_can_go()
+            // Pool memory came back while a shared receive queue's receives wait for it.
+            || self.srq_memory_back();
         if busy {
             return Some(Duration::ZERO);
         }

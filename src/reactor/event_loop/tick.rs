@@ -113,7 +113,8 @@ impl Core {
             || !self.closing.conns.is_empty()
             || !self.closing.listeners.is_empty()
             || self.exec.has_work()
-            || self.waiting_can_go();
+            || self.waiting_can_go()
+            || self.srq_memory_back();
         let mut wait = if busy { Some(Duration::ZERO) } else { timeout };
         if let Some(t) = timers_wait {
             wait = Some(wait.map_or(t, |w| w.min(t)));

@@ -104,12 +104,15 @@ pub struct Ledger {
     /// Slot 0 is [`Account::NONE`]'s and never used.
     entries: Vec<Entry>,
     free: Vec<u32>,
+    /// Credits so far (wrapping): a change says memory came back to some account, with or
+    /// without an event to tell the reactor (a buffer dropped outside it).
+    returned: u64,
 }
 
 impl Ledger {
     /// An empty ledger with `budget`.
     pub fn new(budget: Budget) -> Ledger {
-        Ledger { budget, reserved: 0, borrowed: 0, entries: vec![Entry::default()], free: Vec::new() }
+        Ledger { budget, reserved: 0, borrowed: 0, entries: vec![Entry::default()], free: Vec::new(), returned: 0 }
     }
 
     /// The split.
@@ -125,6 +128,12 @@ impl Ledger {
     /// Bytes borrowed now, over all accounts.
     pub fn borrowed(&self) -> usize {
         self.borrowed
+    }
+
+    /// How many credits were made so far (wrapping): compared with an earlier reading, whether
+    /// any memory came back since.
+    pub fn returned(&self) -> u64 {
+        self.returned
     }
 
     /// True when a reservation of `bytes` would fit now.
@@ -208,6 +217,7 @@ impl Ledger {
 
     /// Credits `bytes` back to `a` (a buffer charged to it was dropped).
     pub fn credit(&mut self, a: Account, bytes: usize) {
+        self.returned = self.returned.wrapping_add(1);
         let Some(e) = self.live(a).copied() else { return };
         let used = e.used.saturating_sub(bytes);
         let less = e.over() - used.saturating_sub(e.reserved);

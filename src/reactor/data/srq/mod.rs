@@ -104,8 +104,11 @@
 //! the pool when they drop it. When handlers hold every buffer the pool may register, the
 //! consumed receives wait, unposted, and (under flow control) their credits with them; since a
 //! buffer can come back with no event to wake the reactor (dropped outside it, or in
-//! `on_closed` after the tick's posting), a short timer (`TimerTarget::SrqRefill`, 5 ms) tries
-//! the refill again for as long as receives wait.
+//! `on_closed` after the tick's posting), a short timer (`TimerTarget::SrqRefill`, 5 ms,
+//! doubling to 1 s while it finds nothing) tries the refill again for as long as receives wait,
+//! and memory that came back to the pool since the posting that found it short (the ledger's
+//! count of credits, `Core::srq_memory_back`) makes the next tick, and `next_timeout`, come at
+//! once.
 //!
 //! **Teardown.** Every queue pair on the SRQ holds an `Rc` of it (`Qp`'s fields), so the SRQ
 //! is destroyed only after the last of them, when its device's resources are dropped (before
@@ -243,6 +246,10 @@ pub(in crate::reactor) struct DevSrq {
     /// Connections with receives withheld for memory (`Withheld::for_memory`), looked at
     /// by each posting.
     mem_withheld: Vec<ConnKey>,
+    /// The pool's [`Ledger::returned`](crate::sys::pool::Ledger::returned) when the last
+    /// posting found the pool short (`None` when it was not): memory back since then is a
+    /// reason for a tick now (`Core::srq_memory_back`), whether or not an event announced it.
+    short_at: Option<u64>,
 }
 
 impl Drop for DevSrq {
@@ -300,6 +307,7 @@ impl Core {
             failed: false,
             account,
             mem_withheld: Vec::new(),
+            short_at: None,
         });
         self.post_srq(d);
         let dev = self.devices[d].srq.as_mut().expect("just set");
@@ -443,6 +451,21 @@ impl Core {
         }
     }
 
+    /// True when a shared receive queue's receives wait for pool memory and some came back
+    /// since the posting that found it short: a tick should try again now, not at the retry
+    /// timer (a buffer dropped outside the reactor announces itself to no fd). Cheap unless a
+    /// retry is pending.
+    pub(in crate::reactor) fn srq_memory_back(&self) -> bool {
+        if !self.srq_refill {
+            return false;
+        }
+        (0..self.devices.slots()).any(|d| {
+            self.devices.get(d).is_some_and(|dev| {
+                dev.srq.as_ref().and_then(|s| s.short_at).is_some_and(|at| at != dev.pool.ledger().returned())
+            })
+        })
+    }
+
     /// Posts device `d`'s queued receives in one chain; each returns a credit to its
     /// connection once posted.
     fn post_srq(&mut self, d: usize) {
@@ -479,6 +502,7 @@ impl Core {
             keys.push(k);
         }
         s.repost.extend(queued);
+        s.short_at = short.then(|| pool.ledger().returned());
         // The retry's wait: short again after progress, doubled after a try that found nothing.
         self.srq_retry_wait =
             if wrs.is_empty() { (self.srq_retry_wait * 2).min(SRQ_RETRY_MAX) } else { SRQ_REFILL_RETRY };
