@@ -30,6 +30,7 @@ pub(crate) mod pool;
 pub(crate) mod qp;
 pub(crate) mod region;
 pub(crate) mod srq;
+pub(crate) mod wr;
 
 use std::io;
 use std::os::fd::{BorrowedFd, RawFd};

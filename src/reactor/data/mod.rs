@@ -23,8 +23,11 @@
 pub(super) mod cq;
 pub(super) mod cq_room;
 pub(super) mod expose;
+pub(crate) mod gate;
+pub(crate) mod lanes;
 pub(super) mod op;
 pub(super) mod post;
+pub(crate) mod ring;
 pub(super) mod send_queue;
 pub(super) mod srq;
 pub(super) mod tail;

@@ -1,0 +1,1311 @@
+//! A connection's two lanes (issue 47): its operations from submission to completion on the
+//! queue pair's operation rings (`ring.rs`), with their work requests built in place
+//! (`sys/wr.rs`) while credits, immediate data and signaling are decided in the same loop.
+//!
+//! This is what `OpEntry` in the global operation slab, `SendQueue`/`RecvQueue` and their key
+//! queues, `Planned`, `SendWr` and `Chains` do today, on one structure per connection:
+//!
+//! - **Submission** moves the operation into a [`Slot`] at its ring's tail (its owner marks
+//!   set as `OpEntry::new` sets them), after the connection's gate (`gate.rs`) let it through.
+//! - **Posting** ([`Lanes::plan_recvs`], [`Lanes::plan_sends`]) walks the queued slots from the
+//!   ring's `posted` counter and writes each one's work request into the connection's
+//!   pre-linked array at the same position; the caller posts that run
+//!   (`Qp::post_recv_run`, `Qp::post_send_run`) and reports what the device took
+//!   ([`Lanes::recvs_posted`], [`Lanes::sends_posted`]).
+//! - **Completion** decodes the position from the `wr_id`, checks it against the posted window
+//!   and takes the slot ([`Lanes::recv_completed`], [`Lanes::send_completed`] then
+//!   [`Lanes::pop_sent`]); [`Slot::into_done`] hands its parts to the completion the handler
+//!   gets.
+//!
+//! **The rules kept, as `send_queue/`'s module docs state them.** A send-queue operation is
+//! posted only with a free send slot, CQ room for its completion ([`CqRoom`]) and, when it
+//! consumes a peer receive under flow control, a credit (`proto/flow.rs`, unchanged: the
+//! reserve, no echo, the farewell that leaves an answer possible). The send queue is FIFO; an
+//! operation waiting for credit holds back the ones behind it. Credit-only messages, an iWARP
+//! client's hello and nudge and the close handshake's farewells are slots of the runtime's own
+//! (`CONTROL`), made during planning and put ahead of the data that waits (the ring's
+//! insertion, a shift of the queued slots: the cold path). One request in `signal_every` asks
+//! for a completion, and so does the last of each chain; a signaled completion completes the
+//! unsignaled requests before it, in order, each giving back its CQ entry. Receives are posted
+//! before sends (a grant never goes ahead of the receive it stands for), and a receive re-posted
+//! after a credit-only message consumed it goes ahead of the queued ones. A chain the device
+//! refused part way hands back the requests it did not take (failed with the errno), and the
+//! unsignaled requests it took after its last signaled one are no longer awaited
+//! ([`Lanes::awaited`]).
+//!
+//! **The out-of-order receive cases** ([`ring`](super::ring)'s module docs): a re-post after a
+//! credit-only message is an insertion at the front of the queued receives; a receive whose
+//! message was refused (beyond the peer's credit, or a broken frame) leaves the ring for the
+//! side list `returned`, in order, never posted on this queue pair again (the connection
+//! closes), cancelled at teardown or posted first on a reconnection's queue pair; saying
+//! goodbye, only the queued re-posts (a prefix of the queued receives) are posted.
+//!
+//! **No token names two objects.** A work request's `wr_id` is its ring's base (the
+//! connection's index and queue-pair epoch, the direction) and its position; a completion is
+//! accepted only if the position is in its ring's posted window and its slot holds an
+//! operation. A stale completion (an old queue pair's, a duplicate, a hostile value) reaches no
+//! operation: [`Lanes::recv_completed`] says [`RecvOutcome::Stale`] and
+//! [`Lanes::send_completed`] `None`, for the caller to count.
+//!
+//! Generic over the pool buffer ([`LaneBuf`]): the pool's `Buf` of today and the index-based
+//! `IndexBuf` (`sys/pool/index.rs`), so the reactor can move onto the lanes before or after it
+//! moves onto the new buffer.
+//!
+//! No FFI: the work-request arrays are `sys`'s, posted by `sys::qp`. Unit tests below, and a
+//! differential test that drives [`SendQueue`](super::send_queue::SendQueue) and the lanes with
+//! the same random scripts and compares every chain they post.
+// Phase 1 of issue 47: built beside the reactor's data path, which adopts it in phase 2
+// (DATAPATH.md); until then only the host benchmark (`bench_internals::Path`) and the unit tests
+// use it, so parts of it are dead code in a build without them.
+#![allow(dead_code)]
+
+use std::rc::Rc;
+
+use crate::proto::flow::{Farewell, Flow, Imm};
+use crate::proto::op::{OpCode, OpError, WcStatus};
+use crate::proto::token::{Dir, WrId};
+use crate::proto::transport::{unframe, Tail, TAIL_LEN};
+use crate::proto::wire::RemoteSlice;
+use crate::reactor::data::cq_room::CqRoom;
+use crate::reactor::data::op::RawBuf;
+use crate::reactor::data::ring::Ring;
+use crate::reactor::data::tail::TailRing;
+use crate::sys::cq::WorkCompletion;
+use crate::sys::mr::Mr;
+use crate::sys::pool::index::IndexBuf;
+use crate::sys::pool::{Buf, Window};
+use crate::sys::qp::SendOp;
+use crate::sys::region::RegionSlice;
+use crate::sys::wr::{RecvWrs, SendWrs};
+
+/// What the lanes need of a pool buffer: the pool's `Buf` and the index-based `IndexBuf`.
+pub(crate) trait LaneBuf {
+    /// Address, length (`len()`) and key of a send of its data.
+    fn send_sge(&self) -> (u64, u32, u32);
+    /// Address, length (the capacity and the slack after it) and key of a receive into it.
+    fn recv_sge(&self) -> (u64, u32, u32);
+    /// Bytes of data.
+    fn len(&self) -> usize;
+    /// Bytes the chunk holds.
+    fn capacity(&self) -> usize;
+    /// Makes the first `len()` bytes this owner's before the device shows them.
+    fn show(&self);
+    /// The device may write `n` bytes (a posted READ).
+    fn lend_to_device(&mut self, n: usize);
+    /// The device may write the whole chunk (a posted receive).
+    fn lend_all_to_device(&mut self);
+    /// The device wrote `n` bytes for this owner: they are the data.
+    fn received(&mut self, n: usize);
+    /// The first `n` bytes hold this owner's data (a READ's).
+    fn written(&mut self, n: usize);
+    /// Sets the length (up to the capacity; longer is cut at it).
+    fn set_len_at_most(&mut self, n: usize);
+    /// The 4 bytes before offset `n` of a receive (a tail).
+    fn tail_before(&self, n: usize) -> Option<[u8; 4]>;
+    /// Submitted on connection `owner` to be sent whole (`set_owner(owner, len())`, `show()`).
+    fn mark_send(&self, owner: u64);
+    /// Submitted on connection `owner` to receive into (`set_owner(owner, 0)`, the whole
+    /// chunk lent to the device).
+    fn mark_recv(&mut self, owner: u64);
+}
+
+impl LaneBuf for Buf {
+    #[inline(always)]
+    fn send_sge(&self) -> (u64, u32, u32) {
+        (self.addr(), self.len() as u32, self.lkey())
+    }
+    #[inline(always)]
+    fn recv_sge(&self) -> (u64, u32, u32) {
+        (self.addr(), self.post_capacity() as u32, self.lkey())
+    }
+    #[inline(always)]
+    fn len(&self) -> usize {
+        Buf::len(self)
+    }
+    fn capacity(&self) -> usize {
+        Buf::capacity(self)
+    }
+    #[inline(always)]
+    fn show(&self) {
+        Buf::show(self);
+    }
+    #[inline(always)]
+    fn lend_to_device(&mut self, n: usize) {
+        Buf::lend_to_device(self, n);
+    }
+    #[inline(always)]
+    fn lend_all_to_device(&mut self) {
+        Buf::lend_to_device(self, Buf::capacity(self));
+    }
+    #[inline(always)]
+    fn received(&mut self, n: usize) {
+        Buf::received(self, n);
+    }
+    fn written(&mut self, n: usize) {
+        Buf::written(self, n);
+    }
+    fn set_len_at_most(&mut self, n: usize) {
+        let _ = self.set_len(n.min(Buf::capacity(self)));
+    }
+    fn tail_before(&self, n: usize) -> Option<[u8; 4]> {
+        Buf::tail_before(self, n)
+    }
+    #[inline(always)]
+    fn mark_send(&self, owner: u64) {
+        self.set_owner(owner, Buf::len(self));
+        Buf::show(self);
+    }
+    #[inline(always)]
+    fn mark_recv(&mut self, owner: u64) {
+        self.set_owner(owner, 0);
+        Buf::lend_to_device(self, Buf::capacity(self));
+    }
+}
+
+impl LaneBuf for IndexBuf {
+    #[inline(always)]
+    fn send_sge(&self) -> (u64, u32, u32) {
+        IndexBuf::send_sge(self)
+    }
+    #[inline(always)]
+    fn recv_sge(&self) -> (u64, u32, u32) {
+        IndexBuf::recv_sge(self)
+    }
+    #[inline(always)]
+    fn len(&self) -> usize {
+        IndexBuf::len(self)
+    }
+    fn capacity(&self) -> usize {
+        IndexBuf::capacity(self)
+    }
+    #[inline(always)]
+    fn show(&self) {
+        IndexBuf::show(self);
+    }
+    #[inline(always)]
+    fn lend_to_device(&mut self, n: usize) {
+        IndexBuf::lend_to_device(self, n);
+    }
+    #[inline(always)]
+    fn lend_all_to_device(&mut self) {
+        IndexBuf::lend_all_to_device(self);
+    }
+    #[inline(always)]
+    fn received(&mut self, n: usize) {
+        IndexBuf::received(self, n);
+    }
+    fn written(&mut self, n: usize) {
+        IndexBuf::written(self, n);
+    }
+    fn set_len_at_most(&mut self, n: usize) {
+        let _ = self.set_len(n.min(IndexBuf::capacity(self)));
+    }
+    fn tail_before(&self, n: usize) -> Option<[u8; 4]> {
+        IndexBuf::tail_before(self, n)
+    }
+    #[inline(always)]
+    fn mark_send(&self, owner: u64) {
+        IndexBuf::mark_send(self, owner);
+    }
+    #[inline(always)]
+    fn mark_recv(&mut self, owner: u64) {
+        IndexBuf::mark_recv(self, owner);
+    }
+}
+
+/// The memory an operation names on this side.
+enum Mem<B> {
+    /// None: a credit-only message, a probe.
+    None,
+    /// A pool buffer.
+    Pool(B),
+    /// Caller-registered memory (`Conn::submit_raw`).
+    Raw(RawBuf),
+    /// A region slice (held until the completion) and its key on the connection's device.
+    Region(RegionSlice, u32),
+    /// A window bind: the window, held until the bind completes.
+    Bind(Rc<Window>),
+    /// On iWARP, a READ's memory and its sink's registration (declared first: deregistered
+    /// before the memory is handed back).
+    Sink(Box<(Mr, Mem<B>)>),
+}
+
+impl<B> std::fmt::Debug for Mem<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mem::None => "None",
+            Mem::Pool(_) => "Pool",
+            Mem::Raw(_) => "Raw",
+            Mem::Region(..) => "Region",
+            Mem::Bind(_) => "Bind",
+            Mem::Sink(_) => "Sink",
+        })
+    }
+}
+
+/// An operation while its ring holds it: from submission to completion. About 64 bytes with
+/// an `IndexBuf` ([module docs](self)).
+#[derive(Debug)]
+pub(crate) struct Slot<B> {
+    /// The user_data given at submission (0 for the runtime's own).
+    pub(crate) user_data: u64,
+    mem: Mem<B>,
+    /// A one-sided operation's remote slice (zeros for the others).
+    remote: RemoteSlice,
+    /// The pool bytes it holds while it waits to be posted (`Config::send_backlog_bytes`).
+    pool_len: u32,
+    opcode: OpCode,
+    flags: u8,
+}
+
+/// The runtime's own: no handler hears of it.
+const CONTROL: u8 = 1;
+/// A receive posted again after a credit-only message consumed it.
+const AFTER_CONTROL: u8 = 2;
+/// It consumes one of the peer's receives (a send or a WRITE with immediate data).
+const CONSUMES: u8 = 4;
+
+/// What a completed operation hands the handler: the public `Completion`'s fields, with the
+/// lanes' buffer type (built once, from the slot, as the handler's argument).
+#[derive(Debug)]
+pub struct Done<B> {
+    /// The user_data given at submission.
+    pub user_data: u64,
+    /// The operation's kind (the submission's, never the device's).
+    pub opcode: OpCode,
+    /// Bytes transferred (a receive: the message length), or why it failed.
+    pub result: Result<u32, OpError>,
+    /// The pool buffer of the submission, given back.
+    pub buf: Option<B>,
+    /// A receive consumed by an RDMA WRITE with immediate data.
+    pub remote_write: bool,
+    /// The region slice of the submission, given back.
+    pub region: Option<RegionSlice>,
+}
+
+const NO_REMOTE: RemoteSlice = RemoteSlice { addr: 0, len: 0, rkey: 0 };
+
+impl<B: LaneBuf> Slot<B> {
+    /// A send of a pool buffer's `len()` bytes submitted on connection `owner` (its owner marks
+    /// set as `Core::submit` and `OpEntry::new` set them: the buffer is `owner`'s with the
+    /// bytes it sends, and they are shown).
+    #[inline(always)]
+    pub(crate) fn send_on(buf: B, owner: u64, user_data: u64) -> Slot<B> {
+        buf.mark_send(owner);
+        let pool_len = buf.len() as u32;
+        Slot { user_data, mem: Mem::Pool(buf), remote: NO_REMOTE, pool_len, opcode: OpCode::Send, flags: CONSUMES }
+    }
+
+    /// A receive into a pool buffer's whole capacity submitted on connection `owner` (its
+    /// marks as `Core::submit` and `OpEntry::new` set them).
+    #[inline(always)]
+    pub(crate) fn recv_on(mut buf: B, owner: u64, user_data: u64) -> Slot<B> {
+        buf.mark_recv(owner);
+        Slot { user_data, mem: Mem::Pool(buf), remote: NO_REMOTE, pool_len: 0, opcode: OpCode::Recv, flags: 0 }
+    }
+
+    /// A send of a pool buffer's `len()` bytes. Its bytes are shown (the device sends them).
+    #[inline(always)]
+    pub(crate) fn send(buf: B, user_data: u64) -> Slot<B> {
+        buf.show();
+        let pool_len = buf.len() as u32;
+        Slot { user_data, mem: Mem::Pool(buf), remote: NO_REMOTE, pool_len, opcode: OpCode::Send, flags: CONSUMES }
+    }
+
+    /// A receive into a pool buffer's whole capacity.
+    #[inline(always)]
+    pub(crate) fn recv(mut buf: B, user_data: u64) -> Slot<B> {
+        buf.lend_all_to_device();
+        Slot { user_data, mem: Mem::Pool(buf), remote: NO_REMOTE, pool_len: 0, opcode: OpCode::Recv, flags: 0 }
+    }
+
+    /// An RDMA WRITE (with immediate data when `imm`) of a pool buffer's `len()` bytes.
+    pub(crate) fn write(buf: B, remote: RemoteSlice, imm: bool, user_data: u64) -> Slot<B> {
+        buf.show();
+        let pool_len = buf.len() as u32;
+        let (opcode, flags) = if imm { (OpCode::WriteImm, CONSUMES) } else { (OpCode::Write, 0) };
+        Slot { user_data, mem: Mem::Pool(buf), remote, pool_len, opcode, flags }
+    }
+
+    /// An RDMA READ of `remote.len` bytes into a pool buffer (submission checked they fit).
+    pub(crate) fn read(mut buf: B, remote: RemoteSlice, user_data: u64) -> Slot<B> {
+        buf.set_len_at_most(remote.len as usize);
+        buf.lend_to_device(remote.len as usize);
+        Slot { user_data, mem: Mem::Pool(buf), remote, pool_len: remote.len, opcode: OpCode::Read, flags: 0 }
+    }
+
+    /// An operation on caller-registered memory (`Conn::submit_raw`: a send or a receive).
+    pub(crate) fn raw(opcode: OpCode, raw: RawBuf, user_data: u64) -> Slot<B> {
+        let flags = if opcode.consumes_peer_receive() { CONSUMES } else { 0 };
+        Slot { user_data, mem: Mem::Raw(raw), remote: NO_REMOTE, pool_len: 0, opcode, flags }
+    }
+
+    /// An operation on a region slice whose key on the connection's device is `lkey`.
+    pub(crate) fn region(
+        opcode: OpCode,
+        slice: RegionSlice,
+        lkey: u32,
+        remote: Option<RemoteSlice>,
+        user_data: u64,
+    ) -> Slot<B> {
+        let flags = if opcode.consumes_peer_receive() { CONSUMES } else { 0 };
+        let remote = remote.unwrap_or(NO_REMOTE);
+        Slot { user_data, mem: Mem::Region(slice, lkey), remote, pool_len: 0, opcode, flags }
+    }
+
+    /// A credit-only message (its immediate data is decided when it is planned).
+    pub(crate) fn control() -> Slot<B> {
+        Slot { user_data: 0, mem: Mem::None, remote: NO_REMOTE, pool_len: 0, opcode: OpCode::Send, flags: CONTROL }
+    }
+
+    /// A probe: a zero-length RDMA WRITE (a keepalive, an iWARP nudge), needing no credit.
+    pub(crate) fn probe() -> Slot<B> {
+        Slot { opcode: OpCode::Write, ..Slot::control() }
+    }
+
+    /// A window bind: holds the window until it completes.
+    pub(crate) fn bind(window: Rc<Window>) -> Slot<B> {
+        Slot { mem: Mem::Bind(window), ..Slot::probe() }
+    }
+
+    /// On iWARP, a READ whose sink `sink` registers its memory with remote write.
+    pub(crate) fn with_sink(mut self, sink: Mr) -> Slot<B> {
+        let mem = std::mem::replace(&mut self.mem, Mem::None);
+        self.mem = Mem::Sink(Box::new((sink, mem)));
+        self
+    }
+
+    /// The bytes its work request names (a send's result: a send's completion carries no
+    /// length).
+    #[inline(always)]
+    pub(crate) fn posted_len(&self) -> u32 {
+        self.sge().1
+    }
+
+    /// The runtime's own (no handler hears of it).
+    #[inline(always)]
+    pub(crate) fn is_control(&self) -> bool {
+        self.flags & CONTROL != 0
+    }
+
+    /// The operation's kind.
+    pub(crate) fn opcode(&self) -> OpCode {
+        self.opcode
+    }
+
+    /// Local address, length and key of its work request.
+    #[inline(always)]
+    fn sge(&self) -> (u64, u32, u32) {
+        match &self.mem {
+            Mem::Pool(b) if self.opcode == OpCode::Recv => b.recv_sge(),
+            Mem::Pool(b) => b.send_sge(),
+            mem => self.sge_cold(mem),
+        }
+    }
+
+    /// [`Slot::sge`] of memory other than a pool buffer's.
+    #[inline(never)]
+    fn sge_cold(&self, mem: &Mem<B>) -> (u64, u32, u32) {
+        let (mem, lkey) = match mem {
+            Mem::Sink(b) => (&b.1, Some(b.0.lkey())),
+            mem => (mem, None),
+        };
+        let (addr, len, own) = match mem {
+            Mem::Pool(b) if self.opcode == OpCode::Recv => b.recv_sge(),
+            Mem::Pool(b) => b.send_sge(),
+            Mem::Raw(r) => (r.addr, r.len, r.lkey),
+            Mem::Region(s, lkey) if self.opcode == OpCode::Read => (s.addr(), self.remote.len, *lkey),
+            Mem::Region(s, lkey) => (s.addr(), s.len() as u32, *lkey),
+            Mem::None | Mem::Bind(_) | Mem::Sink(_) => (0, 0, 0),
+        };
+        (addr, len, lkey.unwrap_or(own))
+    }
+
+    /// The most payload a receive's memory holds (a tail-framed message longer is refused).
+    fn recv_capacity(&self) -> u32 {
+        match &self.mem {
+            Mem::Pool(b) => u32::try_from(b.capacity()).unwrap_or(u32::MAX),
+            Mem::Region(s, _) => u32::try_from(s.len()).unwrap_or(u32::MAX),
+            Mem::Raw(r) => r.len,
+            _ => 0,
+        }
+    }
+
+    /// The last 4 of the `n` bytes a receive got (its tail, iWARP); `None` when fewer than 4
+    /// arrived or they lie outside the memory. Raw memory's tail is read by the reactor under
+    /// `Conn::submit_raw`'s contract (`OpEntry::received_tail`); none here.
+    fn received_tail(&self, n: u32) -> Option<[u8; 4]> {
+        let at = n.checked_sub(TAIL_LEN)? as usize;
+        match &self.mem {
+            Mem::Pool(b) => b.tail_before(n as usize),
+            Mem::Region(s, _) => {
+                if n as usize > s.len() {
+                    return None;
+                }
+                let mut tail = [0u8; 4];
+                s.region().read_at(s.range().start + at, &mut tail).ok()?;
+                Some(tail)
+            }
+            _ => None,
+        }
+    }
+
+    /// The completion's parts: `result`, with the memory handed back (a successful receive's
+    /// length set to the bytes received, a READ's bytes the owner's), as
+    /// `OpEntry::into_completion`.
+    #[inline(always)]
+    pub(crate) fn into_done(self, result: Result<u32, OpError>, remote_write: bool) -> Done<B> {
+        let Slot { user_data, mem, opcode, .. } = self;
+        let (buf, region) = match mem {
+            Mem::Pool(mut b) => {
+                match (opcode, &result) {
+                    // Exactly the bytes received (none for an RDMA WRITE with immediate data).
+                    (OpCode::Recv, Ok(n)) => b.received(if remote_write { 0 } else { *n as usize }),
+                    // The device wrote these bytes for this owner.
+                    (OpCode::Read, Ok(_)) => {
+                        let n = b.len();
+                        b.written(n);
+                    }
+                    _ => {}
+                }
+                (Some(b), None)
+            }
+            mem => Slot::cold_parts(mem, opcode, &result),
+        };
+        Done { user_data, opcode, result, buf, remote_write, region }
+    }
+
+    /// [`Slot::into_done`]'s memory other than a pool buffer: a region slice, or a READ's sink
+    /// (deregistered before the memory is handed back).
+    #[inline(never)]
+    fn cold_parts(mem: Mem<B>, opcode: OpCode, result: &Result<u32, OpError>) -> (Option<B>, Option<RegionSlice>) {
+        let mem = match mem {
+            Mem::Sink(b) => {
+                let (sink, mem) = *b;
+                drop(sink);
+                mem
+            }
+            mem => mem,
+        };
+        match mem {
+            Mem::Pool(mut b) => {
+                if let (OpCode::Read, Ok(_)) = (opcode, result) {
+                    let n = b.len();
+                    b.written(n);
+                }
+                (Some(b), None)
+            }
+            Mem::Region(s, _) => (None, Some(s)),
+            _ => (None, None),
+        }
+    }
+}
+
+/// The send queue's state beside its ring: what `SendQueue` keeps besides its key queues.
+#[derive(Debug)]
+struct SendCtl {
+    /// Send work requests the queue pair holds.
+    capacity: u32,
+    signal_every: u32,
+    /// Unsignaled requests posted since the last signaled one.
+    unsignaled: u32,
+    /// Outstanding requests a refused post left without a signaled request after them.
+    unreported: u32,
+    /// Pool bytes of the queued operations (ring and overflow).
+    queued_bytes: usize,
+    flow: Option<Flow>,
+    /// [`HOLD`], [`HELLO`], [`NUDGE`], [`LEAVING_DUE`], [`LEAVING_SENT`], [`ANSWER`],
+    /// [`FAREWELL`], [`YIELDS`]: one byte, so the common plan tests one mask ([`SPECIAL`]).
+    flags: u8,
+}
+
+/// Nothing may go yet: an iWARP agent waits for its client's first message.
+const HOLD: u8 = 1;
+/// A credit-only message goes first: an iWARP client speaks first.
+const HELLO: u8 = 2;
+/// A zero-length RDMA WRITE goes next, ahead of the queued operations (an iWARP nudge).
+const NUDGE: u8 = 4;
+/// Our farewell is asked for and waits for a credit.
+const LEAVING_DUE: u8 = 8;
+/// Our farewell went.
+const LEAVING_SENT: u8 = 16;
+/// The peer's farewell arrived and our answer has not gone yet.
+const ANSWER: u8 = 32;
+/// Both sides take part in the close handshake.
+const FAREWELL: u8 = 64;
+/// Our farewell takes the last credit only with a grant.
+const YIELDS: u8 = 128;
+/// Saying goodbye: no data goes any more.
+const QUIET: u8 = LEAVING_DUE | LEAVING_SENT;
+/// A plan does more than post the queued operations and a credit-only message.
+const SPECIAL: u8 = HOLD | HELLO | NUDGE | LEAVING_DUE | ANSWER;
+
+impl SendCtl {
+    fn new(signal_every: u32) -> SendCtl {
+        SendCtl {
+            capacity: 0,
+            signal_every: signal_every.max(1),
+            unsignaled: 0,
+            unreported: 0,
+            queued_bytes: 0,
+            flow: None,
+            flags: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn has(&self, flag: u8) -> bool {
+        self.flags & flag != 0
+    }
+
+    #[inline(always)]
+    fn set(&mut self, flag: u8, on: bool) {
+        if on {
+            self.flags |= flag;
+        } else {
+            self.flags &= !flag;
+        }
+    }
+
+    /// The signaling of the next request of a chain: one in `signal_every` asks for a
+    /// completion (the chain's last is made to by [`SendWrs::set_signaled`]).
+    #[inline(always)]
+    fn next_signaled(&mut self) -> bool {
+        self.unsignaled += 1;
+        let signaled = self.unsignaled >= self.signal_every;
+        if signaled {
+            self.unsignaled = 0;
+        }
+        signaled
+    }
+}
+
+/// What [`Lanes::plan_sends`] planned: the run to post.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SendRun {
+    /// The ring position (and array index, mod its length) of its first request.
+    pub(crate) first: u32,
+    /// Requests in it.
+    pub(crate) n: u32,
+    /// Something could not go for lack of CQ room: the connection waits for room.
+    pub(crate) short_of_room: bool,
+}
+
+/// What a receive completion was ([`Lanes::recv_completed`]).
+#[derive(Debug)]
+pub(crate) enum RecvOutcome<B> {
+    /// Not an outstanding receive of this lane: the caller counts it stale.
+    Stale,
+    /// For the handler: the completion (an error: a work error to feed too). `wake` when the
+    /// connection has something to post now (credits owed, sends released).
+    Deliver { done: Done<B>, wake: bool },
+    /// A credit-only message consumed it: it is queued again ahead of the others (the
+    /// connection has something to post), and the message said `farewell`.
+    Control { farewell: Farewell },
+    /// The peer broke the framing (why): the receive waits in the side list, the connection
+    /// closes (`Protocol`).
+    BadFrame(String),
+    /// The peer sent beyond the credit we granted: the receive waits in the side list, the
+    /// connection closes (`Protocol`, `Stats::credit_overdrawn`).
+    Overdrawn,
+}
+
+/// One connection's send and receive lanes ([module docs](self)).
+#[derive(Debug)]
+pub(crate) struct Lanes<B> {
+    send: Ring<Slot<B>>,
+    recv: Ring<Slot<B>>,
+    swrs: SendWrs,
+    rwrs: RecvWrs,
+    ctl: SendCtl,
+    /// Receive work requests the queue pair holds.
+    recv_capacity: u32,
+    /// Receives a refused message gave back, in order (the side list).
+    returned: Vec<Slot<B>>,
+    /// Of the receives the last [`Lanes::plan_recvs`] planned, re-posts after credit-only
+    /// messages (their grants are owed as such).
+    recv_after_control: u32,
+}
+
+/// The most requests of the runtime's own one plan inserts: a hello, a nudge, two farewells and
+/// a credit-only message.
+const MAX_INSERTS: u32 = 5;
+
+/// The slots a ring starts with; it grows (by doubling) up to the queue pair's depth, so a
+/// connection's memory follows what it keeps in flight, not its configured depth.
+const FIRST_SLOTS: u32 = 4;
+
+impl<B: LaneBuf> Lanes<B> {
+    /// The lanes of connection slot `index` (at most `WrId::MAX_INDEX`), whose queue pair is
+    /// its `epoch`-th, signaling one send request in `signal_every`. Capacities come with the
+    /// queue pair ([`Lanes::set_capacity`]).
+    pub(crate) fn new(index: u32, epoch: u16, signal_every: u32) -> Option<Lanes<B>> {
+        let sbase = WrId::base(index, epoch, Dir::Send)?;
+        let rbase = WrId::base(index, epoch, Dir::Recv)?;
+        Some(Lanes {
+            send: Ring::new(FIRST_SLOTS, FIRST_SLOTS, sbase),
+            recv: Ring::new(FIRST_SLOTS, FIRST_SLOTS, rbase),
+            swrs: SendWrs::new(0),
+            rwrs: RecvWrs::new(0),
+            ctl: SendCtl::new(signal_every),
+            recv_capacity: 0,
+            returned: Vec::new(),
+            recv_after_control: 0,
+        })
+    }
+
+    /// The queue pair holds `send` send and `recv` receive work requests: each ring may grow
+    /// to hold that many (a ring of the next power of two; its queued operations beyond the
+    /// queue pair wait in it or in its overflow queue).
+    pub(crate) fn set_capacity(&mut self, send: u32, recv: u32) {
+        self.ctl.capacity = send;
+        self.recv_capacity = recv;
+        self.send.set_limit(send);
+        self.recv.set_limit(recv);
+    }
+
+    /// The send work requests the queue pair holds.
+    pub(crate) fn send_capacity(&self) -> u32 {
+        self.ctl.capacity
+    }
+
+    /// The receive work requests the queue pair holds.
+    pub(crate) fn recv_capacity(&self) -> u32 {
+        self.recv_capacity
+    }
+
+    /// Turns flow control on with this credit state.
+    pub(crate) fn set_flow(&mut self, flow: Option<Flow>) {
+        self.ctl.flow = flow;
+    }
+
+    /// The credit state, when flow control is on.
+    pub(crate) fn flow_mut(&mut self) -> Option<&mut Flow> {
+        self.ctl.flow.as_mut()
+    }
+
+    /// Turns the close handshake on (both sides agreed, under flow control).
+    pub(crate) fn set_farewell(&mut self, on: bool) {
+        let on = on && self.ctl.flow.is_some();
+        self.ctl.set(FAREWELL, on);
+    }
+
+    /// True when the connection closes with the close handshake.
+    pub(crate) fn farewell(&self) -> bool {
+        self.ctl.has(FAREWELL)
+    }
+
+    /// Asks for our farewell (as `SendQueue::say_farewell`).
+    pub(crate) fn say_farewell(&mut self) {
+        if self.ctl.has(FAREWELL) && !self.ctl.has(QUIET) {
+            self.ctl.set(LEAVING_DUE, true);
+        }
+    }
+
+    /// Our farewell yields the last credit (the connecting side's rule, `proto::flow`).
+    pub(crate) fn yield_last_credit(&mut self) {
+        self.ctl.set(YIELDS, true);
+    }
+
+    /// The peer's farewell arrived: answer it (once).
+    pub(crate) fn answer_farewell(&mut self) {
+        if self.ctl.has(FAREWELL) {
+            self.ctl.set(ANSWER, true);
+        }
+    }
+
+    /// Holds every send back until [`Lanes::release`] (an iWARP agent before its client spoke).
+    pub(crate) fn set_hold(&mut self, hold: bool) {
+        self.ctl.set(HOLD, hold);
+    }
+
+    /// The peer has spoken: what was held back may go. True when something was held.
+    #[inline(always)]
+    pub(crate) fn release(&mut self) -> bool {
+        let held = self.ctl.has(HOLD);
+        if held {
+            self.ctl.set(HOLD, false);
+        }
+        held
+    }
+
+    /// The next plan starts with a credit-only message (an iWARP client speaks first).
+    pub(crate) fn set_hello(&mut self, hello: bool) {
+        self.ctl.set(HELLO, hello);
+    }
+
+    /// A zero-length RDMA WRITE goes at the next plan, ahead of the queued operations and
+    /// needing no credit (an iWARP client's nudge). False when one is due already.
+    pub(crate) fn nudge(&mut self) -> bool {
+        let due = self.ctl.has(NUDGE);
+        self.ctl.set(NUDGE, true);
+        !due
+    }
+
+    /// Queues a send-queue operation behind the others.
+    #[inline(always)]
+    pub(crate) fn submit_send(&mut self, slot: Slot<B>) {
+        self.ctl.queued_bytes += slot.pool_len as usize;
+        self.send.push(slot);
+    }
+
+    /// Queues a receive behind the others.
+    #[inline(always)]
+    pub(crate) fn submit_recv(&mut self, slot: Slot<B>) {
+        self.recv.push(slot);
+    }
+
+    /// Send-queue operations queued and not yet posted, and their pool bytes.
+    #[inline(always)]
+    pub(crate) fn backlog(&self) -> (u32, usize) {
+        (self.send.queued() + self.send.overflowed() as u32, self.ctl.queued_bytes)
+    }
+
+    /// Send work requests the queue pair can take now.
+    #[inline(always)]
+    pub(crate) fn free_slots(&self) -> u32 {
+        self.ctl.capacity.saturating_sub(self.send.outstanding())
+    }
+
+    /// Posted send requests not yet completed, and receives.
+    pub(crate) fn outstanding(&self) -> (u32, u32) {
+        (self.send.outstanding(), self.recv.outstanding())
+    }
+
+    /// Posted send requests whose completion is awaited (what draining waits for).
+    pub(crate) fn awaited(&self) -> u32 {
+        self.send.outstanding() - self.ctl.unreported.min(self.send.outstanding())
+    }
+
+    /// True when receives wait to be posted.
+    pub(crate) fn has_pending_recvs(&self) -> bool {
+        self.recv.queued() > 0 || self.recv.overflowed() > 0
+    }
+
+    /// True when a plan could post something now or later (as `SendQueue::wants_post`).
+    #[inline(always)]
+    pub(crate) fn wants_post(&self) -> bool {
+        let c = &self.ctl;
+        let pending = self.send.queued() > 0 || self.send.overflowed() > 0;
+        !c.has(HOLD)
+            && ((!c.has(QUIET) && pending)
+                || c.has(HELLO | NUDGE | LEAVING_DUE | ANSWER)
+                || c.flow.as_ref().is_some_and(Flow::wants_control))
+    }
+
+    /// True when the next operation waits for the peer's credits.
+    #[inline]
+    pub(crate) fn credit_blocked(&self) -> bool {
+        let c = &self.ctl;
+        !c.has(QUIET)
+            && self.send.next_queued().is_some_and(|s| s.flags & CONSUMES != 0)
+            && c.flow.as_ref().is_some_and(|f| !f.can_send_data())
+    }
+
+    /// Writes the queued receives the queue pair can take now into the receive array and
+    /// returns the run to post: `(first, n)` (`n` 0: nothing). Saying goodbye (`finishing`),
+    /// only the re-posts of receives credit-only messages consumed go (a prefix of the queued
+    /// receives: they are queued at the front). Report with [`Lanes::recvs_posted`].
+    #[inline]
+    pub(crate) fn plan_recvs(&mut self, finishing: bool) -> (u32, u32) {
+        if self.recv.overflowed() > 0 {
+            self.recv.refill();
+        }
+        let room = self.recv_capacity.saturating_sub(self.recv.outstanding());
+        let mut n = self.recv.queued().min(room);
+        if finishing {
+            n = (0..n).take_while(|&k| self.recv.queued_at(k).is_some_and(|s| s.flags & AFTER_CONTROL != 0)).count()
+                as u32;
+        }
+        if n == 0 {
+            return (self.recv.next_post(), 0);
+        }
+        if self.rwrs.capacity() != self.recv.capacity() {
+            self.rwrs = RecvWrs::new(self.recv.capacity());
+        }
+        let first = self.recv.next_post();
+        let mut after = 0;
+        for k in 0..n {
+            let seq = first.wrapping_add(k);
+            let slot = self.recv.queued_at(k).expect("k < queued");
+            after += u32::from(slot.flags & AFTER_CONTROL != 0);
+            let (addr, len, lkey) = slot.sge();
+            self.rwrs.write(seq, self.recv.wr_id(seq), addr, len, lkey);
+        }
+        self.recv_after_control = after;
+        (first, n)
+    }
+
+    /// The receive array, for the post of the run [`Lanes::plan_recvs`] returned
+    /// (`Qp::post_recv_run`).
+    pub(crate) fn recv_wrs(&mut self) -> &mut RecvWrs {
+        &mut self.rwrs
+    }
+
+    /// The device took `taken` of the `n` receives planned; `grants` when receives posted now
+    /// grant credits (the connect information was sent). Returns the ones it refused, in
+    /// order, for the caller to fail (`None`: all taken).
+    #[inline]
+    pub(crate) fn recvs_posted(&mut self, taken: u32, n: u32, grants: bool) -> Option<Vec<Slot<B>>> {
+        if grants {
+            if let Some(flow) = self.ctl.flow.as_mut() {
+                if self.recv_after_control == 0 {
+                    for _ in 0..taken {
+                        flow.on_repost(false);
+                    }
+                } else {
+                    for k in 0..taken {
+                        let after = self.recv.queued_at(k).is_some_and(|s| s.flags & AFTER_CONTROL != 0);
+                        flow.on_repost(after);
+                    }
+                }
+            }
+        }
+        self.recv.mark_posted(taken);
+        if taken < n {
+            return Some(self.recv.remove_queued(0, n - taken));
+        }
+        None
+    }
+
+    /// Plans the send chain to post now and writes its work requests into the send array:
+    /// every rule of `SendQueue::plan_into` ([module docs](self)), in its order (the hello, the
+    /// nudge, the queued operations while slots, room and credits allow, the close handshake's
+    /// messages, a credit-only message when one is owed), with each request's immediate data
+    /// and signaling decided as it is written. CQ room is reserved and credits spent for every
+    /// request of the run; `tails` (iWARP) carries the credits in each send's tail instead of
+    /// immediate data. Report with [`Lanes::sends_posted`].
+    #[inline]
+    pub(in crate::reactor) fn plan_sends(
+        &mut self,
+        room: &mut CqRoom,
+        max_inline: u32,
+        mut tails: Option<&mut TailRing>,
+    ) -> SendRun {
+        if self.send.overflowed() > 0 {
+            self.send.refill();
+        }
+        if self.ctl.flags != 0 || self.ctl.flow.is_some() {
+            // Room, before any request is written, for what planning may insert (a hello, a
+            // nudge, two farewells, a credit-only message): the ring must not grow under the
+            // requests written (`Ring::reserve`); at its limit, an insertion moves its last
+            // queued operation to the overflow queue instead, and nothing moves.
+            self.send.reserve(MAX_INSERTS);
+        }
+        if self.swrs.capacity() != self.send.capacity() {
+            self.swrs = SendWrs::new(self.send.capacity());
+        }
+        let first = self.send.next_post();
+        let mut run = SendRun { first, n: 0, short_of_room: false };
+        let Lanes { send, swrs, ctl, .. } = self;
+        if ctl.has(HOLD) {
+            return run;
+        }
+        let slots = ctl.capacity.saturating_sub(send.outstanding());
+        // The run's requests so far: queued positions 0..k.
+        let mut k = 0u32;
+        if ctl.has(SPECIAL) {
+            k = plan_first(send, swrs, ctl, room, &mut run, slots, max_inline, tails.as_deref_mut());
+        }
+        if !ctl.has(HELLO | QUIET) {
+            while k < slots {
+                let Some(slot) = send.queued_at(k) else { break };
+                let (consumes, pool_len) = (slot.flags & CONSUMES != 0, slot.pool_len);
+                let flow = ctl.flow.as_mut().filter(|_| consumes);
+                if flow.as_ref().is_some_and(|f| !f.can_send_data()) {
+                    break;
+                }
+                if room.reserve_send(1) == 0 {
+                    run.short_of_room = true;
+                    break;
+                }
+                let imm = flow.map(|f| f.send_data().encode());
+                ctl.queued_bytes -= pool_len as usize;
+                let signaled = ctl.next_signaled();
+                let seq = first.wrapping_add(k);
+                write_send(swrs, seq, send.wr_id(seq), slot, imm, signaled, max_inline, tails.as_deref_mut());
+                k += 1;
+            }
+        }
+        if ctl.has(ANSWER | LEAVING_DUE) {
+            k = plan_farewells(send, swrs, ctl, room, &mut run, slots, k, max_inline, tails.as_deref_mut());
+        }
+        // A credit-only message when one is owed (after our farewell too).
+        if !ctl.has(HELLO) && k < slots {
+            if let Some(flow) = ctl.flow.as_mut().filter(|f| f.wants_control()) {
+                if room.reserve_send(1) == 1 {
+                    let imm = flow.send_control().encode();
+                    put_control(send, swrs, ctl, first, k, Slot::control(), Some(imm), max_inline, tails);
+                    k += 1;
+                } else {
+                    run.short_of_room = true;
+                }
+            }
+        }
+        if k > 0 {
+            // The last of the chain asks for a completion.
+            swrs.set_signaled(first.wrapping_add(k - 1));
+            ctl.unsignaled = 0;
+        }
+        debug_assert_eq!(swrs.capacity(), send.capacity(), "the ring grew under the requests written");
+        run.n = k;
+        run
+    }
+
+    /// [`Lanes::plan_sends`] on a transport with immediate data (no tails): for callers
+    /// outside the reactor (the host benchmark).
+    #[inline(always)]
+    pub(crate) fn plan_sends_imm(&mut self, room: &mut CqRoom, max_inline: u32) -> SendRun {
+        self.plan_sends(room, max_inline, None)
+    }
+
+    /// The send array, for the post of the run [`Lanes::plan_sends`] returned
+    /// (`Qp::post_send_run`).
+    pub(crate) fn send_wrs(&mut self) -> &mut SendWrs {
+        &mut self.swrs
+    }
+
+    /// The device took the first `taken` requests of `run`. The rest never reached it: their
+    /// CQ room is given back and they are returned (in order) to be failed (`None`: all taken);
+    /// the runtime's own among them are the caller's to drop. The unsignaled requests taken
+    /// after the last signaled one are no longer awaited (as `SendQueue::posted`).
+    #[inline]
+    pub(crate) fn sends_posted(&mut self, run: SendRun, taken: u32, room: &mut CqRoom) -> Option<Vec<Slot<B>>> {
+        let taken = taken.min(run.n);
+        self.send.mark_posted(taken);
+        if taken == run.n {
+            return None;
+        }
+        Some(self.refused_sends(run, taken, room))
+    }
+
+    /// [`Lanes::sends_posted`] of a chain the device refused part way.
+    #[cold]
+    fn refused_sends(&mut self, run: SendRun, taken: u32, room: &mut CqRoom) -> Vec<Slot<B>> {
+        let signaled_at = (0..taken).rev().find(|&k| self.swrs.signaled(run.first.wrapping_add(k)));
+        self.ctl.unreported = match signaled_at {
+            Some(k) => taken - 1 - k,
+            None => taken,
+        };
+        self.ctl.unsignaled = 0;
+        room.release_send(run.n - taken);
+        self.send.remove_queued(0, run.n - taken)
+    }
+
+    /// A send-queue completion whose `wr_id` carried position `seq`: the end (exclusive) of
+    /// the positions it completes, from the oldest outstanding on, for [`Lanes::pop_sent`];
+    /// `None` when it names no outstanding request (stale: counted by the caller).
+    #[inline(always)]
+    pub(crate) fn send_completed(&self, seq: u32) -> Option<u32> {
+        self.send.window(seq).map(|at| at.wrapping_add(1))
+    }
+
+    /// The next operation a send completion completes (in posting order), before `end`, with its
+    /// position and whether more follow; its CQ entry is given back. `None` when they are done.
+    #[inline(always)]
+    pub(crate) fn pop_sent(&mut self, end: u32, room: &mut CqRoom) -> Option<(u32, Slot<B>, bool)> {
+        let (at, slot) = self.send.pop_until(end)?;
+        room.release_send(1);
+        self.ctl.unreported = self.ctl.unreported.min(self.send.outstanding());
+        // More of them to pop: `end` still lies past the oldest outstanding.
+        let more = end.wrapping_sub(self.send.head()).wrapping_sub(1) < self.send.outstanding();
+        Some((at, slot, more))
+    }
+
+    /// The `wr_id`s of the requests of `run` that ask for a completion, appended to `out`: what
+    /// a device reports of the run (the host benchmark and tests stand in for the device).
+    #[cfg(any(test, feature = "bench-internals"))]
+    #[inline]
+    pub(crate) fn run_signaled(&self, run: SendRun, out: &mut Vec<u64>) {
+        for k in 0..run.n {
+            let seq = run.first.wrapping_add(k);
+            if self.swrs.signaled(seq) {
+                out.push(self.send.wr_id(seq));
+            }
+        }
+    }
+
+    /// The `wr_id` of the oldest outstanding receive: the next a device completes (the host
+    /// benchmark and tests stand in for the device).
+    #[cfg(any(test, feature = "bench-internals"))]
+    pub(crate) fn oldest_recv(&self) -> Option<u64> {
+        (self.recv.outstanding() > 0).then(|| self.recv.wr_id(self.recv.head()))
+    }
+
+    /// A receive completion whose `wr_id` carried position `seq`, of a queue pair whose
+    /// messages end in a tail when `tail` (iWARP): what it was ([`RecvOutcome`]), with the
+    /// credits and kind read and the rules of `finish_op` applied (a message beyond the credit
+    /// or with a broken frame is refused; a credit-only message's receive is queued again).
+    #[inline]
+    pub(crate) fn recv_completed(&mut self, seq: u32, wc: &WorkCompletion, tail: bool) -> RecvOutcome<B> {
+        let Some(at) = self.recv.window(seq) else { return RecvOutcome::Stale };
+        let Some(slot) = self.recv.take(at) else { return RecvOutcome::Stale };
+        if wc.status != WcStatus::Success {
+            return RecvOutcome::Deliver {
+                done: slot.into_done(Err(OpError::Wc(wc.status)), wc.remote_write),
+                wake: false,
+            };
+        }
+        let mut byte_len = wc.byte_len;
+        let imm = if tail {
+            match unframe(wc.byte_len, slot.received_tail(wc.byte_len), slot.recv_capacity()) {
+                Ok(u) => {
+                    byte_len = u.len;
+                    Some(u.imm)
+                }
+                Err(why) => {
+                    self.returned.push(slot);
+                    return RecvOutcome::BadFrame(why);
+                }
+            }
+        } else {
+            wc.imm.map(Imm::decode)
+        };
+        if self.ctl.flow.as_ref().is_some_and(Flow::exhausted) {
+            self.returned.push(slot);
+            return RecvOutcome::Overdrawn;
+        }
+        let released = self.ctl.has(HOLD) && self.release();
+        let (mut control, mut grant_due, mut farewell) = (false, false, Farewell::None);
+        if let Some(flow) = self.ctl.flow.as_mut() {
+            // One without immediate data (a peer breaking the protocol) grants nothing.
+            let imm = imm.unwrap_or(Imm::data(0));
+            flow.on_receive(imm);
+            grant_due = flow.wants_control();
+            control = imm.control;
+            farewell = imm.farewell;
+        } else if tail {
+            control = imm.is_some_and(|i| i.control);
+        }
+        if control {
+            let mut again = slot;
+            again.flags |= AFTER_CONTROL;
+            self.recv.insert_queued(0, again);
+            return RecvOutcome::Control { farewell };
+        }
+        RecvOutcome::Deliver { done: slot.into_done(Ok(byte_len), wc.remote_write), wake: grant_due || released }
+    }
+
+    /// Empties both lanes for teardown (the queue pair is gone): gives back the CQ room of the
+    /// posted sends and returns every operation, each lane posted first (receives: then the
+    /// side list, then the queued).
+    pub(crate) fn clear(&mut self, room: Option<&mut CqRoom>) -> (Vec<Slot<B>>, Vec<Slot<B>>) {
+        if let Some(room) = room {
+            room.release_send(self.send.outstanding());
+        }
+        self.ctl.unreported = 0;
+        self.ctl.queued_bytes = 0;
+        self.ctl.set(NUDGE, false);
+        let sends = self.send.drain();
+        let base = self.recv.base();
+        let mut recvs = self.recv.carry(base);
+        recvs.append(&mut self.returned);
+        recvs.extend(self.recv.drain());
+        (sends, recvs)
+    }
+
+    /// For a reconnection (the old queue pair is gone; `epoch` names the new one): gives back
+    /// the CQ room of the posted sends and returns them, keeps the queued send-queue operations
+    /// for which `keep` is true (in order) and returns the others after the posted ones, and
+    /// forgets everything of the old queue pair (slots, signaling, credits, hold, hello,
+    /// nudge); returns the posted receives and keeps the queued ones, the side list first.
+    /// Returns `(sends gone, receives gone)`.
+    pub(crate) fn carry(
+        &mut self,
+        room: Option<&mut CqRoom>,
+        index: u32,
+        epoch: u16,
+        mut keep: impl FnMut(&Slot<B>) -> bool,
+    ) -> (Vec<Slot<B>>, Vec<Slot<B>>) {
+        if let Some(room) = room {
+            room.release_send(self.send.outstanding());
+        }
+        let sbase = WrId::base(index, epoch, Dir::Send).unwrap_or(self.send.base());
+        let rbase = WrId::base(index, epoch, Dir::Recv).unwrap_or(self.recv.base());
+        let mut gone = self.send.carry(sbase);
+        let queued = self.send.drain();
+        let mut bytes = 0usize;
+        for slot in queued {
+            // The runtime's own name the old queue pair (its credit state, its peer): gone.
+            if !slot.is_control() && keep(&slot) {
+                bytes += slot.pool_len as usize;
+                self.send.push(slot);
+            } else {
+                gone.push(slot);
+            }
+        }
+        self.ctl = SendCtl { queued_bytes: bytes, ..SendCtl::new(self.ctl.signal_every) };
+        let recv_gone = self.recv.carry(rbase);
+        for slot in self.returned.drain(..).rev() {
+            self.recv.insert_queued(0, slot);
+        }
+        self.recv_capacity = 0;
+        (gone, recv_gone)
+    }
+}
+
+/// Puts the runtime's own `slot` (a credit-only message or a probe) at queued position `k` of
+/// the run from `first` and writes its request with `imm`.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+fn put_control<B: LaneBuf>(
+    send: &mut Ring<Slot<B>>,
+    swrs: &mut SendWrs,
+    ctl: &mut SendCtl,
+    first: u32,
+    k: u32,
+    slot: Slot<B>,
+    imm: Option<u32>,
+    max_inline: u32,
+    tails: Option<&mut TailRing>,
+) {
+    send.insert_queued(k, slot);
+    let seq = first.wrapping_add(k);
+    let signaled = ctl.next_signaled();
+    let slot = send.queued_at(k).expect("just put");
+    write_send(swrs, seq, send.wr_id(seq), slot, imm, signaled, max_inline, tails);
+}
+
+/// The start of a plan in a special state ([`SPECIAL`]): the hello (a credit-only message
+/// first), then a due nudge. Returns the requests planned.
+#[cold]
+#[allow(clippy::too_many_arguments)]
+fn plan_first<B: LaneBuf>(
+    send: &mut Ring<Slot<B>>,
+    swrs: &mut SendWrs,
+    ctl: &mut SendCtl,
+    room: &mut CqRoom,
+    run: &mut SendRun,
+    slots: u32,
+    max_inline: u32,
+    mut tails: Option<&mut TailRing>,
+) -> u32 {
+    let mut k = 0;
+    if ctl.has(HELLO) && slots > 0 {
+        // The first message, before any data: credit-only (a grant of what is owed).
+        if room.reserve_send(1) == 1 {
+            ctl.set(HELLO, false);
+            let imm = match ctl.flow.as_mut() {
+                Some(f) => f.send_control(),
+                None => Imm::control(0),
+            };
+            put_control(
+                send,
+                swrs,
+                ctl,
+                run.first,
+                k,
+                Slot::control(),
+                Some(imm.encode()),
+                max_inline,
+                tails.as_deref_mut(),
+            );
+            k += 1;
+        } else {
+            run.short_of_room = true;
+        }
+    }
+    if !ctl.has(HELLO) && k < slots && ctl.has(NUDGE) {
+        if room.reserve_send(1) == 1 {
+            ctl.set(NUDGE, false);
+            put_control(send, swrs, ctl, run.first, k, Slot::probe(), None, max_inline, tails);
+            k += 1;
+        } else {
+            run.short_of_room = true;
+        }
+    }
+    k
+}
+
+/// The close handshake's messages of a plan (credit-only, each with the grants owed): the
+/// answer to the peer's farewell, then ours (on the yielding side only when it leaves an answer
+/// possible, `proto::flow`). Returns the requests planned.
+#[cold]
+#[allow(clippy::too_many_arguments)]
+fn plan_farewells<B: LaneBuf>(
+    send: &mut Ring<Slot<B>>,
+    swrs: &mut SendWrs,
+    ctl: &mut SendCtl,
+    room: &mut CqRoom,
+    run: &mut SendRun,
+    slots: u32,
+    mut k: u32,
+    max_inline: u32,
+    mut tails: Option<&mut TailRing>,
+) -> u32 {
+    for (farewell, due) in [(Farewell::Heard, ANSWER), (Farewell::Leaving, LEAVING_DUE)] {
+        if ctl.has(HELLO) || !ctl.has(due) || k >= slots {
+            continue;
+        }
+        let yields = ctl.has(YIELDS);
+        let Some(flow) = ctl.flow.as_mut().filter(|f| f.can_send_control()) else { continue };
+        if farewell == Farewell::Leaving && yields && !flow.can_say_farewell() {
+            // Our last credit, granting nothing: kept until a grant comes (or for the answer
+            // to the peer's farewell), `proto::flow`'s module docs.
+            continue;
+        }
+        if room.reserve_send(1) == 0 {
+            run.short_of_room = true;
+            continue;
+        }
+        let imm = Imm { farewell, ..flow.send_control() }.encode();
+        put_control(send, swrs, ctl, run.first, k, Slot::control(), Some(imm), max_inline, tails.as_deref_mut());
+        k += 1;
+        ctl.set(due, false);
+        if farewell == Farewell::Leaving {
+            ctl.set(LEAVING_SENT, true);
+        }
+    }
+    k
+}
+
+/// Writes the send work request of `slot` at position `seq` of `swrs`: its operation with
+/// `imm` (the credits under flow control; on a transport without immediate data, in a tail
+/// from `tails` instead), asking for a completion when `signaled`, inline when its bytes fit
+/// `max_inline` (as `post::send_wr`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn write_send<B: LaneBuf>(
+    swrs: &mut SendWrs,
+    seq: u32,
+    wr_id: u64,
+    slot: &Slot<B>,
+    imm: Option<u32>,
+    signaled: bool,
+    max_inline: u32,
+    tails: Option<&mut TailRing>,
+) {
+    let (addr, len, lkey) = slot.sge();
+    if let Mem::Bind(window) = &slot.mem {
+        // A connection releases its windows only when destroyed, after which nothing posts: a
+        // queued bind's memory window exists.
+        let bind = window.bind().expect("a queued bind's memory window exists");
+        swrs.write(seq, wr_id, SendOp::Bind(bind), (0, 0, 0), None, signaled, false);
+        return;
+    }
+    if slot.opcode == OpCode::Send {
+        let tail = tails.map(|ring| {
+            let control = slot.is_control();
+            ring.put(Tail(Imm::decode(imm.unwrap_or(Imm { grant: 0, control, farewell: Farewell::None }.encode()))))
+        });
+        // On a transport without immediate data the credits ride in the tail.
+        let imm = imm.filter(|_| tail.is_none());
+        let total = len + if tail.is_some() { TAIL_LEN } else { 0 };
+        let inline = total > 0 && total <= max_inline;
+        swrs.write_send(seq, wr_id, imm, (addr, len, lkey), tail, signaled, inline);
+        return;
+    }
+    let r = &slot.remote;
+    let op = match slot.opcode {
+        OpCode::Write => SendOp::Write(r.addr, r.rkey),
+        OpCode::WriteImm => SendOp::WriteImm(r.addr, r.rkey, imm.unwrap_or(0)),
+        OpCode::Read => SendOp::Read(r.addr, r.rkey),
+        // Never queued on the send lane (submission puts receives on the other, sends above).
+        OpCode::Send | OpCode::Recv => SendOp::Send,
+    };
+    let inline = len > 0 && len <= max_inline && slot.opcode != OpCode::Read;
+    swrs.write(seq, wr_id, op, (addr, len, lkey), None, signaled, inline);
+}
+
+#[cfg(test)]
+mod tests;
