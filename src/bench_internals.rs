@@ -652,8 +652,9 @@ impl PathCore {
             if c.handler.is_none() {
                 c.handler = Some(h);
             }
-            // `after_completion`: what waited for room or credit, or credits owed.
-            if c.lanes.wants_post() || c.lanes.has_pending_recvs() {
+            // `after_completion`: what waited for room or credit, or credits owed; asked only of
+            // a connection not listed already (a handler that submitted listed it).
+            if !c.dirty && (c.lanes.wants_post() || c.lanes.has_pending_recvs()) {
                 list_dirty(c, key, &mut self.dirty);
             }
         }

@@ -382,6 +382,12 @@ impl<B: LaneBuf> Slot<B> {
         self.sge().1
     }
 
+    /// A one-sided operation: it names a remote key of the peer (a reconnection cannot carry it
+    /// to a new queue pair).
+    pub(crate) fn is_one_sided(&self) -> bool {
+        matches!(self.opcode, OpCode::Write | OpCode::WriteImm | OpCode::Read) && !self.is_control()
+    }
+
     /// The runtime's own (no handler hears of it).
     #[inline(always)]
     pub(crate) fn is_control(&self) -> bool {
@@ -432,22 +438,34 @@ impl<B: LaneBuf> Slot<B> {
     }
 
     /// The last 4 of the `n` bytes a receive got (its tail, iWARP); `None` when fewer than 4
-    /// arrived or they lie outside the memory. Raw memory's tail is read by the reactor under
-    /// `Conn::submit_raw`'s contract (`OpEntry::received_tail`); none here.
+    /// arrived or they lie outside the memory (as `OpEntry::received_tail`).
     fn received_tail(&self, n: u32) -> Option<[u8; 4]> {
         let at = n.checked_sub(TAIL_LEN)? as usize;
+        let mut tail = [0u8; 4];
         match &self.mem {
-            Mem::Pool(b) => b.tail_before(n as usize),
+            Mem::Pool(b) => return b.tail_before(n as usize),
             Mem::Region(s, _) => {
                 if n as usize > s.len() {
                     return None;
                 }
-                let mut tail = [0u8; 4];
                 s.region().read_at(s.range().start + at, &mut tail).ok()?;
-                Some(tail)
             }
-            _ => None,
+            Mem::Raw(r) => {
+                if n > r.len {
+                    return None;
+                }
+                #[allow(unsafe_code)]
+                // SAFETY: `Conn::submit_raw`'s contract keeps `r.addr..r.addr + r.len` valid until
+                // the completion is handed over, which has not happened yet (the slot still holds
+                // the operation); the device finished writing it (its completion was reaped);
+                // at + 4 <= n <= r.len.
+                unsafe {
+                    std::ptr::copy_nonoverlapping((r.addr as usize + at) as *const u8, tail.as_mut_ptr(), tail.len());
+                }
+            }
+            _ => return None,
         }
+        Some(tail)
     }
 
     /// The completion's parts: `result`, with the memory handed back (a successful receive's
@@ -1087,42 +1105,51 @@ impl<B: LaneBuf> Lanes<B> {
     }
 
     /// Empties both lanes for teardown (the queue pair is gone): gives back the CQ room of the
-    /// posted sends and returns every operation, each lane posted first (receives: then the
-    /// side list, then the queued).
-    pub(crate) fn clear(&mut self, room: Option<&mut CqRoom>) -> (Vec<Slot<B>>, Vec<Slot<B>>) {
+    /// posted sends and returns every operation, each lane's posted ones first (receives: then
+    /// the side list, then the queued), with how many were posted (`cancel_ops` completes those
+    /// `Unconfirmed`, or flushed on an iWARP stream that ended, and the others `Cancelled`).
+    pub(crate) fn clear(&mut self, room: Option<&mut CqRoom>) -> Cleared<B> {
         if let Some(room) = room {
             room.release_send(self.send.outstanding());
         }
         self.ctl.unreported = 0;
         self.ctl.queued_bytes = 0;
         self.ctl.set(NUDGE, false);
-        let sends = self.send.drain();
+        let base = self.send.base();
+        let mut sends = self.send.carry(base);
+        let posted_sends = sends.len();
+        sends.extend(self.send.drain());
         let base = self.recv.base();
         let mut recvs = self.recv.carry(base);
+        let posted_recvs = recvs.len();
         recvs.append(&mut self.returned);
         recvs.extend(self.recv.drain());
-        (sends, recvs)
+        Cleared { sends, posted_sends, recvs, posted_recvs }
     }
 
-    /// For a reconnection (the old queue pair is gone; `epoch` names the new one): gives back
-    /// the CQ room of the posted sends and returns them, keeps the queued send-queue operations
-    /// for which `keep` is true (in order) and returns the others after the posted ones, and
-    /// forgets everything of the old queue pair (slots, signaling, credits, hold, hello,
-    /// nudge); returns the posted receives and keeps the queued ones, the side list first.
-    /// Returns `(sends gone, receives gone)`.
+    /// For a reconnection (the old queue pair is gone; `epoch` names the new one, on connection
+    /// slot `index`): gives back the CQ room of the posted sends and returns them, keeps the
+    /// queued send-queue operations for which `keep` is true (in order; the reactor keeps those
+    /// that name no remote key of the old peer: [`Slot::is_one_sided`]) and returns the others
+    /// after the posted ones, and forgets everything of the old queue pair (slots, signaling,
+    /// credits, hold, hello, nudge; the runtime's own queued messages are returned); returns
+    /// the posted receives and keeps the queued ones, the side list first (posted again as they
+    /// were, `RecvQueue::push_returned`'s order). Everything returned was posted but what
+    /// follows `posted_sends` ([`Cleared`]).
     pub(crate) fn carry(
         &mut self,
         room: Option<&mut CqRoom>,
         index: u32,
         epoch: u16,
         mut keep: impl FnMut(&Slot<B>) -> bool,
-    ) -> (Vec<Slot<B>>, Vec<Slot<B>>) {
+    ) -> Cleared<B> {
         if let Some(room) = room {
             room.release_send(self.send.outstanding());
         }
         let sbase = WrId::base(index, epoch, Dir::Send).unwrap_or(self.send.base());
         let rbase = WrId::base(index, epoch, Dir::Recv).unwrap_or(self.recv.base());
-        let mut gone = self.send.carry(sbase);
+        let mut sends = self.send.carry(sbase);
+        let posted_sends = sends.len();
         let queued = self.send.drain();
         let mut bytes = 0usize;
         for slot in queued {
@@ -1131,17 +1158,30 @@ impl<B: LaneBuf> Lanes<B> {
                 bytes += slot.pool_len as usize;
                 self.send.push(slot);
             } else {
-                gone.push(slot);
+                sends.push(slot);
             }
         }
         self.ctl = SendCtl { queued_bytes: bytes, ..SendCtl::new(self.ctl.signal_every) };
-        let recv_gone = self.recv.carry(rbase);
+        let recvs = self.recv.carry(rbase);
+        let posted_recvs = recvs.len();
         for slot in self.returned.drain(..).rev() {
             self.recv.insert_queued(0, slot);
         }
         self.recv_capacity = 0;
-        (gone, recv_gone)
+        Cleared { sends, posted_sends, recvs, posted_recvs }
     }
+}
+
+/// What [`Lanes::clear`] and [`Lanes::carry`] hand back: each lane's operations, the posted
+/// ones first.
+#[derive(Debug)]
+pub(crate) struct Cleared<B> {
+    pub(crate) sends: Vec<Slot<B>>,
+    /// The first this many of `sends` were posted.
+    pub(crate) posted_sends: usize,
+    pub(crate) recvs: Vec<Slot<B>>,
+    /// The first this many of `recvs` were posted.
+    pub(crate) posted_recvs: usize,
 }
 
 /// Puts the runtime's own `slot` (a credit-only message or a probe) at queued position `k` of

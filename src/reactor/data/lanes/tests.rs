@@ -20,6 +20,13 @@ fn raw(len: u32) -> RawBuf {
     RawBuf { addr: 0x1000, len, lkey: 7 }
 }
 
+impl<B: LaneBuf> Slot<B> {
+    /// A zero-length RDMA WRITE to `remote` (a one-sided operation naming the peer's key).
+    fn region_free_write(remote: RemoteSlice, user_data: u64) -> Slot<B> {
+        Slot { remote, user_data, ..Slot::raw(OpCode::Write, raw(0), 0) }
+    }
+}
+
 fn lanes(send: u32, recv: u32, flow: Option<Flow>) -> L {
     let mut l = L::new(3, 1, 4).expect("an index in range");
     l.set_capacity(send, recv);
@@ -141,11 +148,14 @@ fn a_refused_message_leaves_its_receive_in_the_side_list_for_teardown_or_the_nex
     l2.submit_recv(Slot::raw(OpCode::Recv, raw(64), 9));
     let id2 = post_recvs(&mut l2, false);
     assert!(matches!(l2.recv_completed(seq_of(id2[0]), &wc(id2[0], 2, None), true), RecvOutcome::BadFrame(_)));
-    assert_eq!(l2.clear(None).1.iter().map(|s| s.user_data).collect::<Vec<_>>(), vec![9]);
+    let cleared = l2.clear(None);
+    assert_eq!(cleared.recvs.iter().map(|s| s.user_data).collect::<Vec<_>>(), vec![9]);
+    assert_eq!(cleared.posted_recvs, 0, "given back by a refused message: not posted any more");
     // Teardown: the posted ones, then the side list, then the queued.
     l.submit_recv(Slot::raw(OpCode::Recv, raw(64), 4));
-    let (_, recvs) = l.clear(None);
-    assert_eq!(recvs.iter().map(|s| s.user_data).collect::<Vec<_>>(), vec![2, 3, 1, 4]);
+    let cleared = l.clear(None);
+    assert_eq!(cleared.recvs.iter().map(|s| s.user_data).collect::<Vec<_>>(), vec![2, 3, 1, 4]);
+    assert_eq!(cleared.posted_recvs, 2, "2 and 3 were posted (Unconfirmed), 1 and 4 not (Cancelled)");
 }
 
 #[test]
@@ -162,9 +172,13 @@ fn a_reconnection_posts_the_side_list_first_under_a_new_epoch() {
     l.submit_recv(Slot::raw(OpCode::Recv, raw(64), 3));
     l.submit_send(Slot::raw(OpCode::Send, raw(8), 20));
     l.submit_send(Slot::control());
-    let (sends, recvs) = l.carry(None, 3, 2, |_| true);
-    assert_eq!(recvs.iter().map(|s| s.user_data).collect::<Vec<_>>(), vec![2], "the old queue pair's");
-    assert_eq!(sends.len(), 1, "the runtime's own queued message named the old queue pair");
+    let remote = RemoteSlice { addr: 0x10, len: 8, rkey: 9 };
+    l.submit_send(Slot::<IndexBuf>::region_free_write(remote, 21));
+    let carried = l.carry(None, 3, 2, |s| !s.is_one_sided());
+    assert_eq!(carried.recvs.iter().map(|s| s.user_data).collect::<Vec<_>>(), vec![2], "the old queue pair's");
+    assert_eq!(carried.posted_recvs, 1);
+    assert_eq!(carried.sends.len(), 2, "the runtime's own message and the WRITE naming the old peer's key");
+    assert_eq!(carried.posted_sends, 0);
     l.set_capacity(8, 4);
     l.set_flow(flow(4, 4));
     let (first, n) = l.plan_recvs(false);
@@ -483,4 +497,47 @@ fn the_lanes_plan_every_chain_as_the_send_queue_does() {
             differential(xorshift(&mut seed), 400, cap, room, every, i % 4 != 0);
         }
     }
+}
+
+/// iWARP: the credits and kind come from the message's tail, read from the pool buffer
+/// (`proto::transport::unframe`); a credit-only message's receive is posted again.
+#[test]
+fn on_a_transport_without_immediate_data_the_tail_carries_the_credits() {
+    use crate::sys::pool::{index::IndexPool, PoolConfig};
+    let cfg = PoolConfig { chunk_sizes: vec![64], cluster_bytes: 4096, max_bytes: 1 << 20 };
+    let pool = IndexPool::unregistered(&cfg, TAIL_LEN as usize).unwrap();
+    let mut l = lanes(8, 4, flow(4, 4));
+    for u in [1, 2] {
+        l.submit_recv(Slot::recv_on(pool.alloc(64, 5).unwrap(), 5, u));
+    }
+    let ids = post_recvs(&mut l, false);
+    // The device wrote 10 bytes of payload and a tail granting 2 into the first.
+    let addr = l.recv.get(l.recv.head()).map(|s| s.sge().0).unwrap();
+    let tail = crate::proto::transport::Tail(Imm::data(2)).encode();
+    #[allow(unsafe_code)]
+    // SAFETY: the chunk's memory (64 bytes and its slack), which the host pool owns; nothing
+    // else writes it here.
+    unsafe {
+        std::ptr::copy_nonoverlapping(tail.as_ptr(), (addr + 10) as *mut u8, 4)
+    };
+    match l.recv_completed(seq_of(ids[0]), &wc(ids[0], 14, None), true) {
+        RecvOutcome::Deliver { done, .. } => {
+            assert_eq!(done.result, Ok(10), "the payload, without its tail");
+            assert_eq!(done.buf.map(|b| b.len()), Some(10));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(l.flow_mut().map(|f| f.credits()), Some(4 + 2));
+    let addr = l.recv.get(l.recv.head()).map(|s| s.sge().0).unwrap();
+    let tail = crate::proto::transport::Tail(Imm::control(1)).encode();
+    #[allow(unsafe_code)]
+    // SAFETY: as above.
+    unsafe {
+        std::ptr::copy_nonoverlapping(tail.as_ptr(), addr as *mut u8, 4)
+    };
+    assert!(matches!(
+        l.recv_completed(seq_of(ids[1]), &wc(ids[1], 4, None), true),
+        RecvOutcome::Control { farewell: Farewell::None }
+    ));
+    assert_eq!(post_recvs(&mut l, false).len(), 1, "posted again");
 }
