@@ -35,13 +35,25 @@ use rdma_sys as ffi;
 use super::qp::SendOp;
 use crate::proto::transport::TAIL_LEN;
 
-/// An array of `len` zeroed `T`s on the heap, as its raw pointer.
-fn alloc_zeroed<T>(len: usize) -> NonNull<T> {
-    if len == 0 {
-        return NonNull::dangling();
-    }
-    // SAFETY: every `T` here is a C struct of integers and pointers (unions thereof), for which
-    // zero is a valid value of every field.
+/// The C structs these arrays hold: integers and pointers (unions thereof), for which zero is a
+/// valid value of every field.
+///
+/// # Safety
+///
+/// An implementor is valid when all its bytes are zero.
+unsafe trait Zeroable {}
+
+// SAFETY: integers, pointers and unions of them (rdma-sys' bindings of `struct ibv_send_wr`).
+unsafe impl Zeroable for ffi::ibv_send_wr {}
+// SAFETY: integers and pointers (`struct ibv_recv_wr`).
+unsafe impl Zeroable for ffi::ibv_recv_wr {}
+// SAFETY: integers (`struct ibv_sge`).
+unsafe impl Zeroable for ffi::ibv_sge {}
+
+/// An array of `len` (at least one) zeroed `T`s on the heap, as its raw pointer.
+fn alloc_zeroed<T: Zeroable>(len: usize) -> NonNull<T> {
+    debug_assert!(len > 0);
+    // SAFETY: zero is a valid `T` (`Zeroable`).
     let v: Vec<T> = (0..len).map(|_| unsafe { std::mem::zeroed() }).collect();
     let raw = Box::into_raw(v.into_boxed_slice()) as *mut T;
     // SAFETY: `Box::into_raw` never returns NULL.
@@ -55,10 +67,8 @@ fn alloc_zeroed<T>(len: usize) -> NonNull<T> {
 /// `p` and `len` are an allocation of [`alloc_zeroed`], freed once, with nothing reading it
 /// afterwards.
 unsafe fn free<T>(p: NonNull<T>, len: usize) {
-    if len > 0 {
-        // SAFETY: the caller's contract: a boxed slice of exactly `len`, made by `alloc_zeroed`.
-        drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(p.as_ptr(), len)) });
-    }
+    // SAFETY: the caller's contract: a boxed slice of exactly `len`, made by `alloc_zeroed`.
+    drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(p.as_ptr(), len)) });
 }
 
 /// The position in a chain of `n` requests starting at array index `first` (of an array of
@@ -99,9 +109,11 @@ impl std::fmt::Debug for SendWrs {
 }
 
 impl SendWrs {
-    /// `cap` requests (a power of two, or 0), linked and pointed at their entries.
+    /// `cap` requests (a power of two; 0 makes one), linked and pointed at their entries. An
+    /// array always has a request, so every index masked by `cap - 1` names one.
     pub(crate) fn new(cap: u32) -> SendWrs {
-        assert!(cap == 0 || cap.is_power_of_two(), "a send array of {cap}");
+        let cap = cap.max(1);
+        assert!(cap.is_power_of_two(), "a send array of {cap}");
         let wrs = alloc_zeroed::<ffi::ibv_send_wr>(cap as usize);
         let sges = alloc_zeroed::<ffi::ibv_sge>(2 * cap as usize);
         for i in 0..cap as usize {
@@ -204,10 +216,8 @@ impl SendWrs {
         signaled: bool,
         inline: bool,
     ) -> &mut ffi::ibv_send_wr {
-        debug_assert!(self.cap > 0);
-        let i = (i & self.cap.wrapping_sub(1)) as usize;
-        // SAFETY: i < cap (cap a power of two, so i & (cap - 1) < cap; a zero cap has no
-        // requests and is never written: the caller plans none): request i and entries 2 i,
+        let i = (i & (self.cap - 1)) as usize;
+        // SAFETY: i < cap (cap is a power of two, at least 1: `new`): request i and entries 2 i,
         // 2 i + 1 are inside the allocations this value owns, and `&mut self` makes this the
         // only access to them while the reference lives.
         unsafe {
@@ -251,19 +261,17 @@ impl SendWrs {
     /// Makes request `i` ask for a completion (the last of a chain).
     #[inline(always)]
     pub(crate) fn set_signaled(&mut self, i: u32) {
-        let i = (i & self.cap.wrapping_sub(1)) as usize;
-        if self.cap > 0 {
-            // SAFETY: i < cap, inside the allocation; `&mut self`: the only access.
-            unsafe { (*self.wrs.as_ptr().add(i)).send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 };
-        }
+        let i = (i & (self.cap - 1)) as usize;
+        // SAFETY: i < cap (a power of two, at least 1), inside the allocation; `&mut self`: the
+        // only access.
+        unsafe { (*self.wrs.as_ptr().add(i)).send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 };
     }
 
     /// True when request `i` asks for a completion.
     pub(crate) fn signaled(&self, i: u32) -> bool {
-        let i = (i & self.cap.wrapping_sub(1)) as usize;
-        // SAFETY: i < cap (checked), inside the allocation.
-        self.cap > 0
-            && unsafe { (*self.wrs.as_ptr().add(i)).send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0 }
+        let i = (i & (self.cap - 1)) as usize;
+        // SAFETY: i < cap (a power of two, at least 1), inside the allocation.
+        unsafe { (*self.wrs.as_ptr().add(i)).send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0 }
     }
 
     /// Calls `f` with the head of the chain of the `n` requests (at least one, at most the
@@ -292,7 +300,7 @@ impl SendWrs {
     /// The position in the chain of `n` requests from `first` of the request `bad` a failed
     /// post named ([`failed_position`]).
     pub(crate) fn failed_position(&self, bad: *const ffi::ibv_send_wr, first: u32, n: u32) -> u32 {
-        failed_position(bad, self.wrs.as_ptr(), self.cap, first & self.cap.wrapping_sub(1), n)
+        failed_position(bad, self.wrs.as_ptr(), self.cap, first & (self.cap - 1), n)
     }
 
     /// What request `i` says, in plain values (tests outside `sys`).
@@ -407,9 +415,10 @@ impl std::fmt::Debug for RecvWrs {
 }
 
 impl RecvWrs {
-    /// `cap` requests (a power of two, or 0), linked and pointed at their entries.
+    /// `cap` requests (a power of two; 0 makes one), linked and pointed at their entries.
     pub(crate) fn new(cap: u32) -> RecvWrs {
-        assert!(cap == 0 || cap.is_power_of_two(), "a receive array of {cap}");
+        let cap = cap.max(1);
+        assert!(cap.is_power_of_two(), "a receive array of {cap}");
         let wrs = alloc_zeroed::<ffi::ibv_recv_wr>(cap as usize);
         let sges = alloc_zeroed::<ffi::ibv_sge>(cap as usize);
         for i in 0..cap as usize {
@@ -432,9 +441,9 @@ impl RecvWrs {
     /// Writes request `i` (mod the capacity): a receive into `(addr, len, lkey)`.
     #[inline(always)]
     pub(crate) fn write(&mut self, i: u32, wr_id: u64, addr: u64, len: u32, lkey: u32) {
-        debug_assert!(self.cap > 0);
         let i = (i & (self.cap - 1)) as usize;
-        // SAFETY: i < cap: inside the allocations; `&mut self`: the only access.
+        // SAFETY: i < cap (a power of two, at least 1): inside the allocations; `&mut self`: the
+        // only access.
         unsafe {
             (*self.wrs.as_ptr().add(i)).wr_id = wr_id;
             *self.sges.as_ptr().add(i) = ffi::ibv_sge { addr, length: len, lkey };
@@ -461,7 +470,7 @@ impl RecvWrs {
 
     /// As [`SendWrs::failed_position`].
     pub(crate) fn failed_position(&self, bad: *const ffi::ibv_recv_wr, first: u32, n: u32) -> u32 {
-        failed_position(bad, self.wrs.as_ptr(), self.cap, first & self.cap.wrapping_sub(1), n)
+        failed_position(bad, self.wrs.as_ptr(), self.cap, first & (self.cap - 1), n)
     }
 
     #[cfg(test)]
@@ -606,11 +615,21 @@ mod tests {
         assert_eq!(w.failed_position(at(2), 14, 8), 4, "first taken modulo the capacity");
     }
 
+    /// An array asked for no request has one, so any index is in it.
     #[test]
-    fn an_empty_array_allocates_nothing() {
-        let s = SendWrs::new(0);
-        let r = RecvWrs::new(0);
-        assert_eq!((s.capacity(), r.capacity()), (0, 0));
+    fn an_array_always_has_a_request() {
+        let mut s = SendWrs::new(0);
+        let mut r = RecvWrs::new(0);
+        assert_eq!((s.capacity(), r.capacity()), (1, 1));
         assert!(!s.signaled(3));
+        s.write(u32::MAX, 1, SendOp::Send, (0, 0, 0), None, true, false);
+        assert!(s.signaled(0));
+        r.write(7, 2, 0x10, 4, 1);
+        assert_eq!(r.with_chain(9, 1, read_wr_id), 2);
+    }
+
+    fn read_wr_id(head: *mut ffi::ibv_recv_wr) -> u64 {
+        // SAFETY: the chain lent for the call.
+        unsafe { (*head).wr_id }
     }
 }

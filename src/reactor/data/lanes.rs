@@ -1127,8 +1127,8 @@ impl<B: LaneBuf> Lanes<B> {
         Cleared { sends, posted_sends, recvs, posted_recvs }
     }
 
-    /// For a reconnection (the old queue pair is gone; `epoch` names the new one, on connection
-    /// slot `index`): gives back the CQ room of the posted sends and returns them, keeps the
+    /// For a reconnection (the old queue pair is gone; `epoch` names the new one, on the same
+    /// connection slot): gives back the CQ room of the posted sends and returns them, keeps the
     /// queued send-queue operations for which `keep` is true (in order; the reactor keeps those
     /// that name no remote key of the old peer: [`Slot::is_one_sided`]) and returns the others
     /// after the posted ones, and forgets everything of the old queue pair (slots, signaling,
@@ -1139,15 +1139,17 @@ impl<B: LaneBuf> Lanes<B> {
     pub(crate) fn carry(
         &mut self,
         room: Option<&mut CqRoom>,
-        index: u32,
         epoch: u16,
         mut keep: impl FnMut(&Slot<B>) -> bool,
     ) -> Cleared<B> {
         if let Some(room) = room {
             room.release_send(self.send.outstanding());
         }
-        let sbase = WrId::base(index, epoch, Dir::Send).unwrap_or(self.send.base());
-        let rbase = WrId::base(index, epoch, Dir::Recv).unwrap_or(self.recv.base());
+        // The same slot index, another epoch: the index is in range (`Lanes::new` checked it).
+        let index = WrId::decode(self.send.base()).map_or(0, |id| id.index);
+        let with_epoch = |base: u64| (base & !(u64::from(u16::MAX) << 24)) | (u64::from(epoch) << 24);
+        debug_assert_eq!(WrId::base(index, epoch, Dir::Send), Some(with_epoch(self.send.base())));
+        let (sbase, rbase) = (with_epoch(self.send.base()), with_epoch(self.recv.base()));
         let mut sends = self.send.carry(sbase);
         let posted_sends = sends.len();
         let queued = self.send.drain();
@@ -1202,7 +1204,11 @@ fn put_control<B: LaneBuf>(
     send.insert_queued(k, slot);
     let seq = first.wrapping_add(k);
     let signaled = ctl.next_signaled();
-    let slot = send.queued_at(k).expect("just put");
+    // In the ring, not spilled to the overflow queue: the planner inserts only at k < slots (the
+    // queue pair's free send slots), so outstanding + k is below the queue pair's depth, which
+    // the ring's limit is at least; a full ring at its limit therefore has queued operations
+    // after k, and its last one is what spills.
+    let slot = send.queued_at(k).expect("an insertion below the free slots stays in the ring");
     write_send(swrs, seq, send.wr_id(seq), slot, imm, signaled, max_inline, tails);
 }
 

@@ -14,6 +14,11 @@
 //! - `srq/mod.rs`: the shared receive queues and the SRQ credit rule (`SrqBudget`, pure).
 //! - `tail.rs`: the tail rings that carry immediate data where the transport has none (iWARP).
 //! - `expose.rs`: memory windows bound to a connection (`Conn::expose`).
+//! - `ring.rs`, `gate.rs`, `lanes.rs` (issue 47, phase 1): the ring design built beside the
+//!   above, used by the host benchmark (`bench_internals::Path`) until the reactor adopts it
+//!   (DATAPATH.md): per-queue-pair operation rings addressed by `wr_id`, a connection's
+//!   submission gate, and its send and receive lanes on the rings (planning, work requests built
+//!   in place, completions from the slot).
 //!
 //! Invariants owned here: a CQ's completions never exceed its entries (`CqRoom`); a completion
 //! that raced an arm is never stranded (poll after arming); a credit is never granted ahead of

@@ -174,7 +174,7 @@ fn a_reconnection_posts_the_side_list_first_under_a_new_epoch() {
     l.submit_send(Slot::control());
     let remote = RemoteSlice { addr: 0x10, len: 8, rkey: 9 };
     l.submit_send(Slot::<IndexBuf>::region_free_write(remote, 21));
-    let carried = l.carry(None, 3, 2, |s| !s.is_one_sided());
+    let carried = l.carry(None, 2, |s| !s.is_one_sided());
     assert_eq!(carried.recvs.iter().map(|s| s.user_data).collect::<Vec<_>>(), vec![2], "the old queue pair's");
     assert_eq!(carried.posted_recvs, 1);
     assert_eq!(carried.sends.len(), 2, "the runtime's own message and the WRITE naming the old peer's key");
