@@ -489,12 +489,12 @@ impl Path {
         p
     }
 
-    /// As [`Path::new`], with the first receive in caller memory (for [`RawEcho`]: the same
-    /// work per message as [`SlabPath`]'s handler, no pool).
+    /// As [`Path::new`], with a receive in caller memory posted too (for [`RawEcho`]: the same
+    /// work per message as [`SlabPath`]'s handler, no pool). The pool receive `new` posted is
+    /// the first message (answered from caller memory, its buffer dropped); from then on every
+    /// receive is caller memory, two posted at a time.
     pub fn new_raw(depth: u32, handler: Box<dyn Handler>) -> Path {
         let mut p = Path::new(depth, handler);
-        // The pool receive `new` posted completes first as an ordinary message; from then on the
-        // handler posts raw receives. Start from a raw one instead: complete the pool one now.
         let raw = p.raw_memory();
         let key = p.key;
         p.core.submit(key, Op::raw_recv(raw)).expect("a raw receive");
