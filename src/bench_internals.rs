@@ -318,6 +318,12 @@ impl SlabPath {
 /// something.
 pub struct Path {
     core: PathCore,
+    /// The connections' handlers, by slab index: beside the connection table, not in its
+    /// entries, so a handler is called where it is, with the core borrowed apart from it
+    /// (nothing to take out of an entry before the call and put back after it, in a look-up of
+    /// its own). A `Conn` reaches the core, never the handlers: no handler runs inside
+    /// another's call.
+    handlers: Vec<Option<Box<dyn Handler>>>,
     /// The connection.
     key: ConnKey,
     /// Stands in for the registered memory raw operations name (never touched).
@@ -395,6 +401,9 @@ pub struct Refused(pub Op);
 pub struct Conn<'a> {
     core: &'a mut PathCore,
     key: ConnKey,
+    /// The connection's owner id, read in the look-up that found its completion (its buffers
+    /// are allocated for it without another).
+    owner: u64,
 }
 
 impl std::fmt::Debug for Conn<'_> {
@@ -413,8 +422,7 @@ impl Conn<'_> {
     /// A buffer of `len` bytes from the connection's pool, for this connection.
     #[inline]
     pub fn alloc(&mut self, len: usize) -> crate::Result<IndexBuf> {
-        let owner = self.core.conns.get(self.key).map_or(0, |c| c.owner);
-        self.core.pool.alloc(len, owner)
+        self.core.pool.alloc(len, self.owner)
     }
 }
 
@@ -422,7 +430,6 @@ impl Conn<'_> {
 struct PathConn {
     lanes: Lanes<IndexBuf>,
     gate: crate::reactor::bench::Gate,
-    handler: Option<Box<dyn Handler>>,
     /// Its owner id (`sys::pool::next_owner`).
     owner: u64,
     /// Its queue pair's epoch, in every `wr_id` of its rings.
@@ -433,14 +440,22 @@ struct PathConn {
     credit_waiting: bool,
 }
 
+/// The stand-in device of [`Path`]: the `wr_id`s of the receives posted, in order (it completes
+/// the oldest when a message arrives), and of the signaled sends posted (it reports each).
+#[derive(Default)]
+struct Device {
+    recvs: std::collections::VecDeque<u64>,
+    signaled: Vec<u64>,
+}
+
 /// The reactor's side: the connection table, the pool, the CQ's room, the tick's lists.
 struct PathCore {
     conns: GenSlab<ConnKey, PathConn>,
     pool: IndexPool,
     room: CqRoom,
     dirty: Vec<ConnKey>,
-    /// The signaled sends posted, as the device will report them (the stand-in device).
-    signaled: Vec<u64>,
+    /// The stand-in device: what it will report.
+    device: Device,
     completions: u64,
     stale: u64,
     delivered: u64,
@@ -460,7 +475,7 @@ impl Path {
             pool,
             room,
             dirty: Vec::new(),
-            signaled: Vec::new(),
+            device: Device::default(),
             completions: 0,
             stale: 0,
             delivered: 0,
@@ -475,14 +490,16 @@ impl Path {
             PathConn {
                 lanes,
                 gate: crate::reactor::bench::Gate::new(true, false, false, Some(4096), 4096, 1024, 192 << 20),
-                handler: Some(handler),
                 owner: crate::sys::pool::next_owner(),
                 epoch,
                 dirty: false,
                 credit_waiting: false,
             }
         });
-        let mut p = Path { core, key, memory: Box::new([0; 64]) };
+        let index = key.token().index() as usize;
+        let mut handlers: Vec<Option<Box<dyn Handler>>> = (0..=index).map(|_| None).collect();
+        handlers[index] = Some(handler);
+        let mut p = Path { core, handlers, key, memory: Box::new([0; 64]) };
         let buf = p.core.pool.alloc(64, p.core.conns.get(key).map_or(0, |c| c.owner)).expect("a buffer");
         p.core.submit(key, Op::recv(buf)).expect("the first receive");
         p.core.flush(key);
@@ -513,8 +530,8 @@ impl Path {
     /// completions delivered so far.
     pub fn message(&mut self) -> u64 {
         use crate::proto::flow::Imm;
-        let core = &mut self.core;
-        let Some(wr_id) = core.conns.get(self.key).and_then(|c| c.lanes.oldest_recv()) else { return 0 };
+        // The device completes the oldest receive posted with the message.
+        let Some(wr_id) = self.core.device.recvs.pop_front() else { return 0 };
         let wc = WorkCompletion {
             wr_id,
             status: crate::WcStatus::Success,
@@ -523,16 +540,16 @@ impl Path {
             remote_write: false,
             qp_num: 1,
         };
-        core.complete(wc);
+        self.complete(&wc);
         // The signaled sends the flush posted, as the device reports them (completing one may
         // post more: they are reported too).
         let mut i = 0;
-        while let Some(&id) = core.signaled.get(i) {
-            core.complete(WorkCompletion { wr_id: id, byte_len: 0, imm: None, ..wc });
+        while let Some(&id) = self.core.device.signaled.get(i) {
+            self.complete(&WorkCompletion { wr_id: id, byte_len: 0, imm: None, ..wc });
             i += 1;
         }
-        core.signaled.clear();
-        core.delivered
+        self.core.device.signaled.clear();
+        self.core.delivered
     }
 
     /// Completions reaped that named no outstanding operation (stale), of all reaped.
@@ -555,114 +572,168 @@ impl Path {
             remote_write: false,
             qp_num: 1,
         };
-        self.core.complete(wc);
+        self.complete(&wc);
     }
 
-    /// The `wr_id` of the receive posted now.
+    /// The `wr_id` of the oldest receive posted now.
     pub fn posted_recv(&self) -> Option<u64> {
         self.core.conns.get(self.key).and_then(|c| c.lanes.oldest_recv())
     }
-}
 
-impl PathCore {
-    /// `Core::complete` on the rings: one work completion.
+    /// `Core::complete` on the rings: one work completion (a poll's batch of one, as in a
+    /// ping-pong), then the flush of what it listed.
+    ///
+    /// **One guard a batch.** The whole completion, the handler calls included, runs inside one
+    /// `catch_unwind` ([`Path::complete_from`]): every handler call is guarded, and the
+    /// completion is built in the handler's argument, once, in the look-up that found it
+    /// (nothing is carried into a guard of its own and out again). A handler's panic is kept
+    /// for the end of the tick, the handler stays where it is, and the completion resumes
+    /// after it ([`Resume`]): the operations a signaled send completion completes after the
+    /// one whose handler panicked are still delivered, each to its handler. Everything a
+    /// completion changes of the lanes is done before its handler is called, so resuming finds
+    /// them as they were when it panicked.
     #[inline(never)]
-    fn complete(&mut self, wc: WorkCompletion) {
-        use crate::proto::token::{Dir, WrId};
-        use crate::reactor::bench::RecvOutcome;
-        self.completions += 1;
-        // (The shared receive queue's `SrqRecv` tokens are told apart here: `WrId::is_ring`.)
-        let Some(id) = WrId::decode(wc.wr_id) else {
-            self.stale += 1;
-            return;
-        };
-        let Some((key, c)) = self.conns.get_index_mut(id.index).filter(|(_, c)| c.epoch == id.epoch) else {
-            self.stale += 1;
-            return;
-        };
-        match id.dir {
-            Dir::Recv => match c.lanes.recv_completed(id.seq, &wc, false) {
-                RecvOutcome::Deliver { done, wake } => {
-                    if wake {
-                        list_dirty(c, key, &mut self.dirty);
-                    }
-                    // The handler taken out in this look-up (none while a callback of its own
-                    // runs: the completion goes back, as `with_conn_between` does).
-                    if let Some(h) = c.handler.take() {
-                        self.call(key, h, done);
-                    }
-                }
-                RecvOutcome::Control { .. } => list_dirty(c, key, &mut self.dirty),
-                // Refused messages close the connection in the reactor (not in this path).
-                RecvOutcome::BadFrame(_) | RecvOutcome::Overdrawn => {}
-                RecvOutcome::Stale => self.stale += 1,
-            },
-            Dir::Send => {
-                let Some(end) = c.lanes.send_completed(id.seq) else {
-                    self.stale += 1;
-                    return;
-                };
-                // Each operation it completes, in order; after a handler ran the connection is
-                // looked up again (it may have closed, the table may have grown).
-                let mut c = c;
-                loop {
-                    let Some((at, slot, more)) = c.lanes.pop_sent(end, &mut self.room) else { break };
-                    if slot.is_control() {
-                        if more {
-                            continue;
-                        }
-                        break;
-                    }
-                    let status = if at.wrapping_add(1) == end { wc.status } else { crate::WcStatus::Success };
-                    let result = match status {
-                        crate::WcStatus::Success => Ok(slot.posted_len()),
-                        s => Err(crate::OpError::Wc(s)),
-                    };
-                    if let Some(h) = c.handler.take() {
-                        self.call(key, h, slot.into_done(result, false));
-                    }
-                    if !more {
-                        break;
-                    }
-                    match self.conns.get_index_mut(id.index).filter(|(_, c)| c.epoch == id.epoch) {
-                        Some((_, again)) => c = again,
-                        None => break,
-                    }
-                }
+    fn complete(&mut self, wc: &WorkCompletion) {
+        let mut at = Resume::Start;
+        while let Err(panic) =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.complete_from(wc, &mut at)))
+        {
+            self.core.panic.get_or_insert(panic);
+            if matches!(at, Resume::Done) {
+                break;
             }
         }
         // The reactor flushes once a tick; here after each completion that listed something.
-        while let Some(key) = self.dirty.pop() {
-            self.flush(key);
+        while let Some(key) = self.core.dirty.pop() {
+            self.core.flush(key);
         }
     }
 
-    /// The guarded handler call (`Core::with_conn_between`): handler `h`, taken out of
-    /// connection `key`'s entry, is called with `done` inside `catch_unwind`, then put back,
-    /// and what the completion leaves to post is listed (`after_completion`).
+    /// The work of [`Path::complete`] from where `at` says: the start, or the next operation
+    /// a send completion completes after a handler's panic. `at` says what is left before each
+    /// handler call.
     #[inline(always)]
-    fn call(&mut self, key: ConnKey, mut h: Box<dyn Handler>, done: Completion) {
-        self.delivered += 1;
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let mut conn = Conn { core: self, key };
-            h.on_completion(&mut conn, done);
-        }));
-        if let Some(c) = self.conns.get_mut(key) {
-            // Taken out for the call: nothing to drop in its place.
-            if c.handler.is_none() {
-                c.handler = Some(h);
+    fn complete_from(&mut self, wc: &WorkCompletion, at: &mut Resume) {
+        use crate::proto::token::{Dir, WrId};
+        let sent = match *at {
+            Resume::Start => {
+                *at = Resume::Done;
+                let core = &mut self.core;
+                core.completions += 1;
+                // (The shared receive queue's `SrqRecv` tokens are told apart here:
+                // `WrId::is_ring`.)
+                let found = WrId::decode(wc.wr_id).and_then(|id| {
+                    let (key, c) = core.conns.get_index_mut(id.index)?;
+                    (c.epoch == id.epoch).then_some((id, key))
+                });
+                let Some((id, key)) = found else {
+                    core.stale += 1;
+                    return;
+                };
+                if id.dir == Dir::Recv {
+                    return self.recv_completion(id.index, key, id.seq, wc);
+                }
+                let Some((_, c)) = core.conns.get_index_mut(id.index) else { return };
+                let Some(end) = c.lanes.send_completed(id.seq) else {
+                    core.stale += 1;
+                    return;
+                };
+                Sent { index: id.index, epoch: id.epoch, key, owner: c.owner, end, status: wc.status }
             }
-            // `after_completion`: what waited for room or credit, or credits owed; asked only of
-            // a connection not listed already (a handler that submitted listed it).
-            if !c.dirty && (c.lanes.wants_post() || c.lanes.has_pending_recvs()) {
-                list_dirty(c, key, &mut self.dirty);
+            Resume::Sent(sent) => sent,
+            Resume::Done => return,
+        };
+        self.send_completion(sent, at);
+    }
+
+    /// A receive completion of connection `key` (slab index `index`) at ring position `seq`:
+    /// the lanes' rules (`Lanes::recv_completed`), then the handler, with the completion built
+    /// in its argument.
+    #[inline(always)]
+    fn recv_completion(&mut self, index: u32, key: ConnKey, seq: u32, wc: &WorkCompletion) {
+        use crate::reactor::bench::RecvOutcome;
+        let Path { core, handlers, .. } = self;
+        let Some((_, c)) = core.conns.get_index_mut(index) else { return };
+        match c.lanes.recv_completed(seq, wc, false) {
+            RecvOutcome::Deliver { delivery, wake } => {
+                // `after_completion` (what waited for room or credit, credits owed), asked in
+                // this look-up: a handler changes it only by what it submits, which lists the
+                // connection itself.
+                if wake || c.lanes.wants_post() || c.lanes.has_pending_recvs() {
+                    list_dirty(c, key, &mut core.dirty);
+                }
+                let owner = c.owner;
+                let Some(taken) = c.lanes.take_recv(delivery) else { return };
+                // The handler (none: the completion is dropped, its memory back).
+                match handlers.get_mut(index as usize).and_then(Option::as_mut) {
+                    Some(h) => {
+                        core.delivered += 1;
+                        h.on_completion(&mut Conn { core, key, owner }, taken.into_done());
+                    }
+                    None => drop(taken),
+                }
             }
-        }
-        if let Err(panic) = r {
-            self.panic.get_or_insert(panic);
+            RecvOutcome::Control { .. } => list_dirty(c, key, &mut core.dirty),
+            // Refused messages close the connection in the reactor (not in this path).
+            RecvOutcome::BadFrame(_) | RecvOutcome::Overdrawn => {}
+            RecvOutcome::Stale => core.stale += 1,
         }
     }
 
+    /// The operations a send completion completes (`sent`), from the next one on, in order
+    /// (the runtime's own skipped), each to the handler with its completion built in its
+    /// argument; after a handler ran the connection is looked up again (it may have closed,
+    /// the table may have grown).
+    #[inline(always)]
+    fn send_completion(&mut self, sent: Sent, at: &mut Resume) {
+        let Path { core, handlers, .. } = self;
+        while let Some((_, c)) = core.conns.get_index_mut(sent.index).filter(|(_, c)| c.epoch == sent.epoch) {
+            let Some(pos) = c.lanes.next_sent(sent.end, &mut core.room) else { break };
+            let more = pos.wrapping_add(1) != sent.end;
+            if !more && !c.dirty && (c.lanes.wants_post() || c.lanes.has_pending_recvs()) {
+                // `after_completion`, asked once its last operation is found.
+                list_dirty(c, sent.key, &mut core.dirty);
+            }
+            let Some(taken) = c.lanes.take_sent(sent.end, &mut core.room, sent.status) else { break };
+            *at = if more { Resume::Sent(sent) } else { Resume::Done };
+            match handlers.get_mut(sent.index as usize).and_then(Option::as_mut) {
+                Some(h) => {
+                    core.delivered += 1;
+                    h.on_completion(&mut Conn { core, key: sent.key, owner: sent.owner }, taken.into_done());
+                }
+                None => drop(taken),
+            }
+            if !more {
+                break;
+            }
+        }
+    }
+}
+
+/// Where [`Path::complete`] resumes after a handler's panic.
+#[derive(Clone, Copy)]
+enum Resume {
+    /// Nothing done yet.
+    Start,
+    /// A send completion's operations from the next before `end` on.
+    Sent(Sent),
+    /// Nothing left.
+    Done,
+}
+
+/// A send completion being delivered: its connection (slab index, queue-pair epoch, key,
+/// owner), the end of what it completes and its status.
+#[derive(Clone, Copy)]
+struct Sent {
+    index: u32,
+    epoch: u16,
+    key: ConnKey,
+    owner: u64,
+    end: u32,
+    status: crate::WcStatus,
+}
+
+impl PathCore {
     /// `Core::submit` on the gate and the rings.
     #[inline(always)]
     fn submit(&mut self, key: ConnKey, op: Op) -> Result<(), Refused> {
@@ -673,18 +744,27 @@ impl PathCore {
             Body::Send(buf) => {
                 let len = buf.len();
                 let (queued, bytes) = c.lanes.backlog();
-                let admitted =
-                    c.gate.message(len).and_then(|()| c.gate.backlog(queued, c.lanes.free_slots(), bytes, len));
-                if admitted.is_err() || !self.pool.owns(&buf) {
+                if c.gate.message(len).is_err()
+                    || c.gate.backlog(queued, c.lanes.free_slots(), bytes, len).is_err()
+                    || !self.pool.owns(&buf)
+                {
                     return Err(Refused(Op { body: Body::Send(buf), user_data }));
                 }
-                c.lanes.submit_send(Slot::send_on(buf, c.owner, user_data));
+                let owner = c.owner;
+                c.lanes.submit_send_with(
+                    #[inline(always)]
+                    || Slot::send_on(buf, owner, user_data),
+                );
             }
             Body::Recv(buf) => {
                 if c.gate.recv().is_err() || !self.pool.owns(&buf) {
                     return Err(Refused(Op { body: Body::Recv(buf), user_data }));
                 }
-                c.lanes.submit_recv(Slot::recv_on(buf, c.owner, user_data));
+                let owner = c.owner;
+                c.lanes.submit_recv_with(
+                    #[inline(always)]
+                    || Slot::recv_on(buf, owner, user_data),
+                );
             }
             Body::RawSend(raw) => {
                 if c.gate.message(raw.len as usize).is_err() {
@@ -718,11 +798,12 @@ impl PathCore {
             if let Some(refused) = c.lanes.recvs_posted(n, n, true) {
                 drop(refused);
             }
+            c.lanes.run_ids(first, n, &mut self.device.recvs);
         }
         let run = c.lanes.plan_sends_imm(&mut self.room, 64);
         if run.n > 0 {
             std::hint::black_box(c.lanes.send_wrs().with_chain(run.first, run.n, |head| head));
-            c.lanes.run_signaled(run, &mut self.signaled);
+            c.lanes.run_signaled(run, &mut self.device.signaled);
             if let Some(refused) = c.lanes.sends_posted(run, run.n, &mut self.room) {
                 drop(refused);
             }

@@ -204,6 +204,25 @@ impl SendWrs {
         }
     }
 
+    /// [`SendWrs::write_send`] without a tail: a SEND (with immediate data when `imm` is given)
+    /// of `(addr, len, lkey)`, its one scatter entry (none when `len` is 0).
+    #[inline(always)]
+    pub(crate) fn write_message(
+        &mut self,
+        i: u32,
+        wr_id: u64,
+        imm: Option<u32>,
+        sge: (u64, u32, u32),
+        signaled: bool,
+        inline: bool,
+    ) {
+        let w = self.common(i, wr_id, sge, None, signaled, inline);
+        match imm {
+            Some(imm) => set_opcode(w, ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, imm),
+            None => set_opcode(w, ffi::ibv_wr_opcode::IBV_WR_SEND, 0),
+        }
+    }
+
     /// The fields every request writes ([module docs](self)), leaving the opcode and immediate
     /// data to [`set_opcode`]: request `i` (mod the capacity), for the caller to finish.
     #[inline(always)]

@@ -102,11 +102,12 @@ pub(crate) trait LaneBuf {
     fn set_len_at_most(&mut self, n: usize);
     /// The 4 bytes before offset `n` of a receive (a tail).
     fn tail_before(&self, n: usize) -> Option<[u8; 4]>;
-    /// Submitted on connection `owner` to be sent whole (`set_owner(owner, len())`, `show()`).
-    fn mark_send(&self, owner: u64);
+    /// Submitted on connection `owner` to be sent whole (`set_owner(owner, len())`, `show()`);
+    /// returns [`LaneBuf::send_sge`] (one look at the chunk for both).
+    fn mark_send(&self, owner: u64) -> (u64, u32, u32);
     /// Submitted on connection `owner` to receive into (`set_owner(owner, 0)`, the whole
-    /// chunk lent to the device).
-    fn mark_recv(&mut self, owner: u64);
+    /// chunk lent to the device); returns [`LaneBuf::recv_sge`].
+    fn mark_recv(&mut self, owner: u64) -> (u64, u32, u32);
 }
 
 impl LaneBuf for Buf {
@@ -151,14 +152,16 @@ impl LaneBuf for Buf {
         Buf::tail_before(self, n)
     }
     #[inline(always)]
-    fn mark_send(&self, owner: u64) {
+    fn mark_send(&self, owner: u64) -> (u64, u32, u32) {
         self.set_owner(owner, Buf::len(self));
         Buf::show(self);
+        LaneBuf::send_sge(self)
     }
     #[inline(always)]
-    fn mark_recv(&mut self, owner: u64) {
+    fn mark_recv(&mut self, owner: u64) -> (u64, u32, u32) {
         self.set_owner(owner, 0);
         Buf::lend_to_device(self, Buf::capacity(self));
+        LaneBuf::recv_sge(self)
     }
 }
 
@@ -204,52 +207,62 @@ impl LaneBuf for IndexBuf {
         IndexBuf::tail_before(self, n)
     }
     #[inline(always)]
-    fn mark_send(&self, owner: u64) {
-        IndexBuf::mark_send(self, owner);
+    fn mark_send(&self, owner: u64) -> (u64, u32, u32) {
+        IndexBuf::mark_send(self, owner)
     }
     #[inline(always)]
-    fn mark_recv(&mut self, owner: u64) {
-        IndexBuf::mark_recv(self, owner);
+    fn mark_recv(&mut self, owner: u64) -> (u64, u32, u32) {
+        IndexBuf::mark_recv(self, owner)
     }
 }
 
-/// The memory an operation names on this side.
-enum Mem<B> {
-    /// None: a credit-only message, a probe.
-    None,
-    /// A pool buffer.
-    Pool(B),
-    /// Caller-registered memory (`Conn::submit_raw`).
-    Raw(RawBuf),
-    /// A region slice (held until the completion) and its key on the connection's device.
-    Region(RegionSlice, u32),
-    /// A window bind: the window, held until the bind completes.
+/// What few operations hold besides their memory: kept out of line, so a slot moves and is
+/// taken apart field by field, without matching a variant (one allocation per iWARP READ,
+/// which registers its sink anyway, or window bind, as `OpEntry`'s `Rare`).
+enum Rare {
+    /// On iWARP, a READ's sink registered with remote write over exactly its bytes, held until
+    /// the READ completes or is cancelled; its local key replaces the memory's.
+    Sink(Mr),
+    /// A window bind: holds the window until the bind completes or is cancelled.
     Bind(Rc<Window>),
-    /// On iWARP, a READ's memory and its sink's registration (declared first: deregistered
-    /// before the memory is handed back).
-    Sink(Box<(Mr, Mem<B>)>),
 }
 
-impl<B> std::fmt::Debug for Mem<B> {
+impl std::fmt::Debug for Rare {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Mem::None => "None",
-            Mem::Pool(_) => "Pool",
-            Mem::Raw(_) => "Raw",
-            Mem::Region(..) => "Region",
-            Mem::Bind(_) => "Bind",
-            Mem::Sink(_) => "Sink",
+            Rare::Sink(_) => "Sink",
+            Rare::Bind(_) => "Bind",
         })
     }
 }
 
-/// An operation while its ring holds it: from submission to completion. About 64 bytes with
-/// an `IndexBuf` ([module docs](self)).
+/// An operation while its ring holds it: from submission to completion. 96 bytes with an
+/// `IndexBuf` ([module docs](self)).
+///
+/// Its work request's scatter entry (`addr`, `len`, `lkey`) is decided when the slot is made,
+/// in the look at the buffer's chunk its owner marks take anyway, so posting reads the slot
+/// alone, never the pool (nothing changes it meanwhile: the slot owns the memory). What it
+/// holds is a field of its own each (a pool buffer, a region slice, the rare rest), none a
+/// variant of another: a completion moves them into the handler's argument as they are.
+/// Caller memory (`Conn::submit_raw`) holds nothing: its address and length are the
+/// scatter entry's.
 #[derive(Debug)]
 pub(crate) struct Slot<B> {
+    /// A READ's sink or a window bind (declared first: a sink is deregistered before the
+    /// memory under it can go back to the pool or the application).
+    rare: Option<Box<Rare>>,
     /// The user_data given at submission (0 for the runtime's own).
     pub(crate) user_data: u64,
-    mem: Mem<B>,
+    /// The local address its work request names.
+    addr: u64,
+    /// The bytes its work request names (a receive: the chunk and its slack).
+    len: u32,
+    /// The local key of that memory.
+    lkey: u32,
+    /// A pool buffer.
+    buf: Option<B>,
+    /// A region slice.
+    region: Option<RegionSlice>,
     /// A one-sided operation's remote slice (zeros for the others).
     remote: RemoteSlice,
     /// The pool bytes it holds while it waits to be posted (`Config::send_backlog_bytes`).
@@ -286,58 +299,74 @@ pub struct Done<B> {
 const NO_REMOTE: RemoteSlice = RemoteSlice { addr: 0, len: 0, rkey: 0 };
 
 impl<B: LaneBuf> Slot<B> {
+    /// A slot naming `(addr, len, lkey)`: the fields every constructor sets (none rare).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn of(
+        user_data: u64,
+        (addr, len, lkey): (u64, u32, u32),
+        buf: Option<B>,
+        remote: RemoteSlice,
+        pool_len: u32,
+        opcode: OpCode,
+        flags: u8,
+    ) -> Slot<B> {
+        Slot { rare: None, user_data, addr, len, lkey, buf, region: None, remote, pool_len, opcode, flags }
+    }
+
     /// A send of a pool buffer's `len()` bytes submitted on connection `owner` (its owner marks
     /// set as `Core::submit` and `OpEntry::new` set them: the buffer is `owner`'s with the
     /// bytes it sends, and they are shown).
     #[inline(always)]
     pub(crate) fn send_on(buf: B, owner: u64, user_data: u64) -> Slot<B> {
-        buf.mark_send(owner);
-        let pool_len = buf.len() as u32;
-        Slot { user_data, mem: Mem::Pool(buf), remote: NO_REMOTE, pool_len, opcode: OpCode::Send, flags: CONSUMES }
+        let sge = buf.mark_send(owner);
+        Slot::of(user_data, sge, Some(buf), NO_REMOTE, sge.1, OpCode::Send, CONSUMES)
     }
 
     /// A receive into a pool buffer's whole capacity submitted on connection `owner` (its
     /// marks as `Core::submit` and `OpEntry::new` set them).
     #[inline(always)]
     pub(crate) fn recv_on(mut buf: B, owner: u64, user_data: u64) -> Slot<B> {
-        buf.mark_recv(owner);
-        Slot { user_data, mem: Mem::Pool(buf), remote: NO_REMOTE, pool_len: 0, opcode: OpCode::Recv, flags: 0 }
+        let sge = buf.mark_recv(owner);
+        Slot::of(user_data, sge, Some(buf), NO_REMOTE, 0, OpCode::Recv, 0)
     }
 
     /// A send of a pool buffer's `len()` bytes. Its bytes are shown (the device sends them).
     #[inline(always)]
     pub(crate) fn send(buf: B, user_data: u64) -> Slot<B> {
         buf.show();
-        let pool_len = buf.len() as u32;
-        Slot { user_data, mem: Mem::Pool(buf), remote: NO_REMOTE, pool_len, opcode: OpCode::Send, flags: CONSUMES }
+        let sge = buf.send_sge();
+        Slot::of(user_data, sge, Some(buf), NO_REMOTE, sge.1, OpCode::Send, CONSUMES)
     }
 
     /// A receive into a pool buffer's whole capacity.
     #[inline(always)]
     pub(crate) fn recv(mut buf: B, user_data: u64) -> Slot<B> {
         buf.lend_all_to_device();
-        Slot { user_data, mem: Mem::Pool(buf), remote: NO_REMOTE, pool_len: 0, opcode: OpCode::Recv, flags: 0 }
+        let sge = buf.recv_sge();
+        Slot::of(user_data, sge, Some(buf), NO_REMOTE, 0, OpCode::Recv, 0)
     }
 
     /// An RDMA WRITE (with immediate data when `imm`) of a pool buffer's `len()` bytes.
     pub(crate) fn write(buf: B, remote: RemoteSlice, imm: bool, user_data: u64) -> Slot<B> {
         buf.show();
-        let pool_len = buf.len() as u32;
+        let sge = buf.send_sge();
         let (opcode, flags) = if imm { (OpCode::WriteImm, CONSUMES) } else { (OpCode::Write, 0) };
-        Slot { user_data, mem: Mem::Pool(buf), remote, pool_len, opcode, flags }
+        Slot::of(user_data, sge, Some(buf), remote, sge.1, opcode, flags)
     }
 
     /// An RDMA READ of `remote.len` bytes into a pool buffer (submission checked they fit).
     pub(crate) fn read(mut buf: B, remote: RemoteSlice, user_data: u64) -> Slot<B> {
         buf.set_len_at_most(remote.len as usize);
         buf.lend_to_device(remote.len as usize);
-        Slot { user_data, mem: Mem::Pool(buf), remote, pool_len: remote.len, opcode: OpCode::Read, flags: 0 }
+        let sge = buf.send_sge();
+        Slot::of(user_data, sge, Some(buf), remote, remote.len, OpCode::Read, 0)
     }
 
     /// An operation on caller-registered memory (`Conn::submit_raw`: a send or a receive).
     pub(crate) fn raw(opcode: OpCode, raw: RawBuf, user_data: u64) -> Slot<B> {
         let flags = if opcode.consumes_peer_receive() { CONSUMES } else { 0 };
-        Slot { user_data, mem: Mem::Raw(raw), remote: NO_REMOTE, pool_len: 0, opcode, flags }
+        Slot::of(user_data, (raw.addr, raw.len, raw.lkey), None, NO_REMOTE, 0, opcode, flags)
     }
 
     /// An operation on a region slice whose key on the connection's device is `lkey`.
@@ -350,12 +379,15 @@ impl<B: LaneBuf> Slot<B> {
     ) -> Slot<B> {
         let flags = if opcode.consumes_peer_receive() { CONSUMES } else { 0 };
         let remote = remote.unwrap_or(NO_REMOTE);
-        Slot { user_data, mem: Mem::Region(slice, lkey), remote, pool_len: 0, opcode, flags }
+        // A READ names the bytes it reads; the others the slice.
+        let len = if opcode == OpCode::Read { remote.len } else { slice.len() as u32 };
+        let s = Slot::of(user_data, (slice.addr(), len, lkey), None, remote, 0, opcode, flags);
+        Slot { region: Some(slice), ..s }
     }
 
     /// A credit-only message (its immediate data is decided when it is planned).
     pub(crate) fn control() -> Slot<B> {
-        Slot { user_data: 0, mem: Mem::None, remote: NO_REMOTE, pool_len: 0, opcode: OpCode::Send, flags: CONTROL }
+        Slot::of(0, (0, 0, 0), None, NO_REMOTE, 0, OpCode::Send, CONTROL)
     }
 
     /// A probe: a zero-length RDMA WRITE (a keepalive, an iWARP nudge), needing no credit.
@@ -365,13 +397,14 @@ impl<B: LaneBuf> Slot<B> {
 
     /// A window bind: holds the window until it completes.
     pub(crate) fn bind(window: Rc<Window>) -> Slot<B> {
-        Slot { mem: Mem::Bind(window), ..Slot::probe() }
+        Slot { rare: Some(Box::new(Rare::Bind(window))), ..Slot::probe() }
     }
 
-    /// On iWARP, a READ whose sink `sink` registers its memory with remote write.
+    /// On iWARP, a READ whose sink `sink` registers its memory with remote write: its request
+    /// names the sink's key.
     pub(crate) fn with_sink(mut self, sink: Mr) -> Slot<B> {
-        let mem = std::mem::replace(&mut self.mem, Mem::None);
-        self.mem = Mem::Sink(Box::new((sink, mem)));
+        self.lkey = sink.lkey();
+        self.rare = Some(Box::new(Rare::Sink(sink)));
         self
     }
 
@@ -379,7 +412,7 @@ impl<B: LaneBuf> Slot<B> {
     /// length).
     #[inline(always)]
     pub(crate) fn posted_len(&self) -> u32 {
-        self.sge().1
+        self.len
     }
 
     /// A one-sided operation: it names a remote key of the peer (a reconnection cannot carry it
@@ -402,38 +435,25 @@ impl<B: LaneBuf> Slot<B> {
     /// Local address, length and key of its work request.
     #[inline(always)]
     fn sge(&self) -> (u64, u32, u32) {
-        match &self.mem {
-            Mem::Pool(b) if self.opcode == OpCode::Recv => b.recv_sge(),
-            Mem::Pool(b) => b.send_sge(),
-            mem => self.sge_cold(mem),
-        }
+        (self.addr, self.len, self.lkey)
     }
 
-    /// [`Slot::sge`] of memory other than a pool buffer's.
-    #[inline(never)]
-    fn sge_cold(&self, mem: &Mem<B>) -> (u64, u32, u32) {
-        let (mem, lkey) = match mem {
-            Mem::Sink(b) => (&b.1, Some(b.0.lkey())),
-            mem => (mem, None),
-        };
-        let (addr, len, own) = match mem {
-            Mem::Pool(b) if self.opcode == OpCode::Recv => b.recv_sge(),
-            Mem::Pool(b) => b.send_sge(),
-            Mem::Raw(r) => (r.addr, r.len, r.lkey),
-            Mem::Region(s, lkey) if self.opcode == OpCode::Read => (s.addr(), self.remote.len, *lkey),
-            Mem::Region(s, lkey) => (s.addr(), s.len() as u32, *lkey),
-            Mem::None | Mem::Bind(_) | Mem::Sink(_) => (0, 0, 0),
-        };
-        (addr, len, lkey.unwrap_or(own))
+    /// The window a bind holds.
+    #[inline(always)]
+    fn bound_window(&self) -> Option<&Rc<Window>> {
+        match self.rare.as_deref() {
+            Some(Rare::Bind(w)) => Some(w),
+            _ => None,
+        }
     }
 
     /// The most payload a receive's memory holds (a tail-framed message longer is refused).
     fn recv_capacity(&self) -> u32 {
-        match &self.mem {
-            Mem::Pool(b) => u32::try_from(b.capacity()).unwrap_or(u32::MAX),
-            Mem::Region(s, _) => u32::try_from(s.len()).unwrap_or(u32::MAX),
-            Mem::Raw(r) => r.len,
-            _ => 0,
+        match (&self.buf, &self.region) {
+            (Some(b), _) => u32::try_from(b.capacity()).unwrap_or(u32::MAX),
+            (None, Some(s)) => u32::try_from(s.len()).unwrap_or(u32::MAX),
+            // Caller memory: the slot names it whole.
+            (None, None) => self.len,
         }
     }
 
@@ -442,81 +462,71 @@ impl<B: LaneBuf> Slot<B> {
     fn received_tail(&self, n: u32) -> Option<[u8; 4]> {
         let at = n.checked_sub(TAIL_LEN)? as usize;
         let mut tail = [0u8; 4];
-        match &self.mem {
-            Mem::Pool(b) => return b.tail_before(n as usize),
-            Mem::Region(s, _) => {
+        match (&self.buf, &self.region) {
+            (Some(b), _) => return b.tail_before(n as usize),
+            (None, Some(s)) => {
                 if n as usize > s.len() {
                     return None;
                 }
                 s.region().read_at(s.range().start + at, &mut tail).ok()?;
             }
-            Mem::Raw(r) => {
-                if n > r.len {
+            (None, None) => {
+                if self.is_control() || n > self.len {
                     return None;
                 }
                 #[allow(unsafe_code)]
-                // SAFETY: `Conn::submit_raw`'s contract keeps `r.addr..r.addr + r.len` valid until
-                // the completion is handed over, which has not happened yet (the slot still holds
-                // the operation); the device finished writing it (its completion was reaped);
-                // at + 4 <= n <= r.len.
+                // SAFETY: a receive holding neither a pool buffer nor a region slice is caller
+                // memory (`Slot::raw`), named whole by `addr..addr + len`; `Conn::submit_raw`'s
+                // contract keeps it valid until the completion is handed over, which has not
+                // happened yet (the slot still holds the operation); the device finished writing
+                // it (its completion was reaped); at + 4 <= n <= len.
                 unsafe {
-                    std::ptr::copy_nonoverlapping((r.addr as usize + at) as *const u8, tail.as_mut_ptr(), tail.len());
+                    std::ptr::copy_nonoverlapping(
+                        (self.addr as usize + at) as *const u8,
+                        tail.as_mut_ptr(),
+                        tail.len(),
+                    );
                 }
             }
-            _ => return None,
         }
         Some(tail)
     }
 
     /// The completion's parts: `result`, with the memory handed back (a successful receive's
     /// length set to the bytes received, a READ's bytes the owner's), as
-    /// `OpEntry::into_completion`.
+    /// `OpEntry::into_completion`. A READ's sink is deregistered, and a bind's window let go,
+    /// before.
     #[inline(always)]
     pub(crate) fn into_done(self, result: Result<u32, OpError>, remote_write: bool) -> Done<B> {
-        let Slot { user_data, mem, opcode, .. } = self;
-        let (buf, region) = match mem {
-            Mem::Pool(mut b) => {
-                match (opcode, &result) {
-                    // Exactly the bytes received (none for an RDMA WRITE with immediate data).
-                    (OpCode::Recv, Ok(n)) => b.received(if remote_write { 0 } else { *n as usize }),
-                    // The device wrote these bytes for this owner.
-                    (OpCode::Read, Ok(_)) => {
-                        let n = b.len();
-                        b.written(n);
-                    }
-                    _ => {}
-                }
-                (Some(b), None)
-            }
-            mem => Slot::cold_parts(mem, opcode, &result),
-        };
-        Done { user_data, opcode, result, buf, remote_write, region }
-    }
-
-    /// [`Slot::into_done`]'s memory other than a pool buffer: a region slice, or a READ's sink
-    /// (deregistered before the memory is handed back).
-    #[inline(never)]
-    fn cold_parts(mem: Mem<B>, opcode: OpCode, result: &Result<u32, OpError>) -> (Option<B>, Option<RegionSlice>) {
-        let mem = match mem {
-            Mem::Sink(b) => {
-                let (sink, mem) = *b;
-                drop(sink);
-                mem
-            }
-            mem => mem,
-        };
-        match mem {
-            Mem::Pool(mut b) => {
-                if let (OpCode::Read, Ok(_)) = (opcode, result) {
+        let Slot { rare, user_data, mut buf, region, opcode, .. } = self;
+        // Moved on both branches, so no drop of it is left for the end of the function (a
+        // call the common case, with no rare part, never needs).
+        if rare.is_some() {
+            drop_rare(rare);
+        } else {
+            std::mem::forget(rare);
+        }
+        if let (Some(b), Ok(n)) = (buf.as_mut(), &result) {
+            match opcode {
+                // Exactly the bytes received (none for an RDMA WRITE with immediate data).
+                OpCode::Recv => b.received(if remote_write { 0 } else { *n as usize }),
+                // The device wrote these bytes for this owner.
+                OpCode::Read => {
                     let n = b.len();
                     b.written(n);
                 }
-                (Some(b), None)
+                _ => {}
             }
-            Mem::Region(s, _) => (None, Some(s)),
-            _ => (None, None),
         }
+        Done { user_data, opcode, result, buf, remote_write, region }
     }
+}
+
+/// Drops a slot's rare part (a sink deregistered, a window let go): cold.
+#[inline(never)]
+#[cold]
+fn drop_rare(rare: Option<Box<Rare>>) {
+    drop(rare);
 }
 
 /// The send queue's state beside its ring: what `SendQueue` keeps besides its key queues.
@@ -611,12 +621,13 @@ pub(crate) struct SendRun {
 
 /// What a receive completion was ([`Lanes::recv_completed`]).
 #[derive(Debug)]
-pub(crate) enum RecvOutcome<B> {
+pub(crate) enum RecvOutcome {
     /// Not an outstanding receive of this lane: the caller counts it stale.
     Stale,
-    /// For the handler: the completion (an error: a work error to feed too). `wake` when the
-    /// connection has something to post now (credits owed, sends released).
-    Deliver { done: Done<B>, wake: bool },
+    /// For the handler: the receive completed (an error: a work error to feed too), its
+    /// completion for [`Lanes::take_recv`] to build. `wake` when the connection has something
+    /// to post now (credits owed, sends released).
+    Deliver { delivery: Delivery, wake: bool },
     /// A credit-only message consumed it: it is queued again ahead of the others (the
     /// connection has something to post), and the message said `farewell`.
     Control { farewell: Farewell },
@@ -626,6 +637,38 @@ pub(crate) enum RecvOutcome<B> {
     /// The peer sent beyond the credit we granted: the receive waits in the side list, the
     /// connection closes (`Protocol`, `Stats::credit_overdrawn`).
     Overdrawn,
+}
+
+/// A receive [`Lanes::recv_completed`] found for the handler: still in its slot (its credits
+/// and kind already accounted), for [`Lanes::take_recv`] to take out as the handler's
+/// completion, so the caller builds the completion where the handler gets it (inside the
+/// guarded call), once. Nothing else may touch the lanes in between.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Delivery {
+    /// Its ring position (in the posted window).
+    at: u32,
+    /// The bytes received, or why it failed.
+    pub(crate) result: Result<u32, OpError>,
+    /// An RDMA WRITE with immediate data consumed it.
+    remote_write: bool,
+}
+
+/// An operation taken out of its ring, with its outcome ([`Lanes::take_recv`],
+/// [`Lanes::take_sent`]): [`Taken::into_done`] builds its handler's completion, best where the
+/// handler gets it (as the call's argument: built there, never moved).
+#[derive(Debug)]
+pub(crate) struct Taken<B> {
+    slot: Slot<B>,
+    result: Result<u32, OpError>,
+    remote_write: bool,
+}
+
+impl<B: LaneBuf> Taken<B> {
+    /// The handler's completion ([`Slot::into_done`]).
+    #[inline(always)]
+    pub(crate) fn into_done(self) -> Done<B> {
+        self.slot.into_done(self.result, self.remote_write)
+    }
 }
 
 /// One connection's send and receive lanes ([module docs](self)).
@@ -763,14 +806,37 @@ impl<B: LaneBuf> Lanes<B> {
     /// Queues a send-queue operation behind the others.
     #[inline(always)]
     pub(crate) fn submit_send(&mut self, slot: Slot<B>) {
-        self.ctl.queued_bytes += slot.pool_len as usize;
-        self.send.push(slot);
+        self.submit_send_with(
+            #[inline(always)]
+            || slot,
+        );
+    }
+
+    /// [`Lanes::submit_send`] of the operation `make` returns, made in its slot
+    /// ([`Ring::push_with`]).
+    #[inline(always)]
+    pub(crate) fn submit_send_with(&mut self, make: impl FnOnce() -> Slot<B>) {
+        let ctl = &mut self.ctl;
+        self.send.push_with(
+            #[inline(always)]
+            || {
+                let slot = make();
+                ctl.queued_bytes += slot.pool_len as usize;
+                slot
+            },
+        );
     }
 
     /// Queues a receive behind the others.
     #[inline(always)]
     pub(crate) fn submit_recv(&mut self, slot: Slot<B>) {
         self.recv.push(slot);
+    }
+
+    /// [`Lanes::submit_recv`] of the receive `make` returns, made in its slot.
+    #[inline(always)]
+    pub(crate) fn submit_recv_with(&mut self, make: impl FnOnce() -> Slot<B>) {
+        self.recv.push_with(make);
     }
 
     /// Send-queue operations queued and not yet posted, and their pool bytes.
@@ -1023,11 +1089,67 @@ impl<B: LaneBuf> Lanes<B> {
     #[inline(always)]
     pub(crate) fn pop_sent(&mut self, end: u32, room: &mut CqRoom) -> Option<(u32, Slot<B>, bool)> {
         let (at, slot) = self.send.pop_until(end)?;
+        let more = self.popped_sent(end, room);
+        Some((at, slot, more))
+    }
+
+    /// What each operation a send completion completes gives back (its CQ entry, the requests
+    /// no longer awaited) once popped; true when more before `end` follow.
+    #[inline(always)]
+    fn popped_sent(&mut self, end: u32, room: &mut CqRoom) -> bool {
         room.release_send(1);
         self.ctl.unreported = self.ctl.unreported.min(self.send.outstanding());
         // More of them to pop: `end` still lies past the oldest outstanding.
-        let more = end.wrapping_sub(self.send.head()).wrapping_sub(1) < self.send.outstanding();
-        Some((at, slot, more))
+        end.wrapping_sub(self.send.head()).wrapping_sub(1) < self.send.outstanding()
+    }
+
+    /// The completion path's [`Lanes::pop_sent`], in two steps: the position of the next
+    /// operation a send completion completes, before `end`, for its handler;
+    /// [`Lanes::take_sent`] then pops it as the handler's completion (so the caller builds the
+    /// completion where the handler gets it, once; nothing else may touch the lanes in
+    /// between). The runtime's own operations on the way are popped and dropped here (no
+    /// handler hears of them), each giving back its CQ entry. `None` when all are done.
+    #[inline(always)]
+    pub(crate) fn next_sent(&mut self, end: u32, room: &mut CqRoom) -> Option<u32> {
+        loop {
+            let control = self.send.oldest(end)?.is_control();
+            if !control {
+                return Some(self.send.head());
+            }
+            if !self.drop_sent_control(end, room) {
+                return None;
+            }
+        }
+    }
+
+    /// Pops the operation [`Lanes::next_sent`] named (the oldest before `end`), giving back its
+    /// CQ entry, with its outcome, for its handler's completion ([`Taken::into_done`]): the work
+    /// completion's `status` when it is the signaled request (at `end - 1`), success when a
+    /// later one completed it.
+    #[inline(always)]
+    pub(crate) fn take_sent(&mut self, end: u32, room: &mut CqRoom, status: WcStatus) -> Option<Taken<B>> {
+        let (at, slot) = self.send.pop_until(end)?;
+        self.popped_sent(end, room);
+        let result = match status {
+            _ if at.wrapping_add(1) != end => Ok(slot.posted_len()),
+            WcStatus::Success => Ok(slot.posted_len()),
+            s => Err(OpError::Wc(s)),
+        };
+        Some(Taken { slot, result, remote_write: false })
+    }
+
+    /// [`Lanes::next_sent`]'s runtime's own operation (a credit-only message, a probe, a
+    /// bind): popped and dropped; true when more before `end` follow.
+    #[cold]
+    #[inline(never)]
+    fn drop_sent_control(&mut self, end: u32, room: &mut CqRoom) -> bool {
+        match self.send.pop_until(end) {
+            Some((_, slot)) => {
+                drop(slot);
+                self.popped_sent(end, room)
+            }
+            None => false,
+        }
     }
 
     /// The `wr_id`s of the requests of `run` that ask for a completion, appended to `out`: what
@@ -1043,6 +1165,17 @@ impl<B: LaneBuf> Lanes<B> {
         }
     }
 
+    /// The `wr_id`s of the `n` receives from position `first` (a run [`Lanes::plan_recvs`]
+    /// returned), appended to `out`: what a device completes of them, in order (the host
+    /// benchmark stands in for the device).
+    #[cfg(any(test, feature = "bench-internals"))]
+    #[inline]
+    pub(crate) fn run_ids(&self, first: u32, n: u32, out: &mut std::collections::VecDeque<u64>) {
+        for k in 0..n {
+            out.push_back(self.recv.wr_id(first.wrapping_add(k)));
+        }
+    }
+
     /// The `wr_id` of the oldest outstanding receive: the next a device completes (the host
     /// benchmark and tests stand in for the device).
     #[cfg(any(test, feature = "bench-internals"))]
@@ -1054,33 +1187,31 @@ impl<B: LaneBuf> Lanes<B> {
     /// messages end in a tail when `tail` (iWARP): what it was ([`RecvOutcome`]), with the
     /// credits and kind read and the rules of `finish_op` applied (a message beyond the credit
     /// or with a broken frame is refused; a credit-only message's receive is queued again).
-    #[inline]
-    pub(crate) fn recv_completed(&mut self, seq: u32, wc: &WorkCompletion, tail: bool) -> RecvOutcome<B> {
+    #[inline(always)]
+    pub(crate) fn recv_completed(&mut self, seq: u32, wc: &WorkCompletion, tail: bool) -> RecvOutcome {
         let Some(at) = self.recv.window(seq) else { return RecvOutcome::Stale };
-        let Some(slot) = self.recv.take(at) else { return RecvOutcome::Stale };
         if wc.status != WcStatus::Success {
-            return RecvOutcome::Deliver {
-                done: slot.into_done(Err(OpError::Wc(wc.status)), wc.remote_write),
-                wake: false,
-            };
+            let delivery = Delivery { at, result: Err(OpError::Wc(wc.status)), remote_write: wc.remote_write };
+            return RecvOutcome::Deliver { delivery, wake: false };
         }
         let mut byte_len = wc.byte_len;
         let imm = if tail {
-            match unframe(wc.byte_len, slot.received_tail(wc.byte_len), slot.recv_capacity()) {
-                Ok(u) => {
+            match self.recv.get(at).map(|s| unframe(wc.byte_len, s.received_tail(wc.byte_len), s.recv_capacity())) {
+                Some(Ok(u)) => {
                     byte_len = u.len;
                     Some(u.imm)
                 }
-                Err(why) => {
-                    self.returned.push(slot);
+                Some(Err(why)) => {
+                    self.return_recv(at);
                     return RecvOutcome::BadFrame(why);
                 }
+                None => return RecvOutcome::Stale,
             }
         } else {
             wc.imm.map(Imm::decode)
         };
         if self.ctl.flow.as_ref().is_some_and(Flow::exhausted) {
-            self.returned.push(slot);
+            self.return_recv(at);
             return RecvOutcome::Overdrawn;
         }
         let released = self.ctl.has(HOLD) && self.release();
@@ -1096,12 +1227,40 @@ impl<B: LaneBuf> Lanes<B> {
             control = imm.is_some_and(|i| i.control);
         }
         if control {
-            let mut again = slot;
-            again.flags |= AFTER_CONTROL;
-            self.recv.insert_queued(0, again);
+            self.repost_recv(at);
             return RecvOutcome::Control { farewell };
         }
-        RecvOutcome::Deliver { done: slot.into_done(Ok(byte_len), wc.remote_write), wake: grant_due || released }
+        let delivery = Delivery { at, result: Ok(byte_len), remote_write: wc.remote_write };
+        RecvOutcome::Deliver { delivery, wake: grant_due || released }
+    }
+
+    /// The receive of `delivery` taken out of its slot, with its outcome, for its handler's
+    /// completion ([`Taken::into_done`]). `None` if its slot holds nothing (never, when nothing
+    /// touched the lanes since [`Lanes::recv_completed`]).
+    #[inline(always)]
+    pub(crate) fn take_recv(&mut self, delivery: Delivery) -> Option<Taken<B>> {
+        let slot = self.recv.take(delivery.at)?;
+        Some(Taken { slot, result: delivery.result, remote_write: delivery.remote_write })
+    }
+
+    /// The receive at `at`, whose message was refused, leaves the ring for the side list.
+    #[cold]
+    #[inline(never)]
+    fn return_recv(&mut self, at: u32) {
+        if let Some(slot) = self.recv.take(at) {
+            self.returned.push(slot);
+        }
+    }
+
+    /// The receive at `at`, which a credit-only message consumed, is queued again ahead of the
+    /// others.
+    #[cold]
+    #[inline(never)]
+    fn repost_recv(&mut self, at: u32) {
+        if let Some(mut again) = self.recv.take(at) {
+            again.flags |= AFTER_CONTROL;
+            self.recv.insert_queued(0, again);
+        }
     }
 
     /// Empties both lanes for teardown (the queue pair is gone): gives back the CQ room of the
@@ -1321,8 +1480,32 @@ fn write_send<B: LaneBuf>(
     max_inline: u32,
     tails: Option<&mut TailRing>,
 ) {
+    if slot.opcode == OpCode::Send && tails.is_none() {
+        // A message on a transport with immediate data (the common request; binds and probes
+        // are WRITEs): its credits, if any, in the immediate data.
+        let inline = slot.len > 0 && slot.len <= max_inline;
+        swrs.write_message(seq, wr_id, imm, slot.sge(), signaled, inline);
+        return;
+    }
+    write_send_other(swrs, seq, wr_id, slot, imm, signaled, max_inline, tails);
+}
+
+/// [`write_send`] of the other requests: binds, one-sided operations, and messages whose
+/// credits ride in a tail.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn write_send_other<B: LaneBuf>(
+    swrs: &mut SendWrs,
+    seq: u32,
+    wr_id: u64,
+    slot: &Slot<B>,
+    imm: Option<u32>,
+    signaled: bool,
+    max_inline: u32,
+    tails: Option<&mut TailRing>,
+) {
     let (addr, len, lkey) = slot.sge();
-    if let Mem::Bind(window) = &slot.mem {
+    if let Some(window) = slot.bound_window() {
         // A connection releases its windows only when destroyed, after which nothing posts: a
         // queued bind's memory window exists.
         let bind = window.bind().expect("a queued bind's memory window exists");

@@ -207,11 +207,22 @@ impl<T> Ring<T> {
     /// ring up to its limit), or in the overflow queue.
     #[inline(always)]
     pub(crate) fn push(&mut self, op: T) {
+        self.push_with(
+            #[inline(always)]
+            || op,
+        );
+    }
+
+    /// [`Ring::push`] of the operation `make` returns, made once its place is known: in the
+    /// common case its fields are written straight into the slot (a value made first is moved
+    /// in as a whole).
+    #[inline(always)]
+    pub(crate) fn push_with(&mut self, make: impl FnOnce() -> T) {
         if self.overflow.is_empty() && self.make_room() {
-            self.fill(self.tail, op);
+            self.fill(self.tail, make());
             self.tail = self.tail.wrapping_add(1);
         } else {
-            self.overflow.push_back(op);
+            self.overflow.push_back(make());
         }
     }
 
@@ -315,7 +326,10 @@ impl<T> Ring<T> {
             return None;
         }
         let op = self.slot_mut(at).take();
-        self.skip_completed();
+        if at == self.head {
+            self.head = at.wrapping_add(1);
+            self.skip_completed();
+        }
         op
     }
 
@@ -330,7 +344,8 @@ impl<T> Ring<T> {
     /// Takes the oldest outstanding operation if it lies before position `end` (a signaled
     /// completion's position plus one): each call pops one of the operations that completion
     /// completes, in posting order, and `None` when they are done. Positions in between that
-    /// completed earlier out of order are skipped.
+    /// completed earlier out of order are skipped, and `head` stops at the next outstanding one
+    /// (so [`Ring::oldest`] names what the next call pops).
     #[inline(always)]
     pub(crate) fn pop_until(&mut self, end: u32) -> Option<(u32, T)> {
         // `end` in (head, posted]: anything else pops nothing.
@@ -338,11 +353,22 @@ impl<T> Ring<T> {
             let at = self.head;
             self.head = self.head.wrapping_add(1);
             if let Some(op) = self.slot_mut(at).take() {
+                self.skip_completed();
                 return Some((at, op));
             }
         }
         self.skip_completed();
         None
+    }
+
+    /// The oldest outstanding operation, if it lies before position `end`: what
+    /// [`Ring::pop_until`] pops next (`head` never rests on a slot completed out of order).
+    #[inline(always)]
+    pub(crate) fn oldest(&self, end: u32) -> Option<&T> {
+        if end.wrapping_sub(self.head).wrapping_sub(1) >= self.outstanding() {
+            return None;
+        }
+        self.slot(self.head).as_ref()
     }
 
     /// Puts `op` at queued position `k` (0: ahead of every queued operation; at most

@@ -623,30 +623,32 @@ impl IndexBuf {
     }
 
     /// Submitted on connection `owner` to be sent whole: [`IndexBuf::set_owner`] with its
-    /// `len()` bytes, then [`IndexBuf::show`], in one look at its chunk.
+    /// `len()` bytes, then [`IndexBuf::show`], in one look at its chunk; returns
+    /// [`IndexBuf::send_sge`] from the same look.
     #[inline(always)]
-    pub(crate) fn mark_send(&self, owner: u64) {
+    pub(crate) fn mark_send(&self, owner: u64) -> (u64, u32, u32) {
         let len = self.len();
         // SAFETY: the one borrow of the state, let go at the end of this block.
-        let (addr, clear) = unsafe {
+        let (addr, lkey, clear) = unsafe {
             let c = self.chunk();
             if c.owner != owner {
                 c.marks.change_owner(len);
                 c.owner = owner;
             }
-            (c.addr, c.marks.show(len))
+            (c.addr, c.lkey, c.marks.show(len))
         };
         if !clear.is_empty() {
             // SAFETY: as in `show_at`.
             unsafe { std::ptr::write_bytes((addr as *mut u8).add(clear.start), 0, clear.len()) };
         }
+        (addr, self.len, lkey)
     }
 
     /// Submitted on connection `owner` to receive into: [`IndexBuf::set_owner`] with none of
     /// its bytes (the device overwrites them), then the whole chunk lent to the device, in one
-    /// look at its chunk.
+    /// look at its chunk; returns [`IndexBuf::recv_sge`] from the same look.
     #[inline(always)]
-    pub(crate) fn mark_recv(&mut self, owner: u64) {
+    pub(crate) fn mark_recv(&mut self, owner: u64) -> (u64, u32, u32) {
         // SAFETY: the one borrow of the state, let go at the end of this block.
         let c = unsafe { self.chunk() };
         if c.owner != owner {
@@ -654,6 +656,7 @@ impl IndexBuf {
             c.owner = owner;
         }
         c.marks.device_may_write(c.cap as usize);
+        (c.addr, c.stride, c.lkey)
     }
 
     /// The device may write up to `n` bytes of the chunk (a receive or READ is posted on it).

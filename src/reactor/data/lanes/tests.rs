@@ -57,10 +57,14 @@ fn post_recvs(l: &mut L, finishing: bool) -> Vec<u64> {
     (0..n).map(|k| l.recv.wr_id(first.wrapping_add(k))).collect()
 }
 
-fn user_data(d: &RecvOutcome<IndexBuf>) -> Option<u64> {
-    match d {
-        RecvOutcome::Deliver { done, .. } => Some(done.user_data),
-        _ => None,
+/// A receive's completion as the handler gets it, with `wake`: taken out of its slot when
+/// `out` delivers it (the outcome back otherwise).
+fn delivered(l: &mut L, out: RecvOutcome) -> Result<(Done<IndexBuf>, bool), RecvOutcome> {
+    match out {
+        RecvOutcome::Deliver { delivery, wake } => {
+            Ok((l.take_recv(delivery).expect("a delivered receive is in its slot").into_done(), wake))
+        }
+        other => Err(other),
     }
 }
 
@@ -73,12 +77,12 @@ fn a_receive_completes_with_its_bytes_and_grants_and_a_stale_one_reaches_nothing
     assert_eq!(ids.len(), 2);
     assert_eq!(l.flow_mut().map(|f| f.owed()), Some(2), "each posted receive is owed as a grant");
     let first = l.recv_completed(seq_of(ids[0]), &wc(ids[0], 40, Some(Imm::data(3))), false);
-    match first {
-        RecvOutcome::Deliver { done, wake } => {
+    match delivered(&mut l, first) {
+        Ok((done, wake)) => {
             assert_eq!((done.user_data, done.opcode, done.result), (10, OpCode::Recv, Ok(40)));
             assert!(wake, "2 receives owed, half the depth: a grant is due");
         }
-        other => panic!("{other:?}"),
+        Err(other) => panic!("{other:?}"),
     }
     assert_eq!(l.flow_mut().map(|f| f.credits()), Some(4 + 3), "the grant it carried");
     // The same completion again, and a position never posted: stale.
@@ -87,9 +91,10 @@ fn a_receive_completes_with_its_bytes_and_grants_and_a_stale_one_reaches_nothing
     // An error completes it too, its error reported.
     let mut err = wc(ids[1], 0, None);
     err.status = WcStatus::WrFlushErr;
-    match l.recv_completed(seq_of(ids[1]), &err, false) {
-        RecvOutcome::Deliver { done, .. } => assert_eq!(done.result, Err(OpError::Wc(WcStatus::WrFlushErr))),
-        other => panic!("{other:?}"),
+    let out = l.recv_completed(seq_of(ids[1]), &err, false);
+    match delivered(&mut l, out) {
+        Ok((done, _)) => assert_eq!(done.result, Err(OpError::Wc(WcStatus::WrFlushErr))),
+        Err(other) => panic!("{other:?}"),
     }
     assert_eq!(l.outstanding(), (0, 0));
 }
@@ -108,7 +113,11 @@ fn a_credit_only_message_reposts_its_receive_ahead_of_the_queued_ones() {
     assert_eq!(again.len(), 2);
     assert_eq!(l.flow_mut().map(|f| f.owed()), Some(owed_before + 2));
     let first = l.recv_completed(seq_of(again[0]), &wc(again[0], 8, Some(Imm::data(0))), false);
-    assert_eq!(user_data(&first), Some(1), "the re-posted receive completes first");
+    assert_eq!(
+        delivered(&mut l, first).ok().map(|(d, _)| d.user_data),
+        Some(1),
+        "the re-posted receive completes first"
+    );
 }
 
 #[test]
@@ -520,12 +529,13 @@ fn on_a_transport_without_immediate_data_the_tail_carries_the_credits() {
     unsafe {
         std::ptr::copy_nonoverlapping(tail.as_ptr(), (addr + 10) as *mut u8, 4)
     };
-    match l.recv_completed(seq_of(ids[0]), &wc(ids[0], 14, None), true) {
-        RecvOutcome::Deliver { done, .. } => {
+    let out = l.recv_completed(seq_of(ids[0]), &wc(ids[0], 14, None), true);
+    match delivered(&mut l, out) {
+        Ok((done, _)) => {
             assert_eq!(done.result, Ok(10), "the payload, without its tail");
             assert_eq!(done.buf.map(|b| b.len()), Some(10));
         }
-        other => panic!("{other:?}"),
+        Err(other) => panic!("{other:?}"),
     }
     assert_eq!(l.flow_mut().map(|f| f.credits()), Some(4 + 2));
     let addr = l.recv.get(l.recv.head()).map(|s| s.sge().0).unwrap();
