@@ -595,17 +595,30 @@ impl Path {
     #[inline(never)]
     fn complete(&mut self, wc: &WorkCompletion) {
         let mut at = Resume::Start;
-        while let Err(panic) =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.complete_from(wc, &mut at)))
-        {
-            self.core.panic.get_or_insert(panic);
-            if matches!(at, Resume::Done) {
-                break;
-            }
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.complete_from(wc, &mut at)));
+        if let Err(panic) = r {
+            self.resume(wc, at, panic);
         }
         // The reactor flushes once a tick; here after each completion that listed something.
         while let Some(key) = self.core.dirty.pop() {
             self.core.flush(key);
+        }
+    }
+
+    /// [`Path::complete`] after a handler's `panic`: the panic kept, the completion resumed
+    /// from `at`, as often as handlers panic.
+    #[cold]
+    #[inline(never)]
+    fn resume(&mut self, wc: &WorkCompletion, mut at: Resume, panic: Box<dyn std::any::Any + Send>) {
+        self.core.panic.get_or_insert(panic);
+        while !matches!(at, Resume::Done) {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.complete_from(wc, &mut at)));
+            match r {
+                Ok(()) => break,
+                Err(panic) => {
+                    self.core.panic.get_or_insert(panic);
+                }
+            }
         }
     }
 
@@ -640,7 +653,10 @@ impl Path {
                 };
                 Sent { index: id.index, epoch: id.epoch, key, owner: c.owner, end, status: wc.status }
             }
-            Resume::Sent(sent) => sent,
+            Resume::Sent(sent) => {
+                *at = Resume::Done;
+                sent
+            }
             Resume::Done => return,
         };
         self.send_completion(sent, at);
@@ -663,14 +679,14 @@ impl Path {
                     list_dirty(c, key, &mut core.dirty);
                 }
                 let owner = c.owner;
-                let Some(taken) = c.lanes.take_recv(delivery) else { return };
-                // The handler (none: the completion is dropped, its memory back).
+                // The handler (none: the completion is dropped, its memory back), called with
+                // the completion built in its argument.
                 match handlers.get_mut(index as usize).and_then(Option::as_mut) {
                     Some(h) => {
                         core.delivered += 1;
-                        h.on_completion(&mut Conn { core, key, owner }, taken.into_done());
+                        call(h.as_mut(), c.lanes.take_recv(delivery), core, key, owner);
                     }
-                    None => drop(taken),
+                    None => drop(c.lanes.take_recv(delivery)),
                 }
             }
             RecvOutcome::Control { .. } => list_dirty(c, key, &mut core.dirty),
@@ -687,6 +703,8 @@ impl Path {
     #[inline(always)]
     fn send_completion(&mut self, sent: Sent, at: &mut Resume) {
         let Path { core, handlers, .. } = self;
+        // `at` says `Done` on entry; `Sent` while an operation after the one delivered waits.
+        let mut resumable = false;
         while let Some((_, c)) = core.conns.get_index_mut(sent.index).filter(|(_, c)| c.epoch == sent.epoch) {
             let Some(pos) = c.lanes.next_sent(sent.end, &mut core.room) else { break };
             let more = pos.wrapping_add(1) != sent.end;
@@ -694,20 +712,30 @@ impl Path {
                 // `after_completion`, asked once its last operation is found.
                 list_dirty(c, sent.key, &mut core.dirty);
             }
-            let Some(taken) = c.lanes.take_sent(sent.end, &mut core.room, sent.status) else { break };
-            *at = if more { Resume::Sent(sent) } else { Resume::Done };
+            if more != resumable {
+                *at = if more { Resume::Sent(sent) } else { Resume::Done };
+                resumable = more;
+            }
             match handlers.get_mut(sent.index as usize).and_then(Option::as_mut) {
                 Some(h) => {
                     core.delivered += 1;
-                    h.on_completion(&mut Conn { core, key: sent.key, owner: sent.owner }, taken.into_done());
+                    let done = c.lanes.take_sent(sent.end, &mut core.room, sent.status);
+                    call(h.as_mut(), done, core, sent.key, sent.owner);
                 }
-                None => drop(taken),
+                None => drop(c.lanes.take_sent(sent.end, &mut core.room, sent.status)),
             }
             if !more {
                 break;
             }
         }
     }
+}
+
+/// Calls handler `h` with `done` and the commands of connection `key` (owner id `owner`); the
+/// completion is an argument of its own here, so the caller passes the call that builds it.
+#[inline(always)]
+fn call(h: &mut dyn Handler, done: Completion, core: &mut PathCore, key: ConnKey, owner: u64) {
+    h.on_completion(&mut Conn { core, key, owner }, done);
 }
 
 /// Where [`Path::complete`] resumes after a handler's panic.

@@ -203,7 +203,22 @@ impl Flow {
         Imm::control(self.take_owed())
     }
 
+    #[inline]
     fn take_owed(&mut self) -> u32 {
+        let owed = self.owed();
+        if owed <= MAX_GRANT {
+            // All of it fits one immediate (the common case; the same as below, in fewer steps).
+            self.owed_data = 0;
+            self.owed_ctrl = 0;
+            self.granted = self.granted.saturating_add(owed);
+            return owed;
+        }
+        self.take_owed_capped()
+    }
+
+    /// [`Flow::take_owed`] of more than one immediate carries.
+    #[cold]
+    fn take_owed_capped(&mut self) -> u32 {
         let owed = self.owed().min(MAX_GRANT);
         // Grant the data-caused ones first; what does not fit stays owed.
         let from_data = self.owed_data.min(owed);

@@ -51,6 +51,15 @@ impl CqRoom {
         k
     }
 
+    /// Reserves one entry for a send-queue work request: [`CqRoom::reserve_send`] of one, true
+    /// when it got it.
+    #[inline]
+    pub(crate) fn reserve_one(&mut self) -> bool {
+        let free = self.recv_committed + self.send_reserved < self.capacity;
+        self.send_reserved += u32::from(free);
+        free
+    }
+
     /// Gives back `n` send-queue entries.
     pub(crate) fn release_send(&mut self, n: u32) {
         self.send_reserved = self.send_reserved.saturating_sub(n);

@@ -497,17 +497,23 @@ impl<B: LaneBuf> Slot<B> {
     /// `OpEntry::into_completion`. A READ's sink is deregistered, and a bind's window let go,
     /// before.
     #[inline(always)]
-    pub(crate) fn into_done(self, result: Result<u32, OpError>, remote_write: bool) -> Done<B> {
-        let Slot { rare, user_data, mut buf, region, opcode, .. } = self;
-        // Moved on both branches, so no drop of it is left for the end of the function (a
-        // call the common case, with no rare part, never needs).
-        if rare.is_some() {
-            drop_rare(rare);
-        } else {
-            std::mem::forget(rare);
+    pub(crate) fn into_done(mut self, result: Result<u32, OpError>, remote_write: bool) -> Done<B> {
+        let done = self.take_done(result, remote_write);
+        // Nothing is left of it to drop.
+        std::mem::forget(self);
+        done
+    }
+
+    /// [`Slot::into_done`] in place: everything the slot owns moves into the completion (or,
+    /// its rare part, is dropped), so what is left of it owns nothing and may be forgotten.
+    #[inline(always)]
+    fn take_done(&mut self, result: Result<u32, OpError>, remote_write: bool) -> Done<B> {
+        if self.rare.is_some() {
+            drop_rare(self.rare.take());
         }
+        let mut buf = self.buf.take();
         if let (Some(b), Ok(n)) = (buf.as_mut(), &result) {
-            match opcode {
+            match self.opcode {
                 // Exactly the bytes received (none for an RDMA WRITE with immediate data).
                 OpCode::Recv => b.received(if remote_write { 0 } else { *n as usize }),
                 // The device wrote these bytes for this owner.
@@ -518,7 +524,7 @@ impl<B: LaneBuf> Slot<B> {
                 _ => {}
             }
         }
-        Done { user_data, opcode, result, buf, remote_write, region }
+        Done { user_data: self.user_data, opcode: self.opcode, result, buf, remote_write, region: self.region.take() }
     }
 }
 
@@ -651,24 +657,6 @@ pub(crate) struct Delivery {
     pub(crate) result: Result<u32, OpError>,
     /// An RDMA WRITE with immediate data consumed it.
     remote_write: bool,
-}
-
-/// An operation taken out of its ring, with its outcome ([`Lanes::take_recv`],
-/// [`Lanes::take_sent`]): [`Taken::into_done`] builds its handler's completion, best where the
-/// handler gets it (as the call's argument: built there, never moved).
-#[derive(Debug)]
-pub(crate) struct Taken<B> {
-    slot: Slot<B>,
-    result: Result<u32, OpError>,
-    remote_write: bool,
-}
-
-impl<B: LaneBuf> Taken<B> {
-    /// The handler's completion ([`Slot::into_done`]).
-    #[inline(always)]
-    pub(crate) fn into_done(self) -> Done<B> {
-        self.slot.into_done(self.result, self.remote_write)
-    }
 }
 
 /// One connection's send and receive lanes ([module docs](self)).
@@ -959,13 +947,60 @@ impl<B: LaneBuf> Lanes<B> {
     /// and signaling decided as it is written. CQ room is reserved and credits spent for every
     /// request of the run; `tails` (iWARP) carries the credits in each send's tail instead of
     /// immediate data. Report with [`Lanes::sends_posted`].
+    ///
+    /// The common plan (no special state: no hold, hello, nudge or close handshake; nothing
+    /// beyond the ring; immediate data; a free slot for the credit-only message it may add) is
+    /// its own straight path ([`Lanes::plan_plain`]); the others take the general one. Both
+    /// plan each request with the same step ([`plan_one`]).
     #[inline]
     pub(in crate::reactor) fn plan_sends(
         &mut self,
         room: &mut CqRoom,
         max_inline: u32,
-        mut tails: Option<&mut TailRing>,
+        tails: Option<&mut TailRing>,
     ) -> SendRun {
+        let plain = self.ctl.flags & (SPECIAL | QUIET) == 0
+            && tails.is_none()
+            && self.send.overflowed() == 0
+            && self.send.has_room()
+            && self.swrs.capacity() == self.send.capacity();
+        if plain {
+            return self.plan_plain(room, max_inline);
+        }
+        self.plan_general(room, max_inline, tails)
+    }
+
+    /// [`Lanes::plan_sends`] in the common state: the queued operations while slots, room and
+    /// credits allow, then a credit-only message when one is owed, each written as it is
+    /// planned. The ring has a free slot (an insertion moves nothing to the overflow queue and
+    /// grows nothing) and the send array its size.
+    #[inline(always)]
+    fn plan_plain(&mut self, room: &mut CqRoom, max_inline: u32) -> SendRun {
+        let first = self.send.next_post();
+        let mut run = SendRun { first, n: 0, short_of_room: false };
+        let Lanes { send, swrs, ctl, .. } = self;
+        let slots = ctl.capacity.saturating_sub(send.outstanding());
+        let queued = slots.min(send.queued());
+        let mut k = 0u32;
+        while k < queued && plan_one(send, swrs, ctl, room, &mut run, k, max_inline, None) {
+            k += 1;
+        }
+        if k < slots && ctl.flow.as_ref().is_some_and(Flow::wants_control) {
+            k = plan_credit(send, swrs, ctl, room, &mut run, k, max_inline, None);
+        }
+        if k > 0 {
+            // The last of the chain asks for a completion.
+            swrs.set_signaled(first.wrapping_add(k - 1));
+            ctl.unsignaled = 0;
+        }
+        run.n = k;
+        run
+    }
+
+    /// [`Lanes::plan_sends`] in any state ([`Lanes::plan_plain`]'s steps, with the special
+    /// states' messages and rules around them).
+    #[inline(never)]
+    fn plan_general(&mut self, room: &mut CqRoom, max_inline: u32, mut tails: Option<&mut TailRing>) -> SendRun {
         if self.send.overflowed() > 0 {
             self.send.refill();
         }
@@ -992,22 +1027,7 @@ impl<B: LaneBuf> Lanes<B> {
             k = plan_first(send, swrs, ctl, room, &mut run, slots, max_inline, tails.as_deref_mut());
         }
         if !ctl.has(HELLO | QUIET) {
-            while k < slots {
-                let Some(slot) = send.queued_at(k) else { break };
-                let (consumes, pool_len) = (slot.flags & CONSUMES != 0, slot.pool_len);
-                let flow = ctl.flow.as_mut().filter(|_| consumes);
-                if flow.as_ref().is_some_and(|f| !f.can_send_data()) {
-                    break;
-                }
-                if room.reserve_send(1) == 0 {
-                    run.short_of_room = true;
-                    break;
-                }
-                let imm = flow.map(|f| f.send_data().encode());
-                ctl.queued_bytes -= pool_len as usize;
-                let signaled = ctl.next_signaled();
-                let seq = first.wrapping_add(k);
-                write_send(swrs, seq, send.wr_id(seq), slot, imm, signaled, max_inline, tails.as_deref_mut());
+            while k < slots && plan_one(send, swrs, ctl, room, &mut run, k, max_inline, tails.as_deref_mut()) {
                 k += 1;
             }
         }
@@ -1015,16 +1035,8 @@ impl<B: LaneBuf> Lanes<B> {
             k = plan_farewells(send, swrs, ctl, room, &mut run, slots, k, max_inline, tails.as_deref_mut());
         }
         // A credit-only message when one is owed (after our farewell too).
-        if !ctl.has(HELLO) && k < slots {
-            if let Some(flow) = ctl.flow.as_mut().filter(|f| f.wants_control()) {
-                if room.reserve_send(1) == 1 {
-                    let imm = flow.send_control().encode();
-                    put_control(send, swrs, ctl, first, k, Slot::control(), Some(imm), max_inline, tails);
-                    k += 1;
-                } else {
-                    run.short_of_room = true;
-                }
-            }
+        if !ctl.has(HELLO) && k < slots && ctl.flow.as_ref().is_some_and(Flow::wants_control) {
+            k = plan_credit(send, swrs, ctl, room, &mut run, k, max_inline, tails);
         }
         if k > 0 {
             // The last of the chain asks for a completion.
@@ -1123,19 +1135,31 @@ impl<B: LaneBuf> Lanes<B> {
     }
 
     /// Pops the operation [`Lanes::next_sent`] named (the oldest before `end`), giving back its
-    /// CQ entry, with its outcome, for its handler's completion ([`Taken::into_done`]): the work
-    /// completion's `status` when it is the signaled request (at `end - 1`), success when a
-    /// later one completed it.
+    /// CQ entry, as its handler's completion: with the work completion's `status` when it is
+    /// the signaled request (at `end - 1`), success when a later one completed it. Its parts
+    /// move into the completion where they lie; nothing else of it is kept. Returned as itself,
+    /// as [`Lanes::take_recv`]'s.
+    ///
+    /// # Panics
+    ///
+    /// If no operation lies before `end`: only if `next_sent` did not name one, or the lanes
+    /// were touched since it did (the caller's contract).
     #[inline(always)]
-    pub(crate) fn take_sent(&mut self, end: u32, room: &mut CqRoom, status: WcStatus) -> Option<Taken<B>> {
-        let (at, slot) = self.send.pop_until(end)?;
-        self.popped_sent(end, room);
+    pub(crate) fn take_sent(&mut self, end: u32, room: &mut CqRoom, status: WcStatus) -> Done<B> {
+        let at = self.send.head();
+        let before_end = end.wrapping_sub(at).wrapping_sub(1) < self.send.outstanding();
+        let slot = self.send.outstanding_mut(at).filter(|_| before_end);
+        let slot = slot.expect("the operation next_sent named is outstanding");
         let result = match status {
             _ if at.wrapping_add(1) != end => Ok(slot.posted_len()),
             WcStatus::Success => Ok(slot.posted_len()),
             s => Err(OpError::Wc(s)),
         };
-        Some(Taken { slot, result, remote_write: false })
+        let done = slot.take_done(result, false);
+        // What is left of it owns nothing (`Slot::take_done`).
+        std::mem::forget(self.send.pop_until(end));
+        self.popped_sent(end, room);
+        done
     }
 
     /// [`Lanes::next_sent`]'s runtime's own operation (a credit-only message, a probe, a
@@ -1234,13 +1258,23 @@ impl<B: LaneBuf> Lanes<B> {
         RecvOutcome::Deliver { delivery, wake: grant_due || released }
     }
 
-    /// The receive of `delivery` taken out of its slot, with its outcome, for its handler's
-    /// completion ([`Taken::into_done`]). `None` if its slot holds nothing (never, when nothing
-    /// touched the lanes since [`Lanes::recv_completed`]).
+    /// The receive of `delivery` taken out of its slot as its handler's completion: its parts
+    /// moved into it where they lie (a successful receive's buffer holds exactly the bytes
+    /// received), nothing else kept. The completion is returned as itself (no `Option`), so
+    /// the caller's local is the handler's argument, never copied into it.
+    ///
+    /// # Panics
+    ///
+    /// If the receive is no longer in its slot: only if the lanes were touched between
+    /// [`Lanes::recv_completed`] and this call, the caller's contract (a completion's `wr_id`,
+    /// stale or hostile, never gets here: `recv_completed` checked it).
     #[inline(always)]
-    pub(crate) fn take_recv(&mut self, delivery: Delivery) -> Option<Taken<B>> {
-        let slot = self.recv.take(delivery.at)?;
-        Some(Taken { slot, result: delivery.result, remote_write: delivery.remote_write })
+    pub(crate) fn take_recv(&mut self, delivery: Delivery) -> Done<B> {
+        let slot = self.recv.outstanding_mut(delivery.at).expect("a delivered receive stays in its slot until taken");
+        let done = slot.take_done(delivery.result, delivery.remote_write);
+        // What is left of it owns nothing (`Slot::take_done`).
+        std::mem::forget(self.recv.take(delivery.at));
+        done
     }
 
     /// The receive at `at`, whose message was refused, leaves the ring for the side list.
@@ -1345,6 +1379,65 @@ pub(crate) struct Cleared<B> {
     pub(crate) posted_recvs: usize,
 }
 
+/// Plans the queued operation at queued position `k` of `run` (the `k`-th request): when it may
+/// go (a credit when it consumes a peer receive under flow control, a CQ entry), its credit is
+/// spent, its pool bytes leave the backlog, its signaling is decided and its request written;
+/// false when it may not (for lack of room: `run.short_of_room`), or none is queued there.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn plan_one<B: LaneBuf>(
+    send: &mut Ring<Slot<B>>,
+    swrs: &mut SendWrs,
+    ctl: &mut SendCtl,
+    room: &mut CqRoom,
+    run: &mut SendRun,
+    k: u32,
+    max_inline: u32,
+    tails: Option<&mut TailRing>,
+) -> bool {
+    let Some(slot) = send.queued_at(k) else { return false };
+    let (consumes, pool_len) = (slot.flags & CONSUMES != 0, slot.pool_len);
+    let flow = ctl.flow.as_mut().filter(|_| consumes);
+    if flow.as_ref().is_some_and(|f| !f.can_send_data()) {
+        return false;
+    }
+    if !room.reserve_one() {
+        run.short_of_room = true;
+        return false;
+    }
+    let imm = flow.map(|f| f.send_data().encode());
+    ctl.queued_bytes -= pool_len as usize;
+    let signaled = ctl.next_signaled();
+    let seq = run.first.wrapping_add(k);
+    write_send(swrs, seq, send.wr_id(seq), slot, imm, signaled, max_inline, tails);
+    true
+}
+
+/// A credit-only message at queued position `k` of `run`, a CQ entry permitting (else
+/// `run.short_of_room`): the flow wants one. Returns the requests planned.
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn plan_credit<B: LaneBuf>(
+    send: &mut Ring<Slot<B>>,
+    swrs: &mut SendWrs,
+    ctl: &mut SendCtl,
+    room: &mut CqRoom,
+    run: &mut SendRun,
+    k: u32,
+    max_inline: u32,
+    tails: Option<&mut TailRing>,
+) -> u32 {
+    let Some(flow) = ctl.flow.as_mut() else { return k };
+    if !room.reserve_one() {
+        run.short_of_room = true;
+        return k;
+    }
+    let imm = flow.send_control().encode();
+    put_control(send, swrs, ctl, run.first, k, Slot::control(), Some(imm), max_inline, tails);
+    k + 1
+}
+
 /// Puts the runtime's own `slot` (a credit-only message or a probe) at queued position `k` of
 /// the run from `first` and writes its request with `imm`.
 #[inline]
@@ -1388,7 +1481,7 @@ fn plan_first<B: LaneBuf>(
     let mut k = 0;
     if ctl.has(HELLO) && slots > 0 {
         // The first message, before any data: credit-only (a grant of what is owed).
-        if room.reserve_send(1) == 1 {
+        if room.reserve_one() {
             ctl.set(HELLO, false);
             let imm = match ctl.flow.as_mut() {
                 Some(f) => f.send_control(),
@@ -1411,7 +1504,7 @@ fn plan_first<B: LaneBuf>(
         }
     }
     if !ctl.has(HELLO) && k < slots && ctl.has(NUDGE) {
-        if room.reserve_send(1) == 1 {
+        if room.reserve_one() {
             ctl.set(NUDGE, false);
             put_control(send, swrs, ctl, run.first, k, Slot::probe(), None, max_inline, tails);
             k += 1;
@@ -1449,7 +1542,7 @@ fn plan_farewells<B: LaneBuf>(
             // to the peer's farewell), `proto::flow`'s module docs.
             continue;
         }
-        if room.reserve_send(1) == 0 {
+        if !room.reserve_one() {
             run.short_of_room = true;
             continue;
         }

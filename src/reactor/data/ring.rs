@@ -226,6 +226,12 @@ impl<T> Ring<T> {
         }
     }
 
+    /// True when a slot is free without growing the ring.
+    #[inline(always)]
+    pub(crate) fn has_room(&self) -> bool {
+        self.tail.wrapping_sub(self.head) <= self.mask
+    }
+
     /// True when a slot is free (after growing the ring if it was full and may grow).
     #[inline(always)]
     fn make_room(&mut self) -> bool {
@@ -309,6 +315,16 @@ impl<T> Ring<T> {
             return None;
         }
         self.slot(seq).as_ref()
+    }
+
+    /// The outstanding operation at position `at`, in place (to take apart before
+    /// [`Ring::take`] or [`Ring::pop_until`] empties its slot).
+    #[inline(always)]
+    pub(crate) fn outstanding_mut(&mut self, at: u32) -> Option<&mut T> {
+        if at.wrapping_sub(self.head) >= self.outstanding() {
+            return None;
+        }
+        self.slot_mut(at).as_mut()
     }
 
     /// The device took the first `n` queued operations (they are posted from now on).

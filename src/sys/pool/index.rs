@@ -111,7 +111,6 @@ struct Class {
     per_cluster: u32,
     /// Free chunk ids: popped by an allocation, pushed by a drop.
     free: Vec<u32>,
-    in_use: usize,
     /// The clusters of this class, by index into [`State::clusters`].
     clusters: Vec<usize>,
     /// Id ranges (their first id) of released clusters, for the next cluster of the class.
@@ -230,7 +229,6 @@ impl IndexPool {
                 stride: (size + slack) as u32,
                 per_cluster: (cfg.cluster_bytes / size).clamp(1, u32::MAX as usize) as u32,
                 free: Vec::new(),
-                in_use: 0,
                 clusters: Vec::new(),
                 spare: Vec::new(),
             })
@@ -294,7 +292,6 @@ impl IndexPool {
                 st.classes[class].free.pop().expect("a new cluster has free chunks")
             }
         };
-        st.classes[class].in_use += 1;
         debug_assert!((id as usize) < st.chunks.len());
         // SAFETY: ids on a class's stack index `chunks` (`grow` pushes only those), which never
         // shrinks.
@@ -709,7 +706,6 @@ impl Drop for IndexBuf {
             }
             let class = &mut st.classes[chunk.class as usize];
             class.free.push(self.chunk);
-            class.in_use -= 1;
             let s = self.pool.as_ref();
             let live = s.live.get() - 1;
             s.live.set(live);
