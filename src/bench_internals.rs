@@ -441,11 +441,49 @@ struct PathConn {
 }
 
 /// The stand-in device of [`Path`]: the `wr_id`s of the receives posted, in order (it completes
-/// the oldest when a message arrives), and of the signaled sends posted (it reports each).
+/// the oldest when a message arrives), and of the signaled sends posted (it reports each, in
+/// order).
 #[derive(Default)]
 struct Device {
-    recvs: std::collections::VecDeque<u64>,
-    signaled: Vec<u64>,
+    recvs: Fifo,
+    signaled: Fifo,
+}
+
+/// A first-in first-out queue of a few `wr_id`s (a ping-pong keeps one or two): the stand-in
+/// device's, cheaper than a `VecDeque` so it adds little to what the path counts.
+struct Fifo {
+    ids: [u64; Fifo::LEN],
+    head: u32,
+    tail: u32,
+}
+
+impl Default for Fifo {
+    fn default() -> Fifo {
+        Fifo { ids: [0; Fifo::LEN], head: 0, tail: 0 }
+    }
+}
+
+impl Fifo {
+    const LEN: usize = 64;
+
+    /// Queues `id` (more than [`Fifo::LEN`] waiting is a bug of the benchmark: it panics).
+    #[inline(always)]
+    fn push(&mut self, id: u64) {
+        assert!((self.tail.wrapping_sub(self.head) as usize) < Fifo::LEN, "the stand-in device holds 64 ids");
+        self.ids[self.tail as usize % Fifo::LEN] = id;
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    /// The oldest id queued.
+    #[inline(always)]
+    fn pop(&mut self) -> Option<u64> {
+        if self.head == self.tail {
+            return None;
+        }
+        let id = self.ids[self.head as usize % Fifo::LEN];
+        self.head = self.head.wrapping_add(1);
+        Some(id)
+    }
 }
 
 /// The reactor's side: the connection table, the pool, the CQ's room, the tick's lists.
@@ -531,7 +569,7 @@ impl Path {
     pub fn message(&mut self) -> u64 {
         use crate::proto::flow::Imm;
         // The device completes the oldest receive posted with the message.
-        let Some(wr_id) = self.core.device.recvs.pop_front() else { return 0 };
+        let Some(wr_id) = self.core.device.recvs.pop() else { return 0 };
         let wc = WorkCompletion {
             wr_id,
             status: crate::WcStatus::Success,
@@ -543,12 +581,9 @@ impl Path {
         self.complete(&wc);
         // The signaled sends the flush posted, as the device reports them (completing one may
         // post more: they are reported too).
-        let mut i = 0;
-        while let Some(&id) = self.core.device.signaled.get(i) {
+        while let Some(id) = self.core.device.signaled.pop() {
             self.complete(&WorkCompletion { wr_id: id, byte_len: 0, imm: None, ..wc });
-            i += 1;
         }
-        self.core.device.signaled.clear();
         self.core.delivered
     }
 
@@ -672,10 +707,9 @@ impl Path {
         let Some((_, c)) = core.conns.get_index_mut(index) else { return };
         match c.lanes.recv_completed(seq, wc, false) {
             RecvOutcome::Deliver { delivery, wake } => {
-                // `after_completion` (what waited for room or credit, credits owed), asked in
-                // this look-up: a handler changes it only by what it submits, which lists the
-                // connection itself.
-                if wake || c.lanes.wants_post() || c.lanes.has_pending_recvs() {
+                // `after_completion`, as far as a receive completion changes it (`wake`); a
+                // handler changes it only by what it submits, which lists the connection itself.
+                if wake {
                     list_dirty(c, key, &mut core.dirty);
                 }
                 let owner = c.owner;
@@ -708,8 +742,10 @@ impl Path {
         while let Some((_, c)) = core.conns.get_index_mut(sent.index).filter(|(_, c)| c.epoch == sent.epoch) {
             let Some(pos) = c.lanes.next_sent(sent.end, &mut core.room) else { break };
             let more = pos.wrapping_add(1) != sent.end;
-            if !more && !c.dirty && (c.lanes.wants_post() || c.lanes.has_pending_recvs()) {
-                // `after_completion`, asked once its last operation is found.
+            if !more && !c.dirty && c.lanes.wants_post() {
+                // `after_completion`, asked once its last operation is found: what waited for
+                // the send slots and CQ room a send completion gives back (it gives back no
+                // receive slot).
                 list_dirty(c, sent.key, &mut core.dirty);
             }
             if more != resumable {
@@ -826,12 +862,14 @@ impl PathCore {
             if let Some(refused) = c.lanes.recvs_posted(n, n, true) {
                 drop(refused);
             }
-            c.lanes.run_ids(first, n, &mut self.device.recvs);
+            let device = &mut self.device;
+            c.lanes.run_ids(first, n, |id| device.recvs.push(id));
         }
         let run = c.lanes.plan_sends_imm(&mut self.room, 64);
         if run.n > 0 {
             std::hint::black_box(c.lanes.send_wrs().with_chain(run.first, run.n, |head| head));
-            c.lanes.run_signaled(run, &mut self.device.signaled);
+            let device = &mut self.device;
+            c.lanes.run_signaled(run, |id| device.signaled.push(id));
             if let Some(refused) = c.lanes.sends_posted(run, run.n, &mut self.room) {
                 drop(refused);
             }

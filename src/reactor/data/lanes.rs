@@ -631,8 +631,12 @@ pub(crate) enum RecvOutcome {
     /// Not an outstanding receive of this lane: the caller counts it stale.
     Stale,
     /// For the handler: the receive completed (an error: a work error to feed too), its
-    /// completion for [`Lanes::take_recv`] to build. `wake` when the connection has something
-    /// to post now (credits owed, sends released).
+    /// completion for [`Lanes::take_recv`] to build. `wake` when the connection may have
+    /// something to post now that it could not before: credits owed are due, held sends are
+    /// released, credits arrived while sends wait, or a receive slot freed while receives wait.
+    /// This is `after_completion` (`wants_post() || has_pending_recvs()`) reduced to what a
+    /// receive completion changes: what it leaves out was blocked before it, by what it does
+    /// not give back (send slots, CQ room), so a flush would post nothing more for it.
     Deliver { delivery: Delivery, wake: bool },
     /// A credit-only message consumed it: it is queued again ahead of the others (the
     /// connection has something to post), and the message said `farewell`.
@@ -1146,19 +1150,20 @@ impl<B: LaneBuf> Lanes<B> {
     /// were touched since it did (the caller's contract).
     #[inline(always)]
     pub(crate) fn take_sent(&mut self, end: u32, room: &mut CqRoom, status: WcStatus) -> Done<B> {
+        // The oldest outstanding: `next_sent` left `head` on it (it never rests on a hole).
         let at = self.send.head();
-        let before_end = end.wrapping_sub(at).wrapping_sub(1) < self.send.outstanding();
-        let slot = self.send.outstanding_mut(at).filter(|_| before_end);
-        let slot = slot.expect("the operation next_sent named is outstanding");
+        debug_assert!(end.wrapping_sub(at).wrapping_sub(1) < self.send.outstanding(), "before `end`");
+        let slot = self.send.outstanding_mut(at).expect("the operation next_sent named is outstanding");
         let result = match status {
             _ if at.wrapping_add(1) != end => Ok(slot.posted_len()),
             WcStatus::Success => Ok(slot.posted_len()),
             s => Err(OpError::Wc(s)),
         };
         let done = slot.take_done(result, false);
-        // What is left of it owns nothing (`Slot::take_done`).
-        std::mem::forget(self.send.pop_until(end));
-        self.popped_sent(end, room);
+        // What is left of it owns nothing (`Slot::take_done`); `head` moves past it.
+        std::mem::forget(self.send.take(at));
+        room.release_send(1);
+        self.ctl.unreported = self.ctl.unreported.min(self.send.outstanding());
         done
     }
 
@@ -1176,27 +1181,27 @@ impl<B: LaneBuf> Lanes<B> {
         }
     }
 
-    /// The `wr_id`s of the requests of `run` that ask for a completion, appended to `out`: what
+    /// The `wr_id`s of the requests of `run` that ask for a completion, each to `out`: what
     /// a device reports of the run (the host benchmark and tests stand in for the device).
     #[cfg(any(test, feature = "bench-internals"))]
     #[inline]
-    pub(crate) fn run_signaled(&self, run: SendRun, out: &mut Vec<u64>) {
+    pub(crate) fn run_signaled(&self, run: SendRun, mut out: impl FnMut(u64)) {
         for k in 0..run.n {
             let seq = run.first.wrapping_add(k);
             if self.swrs.signaled(seq) {
-                out.push(self.send.wr_id(seq));
+                out(self.send.wr_id(seq));
             }
         }
     }
 
     /// The `wr_id`s of the `n` receives from position `first` (a run [`Lanes::plan_recvs`]
-    /// returned), appended to `out`: what a device completes of them, in order (the host
+    /// returned), each to `out`: what a device completes of them, in order (the host
     /// benchmark stands in for the device).
     #[cfg(any(test, feature = "bench-internals"))]
     #[inline]
-    pub(crate) fn run_ids(&self, first: u32, n: u32, out: &mut std::collections::VecDeque<u64>) {
+    pub(crate) fn run_ids(&self, first: u32, n: u32, mut out: impl FnMut(u64)) {
         for k in 0..n {
-            out.push_back(self.recv.wr_id(first.wrapping_add(k)));
+            out(self.recv.wr_id(first.wrapping_add(k)));
         }
     }
 
@@ -1216,7 +1221,7 @@ impl<B: LaneBuf> Lanes<B> {
         let Some(at) = self.recv.window(seq) else { return RecvOutcome::Stale };
         if wc.status != WcStatus::Success {
             let delivery = Delivery { at, result: Err(OpError::Wc(wc.status)), remote_write: wc.remote_write };
-            return RecvOutcome::Deliver { delivery, wake: false };
+            return RecvOutcome::Deliver { delivery, wake: self.has_pending_recvs() };
         }
         let mut byte_len = wc.byte_len;
         let imm = if tail {
@@ -1239,12 +1244,13 @@ impl<B: LaneBuf> Lanes<B> {
             return RecvOutcome::Overdrawn;
         }
         let released = self.ctl.has(HOLD) && self.release();
-        let (mut control, mut grant_due, mut farewell) = (false, false, Farewell::None);
+        let (mut control, mut wake, mut farewell) = (false, released, Farewell::None);
         if let Some(flow) = self.ctl.flow.as_mut() {
             // One without immediate data (a peer breaking the protocol) grants nothing.
             let imm = imm.unwrap_or(Imm::data(0));
             flow.on_receive(imm);
-            grant_due = flow.wants_control();
+            // Credits owed are due, or the ones granted let waiting sends go.
+            wake |= flow.wants_control() || (imm.grant > 0 && (self.send.queued() > 0 || self.send.overflowed() > 0));
             control = imm.control;
             farewell = imm.farewell;
         } else if tail {
@@ -1255,7 +1261,7 @@ impl<B: LaneBuf> Lanes<B> {
             return RecvOutcome::Control { farewell };
         }
         let delivery = Delivery { at, result: Ok(byte_len), remote_write: wc.remote_write };
-        RecvOutcome::Deliver { delivery, wake: grant_due || released }
+        RecvOutcome::Deliver { delivery, wake: wake || self.has_pending_recvs() }
     }
 
     /// The receive of `delivery` taken out of its slot as its handler's completion: its parts
