@@ -508,12 +508,20 @@ impl<B: LaneBuf> Slot<B> {
     /// its rare part, is dropped), so what is left of it owns nothing and may be forgotten.
     #[inline(always)]
     fn take_done(&mut self, result: Result<u32, OpError>, remote_write: bool) -> Done<B> {
+        self.take_done_as(self.opcode, result, remote_write)
+    }
+
+    /// [`Slot::take_done`] of a slot whose opcode the caller knows is `opcode` (a receive
+    /// ring's are all receives: the branches for the others go).
+    #[inline(always)]
+    fn take_done_as(&mut self, opcode: OpCode, result: Result<u32, OpError>, remote_write: bool) -> Done<B> {
+        debug_assert_eq!(opcode, self.opcode);
         if self.rare.is_some() {
             drop_rare(self.rare.take());
         }
         let mut buf = self.buf.take();
         if let (Some(b), Ok(n)) = (buf.as_mut(), &result) {
-            match self.opcode {
+            match opcode {
                 // Exactly the bytes received (none for an RDMA WRITE with immediate data).
                 OpCode::Recv => b.received(if remote_write { 0 } else { *n as usize }),
                 // The device wrote these bytes for this owner.
@@ -524,7 +532,7 @@ impl<B: LaneBuf> Slot<B> {
                 _ => {}
             }
         }
-        Done { user_data: self.user_data, opcode: self.opcode, result, buf, remote_write, region: self.region.take() }
+        Done { user_data: self.user_data, opcode, result, buf, remote_write, region: self.region.take() }
     }
 }
 
@@ -1161,7 +1169,7 @@ impl<B: LaneBuf> Lanes<B> {
         };
         let done = slot.take_done(result, false);
         // What is left of it owns nothing (`Slot::take_done`); `head` moves past it.
-        std::mem::forget(self.send.take(at));
+        std::mem::forget(self.send.vacate(at));
         room.release_send(1);
         self.ctl.unreported = self.ctl.unreported.min(self.send.outstanding());
         done
@@ -1277,9 +1285,9 @@ impl<B: LaneBuf> Lanes<B> {
     #[inline(always)]
     pub(crate) fn take_recv(&mut self, delivery: Delivery) -> Done<B> {
         let slot = self.recv.outstanding_mut(delivery.at).expect("a delivered receive stays in its slot until taken");
-        let done = slot.take_done(delivery.result, delivery.remote_write);
+        let done = slot.take_done_as(OpCode::Recv, delivery.result, delivery.remote_write);
         // What is left of it owns nothing (`Slot::take_done`).
-        std::mem::forget(self.recv.take(delivery.at));
+        std::mem::forget(self.recv.vacate(delivery.at));
         done
     }
 

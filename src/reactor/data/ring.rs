@@ -349,6 +349,23 @@ impl<T> Ring<T> {
         op
     }
 
+    /// Empties the slot of position `at`, an outstanding operation's the caller has just found
+    /// ([`Ring::outstanding_mut`]) and taken apart: what is left of it is returned (for the
+    /// caller to drop, or to forget when it owns nothing), and `head` moves past it and any
+    /// completed before it out of order. Position checks are the finder's: this one only masks
+    /// `at` into the ring (a position not outstanding empties some other slot's operation,
+    /// which is handed back, not lost).
+    #[inline(always)]
+    pub(crate) fn vacate(&mut self, at: u32) -> Option<T> {
+        debug_assert!(at.wrapping_sub(self.head) < self.outstanding(), "vacating a position not outstanding");
+        let op = self.slot_mut(at).take();
+        if at == self.head {
+            self.head = at.wrapping_add(1);
+            self.skip_completed();
+        }
+        op
+    }
+
     /// Moves `head` over the slots completed out of order.
     #[inline(always)]
     fn skip_completed(&mut self) {
