@@ -659,87 +659,76 @@ impl Path {
 
     /// The work of [`Path::complete`] from where `at` says: the start, or the next operation
     /// a send completion completes after a handler's panic. `at` says what is left before each
-    /// handler call.
+    /// handler call. One look-up of the connection a completion (and one more after each
+    /// handler that another operation of the same send completion follows).
     #[inline(always)]
     fn complete_from(&mut self, wc: &WorkCompletion, at: &mut Resume) {
         use crate::proto::token::{Dir, WrId};
-        let sent = match *at {
+        use crate::reactor::bench::RecvOutcome;
+        let Path { core, handlers, .. } = self;
+        let (sent, mut c) = match *at {
             Resume::Start => {
                 *at = Resume::Done;
-                let core = &mut self.core;
                 core.completions += 1;
                 // (The shared receive queue's `SrqRecv` tokens are told apart here:
                 // `WrId::is_ring`.)
                 let found = WrId::decode(wc.wr_id).and_then(|id| {
                     let (key, c) = core.conns.get_index_mut(id.index)?;
-                    (c.epoch == id.epoch).then_some((id, key))
+                    (c.epoch == id.epoch).then_some((id, key, c))
                 });
-                let Some((id, key)) = found else {
+                let Some((id, key, c)) = found else {
                     core.stale += 1;
                     return;
                 };
                 if id.dir == Dir::Recv {
-                    return self.recv_completion(id.index, key, id.seq, wc);
+                    match c.lanes.recv_completed(id.seq, wc, false) {
+                        RecvOutcome::Deliver { delivery, wake } => {
+                            // `after_completion`, as far as a receive completion changes it
+                            // (`wake`); a handler changes it only by what it submits, which
+                            // lists the connection itself.
+                            if wake {
+                                list_dirty(c, key, &mut core.dirty);
+                            }
+                            let owner = c.owner;
+                            // The handler (none: the completion is dropped, its memory back),
+                            // called with the completion built in its argument.
+                            match handlers.get_mut(id.index as usize).and_then(Option::as_mut) {
+                                Some(h) => {
+                                    core.delivered += 1;
+                                    call(h.as_mut(), c.lanes.take_recv(delivery), core, key, owner);
+                                }
+                                None => drop(c.lanes.take_recv(delivery)),
+                            }
+                        }
+                        RecvOutcome::Control { .. } => list_dirty(c, key, &mut core.dirty),
+                        // Refused messages close the connection in the reactor (not in this
+                        // path).
+                        RecvOutcome::BadFrame(_) | RecvOutcome::Overdrawn => {}
+                        RecvOutcome::Stale => core.stale += 1,
+                    }
+                    return;
                 }
-                let Some((_, c)) = core.conns.get_index_mut(id.index) else { return };
                 let Some(end) = c.lanes.send_completed(id.seq) else {
                     core.stale += 1;
                     return;
                 };
-                Sent { index: id.index, epoch: id.epoch, key, owner: c.owner, end, status: wc.status }
+                (Sent { index: id.index, epoch: id.epoch, key, owner: c.owner, end, status: wc.status }, c)
             }
             Resume::Sent(sent) => {
                 *at = Resume::Done;
-                sent
+                match core.conns.get_index_mut(sent.index).filter(|(_, c)| c.epoch == sent.epoch) {
+                    Some((_, c)) => (sent, c),
+                    None => return,
+                }
             }
             Resume::Done => return,
         };
-        self.send_completion(sent, at);
-    }
-
-    /// A receive completion of connection `key` (slab index `index`) at ring position `seq`:
-    /// the lanes' rules (`Lanes::recv_completed`), then the handler, with the completion built
-    /// in its argument.
-    #[inline(always)]
-    fn recv_completion(&mut self, index: u32, key: ConnKey, seq: u32, wc: &WorkCompletion) {
-        use crate::reactor::bench::RecvOutcome;
-        let Path { core, handlers, .. } = self;
-        let Some((_, c)) = core.conns.get_index_mut(index) else { return };
-        match c.lanes.recv_completed(seq, wc, false) {
-            RecvOutcome::Deliver { delivery, wake } => {
-                // `after_completion`, as far as a receive completion changes it (`wake`); a
-                // handler changes it only by what it submits, which lists the connection itself.
-                if wake {
-                    list_dirty(c, key, &mut core.dirty);
-                }
-                let owner = c.owner;
-                // The handler (none: the completion is dropped, its memory back), called with
-                // the completion built in its argument.
-                match handlers.get_mut(index as usize).and_then(Option::as_mut) {
-                    Some(h) => {
-                        core.delivered += 1;
-                        call(h.as_mut(), c.lanes.take_recv(delivery), core, key, owner);
-                    }
-                    None => drop(c.lanes.take_recv(delivery)),
-                }
-            }
-            RecvOutcome::Control { .. } => list_dirty(c, key, &mut core.dirty),
-            // Refused messages close the connection in the reactor (not in this path).
-            RecvOutcome::BadFrame(_) | RecvOutcome::Overdrawn => {}
-            RecvOutcome::Stale => core.stale += 1,
-        }
-    }
-
-    /// The operations a send completion completes (`sent`), from the next one on, in order
-    /// (the runtime's own skipped), each to the handler with its completion built in its
-    /// argument; after a handler ran the connection is looked up again (it may have closed,
-    /// the table may have grown).
-    #[inline(always)]
-    fn send_completion(&mut self, sent: Sent, at: &mut Resume) {
-        let Path { core, handlers, .. } = self;
-        // `at` says `Done` on entry; `Sent` while an operation after the one delivered waits.
+        // Each operation a send completion completes, in order (the runtime's own skipped), to
+        // the handler with its completion built in its argument; after a handler ran the
+        // connection is looked up again (it may have closed, the table may have grown). `at`
+        // says `Done` here; `Sent` while an operation after the one delivered waits.
         let mut resumable = false;
-        while let Some((_, c)) = core.conns.get_index_mut(sent.index).filter(|(_, c)| c.epoch == sent.epoch) {
+        loop {
             let Some(pos) = c.lanes.next_sent(sent.end, &mut core.room) else { break };
             let more = pos.wrapping_add(1) != sent.end;
             if !more && !c.dirty && c.lanes.wants_post() {
@@ -763,6 +752,10 @@ impl Path {
             if !more {
                 break;
             }
+            c = match core.conns.get_index_mut(sent.index).filter(|(_, c)| c.epoch == sent.epoch) {
+                Some((_, c)) => c,
+                None => break,
+            };
         }
     }
 }
