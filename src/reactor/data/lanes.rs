@@ -993,6 +993,9 @@ impl<B: LaneBuf> Lanes<B> {
         let Lanes { send, swrs, ctl, .. } = self;
         let slots = ctl.capacity.saturating_sub(send.outstanding());
         let queued = slots.min(send.queued());
+        if queued == 1 {
+            return plan_single(send, swrs, ctl, room, run, slots, max_inline);
+        }
         let mut k = 0u32;
         while k < queued && plan_one(send, swrs, ctl, room, &mut run, k, max_inline, None) {
             k += 1;
@@ -1425,6 +1428,62 @@ fn plan_one<B: LaneBuf>(
     let seq = run.first.wrapping_add(k);
     write_send(swrs, seq, send.wr_id(seq), slot, imm, signaled, max_inline, tails);
     true
+}
+
+/// [`Lanes::plan_plain`] of a single queued operation (a ping-pong's every plan), straight: the
+/// same steps as [`plan_one`] and the credit-only message after it, with one decision moved
+/// ahead of the request's write. Whether a credit-only message follows depends only on the
+/// flow after this request's credit is spent, so it is known before the request is written:
+/// when none follows, the request is the chain's last and is written asking for a completion
+/// (what `set_signaled` after the run would make of it, the signaling count starting over).
+#[inline(always)]
+fn plan_single<B: LaneBuf>(
+    send: &mut Ring<Slot<B>>,
+    swrs: &mut SendWrs,
+    ctl: &mut SendCtl,
+    room: &mut CqRoom,
+    mut run: SendRun,
+    slots: u32,
+    max_inline: u32,
+) -> SendRun {
+    let first = run.first;
+    let Some(slot) = send.queued_at(0) else { return run };
+    let (consumes, pool_len) = (slot.flags & CONSUMES != 0, slot.pool_len);
+    let mut flow = ctl.flow.as_mut();
+    let blocked = consumes && flow.as_ref().is_some_and(|f| !f.can_send_data());
+    let mut k = 0;
+    if !blocked {
+        if room.reserve_one() {
+            let imm = flow.as_mut().filter(|_| consumes).map(|f| f.send_data().encode());
+            ctl.queued_bytes -= pool_len as usize;
+            let control_next = 1 < slots && flow.as_ref().is_some_and(|f| f.wants_control());
+            let signaled = if control_next {
+                ctl.next_signaled()
+            } else {
+                // The chain's last.
+                ctl.unsignaled = 0;
+                true
+            };
+            write_send(swrs, first, send.wr_id(first), slot, imm, signaled, max_inline, None);
+            if !control_next {
+                run.n = 1;
+                return run;
+            }
+            k = 1;
+        } else {
+            run.short_of_room = true;
+        }
+    }
+    if k < slots && ctl.flow.as_ref().is_some_and(Flow::wants_control) {
+        k = plan_credit(send, swrs, ctl, room, &mut run, k, max_inline, None);
+    }
+    if k > 0 {
+        // The last of the chain asks for a completion.
+        swrs.set_signaled(first.wrapping_add(k - 1));
+        ctl.unsignaled = 0;
+    }
+    run.n = k;
+    run
 }
 
 /// A credit-only message at queued position `k` of `run`, a CQ entry permitting (else
