@@ -277,13 +277,13 @@ impl IndexPool {
     pub fn alloc(&self, len: usize, owner: u64) -> Result<IndexBuf> {
         // SAFETY: held live by this handle; the borrow ends before returning.
         let st = unsafe { Shared::state(self.shared) };
-        let Some(class) = st.classes.iter().position(|c| c.chunk_size as usize >= len) else {
-            let max = st.classes.last().map_or(0, |c| c.chunk_size as usize);
-            return Err(Error::TooLarge {
-                len,
-                max,
-                limit: "the pool's largest chunk, PoolConfig::chunk_sizes (Config::pool)",
-            });
+        // The smallest class first, on its own: what most allocations take.
+        let class = match st.classes.first() {
+            Some(c) if c.chunk_size as usize >= len => 0,
+            _ => match st.classes.iter().position(|c| c.chunk_size as usize >= len) {
+                Some(class) => class,
+                None => return Err(st.too_large(len)),
+            },
         };
         let id = match st.classes[class].free.pop() {
             Some(id) => id,
@@ -341,6 +341,13 @@ impl IndexPool {
 }
 
 impl State {
+    /// The error of an allocation of `len` bytes, above the largest chunk.
+    #[cold]
+    fn too_large(&self, len: usize) -> Error {
+        let max = self.classes.last().map_or(0, |c| c.chunk_size as usize);
+        Error::TooLarge { len, max, limit: "the pool's largest chunk, PoolConfig::chunk_sizes (Config::pool)" }
+    }
+
     /// Registers one more cluster of class `ci` and pushes its chunks on the class's stack.
     fn grow(&mut self, ci: usize) -> Result<()> {
         let (chunk_size, stride, per) = {
