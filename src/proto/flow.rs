@@ -193,7 +193,8 @@ impl Flow {
     /// True when a credit-only message should go out now.
     pub fn wants_control(&self) -> bool {
         let owed = self.owed();
-        self.credits >= 1 && owed > 0 && ((self.owed_data > 0 && owed >= self.threshold) || self.granted <= 1)
+        // Nothing owed first: what a data message that just granted everything leaves.
+        owed > 0 && self.credits >= 1 && ((self.owed_data > 0 && owed >= self.threshold) || self.granted <= 1)
     }
 
     /// Spends a credit on a credit-only message; returns its immediate.
