@@ -1031,6 +1031,57 @@ mod tests {
         assert_eq!((recvs.get(), sends.get()), (3, 2));
         assert_eq!(p.buffers_in_use(), 0);
     }
+
+    /// Answers each message twice (its own buffer, then a fresh one), so one signaled send
+    /// completes two operations; panics at the first send completion it sees.
+    struct Twice {
+        sent: Rc<std::cell::RefCell<Vec<u64>>>,
+        panicked: bool,
+    }
+
+    impl Handler for Twice {
+        fn on_completion(&mut self, conn: &mut RingConn<'_>, c: RingCompletion) {
+            if c.opcode == OpCode::Recv {
+                let buf = c.buf.expect("the receive's buffer");
+                conn.submit(RingOp::send(buf).user_data(7)).expect("the first reply");
+                let second = conn.alloc(64).expect("a buffer");
+                conn.submit(RingOp::send(second).user_data(8)).expect("the second reply");
+                let next = conn.alloc(64).expect("a buffer");
+                conn.submit(RingOp::recv(next)).expect("the next receive");
+                return;
+            }
+            assert_eq!(c.result, Ok(64));
+            self.sent.borrow_mut().push(c.user_data);
+            if !self.panicked {
+                self.panicked = true;
+                panic!("a handler's panic in the middle of a send completion");
+            }
+        }
+    }
+
+    /// A handler's panic at the first operation a signaled send completion completes is caught
+    /// and the completion resumes after it: the second operation is delivered too (to the same
+    /// handler), its buffer goes back, and the path goes on.
+    #[test]
+    fn a_panic_inside_a_send_completion_resumes_at_its_next_operation() {
+        let sent = Rc::new(std::cell::RefCell::new(Vec::new()));
+        let mut p = Path::new(16, Box::new(Twice { sent: sent.clone(), panicked: false }));
+        // One receive completion, one send completion of two operations: three delivered.
+        assert_eq!(p.message(), 3);
+        assert!(p.core.panic.take().is_some(), "kept for the end of the tick");
+        assert_eq!(*sent.borrow(), [7, 8], "both operations delivered, in order");
+        assert_eq!(p.buffers_in_use(), 1, "both replies' buffers back, the receive posted");
+        // Two sends a message against the one credit each message brings: the 16 credits the
+        // peer granted last a few more messages (then the replies wait for credits).
+        for i in 1..=10u64 {
+            assert_eq!(p.message(), 3 + 3 * i);
+        }
+        assert!(p.core.panic.is_none());
+        assert_eq!(sent.borrow().len(), 22);
+        assert_eq!(p.buffers_in_use(), 1);
+        assert_eq!(p.stale(), (0, 22));
+    }
+
     use crate::{Completion, Op, OpCode, RawBuf};
 
     /// The path is the echo's: every message's receive completes, the handler answers it and

@@ -19,8 +19,9 @@
 //!
 //! **Invariants.** `head <= posted <= tail` and `tail - head <= capacity <= limit <= 2^16`
 //! (differences wrapping). Every slot in `[posted, tail)` holds an operation; a slot in
-//! `[head, posted)` holds one unless it completed out of order (then `head` stops at the
-//! oldest one outstanding). Every operation in the overflow queue comes after every one in the
+//! `[head, posted)` holds one unless it completed out of order, and `head` never rests on such
+//! a slot (it is `posted`, or the oldest operation outstanding: every method that empties the
+//! slot at `head` moves `head` on over those). Every operation in the overflow queue comes after every one in the
 //! ring. An operation is in exactly one place: a slot, the overflow queue, or given back by a
 //! method (taken, popped, removed, drained, carried).
 //!
@@ -713,6 +714,53 @@ mod tests {
         r.mark_posted(2);
         assert_eq!(r.window(WrId::decode(r.wr_id(3)).unwrap().seq), Some(3));
         assert_eq!(r.drain(), vec![3, 4]);
+    }
+
+    #[test]
+    fn an_operation_made_in_place_goes_to_its_slot_or_the_overflow_queue() {
+        let mut r: Ring<u32> = Ring::new(2, 2, base());
+        assert!(r.has_room());
+        let mut made = 0;
+        for v in 0..3 {
+            r.push_with(|| {
+                made += 1;
+                v
+            });
+        }
+        assert_eq!(made, 3, "made once each");
+        assert!(!r.has_room(), "full at its limit");
+        assert_eq!((r.queued(), r.overflowed()), (2, 1));
+        assert_eq!(r.drain(), vec![0, 1, 2]);
+        let mut r: Ring<u32> = Ring::new(1, 4, base());
+        r.push_with(|| 1);
+        assert!(!r.has_room(), "full, though it may grow");
+        r.push_with(|| 2);
+        assert_eq!((r.capacity(), r.queued(), r.overflowed()), (2, 2, 0), "it grew instead");
+    }
+
+    #[test]
+    fn an_outstanding_operation_is_taken_apart_in_place_and_its_slot_vacated() {
+        let mut r: Ring<u32> = Ring::new(4, 4, base());
+        for v in 10..14 {
+            r.push(v);
+        }
+        r.mark_posted(3);
+        assert_eq!(r.outstanding_mut(3), None, "queued, not outstanding");
+        assert_eq!(r.outstanding_mut(7), None, "never posted");
+        // Out of order: position 1 first; `head` stays on 0.
+        *r.outstanding_mut(1).unwrap() += 100;
+        assert_eq!(r.vacate(1), Some(111));
+        assert_eq!((r.head(), r.outstanding()), (0, 3));
+        assert_eq!(r.outstanding_mut(1), None, "vacated");
+        assert_eq!(r.oldest(3), Some(&10), "the oldest before position 3");
+        assert_eq!(r.oldest(0), None, "an end at head names nothing");
+        // The oldest: `head` moves past it and over the hole at 1.
+        assert_eq!(r.vacate(0), Some(10));
+        assert_eq!((r.head(), r.outstanding()), (2, 1));
+        assert_eq!(r.oldest(3), Some(&12));
+        assert_eq!(r.pop_until(3), Some((2, 12)));
+        assert_eq!(r.head(), 3, "posted: nothing outstanding");
+        assert_eq!(r.oldest(4), None);
     }
 
     #[test]

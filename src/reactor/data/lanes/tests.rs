@@ -236,6 +236,106 @@ fn a_send_is_written_in_place_with_its_credits_and_signaling() {
     assert!(l.send_completed(seq_of(b.wr_id)).is_none(), "stale now");
 }
 
+/// Lanes with one chain posted: a nudge (the runtime's own probe), sends 1 to 5 (2 a WRITE),
+/// then whatever credit-only message the flow owes; signaled every 2 and the chain's last.
+/// Returns the lanes, their CQ room and the posted `wr_id`s with "signaled".
+fn posted_chain() -> (L, CqRoom, Vec<(u64, bool)>) {
+    let mut l = L::new(2, 1, 2).unwrap();
+    l.set_capacity(16, 4);
+    l.set_flow(flow(8, 4));
+    l.nudge();
+    for u in 1..=5 {
+        let op = if u == 2 { OpCode::Write } else { OpCode::Send };
+        l.submit_send(Slot::raw(op, raw(8 * u as u32), u));
+    }
+    // Receives re-posted after data: a grant is owed, and rides on the first send.
+    for _ in 0..3 {
+        l.flow_mut().unwrap().on_repost(false);
+    }
+    let mut room = CqRoom::new(64, 16);
+    let run = l.plan_sends_imm(&mut room, 0);
+    let ids = (0..run.n).map(|k| l.swrs.view(run.first + k)).map(|v| (v.wr_id, v.signaled)).collect();
+    assert!(l.sends_posted(run, run.n, &mut room).is_none());
+    (l, room, ids)
+}
+
+/// The completion path's two steps (`next_sent`, `take_sent`) pop what `pop_sent` pops, in the
+/// same order, the runtime's own skipped, each with its CQ entry given back; the work
+/// completion's status goes to the signaled request only.
+#[test]
+fn the_completion_path_pops_a_send_completion_as_pop_sent_does() {
+    for status in [WcStatus::Success, WcStatus::RetryExcErr] {
+        let (mut a, mut room_a, ids) = posted_chain();
+        let (mut b, mut room_b, _) = posted_chain();
+        assert!(ids.len() >= 6, "the probe and the five: {ids:?}");
+        // Each signaled completion in turn (in order, as RC reports them).
+        for (wr_id, _) in ids.iter().filter(|(_, signaled)| *signaled) {
+            let end = a.send_completed(seq_of(*wr_id)).expect("outstanding");
+            assert_eq!(b.send_completed(seq_of(*wr_id)), Some(end));
+            let mut popped = Vec::new();
+            while let Some((at, slot, _)) = a.pop_sent(end, &mut room_a) {
+                if !slot.is_control() {
+                    let result = if at.wrapping_add(1) == end && status != WcStatus::Success {
+                        Err(OpError::Wc(status))
+                    } else {
+                        Ok(slot.posted_len())
+                    };
+                    popped.push((slot.user_data, result));
+                }
+            }
+            let mut taken = Vec::new();
+            while let Some(at) = b.next_sent(end, &mut room_b) {
+                let more = at.wrapping_add(1) != end;
+                let done = b.take_sent(end, &mut room_b, status);
+                assert_eq!(done.opcode == OpCode::Write, done.user_data == 2);
+                taken.push((done.user_data, done.result));
+                if !more {
+                    break;
+                }
+            }
+            assert_eq!(taken, popped, "the operations completed by {wr_id:#x}");
+            assert_eq!(room_a, room_b);
+            assert_eq!((a.outstanding(), a.awaited()), (b.outstanding(), b.awaited()));
+        }
+        assert_eq!(b.outstanding().0, 0, "everything completed");
+    }
+}
+
+/// A receive completion wakes its connection for what it unblocks, and only for that: credits
+/// arriving while sends wait for them, credits owed, a receive slot freed while receives wait.
+#[test]
+fn a_receive_completion_wakes_the_connection_for_what_it_unblocks() {
+    let wake = |out: RecvOutcome| match out {
+        RecvOutcome::Deliver { wake, .. } => wake,
+        other => panic!("{other:?}"),
+    };
+    // Nothing waits: no wake.
+    let mut l = lanes(8, 4, flow(8, 4));
+    l.submit_recv(Slot::raw(OpCode::Recv, raw(64), 1));
+    let ids = post_recvs(&mut l, false);
+    let out = l.recv_completed(seq_of(ids[0]), &wc(ids[0], 8, Some(Imm::data(1))), false);
+    assert!(!wake(out));
+    // A send waits for credits (one left, the reserve): a grant wakes it, none does not.
+    let mut l = lanes(8, 4, Some(Flow::new(1, 8)));
+    l.submit_send(Slot::raw(OpCode::Send, raw(8), 7));
+    l.submit_recv(Slot::raw(OpCode::Recv, raw(64), 1));
+    l.submit_recv(Slot::raw(OpCode::Recv, raw(64), 2));
+    let ids = post_recvs(&mut l, false);
+    assert!(l.credit_blocked());
+    let out = l.recv_completed(seq_of(ids[0]), &wc(ids[0], 8, Some(Imm::data(0))), false);
+    assert!(!wake(out), "no credit came: the send still waits");
+    let out = l.recv_completed(seq_of(ids[1]), &wc(ids[1], 8, Some(Imm::data(2))), false);
+    assert!(wake(out), "credits for the waiting send");
+    // A receive waits for a receive slot (the queue pair holds one): a completion frees it.
+    let mut l = lanes(8, 1, None);
+    l.submit_recv(Slot::raw(OpCode::Recv, raw(64), 1));
+    l.submit_recv(Slot::raw(OpCode::Recv, raw(64), 2));
+    let ids = post_recvs(&mut l, false);
+    assert_eq!((ids.len(), l.has_pending_recvs()), (1, true));
+    let out = l.recv_completed(seq_of(ids[0]), &wc(ids[0], 8, None), false);
+    assert!(wake(out), "the waiting receive may go");
+}
+
 #[test]
 fn a_partly_refused_send_chain_awaits_nothing_that_cannot_come() {
     let mut l = L::new(0, 1, 2).unwrap();
