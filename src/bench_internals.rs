@@ -688,7 +688,7 @@ impl Path {
                             // (`wake`); a handler changes it only by what it submits, which
                             // lists the connection itself.
                             if wake {
-                                list_dirty(c, key, &mut core.dirty);
+                                list_dirty(&mut c.dirty, key, &mut core.dirty);
                             }
                             let owner = c.owner;
                             // The handler (none: the completion is dropped, its memory back),
@@ -701,7 +701,7 @@ impl Path {
                                 None => drop(c.lanes.take_recv(delivery)),
                             }
                         }
-                        RecvOutcome::Control { .. } => list_dirty(c, key, &mut core.dirty),
+                        RecvOutcome::Control { .. } => list_dirty(&mut c.dirty, key, &mut core.dirty),
                         // Refused messages close the connection in the reactor (not in this
                         // path).
                         RecvOutcome::BadFrame(_) | RecvOutcome::Overdrawn => {}
@@ -729,14 +729,13 @@ impl Path {
         // connection is looked up again (it may have closed, the table may have grown). `at`
         // says `Done` here; `Sent` while an operation after the one delivered waits.
         let mut resumable = false;
-        loop {
-            let Some(pos) = c.lanes.next_sent(sent.end, &mut core.room) else { break };
-            let more = pos.wrapping_add(1) != sent.end;
-            if !more && !c.dirty && c.lanes.wants_post() {
+        while let Some(op) = c.lanes.next_sent(sent.end, &mut core.room) {
+            let more = op.more();
+            if !more && !c.dirty && op.wants_post() {
                 // `after_completion`, asked once its last operation is found: what waited for
                 // the send slots and CQ room a send completion gives back (it gives back no
                 // receive slot).
-                list_dirty(c, sent.key, &mut core.dirty);
+                list_dirty(&mut c.dirty, sent.key, &mut core.dirty);
             }
             if more != resumable {
                 *at = if more { Resume::Sent(sent) } else { Resume::Done };
@@ -745,10 +744,9 @@ impl Path {
             match handlers.get_mut(sent.index as usize).and_then(Option::as_mut) {
                 Some(h) => {
                     core.delivered += 1;
-                    let done = c.lanes.take_sent(sent.end, &mut core.room, sent.status);
-                    call(h.as_mut(), done, core, sent.key, sent.owner);
+                    call(h.as_mut(), op.take(&mut core.room, sent.status), core, sent.key, sent.owner);
                 }
-                None => drop(c.lanes.take_sent(sent.end, &mut core.room, sent.status)),
+                None => drop(op.take(&mut core.room, sent.status)),
             }
             if !more {
                 break;
@@ -837,7 +835,7 @@ impl PathCore {
                 c.lanes.submit_recv(Slot::raw(crate::OpCode::Recv, raw, user_data));
             }
         }
-        list_dirty(c, key, &mut self.dirty);
+        list_dirty(&mut c.dirty, key, &mut self.dirty);
         Ok(())
     }
 
@@ -877,11 +875,12 @@ impl PathCore {
     }
 }
 
-/// Lists connection `key` to post, once (`post::list_dirty`).
+/// Lists connection `key` to post, once (`post::list_dirty`): `listed` is its entry's flag
+/// (a field of its own, so the entry's lanes may be held meanwhile).
 #[inline(always)]
-fn list_dirty(c: &mut PathConn, key: ConnKey, dirty: &mut Vec<ConnKey>) {
-    if !c.dirty {
-        c.dirty = true;
+fn list_dirty(listed: &mut bool, key: ConnKey, dirty: &mut Vec<ConnKey>) {
+    if !*listed {
+        *listed = true;
         dirty.push(key);
     }
 }

@@ -536,6 +536,17 @@ impl<B: LaneBuf> Slot<B> {
     }
 }
 
+/// Forgets what is left of a slot [`Slot::take_done`] took apart: it owns nothing (its buffer,
+/// region and rare part are gone), so forgetting it leaks nothing and spares its drop's tests.
+#[inline(always)]
+fn forget_husk<B>(husk: Option<Slot<B>>) {
+    debug_assert!(
+        husk.as_ref().is_some_and(|s| s.rare.is_none() && s.buf.is_none() && s.region.is_none()),
+        "a slot taken apart owns nothing"
+    );
+    std::mem::forget(husk);
+}
+
 /// Drops a slot's rare part (a sink deregistered, a window let go): cold.
 #[inline(never)]
 #[cold]
@@ -657,11 +668,14 @@ pub(crate) enum RecvOutcome {
     Overdrawn,
 }
 
-/// A receive [`Lanes::recv_completed`] found for the handler: still in its slot (its credits
+/// A receive [`Lanes::recv_completed`] found for the handler, still in its slot (its credits
 /// and kind already accounted), for [`Lanes::take_recv`] to take out as the handler's
 /// completion, so the caller builds the completion where the handler gets it (inside the
-/// guarded call), once. Nothing else may touch the lanes in between.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// guarded call), once. It names the receive by its ring position, which no other operation
+/// takes while it is outstanding: taken once (neither `Copy` nor `Clone`), it takes that
+/// receive or, if the lanes let it go meanwhile (the caller's contract broken), nothing.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "the receive stays in its slot until taken"]
 pub(crate) struct Delivery {
     /// Its ring position (in the posted window).
     at: u32,
@@ -669,6 +683,68 @@ pub(crate) struct Delivery {
     pub(crate) result: Result<u32, OpError>,
     /// An RDMA WRITE with immediate data consumed it.
     remote_write: bool,
+}
+
+/// An operation [`Lanes::next_sent`] found for its handler, still in its slot: it holds the
+/// lanes until [`SentOp::take`] pops it as the handler's completion, so nothing can touch them
+/// in between (the borrow says so, not a contract).
+#[must_use = "the operation stays in its slot until taken"]
+pub(crate) struct SentOp<'l, B> {
+    lanes: &'l mut Lanes<B>,
+    /// The end (exclusive) of what the send completion completes: the signaled request's
+    /// position plus one.
+    end: u32,
+}
+
+impl<B> std::fmt::Debug for SentOp<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentOp").field("at", &self.lanes.send.head()).field("end", &self.end).finish()
+    }
+}
+
+impl<B: LaneBuf> SentOp<'_, B> {
+    /// Its ring position: the oldest outstanding (`head` never rests on a hole).
+    #[inline(always)]
+    pub(crate) fn at(&self) -> u32 {
+        self.lanes.send.head()
+    }
+
+    /// True when more operations of the same send completion follow it (it is not the
+    /// signaled request).
+    #[inline(always)]
+    pub(crate) fn more(&self) -> bool {
+        self.at().wrapping_add(1) != self.end
+    }
+
+    /// [`Lanes::wants_post`] (unchanged by the take: a send completion gives back send slots
+    /// and CQ room, which it does not read).
+    #[inline(always)]
+    pub(crate) fn wants_post(&self) -> bool {
+        self.lanes.wants_post()
+    }
+
+    /// Pops it, giving back its CQ entry, as its handler's completion: with the work
+    /// completion's `status` when it is the signaled request (at `end - 1`), success when a
+    /// later one completed it. Its parts move into the completion where they lie; nothing else
+    /// of it is kept. Returned as itself, as [`Lanes::take_recv`]'s.
+    #[inline(always)]
+    pub(crate) fn take(self, room: &mut CqRoom, status: WcStatus) -> Done<B> {
+        let more = self.more();
+        let SentOp { lanes, .. } = self;
+        let at = lanes.send.head();
+        let slot = lanes.send.outstanding_mut(at).expect("next_sent found the oldest outstanding");
+        let result = match status {
+            _ if more => Ok(slot.posted_len()),
+            WcStatus::Success => Ok(slot.posted_len()),
+            s => Err(OpError::Wc(s)),
+        };
+        let done = slot.take_done(result, false);
+        // What is left of it owns nothing (`Slot::take_done`); `head` moves past it.
+        forget_husk(lanes.send.vacate(at));
+        room.release_send(1);
+        lanes.ctl.unreported = lanes.ctl.unreported.min(lanes.send.outstanding());
+        done
+    }
 }
 
 /// One connection's send and receive lanes ([module docs](self)).
@@ -1130,52 +1206,23 @@ impl<B: LaneBuf> Lanes<B> {
         end.wrapping_sub(self.send.head()).wrapping_sub(1) < self.send.outstanding()
     }
 
-    /// The completion path's [`Lanes::pop_sent`], in two steps: the position of the next
-    /// operation a send completion completes, before `end`, for its handler;
-    /// [`Lanes::take_sent`] then pops it as the handler's completion (so the caller builds the
-    /// completion where the handler gets it, once; nothing else may touch the lanes in
-    /// between). The runtime's own operations on the way are popped and dropped here (no
-    /// handler hears of them), each giving back its CQ entry. `None` when all are done.
+    /// The completion path's [`Lanes::pop_sent`], in two steps: the next operation a send
+    /// completion completes, before `end`, found for its handler ([`SentOp`]: its position,
+    /// whether more follow); [`SentOp::take`] then pops it as the handler's completion (so the
+    /// caller builds the completion where the handler gets it, once). The runtime's own
+    /// operations on the way are popped and dropped here (no handler hears of them), each
+    /// giving back its CQ entry. `None` when all are done.
     #[inline(always)]
-    pub(crate) fn next_sent(&mut self, end: u32, room: &mut CqRoom) -> Option<u32> {
+    pub(crate) fn next_sent(&mut self, end: u32, room: &mut CqRoom) -> Option<SentOp<'_, B>> {
         loop {
             let control = self.send.oldest(end)?.is_control();
             if !control {
-                return Some(self.send.head());
+                return Some(SentOp { lanes: self, end });
             }
             if !self.drop_sent_control(end, room) {
                 return None;
             }
         }
-    }
-
-    /// Pops the operation [`Lanes::next_sent`] named (the oldest before `end`), giving back its
-    /// CQ entry, as its handler's completion: with the work completion's `status` when it is
-    /// the signaled request (at `end - 1`), success when a later one completed it. Its parts
-    /// move into the completion where they lie; nothing else of it is kept. Returned as itself,
-    /// as [`Lanes::take_recv`]'s.
-    ///
-    /// # Panics
-    ///
-    /// If no operation lies before `end`: only if `next_sent` did not name one, or the lanes
-    /// were touched since it did (the caller's contract).
-    #[inline(always)]
-    pub(crate) fn take_sent(&mut self, end: u32, room: &mut CqRoom, status: WcStatus) -> Done<B> {
-        // The oldest outstanding: `next_sent` left `head` on it (it never rests on a hole).
-        let at = self.send.head();
-        debug_assert!(end.wrapping_sub(at).wrapping_sub(1) < self.send.outstanding(), "before `end`");
-        let slot = self.send.outstanding_mut(at).expect("the operation next_sent named is outstanding");
-        let result = match status {
-            _ if at.wrapping_add(1) != end => Ok(slot.posted_len()),
-            WcStatus::Success => Ok(slot.posted_len()),
-            s => Err(OpError::Wc(s)),
-        };
-        let done = slot.take_done(result, false);
-        // What is left of it owns nothing (`Slot::take_done`); `head` moves past it.
-        std::mem::forget(self.send.vacate(at));
-        room.release_send(1);
-        self.ctl.unreported = self.ctl.unreported.min(self.send.outstanding());
-        done
     }
 
     /// [`Lanes::next_sent`]'s runtime's own operation (a credit-only message, a probe, a
@@ -1282,15 +1329,16 @@ impl<B: LaneBuf> Lanes<B> {
     ///
     /// # Panics
     ///
-    /// If the receive is no longer in its slot: only if the lanes were touched between
-    /// [`Lanes::recv_completed`] and this call, the caller's contract (a completion's `wr_id`,
-    /// stale or hostile, never gets here: `recv_completed` checked it).
+    /// If the receive is no longer in its slot: only if the lanes let it go between
+    /// [`Lanes::recv_completed`] and this call (cleared, carried), the caller's contract (a
+    /// completion's `wr_id`, stale or hostile, never gets here: `recv_completed` checked it).
     #[inline(always)]
     pub(crate) fn take_recv(&mut self, delivery: Delivery) -> Done<B> {
-        let slot = self.recv.outstanding_mut(delivery.at).expect("a delivered receive stays in its slot until taken");
-        let done = slot.take_done_as(OpCode::Recv, delivery.result, delivery.remote_write);
+        let Delivery { at, result, remote_write } = delivery;
+        let slot = self.recv.outstanding_mut(at).expect("a delivered receive stays in its slot until taken");
+        let done = slot.take_done_as(OpCode::Recv, result, remote_write);
         // What is left of it owns nothing (`Slot::take_done`).
-        std::mem::forget(self.recv.vacate(delivery.at));
+        forget_husk(self.recv.vacate(at));
         done
     }
 

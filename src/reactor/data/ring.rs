@@ -336,7 +336,8 @@ impl<T> Ring<T> {
     }
 
     /// Takes the posted operation at position `at` (from [`Ring::window`]); `head` moves past
-    /// it and any completed before it out of order.
+    /// it and any completed after it out of order. A position not outstanding takes nothing
+    /// (`None`): what is queued stays queued, and `head` never passes `posted`.
     #[inline(always)]
     pub(crate) fn take(&mut self, at: u32) -> Option<T> {
         if at.wrapping_sub(self.head) >= self.outstanding() {
@@ -350,12 +351,10 @@ impl<T> Ring<T> {
         op
     }
 
-    /// Empties the slot of position `at`, an outstanding operation's the caller has just found
-    /// ([`Ring::outstanding_mut`]) and taken apart: what is left of it is returned (for the
-    /// caller to drop, or to forget when it owns nothing), and `head` moves past it and any
-    /// completed before it out of order. Position checks are the finder's: this one only masks
-    /// `at` into the ring (a position not outstanding empties some other slot's operation,
-    /// which is handed back, not lost).
+    /// [`Ring::take`] of the position the caller has just found outstanding with
+    /// [`Ring::outstanding_mut`] (and taken apart in place; nothing moved the ring since): that
+    /// check is not made again. What is left of the operation is returned, for the caller to
+    /// drop, or to forget when it owns nothing.
     #[inline(always)]
     pub(crate) fn vacate(&mut self, at: u32) -> Option<T> {
         debug_assert!(at.wrapping_sub(self.head) < self.outstanding(), "vacating a position not outstanding");
@@ -751,7 +750,9 @@ mod tests {
         *r.outstanding_mut(1).unwrap() += 100;
         assert_eq!(r.vacate(1), Some(111));
         assert_eq!((r.head(), r.outstanding()), (0, 3));
-        assert_eq!(r.outstanding_mut(1), None, "vacated");
+        assert_eq!(r.outstanding_mut(1), None, "taken");
+        assert_eq!(r.take(3), None, "queued: stays");
+        assert_eq!(r.take(1), None, "taken already");
         assert_eq!(r.oldest(3), Some(&10), "the oldest before position 3");
         assert_eq!(r.oldest(0), None, "an end at head names nothing");
         // The oldest: `head` moves past it and over the hole at 1.

@@ -259,7 +259,7 @@ fn posted_chain() -> (L, CqRoom, Vec<(u64, bool)>) {
     (l, room, ids)
 }
 
-/// The completion path's two steps (`next_sent`, `take_sent`) pop what `pop_sent` pops, in the
+/// The completion path's two steps (`next_sent`, `SentOp::take`) pop what `pop_sent` pops, in the
 /// same order, the runtime's own skipped, each with its CQ entry given back; the work
 /// completion's status goes to the signaled request only.
 #[test]
@@ -284,9 +284,10 @@ fn the_completion_path_pops_a_send_completion_as_pop_sent_does() {
                 }
             }
             let mut taken = Vec::new();
-            while let Some(at) = b.next_sent(end, &mut room_b) {
-                let more = at.wrapping_add(1) != end;
-                let done = b.take_sent(end, &mut room_b, status);
+            while let Some(op) = b.next_sent(end, &mut room_b) {
+                let more = op.more();
+                assert_eq!(more, op.at().wrapping_add(1) != end);
+                let done = op.take(&mut room_b, status);
                 assert_eq!(done.opcode == OpCode::Write, done.user_data == 2);
                 taken.push((done.user_data, done.result));
                 if !more {
