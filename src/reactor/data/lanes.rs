@@ -471,12 +471,12 @@ impl<B: LaneBuf> Slot<B> {
                 s.region().read_at(s.range().start + at, &mut tail).ok()?;
             }
             (None, None) => {
-                if self.is_control() || n > self.len {
+                if self.opcode != OpCode::Recv || self.is_control() || n > self.len {
                     return None;
                 }
                 #[allow(unsafe_code)]
-                // SAFETY: a receive holding neither a pool buffer nor a region slice is caller
-                // memory (`Slot::raw`), named whole by `addr..addr + len`; `Conn::submit_raw`'s
+                // SAFETY: a receive (checked above) holding neither a pool buffer nor a region
+                // slice is caller memory (`Slot::raw`), named whole by `addr..addr + len`; `Conn::submit_raw`'s
                 // contract keeps it valid until the completion is handed over, which has not
                 // happened yet (the slot still holds the operation); the device finished writing
                 // it (its completion was reaped); at + 4 <= n <= len.

@@ -616,6 +616,37 @@ mod tests {
         }
     }
 
+    /// The completion path's steps (a slot made in place, found by its `wr_id`, taken apart in
+    /// place and vacated; a send completion's oldest found and popped) across the seams of the
+    /// counters and of the 23-bit sequence.
+    #[test]
+    fn taking_apart_in_place_wraps_without_a_seam() {
+        for start in [u32::MAX - 2, WrId::SEQ_MASK - 2, (WrId::SEQ_MASK + 1) * 7 - 1] {
+            let mut r: Ring<u32> = Ring::starting_at(4, 4, base(), start);
+            for round in 0..20u32 {
+                r.push_with(|| round);
+                r.push_with(|| round + 100);
+                r.push_with(|| round + 200);
+                r.mark_posted(3);
+                // The second completes out of order; then a signaled completion of the third
+                // retires the first and the third.
+                let second = r.window(seq_of(&r, r.head().wrapping_add(1))).expect("outstanding");
+                *r.outstanding_mut(second).expect("in place") += 1;
+                assert_eq!(r.vacate(second), Some(round + 101));
+                assert_eq!(r.window(seq_of(&r, second)), None, "stale once taken");
+                let end = r.window(seq_of(&r, r.head().wrapping_add(2))).expect("outstanding").wrapping_add(1);
+                assert_eq!(r.oldest(end), Some(&round));
+                let head = r.head();
+                assert_eq!(r.vacate(head), Some(round), "start {start:#x}, round {round}");
+                assert_eq!(r.oldest(end), Some(&(round + 200)), "over the hole");
+                let head = r.head();
+                assert_eq!(r.vacate(head), Some(round + 200));
+                assert_eq!(r.oldest(end), None);
+                assert!(r.is_empty(), "start {start:#x}, round {round}");
+            }
+        }
+    }
+
     #[test]
     fn a_full_ring_grows_to_its_limit_then_overflows_in_order() {
         let mut r: Ring<u32> = Ring::new(2, 4, base());

@@ -653,7 +653,8 @@ impl IndexBuf {
     /// look at its chunk; returns [`IndexBuf::recv_sge`] from the same look.
     #[inline(always)]
     pub(crate) fn mark_recv(&mut self, owner: u64) -> (u64, u32, u32) {
-        // SAFETY: the one borrow of the state, let go at the end of this block.
+        // SAFETY: the one borrow of the state, let go when this function returns (nothing
+        // below reaches the state another way).
         let c = unsafe { self.chunk() };
         if c.owner != owner {
             c.marks.change_owner(0);
