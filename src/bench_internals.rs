@@ -287,35 +287,42 @@ impl SlabPath {
 ///
 /// One message is what the reactor does for it, in its order:
 ///
-/// 1. **The receive's completion** (`Core::complete` on the rings): the `wr_id` decoded
-///    (`proto::token::WrId`), the connection found by its slab index and its queue-pair epoch
-///    checked, the position checked against the receive ring's posted window and its slot
-///    taken; the credit taken (`Flow::on_receive`, the overdraw check); the pool buffer's marks
-///    updated for the bytes received; the completion built from the slot.
-/// 2. **The handler**, through a guarded call shaped like `Core::with_conn_between`: the
-///    connection looked up, its handler taken out, called inside `catch_unwind` with a [`Conn`]
-///    (the reactor's two words) and the [`Completion`] by value, put back, and what the
-///    completion leaves to post listed (`after_completion`). The echo handler submits the
-///    reply (the received buffer) and a new receive (a buffer from the pool).
+/// 1. **The receive's completion** (`Core::complete` on the rings, `Path::complete`): inside
+///    one `catch_unwind`, the `wr_id` decoded (`proto::token::WrId`), the connection found by
+///    its slab index and its queue-pair epoch checked (one look-up a completion), the position
+///    checked against the receive ring's posted window; the credit taken (`Flow::on_receive`,
+///    the overdraw check); what the completion leaves to post (`after_completion`, reduced to
+///    what a receive changes: `RecvOutcome::Deliver`'s `wake`) listed.
+/// 2. **The handler**, guarded by that `catch_unwind`: found by the connection's slab index
+///    beside the table ([`Path`]'s `handlers`), called with a [`Conn`] (the core, the
+///    connection's key and owner id) and the [`Completion`] by value, built in the call's
+///    argument straight from the slot (`Lanes::take_recv`: the pool buffer's marks updated for
+///    the bytes received). The echo handler submits the reply (the received buffer) and a new
+///    receive (a buffer from the pool, allocated for the `Conn`'s owner).
 /// 3. **Each submission** (`Core::submit` on the gate): the connection looked up; the
 ///    connection's [`Gate`](crate::reactor::bench::Gate) (state, the size limit, the backlog);
 ///    the buffer's pool and its owner marks (`set_owner`, and `show` for a send,
-///    `lend_to_device` for a receive); one move into a slot at the ring's tail; the connection
-///    listed to post.
+///    `lend_to_device` for a receive, with the request's scatter entry from the same look);
+///    the slot made in place at the ring's tail; the connection listed to post.
 /// 4. **The flush** (`Core::flush_conn`): the connection looked up; the receives, then the
 ///    sends, planned with credits (`proto/flow.rs`), CQ room and signaling, and written in
 ///    place into the connection's pre-linked work requests; each run cut into a chain as for
 ///    `ibv_post_*`; the credit watch.
-/// 5. **The reply's completion**: decoded and checked as the receive's; the signaled request
-///    retires the positions before it; its CQ entry given back; the completion to the handler
-///    (guarded), which drops it: the buffer goes back to the pool.
+/// 5. **The reply's completion**: decoded and checked as the receive's, in its own
+///    `catch_unwind`; the signaled request retires the positions before it, each operation
+///    found (`Lanes::next_sent`), its CQ entry given back and taken apart into its handler's
+///    argument (`SentOp::take`); `wants_post` asked at the last; the handler drops the
+///    completion: the buffer goes back to the pool.
 ///
 /// Left out, as [`SlabPath`] leaves it out: the FFI (`ibv_poll_cq` and its conversion,
 /// `ibv_post_*`: the chain's head is handed to `black_box` instead), the CQ's look-up and the
-/// tick around it, the connection's meters and `Stats`. The pool is the index-based one
-/// (`sys/pool/index.rs`) with its memory not registered (no device: its local keys are 0). One
-/// completion a tick, as in a ping-pong: a flush follows each completion that submitted
-/// something.
+/// tick around it, the connection's meters and `Stats`, the reactor's other completion kinds
+/// (the shared receive queue's tokens) and what a refused message or a failed status leads to
+/// (closing the connection). The pool is the index-based one (`sys/pool/index.rs`) with its
+/// memory not registered (no device: its local keys are 0). One completion a tick, as in a
+/// ping-pong: a flush follows each completion that listed something. The device is a stand-in
+/// (two small fifos of `wr_id`s: the receives posted, the signaled sends posted), counted with
+/// the path.
 pub struct Path {
     core: PathCore,
     /// The connections' handlers, by slab index: beside the connection table, not in its

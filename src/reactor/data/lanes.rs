@@ -5,17 +5,23 @@
 //! This is what `OpEntry` in the global operation slab, `SendQueue`/`RecvQueue` and their key
 //! queues, `Planned`, `SendWr` and `Chains` do today, on one structure per connection:
 //!
-//! - **Submission** moves the operation into a [`Slot`] at its ring's tail (its owner marks
-//!   set as `OpEntry::new` sets them), after the connection's gate (`gate.rs`) let it through.
+//! - **Submission** makes the operation's [`Slot`] in place at its ring's tail
+//!   ([`Lanes::submit_send_with`], [`Lanes::submit_recv_with`]; its owner marks set as
+//!   `OpEntry::new` sets them, and its scatter entry decided in the same look at the buffer's
+//!   chunk), after the connection's gate (`gate.rs`) let it through.
 //! - **Posting** ([`Lanes::plan_recvs`], [`Lanes::plan_sends`]) walks the queued slots from the
 //!   ring's `posted` counter and writes each one's work request into the connection's
-//!   pre-linked array at the same position; the caller posts that run
+//!   pre-linked array at the same position, from the slot alone; the caller posts that run
 //!   (`Qp::post_recv_run`, `Qp::post_send_run`) and reports what the device took
-//!   ([`Lanes::recvs_posted`], [`Lanes::sends_posted`]).
+//!   ([`Lanes::recvs_posted`], [`Lanes::sends_posted`]). The common state (no hello, nudge,
+//!   hold or close handshake, nothing beyond the ring, immediate data) plans on a straight path
+//!   of its own, and a single queued send straighter still (`plan_plain`, `plan_single`).
 //! - **Completion** decodes the position from the `wr_id`, checks it against the posted window
-//!   and takes the slot ([`Lanes::recv_completed`], [`Lanes::send_completed`] then
-//!   [`Lanes::pop_sent`]); [`Slot::into_done`] hands its parts to the completion the handler
-//!   gets.
+//!   and takes the operation apart in its slot, its parts moved straight into the completion
+//!   the handler gets ([`Lanes::recv_completed`] then [`Lanes::take_recv`];
+//!   [`Lanes::send_completed`] then [`Lanes::next_sent`] and [`SentOp::take`] for each
+//!   operation a signaled completion completes). [`Lanes::pop_sent`] and [`Slot::into_done`]
+//!   do the same in one step, for teardown, tests and the differential test.
 //!
 //! **The rules kept, as `send_queue/`'s module docs state them.** A send-queue operation is
 //! posted only with a free send slot, CQ room for its completion ([`CqRoom`]) and, when it
