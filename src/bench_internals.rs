@@ -736,7 +736,15 @@ impl Path {
         // connection is looked up again (it may have closed, the table may have grown). `at`
         // says `Done` here; `Sent` while an operation after the one delivered waits.
         let mut resumable = false;
-        while let Some(op) = c.lanes.next_sent(sent.end, &mut core.room) {
+        loop {
+            let Some(op) = c.lanes.next_sent(sent.end, &mut core.room, sent.status) else {
+                // The last were the runtime's own (a credit-only message, a probe): nothing
+                // asked `after_completion` yet. (Their meter is left out, as all meters.)
+                if !c.dirty && c.lanes.wants_post() {
+                    list_dirty(&mut c.dirty, sent.key, &mut core.dirty);
+                }
+                break;
+            };
             let more = op.more();
             if !more && !c.dirty && op.wants_post() {
                 // `after_completion`, asked once its last operation is found: what waited for

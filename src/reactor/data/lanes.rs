@@ -573,6 +573,9 @@ struct SendCtl {
     /// Pool bytes of the queued operations (ring and overflow).
     queued_bytes: usize,
     flow: Option<Flow>,
+    /// Credit-only messages whose completion came back successful since the caller last took
+    /// the count ([`Lanes::take_credit_messages_sent`]: the connection's meter).
+    credit_messages_sent: u32,
     /// [`HOLD`], [`HELLO`], [`NUDGE`], [`LEAVING_DUE`], [`LEAVING_SENT`], [`ANSWER`],
     /// [`FAREWELL`], [`YIELDS`]: one byte, so the common plan tests one mask ([`SPECIAL`]).
     flags: u8,
@@ -608,6 +611,7 @@ impl SendCtl {
             unreported: 0,
             queued_bytes: 0,
             flow: None,
+            credit_messages_sent: 0,
             flags: 0,
         }
     }
@@ -1217,32 +1221,48 @@ impl<B: LaneBuf> Lanes<B> {
     /// whether more follow); [`SentOp::take`] then pops it as the handler's completion (so the
     /// caller builds the completion where the handler gets it, once). The runtime's own
     /// operations on the way are popped and dropped here (no handler hears of them), each
-    /// giving back its CQ entry. `None` when all are done.
+    /// giving back its CQ entry; a credit-only message's successful completion (`status` for
+    /// the signaled request, success for the others) is counted for the meter
+    /// ([`Lanes::take_credit_messages_sent`]). `None` when all are done: when the last ones
+    /// were the runtime's own, the caller's `after_completion` is still due
+    /// ([`Lanes::wants_post`]).
     #[inline(always)]
-    pub(crate) fn next_sent(&mut self, end: u32, room: &mut CqRoom) -> Option<SentOp<'_, B>> {
+    pub(crate) fn next_sent(&mut self, end: u32, room: &mut CqRoom, status: WcStatus) -> Option<SentOp<'_, B>> {
         loop {
             let control = self.send.oldest(end)?.is_control();
             if !control {
                 return Some(SentOp { lanes: self, end });
             }
-            if !self.drop_sent_control(end, room) {
+            if !self.drop_sent_control(end, room, status) {
                 return None;
             }
         }
     }
 
     /// [`Lanes::next_sent`]'s runtime's own operation (a credit-only message, a probe, a
-    /// bind): popped and dropped; true when more before `end` follow.
+    /// bind): popped, counted when a credit-only message went, and dropped; true when more
+    /// before `end` follow.
     #[cold]
     #[inline(never)]
-    fn drop_sent_control(&mut self, end: u32, room: &mut CqRoom) -> bool {
+    fn drop_sent_control(&mut self, end: u32, room: &mut CqRoom, status: WcStatus) -> bool {
         match self.send.pop_until(end) {
-            Some((_, slot)) => {
+            Some((at, slot)) => {
+                let succeeded = at.wrapping_add(1) != end || status == WcStatus::Success;
+                if succeeded && slot.opcode == OpCode::Send && slot.bound_window().is_none() {
+                    self.ctl.credit_messages_sent = self.ctl.credit_messages_sent.saturating_add(1);
+                }
                 drop(slot);
                 self.popped_sent(end, room)
             }
             None => false,
         }
+    }
+
+    /// The credit-only messages whose completion came back successful since the last call
+    /// (the connection's meter: `Meter::credit_message(true)` each), counted by
+    /// [`Lanes::next_sent`].
+    pub(crate) fn take_credit_messages_sent(&mut self) -> u32 {
+        std::mem::take(&mut self.ctl.credit_messages_sent)
     }
 
     /// The `wr_id`s of the requests of `run` that ask for a completion, each to `out`: what
@@ -1427,7 +1447,11 @@ impl<B: LaneBuf> Lanes<B> {
                 sends.push(slot);
             }
         }
-        self.ctl = SendCtl { queued_bytes: bytes, ..SendCtl::new(self.ctl.signal_every) };
+        self.ctl = SendCtl {
+            queued_bytes: bytes,
+            credit_messages_sent: self.ctl.credit_messages_sent,
+            ..SendCtl::new(self.ctl.signal_every)
+        };
         let recvs = self.recv.carry(rbase);
         let posted_recvs = recvs.len();
         for slot in self.returned.drain(..).rev() {

@@ -284,7 +284,7 @@ fn the_completion_path_pops_a_send_completion_as_pop_sent_does() {
                 }
             }
             let mut taken = Vec::new();
-            while let Some(op) = b.next_sent(end, &mut room_b) {
+            while let Some(op) = b.next_sent(end, &mut room_b, status) {
                 let more = op.more();
                 assert_eq!(more, op.at().wrapping_add(1) != end);
                 let done = op.take(&mut room_b, status);
@@ -299,6 +299,42 @@ fn the_completion_path_pops_a_send_completion_as_pop_sent_does() {
             assert_eq!((a.outstanding(), a.awaited()), (b.outstanding(), b.awaited()));
         }
         assert_eq!(b.outstanding().0, 0, "everything completed");
+    }
+}
+
+/// A send completion whose last operations are the runtime's own (here a credit-only message
+/// alone) finds none for a handler: `next_sent` drops them, gives back their CQ entries, counts
+/// the credit-only message for the meter when its completion succeeded, and says `None` (the
+/// caller's `after_completion` is still due: a send waiting for the slot it held may go now).
+#[test]
+fn a_credit_only_message_completes_without_a_handler_and_is_counted() {
+    for status in [WcStatus::Success, WcStatus::RetryExcErr] {
+        let mut l = L::new(2, 1, 2).unwrap();
+        l.set_capacity(1, 4);
+        l.set_flow(flow(8, 4));
+        for _ in 0..3 {
+            l.flow_mut().unwrap().on_repost(false);
+        }
+        let mut room = CqRoom::new(64, 16);
+        let run = l.plan_sends_imm(&mut room, 0);
+        assert_eq!(run.n, 1, "a credit-only message alone");
+        let (wr_id, signaled) = {
+            let v = l.swrs.view(run.first);
+            (v.wr_id, v.signaled)
+        };
+        assert!(signaled, "the chain's last");
+        assert!(l.sends_posted(run, run.n, &mut room).is_none());
+        // A send submitted meanwhile waits for the one send slot.
+        l.submit_send(Slot::raw(OpCode::Send, raw(8), 9));
+        assert_eq!(l.plan_sends_imm(&mut room, 0).n, 0, "no free send slot");
+        let end = l.send_completed(seq_of(wr_id)).expect("outstanding");
+        assert!(l.next_sent(end, &mut room, status).is_none(), "nothing for a handler");
+        assert_eq!(l.outstanding().0, 0);
+        assert_eq!(room.reserved(), 0, "its CQ entry back");
+        assert_eq!(l.take_credit_messages_sent(), u32::from(status == WcStatus::Success));
+        assert_eq!(l.take_credit_messages_sent(), 0, "taken");
+        assert!(l.wants_post(), "the waiting send may go now");
+        assert_eq!(l.plan_sends_imm(&mut room, 0).n, 1);
     }
 }
 
