@@ -300,7 +300,7 @@ impl SlabPath {
 ///    the bytes received). The echo handler submits the reply (the received buffer) and a new
 ///    receive (a buffer from the pool, allocated for the `Conn`'s owner).
 /// 3. **Each submission** (`Core::submit` on the gate): the connection looked up; the
-///    connection's [`Gate`](crate::reactor::bench::Gate) (state, the size limit, the backlog);
+///    connection's `Gate` (`reactor::data::gate`: state, the size limit, the backlog);
 ///    the buffer's pool and its owner marks (`set_owner`, and `show` for a send,
 ///    `lend_to_device` for a receive, with the request's scatter entry from the same look);
 ///    the slot made in place at the ring's tail; the connection listed to post.

@@ -167,7 +167,7 @@ impl Shared {
     }
 }
 
-/// A pool of registered chunks in size classes, bookkept by index ([module docs](self)).
+/// A pool of registered chunks in size classes, bookkept by index (the module docs).
 pub struct IndexPool {
     shared: NonNull<Shared>,
 }
@@ -419,7 +419,7 @@ impl State {
     }
 }
 
-/// One chunk of registered memory, owned: an index into its pool ([module docs](self)). Returns
+/// One chunk of registered memory, owned: an index into its pool (the module docs). Returns
 /// to its pool when dropped.
 ///
 /// Its bytes are its owner's: those it wrote, those the device wrote for it, and zeros; a
