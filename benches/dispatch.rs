@@ -11,13 +11,18 @@
 //! credit taken, the completion built and handed to the handler, which submits the reply and
 //! the receive again; both planned, built into work requests and chained as for a post; the
 //! reply's completion delivered. The FFI, the connection and CQ tables and the checks around
-//! them are left out (`bench_internals::Path` lists them): a regression of the queues, the
+//! them are left out (`bench_internals::SlabPath` lists them): a regression of the queues, the
 //! operation table, the work requests or the completions shows here.
+//!
+//! `dispatch/ring_path` is the same message on the ring design of issue 47
+//! (`bench_internals::Path`: operation rings, the submission gate, work requests built in
+//! place, the index-based pool with its owner marks, the guarded handler call);
+//! `cargo xtask path-count` counts both in instructions.
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use rdma_reactor::bench_internals::{Dispatch, Path};
+use rdma_reactor::bench_internals::{Dispatch, Echo, Path, SlabPath};
 use rdma_reactor::{Completion, Op, OpCode, RawBuf};
 
 fn dispatch(c: &mut Criterion) {
@@ -43,9 +48,11 @@ fn echo(c: Completion, raw: RawBuf) -> [Option<Op>; 2] {
 }
 
 fn path(c: &mut Criterion) {
-    let mut p = Path::new(16);
+    let mut p = SlabPath::new(16);
     let mut handler = echo;
     c.bench_function("dispatch/per_message_path", |b| b.iter(|| black_box(p.message(&mut handler))));
+    let mut r = Path::new(16, Box::new(Echo));
+    c.bench_function("dispatch/ring_path", |b| b.iter(|| black_box(r.message())));
 }
 
 criterion_group!(benches, dispatch, path);

@@ -193,7 +193,8 @@ impl Flow {
     /// True when a credit-only message should go out now.
     pub fn wants_control(&self) -> bool {
         let owed = self.owed();
-        self.credits >= 1 && owed > 0 && ((self.owed_data > 0 && owed >= self.threshold) || self.granted <= 1)
+        // Nothing owed first: what a data message that just granted everything leaves.
+        owed > 0 && self.credits >= 1 && ((self.owed_data > 0 && owed >= self.threshold) || self.granted <= 1)
     }
 
     /// Spends a credit on a credit-only message; returns its immediate.
@@ -203,7 +204,22 @@ impl Flow {
         Imm::control(self.take_owed())
     }
 
+    #[inline]
     fn take_owed(&mut self) -> u32 {
+        let owed = self.owed();
+        if owed <= MAX_GRANT {
+            // All of it fits one immediate (the common case; the same as below, in fewer steps).
+            self.owed_data = 0;
+            self.owed_ctrl = 0;
+            self.granted = self.granted.saturating_add(owed);
+            return owed;
+        }
+        self.take_owed_capped()
+    }
+
+    /// [`Flow::take_owed`] of more than one immediate carries.
+    #[cold]
+    fn take_owed_capped(&mut self) -> u32 {
         let owed = self.owed().min(MAX_GRANT);
         // Grant the data-caused ones first; what does not fit stays owed.
         let from_data = self.owed_data.min(owed);
@@ -277,6 +293,39 @@ pub fn negotiate(offer: bool, depth: u32, peer: Option<&ConnectInfo>) -> Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The grant a message carries, as `take_owed` took it before its one-step case (issue 47):
+    /// the data-caused receives first, at most `MAX_GRANT`, the rest left owed.
+    fn take_owed_reference(f: &mut Flow) -> u32 {
+        let owed = f.owed().min(MAX_GRANT);
+        let from_data = f.owed_data.min(owed);
+        f.owed_data -= from_data;
+        f.owed_ctrl -= owed - from_data;
+        f.granted = f.granted.saturating_add(owed);
+        owed
+    }
+
+    /// `take_owed` gives and leaves exactly what the capped computation does, in the one-step
+    /// case (everything owed fits one immediate) and beyond it.
+    #[test]
+    fn taking_what_is_owed_in_one_step_grants_as_the_capped_computation() {
+        for (data, ctrl) in [
+            (0, 0),
+            (1, 0),
+            (0, 1),
+            (5, 3),
+            (MAX_GRANT, 0),
+            (MAX_GRANT - 1, 1),
+            (MAX_GRANT, 1),
+            (7, MAX_GRANT),
+            (70_000, 3),
+        ] {
+            let start = Flow { credits: 10, granted: 4, owed_data: data, owed_ctrl: ctrl, threshold: 8 };
+            let (mut a, mut b) = (start.clone(), start.clone());
+            assert_eq!(a.take_owed(), take_owed_reference(&mut b), "owed {data} + {ctrl}");
+            assert_eq!(a, b, "owed {data} + {ctrl}: the state after");
+        }
+    }
 
     #[test]
     fn negotiation_needs_both_offers_and_both_depths() {

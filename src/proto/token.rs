@@ -132,6 +132,95 @@ pub(crate) fn next_generation(g: u32) -> u32 {
     }
 }
 
+/// Which of a queue pair's two rings a work request is on ([`WrId`]).
+// Issue 47, phase 1: used by the reactor once it adopts the rings (phase 2).
+#[allow(dead_code)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Dir {
+    /// The send ring: sends, RDMA WRITEs and READs, credit-only messages, probes, binds.
+    Send,
+    /// The receive ring.
+    Recv,
+}
+
+/// The `wr_id` of a work request posted from a connection's operation ring (issue 47,
+/// `reactor/data/ring.rs`): which connection slot, which of its queue pairs, which ring and
+/// which position of it.
+///
+/// ```text
+/// 63  60 59             40 39            24 23 22                 0
+/// +-----+-----------------+----------------+--+--------------------+
+/// | 0xA | conn index (20) |   epoch (16)   |d |    sequence (23)   |
+/// +-----+-----------------+----------------+--+--------------------+
+/// ```
+///
+/// The top nibble tells it from a [`Token`] (whose top byte is a kind, at most 12, so its top
+/// nibble is 0): a shared receive queue's `SrqRecv` token and a ring's id never collide. Every
+/// value with that nibble decodes to some id, so decoding never fails on a hostile or stale
+/// value and never panics; what makes an id *valid* is checked by its owners, never here: the
+/// connection slot `index` exists and its queue pair's epoch is `epoch` (an epoch changes with
+/// every queue pair a slot gets, a reconnection's included, so a completion of an old queue
+/// pair never names the new one's operations), and `seq` lies in that ring's posted window
+/// (`Ring::window`). The sequence is a ring position modulo 2^23; a ring holds at most 2^16
+/// operations, so a window never wraps onto itself.
+#[allow(dead_code)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct WrId {
+    /// The connection's slab index.
+    pub(crate) index: u32,
+    /// The connection's queue-pair epoch.
+    pub(crate) epoch: u16,
+    /// The ring.
+    pub(crate) dir: Dir,
+    /// The ring position, modulo 2^23 ([`WrId::SEQ_MASK`]).
+    pub(crate) seq: u32,
+}
+
+#[allow(dead_code)]
+impl WrId {
+    /// The top nibble of every ring `wr_id`.
+    const TAG: u64 = 0xA;
+    /// Largest connection index a `wr_id` carries.
+    pub(crate) const MAX_INDEX: u32 = (1 << 20) - 1;
+    /// The sequence bits.
+    pub(crate) const SEQ_MASK: u32 = (1 << 23) - 1;
+
+    /// The `wr_id` of sequence 0 of ring `dir` of connection slot `index` in queue-pair epoch
+    /// `epoch`: ring position `seq`'s is this ORed with `seq & SEQ_MASK` ([`WrId::at`]). `None`
+    /// for an index beyond [`WrId::MAX_INDEX`] (a reactor admits no more connections).
+    pub(crate) fn base(index: u32, epoch: u16, dir: Dir) -> Option<u64> {
+        (index <= Self::MAX_INDEX).then(|| {
+            (Self::TAG << 60)
+                | (u64::from(index) << 40)
+                | (u64::from(epoch) << 24)
+                | if dir == Dir::Recv { 1 << 23 } else { 0 }
+        })
+    }
+
+    /// The `wr_id` of position `seq` of the ring whose [`WrId::base`] is `base`.
+    #[inline(always)]
+    pub(crate) fn at(base: u64, seq: u32) -> u64 {
+        base | u64::from(seq & Self::SEQ_MASK)
+    }
+
+    /// True when `raw` is a ring's `wr_id` (whether or not it is still valid).
+    #[inline(always)]
+    pub(crate) fn is_ring(raw: u64) -> bool {
+        raw >> 60 == Self::TAG
+    }
+
+    /// Unpacks a ring's `wr_id`; `None` for any other value (a token, 0). Total: never panics.
+    #[inline(always)]
+    pub(crate) fn decode(raw: u64) -> Option<WrId> {
+        Self::is_ring(raw).then_some(WrId {
+            index: ((raw >> 40) as u32) & Self::MAX_INDEX,
+            epoch: (raw >> 24) as u16,
+            dir: if raw & (1 << 23) != 0 { Dir::Recv } else { Dir::Send },
+            seq: raw as u32 & Self::SEQ_MASK,
+        })
+    }
+}
+
 /// A key into one [`GenSlab`]: a token of one kind, typed by what it indexes, so a connection
 /// key cannot be used as an operation key.
 pub(crate) trait Key: Copy + Eq + std::fmt::Debug {
@@ -298,6 +387,20 @@ impl<K: Key, T> GenSlab<K, T> {
         self.get(key).is_some()
     }
 
+    /// The live entry at slab index `index` and its key, whatever its generation: for an id
+    /// that carries the index and an epoch of its own instead of the generation (a ring's
+    /// `wr_id`, [`WrId`]), whose owner checks that epoch on the entry.
+    #[inline]
+    #[allow(dead_code)]
+    pub(crate) fn get_index_mut(&mut self, index: u32) -> Option<(K, &mut T)> {
+        match self.slots.get_mut(index as usize) {
+            Some(Slot { generation, entry: Entry::Full(v) }) => {
+                Some((K::wrap(Token::new(K::KIND, index, *generation)), v))
+            }
+            _ => None,
+        }
+    }
+
     /// The key of a live entry named by a raw token, if it is one.
     pub(crate) fn key_of(&self, token: Token) -> Option<K> {
         K::of(token).filter(|k| self.contains(*k))
@@ -453,6 +556,45 @@ mod tests {
         assert_eq!(s.insert(7).token().index(), 1);
         assert_eq!(s.insert(8).token().index(), 0);
         assert_eq!(s.len(), 5);
+    }
+
+    /// Issue 47: a ring's `wr_id` round-trips, is never read as a token (nor a token as one),
+    /// and every value with its tag decodes without a panic.
+    #[test]
+    fn a_ring_wr_id_round_trips_and_never_passes_for_a_token() {
+        for (index, epoch, dir, seq) in
+            [(0, 0, Dir::Send, 0), (1, 1, Dir::Recv, 1), (WrId::MAX_INDEX, u16::MAX, Dir::Recv, WrId::SEQ_MASK)]
+        {
+            let raw = WrId::at(WrId::base(index, epoch, dir).expect("an index in range"), seq);
+            assert_eq!(WrId::decode(raw), Some(WrId { index, epoch, dir, seq }));
+            assert!(Token::from_u64(raw).is_none(), "a ring wr_id {raw:#x} is no token");
+        }
+        assert_eq!(WrId::base(WrId::MAX_INDEX + 1, 0, Dir::Send), None, "beyond 20 bits: refused, not truncated");
+        // The sequence is taken modulo 2^23: a counter past it wraps into the same bits.
+        let base = WrId::base(3, 9, Dir::Send).unwrap();
+        assert_eq!(WrId::at(base, WrId::SEQ_MASK + 5), WrId::at(base, 4));
+        // Tokens (top byte a kind) are never ring ids, and neither is 0.
+        let token = Token::new(Kind::SrqRecv, WrId::MAX_INDEX, MAX_GENERATION).as_u64();
+        assert_eq!(WrId::decode(token), None);
+        assert_eq!(WrId::decode(0), None);
+        // Hostile values with the tag decode to something, whatever the other bits.
+        for raw in [0xA000_0000_0000_0000u64, u64::MAX >> 4 | 0xA << 60, 0xAFFF_FFFF_FFFF_FFFF] {
+            let id = WrId::decode(raw).expect("tagged");
+            assert!(id.index <= WrId::MAX_INDEX && id.seq <= WrId::SEQ_MASK);
+        }
+        assert_eq!(WrId::decode(u64::MAX), None, "top nibble 0xF is not the tag");
+    }
+
+    #[test]
+    fn an_entry_is_found_by_its_index_whatever_its_generation() {
+        let mut s: GenSlab<ConnKey, u32> = GenSlab::new();
+        let a = s.insert(1);
+        assert_eq!(s.get_index_mut(a.token().index()).map(|(k, v)| (k, *v)), Some((a, 1)));
+        s.remove(a);
+        assert!(s.get_index_mut(a.token().index()).is_none(), "a free slot");
+        let b = s.insert(2);
+        assert_eq!(s.get_index_mut(a.token().index()).map(|(k, _)| k), Some(b), "the slot's current key");
+        assert!(s.get_index_mut(u32::MAX).is_none());
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub use api::config::{Config, ConnectOptions, SrqConfig, Timeouts};
 #[cfg(feature = "bench-internals")]
 pub(crate) mod bench {
     pub(crate) use super::data::cq_room::CqRoom;
+    pub(crate) use super::data::gate::Gate;
+    pub use super::data::lanes::Done;
+    pub(crate) use super::data::lanes::{Lanes, RecvOutcome, Slot};
     pub(crate) use super::data::op::OpEntry;
     pub(crate) use super::data::post::queue_shape;
 

@@ -3,8 +3,8 @@
 //! One file per rdma-core object family: `cm.rs` (event channel, CM ids and events), `connect.rs`
 //! (`rdma_connect` on a helper thread, for iWARP, whose call blocks), `device.rs`
 //! (device list, device contexts), `pd.rs`, `mr.rs`, `mw.rs` (type-2 memory windows), `cq.rs` (completion channels and CQs, with
-//! `ack.rs`'s batched ack counter), `qp.rs` (queue pairs on CM ids, posting), `srq.rs` (shared receive queues) and `pool/` (the
-//! registered buffer pool). Layering: this module imports the pure core (`crate::proto`,
+//! `ack.rs`'s batched ack counter), `qp.rs` (queue pairs on CM ids, posting), `wr.rs` (work requests built in place, issue 47), `srq.rs`
+//! (shared receive queues) and `pool/` (the registered buffer pool). Layering: this module imports the pure core (`crate::proto`,
 //! `crate::error`) and never the reactor layer above it.
 //!
 //! **Architecture invariant:** every raw pointer from rdma-core has exactly one owner here that
@@ -30,6 +30,7 @@ pub(crate) mod pool;
 pub(crate) mod qp;
 pub(crate) mod region;
 pub(crate) mod srq;
+pub(crate) mod wr;
 
 use std::io;
 use std::os::fd::{BorrowedFd, RawFd};

@@ -12,6 +12,7 @@ use super::cq::Cq;
 use super::mr::Access;
 use super::pd::Pd;
 use super::srq::Srq;
+use super::wr::{RecvWrs, SendWrs};
 use super::{cvt, cvt_nz};
 use crate::proto::transport::TAIL_LEN;
 
@@ -253,6 +254,62 @@ impl Qp {
         // it names is the caller's to keep valid (this fn's contract).
         post_recv_chain(wrs, chains, |base, bad| unsafe { ffi::ibv_post_recv(self.raw(), base, bad) })
     }
+}
+
+// Issue 47, phase 1: the reactor posts with these once it adopts the rings (phase 2).
+#[allow(dead_code)]
+impl Qp {
+    /// Posts the `n` send requests of `wrs` from position `first` (wrapping) as one chain, one
+    /// doorbell: the run built in place (issue 47, `sys/wr.rs`).
+    ///
+    /// # Safety
+    ///
+    /// As [`Qp::post_send`], for every request of the run as `wrs` holds it.
+    pub(crate) unsafe fn post_send_run(&self, wrs: &mut SendWrs, first: u32, n: u32) -> Result<(), PostError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let (ret, bad) = wrs.with_chain(first, n, |head| {
+            let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
+            // SAFETY: the QP is live while self lives; the chain and its entries are valid for
+            // the call (`SendWrs::with_chain`); the memory they name is the caller's to keep
+            // valid (this fn's contract).
+            let ret = unsafe { ffi::ibv_post_send(self.raw(), head, &mut bad) };
+            (ret, bad)
+        });
+        run_outcome(ret, wrs.failed_position(bad, first, n), n)
+    }
+
+    /// Posts the `n` receive requests of `wrs` from position `first` (wrapping) as one chain.
+    ///
+    /// # Safety
+    ///
+    /// As [`Qp::post_recv`], for every request of the run.
+    pub(crate) unsafe fn post_recv_run(&self, wrs: &mut RecvWrs, first: u32, n: u32) -> Result<(), PostError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let (ret, bad) = wrs.with_chain(first, n, |head| {
+            let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
+            // SAFETY: as in `post_send_run`.
+            let ret = unsafe { ffi::ibv_post_recv(self.raw(), head, &mut bad) };
+            (ret, bad)
+        });
+        run_outcome(ret, wrs.failed_position(bad, first, n), n)
+    }
+}
+
+#[allow(dead_code)]
+/// What a post of a run of `n` requests did, from its return value and the position of the
+/// first refused request (`n` when it named none): as [`post_outcome`], whose reasons hold
+/// (libsiw's refusal reported with 0 included).
+fn run_outcome(ret: i32, at: u32, n: u32) -> Result<(), PostError> {
+    let error = match cvt_nz(ret) {
+        Err(e) => e,
+        Ok(()) if at < n => io::Error::from_raw_os_error(nix::libc::EINVAL),
+        Ok(()) => return Ok(()),
+    };
+    Err(PostError { posted: at as usize, error })
 }
 
 impl Chains {

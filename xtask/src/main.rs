@@ -1,6 +1,6 @@
 //! `cargo xtask`: the rdma-reactor test bed (a Soft-RoCE VM under qemu).
 //!
-//! Commands: `setup`, `vm`, `test`, `demo`, `bench`, `fuzz`; see [`USAGE`].
+//! Commands: `setup`, `vm`, `test`, `demo`, `bench`, `path-count`, `fuzz`; see [`USAGE`].
 
 mod bench;
 mod demo;
@@ -10,6 +10,7 @@ mod host;
 mod initramfs;
 mod instructions;
 mod json;
+mod path_count;
 mod project;
 mod setup;
 mod siw;
@@ -69,6 +70,14 @@ commands:
                              client and server, ours beside perftest's, and callgrind profiles
                              of our side annotated into target/xtask/instructions/. --rows:
                              only these rows of either table, e.g. stream64_event,stream64k_bw
+  path-count [--check] [--profile]
+                             on this host, no device: the per-message path of
+                             bench_internals (issue 47's ring design, `new`; today's, `old`)
+                             counted by valgrind, instructions a message (two message counts,
+                             the difference); --check: fail when `new` is above
+                             benches/path_budget.txt's budget + 5 % (.ci/run runs it);
+                             --profile: a callgrind profile of `new` into
+                             target/xtask/path-count/
   fuzz [--runs N] [--time SECS] [--seed N] [TARGET...]
                              the coverage-guided fuzz targets of fuzz/ (libFuzzer, stable
                              toolchain): connect_info, state_machines, flow (default: all),
@@ -492,6 +501,18 @@ fn cmd_fuzz(args: &[String]) -> Result<u8> {
     Ok(if failed == 0 { 0 } else { 1 })
 }
 
+fn cmd_path_count(args: &[String]) -> Result<u8> {
+    let (mut check, mut profile) = (false, false);
+    for a in args {
+        match a.as_str() {
+            "--check" => check = true,
+            "--profile" => profile = true,
+            other => return Err(Error::new(format!("path-count: unknown option {other:?}"))),
+        }
+    }
+    path_count::run(check, profile)
+}
+
 fn cmd_setup(args: &[String]) -> Result<u8> {
     parse_opts("setup", args, false)?;
     setup::ensure(true)?;
@@ -512,6 +533,7 @@ fn main() -> ExitCode {
         "demo" => cmd_demo(rest),
         "bench" => cmd_bench(rest),
         "fuzz" => cmd_fuzz(rest),
+        "path-count" => cmd_path_count(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(0)

@@ -160,6 +160,19 @@ pub fn build_perf() -> Result<Binaries> {
     Ok(Binaries { examples, tests: Vec::new(), lib_tests: None, benches })
 }
 
+/// Builds `benches/path_count.rs` (profile [`PERF_PROFILE`], feature `bench-internals`) and
+/// returns its executable: `cargo xtask path-count`'s subject.
+pub fn build_path_count() -> Result<PathBuf> {
+    let manifest = util::workspace_root().join("Cargo.toml");
+    eprintln!("xtask: building benches/path_count.rs (cargo --profile {PERF_PROFILE}, feature bench-internals)");
+    let json = cargo_json_as(&["build", "--bench", "path_count"], PERF_PROFILE, &["--features", "bench-internals"])?;
+    artifacts(&json, &manifest, "bench")?
+        .into_iter()
+        .find(|b| b.name == "path_count")
+        .map(|b| b.path)
+        .ok_or_else(|| util::Error::new("cargo built no path_count bench".to_string()))
+}
+
 /// Makes a directory of symlinks NAME -> executable (the host's `$BIN`).
 pub fn link_dir(bins: &Binaries, dir: &Path) -> Result<()> {
     let _ = std::fs::remove_dir_all(dir);

@@ -51,6 +51,15 @@ impl CqRoom {
         k
     }
 
+    /// Reserves one entry for a send-queue work request: [`CqRoom::reserve_send`] of one, true
+    /// when it got it.
+    #[inline]
+    pub(crate) fn reserve_one(&mut self) -> bool {
+        let free = self.recv_committed + self.send_reserved < self.capacity;
+        self.send_reserved += u32::from(free);
+        free
+    }
+
     /// Gives back `n` send-queue entries.
     pub(crate) fn release_send(&mut self, n: u32) {
         self.send_reserved = self.send_reserved.saturating_sub(n);
@@ -75,6 +84,20 @@ impl CqRoom {
 #[cfg(test)]
 mod tests {
     use super::CqRoom;
+
+    /// `reserve_one` is `reserve_send(1)`: the same answer and the same room left, full or not.
+    #[test]
+    fn reserving_one_entry_is_reserving_a_send_of_one() {
+        for (cap, floor, recv, sends) in [(16, 4, 8, 0), (16, 4, 8, 3), (16, 4, 8, 8), (4, 4, 0, 4), (1, 1, 0, 0)] {
+            let (mut a, mut b) = (CqRoom::new(cap, floor), CqRoom::new(cap, floor));
+            assert_eq!(a.admit(recv), b.admit(recv));
+            assert_eq!(a.reserve_send(sends), b.reserve_send(sends));
+            for _ in 0..3 {
+                assert_eq!(a.reserve_one(), b.reserve_send(1) == 1);
+                assert_eq!(a, b);
+            }
+        }
+    }
 
     /// Fault issue, defect 9: a huge depth overflowed the sum (a panic in a debug build).
     #[test]

@@ -16,6 +16,11 @@
 //! - `expose.rs`: memory windows bound to a connection (`Conn::expose`).
 //! - `append.rs`: bytes appended to a SEND submitted and not yet posted (the byte stream's
 //!   coalesced writes, `Conn::append_send`).
+//! - `ring.rs`, `gate.rs`, `lanes.rs` (issue 47, phase 1): the ring design built beside the
+//!   above, used by the host benchmark (`bench_internals::Path`) until the reactor adopts it
+//!   (DATAPATH.md): per-queue-pair operation rings addressed by `wr_id`, a connection's
+//!   submission gate, and its send and receive lanes on the rings (planning, work requests built
+//!   in place, completions from the slot).
 //!
 //! Invariants owned here: a CQ's completions never exceed its entries (`CqRoom`); a completion
 //! that raced an arm is never stranded (poll after arming); a credit is never granted ahead of
@@ -26,8 +31,11 @@ pub(super) mod append;
 pub(super) mod cq;
 pub(super) mod cq_room;
 pub(super) mod expose;
+pub(crate) mod gate;
+pub(crate) mod lanes;
 pub(super) mod op;
 pub(super) mod post;
+pub(crate) mod ring;
 pub(super) mod send_queue;
 pub(super) mod srq;
 pub(super) mod tail;

@@ -51,6 +51,7 @@ use std::rc::Rc;
 
 mod expose;
 mod ledger;
+pub(crate) mod index;
 
 pub use expose::{Exposed, RegionWindow};
 pub(crate) use expose::{Exposure, Window, Windows};
@@ -562,6 +563,7 @@ fn mark(n: usize) -> u32 {
 impl Marks {
     /// A chunk whose first `dirty` bytes may be non-zero: another owner's bytes, or (`own`)
     /// those of the owner taking it.
+    #[inline]
     fn new(dirty: u32, own: bool) -> Marks {
         Marks { fresh: 0, stale: if own { 0 } else { dirty }, dirty }
     }
@@ -569,6 +571,7 @@ impl Marks {
     /// The buffer passes to another owner, which is given its first `keep` bytes (what it
     /// sends or exposes; 0 for a receive or READ, which the device overwrites): everything
     /// else may be the last owner's, fresh for it or not.
+    #[inline]
     fn change_owner(&mut self, keep: usize) {
         self.stale = self.stale.max(self.dirty);
         self.fresh = self.fresh.min(mark(keep));
@@ -576,11 +579,13 @@ impl Marks {
 
     /// Whose the chunk's bytes are once this owner lets go: its own, unless bytes of another
     /// owner may remain (some were never shown, so never zeroed).
+    #[inline]
     fn leaves_only_own_bytes(&self) -> bool {
         self.fresh >= self.stale
     }
 
     /// The first `n` bytes were written by the owner (or zeroed, or by the device for it).
+    #[inline]
     fn written(&mut self, n: usize) {
         let n = mark(n);
         self.fresh = self.fresh.max(n);
@@ -588,6 +593,7 @@ impl Marks {
     }
 
     /// The device may write up to `n` bytes for this owner (a posted receive or READ).
+    #[inline]
     fn device_may_write(&mut self, n: usize) {
         self.dirty = self.dirty.max(mark(n));
     }
@@ -595,6 +601,7 @@ impl Marks {
     /// The first `len` bytes are about to be shown (to the owner, the device or a peer): the
     /// range to zero first, where an earlier owner's bytes may be. Afterwards they are all
     /// this owner's.
+    #[inline]
     fn show(&mut self, len: usize) -> std::ops::Range<usize> {
         let start = (self.fresh as usize).min(len);
         let clear = start..(self.stale as usize).min(len).max(start);
