@@ -19,9 +19,11 @@
 //! within `--header-timeout` seconds (10 by default) is closed by hyper, and every connection
 //! is closed after `--connection-timeout` seconds (600 by default: a client that never reads
 //! its response holds it no longer). In total: at most `--max-connections` (64 by default) are
-//! served at once, the next accepted when one ends (connect requests wait meanwhile, as the
-//! reactor's admission bounds them), so the heap holds at most max-connections x (max-body +
-//! 16 MiB), 2 GiB at the defaults, and the pool what its `PoolConfig` allows. It prints one line per
+//! open at once (`Config::max_connections`: a connect request beyond them is refused with
+//! `NoResources`; over TCP the next is accepted when one ends), so the heap holds at most
+//! max-connections x (max-body + 16 MiB), 2 GiB at the defaults, and the pool what its
+//! `PoolConfig` allows. (64 clients that never read their 16 MiB answers hold every connection
+//! for `--connection-timeout`: the flags bound memory and time, not who gets served.) It prints one line per
 //! connection that ended with an error (and, without `--quiet`, per connection that ended
 //! cleanly), and at exit how many ended cleanly.
 //!
@@ -64,7 +66,7 @@ server: POST /echo answers with the request's body; GET /bytes/LEN/SEED with LEN
   --header-timeout SECS  a connection must send a request head within this (default 10)
   --body-timeout SECS    a request body must arrive within this, else 408 (default 30)
   --connection-timeout SECS  a connection is closed after this, whatever it does (default 600)
-  --max-connections N    connections served at once; more wait to be accepted (default 64)
+  --max-connections N    connections open at once; more are refused (default 64)
   --exit-after N         exit after N connections have ended (default: run until killed)
   --tcp                  serve over TCP instead (the control)
   --quiet                no line for a connection that ended cleanly
@@ -94,11 +96,16 @@ fn main() {
 
 /// Runs `program` on a new reactor inside a tokio current-thread runtime.
 fn run<T>(program: impl std::future::Future<Output = T>) -> T {
+    run_with(Config::default(), program)
+}
+
+/// [`run`] on a reactor with `cfg`.
+fn run_with<T>(cfg: Config, program: impl std::future::Future<Output = T>) -> T {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap_or_else(|e| common::die("http", &format!("cannot start tokio: {e}")));
-    let mut reactor = Reactor::with_config(Config::default())
+    let mut reactor = Reactor::with_config(cfg)
         .unwrap_or_else(|e| common::die("http", &format!("cannot start: {}", common::report(&e))));
     let outcome = rt.block_on(async {
         match io::tokio::drive(&mut reactor, program) {
@@ -196,6 +203,9 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
     let Limits { max_body, header_timeout, body_timeout, connection_timeout } = limits;
+    // Counts this connection's end even if the task is dropped or panics (its slot among
+    // `--max-connections` comes back).
+    let mut guard = EndGuard { ended: ended.clone(), peer: peer.clone(), counted: false };
     let serving = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
@@ -203,6 +213,7 @@ where
     // Bounded in time whatever the peer does (hyper has no timeout for a response its peer
     // does not read): dropped at the limit, which drops the stream (a lingering close).
     let served = tokio::time::timeout(connection_timeout, serving).await;
+    guard.counted = true;
     let mut ended = ended.borrow_mut();
     match served {
         Err(_) => {
@@ -226,6 +237,24 @@ where
                 cause = c.source();
             }
             println!("http server: {peer} ended with an error: {why}");
+        }
+    }
+}
+
+/// Counts a connection's end as failed when its task ended without counting it.
+struct EndGuard {
+    ended: Rc<RefCell<Ended>>,
+    peer: String,
+    counted: bool,
+}
+
+impl Drop for EndGuard {
+    fn drop(&mut self) {
+        if !self.counted {
+            if let Ok(mut e) = self.ended.try_borrow_mut() {
+                e.failed += 1;
+            }
+            println!("http server: {} ended without an outcome (its task was dropped)", self.peer);
         }
     }
 }
@@ -256,7 +285,10 @@ fn server(args: Args) {
     let tcp = args.switch("tcp");
     let ended = Rc::new(RefCell::new(Ended::default()));
     let counts = ended.clone();
-    let result = run(async move {
+    // The reactor admits at most `--max-connections` at once: a connect request beyond them is
+    // refused (`NoResources`), none waits established and unserved.
+    let cfg = Config { max_connections: max_connections as usize, ..Config::default() };
+    let result = run_with(cfg, async move {
         let listener = if tcp {
             let bound = tokio::net::TcpListener::bind(addr).await;
             Accepting::Tcp(bound.map_err(|source| rdma_reactor::Error::Os { call: "bind (TCP)", source })?)
@@ -272,7 +304,8 @@ fn server(args: Args) {
                 accepted - (e.clean + e.failed)
             };
             if open >= max_connections {
-                // At the limit: the next connection is accepted when one ends.
+                // At the limit (over TCP; over RDMA the reactor refuses beyond it, and a
+                // connection closing still counts there): the next is accepted when one ends.
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }

@@ -591,6 +591,13 @@ impl Connection {
         })
     }
 
+    /// The pool's smallest chunk size (its first class): what an idle byte stream may keep
+    /// as its spare buffer.
+    #[cfg(feature = "tokio")]
+    pub(super) fn smallest_chunk(&self) -> usize {
+        self.with_conn(|c| Ok(c.ctx().config().pool.chunk_sizes.first().copied().unwrap_or(4096))).unwrap_or(4096)
+    }
+
     /// Appends as many of `bytes` as fit, and at most `limit`, to the SEND of operation slot
     /// `slot` if it is still the connection's last submitted operation and not posted yet
     /// ([`Conn::append_send`]); returns how many bytes it took (0 also where its reactor is not

@@ -73,7 +73,7 @@ const MAX_LINGER: Duration = Duration::from_secs(600);
 /// |---|---|---|---|---|---|
 /// | the peer shut down its writing (its end came), the connection open | `Ok(0)` | goes on | `Ok` | `Ok` | the same (a FIN) |
 /// | the peer closed: its end came, then its disconnect (a `shutdown` and a drop, or a drop alone) | `Ok(0)` | `BrokenPipe` | `Ok` | `Ok` | the same: `0`, `EPIPE`, `shutdown` is `Ok` |
-/// | the peer vanished: it disconnected without its end (its process killed, a [`set_linger`](Stream::set_linger) of zero, a message-API peer that closed) | `ConnectionReset` | `BrokenPipe` | `Ok`, but `BrokenPipe` if bytes a write accepted did not all go | as `flush` | a reset: `ECONNRESET` on a read, `ENOTCONN` from a `shutdown` |
+/// | the peer vanished: it disconnected without its end (its process killed, a [`set_linger`](Stream::set_linger) of zero, a message-API peer that closed) | `ConnectionReset` | `BrokenPipe` | `Ok`, but `BrokenPipe` if bytes a write accepted did not all reach the peer's device (on iWARP its TCP stack) | as `flush` | a reset: `ECONNRESET` on a read, `ENOTCONN` from a `shutdown` |
 /// | the peer stopped answering: its device did not acknowledge (`RetryExcErr`), no credit came for [`Config::credit_timeout`](crate::Config::credit_timeout), a connection-manager deadline | `TimedOut` | `TimedOut` | `TimedOut` | `TimedOut` | `ETIMEDOUT` |
 /// | the connection broke: a work request failed, the peer's request was refused by this side's device | `ConnectionReset` | `ConnectionReset` | `ConnectionReset` | `ConnectionReset` | `ECONNRESET` |
 /// | the peer broke the protocol (sent beyond its credit, a broken frame) | `InvalidData` | `InvalidData` | `InvalidData` | `InvalidData` | - |
@@ -107,9 +107,11 @@ const MAX_LINGER: Duration = Duration::from_secs(600);
 ///   delay, no timer: nothing waits for more bytes).
 /// - At most [`window`](Stream::window) messages are in flight (the queue pair's send slots,
 ///   within the receives the peer announced); a write that needs a new message beyond them is
-///   pending until the oldest completes. The buffer of the last completed send is kept for
-///   the next message (no pool round trip per message), so a stream holds one pool buffer of
-///   the message size between writes, idle too, until it is dropped.
+///   pending until the oldest completes. While a writer streams, the buffer of a completed
+///   send is kept for the next message (no pool round trip per message); once none is in
+///   flight only a buffer of the pool's smallest class is kept, and a write with nothing in
+///   flight takes the smallest chunk that holds its bytes: an idle stream holds no
+///   message-size buffer (completed sends are taken by reads too, not only by writes).
 /// - **A reader that stops reading** stops granting credits, and the writer's writes become
 ///   pending once the window is full: at most `2 × recv_depth` messages wait at the reader
 ///   (its posted receives, [`Config::recv_depth`](crate::Config::recv_depth), refilled while
@@ -217,6 +219,8 @@ pub struct Stream {
     /// doubling to 100 ms), and its timer. Back-pressure, as TCP's writer waits for buffer
     /// space, never an error.
     memory_wait: Option<(Duration, super::time::Sleep)>,
+    /// The pool's smallest chunk: the largest spare buffer an idle stream keeps.
+    small_spare: usize,
     /// The slot of this side's end-of-stream marker, once submitted.
     marker_slot: Option<usize>,
     /// A send of data bytes (not the marker) failed: bytes a write accepted did not all go.
@@ -375,13 +379,16 @@ fn no_reactor(conn: &Connection) -> Option<io::Error> {
     conn.unreachable().map(io::Error::other)
 }
 
-/// The write side's error after the stream's own shutdown.
-/// A buffer of the pool's smallest class at most (4 KiB by default): kept as a stream's spare
-/// while it is idle.
-fn small(b: &Buf) -> bool {
-    b.capacity() <= SMALL_SPARE
+/// After the peer's close, whether `flush` and `shutdown` are `Ok` (TCP's after an orderly
+/// close): only when the write side failed for the peer's close (`peer`) and no send of data
+/// bytes failed (`data_lost`: bytes a write accepted did not reach the peer's device, on
+/// iWARP its local TCP stack). Bytes acknowledged by the peer's device and never read by its
+/// application count as gone, as TCP's acknowledged bytes do.
+pub(crate) fn closed_cleanly(peer: bool, data_lost: bool) -> bool {
+    peer && !data_lost
 }
 
+/// The write side's error after the stream's own shutdown.
 fn shut_down() -> io::Error {
     let e =
         Error::NotConnected("this stream's writing was shut down (poll_shutdown): nothing more can be written".into());
@@ -410,6 +417,7 @@ impl Stream {
             memory_wait: None,
             marker_slot: None,
             data_lost: false,
+            small_spare: 0,
         }
     }
 
@@ -508,7 +516,17 @@ impl Stream {
     /// Takes the completed sends, oldest first, up to the first still in flight (whose waker
     /// is then `cx`'s). The first failure is kept.
     fn reap(&mut self, cx: &mut Context<'_>) {
+        self.reap_sends(cx, false);
+    }
+
+    /// `reap`, or with `done_only` the completed sends alone: a reader takes them (and their
+    /// buffers back to the pool) without polling one in flight, whose waker is its writer's
+    /// (another task may wait on it, in `shutdown`), and so without registering its own.
+    fn reap_sends(&mut self, cx: &mut Context<'_>, done_only: bool) {
         while let Some(front) = self.sends.front_mut() {
+            if done_only && !front.is_done() {
+                break;
+            }
             let slot = front.slot();
             let Poll::Ready((res, buf)) = Pin::new(front).poll(cx) else { break };
             self.sends.pop_front();
@@ -519,7 +537,7 @@ impl Stream {
                 // Kept for the next message while more are in flight (a writer streaming), or
                 // when it is of the smallest class; any other goes back to the pool here, so an
                 // idle stream holds no message-size chunk.
-                Ok(_) if self.spare.is_none() && (!self.sends.is_empty() || buf.as_ref().is_some_and(small)) => {
+                Ok(_) if self.spare.is_none() && (!self.sends.is_empty() || self.is_small(buf.as_ref())) => {
                     self.spare = buf
                 }
                 Ok(_) => {}
@@ -528,6 +546,10 @@ impl Stream {
                     let _ = self.settle(e, cx);
                 }
             }
+        }
+        if self.sends.is_empty() && !self.is_small(self.spare.as_ref()) {
+            // Idle: no message-size buffer is kept.
+            self.spare = None;
         }
         self.poll_why(cx);
         let settled = self.write_err.is_none() && self.why.is_none();
@@ -556,7 +578,10 @@ impl Stream {
         }
         if self.limits.is_none() {
             match self.conn.stream_limits() {
-                Ok(l) => self.limits = Some(l),
+                Ok(l) => {
+                    self.limits = Some(l);
+                    self.small_spare = self.conn.smallest_chunk();
+                }
                 Err(e) => {
                     return match self.settle(e, cx) {
                         Some(err) => Poll::Ready(Err(err)),
@@ -681,15 +706,23 @@ impl Stream {
         Poll::Ready(Ok(len))
     }
 
-    /// The write side failed for the peer's close, and nothing it accepted was lost (only the
-    /// marker failed, or the peer's own marker was read first): `flush` and `shutdown` are `Ok`
-    /// then, as TCP's after the peer's orderly close. Bytes lost to a peer that vanished are
-    /// the write side's error.
+    /// A buffer of the pool's smallest class at most (`None` too): what an idle stream keeps.
+    fn is_small(&self, b: Option<&Buf>) -> bool {
+        b.map_or(true, |b| b.capacity() <= self.small_spare)
+    }
+
+    /// The write side failed for the peer's close and no data send failed (only the marker,
+    /// if any): `flush` and `shutdown` are `Ok` then ([`closed_cleanly`]).
     fn closed_cleanly(&self) -> bool {
-        self.write_err.as_ref().is_some_and(|f| f.peer) && (!self.data_lost || self.ends.marked)
+        closed_cleanly(self.write_err.as_ref().is_some_and(|f| f.peer), self.data_lost)
     }
 
     fn flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Some(e) = no_reactor(&self.conn) {
+            if self.write_err.is_none() {
+                return Poll::Ready(Err(e));
+            }
+        }
         if self.ends.closing && self.ends.write == WriteEnd::Shut {
             // This stream closed its connection itself, both ends read and written (every
             // send completed): nothing is left to flush, as TCP's after its orderly close.
@@ -762,6 +795,11 @@ impl Stream {
                 return Poll::Ready(Err(e));
             }
         }
+        if !self.sends.is_empty() {
+            // The sends that completed since the last write, their buffers back to the pool
+            // (a keep-alive connection whose writer waits in a read holds none of them).
+            self.reap_sends(cx, true);
+        }
         let start = out.filled().len();
         loop {
             if out.remaining() == 0 {
@@ -805,15 +843,13 @@ impl Stream {
                             // The peer's end-of-stream marker.
                             self.ends.read_done = true;
                             self.ends.marked = true;
-                            if self.ends.write == WriteEnd::Marked && self.sends.iter().all(OpFuture::is_done) {
-                                // Our marker may have completed with no writer to see it (an
-                                // owned write half dropped): `reap` closes then. Only when
-                                // every send is done: a poll of one in flight would put this
-                                // reader's waker in place of the writer's, which another task
-                                // may be waiting on (`shutdown`), and that writer would never
-                                // wake (the hostile review of issue 46).
-                                self.reap(cx);
-                            }
+                            // Our marker may have completed with no writer to see it (an owned
+                            // write half dropped): `reap_sends` closes then. The completed sends
+                            // only: a poll of one in flight would put this reader's waker in
+                            // place of the writer's, which another task may be waiting on
+                            // (`shutdown`), and that writer would never wake (the hostile
+                            // review of issue 46).
+                            self.reap_sends(cx, true);
                             self.maybe_close();
                         }
                         Ok(Message::Send(buf)) => self.cur = Some((buf, 0)),
@@ -839,8 +875,6 @@ impl Stream {
 /// flight (`Stream::wait_for_memory`).
 const MEMORY_FIRST: Duration = Duration::from_millis(5);
 const MEMORY_MAX: Duration = Duration::from_millis(100);
-/// The largest spare buffer an idle stream keeps (the pool's smallest class by default).
-const SMALL_SPARE: usize = 4096;
 
 /// How many bytes one write takes of `lens` (a vectored write's slices): at most `max`, the
 /// message size.
@@ -919,6 +953,19 @@ mod tests {
             assert_eq!(e.close_due(), due, "{write:?}, peer done {read_done}");
             assert!(!e.close_due(), "never twice");
         }
+    }
+
+    #[test]
+    fn flush_and_shutdown_after_the_peers_close_are_ok_only_when_no_data_was_lost() {
+        // The peer closed (its end, or it vanished), every data send went: `Ok`, as TCP's.
+        assert!(closed_cleanly(true, false));
+        // A data send failed: bytes a write accepted did not reach the peer's device, the
+        // write side's own error (`BrokenPipe`) whether or not the peer's end was read (a
+        // half-closed peer killed mid-response lost them too).
+        assert!(!closed_cleanly(true, true));
+        // A failure that is not the peer's close keeps its own kind.
+        assert!(!closed_cleanly(false, false));
+        assert!(!closed_cleanly(false, true));
     }
 
     #[test]

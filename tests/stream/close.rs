@@ -163,6 +163,8 @@ fn a_peer_that_vanished_reads_as_a_reset_after_its_bytes() {
 /// The row of the peer that vanished, with bytes a write accepted still waiting to go (the peer
 /// stopped reading, then closed with a linger of zero): `flush` and `shutdown` are
 /// `BrokenPipe`, not `Ok` (the hostile review of issue 46: they said `Ok` with the bytes lost).
+/// The sends that fail here are those that waited for the peer's credits, never posted; a
+/// posted send the peer's device acknowledged counts as gone.
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn a_peer_that_vanished_with_bytes_still_to_go_fails_the_flush_and_the_shutdown() {

@@ -157,9 +157,11 @@ impl Drop for OwnedWriteHalf {
                 Ok(mut s) => s.shutdown(cx),
                 Err(_) => Poll::Ready(Ok(())),
             });
-            if crate::io::timeout(limit, shut).await.is_err() {
-                // The linger time is spent: the stream's own drop, when this task's hold is
-                // the last, closes at once rather than lingering a second time.
+            if crate::io::timeout(limit, shut).await.is_err() && Rc::strong_count(&shared) == 1 {
+                // The linger time is spent and the read half is gone too: the stream's own
+                // drop, next, closes at once rather than lingering a second time. (With the
+                // read half alive, its drop later lingers as a stream's does: the marker may
+                // still go then.)
                 if let Ok(mut s) = shared.try_borrow_mut() {
                     s.linger = std::time::Duration::ZERO;
                 }
