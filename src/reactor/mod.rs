@@ -115,6 +115,11 @@ pub(crate) struct Core {
     calls: conn::connect::ConnectCalls,
     /// A connection whose call still runs joins its helper when dropped, before its queue pair.
     conns: GenSlab<ConnKey, ConnEntry>,
+    /// The queue-pair epoch of each connection slot index (issue 47): bumped each time the
+    /// connection at that index gets a queue pair (a new connection, a reconnection), so a
+    /// ring `wr_id` of an earlier queue pair at the same index, whoever holds it now, never
+    /// names an operation of the present one (`data/cq/mod.rs`, `Core::complete`).
+    epochs: Vec<u16>,
     ops: GenSlab<OpKey, OpEntry>,
     cqs: GenSlab<CqKey, CqEntry>,
     listeners: GenSlab<ListenerKey, ListenerEntry>,
@@ -246,6 +251,7 @@ impl Reactor {
                 waiting: Default::default(),
                 calls: Default::default(),
                 conns: GenSlab::new(),
+                epochs: Vec::new(),
                 ops: GenSlab::new(),
                 cqs: GenSlab::new(),
                 listeners: GenSlab::new(),

@@ -143,6 +143,9 @@ pub(in crate::reactor) struct ConnEntry {
     pub(in crate::reactor) role: Role,
     pub(in crate::reactor) handler: Option<Guarded<dyn ConnectionHandler>>,
     pub(in crate::reactor) placed: Option<Placement>,
+    /// Its queue pair's epoch (`Core::epochs`, issue 47), set when the queue pair is made: a
+    /// ring `wr_id` names this connection only with it.
+    pub(in crate::reactor) epoch: u16,
     pub(in crate::reactor) sq: SendQueue,
     pub(in crate::reactor) rq: RecvQueue,
     /// Listed in `Core::dirty`: has something to post at the end of the tick.
@@ -211,6 +214,7 @@ impl ConnEntry {
             role,
             handler: Some(Guarded::new(handler)),
             placed: None,
+            epoch: 0,
             sq: SendQueue::new(signal_every),
             rq: RecvQueue::default(),
             dirty: false,

@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use crate::error::{Error, Result};
 use crate::proto::conn::{Agent, Client, CloseReason, CmEventKind, Input, ListenerAction};
 use crate::proto::flow::{negotiate, MIN_DEPTH};
-use crate::proto::token::{ConnKey, Key, Kind, ListenerKey, Token};
+use crate::proto::token::{ConnKey, Key, Kind, ListenerKey, Token, WrId};
 use crate::proto::transport::{normalize_reject_status, Caps, Transport};
 use crate::proto::wire::{ConnectInfo, RejectCode, RejectReason, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
 use crate::reactor::api::config::{over_recv_budget, recv_size};
@@ -645,6 +645,13 @@ impl Core {
     /// Creates the device resources if needed, the connection's CQ (its own, or the device's
     /// shared one) and queue pair.
     pub(super) fn setup_qp(&mut self, t: ConnKey) -> Result<()> {
+        if t.token().index() > WrId::MAX_INDEX {
+            // A work request id carries 20 bits of the connection's slot (`proto::token::WrId`).
+            return Err(Error::Limit {
+                what: "live connections of one reactor (the slot index a work request id carries)",
+                limit: WrId::MAX_INDEX as usize + 1,
+            });
+        }
         let dev = {
             let c = self.conns.get(t).ok_or(Error::StaleToken(t.token().as_u64()))?;
             let id = c.ep.id().ok_or_else(|| Error::NotConnected("no id".into()))?;
@@ -771,6 +778,9 @@ impl Core {
                     s.qps.insert(qp.qp_num(), t);
                 }
                 c.ep = Endpoint::Qp(qp);
+                // A new queue pair: a new epoch at this connection's slot, so nothing an earlier
+                // queue pair there reports names its operations.
+                c.epoch = crate::reactor::data::cq::next_epoch(&mut self.epochs, t.token().index());
                 c.tails = tails;
                 c.placed = Some(Placement { device: d, cq: ct, max_inline: granted.max_inline_data, recv_room, tail });
                 Ok(())

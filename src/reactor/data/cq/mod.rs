@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::proto::conn::{CloseReason, Input, State};
 use crate::proto::flow::{Farewell, Imm};
 use crate::proto::op::{OpCode, OpError, WcStatus};
-use crate::proto::token::{ConnKey, CqKey, Key, Kind, OpKey, Token};
+use crate::proto::token::{ConnKey, CqKey, GenSlab, Key, Kind, OpKey, Token, WrId};
 use crate::proto::transport::unframe;
 use crate::reactor::data::cq_room::CqRoom;
 use crate::reactor::data::post::list_dirty;
@@ -446,6 +446,9 @@ impl Core {
         self.stats.completions += 1;
         // The token read once; one lookup: `get` checks the generation (`key_of` would look
         // it up once more).
+        if WrId::is_ring(wc.wr_id) {
+            return self.complete_ring(wc);
+        }
         let token = Token::from_u64(wc.wr_id);
         if let Some(token) = token.filter(|t| t.kind() == Kind::SrqRecv) {
             return self.srq_complete(ct, wc, token);
@@ -485,6 +488,18 @@ impl Core {
         } else if self.conns.get(t).is_some_and(|c| c.drained()) {
             self.feed(t, Input::Drained);
         }
+    }
+
+    /// A work completion whose `wr_id` is a ring's (`proto::token::WrId`): valid only if it
+    /// names a live connection slot whose queue pair is of the id's epoch, and a position in
+    /// that ring's posted window; anything else (an earlier queue pair's, a duplicate, a forged
+    /// value) is counted stale and reaches no operation.
+    fn complete_ring(&mut self, wc: WorkCompletion) {
+        let found = WrId::decode(wc.wr_id).and_then(|id| ring_conn(&mut self.conns, id, |c| c.epoch));
+        // Nothing is posted from the rings yet (issue 47, phase 2's first step): whatever
+        // names a live connection still names no operation of it.
+        let _ = found;
+        self.stats.stale_completions += 1;
     }
 
     /// What a failed work request tells connection `t`, if anything. A flush is the first
@@ -737,6 +752,30 @@ impl Core {
         }
         self.work.evented.give_back(evented);
     }
+}
+
+/// The next queue-pair epoch of connection slot `index` in `epochs` (grown to hold it): each
+/// queue pair made for a connection at that slot takes the next, wrapping (`Core::epochs`).
+pub(in crate::reactor) fn next_epoch(epochs: &mut Vec<u16>, index: u32) -> u16 {
+    let i = index as usize;
+    if epochs.len() <= i {
+        epochs.resize(i + 1, 0);
+    }
+    epochs[i] = epochs[i].wrapping_add(1);
+    epochs[i]
+}
+
+/// The live connection a ring `wr_id` (decoded: `id`) names, with its key: the entry at its
+/// slot index whose queue-pair epoch (`epoch_of`) is the id's. `None` for a free slot or
+/// another epoch (another queue pair's, at that slot now or before).
+#[inline(always)]
+pub(in crate::reactor) fn ring_conn<T>(
+    conns: &mut GenSlab<ConnKey, T>,
+    id: WrId,
+    epoch_of: impl FnOnce(&T) -> u16,
+) -> Option<(ConnKey, &mut T, WrId)> {
+    let (t, c) = conns.get_index_mut(id.index)?;
+    (epoch_of(c) == id.epoch).then_some((t, c, id))
 }
 
 /// [`Core::after_completion`] on connection `t`'s entry `c`.

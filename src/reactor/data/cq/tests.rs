@@ -319,3 +319,49 @@ fn the_decision_table() {
     assert_eq!(after_poll(Ok(32), 32, 0, false, true), StayHot);
     assert_eq!(after_poll(Ok(32), 32, 0, true, false), StayHot);
 }
+
+/// Issue 47: a ring `wr_id` names a connection only at its slot with its queue pair's epoch.
+/// An earlier queue pair's id (a reconnection's, or a closed connection's at a slot taken by
+/// another), a free slot and a forged value are refused (counted stale by `Core::complete`),
+/// and decoding and looking up never panic on any value.
+#[test]
+fn a_ring_wr_id_names_a_connection_only_with_its_epoch() {
+    use super::{next_epoch, ring_conn};
+    use crate::proto::token::{ConnKey, Dir, GenSlab, Key, WrId};
+
+    let mut epochs = Vec::new();
+    let mut conns: GenSlab<ConnKey, u16> = GenSlab::new();
+    let a = conns.insert(0);
+    let b = conns.insert(0);
+    let (ia, ib) = (a.token().index(), b.token().index());
+    // Each queue pair a slot gets takes the next epoch; slots count apart.
+    *conns.get_mut(a).unwrap() = next_epoch(&mut epochs, ia);
+    *conns.get_mut(b).unwrap() = next_epoch(&mut epochs, ib);
+    assert_eq!((*conns.get(a).unwrap(), *conns.get(b).unwrap()), (1, 1));
+    let id = |index, epoch, dir, seq| WrId::decode(WrId::at(WrId::base(index, epoch, dir).unwrap(), seq)).unwrap();
+    let found = ring_conn(&mut conns, id(ia, 1, Dir::Recv, 7), |e| *e).map(|(t, _, id)| (t, id.seq, id.dir));
+    assert_eq!(found, Some((a, 7, Dir::Recv)));
+    // A reconnection: a new queue pair at the same slot. The old one's ids are stale.
+    let old = id(ia, 1, Dir::Send, 3);
+    *conns.get_mut(a).unwrap() = next_epoch(&mut epochs, ia);
+    assert!(ring_conn(&mut conns, old, |e| *e).is_none(), "an earlier queue pair's completion");
+    assert!(ring_conn(&mut conns, id(ia, 2, Dir::Send, 3), |e| *e).is_some());
+    // The connection closes and another takes its slot: its ids do not name the newcomer.
+    conns.remove(a);
+    assert!(ring_conn(&mut conns, id(ia, 2, Dir::Send, 3), |e| *e).is_none(), "a free slot");
+    let c = conns.insert(0);
+    assert_eq!(c.token().index(), ia, "the slot is reused");
+    *conns.get_mut(c).unwrap() = next_epoch(&mut epochs, ia);
+    assert!(ring_conn(&mut conns, id(ia, 2, Dir::Send, 3), |e| *e).is_none(), "the closed one's epoch");
+    assert!(ring_conn(&mut conns, id(ia, 3, Dir::Send, 3), |e| *e).is_some());
+    // Beyond the table, and values that are no ring id at all.
+    assert!(ring_conn(&mut conns, id(WrId::MAX_INDEX, 3, Dir::Recv, 0), |e| *e).is_none());
+    for raw in [0, u64::MAX, 0xA000_0000_0000_0000, 0xAFFF_FFFF_FFFF_FFFF, 0x0B00_0001_0000_0001] {
+        if let Some(id) = WrId::decode(raw) {
+            let _ = ring_conn(&mut conns, id, |e| *e);
+        }
+    }
+    // Epochs wrap without panicking.
+    let mut wrap = vec![u16::MAX];
+    assert_eq!(next_epoch(&mut wrap, 0), 0);
+}
