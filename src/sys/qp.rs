@@ -243,17 +243,6 @@ impl Qp {
         let ret = unsafe { ffi::ibv_post_send(self.raw(), base, &mut bad) };
         post_outcome(ret, bad, base, wrs.len())
     }
-
-    /// Posts `wrs` as one chain (one doorbell).
-    ///
-    /// # Safety
-    ///
-    /// As [`Qp::post_send`]; the device writes the memory until the completion.
-    pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr], chains: &mut Chains) -> Result<(), PostError> {
-        // SAFETY: the QP is live while self lives; the chain is valid for the call; the memory
-        // it names is the caller's to keep valid (this fn's contract).
-        post_recv_chain(wrs, chains, |base, bad| unsafe { ffi::ibv_post_recv(self.raw(), base, bad) })
-    }
 }
 
 // Issue 47, phase 1: the reactor posts with these once it adopts the rings (phase 2).
@@ -284,7 +273,8 @@ impl Qp {
     ///
     /// # Safety
     ///
-    /// As [`Qp::post_recv`], for every request of the run.
+    /// As [`Qp::post_send`], for every request of the run; the device writes the memory until
+    /// the completion.
     pub(crate) unsafe fn post_recv_run(&self, wrs: &mut RecvWrs, first: u32, n: u32) -> Result<(), PostError> {
         if n == 0 {
             return Ok(());

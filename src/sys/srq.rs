@@ -63,7 +63,7 @@ impl Srq {
     ///
     /// # Safety
     ///
-    /// As [`Qp::post_recv`](super::qp::Qp::post_recv): every request names memory inside a
+    /// As [`Qp::post_recv_run`](super::qp::Qp::post_recv_run): every request names memory inside a
     /// memory region of this SRQ's PD with key `lkey`, which stays allocated, registered and
     /// untouched until the request's completion is reaped or the SRQ is destroyed.
     pub(crate) unsafe fn post_recv(&self, wrs: &[RecvWr], chains: &mut super::qp::Chains) -> Result<(), PostError> {

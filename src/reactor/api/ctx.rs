@@ -469,7 +469,7 @@ impl<'a> Conn<'a> {
 
     /// Send and receive work requests posted and not yet completed.
     pub fn outstanding(&self) -> (u32, u32) {
-        self.ctx.core.conns.get(self.key).map_or((0, 0), |c| (c.sq.outstanding(), c.rq.outstanding()))
+        self.ctx.core.conns.get(self.key).map_or((0, 0), |c| (c.sq.outstanding(), c.lanes.outstanding().1))
     }
 
     /// Send-queue operations submitted and not yet posted (waiting for the peer's credits, or
@@ -486,7 +486,7 @@ impl<'a> Conn<'a> {
     /// Receive work requests this connection's queue pair holds at most: 0 on a shared
     /// receive queue ([`Config::srq`](crate::Config::srq)), where the runtime posts them.
     pub fn recv_capacity(&self) -> u32 {
-        self.ctx.core.conns.get(self.key).map_or(0, |c| c.rq.capacity())
+        self.ctx.core.conns.get(self.key).map_or(0, |c| c.lanes.recv_capacity())
     }
 
     /// On a shared receive queue ([`Config::srq`](crate::Config::srq)): the receives of the

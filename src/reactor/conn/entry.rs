@@ -12,14 +12,15 @@ use crate::proto::token::{CqKey, TimerKey};
 use crate::proto::wire::ConnectInfo;
 use crate::reactor::api::guard::Guarded;
 use crate::reactor::conn::{handoff, reconnect};
-use crate::reactor::data::send_queue::{RecvQueue, SendQueue};
+use crate::reactor::data::lanes::Lanes;
+use crate::reactor::data::send_queue::SendQueue;
 use crate::reactor::data::srq;
 use crate::reactor::data::tail::TailRing;
 use crate::reactor::event_loop::device::Devices;
 use crate::reactor::{ConnectionHandler, ListenerHandler};
 use crate::sys::cm::CmId;
 use crate::sys::connect::Connecting;
-use crate::sys::pool::{Account, Windows};
+use crate::sys::pool::{Account, Buf, Windows};
 use crate::sys::qp::Qp;
 
 /// A connection's role: its state machine.
@@ -147,7 +148,9 @@ pub(in crate::reactor) struct ConnEntry {
     /// ring `wr_id` names this connection only with it.
     pub(in crate::reactor) epoch: u16,
     pub(in crate::reactor) sq: SendQueue,
-    pub(in crate::reactor) rq: RecvQueue,
+    /// Its operations on the queue pair's rings (issue 47, `data/lanes.rs`): its receives, from
+    /// submission to completion (its sends are still `sq`'s, in the operation slab).
+    pub(in crate::reactor) lanes: Lanes<Buf>,
     /// Listed in `Core::dirty`: has something to post at the end of the tick.
     pub(in crate::reactor) dirty: bool,
     /// Listed in its CQ's `waiting`: short of CQ room.
@@ -216,7 +219,8 @@ impl ConnEntry {
             placed: None,
             epoch: 0,
             sq: SendQueue::new(signal_every),
-            rq: RecvQueue::default(),
+            // Named after its slot and epoch when it gets a queue pair (`Lanes::set_id`).
+            lanes: Lanes::new(0, 0, signal_every).expect("slot 0 is in range"),
             dirty: false,
             waiting_room: false,
             deadline: None,
@@ -287,7 +291,9 @@ impl ConnEntry {
 
     /// True when the connection is draining and nothing is outstanding.
     pub(in crate::reactor) fn drained(&self) -> bool {
-        self.role.state().is_draining() && self.sq.awaited() == 0 && (self.rq.outstanding() == 0 || self.stream_closed)
+        self.role.state().is_draining()
+            && self.sq.awaited() == 0
+            && (self.lanes.outstanding().1 == 0 || self.stream_closed)
     }
 }
 

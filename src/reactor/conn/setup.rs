@@ -605,7 +605,10 @@ impl Core {
             return Ok(None);
         }
         // On the shared receive queue the first credit is the connection's credit there.
-        Ok(self.conns.get(t).map(|c| c.srq_share.map_or(c.rq.outstanding(), |s| s.receives).min(u32::from(u16::MAX))))
+        Ok(self
+            .conns
+            .get(t)
+            .map(|c| c.srq_share.map_or(c.lanes.outstanding().1, |s| s.receives).min(u32::from(u16::MAX))))
     }
 
     /// Why the pool of `child`'s device cannot hold the first receives of `size` bytes a
@@ -769,7 +772,8 @@ impl Core {
                     granted.max_recv_wr = granted.max_recv_wr.min(n);
                 }
                 c.sq.set_capacity(granted.max_send_wr.min(want.max_send_wr));
-                c.rq.set_capacity(granted.max_recv_wr.min(want.max_recv_wr));
+                c.lanes
+                    .set_capacity(granted.max_send_wr.min(want.max_send_wr), granted.max_recv_wr.min(want.max_recv_wr));
                 if srq.is_some() {
                     // A share of its own, also when it reconnects: a receive queued for its
                     // earlier queue pair is not credited to this one (`data/srq/mod.rs`).
@@ -781,6 +785,9 @@ impl Core {
                 // A new queue pair: a new epoch at this connection's slot, so nothing an earlier
                 // queue pair there reports names its operations.
                 c.epoch = crate::reactor::data::cq::next_epoch(&mut self.epochs, t.token().index());
+                // In range: checked at the start.
+                let named = c.lanes.set_id(t.token().index(), c.epoch);
+                debug_assert!(named, "a slot index in range");
                 c.tails = tails;
                 c.placed = Some(Placement { device: d, cq: ct, max_inline: granted.max_inline_data, recv_room, tail });
                 Ok(())

@@ -237,19 +237,19 @@ impl Core {
         let Some(c) = self.conns.get_mut(t) else { return Vec::new() };
         let room = cq.and_then(|cq| self.cqs.get_mut(cq)).map(|e| &mut e.room);
         let stream_closed = c.stream_closed;
-        let mine = if carry {
+        let (mine, lanes) = if carry {
             let ops = &self.ops;
             // Not the runtime's own, and naming no remote key of the old peer.
             let goes_on = |k| ops.get(k).is_some_and(|o: &crate::reactor::OpEntry| !o.control && o.remote.is_none());
-            let mut gone = c.sq.carry(room, goes_on);
-            gone.extend(c.rq.carry());
-            gone
+            let gone = c.sq.carry(room, goes_on);
+            // The receives queued stay, the side list first; the lanes' ids name no queue pair
+            // of the old one's epoch (the new one's is set when it is made).
+            let epoch = crate::reactor::data::cq::next_epoch(&mut self.epochs, t.token().index());
+            (gone, c.lanes.carry(None, epoch, |_| true))
         } else {
-            let mut all = c.sq.clear(room);
-            all.extend(c.rq.clear());
-            all
+            (c.sq.clear(room), c.lanes.clear(None))
         };
-        let mut out = Vec::with_capacity(mine.len());
+        let mut out = Vec::with_capacity(mine.len() + lanes.recvs.len());
         for o in mine {
             let Some(op) = self.ops.remove(o) else { continue };
             if !op.control {
@@ -263,6 +263,15 @@ impl Core {
                 };
                 out.push(op.into_completion(Err(err), false));
             }
+        }
+        // The receive lane's: the posted ones first, then the side list and the queued ones.
+        for (i, slot) in lanes.recvs.into_iter().enumerate() {
+            let err = match i < lanes.posted_recvs {
+                true if stream_closed => OpError::Wc(WcStatus::WrFlushErr),
+                true => OpError::Unconfirmed,
+                false => OpError::Cancelled,
+            };
+            out.push(slot.into_done(Err(err), false).into());
         }
         out
     }

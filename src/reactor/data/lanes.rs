@@ -70,7 +70,7 @@ use std::rc::Rc;
 use crate::proto::flow::{Farewell, Flow, Imm};
 use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{Dir, WrId};
-use crate::proto::transport::{unframe, Tail, TAIL_LEN};
+use crate::proto::transport::{unframe, Tail, Unframed, TAIL_LEN};
 use crate::proto::wire::RemoteSlice;
 use crate::reactor::data::cq_room::CqRoom;
 use crate::reactor::data::op::RawBuf;
@@ -811,6 +811,25 @@ impl<B: LaneBuf> Lanes<B> {
         self.recv.set_limit(recv);
     }
 
+    /// Names the lanes' work requests after connection slot `index` and queue-pair epoch
+    /// `epoch` (at most `WrId::MAX_INDEX`; false beyond, nothing changed): the connection got
+    /// a queue pair. Nothing may be outstanding (the positions go on; what is queued stays).
+    pub(crate) fn set_id(&mut self, index: u32, epoch: u16) -> bool {
+        debug_assert_eq!(self.outstanding(), (0, 0), "renamed with requests on a queue pair");
+        let (Some(sbase), Some(rbase)) = (WrId::base(index, epoch, Dir::Send), WrId::base(index, epoch, Dir::Recv))
+        else {
+            return false;
+        };
+        drop(self.send.carry(sbase));
+        drop(self.recv.carry(rbase));
+        true
+    }
+
+    /// The queue-pair epoch its work requests name.
+    pub(crate) fn epoch(&self) -> u16 {
+        WrId::decode(self.send.base()).map_or(0, |id| id.epoch)
+    }
+
     /// The send work requests the queue pair holds.
     pub(crate) fn send_capacity(&self) -> u32 {
         self.ctl.capacity
@@ -1017,18 +1036,35 @@ impl<B: LaneBuf> Lanes<B> {
     /// order, for the caller to fail (`None`: all taken).
     #[inline]
     pub(crate) fn recvs_posted(&mut self, taken: u32, n: u32, grants: bool) -> Option<Vec<Slot<B>>> {
+        let mut flow = self.ctl.flow.take().filter(|_| grants);
+        let refused = self.recvs_posted_with(taken, n, |after| {
+            if let Some(f) = flow.as_mut() {
+                f.on_repost(after);
+            }
+        });
         if grants {
-            if let Some(flow) = self.ctl.flow.as_mut() {
-                if self.recv_after_control == 0 {
-                    for _ in 0..taken {
-                        flow.on_repost(false);
-                    }
-                } else {
-                    for k in 0..taken {
-                        let after = self.recv.queued_at(k).is_some_and(|s| s.flags & AFTER_CONTROL != 0);
-                        flow.on_repost(after);
-                    }
-                }
+            self.ctl.flow = flow;
+        }
+        refused
+    }
+
+    /// [`Lanes::recvs_posted`] with the grants of the receives taken told to `grant` (each
+    /// receive in order: true for a re-post after a credit-only message), for a caller whose
+    /// credit state is not the lanes' own.
+    #[inline]
+    pub(crate) fn recvs_posted_with(
+        &mut self,
+        taken: u32,
+        n: u32,
+        mut grant: impl FnMut(bool),
+    ) -> Option<Vec<Slot<B>>> {
+        if self.recv_after_control == 0 {
+            for _ in 0..taken {
+                grant(false);
+            }
+        } else {
+            for k in 0..taken {
+                grant(self.recv.queued_at(k).is_some_and(|s| s.flags & AFTER_CONTROL != 0));
             }
         }
         self.recv.mark_posted(taken);
@@ -1368,10 +1404,41 @@ impl<B: LaneBuf> Lanes<B> {
         done
     }
 
+    /// The full position of an outstanding receive whose completion's `wr_id` carried `seq`
+    /// (in the posted window, its slot live); `None` for anything else (stale, counted by the
+    /// caller).
+    #[inline(always)]
+    pub(crate) fn recv_window(&self, seq: u32) -> Option<u32> {
+        self.recv.window(seq)
+    }
+
+    /// The payload and the credits of a message of `byte_len` bytes that ends in a tail
+    /// (iWARP), received by the outstanding receive at `at` (`proto::transport::unframe`);
+    /// `None` when no receive is outstanding there.
+    pub(crate) fn recv_unframe(&self, at: u32, byte_len: u32) -> Option<Result<Unframed, String>> {
+        let slot = self.recv.get(at).filter(|_| at.wrapping_sub(self.recv.head()) < self.recv.outstanding())?;
+        Some(unframe(byte_len, slot.received_tail(byte_len), slot.recv_capacity()))
+    }
+
+    /// The outstanding receive at `at` taken out of its slot as its handler's completion, with
+    /// `result` (as [`Lanes::take_recv`]); `None` when none is outstanding there.
+    #[inline(always)]
+    pub(crate) fn take_recv_at(
+        &mut self,
+        at: u32,
+        result: Result<u32, OpError>,
+        remote_write: bool,
+    ) -> Option<Done<B>> {
+        let slot = self.recv.outstanding_mut(at)?;
+        let done = slot.take_done_as(OpCode::Recv, result, remote_write);
+        forget_husk(self.recv.vacate(at));
+        Some(done)
+    }
+
     /// The receive at `at`, whose message was refused, leaves the ring for the side list.
     #[cold]
     #[inline(never)]
-    fn return_recv(&mut self, at: u32) {
+    pub(crate) fn return_recv(&mut self, at: u32) {
         if let Some(slot) = self.recv.take(at) {
             self.returned.push(slot);
         }
@@ -1381,7 +1448,7 @@ impl<B: LaneBuf> Lanes<B> {
     /// others.
     #[cold]
     #[inline(never)]
-    fn repost_recv(&mut self, at: u32) {
+    pub(crate) fn repost_recv(&mut self, at: u32) {
         if let Some(mut again) = self.recv.take(at) {
             again.flags |= AFTER_CONTROL;
             self.recv.insert_queued(0, again);

@@ -7,7 +7,6 @@
 
 use crate::proto::op::{OpCode, OpError};
 use crate::proto::token::ConnKey;
-use crate::proto::transport::TAIL_LEN;
 use crate::proto::wire::RemoteSlice;
 use crate::sys::mr::{Access, Mr};
 use crate::sys::pd::Pd;
@@ -206,6 +205,15 @@ impl Completion {
     }
 }
 
+impl From<crate::reactor::data::lanes::Done<Buf>> for Completion {
+    /// A completion of the lanes (issue 47), field by field.
+    #[inline(always)]
+    fn from(d: crate::reactor::data::lanes::Done<Buf>) -> Completion {
+        let crate::reactor::data::lanes::Done { user_data, opcode, result, buf, remote_write, region } = d;
+        Completion { user_data, opcode, result, buf, remote_write, region }
+    }
+}
+
 /// The memory a submitted operation names on this side.
 pub(crate) enum Mem {
     /// None: a credit-only message, a keepalive probe, a window bind.
@@ -246,8 +254,6 @@ pub(crate) struct OpEntry {
     /// A credit-only send, or a window bind, of the runtime's own: its completion reaches no
     /// handler.
     pub(crate) control: bool,
-    /// A receive posted again after a credit-only message consumed it.
-    pub(crate) after_control: bool,
     /// On the device (holds a CQ reservation); false while queued.
     pub(crate) posted: bool,
 }
@@ -299,7 +305,7 @@ impl OpEntry {
             }
         };
         let rare = sink.map(|m| Box::new(Rare::Sink(m)));
-        OpEntry { rare, conn, user_data, mem, remote, opcode, control: false, after_control: false, posted: false }
+        OpEntry { rare, conn, user_data, mem, remote, opcode, control: false, posted: false }
     }
 
     /// The entry of a credit-only message: a zero-length send.
@@ -312,7 +318,6 @@ impl OpEntry {
             remote: None,
             opcode: OpCode::Send,
             control: true,
-            after_control: false,
             posted: false,
         }
     }
@@ -369,50 +374,6 @@ impl OpEntry {
             Mem::Raw(r) | Mem::Region(_, r) => (r.addr, r.len, r.lkey),
             Mem::None => (0, 0, 0),
         }
-    }
-
-    /// The most payload a receive's memory holds: a pool buffer's capacity (its receive is
-    /// posted with the chunk's slack after it, where only a tail may land), a region slice's
-    /// or a raw receive's length. A tail-framed message whose payload is longer is refused
-    /// (`proto::transport::unframe`).
-    pub(crate) fn recv_capacity(&self) -> u32 {
-        match &self.mem {
-            Mem::Pool(b) => u32::try_from(b.capacity()).unwrap_or(u32::MAX),
-            Mem::Region(s, _) => u32::try_from(s.len()).unwrap_or(u32::MAX),
-            Mem::Raw(r) => r.len,
-            Mem::None => 0,
-        }
-    }
-
-    /// The last 4 of the `n` bytes a receive got: its tail, on a transport without immediate
-    /// data (`proto::transport`). `None` when fewer than 4 arrived or they lie outside the
-    /// posted memory.
-    pub(crate) fn received_tail(&self, n: u32) -> Option<[u8; 4]> {
-        let at = n.checked_sub(TAIL_LEN)? as usize;
-        let mut tail = [0u8; 4];
-        match &self.mem {
-            Mem::Pool(b) => tail = b.tail_before(n as usize)?,
-            Mem::Region(s, _) => {
-                if n as usize > s.len() {
-                    return None;
-                }
-                s.region().read_at(s.range().start + at, &mut tail).ok()?;
-            }
-            Mem::Raw(r) => {
-                if n > r.len {
-                    return None;
-                }
-                #[allow(unsafe_code)]
-                // SAFETY: `Conn::submit_raw`'s contract keeps `r.addr..r.addr + r.len` valid
-                // until the completion is handed over, which has not happened yet; the
-                // device finished writing it (its completion was reaped); at + 4 <= n <= r.len.
-                unsafe {
-                    std::ptr::copy_nonoverlapping((r.addr as usize + at) as *const u8, tail.as_mut_ptr(), tail.len());
-                }
-            }
-            Mem::None => return None,
-        }
-        Some(tail)
     }
 
     /// The completion the handler sees: `result`, with the buffer handed back (a successful

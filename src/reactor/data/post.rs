@@ -12,12 +12,14 @@ use crate::proto::token::{ConnKey, CqKey, GenSlab, Key, OpKey};
 use crate::proto::transport::{Tail, TAIL_LEN};
 use crate::reactor::conn::entry::ConnEntry;
 use crate::reactor::data::cq::CqEntry;
+use crate::reactor::data::lanes::Slot;
 use crate::reactor::data::op::{Body, OpEntry};
 use crate::reactor::data::send_queue::{Plan, Planned};
 use crate::reactor::Op;
 use crate::reactor::TailRing;
-use crate::reactor::{Config, Core, Placement, Stats, SubmitError};
-use crate::sys::qp::{Chains, RecvWr, SendOp, SendWr};
+use crate::reactor::{Completion, Config, Core, Placement, Stats, SubmitError};
+use crate::sys::pool::Buf;
+use crate::sys::qp::{Chains, SendOp, SendWr};
 use std::time::Duration;
 
 /// The buffers the data path builds its lists in, reused from one tick to the next: once
@@ -31,9 +33,6 @@ pub(in crate::reactor) struct Scratch {
     plan: Plan,
     /// The send work requests of that plan.
     send_wrs: Vec<SendWr>,
-    /// The receives a connection posts now, and their work requests.
-    recv_keys: Vec<OpKey>,
-    recv_wrs: Vec<RecvWr>,
     /// The operations one send completion completes (`data/cq/mod.rs`).
     pub(in crate::reactor) done: Vec<OpKey>,
     /// The raw chains the device is handed (`sys/qp.rs`).
@@ -229,8 +228,11 @@ impl Core {
                 return Err(SubmitError::new(Error::Config("the buffer belongs to another device's pool".into()), op));
             }
             // Used by this connection now: every byte of the chunk it is not given is foreign
-            // to it (`sys/pool/mod.rs`).
-            b.set_owner(c.mem_owner, keep);
+            // to it (`sys/pool/mod.rs`). A receive's marks are set where its slot is made
+            // (`Slot::recv_on`, below).
+            if shape.opcode != OpCode::Recv {
+                b.set_owner(c.mem_owner, keep);
+            }
         }
         let len = shape.len;
         if own_receive_refused(self.cfg.srq.is_some(), c.srq_share.is_some(), &op.body) {
@@ -317,11 +319,17 @@ impl Core {
         } else {
             None
         };
-        let ot = self.ops.insert(OpEntry::new(t, op, lkey, sink));
-        if opcode == OpCode::Recv {
-            c.rq.push(ot);
-        } else {
-            c.sq.push(ot, opcode.consumes_peer_receive(), u32::try_from(pool_len).unwrap_or(u32::MAX));
+        // A receive goes on the receive lane, made in its slot (issue 47): its owner marks and
+        // scatter entry are set there.
+        let (owner, Op { body, user_data }) = (c.mem_owner, op);
+        match body {
+            Body::Recv(buf) => c.lanes.submit_recv_with(|| Slot::recv_on(buf, owner, user_data)),
+            Body::RecvRegion(s) => c.lanes.submit_recv(Slot::region(OpCode::Recv, s, lkey, None, user_data)),
+            Body::RawRecv(raw) => c.lanes.submit_recv(Slot::raw(OpCode::Recv, raw, user_data)),
+            body => {
+                let ot = self.ops.insert(OpEntry::new(t, Op { body, user_data }, lkey, sink));
+                c.sq.push(ot, opcode.consumes_peer_receive(), u32::try_from(pool_len).unwrap_or(u32::MAX));
+            }
         }
         list_dirty(c, t, &mut self.work.dirty);
         Ok(())
@@ -427,7 +435,8 @@ impl Core {
         c.dirty = false;
         let Some(placed) = c.placed.filter(|_| c.can_post()) else { return };
         if let Some((failed, errno)) = posting!(self).post_recvs(c) {
-            self.fail_unposted(t, &failed, errno);
+            let failed = failed.into_iter().map(|s| s.into_done(Err(OpError::Post(errno)), false).into()).collect();
+            self.fail_unposted_done(t, failed);
             // Its handlers ran: the connection, its queue pair and its placement are read
             // again, not taken from before them.
             let again = self.conns.get(t).filter(|c| c.can_post() && c.role.state().is_connected());
@@ -511,12 +520,21 @@ impl Core {
     /// Operations the device refused: each completes with the errno, and the connection,
     /// whose queue pair is now suspect, closes.
     fn fail_unposted(&mut self, t: ConnKey, ops: &[OpKey], errno: i32) {
+        let mut failed = Vec::with_capacity(ops.len());
         for ot in ops {
             let Some(op) = self.ops.remove(*ot) else { continue };
             if op.control {
                 continue;
             }
-            let completion = op.into_completion(Err(OpError::Post(errno)), false);
+            failed.push(op.into_completion(Err(OpError::Post(errno)), false));
+        }
+        self.fail_unposted_done(t, failed);
+    }
+
+    /// [`Core::fail_unposted`] of completions made already (the receive lane's refused
+    /// receives): each is delivered, then the connection closes.
+    fn fail_unposted_done(&mut self, t: ConnKey, failed: Vec<Completion>) {
+        for completion in failed {
             self.deliver_completion(t, completion);
         }
         self.feed(t, Input::WorkError(WcStatus::LocQpOpErr));
@@ -546,55 +564,46 @@ fn credit_watch(c: &mut ConnEntry, cfg: &Config) -> Option<Duration> {
 }
 
 impl Posting<'_> {
-    /// Posts connection `c`'s planned receives. Returns the ones the device refused, with the
-    /// errno, for the caller to fail.
-    fn post_recvs(&mut self, c: &mut ConnEntry) -> Option<(Vec<OpKey>, i32)> {
-        let Scratch { recv_keys: keys, recv_wrs: wrs, chains, .. } = &mut *self.scratch;
-        keys.clear();
-        if matches!(c.role.state(), State::Finishing(_)) {
-            // Saying goodbye: what the handler submitted is never posted (a closing connection
-            // cancels it), but a receive a credit-only message consumed goes back, so that its
-            // grant can reach a peer that needs it to answer our farewell.
-            let ops = &*self.ops;
-            c.rq.plan_only(|k| ops.get(k).is_some_and(|o| o.after_control), keys);
-        } else {
-            c.rq.plan(keys);
-        }
-        if keys.is_empty() {
+    /// Posts connection `c`'s queued receives from its receive lane, written in place
+    /// (`Lanes::plan_recvs`). Returns the ones the device refused, with the errno, for the
+    /// caller to fail.
+    fn post_recvs(&mut self, c: &mut ConnEntry) -> Option<(Vec<Slot<Buf>>, i32)> {
+        // Saying goodbye, what the handler submitted is never posted (a closing connection
+        // cancels it), but a receive a credit-only message consumed goes back, so that its
+        // grant can reach a peer that needs it to answer our farewell.
+        let finishing = matches!(c.role.state(), State::Finishing(_));
+        let (first, n) = c.lanes.plan_recvs(finishing);
+        if n == 0 {
             return None;
         }
-        wrs.clear();
-        wrs.extend(keys.iter().map(|k| recv_wr(*k, self.ops.get(*k).expect("queued op"))));
         let qp = c.ep.qp().expect("can_post");
         #[allow(unsafe_code)]
-        // SAFETY: every request names a pool `Buf`, a region slice or a `RawBuf` held by its
-        // `OpEntry` in `Core::ops` until its completion is reaped or it is cancelled after the
-        // queue pair is destroyed; a pool buffer is registered on this device's PD and keeps its
-        // region alive, and so does a region slice (its `lkey` is the region's registration on
-        // this PD, which the region keeps while any handle lives); a `RawBuf` is covered by
-        // `Conn::submit_raw`'s contract.
-        let r = unsafe { qp.post_recv(wrs, chains) };
+        // SAFETY: every request of the run names a pool `Buf`, a region slice or a `RawBuf`
+        // held by its slot on the receive lane until its completion is reaped or it is
+        // cancelled after the queue pair is destroyed (the lanes never drop a posted slot: they
+        // hand it out taken, cleared or carried); a pool buffer is registered on this device's
+        // PD and keeps its region alive, and so does a region slice (its `lkey` is the region's
+        // registration on this PD, which the region keeps while any handle lives); a `RawBuf`
+        // is covered by `Conn::submit_raw`'s contract.
+        let r = unsafe { qp.post_recv_run(c.lanes.recv_wrs(), first, n) };
         self.stats.post_recv_calls += 1;
-        let n = r.as_ref().map_or_else(|e| e.posted, |()| wrs.len());
-        self.stats.wrs_posted += n as u64;
-        c.rq.posted(keys, n);
-        for k in &keys[..n] {
-            let op = self.ops.get_mut(*k).expect("queued op");
-            op.posted = true;
-            // Receives posted after the connect information grant credits one by one.
-            if c.infos.sent {
-                if let Some(flow) = c.sq.flow_mut() {
-                    flow.on_repost(op.after_control);
-                }
+        let taken = r.as_ref().map_or_else(|e| e.posted as u32, |()| n).min(n);
+        self.stats.wrs_posted += u64::from(taken);
+        // Receives posted after the connect information grant credits one by one.
+        let ConnEntry { lanes, sq, infos, .. } = c;
+        let mut flow = sq.flow_mut().filter(|_| infos.sent);
+        let refused = lanes.recvs_posted_with(taken, n, |after| {
+            if let Some(f) = flow.as_mut() {
+                f.on_repost(after);
             }
+        });
+        if let Some(f) = flow {
+            f.note_depth(lanes.outstanding().1);
         }
-        if c.infos.sent {
-            let outstanding = c.rq.outstanding();
-            if let Some(flow) = c.sq.flow_mut() {
-                flow.note_depth(outstanding);
-            }
+        match (r, refused) {
+            (Err(e), refused) => Some((refused.unwrap_or_default(), e.error.raw_os_error().unwrap_or(0))),
+            (Ok(()), _) => None,
         }
-        r.err().map(|e| (keys[n..].to_vec(), e.error.raw_os_error().unwrap_or(0)))
     }
 
     /// Plans and posts connection `t`'s (entry `c`, placed `placed`) sends, then waits for CQ
@@ -675,11 +684,12 @@ pub(in crate::reactor) fn list_dirty(c: &mut crate::reactor::ConnEntry, t: ConnK
     }
 }
 
-/// The work request of queued receive `k`.
+/// The work request of queued receive `k` (the host benchmark's slab path).
+#[cfg(feature = "bench-internals")]
 #[inline]
-pub(in crate::reactor) fn recv_wr(k: OpKey, op: &OpEntry) -> RecvWr {
+pub(in crate::reactor) fn recv_wr(k: OpKey, op: &OpEntry) -> crate::sys::qp::RecvWr {
     let (addr, len, lkey) = op.sge();
-    RecvWr { wr_id: k.token().as_u64(), addr, len, lkey }
+    crate::sys::qp::RecvWr { wr_id: k.token().as_u64(), addr, len, lkey }
 }
 
 /// The work request of a planned send-queue operation; with `tails` (a transport without

@@ -11,8 +11,7 @@ use crate::error::{Error, Result};
 use crate::proto::conn::{CloseReason, Input, State};
 use crate::proto::flow::{Farewell, Imm};
 use crate::proto::op::{OpCode, OpError, WcStatus};
-use crate::proto::token::{ConnKey, CqKey, GenSlab, Key, Kind, OpKey, Token, WrId};
-use crate::proto::transport::unframe;
+use crate::proto::token::{ConnKey, CqKey, Dir, GenSlab, Key, Kind, OpKey, Token, WrId};
 use crate::reactor::data::cq_room::CqRoom;
 use crate::reactor::data::post::list_dirty;
 use crate::reactor::Core;
@@ -453,36 +452,33 @@ impl Core {
         if let Some(token) = token.filter(|t| t.kind() == Kind::SrqRecv) {
             return self.srq_complete(ct, wc, token);
         }
+        // The send queue's operations (the receives are the lanes', `complete_ring`).
         let op = token.and_then(OpKey::of);
-        let Some((ot, t, opcode)) = op.and_then(|o| self.ops.get(o).map(|e| (o, e.conn, e.opcode))) else {
+        let Some((ot, t)) = op.and_then(|o| self.ops.get(o).map(|e| (o, e.conn))) else {
             self.stats.stale_completions += 1;
             return;
         };
-        if opcode.on_send_queue() {
-            // Unsignaled work requests posted before this one completed with it, in order
-            // (listed in the reused `Scratch::done`: no allocation, no move per completion).
-            let (Some(c), Some(e)) = (self.conns.get_mut(t), self.cqs.get_mut(ct)) else { return };
-            let mut done = std::mem::take(&mut self.scratch.done);
-            done.clear();
-            c.sq.complete(ot, &mut e.room, &mut done);
-            for &o in &done {
-                let wc = if o == ot {
-                    wc
-                } else {
-                    WorkCompletion { wr_id: o.token().as_u64(), ..WorkCompletion::default() }
-                };
-                self.finish_op(t, o, wc);
-            }
-            self.scratch.done = done;
-        } else {
-            if !self.conns.get_mut(t).is_some_and(|c| c.rq.complete(ot)) {
-                self.stats.stale_completions += 1;
-                return;
-            }
-            self.finish_op(t, ot, wc);
+        // Unsignaled work requests posted before this one completed with it, in order
+        // (listed in the reused `Scratch::done`: no allocation, no move per completion).
+        let (Some(c), Some(e)) = (self.conns.get_mut(t), self.cqs.get_mut(ct)) else { return };
+        let mut done = std::mem::take(&mut self.scratch.done);
+        done.clear();
+        c.sq.complete(ot, &mut e.room, &mut done);
+        for &o in &done {
+            let wc =
+                if o == ot { wc } else { WorkCompletion { wr_id: o.token().as_u64(), ..WorkCompletion::default() } };
+            self.finish_op(t, o, wc);
         }
-        if wc.status != WcStatus::Success {
-            if let Some(input) = self.work_error(t, wc.status) {
+        self.scratch.done = done;
+        self.after_work(t, wc.status);
+    }
+
+    /// What a work completion of status `status` leaves connection `t` to hear: a work error,
+    /// or, draining, that nothing is outstanding any more.
+    #[inline]
+    fn after_work(&mut self, t: ConnKey, status: WcStatus) {
+        if status != WcStatus::Success {
+            if let Some(input) = self.work_error(t, status) {
                 self.feed(t, input);
             }
         } else if self.conns.get(t).is_some_and(|c| c.drained()) {
@@ -496,75 +492,41 @@ impl Core {
     /// value) is counted stale and reaches no operation.
     fn complete_ring(&mut self, wc: WorkCompletion) {
         let found = WrId::decode(wc.wr_id).and_then(|id| ring_conn(&mut self.conns, id, |c| c.epoch));
-        // Nothing is posted from the rings yet (issue 47, phase 2's first step): whatever
-        // names a live connection still names no operation of it.
-        let _ = found;
-        self.stats.stale_completions += 1;
+        // Only receives are posted from the rings (sends go from the operation slab).
+        let found = found.filter(|(_, _, id)| id.dir == Dir::Recv);
+        let Some(at) = found.and_then(|(t, c, id)| c.lanes.recv_window(id.seq).map(|at| (t, at))) else {
+            self.stats.stale_completions += 1;
+            return;
+        };
+        self.finish_recv(at.0, at.1, wc);
+        self.after_work(at.0, wc.status);
     }
 
-    /// What a failed work request tells connection `t`, if anything. A flush is the first
-    /// error of an established connection no one was closing only when the device moved its
-    /// queue pair to the error state for a request of the peer's (a READ, WRITE or atomic
-    /// outside what was exposed to it: rxe raises no asynchronous event for it, Linux 6.1
-    /// `rxe_resp.c`, and such a request completes no work request of this side): named as
-    /// that. On iWARP such a flush (or one before establishment) tells nothing yet: the peer's disconnect (its end of the TCP
-    /// stream closing) flushes the queue pair before the connection manager reports it, a
-    /// local error's flushed receives can come before that error's own completion, and a
-    /// peer's violation ends the stream (a TERMINATE, then the close): the connection waits
-    /// for what follows, DISCONNECTED (`Peer`) or the failed request (`WorkError`)
-    /// (`proto::transport`).
-    pub(in crate::reactor) fn work_error(&mut self, t: ConnKey, status: WcStatus) -> Option<Input> {
-        // Saying goodbye counts as established: the queue pair is still connected.
-        let established = self.conns.get(t).is_some_and(|c| c.role.state().is_connected());
-        let iwarp = self.conns.get(t).and_then(|c| c.placed).is_some_and(|p| self.devices[p.device].caps.tail());
-        let setting_up =
-            self.conns.get(t).is_some_and(|c| matches!(c.role.state(), State::Connecting | State::Accepting));
-        if status == WcStatus::WrFlushErr && (established || setting_up) && iwarp {
-            // (Before establishment too: a refused connect flushes the receives before the
-            // reject is reported, which then says why.)
-            return None;
-        }
-        if status == WcStatus::WrFlushErr && established {
-            self.stats.peer_violations += 1;
-            return Some(Input::Fault(CloseReason::PeerViolation));
-        }
-        Some(Input::WorkError(status))
-    }
-
-    /// Delivers one finished operation (or handles it, for the runtime's own).
-    fn finish_op(&mut self, t: ConnKey, ot: OpKey, wc: WorkCompletion) {
-        let Some(mut op) = self.ops.remove(ot) else { return };
-        if op.control {
-            // A credit-only send (or a keepalive probe, a window bind): nothing to deliver.
-            if op.opcode == OpCode::Send && !op.is_bind() && wc.status == WcStatus::Success {
-                if let Some(c) = self.conns.get_mut(t) {
-                    c.meter.credit_message(true);
-                }
-            }
-            return self.after_completion(t);
-        }
+    /// Connection `t`'s receive at ring position `at` completed with `wc`: its credits and
+    /// kind read (the immediate data, or the message's tail), a message beyond the credit or
+    /// with a broken frame refused (the receive to the side list, the connection closed), a
+    /// credit-only message's receive queued again, any other completion delivered.
+    fn finish_recv(&mut self, t: ConnKey, at: u32, wc: WorkCompletion) {
+        let Some(c) = self.conns.get_mut(t) else { return };
         let mut byte_len = wc.byte_len;
-        if op.opcode == OpCode::Recv && wc.status == WcStatus::Success {
-            // One look-up of the connection for all of it (issue 33: three before, six for a
-            // credit-only message). Gone, there is no handler to tell: the buffer goes back.
-            let Some(c) = self.conns.get_mut(t) else { return };
+        if wc.status == WcStatus::Success {
             let tail = c.placed.is_some_and(|p| p.tail);
             // The credits and kind: in the immediate data, or in the message's tail on a
             // transport without it (`proto::transport`).
             let imm = if tail {
-                match unframe(wc.byte_len, op.received_tail(wc.byte_len), op.recv_capacity()) {
-                    Ok(u) => {
+                match c.lanes.recv_unframe(at, wc.byte_len) {
+                    Some(Ok(u)) => {
                         byte_len = u.len;
                         Some(u.imm)
                     }
-                    Err(why) => {
-                        // The peer broke the framing: the receive goes back unposted (the
+                    Some(Err(why)) => {
+                        // The peer broke the framing: the receive goes to the side list (the
                         // closing connection cancels it) and the connection closes.
-                        op.posted = false;
-                        c.rq.push_returned(self.ops.insert(op));
+                        c.lanes.return_recv(at);
                         self.violated(t);
                         return self.feed(t, Input::Fault(CloseReason::Protocol(why)));
                     }
+                    None => return,
                 }
             } else {
                 wc.imm.map(Imm::decode)
@@ -572,11 +534,10 @@ impl Core {
             if c.sq.flow_mut().is_some_and(|f| f.exhausted()) {
                 // The peer sent beyond the credit we granted it (review M1: a credit that is
                 // only advice lets one peer make a handler that answers every message queue
-                // without bound). The message is dropped, the receive goes back unposted (the
-                // closing connection cancels it) and the connection closes, as on a shared
-                // receive queue.
-                op.posted = false;
-                c.rq.push_returned(self.ops.insert(op));
+                // without bound). The message is dropped, the receive goes to the side list
+                // (the closing connection cancels it) and the connection closes, as on a
+                // shared receive queue.
+                c.lanes.return_recv(at);
                 // Counted and fed once: the messages after it in the same poll find the
                 // connection closing already.
                 let live = matches!(
@@ -610,12 +571,9 @@ impl Core {
                 control = imm.is_some_and(|i| i.control);
             }
             if control {
-                // A credit-only message used this receive: post it again, unseen.
+                // A credit-only message used this receive: post it again, unseen, first.
                 c.meter.credit_message(false);
-                let mut again = op;
-                again.after_control = true;
-                again.posted = false;
-                c.rq.push_front(self.ops.insert(again));
+                c.lanes.repost_recv(at);
                 list_dirty(c, t, &mut self.work.dirty);
                 return self.on_farewell(t, farewell);
             }
@@ -624,11 +582,61 @@ impl Core {
                 list_dirty(c, t, &mut self.work.dirty);
             }
         }
-        let result = match (wc.status, op.opcode) {
-            (WcStatus::Success, OpCode::Recv) => Ok(byte_len),
+        let result = match wc.status {
+            WcStatus::Success => Ok(byte_len),
+            status => Err(OpError::Wc(status)),
+        };
+        // Taken out of its slot, in the look-up that checked it (the window was checked in
+        // this tick's `complete_ring`, and nothing moved the lane since).
+        let Some(done) = c.lanes.take_recv_at(at, result, wc.remote_write) else { return };
+        self.deliver_completion_then(t, done.into());
+    }
+
+    /// What a failed work request tells connection `t`, if anything. A flush is the first
+    /// error of an established connection no one was closing only when the device moved its
+    /// queue pair to the error state for a request of the peer's (a READ, WRITE or atomic
+    /// outside what was exposed to it: rxe raises no asynchronous event for it, Linux 6.1
+    /// `rxe_resp.c`, and such a request completes no work request of this side): named as
+    /// that. On iWARP such a flush (or one before establishment) tells nothing yet: the peer's disconnect (its end of the TCP
+    /// stream closing) flushes the queue pair before the connection manager reports it, a
+    /// local error's flushed receives can come before that error's own completion, and a
+    /// peer's violation ends the stream (a TERMINATE, then the close): the connection waits
+    /// for what follows, DISCONNECTED (`Peer`) or the failed request (`WorkError`)
+    /// (`proto::transport`).
+    pub(in crate::reactor) fn work_error(&mut self, t: ConnKey, status: WcStatus) -> Option<Input> {
+        // Saying goodbye counts as established: the queue pair is still connected.
+        let established = self.conns.get(t).is_some_and(|c| c.role.state().is_connected());
+        let iwarp = self.conns.get(t).and_then(|c| c.placed).is_some_and(|p| self.devices[p.device].caps.tail());
+        let setting_up =
+            self.conns.get(t).is_some_and(|c| matches!(c.role.state(), State::Connecting | State::Accepting));
+        if status == WcStatus::WrFlushErr && (established || setting_up) && iwarp {
+            // (Before establishment too: a refused connect flushes the receives before the
+            // reject is reported, which then says why.)
+            return None;
+        }
+        if status == WcStatus::WrFlushErr && established {
+            self.stats.peer_violations += 1;
+            return Some(Input::Fault(CloseReason::PeerViolation));
+        }
+        Some(Input::WorkError(status))
+    }
+
+    /// Delivers one finished send-queue operation (or handles it, for the runtime's own).
+    fn finish_op(&mut self, t: ConnKey, ot: OpKey, wc: WorkCompletion) {
+        let Some(op) = self.ops.remove(ot) else { return };
+        if op.control {
+            // A credit-only send (or a keepalive probe, a window bind): nothing to deliver.
+            if op.opcode == OpCode::Send && !op.is_bind() && wc.status == WcStatus::Success {
+                if let Some(c) = self.conns.get_mut(t) {
+                    c.meter.credit_message(true);
+                }
+            }
+            return self.after_completion(t);
+        }
+        let result = match wc.status {
             // A send's byte_len is undefined in the completion; report what was posted.
-            (WcStatus::Success, _) => Ok(op.sge().1),
-            (status, _) => Err(OpError::Wc(status)),
+            WcStatus::Success => Ok(op.sge().1),
+            status => Err(OpError::Wc(status)),
         };
         let completion = op.into_completion(result, wc.remote_write);
         self.deliver_completion_then(t, completion);
@@ -781,7 +789,7 @@ pub(in crate::reactor) fn ring_conn<T>(
 /// [`Core::after_completion`] on connection `t`'s entry `c`.
 #[inline]
 fn after_completion(c: &mut crate::reactor::ConnEntry, t: ConnKey, dirty: &mut Vec<ConnKey>) {
-    if c.sq.wants_post() || c.rq.has_pending() {
+    if c.sq.wants_post() || c.lanes.has_pending_recvs() {
         list_dirty(c, t, dirty);
     }
 }
