@@ -209,6 +209,12 @@ impl WrId {
         raw >> 60 == Self::TAG
     }
 
+    /// The queue-pair epoch a ring `wr_id` (or a ring's base) carries.
+    #[inline(always)]
+    pub(crate) const fn epoch_of(raw: u64) -> u16 {
+        (raw >> 24) as u16
+    }
+
     /// Unpacks a ring's `wr_id`; `None` for any other value (a token, 0). Total: never panics.
     #[inline(always)]
     pub(crate) fn decode(raw: u64) -> Option<WrId> {

@@ -245,8 +245,9 @@ impl Qp {
     }
 }
 
-// Issue 47, phase 1: the reactor posts with these once it adopts the rings (phase 2).
-#[allow(dead_code)]
+// Issue 47: the reactor posts its receives with `post_recv_run` (phase 2, step 2) and its sends
+// with `post_send_run` from step 3; until then the latter serves only the host benchmark and
+// the tests.
 impl Qp {
     /// Posts the `n` send requests of `wrs` from position `first` (wrapping) as one chain, one
     /// doorbell: the run built in place (issue 47, `sys/wr.rs`).
@@ -254,6 +255,7 @@ impl Qp {
     /// # Safety
     ///
     /// As [`Qp::post_send`], for every request of the run as `wrs` holds it.
+    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) unsafe fn post_send_run(&self, wrs: &mut SendWrs, first: u32, n: u32) -> Result<(), PostError> {
         if n == 0 {
             return Ok(());
@@ -289,7 +291,6 @@ impl Qp {
     }
 }
 
-#[allow(dead_code)]
 /// What a post of a run of `n` requests did, from its return value and the position of the
 /// first refused request (`n` when it named none): as [`post_outcome`], whose reasons hold
 /// (libsiw's refusal reported with 0 included).

@@ -592,6 +592,7 @@ mod refused {
     pub(super) struct Seen {
         pub(super) established: bool,
         pub(super) sends: Vec<(u64, Result<u32, rdma_reactor::OpError>)>,
+        pub(super) recvs: Vec<(u64, Result<u32, rdma_reactor::OpError>)>,
         pub(super) closed: Option<CloseReason>,
     }
 
@@ -611,8 +612,10 @@ mod refused {
         }
 
         fn on_completion(&mut self, _conn: &mut rdma_reactor::Conn<'_>, c: rdma_reactor::Completion) {
-            if c.opcode == rdma_reactor::OpCode::Send {
-                self.0.borrow_mut().sends.push((c.user_data, c.result));
+            match c.opcode {
+                rdma_reactor::OpCode::Send => self.0.borrow_mut().sends.push((c.user_data, c.result)),
+                rdma_reactor::OpCode::Recv => self.0.borrow_mut().recvs.push((c.user_data, c.result)),
+                _ => {}
             }
         }
 
@@ -683,6 +686,75 @@ fn a_send_chain_refused_part_way_completes_every_send_once_without_a_drain_wait(
             drop(s);
             // Another connection of the same reactor is unaffected.
             let p = ping(&mut cli, a, 19, 20);
+            pump(&mut [&mut srv, &mut cli], LIMIT, || closed(&p));
+            assert_served(&p, 20);
+            drop(cli);
+            srv.shutdown(Duration::from_secs(1));
+        }
+        assert_baseline();
+    }
+}
+
+/// Catalogue case 18's receive counterpart (issue 47 phase 2: receives post from the receive
+/// lane, `Lanes::recvs_posted_with`): a receive run refused part way. The reactor cannot build
+/// a receive rxe refuses, so the test injects the refusal (`Reactor::inject_refused_recv`,
+/// feature `fault-injection`): of eight receives submitted in one tick the reactor posts three
+/// and takes the post as refused at the fourth (`EINVAL`). Expected: the five refused
+/// complete `Post(EINVAL)`, each exactly once; the three posted complete once each with an
+/// error (flushed, or `Unconfirmed`), never `Post`; the connection closes with
+/// `WorkError(LocQpOpErr)` without waiting for its drain deadline (ten minutes here); another
+/// connection keeps working; nothing is left behind. Not run by the change that added it (no
+/// VM run was made): compiled only.
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask test"]
+fn a_receive_run_refused_part_way_completes_every_receive_once_without_a_drain_wait() {
+    #[cfg(not(feature = "fault-injection"))]
+    panic!("built without the `fault-injection` feature: run it with `cargo xtask test`");
+    #[cfg(feature = "fault-injection")]
+    {
+        use refused::*;
+        {
+            let mut srv = Reactor::new().expect("server reactor");
+            let a = addr();
+            let agents_closed = Rc::new(RefCell::new(Vec::new()));
+            srv.listen(a, EchoListener { depth: 16, agents_closed }).expect("listen");
+            let timeouts = rdma_reactor::Timeouts { drain: Duration::from_secs(600), ..Default::default() };
+            let mut cli = Reactor::with_config(Config { timeouts, ..Config::default() }).expect("client reactor");
+            let seen = Rc::new(RefCell::new(Seen::default()));
+            let opts = ConnectOptions { msg_size: BIG as u32, ..ConnectOptions::default() };
+            let t = cli.connect(a, opts, Recorder(seen.clone())).expect("connect");
+            pump(&mut [&mut srv, &mut cli], LIMIT, || seen.borrow().established);
+            cli.inject_refused_recv(3);
+            for i in 100..108u64 {
+                let buf = cli.ctx().alloc(t, BIG).expect("receive buffer");
+                cli.ctx().submit(t, rdma_reactor::Op::recv(buf).user_data(i)).expect("submit");
+            }
+            let before = cli.stats();
+            pump(&mut [&mut srv, &mut cli], LIMIT, || seen.borrow().closed.is_some());
+            let after = cli.stats();
+            let s = seen.borrow();
+            let mut ours: Vec<(u64, Result<u32, rdma_reactor::OpError>)> =
+                s.recvs.iter().filter(|(ud, _)| (100..108).contains(ud)).cloned().collect();
+            println!(
+                "receive run of 8 refused at the fourth: {ours:?}; closed with {}; {} post_recv calls, {} requests \
+                 taken",
+                s.closed.as_ref().expect("closed"),
+                after.post_recv_calls - before.post_recv_calls,
+                after.wrs_posted - before.wrs_posted
+            );
+            ours.sort_by_key(|(ud, _)| *ud);
+            assert_eq!(ours.iter().map(|(ud, _)| *ud).collect::<Vec<_>>(), (100..108).collect::<Vec<_>>(), "each once");
+            for (ud, r) in &ours {
+                if *ud < 103 {
+                    assert!(matches!(r, Err(e) if *e != rdma_reactor::OpError::Post(22)), "posted receive {ud}: {r:?}");
+                } else {
+                    assert_eq!(*r, Err(rdma_reactor::OpError::Post(22)), "refused receive {ud}");
+                }
+            }
+            assert_eq!(s.closed, Some(CloseReason::WorkError(rdma_reactor::WcStatus::LocQpOpErr)));
+            drop(s);
+            // Another connection of the same reactor is unaffected.
+            let p = ping(&mut cli, a, 21, 20);
             pump(&mut [&mut srv, &mut cli], LIMIT, || closed(&p));
             assert_served(&p, 20);
             drop(cli);

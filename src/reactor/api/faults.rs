@@ -15,6 +15,9 @@ pub(in crate::reactor) struct Faults {
     /// A fault injected by a test (`fault-injection` feature): in the next send chain longer
     /// than this, the request at this index is one the device refuses.
     pub(in crate::reactor) refuse_send: Option<usize>,
+    /// A fault injected by a test (`fault-injection` feature): in the next receive run longer
+    /// than this, the request at this index and the ones after it are refused.
+    pub(in crate::reactor) refuse_recv: Option<u32>,
     /// A fault injected by a test (`fault-injection` feature): the next connection whose
     /// farewell is answered never calls `rdma_disconnect`.
     pub(in crate::reactor) silent_parting: bool,
@@ -48,6 +51,20 @@ impl Reactor {
     #[doc(hidden)]
     pub fn inject_refused_send(&mut self, index: usize) {
         self.core.faults.refuse_send = Some(index);
+    }
+
+    /// Hidden and unstable, behind the `fault-injection` feature, for the fault suite only: in
+    /// the next receive run this reactor posts with more than `index` requests, the request at
+    /// `index` is refused, as a device that takes the ones before it and refuses it in
+    /// `ibv_post_recv` would. The reactor cannot build a receive rxe refuses (a scatter entry
+    /// beyond the queue pair's limit would have the provider read memory that is not a request),
+    /// so the refusal is the reactor's own: it posts the first `index` requests of the run and
+    /// takes the post as refused there with `EINVAL`; what follows is the reactor's handling of
+    /// a real refusal (the receive counterpart of [`Reactor::inject_refused_send`], FAULTS.md,
+    /// case 18).
+    #[doc(hidden)]
+    pub fn inject_refused_recv(&mut self, index: u32) {
+        self.core.faults.refuse_recv = Some(index);
     }
 
     /// Hidden and unstable, behind the `fault-injection` feature, for the fault suite only: the

@@ -144,12 +144,11 @@ pub(in crate::reactor) struct ConnEntry {
     pub(in crate::reactor) role: Role,
     pub(in crate::reactor) handler: Option<Guarded<dyn ConnectionHandler>>,
     pub(in crate::reactor) placed: Option<Placement>,
-    /// Its queue pair's epoch (`Core::epochs`, issue 47), set when the queue pair is made: a
-    /// ring `wr_id` names this connection only with it.
-    pub(in crate::reactor) epoch: u16,
     pub(in crate::reactor) sq: SendQueue,
     /// Its operations on the queue pair's rings (issue 47, `data/lanes.rs`): its receives, from
-    /// submission to completion (its sends are still `sq`'s, in the operation slab).
+    /// submission to completion (its sends are still `sq`'s, in the operation slab). Its
+    /// queue pair's epoch (`Core::epochs`) is the lanes' (`Lanes::epoch`, set by `setup_qp`):
+    /// a ring `wr_id` names this connection only with it.
     pub(in crate::reactor) lanes: Lanes<Buf>,
     /// Listed in `Core::dirty`: has something to post at the end of the tick.
     pub(in crate::reactor) dirty: bool,
@@ -217,7 +216,6 @@ impl ConnEntry {
             role,
             handler: Some(Guarded::new(handler)),
             placed: None,
-            epoch: 0,
             sq: SendQueue::new(signal_every),
             // Named after its slot and epoch when it gets a queue pair (`Lanes::set_id`).
             lanes: Lanes::new(0, 0, signal_every).expect("slot 0 is in range"),

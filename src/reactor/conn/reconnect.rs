@@ -9,10 +9,15 @@
 //!    completed returned). There `destroy_conn` asks the policy (`Redial::failed`); when it
 //!    allows another attempt, the connection is *carried* instead of removed:
 //! 2. Operations not yet posted that can go on a new queue pair stay queued, in order
-//!    (`SendQueue::carry`, `RecvQueue::carry`): SENDs and receives. One-sided ones name the old
-//!    peer's remote keys, which a new connection invalidates: they complete with `Cancelled`,
-//!    as do the runtime's own (credit-only messages, window binds). Posted ones complete with
-//!    their error (`Unconfirmed`, or flushed).
+//!    (`SendQueue::carry` for the send queue, `Lanes::carry` for the receive lane: the
+//!    receives a refused message gave back first, each an ordinary receive of the next queue
+//!    pair): SENDs and receives. One-sided ones name the old peer's remote keys, which a new
+//!    connection invalidates: they complete with `Cancelled`, as do the runtime's own
+//!    (credit-only messages, window binds). Posted ones complete with their error
+//!    (`Unconfirmed`, or flushed). The receive lane keeps its name (the old queue pair's
+//!    epoch) while the client waits: a late completion of the old queue pair finds the posted
+//!    window empty and is counted stale; the next queue pair's `setup_qp` renames the lanes
+//!    with the next epoch (one epoch a queue pair).
 //! 3. Its CQ is given up as at destruction (step 4), its SRQ place left, its deadline,
 //!    credit-stall and keepalive timers forgotten (their keys no longer match), its machine
 //!    reset to a client that has not started; its user timers and counters stay.

@@ -11,6 +11,7 @@ use crate::proto::transport::{normalize_reject_status, Caps, Transport};
 use crate::proto::wire::{ConnectInfo, RejectCode, RejectReason, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
 use crate::reactor::api::config::{over_recv_budget, recv_size};
 use crate::reactor::conn::entry::Reserved;
+use crate::reactor::data::lanes::Rename;
 use crate::reactor::{
     ConnEntry, ConnectOptions, ConnectRequest, ConnectionHandler, Core, Decision, Endpoint, ListenerEntry,
     ListenerHandler, Placement, Role, TailRing,
@@ -21,6 +22,26 @@ use crate::sys::qp::{Qp, QpCaps};
 
 /// RDMA READ/atomic depth requested and granted on every connection.
 pub(super) const RD_ATOM: u8 = 4;
+
+/// [`Lanes::can_rename`](crate::reactor::data::lanes::Lanes::can_rename)'s answer as
+/// `setup_qp`'s error: a slot index beyond what a work request id carries (a reactor with more
+/// live connections than `WrId::MAX_INDEX + 1`, which `Config::validate` refuses to configure),
+/// or a connection given a queue pair while its last one's requests are outstanding (no path
+/// does: `destroy_conn` and `carried_to` empty the lanes first; refused rather than renaming,
+/// which would free memory the device may still write, review L3).
+pub(super) fn rename_check(check: std::result::Result<(), Rename>) -> Result<()> {
+    match check {
+        Ok(()) => Ok(()),
+        Err(Rename::IndexBeyond) => Err(Error::Limit {
+            what: "live connections of one reactor (the slot index a work request id carries)",
+            limit: WrId::MAX_INDEX as usize + 1,
+        }),
+        Err(Rename::Outstanding { sends, recvs }) => Err(Error::NotConnected(format!(
+            "a new queue pair for a connection whose last one still has {sends} sends and {recvs} receives \
+             outstanding"
+        ))),
+    }
+}
 
 impl Core {
     // ----- commands (called through Ctx) ----------------------------------------------------
@@ -648,15 +669,11 @@ impl Core {
     /// Creates the device resources if needed, the connection's CQ (its own, or the device's
     /// shared one) and queue pair.
     pub(super) fn setup_qp(&mut self, t: ConnKey) -> Result<()> {
-        if t.token().index() > WrId::MAX_INDEX {
-            // A work request id carries 20 bits of the connection's slot (`proto::token::WrId`).
-            return Err(Error::Limit {
-                what: "live connections of one reactor (the slot index a work request id carries)",
-                limit: WrId::MAX_INDEX as usize + 1,
-            });
-        }
         let dev = {
             let c = self.conns.get(t).ok_or(Error::StaleToken(t.token().as_u64()))?;
+            // The lanes are renamed after the new queue pair below (`Lanes::set_id`): checked
+            // here, before anything is made, so the rename cannot be refused.
+            rename_check(c.lanes.can_rename(t.token().index()))?;
             let id = c.ep.id().ok_or_else(|| Error::NotConnected("no id".into()))?;
             if let Some(exponent) = self.cfg.ack_timeout.map(ack_timeout_exponent) {
                 // Before rdma_connect/rdma_accept, which move the queue pair to RTS with it.
@@ -783,11 +800,14 @@ impl Core {
                 }
                 c.ep = Endpoint::Qp(qp);
                 // A new queue pair: a new epoch at this connection's slot, so nothing an earlier
-                // queue pair there reports names its operations.
-                c.epoch = crate::reactor::data::cq::next_epoch(&mut self.epochs, t.token().index());
-                // In range: checked at the start.
-                let named = c.lanes.set_id(t.token().index(), c.epoch);
-                debug_assert!(named, "a slot index in range");
+                // queue pair there reports names its operations. The lanes carry it (the one
+                // copy of the connection's epoch, `Lanes::epoch`). The rename cannot be
+                // refused: `rename_check` passed at the start (the index in range, nothing
+                // outstanding), and nothing was posted since (the connection had no queue
+                // pair); refused all the same, it would drop nothing (`Lanes::set_id`).
+                let epoch = crate::reactor::data::cq::next_epoch(&mut self.epochs, t.token().index());
+                let named = c.lanes.set_id(t.token().index(), epoch);
+                debug_assert!(named, "checked by rename_check");
                 c.tails = tails;
                 c.placed = Some(Placement { device: d, cq: ct, max_inline: granted.max_inline_data, recv_room, tail });
                 Ok(())
@@ -1030,6 +1050,39 @@ mod tests {
     use std::time::Duration;
 
     use super::ack_timeout_exponent;
+
+    /// Issue 47 (review L3, L5): `setup_qp` refuses, before it makes anything, a slot index
+    /// beyond what a work request id carries and a connection whose lanes still hold requests
+    /// of a queue pair (renaming them would free memory the device may write).
+    #[test]
+    fn a_queue_pair_is_refused_beyond_the_slot_index_limit_or_with_requests_outstanding() {
+        use super::rename_check;
+        use crate::error::Error;
+        use crate::proto::token::WrId;
+        use crate::reactor::data::lanes::{Lanes, Rename, Slot};
+        use crate::reactor::data::op::RawBuf;
+        use crate::sys::pool::Buf;
+
+        let mut lanes: Lanes<Buf> = Lanes::new(0, 0, 4).expect("slot 0");
+        assert!(rename_check(lanes.can_rename(WrId::MAX_INDEX)).is_ok());
+        match rename_check(lanes.can_rename(WrId::MAX_INDEX + 1)) {
+            Err(Error::Limit { limit, .. }) => assert_eq!(limit, 1 << 20),
+            other => panic!("{other:?}"),
+        }
+        lanes.set_capacity(4, 4);
+        lanes.submit_recv(Slot::raw(crate::proto::op::OpCode::Recv, RawBuf { addr: 0x1000, len: 8, lkey: 1 }, 1));
+        let (_, n) = lanes.plan_recvs(false);
+        assert!(lanes.recvs_posted(n, n, false).is_none());
+        assert_eq!(lanes.can_rename(7), Err(Rename::Outstanding { sends: 0, recvs: 1 }));
+        let e = rename_check(lanes.can_rename(7)).expect_err("refused");
+        assert!(matches!(e, Error::NotConnected(ref why) if why.contains("1 receives outstanding")), "{e}");
+        // Refused by the lanes themselves too: nothing dropped.
+        assert!(!lanes.set_id(7, 1));
+        assert_eq!(lanes.outstanding(), (0, 1));
+        let cleared = lanes.clear(None);
+        assert_eq!(cleared.posted_recvs, 1);
+        drop(cleared.into_cancelled(false));
+    }
 
     #[test]
     fn refusal_texts_fit_a_reject_and_ipv6_counts_by_its_64() {

@@ -16,8 +16,9 @@
 use std::time::{Duration, Instant};
 
 use crate::proto::conn::{CloseReason, Input, ListenerAction, State};
-use crate::proto::op::{OpCode, OpError, WcStatus};
+use crate::proto::op::OpCode;
 use crate::proto::token::{ConnKey, CqKey, Key, ListenerKey, Token};
+use crate::reactor::data::lanes::teardown_error;
 use crate::reactor::Completion;
 use crate::reactor::{Conn, Core, Ctx, Endpoint};
 use crate::sys::cm::CmId;
@@ -232,47 +233,43 @@ impl Core {
     /// queue pair is destroyed and its CQ drained. Gives back their CQ reservations. Costs the
     /// connection's own operations, not every live one: its queues hold them all. With
     /// `carry` (a reconnection, `reconnect.rs`) the ones never posted that a new queue pair
-    /// can take (SENDs and receives) stay queued.
+    /// can take (SENDs and receives) stay queued. Each completes once, with
+    /// `lanes::teardown_error`: posted, `Unconfirmed` (a receive on an iWARP queue pair whose
+    /// stream ended: flushed); never posted, `Cancelled`. The operation slab's first, then the
+    /// lanes' (their sends, then their receives: the posted ones, the side list, the queued
+    /// ones); the runtime's own complete to no one.
     pub(in crate::reactor) fn cancel_ops(&mut self, t: ConnKey, cq: Option<CqKey>, carry: bool) -> Vec<Completion> {
         let Some(c) = self.conns.get_mut(t) else { return Vec::new() };
-        let room = cq.and_then(|cq| self.cqs.get_mut(cq)).map(|e| &mut e.room);
+        let mut room = cq.and_then(|cq| self.cqs.get_mut(cq)).map(|e| &mut e.room);
         let stream_closed = c.stream_closed;
         let (mine, lanes) = if carry {
             let ops = &self.ops;
             // Not the runtime's own, and naming no remote key of the old peer.
             let goes_on = |k| ops.get(k).is_some_and(|o: &crate::reactor::OpEntry| !o.control && o.remote.is_none());
-            let gone = c.sq.carry(room, goes_on);
-            // The receives queued stay, the side list first; the lanes' ids name no queue pair
-            // of the old one's epoch (the new one's is set when it is made).
-            let epoch = crate::reactor::data::cq::next_epoch(&mut self.epochs, t.token().index());
-            (gone, c.lanes.carry(None, epoch, |_| true))
+            let gone = c.sq.carry(room.as_deref_mut(), goes_on);
+            // The receives queued stay, the side list first. The lanes keep their name (the
+            // connection's epoch, `Lanes::epoch`) until the next queue pair's `setup_qp`
+            // renames them: one epoch a queue pair. Meanwhile a late completion of the old
+            // queue pair names the live epoch but no position in the posted window, which the
+            // carry emptied (nothing can be posted without a queue pair): counted stale.
+            let epoch = c.lanes.epoch();
+            (gone, c.lanes.carry(room, epoch, |s| !s.is_control() && !s.is_one_sided()))
         } else {
-            (c.sq.clear(room), c.lanes.clear(None))
+            (c.sq.clear(room.as_deref_mut()), c.lanes.clear(room))
         };
-        let mut out = Vec::with_capacity(mine.len() + lanes.recvs.len());
+        let lanes = lanes.into_cancelled(stream_closed);
+        let mut out = Vec::with_capacity(mine.len() + lanes.len());
         for o in mine {
             let Some(op) = self.ops.remove(o) else { continue };
             if !op.control {
                 // Posted with no completion seen (its CQ failed, or the drain timed out):
                 // it may or may not have run. Never posted: cancelled. A receive posted on an
                 // iWARP queue pair whose stream ended: flushed (`ConnEntry::stream_closed`).
-                let err = match (op.posted, op.opcode) {
-                    (true, OpCode::Recv) if stream_closed => OpError::Wc(WcStatus::WrFlushErr),
-                    (true, _) => OpError::Unconfirmed,
-                    (false, _) => OpError::Cancelled,
-                };
+                let err = teardown_error(op.posted, op.opcode == OpCode::Recv, stream_closed);
                 out.push(op.into_completion(Err(err), false));
             }
         }
-        // The receive lane's: the posted ones first, then the side list and the queued ones.
-        for (i, slot) in lanes.recvs.into_iter().enumerate() {
-            let err = match i < lanes.posted_recvs {
-                true if stream_closed => OpError::Wc(WcStatus::WrFlushErr),
-                true => OpError::Unconfirmed,
-                false => OpError::Cancelled,
-            };
-            out.push(slot.into_done(Err(err), false).into());
-        }
+        out.extend(lanes.into_iter().map(Completion::from));
         out
     }
 

@@ -3,7 +3,9 @@
 //! (`sys/wr.rs`) while credits, immediate data and signaling are decided in the same loop.
 //!
 //! This is what `OpEntry` in the global operation slab, `SendQueue`/`RecvQueue` and their key
-//! queues, `Planned`, `SendWr` and `Chains` do today, on one structure per connection:
+//! queues, `Planned`, `SendWr` and `Chains` did, on one structure per connection. The reactor's
+//! receives are on it since issue 47 phase 2, step 2 (`ConnEntry::lanes`); its sends are still
+//! the slab's and `SendQueue`'s until step 3 (DATAPATH.md).
 //!
 //! - **Submission** makes the operation's [`Slot`] in place at its ring's tail
 //!   ([`Lanes::submit_send_with`], [`Lanes::submit_recv_with`]; its owner marks set as
@@ -60,17 +62,20 @@
 //! No FFI: the work-request arrays are `sys`'s, posted by `sys::qp`. Unit tests below, and a
 //! differential test that drives [`SendQueue`](super::send_queue::SendQueue) and the lanes with
 //! the same random scripts and compares every chain they post.
-// Phase 1 of issue 47: built beside the reactor's data path, which adopts it in phase 2
-// (DATAPATH.md); until then only the host benchmark (`bench_internals::Path`) and the unit tests
-// use it, so parts of it are dead code in a build without them.
-#![allow(dead_code)]
+// Issue 47 phase 2, step 2: the reactor uses the receive lane (submission, `plan_recvs`,
+// `recvs_posted_with`, `recv_completed_with`, `take_recv`, `clear`, `carry`, `set_id`); the send
+// lane (its slot constructors, `SendCtl`, the plans, `SendRun`, `SentOp`, `next_sent`) is step 3's
+// and used only by the host benchmark (`bench_internals::Path`) and the unit tests until then:
+// dead code in a build with neither, and only there (a test or benchmark build reports dead code
+// here).
+#![cfg_attr(not(all(test, feature = "bench-internals")), allow(dead_code))]
 
 use std::rc::Rc;
 
 use crate::proto::flow::{Farewell, Flow, Imm};
 use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{Dir, WrId};
-use crate::proto::transport::{unframe, Tail, Unframed, TAIL_LEN};
+use crate::proto::transport::{unframe, Tail, TAIL_LEN};
 use crate::proto::wire::RemoteSlice;
 use crate::reactor::data::cq_room::CqRoom;
 use crate::reactor::data::op::RawBuf;
@@ -95,16 +100,20 @@ pub(crate) trait LaneBuf {
     /// Bytes the chunk holds.
     fn capacity(&self) -> usize;
     /// Makes the first `len()` bytes this owner's before the device shows them.
+    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     fn show(&self);
     /// The device may write `n` bytes (a posted READ).
+    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     fn lend_to_device(&mut self, n: usize);
     /// The device may write the whole chunk (a posted receive).
+    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     fn lend_all_to_device(&mut self);
     /// The device wrote `n` bytes for this owner: they are the data.
     fn received(&mut self, n: usize);
     /// The first `n` bytes hold this owner's data (a READ's).
     fn written(&mut self, n: usize);
     /// Sets the length (up to the capacity; longer is cut at it).
+    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     fn set_len_at_most(&mut self, n: usize);
     /// The 4 bytes before offset `n` of a receive (a tail).
     fn tail_before(&self, n: usize) -> Option<[u8; 4]>;
@@ -225,6 +234,7 @@ impl LaneBuf for IndexBuf {
 /// What few operations hold besides their memory: kept out of line, so a slot moves and is
 /// taken apart field by field, without matching a variant (one allocation per iWARP READ,
 /// which registers its sink anyway, or window bind, as `OpEntry`'s `Rare`).
+#[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
 enum Rare {
     /// On iWARP, a READ's sink registered with remote write over exactly its bytes, held until
     /// the READ completes or is cancelled; its local key replaces the memory's.
@@ -339,6 +349,7 @@ impl<B: LaneBuf> Slot<B> {
 
     /// A send of a pool buffer's `len()` bytes. Its bytes are shown (the device sends them).
     #[inline(always)]
+    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) fn send(buf: B, user_data: u64) -> Slot<B> {
         buf.show();
         let sge = buf.send_sge();
@@ -347,6 +358,7 @@ impl<B: LaneBuf> Slot<B> {
 
     /// A receive into a pool buffer's whole capacity.
     #[inline(always)]
+    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) fn recv(mut buf: B, user_data: u64) -> Slot<B> {
         buf.lend_all_to_device();
         let sge = buf.recv_sge();
@@ -354,6 +366,7 @@ impl<B: LaneBuf> Slot<B> {
     }
 
     /// An RDMA WRITE (with immediate data when `imm`) of a pool buffer's `len()` bytes.
+    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) fn write(buf: B, remote: RemoteSlice, imm: bool, user_data: u64) -> Slot<B> {
         buf.show();
         let sge = buf.send_sge();
@@ -362,6 +375,7 @@ impl<B: LaneBuf> Slot<B> {
     }
 
     /// An RDMA READ of `remote.len` bytes into a pool buffer (submission checked they fit).
+    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) fn read(mut buf: B, remote: RemoteSlice, user_data: u64) -> Slot<B> {
         buf.set_len_at_most(remote.len as usize);
         buf.lend_to_device(remote.len as usize);
@@ -402,12 +416,14 @@ impl<B: LaneBuf> Slot<B> {
     }
 
     /// A window bind: holds the window until it completes.
+    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) fn bind(window: Rc<Window>) -> Slot<B> {
         Slot { rare: Some(Box::new(Rare::Bind(window))), ..Slot::probe() }
     }
 
     /// On iWARP, a READ whose sink `sink` registers its memory with remote write: its request
     /// names the sink's key.
+    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) fn with_sink(mut self, sink: Mr) -> Slot<B> {
         self.lkey = sink.lkey();
         self.rare = Some(Box::new(Rare::Sink(sink)));
@@ -434,6 +450,7 @@ impl<B: LaneBuf> Slot<B> {
     }
 
     /// The operation's kind.
+    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) fn opcode(&self) -> OpCode {
         self.opcode
     }
@@ -812,25 +829,47 @@ impl<B: LaneBuf> Lanes<B> {
     }
 
     /// Names the lanes' work requests after connection slot `index` and queue-pair epoch
-    /// `epoch` (at most `WrId::MAX_INDEX`; false beyond, nothing changed): the connection got
-    /// a queue pair. Nothing may be outstanding (the positions go on; what is queued stays).
+    /// `epoch`: the connection got a queue pair. The positions go on; what is queued stays.
+    /// Refused, nothing changed, when `index` is beyond `WrId::MAX_INDEX` or when anything is
+    /// outstanding (a posted request names the old queue pair, and its slot holds memory the
+    /// device may still write: renaming would drop it, review L3): the caller checks both
+    /// first ([`Lanes::can_rename`]), so a refusal here is a broken invariant, and even then
+    /// no slot is dropped.
     pub(crate) fn set_id(&mut self, index: u32, epoch: u16) -> bool {
-        debug_assert_eq!(self.outstanding(), (0, 0), "renamed with requests on a queue pair");
+        if self.can_rename(index).is_err() {
+            return false;
+        }
         let (Some(sbase), Some(rbase)) = (WrId::base(index, epoch, Dir::Send), WrId::base(index, epoch, Dir::Recv))
         else {
             return false;
         };
-        drop(self.send.carry(sbase));
-        drop(self.recv.carry(rbase));
+        // Nothing outstanding (checked above): the carries hand back nothing.
+        let (sends, recvs) = (self.send.carry(sbase), self.recv.carry(rbase));
+        debug_assert!(sends.is_empty() && recvs.is_empty());
         true
     }
 
-    /// The queue-pair epoch its work requests name.
+    /// Why [`Lanes::set_id`] would refuse to rename the lanes after slot `index`: the index is
+    /// beyond what a `wr_id` carries, or requests are outstanding (sends, receives).
+    pub(crate) fn can_rename(&self, index: u32) -> Result<(), Rename> {
+        if index > WrId::MAX_INDEX {
+            return Err(Rename::IndexBeyond);
+        }
+        match self.outstanding() {
+            (0, 0) => Ok(()),
+            (sends, recvs) => Err(Rename::Outstanding { sends, recvs }),
+        }
+    }
+
+    /// The queue-pair epoch its work requests name (the connection's: `Core::complete`
+    /// accepts a ring `wr_id` only with it).
+    #[inline(always)]
     pub(crate) fn epoch(&self) -> u16 {
-        WrId::decode(self.send.base()).map_or(0, |id| id.epoch)
+        WrId::epoch_of(self.recv.base())
     }
 
     /// The send work requests the queue pair holds.
+    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) fn send_capacity(&self) -> u32 {
         self.ctl.capacity
     }
@@ -857,6 +896,7 @@ impl<B: LaneBuf> Lanes<B> {
     }
 
     /// True when the connection closes with the close handshake.
+    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) fn farewell(&self) -> bool {
         self.ctl.has(FAREWELL)
     }
@@ -968,7 +1008,7 @@ impl<B: LaneBuf> Lanes<B> {
 
     /// True when receives wait to be posted.
     pub(crate) fn has_pending_recvs(&self) -> bool {
-        self.recv.queued() > 0 || self.recv.overflowed() > 0
+        recvs_waiting(&self.recv)
     }
 
     /// True when a plan could post something now or later (as `SendQueue::wants_post`).
@@ -1033,45 +1073,25 @@ impl<B: LaneBuf> Lanes<B> {
 
     /// The device took `taken` of the `n` receives planned; `grants` when receives posted now
     /// grant credits (the connect information was sent). Returns the ones it refused, in
-    /// order, for the caller to fail (`None`: all taken).
+    /// order, for the caller to fail (`None`: all taken). Without `grants` the credit state is
+    /// left as it is (review L1: it was dropped, turning flow control off).
     #[inline]
     pub(crate) fn recvs_posted(&mut self, taken: u32, n: u32, grants: bool) -> Option<Vec<Slot<B>>> {
-        let mut flow = self.ctl.flow.take().filter(|_| grants);
-        let refused = self.recvs_posted_with(taken, n, |after| {
+        let Lanes { recv, ctl, recv_after_control, .. } = self;
+        let mut flow = ctl.flow.as_mut().filter(|_| grants);
+        recvs_taken(recv, *recv_after_control, taken, n, |after| {
             if let Some(f) = flow.as_mut() {
                 f.on_repost(after);
             }
-        });
-        if grants {
-            self.ctl.flow = flow;
-        }
-        refused
+        })
     }
 
     /// [`Lanes::recvs_posted`] with the grants of the receives taken told to `grant` (each
     /// receive in order: true for a re-post after a credit-only message), for a caller whose
     /// credit state is not the lanes' own.
     #[inline]
-    pub(crate) fn recvs_posted_with(
-        &mut self,
-        taken: u32,
-        n: u32,
-        mut grant: impl FnMut(bool),
-    ) -> Option<Vec<Slot<B>>> {
-        if self.recv_after_control == 0 {
-            for _ in 0..taken {
-                grant(false);
-            }
-        } else {
-            for k in 0..taken {
-                grant(self.recv.queued_at(k).is_some_and(|s| s.flags & AFTER_CONTROL != 0));
-            }
-        }
-        self.recv.mark_posted(taken);
-        if taken < n {
-            return Some(self.recv.remove_queued(0, n - taken));
-        }
-        None
+    pub(crate) fn recvs_posted_with(&mut self, taken: u32, n: u32, grant: impl FnMut(bool)) -> Option<Vec<Slot<B>>> {
+        recvs_taken(&mut self.recv, self.recv_after_control, taken, n, grant)
     }
 
     /// Plans the send chain to post now and writes its work requests into the send array:
@@ -1336,52 +1356,26 @@ impl<B: LaneBuf> Lanes<B> {
     /// messages end in a tail when `tail` (iWARP): what it was ([`RecvOutcome`]), with the
     /// credits and kind read and the rules of `finish_op` applied (a message beyond the credit
     /// or with a broken frame is refused; a credit-only message's receive is queued again).
+    /// The send side is the lanes' own (its credit state, hold and queued sends):
+    /// [`Lanes::recv_completed_with`] for a caller whose send side is elsewhere.
     #[inline(always)]
     pub(crate) fn recv_completed(&mut self, seq: u32, wc: &WorkCompletion, tail: bool) -> RecvOutcome {
-        let Some(at) = self.recv.window(seq) else { return RecvOutcome::Stale };
-        if wc.status != WcStatus::Success {
-            let delivery = Delivery { at, result: Err(OpError::Wc(wc.status)), remote_write: wc.remote_write };
-            return RecvOutcome::Deliver { delivery, wake: self.has_pending_recvs() };
-        }
-        let mut byte_len = wc.byte_len;
-        let imm = if tail {
-            match self.recv.get(at).map(|s| unframe(wc.byte_len, s.received_tail(wc.byte_len), s.recv_capacity())) {
-                Some(Ok(u)) => {
-                    byte_len = u.len;
-                    Some(u.imm)
-                }
-                Some(Err(why)) => {
-                    self.return_recv(at);
-                    return RecvOutcome::BadFrame(why);
-                }
-                None => return RecvOutcome::Stale,
-            }
-        } else {
-            wc.imm.map(Imm::decode)
-        };
-        if self.ctl.flow.as_ref().is_some_and(Flow::exhausted) {
-            self.return_recv(at);
-            return RecvOutcome::Overdrawn;
-        }
-        let released = self.ctl.has(HOLD) && self.release();
-        let (mut control, mut wake, mut farewell) = (false, released, Farewell::None);
-        if let Some(flow) = self.ctl.flow.as_mut() {
-            // One without immediate data (a peer breaking the protocol) grants nothing.
-            let imm = imm.unwrap_or(Imm::data(0));
-            flow.on_receive(imm);
-            // Credits owed are due, or the ones granted let waiting sends go.
-            wake |= flow.wants_control() || (imm.grant > 0 && (self.send.queued() > 0 || self.send.overflowed() > 0));
-            control = imm.control;
-            farewell = imm.farewell;
-        } else if tail {
-            control = imm.is_some_and(|i| i.control);
-        }
-        if control {
-            self.repost_recv(at);
-            return RecvOutcome::Control { farewell };
-        }
-        let delivery = Delivery { at, result: Ok(byte_len), remote_write: wc.remote_write };
-        RecvOutcome::Deliver { delivery, wake: wake || self.has_pending_recvs() }
+        let Lanes { send, recv, ctl, returned, .. } = self;
+        recv_rules(recv, returned, seq, wc, tail, &mut OwnSide { ctl, send })
+    }
+
+    /// [`Lanes::recv_completed`] with the send side `side`: the reactor's, whose sends are
+    /// still `SendQueue`'s (issue 47 phase 2, step 2). The same rules, in one implementation
+    /// ([`recv_rules`]): the reactor runs the code the lane tests and the host count drive.
+    #[inline(always)]
+    pub(crate) fn recv_completed_with<S: SendSide>(
+        &mut self,
+        seq: u32,
+        wc: &WorkCompletion,
+        tail: bool,
+        side: &mut S,
+    ) -> RecvOutcome {
+        recv_rules(&mut self.recv, &mut self.returned, seq, wc, tail, side)
     }
 
     /// The receive of `delivery` taken out of its slot as its handler's completion: its parts
@@ -1402,57 +1396,6 @@ impl<B: LaneBuf> Lanes<B> {
         // What is left of it owns nothing (`Slot::take_done`).
         forget_husk(self.recv.vacate(at));
         done
-    }
-
-    /// The full position of an outstanding receive whose completion's `wr_id` carried `seq`
-    /// (in the posted window, its slot live); `None` for anything else (stale, counted by the
-    /// caller).
-    #[inline(always)]
-    pub(crate) fn recv_window(&self, seq: u32) -> Option<u32> {
-        self.recv.window(seq)
-    }
-
-    /// The payload and the credits of a message of `byte_len` bytes that ends in a tail
-    /// (iWARP), received by the outstanding receive at `at` (`proto::transport::unframe`);
-    /// `None` when no receive is outstanding there.
-    pub(crate) fn recv_unframe(&self, at: u32, byte_len: u32) -> Option<Result<Unframed, String>> {
-        let slot = self.recv.get(at).filter(|_| at.wrapping_sub(self.recv.head()) < self.recv.outstanding())?;
-        Some(unframe(byte_len, slot.received_tail(byte_len), slot.recv_capacity()))
-    }
-
-    /// The outstanding receive at `at` taken out of its slot as its handler's completion, with
-    /// `result` (as [`Lanes::take_recv`]); `None` when none is outstanding there.
-    #[inline(always)]
-    pub(crate) fn take_recv_at(
-        &mut self,
-        at: u32,
-        result: Result<u32, OpError>,
-        remote_write: bool,
-    ) -> Option<Done<B>> {
-        let slot = self.recv.outstanding_mut(at)?;
-        let done = slot.take_done_as(OpCode::Recv, result, remote_write);
-        forget_husk(self.recv.vacate(at));
-        Some(done)
-    }
-
-    /// The receive at `at`, whose message was refused, leaves the ring for the side list.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn return_recv(&mut self, at: u32) {
-        if let Some(slot) = self.recv.take(at) {
-            self.returned.push(slot);
-        }
-    }
-
-    /// The receive at `at`, which a credit-only message consumed, is queued again ahead of the
-    /// others.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn repost_recv(&mut self, at: u32) {
-        if let Some(mut again) = self.recv.take(at) {
-            again.flags |= AFTER_CONTROL;
-            self.recv.insert_queued(0, again);
-        }
     }
 
     /// Empties both lanes for teardown (the queue pair is gone): gives back the CQ room of the
@@ -1478,15 +1421,17 @@ impl<B: LaneBuf> Lanes<B> {
         Cleared { sends, posted_sends, recvs, posted_recvs }
     }
 
-    /// For a reconnection (the old queue pair is gone; `epoch` names the new one, on the same
-    /// connection slot): gives back the CQ room of the posted sends and returns them, keeps the
+    /// For a reconnection (the old queue pair is gone; the lanes are named with `epoch` from
+    /// now on, on the same connection slot: the reactor passes their own, `Lanes::epoch`, and
+    /// renames them for the next queue pair with [`Lanes::set_id`]): gives back the CQ room of the posted sends and returns them, keeps the
     /// queued send-queue operations for which `keep` is true (in order; the reactor keeps those
     /// that name no remote key of the old peer: [`Slot::is_one_sided`]) and returns the others
     /// after the posted ones, and forgets everything of the old queue pair (slots, signaling,
     /// credits, hold, hello, nudge; the runtime's own queued messages are returned); returns
-    /// the posted receives and keeps the queued ones, the side list first (posted again as they
-    /// were, `RecvQueue::push_returned`'s order). Everything returned was posted but what
-    /// follows `posted_sends` ([`Cleared`]).
+    /// the posted receives and keeps the queued ones, the side list first (`RecvQueue`'s order),
+    /// each an ordinary receive of the next queue pair (a re-post's flag after a credit-only
+    /// message is cleared: its grant was the old credit state's). Everything returned was
+    /// posted but what follows `posted_sends` ([`Cleared`]).
     pub(crate) fn carry(
         &mut self,
         room: Option<&mut CqRoom>,
@@ -1521,8 +1466,14 @@ impl<B: LaneBuf> Lanes<B> {
         };
         let recvs = self.recv.carry(rbase);
         let posted_recvs = recvs.len();
-        for slot in self.returned.drain(..).rev() {
-            self.recv.insert_queued(0, slot);
+        // The side list first, then the queued, each an ordinary receive of the new queue
+        // pair: a re-post's grant after a credit-only message was owed on the old one's credit
+        // state (review L5: left flagged, a carried re-post behind the side list broke the
+        // rule that the flagged ones are a prefix, which saying goodbye posts).
+        let queued = self.recv.drain();
+        for mut slot in self.returned.drain(..).chain(queued) {
+            slot.flags &= !AFTER_CONTROL;
+            self.recv.push(slot);
         }
         self.recv_capacity = 0;
         Cleared { sends, posted_sends, recvs, posted_recvs }
@@ -1539,6 +1490,222 @@ pub(crate) struct Cleared<B> {
     pub(crate) recvs: Vec<Slot<B>>,
     /// The first this many of `recvs` were posted.
     pub(crate) posted_recvs: usize,
+}
+
+/// What a receive completion reads and changes of its connection's send side: the credit
+/// state, the hold of an iWARP agent's sends, whether sends wait. The lanes' own
+/// ([`Lanes::recv_completed`]) or, while the reactor's sends are still `SendQueue`'s (issue 47
+/// phase 2, step 2), the send queue's ([`Lanes::recv_completed_with`]): one set of receive
+/// rules ([`recv_rules`]) either way.
+pub(crate) trait SendSide {
+    /// The credit state, when flow control is on.
+    fn flow(&mut self) -> Option<&mut Flow>;
+    /// The peer has spoken: sends held back may go. True when something was held.
+    fn release(&mut self) -> bool;
+    /// True when send-queue operations wait to be posted.
+    fn sends_waiting(&self) -> bool;
+}
+
+/// The lanes' own send side.
+struct OwnSide<'a, B> {
+    ctl: &'a mut SendCtl,
+    send: &'a Ring<Slot<B>>,
+}
+
+impl<B> SendSide for OwnSide<'_, B> {
+    #[inline(always)]
+    fn flow(&mut self) -> Option<&mut Flow> {
+        self.ctl.flow.as_mut()
+    }
+
+    #[inline(always)]
+    fn release(&mut self) -> bool {
+        let held = self.ctl.has(HOLD);
+        if held {
+            self.ctl.set(HOLD, false);
+        }
+        held
+    }
+
+    #[inline(always)]
+    fn sends_waiting(&self) -> bool {
+        self.send.queued() > 0 || self.send.overflowed() > 0
+    }
+}
+
+/// The receive rules, once for every caller ([`Lanes::recv_completed`],
+/// [`Lanes::recv_completed_with`]): a receive completion whose `wr_id` carried position `seq`
+/// on the receive ring `recv` (side list `returned`), of a queue pair whose messages end in a
+/// tail when `tail`, with the connection's send side `side`. In order: the posted window (a
+/// position outside it, or whose slot is empty, is [`RecvOutcome::Stale`]); a failed
+/// completion is delivered as it is; the credits and kind are read (the immediate data, or the
+/// tail: a broken frame sends the receive to the side list, [`RecvOutcome::BadFrame`]); a
+/// message beyond the credit sends it there too ([`RecvOutcome::Overdrawn`]); a hold is
+/// released; the credits are taken in; a credit-only message's receive is queued again at the
+/// front ([`RecvOutcome::Control`]); anything else is delivered, with `wake` when the
+/// connection may have something to post it could not post before.
+#[inline(always)]
+fn recv_rules<B: LaneBuf, S: SendSide>(
+    recv: &mut Ring<Slot<B>>,
+    returned: &mut Vec<Slot<B>>,
+    seq: u32,
+    wc: &WorkCompletion,
+    tail: bool,
+    side: &mut S,
+) -> RecvOutcome {
+    let Some(at) = recv.window(seq) else { return RecvOutcome::Stale };
+    if wc.status != WcStatus::Success {
+        let delivery = Delivery { at, result: Err(OpError::Wc(wc.status)), remote_write: wc.remote_write };
+        return RecvOutcome::Deliver { delivery, wake: recvs_waiting(recv) };
+    }
+    let mut byte_len = wc.byte_len;
+    let imm = if tail {
+        match recv.get(at).map(|s| unframe(wc.byte_len, s.received_tail(wc.byte_len), s.recv_capacity())) {
+            Some(Ok(u)) => {
+                byte_len = u.len;
+                Some(u.imm)
+            }
+            Some(Err(why)) => {
+                to_side_list(recv, returned, at);
+                return RecvOutcome::BadFrame(why);
+            }
+            // In the window, so its slot is live: not reached.
+            None => return RecvOutcome::Stale,
+        }
+    } else {
+        wc.imm.map(Imm::decode)
+    };
+    if side.flow().is_some_and(|f| f.exhausted()) {
+        to_side_list(recv, returned, at);
+        return RecvOutcome::Overdrawn;
+    }
+    // An iWARP agent's sends wait for its client's first message: this one.
+    let released = side.release();
+    let (mut control, mut wake, mut farewell, mut grant) = (false, released, Farewell::None, 0);
+    if let Some(flow) = side.flow() {
+        // Every message consumed a receive we granted; one without immediate data (a peer
+        // breaking the protocol) grants nothing.
+        let imm = imm.unwrap_or(Imm::data(0));
+        flow.on_receive(imm);
+        // Credits owed are due.
+        wake |= flow.wants_control();
+        control = imm.control;
+        farewell = imm.farewell;
+        grant = imm.grant;
+    } else if tail {
+        // Without flow control a tail's only credit-only message is the client's first
+        // (`set_hello`).
+        control = imm.is_some_and(|i| i.control);
+    }
+    if control {
+        repost(recv, at);
+        return RecvOutcome::Control { farewell };
+    }
+    // The credits granted let waiting sends go.
+    wake |= grant > 0 && side.sends_waiting();
+    let delivery = Delivery { at, result: Ok(byte_len), remote_write: wc.remote_write };
+    RecvOutcome::Deliver { delivery, wake: wake || recvs_waiting(recv) }
+}
+
+/// True when receives of `recv` wait to be posted.
+#[inline(always)]
+fn recvs_waiting<B>(recv: &Ring<Slot<B>>) -> bool {
+    recv.queued() > 0 || recv.overflowed() > 0
+}
+
+/// The receive at `at`, whose message was refused, leaves the ring for the side list
+/// `returned`: never posted on this queue pair again (the connection closes), cancelled at
+/// teardown or posted first on a reconnection's queue pair.
+#[cold]
+#[inline(never)]
+fn to_side_list<B>(recv: &mut Ring<Slot<B>>, returned: &mut Vec<Slot<B>>, at: u32) {
+    if let Some(slot) = recv.take(at) {
+        returned.push(slot);
+    }
+}
+
+/// The receive at `at`, which a credit-only message consumed, is queued again ahead of the
+/// others: at the front of the queued receives, under the position it is posted from next (its
+/// consumed `wr_id` names an empty slot from now on).
+#[cold]
+#[inline(never)]
+fn repost<B>(recv: &mut Ring<Slot<B>>, at: u32) {
+    if let Some(mut again) = recv.take(at) {
+        again.flags |= AFTER_CONTROL;
+        recv.insert_queued(0, again);
+    }
+}
+
+/// [`Lanes::recvs_posted_with`] on the receive ring `recv`, of which the last plan queued
+/// `after_control` re-posts: the first `taken` of the `n` planned were posted (each granted to
+/// `grant` in order), the rest are removed and returned.
+#[inline(always)]
+fn recvs_taken<B>(
+    recv: &mut Ring<Slot<B>>,
+    after_control: u32,
+    taken: u32,
+    n: u32,
+    mut grant: impl FnMut(bool),
+) -> Option<Vec<Slot<B>>> {
+    if after_control == 0 {
+        for _ in 0..taken {
+            grant(false);
+        }
+    } else {
+        for k in 0..taken {
+            grant(recv.queued_at(k).is_some_and(|s| s.flags & AFTER_CONTROL != 0));
+        }
+    }
+    recv.mark_posted(taken);
+    if taken < n {
+        return Some(recv.remove_queued(0, n - taken));
+    }
+    None
+}
+
+impl<B: LaneBuf> Cleared<B> {
+    /// The completions of what [`Lanes::clear`] or [`Lanes::carry`] handed back, at teardown
+    /// (the queue pair destroyed, its CQ reaped): the sends first, then the receives, each
+    /// lane in its order (receives: the posted ones, then the side list, then the queued
+    /// ones), each with [`teardown_error`]; the runtime's own are dropped (no handler hears of
+    /// them). Every operation handed back completes once (`Core::cancel_ops`).
+    pub(crate) fn into_cancelled(self, stream_closed: bool) -> Vec<Done<B>> {
+        let Cleared { sends, posted_sends, recvs, posted_recvs } = self;
+        let mut out = Vec::with_capacity(sends.len() + recvs.len());
+        for (i, slot) in sends.into_iter().enumerate() {
+            if slot.is_control() {
+                drop(slot);
+                continue;
+            }
+            out.push(slot.into_done(Err(teardown_error(i < posted_sends, false, stream_closed)), false));
+        }
+        for (i, slot) in recvs.into_iter().enumerate() {
+            out.push(slot.into_done(Err(teardown_error(i < posted_recvs, true, stream_closed)), false));
+        }
+        out
+    }
+}
+
+/// How an operation that never completed on the device completes at teardown, its queue pair
+/// destroyed and its CQ reaped: posted, `Unconfirmed` (it may or may not have run), or, a
+/// receive posted on an iWARP queue pair whose stream ended (`stream_closed`), flushed
+/// (`Wc(WrFlushErr)`, `ConnEntry::stream_closed`); never posted, `Cancelled`. The one rule for
+/// the operation slab's and the lanes' (`Core::cancel_ops`).
+pub(crate) fn teardown_error(posted: bool, recv: bool, stream_closed: bool) -> OpError {
+    match (posted, recv) {
+        (true, true) if stream_closed => OpError::Wc(WcStatus::WrFlushErr),
+        (true, _) => OpError::Unconfirmed,
+        (false, _) => OpError::Cancelled,
+    }
+}
+
+/// Why [`Lanes::can_rename`] refuses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rename {
+    /// The slot index is beyond `WrId::MAX_INDEX`.
+    IndexBeyond,
+    /// Requests of the present queue pair are outstanding.
+    Outstanding { sends: u32, recvs: u32 },
 }
 
 /// Plans the queued operation at queued position `k` of `run` (the `k`-th request): when it may

@@ -1,7 +1,9 @@
 //! Submission and posting. Operations queue per connection during a tick and go to the device
 //! at the end of it, one chain per queue pair and direction (one doorbell each). What may go
-//! is planned by [`SendQueue`](crate::reactor::data::send_queue::SendQueue) and
-//! [`RecvQueue`](crate::reactor::data::send_queue::RecvQueue); this file checks submissions and does the FFI
+//! is planned by [`SendQueue`](crate::reactor::data::send_queue::SendQueue) for the send queue
+//! (its work requests built here) and by the connection's receive lane for receives
+//! ([`Lanes::plan_recvs`](crate::reactor::data::lanes::Lanes::plan_recvs), which writes their
+//! work requests in place; issue 47 phase 2); this file checks submissions and does the FFI
 //! step.
 
 use crate::error::Error;
@@ -50,6 +52,9 @@ struct Posting<'a> {
     /// `Reactor::inject_refused_send`.
     #[cfg(feature = "fault-injection")]
     refuse_send: &'a mut Option<usize>,
+    /// `Reactor::inject_refused_recv`.
+    #[cfg(feature = "fault-injection")]
+    refuse_recv: &'a mut Option<u32>,
 }
 
 /// The [`Posting`] of a core: its fields borrowed apart, beside a connection borrowed from
@@ -64,6 +69,8 @@ macro_rules! posting {
             cfg: &$core.cfg,
             #[cfg(feature = "fault-injection")]
             refuse_send: &mut $core.faults.refuse_send,
+            #[cfg(feature = "fault-injection")]
+            refuse_recv: &mut $core.faults.refuse_recv,
         }
     };
 }
@@ -84,7 +91,7 @@ enum AfterSends {
 /// has one (`srq_mode`: `Config::srq`), where every connection does. The second covers a client
 /// waiting to reconnect (`conn/reconnect.rs`), which holds no share until its new queue pair:
 /// a receive accepted then was carried to that queue pair, which has no receive queue of its
-/// own (`rq`'s capacity 0), so it was never posted and completed only at close (review L3).
+/// own (its receive lane's capacity 0), so it was never posted and completed only at close (review L3).
 pub(in crate::reactor) fn own_receive_refused(srq_mode: bool, on_srq: bool, body: &Body) -> bool {
     (srq_mode || on_srq) && matches!(body, Body::Recv(_) | Body::RawRecv(_) | Body::RecvRegion(_))
 }
@@ -564,6 +571,24 @@ fn credit_watch(c: &mut ConnEntry, cfg: &Config) -> Option<Duration> {
 }
 
 impl Posting<'_> {
+    /// The position in a receive run of `n` requests a test made the device refuse
+    /// (`Reactor::inject_refused_recv`), once.
+    #[cfg(feature = "fault-injection")]
+    fn take_refused_recv(&mut self, n: u32) -> Option<u32> {
+        let at = self.refuse_recv.filter(|i| *i < n);
+        if at.is_some() {
+            *self.refuse_recv = None;
+        }
+        at
+    }
+
+    /// Without the `fault-injection` feature there is nothing to inject.
+    #[cfg(not(feature = "fault-injection"))]
+    #[inline(always)]
+    fn take_refused_recv(&mut self, _n: u32) -> Option<u32> {
+        None
+    }
+
     /// Posts connection `c`'s queued receives from its receive lane, written in place
     /// (`Lanes::plan_recvs`). Returns the ones the device refused, with the errno, for the
     /// caller to fail.
@@ -577,15 +602,25 @@ impl Posting<'_> {
             return None;
         }
         let qp = c.ep.qp().expect("can_post");
+        // `Reactor::inject_refused_recv`: the run posted up to the request it refuses.
+        let refused_at = self.take_refused_recv(n);
         #[allow(unsafe_code)]
         // SAFETY: every request of the run names a pool `Buf`, a region slice or a `RawBuf`
         // held by its slot on the receive lane until its completion is reaped or it is
         // cancelled after the queue pair is destroyed (the lanes never drop a posted slot: they
-        // hand it out taken, cleared or carried); a pool buffer is registered on this device's
-        // PD and keeps its region alive, and so does a region slice (its `lkey` is the region's
-        // registration on this PD, which the region keeps while any handle lives); a `RawBuf`
-        // is covered by `Conn::submit_raw`'s contract.
-        let r = unsafe { qp.post_recv_run(c.lanes.recv_wrs(), first, n) };
+        // hand it out taken, cleared or carried, and `Lanes::set_id` refuses to rename them
+        // while any is outstanding); a pool buffer is registered on this device's PD and keeps
+        // its region alive, and so does a region slice (its `lkey` is the region's registration
+        // on this PD, which the region keeps while any handle lives); a `RawBuf` is covered by
+        // `Conn::submit_raw`'s contract. A shorter run (an injected refusal) is a prefix of it.
+        let r = unsafe { qp.post_recv_run(c.lanes.recv_wrs(), first, refused_at.unwrap_or(n)) };
+        let r = match (r, refused_at) {
+            (Ok(()), Some(at)) => Err(crate::sys::qp::PostError {
+                posted: at as usize,
+                error: std::io::Error::from_raw_os_error(nix::libc::EINVAL),
+            }),
+            (r, _) => r,
+        };
         self.stats.post_recv_calls += 1;
         let taken = r.as_ref().map_or_else(|e| e.posted as u32, |()| n).min(n);
         self.stats.wrs_posted += u64::from(taken);

@@ -44,10 +44,12 @@
 //!
 //! Pure: no FFI. Unit tests below script every case.
 
-// Phase 1 of issue 47: built beside the reactor's data path, which adopts it in phase 2
-// (DATAPATH.md); until then only the host benchmark (`bench_internals::Path`) and the unit tests
-// use it, so parts of it are dead code in a build without them.
-#![allow(dead_code)]
+// Issue 47 phase 2, step 2: the reactor's receives are on the receive ring; its sends move onto
+// the send ring in step 3 (DATAPATH.md). Until then the send side (`head`, `pop_until`,
+// `oldest`, `reserve`, `has_room`, ...) is used only by the host benchmark
+// (`bench_internals::Path`) and the unit tests: dead code in a build with neither, and only
+// there (a test or benchmark build reports dead code here).
+#![cfg_attr(not(all(test, feature = "bench-internals")), allow(dead_code))]
 
 use std::collections::VecDeque;
 
@@ -301,6 +303,7 @@ impl<T> Ring<T> {
 
     /// The `k`-th queued operation, mutably.
     #[inline(always)]
+    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) fn queued_mut(&mut self, k: u32) -> Option<&mut T> {
         if k >= self.queued() {
             return None;

@@ -9,10 +9,11 @@ use std::rc::Rc;
 
 use crate::error::{Error, Result};
 use crate::proto::conn::{CloseReason, Input, State};
-use crate::proto::flow::{Farewell, Imm};
+use crate::proto::flow::Farewell;
 use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, Dir, GenSlab, Key, Kind, OpKey, Token, WrId};
 use crate::reactor::data::cq_room::CqRoom;
+use crate::reactor::data::lanes::{LaneBuf, Lanes, RecvOutcome, SendSide};
 use crate::reactor::data::post::list_dirty;
 use crate::reactor::Core;
 use crate::sys::cq::{Cq, WcBatch, WorkCompletion, POLL_BATCH};
@@ -487,59 +488,57 @@ impl Core {
     }
 
     /// A work completion whose `wr_id` is a ring's (`proto::token::WrId`): valid only if it
-    /// names a live connection slot whose queue pair is of the id's epoch, and a position in
-    /// that ring's posted window; anything else (an earlier queue pair's, a duplicate, a forged
-    /// value) is counted stale and reaches no operation.
+    /// names a live connection slot whose queue pair is of the id's epoch, the receive ring
+    /// (the only one the reactor posts from until its sends move onto the send lane), and a
+    /// position in that ring's posted window whose slot holds a receive; anything else (an
+    /// earlier queue pair's, a duplicate, a forged value) is counted stale and reaches no
+    /// operation. The entry that checked the epoch serves the receive's rules
+    /// ([`ring_recv_completed`]: `Lanes::recv_completed_with`, the lanes' one implementation)
+    /// and the take of the completion; the handler is then called through
+    /// [`Core::deliver_completion_then`] (its own look-ups).
     fn complete_ring(&mut self, wc: WorkCompletion) {
-        let found = WrId::decode(wc.wr_id).and_then(|id| ring_conn(&mut self.conns, id, |c| c.epoch));
-        // Only receives are posted from the rings (sends go from the operation slab).
-        let found = found.filter(|(_, _, id)| id.dir == Dir::Recv);
-        let Some(at) = found.and_then(|(t, c, id)| c.lanes.recv_window(id.seq).map(|at| (t, at))) else {
+        let found = ring_recv_completed(&mut self.conns, &wc, |c| {
+            let tail = c.placed.is_some_and(|p| p.tail);
+            (&mut c.lanes, &mut c.sq, tail)
+        });
+        let Some((t, c, outcome)) = found else {
             self.stats.stale_completions += 1;
             return;
         };
-        self.finish_recv(at.0, at.1, wc);
-        self.after_work(at.0, wc.status);
-    }
-
-    /// Connection `t`'s receive at ring position `at` completed with `wc`: its credits and
-    /// kind read (the immediate data, or the message's tail), a message beyond the credit or
-    /// with a broken frame refused (the receive to the side list, the connection closed), a
-    /// credit-only message's receive queued again, any other completion delivered.
-    fn finish_recv(&mut self, t: ConnKey, at: u32, wc: WorkCompletion) {
-        let Some(c) = self.conns.get_mut(t) else { return };
-        let mut byte_len = wc.byte_len;
-        if wc.status == WcStatus::Success {
-            let tail = c.placed.is_some_and(|p| p.tail);
-            // The credits and kind: in the immediate data, or in the message's tail on a
-            // transport without it (`proto::transport`).
-            let imm = if tail {
-                match c.lanes.recv_unframe(at, wc.byte_len) {
-                    Some(Ok(u)) => {
-                        byte_len = u.len;
-                        Some(u.imm)
-                    }
-                    Some(Err(why)) => {
-                        // The peer broke the framing: the receive goes to the side list (the
-                        // closing connection cancels it) and the connection closes.
-                        c.lanes.return_recv(at);
-                        self.violated(t);
-                        return self.feed(t, Input::Fault(CloseReason::Protocol(why)));
-                    }
-                    None => return,
+        match outcome {
+            RecvOutcome::Stale => {
+                self.stats.stale_completions += 1;
+                return;
+            }
+            RecvOutcome::Deliver { delivery, wake } => {
+                if wake {
+                    // Credits owed are due, held sends may go, granted credits let waiting
+                    // sends go, or receives wait to be posted.
+                    list_dirty(c, t, &mut self.work.dirty);
                 }
-            } else {
-                wc.imm.map(Imm::decode)
-            };
-            if c.sq.flow_mut().is_some_and(|f| f.exhausted()) {
+                // Taken out of its slot in the look-up that checked it.
+                let done = c.lanes.take_recv(delivery);
+                self.deliver_completion_then(t, done.into());
+            }
+            RecvOutcome::Control { farewell } => {
+                // A credit-only message used this receive: it is queued again, unseen, first.
+                c.meter.credit_message(false);
+                list_dirty(c, t, &mut self.work.dirty);
+                self.on_farewell(t, farewell);
+            }
+            RecvOutcome::BadFrame(why) => {
+                // The peer broke the framing: the receive waits in the side list (the closing
+                // connection cancels it) and the connection closes.
+                self.violated(t);
+                self.feed(t, Input::Fault(CloseReason::Protocol(why)));
+            }
+            RecvOutcome::Overdrawn => {
                 // The peer sent beyond the credit we granted it (review M1: a credit that is
                 // only advice lets one peer make a handler that answers every message queue
-                // without bound). The message is dropped, the receive goes to the side list
+                // without bound). The message is dropped, the receive waits in the side list
                 // (the closing connection cancels it) and the connection closes, as on a
-                // shared receive queue.
-                c.lanes.return_recv(at);
-                // Counted and fed once: the messages after it in the same poll find the
-                // connection closing already.
+                // shared receive queue. Counted and fed once: the messages after it in the
+                // same poll find the connection closing already.
                 let live = matches!(
                     c.role.state(),
                     State::Accepting | State::Connecting | State::Established | State::Finishing(_)
@@ -550,46 +549,9 @@ impl Core {
                     let why = "the peer sent beyond its credit (flow control)".to_string();
                     self.feed(t, Input::Fault(CloseReason::Protocol(why)));
                 }
-                return;
-            }
-            // An iWARP agent's sends wait for its client's first message: this one.
-            let released = c.sq.release();
-            let mut control = false;
-            let mut grant_due = false;
-            let mut farewell = Farewell::None;
-            if let Some(flow) = c.sq.flow_mut() {
-                // Every message consumed a receive we granted; one without immediate data
-                // (a peer breaking the protocol) grants nothing.
-                let imm = imm.unwrap_or(Imm::data(0));
-                flow.on_receive(imm);
-                grant_due = flow.wants_control();
-                control = imm.control;
-                farewell = imm.farewell;
-            } else if tail {
-                // Without flow control a tail's only credit-only message is the client's
-                // first (`SendQueue::set_hello`).
-                control = imm.is_some_and(|i| i.control);
-            }
-            if control {
-                // A credit-only message used this receive: post it again, unseen, first.
-                c.meter.credit_message(false);
-                c.lanes.repost_recv(at);
-                list_dirty(c, t, &mut self.work.dirty);
-                return self.on_farewell(t, farewell);
-            }
-            if grant_due || released {
-                // The peer may be blocked at its last credit, or held sends may go.
-                list_dirty(c, t, &mut self.work.dirty);
             }
         }
-        let result = match wc.status {
-            WcStatus::Success => Ok(byte_len),
-            status => Err(OpError::Wc(status)),
-        };
-        // Taken out of its slot, in the look-up that checked it (the window was checked in
-        // this tick's `complete_ring`, and nothing moved the lane since).
-        let Some(done) = c.lanes.take_recv_at(at, result, wc.remote_write) else { return };
-        self.deliver_completion_then(t, done.into());
+        self.after_work(t, wc.status);
     }
 
     /// What a failed work request tells connection `t`, if anything. A flush is the first
@@ -773,17 +735,32 @@ pub(in crate::reactor) fn next_epoch(epochs: &mut Vec<u16>, index: u32) -> u16 {
     epochs[i]
 }
 
-/// The live connection a ring `wr_id` (decoded: `id`) names, with its key: the entry at its
-/// slot index whose queue-pair epoch (`epoch_of`) is the id's. `None` for a free slot or
-/// another epoch (another queue pair's, at that slot now or before).
+/// [`Core::complete_ring`]'s decode and rules, pure over the connection table (so the host
+/// tests drive the code the reactor runs): the connection a receive completion's ring `wr_id`
+/// names (`split` gives an entry's receive lane, send side and whether its messages end in a
+/// tail), with what the receive was (`Lanes::recv_completed_with`). `None` (the caller counts
+/// it stale, and nothing is changed) for a value that is no ring id, a free slot, another
+/// queue pair's epoch (the lanes' own: `Lanes::epoch`, the one copy of the connection's
+/// epoch) or the send ring's direction; [`RecvOutcome::Stale`] for a position outside the
+/// posted window or naming an empty slot (a duplicate, a credit-only message's consumed id).
 #[inline(always)]
-pub(in crate::reactor) fn ring_conn<T>(
-    conns: &mut GenSlab<ConnKey, T>,
-    id: WrId,
-    epoch_of: impl FnOnce(&T) -> u16,
-) -> Option<(ConnKey, &mut T, WrId)> {
+pub(in crate::reactor) fn ring_recv_completed<'c, T, B, S>(
+    conns: &'c mut GenSlab<ConnKey, T>,
+    wc: &WorkCompletion,
+    split: impl FnOnce(&mut T) -> (&mut Lanes<B>, &mut S, bool),
+) -> Option<(ConnKey, &'c mut T, RecvOutcome)>
+where
+    B: LaneBuf,
+    S: SendSide,
+{
+    let id = WrId::decode(wc.wr_id).filter(|id| id.dir == Dir::Recv)?;
     let (t, c) = conns.get_index_mut(id.index)?;
-    (epoch_of(c) == id.epoch).then_some((t, c, id))
+    let (lanes, side, tail) = split(&mut *c);
+    if lanes.epoch() != id.epoch {
+        return None;
+    }
+    let outcome = lanes.recv_completed_with(id.seq, wc, tail, side);
+    Some((t, c, outcome))
 }
 
 /// [`Core::after_completion`] on connection `t`'s entry `c`.

@@ -320,48 +320,283 @@ fn the_decision_table() {
     assert_eq!(after_poll(Ok(32), 32, 0, true, false), StayHot);
 }
 
-/// Issue 47: a ring `wr_id` names a connection only at its slot with its queue pair's epoch.
-/// An earlier queue pair's id (a reconnection's, or a closed connection's at a slot taken by
-/// another), a free slot and a forged value are refused (counted stale by `Core::complete`),
-/// and decoding and looking up never panic on any value.
-#[test]
-fn a_ring_wr_id_names_a_connection_only_with_its_epoch() {
-    use super::{next_epoch, ring_conn};
+/// The reactor's receive completions on the rings (issue 47 phase 2, review M1), through
+/// [`ring_recv_completed`], the decode and rules `Core::complete_ring` runs (the lanes' one
+/// implementation of the receive rules, with the send queue as the send side, as in the
+/// reactor). A connection here is what `complete_ring` reads of a `ConnEntry`.
+mod ring {
+    use super::super::{next_epoch, ring_recv_completed};
+    use crate::proto::flow::{negotiate, Farewell, Flow, Imm};
+    use crate::proto::op::{OpCode, OpError, WcStatus};
     use crate::proto::token::{ConnKey, Dir, GenSlab, Key, WrId};
+    use crate::proto::wire::ConnectInfo;
+    use crate::reactor::data::lanes::{Lanes, RecvOutcome, Slot};
+    use crate::reactor::data::op::RawBuf;
+    use crate::reactor::data::send_queue::SendQueue;
+    use crate::sys::cq::WorkCompletion;
+    use crate::sys::pool::index::IndexBuf;
 
-    let mut epochs = Vec::new();
-    let mut conns: GenSlab<ConnKey, u16> = GenSlab::new();
-    let a = conns.insert(0);
-    let b = conns.insert(0);
-    let (ia, ib) = (a.token().index(), b.token().index());
-    // Each queue pair a slot gets takes the next epoch; slots count apart.
-    *conns.get_mut(a).unwrap() = next_epoch(&mut epochs, ia);
-    *conns.get_mut(b).unwrap() = next_epoch(&mut epochs, ib);
-    assert_eq!((*conns.get(a).unwrap(), *conns.get(b).unwrap()), (1, 1));
-    let id = |index, epoch, dir, seq| WrId::decode(WrId::at(WrId::base(index, epoch, dir).unwrap(), seq)).unwrap();
-    let found = ring_conn(&mut conns, id(ia, 1, Dir::Recv, 7), |e| *e).map(|(t, _, id)| (t, id.seq, id.dir));
-    assert_eq!(found, Some((a, 7, Dir::Recv)));
-    // A reconnection: a new queue pair at the same slot. The old one's ids are stale.
-    let old = id(ia, 1, Dir::Send, 3);
-    *conns.get_mut(a).unwrap() = next_epoch(&mut epochs, ia);
-    assert!(ring_conn(&mut conns, old, |e| *e).is_none(), "an earlier queue pair's completion");
-    assert!(ring_conn(&mut conns, id(ia, 2, Dir::Send, 3), |e| *e).is_some());
-    // The connection closes and another takes its slot: its ids do not name the newcomer.
-    conns.remove(a);
-    assert!(ring_conn(&mut conns, id(ia, 2, Dir::Send, 3), |e| *e).is_none(), "a free slot");
-    let c = conns.insert(0);
-    assert_eq!(c.token().index(), ia, "the slot is reused");
-    *conns.get_mut(c).unwrap() = next_epoch(&mut epochs, ia);
-    assert!(ring_conn(&mut conns, id(ia, 2, Dir::Send, 3), |e| *e).is_none(), "the closed one's epoch");
-    assert!(ring_conn(&mut conns, id(ia, 3, Dir::Send, 3), |e| *e).is_some());
-    // Beyond the table, and values that are no ring id at all.
-    assert!(ring_conn(&mut conns, id(WrId::MAX_INDEX, 3, Dir::Recv, 0), |e| *e).is_none());
-    for raw in [0, u64::MAX, 0xA000_0000_0000_0000, 0xAFFF_FFFF_FFFF_FFFF, 0x0B00_0001_0000_0001] {
-        if let Some(id) = WrId::decode(raw) {
-            let _ = ring_conn(&mut conns, id, |e| *e);
+    /// What `Core::complete_ring` reads of a connection: its receive lane, its send side (in
+    /// step 2 the send queue, which holds the credit state) and whether its messages end in a
+    /// tail.
+    struct TestConn {
+        lanes: Lanes<IndexBuf>,
+        sq: SendQueue,
+    }
+
+    fn conn(flow: Option<Flow>) -> TestConn {
+        let mut sq = SendQueue::new(4);
+        sq.set_flow(flow);
+        // As `ConnEntry::new`: named after slot 0, epoch 0, until its queue pair.
+        TestConn { lanes: Lanes::new(0, 0, 4).expect("slot 0"), sq }
+    }
+
+    fn flow(depth: u32) -> Option<Flow> {
+        let peer = ConnectInfo { flow_control: true, recv_depth: depth as u16, ..ConnectInfo::default() };
+        negotiate(true, depth, Some(&peer))
+    }
+
+    /// `setup_qp`'s part: the lanes renamed after the slot and the next epoch there.
+    fn new_qp(conns: &mut GenSlab<ConnKey, TestConn>, epochs: &mut Vec<u16>, t: ConnKey) -> u16 {
+        let index = t.token().index();
+        let c = conns.get_mut(t).expect("live");
+        c.lanes.can_rename(index).expect("nothing outstanding, the index in range");
+        let epoch = next_epoch(epochs, index);
+        assert!(c.lanes.set_id(index, epoch));
+        c.lanes.set_capacity(8, 8);
+        epoch
+    }
+
+    fn submit(conns: &mut GenSlab<ConnKey, TestConn>, t: ConnKey, user_data: u64) {
+        let raw = RawBuf { addr: 0x1000, len: 64, lkey: 7 };
+        conns.get_mut(t).expect("live").lanes.submit_recv(Slot::raw(OpCode::Recv, raw, user_data));
+    }
+
+    /// `Posting::post_recvs`, all taken: the grants to the send queue's credit state.
+    fn post(conns: &mut GenSlab<ConnKey, TestConn>, t: ConnKey) -> Vec<u64> {
+        let TestConn { lanes, sq } = conns.get_mut(t).expect("live");
+        let (first, n) = lanes.plan_recvs(false);
+        let mut flow = sq.flow_mut();
+        let refused = lanes.recvs_posted_with(n, n, |after| {
+            if let Some(f) = flow.as_mut() {
+                f.on_repost(after);
+            }
+        });
+        assert!(refused.is_none());
+        let mut ids = Vec::new();
+        lanes.run_ids(first, n, |id| ids.push(id));
+        ids
+    }
+
+    fn wc(wr_id: u64, byte_len: u32, imm: Option<Imm>) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status: WcStatus::Success,
+            byte_len,
+            imm: imm.map(Imm::encode),
+            remote_write: false,
+            qp_num: 1,
         }
     }
-    // Epochs wrap without panicking.
-    let mut wrap = vec![u16::MAX];
-    assert_eq!(next_epoch(&mut wrap, 0), 0);
+
+    /// `Core::complete_ring` up to the handler: `None` and `Stale` are counted stale there.
+    fn complete(conns: &mut GenSlab<ConnKey, TestConn>, wc: &WorkCompletion) -> Option<(ConnKey, RecvOutcome)> {
+        ring_recv_completed(conns, wc, |c| (&mut c.lanes, &mut c.sq, false)).map(|(t, _, out)| (t, out))
+    }
+
+    /// `complete`, delivered: the user_data and result the handler gets.
+    fn deliver(conns: &mut GenSlab<ConnKey, TestConn>, wc: &WorkCompletion) -> (u64, Result<u32, OpError>) {
+        match complete(conns, wc) {
+            Some((t, RecvOutcome::Deliver { delivery, .. })) => {
+                let done = conns.get_mut(t).expect("live").lanes.take_recv(delivery);
+                (done.user_data, done.result)
+            }
+            other => panic!("not delivered: {other:?}"),
+        }
+    }
+
+    fn stale(out: Option<(ConnKey, RecvOutcome)>) -> bool {
+        matches!(out, None | Some((_, RecvOutcome::Stale)))
+    }
+
+    fn id(index: u32, epoch: u16, dir: Dir, seq: u32) -> u64 {
+        WrId::at(WrId::base(index, epoch, dir).expect("in range"), seq)
+    }
+
+    fn seq_of(wr_id: u64) -> u32 {
+        WrId::decode(wr_id).expect("a ring id").seq
+    }
+
+    /// An id of an earlier queue pair (a reconnection's, or a closed connection's at a slot
+    /// taken by another), a send-direction id, a free slot, a position outside the posted
+    /// window, a duplicate and forged values: each counted stale, reaching no receive (the
+    /// receives stay outstanding and complete afterwards, once). Decoding never panics.
+    #[test]
+    fn a_receive_completion_reaches_its_receive_only_with_its_epoch_direction_and_position() {
+        let mut epochs = Vec::new();
+        let mut conns: GenSlab<ConnKey, TestConn> = GenSlab::new();
+        let a = conns.insert(conn(None));
+        let b = conns.insert(conn(None));
+        let (ia, ib) = (a.token().index(), b.token().index());
+        let ea = new_qp(&mut conns, &mut epochs, a);
+        let eb = new_qp(&mut conns, &mut epochs, b);
+        assert_eq!((ea, eb), (1, 1), "each slot counts its own epochs");
+        for u in 1..=2 {
+            submit(&mut conns, a, u);
+        }
+        let ids = post(&mut conns, a);
+        assert_eq!(ids.len(), 2);
+        // Before a's queue pair, a new connection's lanes name slot 0, epoch 0: nothing posted.
+        let first = seq_of(ids[0]);
+        // The send ring's id with the same index, epoch and sequence: the reactor posts no send
+        // from the rings yet.
+        assert!(complete(&mut conns, &wc(id(ia, ea, Dir::Send, first), 8, None)).is_none());
+        // Positions outside the posted window: the next to post, the one before, far off.
+        for seq in [first + 2, first.wrapping_sub(1) & WrId::SEQ_MASK, first + 1000] {
+            let out = complete(&mut conns, &wc(id(ia, ea, Dir::Recv, seq), 8, None));
+            assert!(matches!(out, Some((t, RecvOutcome::Stale)) if t == a), "seq {seq}: {out:?}");
+        }
+        // Another epoch at the same slot, the same position.
+        assert!(complete(&mut conns, &wc(id(ia, ea + 1, Dir::Recv, first), 8, None)).is_none());
+        assert!(complete(&mut conns, &wc(id(ia, ea.wrapping_sub(1), Dir::Recv, first), 8, None)).is_none());
+        // b's slot at a's position: b has nothing posted there.
+        assert!(stale(complete(&mut conns, &wc(id(ib, eb, Dir::Recv, first), 8, None))));
+        // A slot no connection holds; values that are no ring id.
+        assert!(complete(&mut conns, &wc(id(WrId::MAX_INDEX, 1, Dir::Recv, 0), 8, None)).is_none());
+        for raw in [0, u64::MAX, 0xA000_0000_0000_0000, 0xAFFF_FFFF_FFFF_FFFF, 0x0B00_0001_0000_0001] {
+            let _ = complete(&mut conns, &wc(raw, 8, None));
+        }
+        assert_eq!(conns.get(a).unwrap().lanes.outstanding(), (0, 2), "no stale completion took a receive");
+        // The real ones: delivered once, in any order; a duplicate is stale.
+        assert_eq!(deliver(&mut conns, &wc(ids[0], 8, None)), (1, Ok(8)));
+        assert!(matches!(complete(&mut conns, &wc(ids[0], 8, None)), Some((_, RecvOutcome::Stale))));
+        // A reconnection: the teardown carries the lanes under the same epoch (one epoch a
+        // queue pair) and empties the posted window, so a late completion of the old queue
+        // pair during the redial wait is stale by the window, and by the epoch once the new
+        // queue pair exists.
+        let c = conns.get_mut(a).unwrap();
+        let cleared = c.lanes.carry(None, c.lanes.epoch(), |_| true);
+        assert_eq!((cleared.posted_recvs, c.lanes.epoch()), (1, ea), "the carry keeps the epoch");
+        drop(cleared.into_cancelled(false));
+        assert!(matches!(complete(&mut conns, &wc(ids[1], 8, None)), Some((_, RecvOutcome::Stale))));
+        let ea2 = new_qp(&mut conns, &mut epochs, a);
+        assert_eq!(ea2, ea + 1, "one epoch a reconnection");
+        submit(&mut conns, a, 3);
+        let again = post(&mut conns, a);
+        assert!(complete(&mut conns, &wc(ids[1], 8, None)).is_none(), "the old queue pair's, after the new one");
+        assert!(complete(&mut conns, &wc(id(ia, ea, Dir::Recv, seq_of(again[0])), 8, None)).is_none());
+        assert_eq!(deliver(&mut conns, &wc(again[0], 4, None)), (3, Ok(4)));
+        // b closes and another connection takes its slot: b's ids name nothing of it.
+        submit(&mut conns, b, 9);
+        let bid = post(&mut conns, b);
+        conns.remove(b);
+        assert!(complete(&mut conns, &wc(bid[0], 8, None)).is_none(), "a free slot");
+        let c = conns.insert(conn(None));
+        assert_eq!(c.token().index(), ib, "the slot is reused");
+        assert!(stale(complete(&mut conns, &wc(bid[0], 8, None))), "before its queue pair");
+        assert_eq!(new_qp(&mut conns, &mut epochs, c), eb + 1);
+        submit(&mut conns, c, 10);
+        let cid = post(&mut conns, c);
+        assert_eq!(seq_of(cid[0]), seq_of(bid[0]), "the closed one's position: only the epoch tells them apart");
+        assert!(complete(&mut conns, &wc(bid[0], 8, None)).is_none(), "the closed one's epoch");
+        assert_eq!(deliver(&mut conns, &wc(cid[0], 1, None)), (10, Ok(1)));
+        // Epochs wrap without panicking.
+        let mut wrap = vec![u16::MAX];
+        assert_eq!(next_epoch(&mut wrap, 0), 0);
+    }
+
+    /// A credit-only message's receive (review M1): queued again at the front of the queued
+    /// receives, unseen by the handler, posted under a new position (its consumed `wr_id`
+    /// stale from then on), and granted as a re-post (`on_repost(true)`) only once posted,
+    /// with the send queue's credit state (the reactor's in step 2).
+    #[test]
+    fn a_credit_only_messages_receive_goes_again_first_under_a_new_id_granted_once_posted() {
+        let mut epochs = Vec::new();
+        let mut conns: GenSlab<ConnKey, TestConn> = GenSlab::new();
+        let a = conns.insert(conn(flow(4)));
+        new_qp(&mut conns, &mut epochs, a);
+        submit(&mut conns, a, 1);
+        let ids = post(&mut conns, a);
+        submit(&mut conns, a, 2);
+        let owed = |conns: &mut GenSlab<ConnKey, TestConn>| conns.get_mut(a).unwrap().sq.flow_mut().unwrap().owed();
+        let out = complete(&mut conns, &wc(ids[0], 0, Some(Imm::control(2))));
+        assert!(matches!(out, Some((_, RecvOutcome::Control { farewell: Farewell::None }))), "{out:?}");
+        let before = owed(&mut conns);
+        let c = conns.get_mut(a).unwrap();
+        assert_eq!(c.lanes.outstanding(), (0, 0));
+        assert!(c.lanes.has_pending_recvs());
+        assert!(matches!(complete(&mut conns, &wc(ids[0], 0, None)), Some((_, RecvOutcome::Stale))), "consumed");
+        assert_eq!(owed(&mut conns), before, "nothing granted before it is posted");
+        let again = post(&mut conns, a);
+        assert_eq!(again.len(), 2);
+        assert_eq!(owed(&mut conns), before + 2, "the re-post and the handler's receive, once each");
+        assert_ne!(again[0], ids[0], "a new position");
+        assert_eq!(seq_of(again[0]), seq_of(ids[0]) + 1);
+        assert_eq!(deliver(&mut conns, &wc(again[0], 8, Some(Imm::data(0)))), (1, Ok(8)), "the re-post first");
+        assert_eq!(deliver(&mut conns, &wc(again[1], 8, Some(Imm::data(0)))), (2, Ok(8)));
+    }
+
+    /// A message beyond the credit (review M1): the receive goes to the side list (counted
+    /// nowhere, reaching no handler), the connection's teardown cancels it after the posted
+    /// ones, and a reconnection posts it first on the new queue pair.
+    #[test]
+    fn an_overdrawn_receive_waits_in_the_side_list_for_teardown_or_the_next_queue_pair() {
+        let mut epochs = Vec::new();
+        let mut conns: GenSlab<ConnKey, TestConn> = GenSlab::new();
+        let a = conns.insert(conn(flow(4)));
+        new_qp(&mut conns, &mut epochs, a);
+        for u in 1..=3 {
+            submit(&mut conns, a, u);
+        }
+        let ids = post(&mut conns, a);
+        submit(&mut conns, a, 4);
+        let f = conns.get_mut(a).unwrap().sq.flow_mut().unwrap();
+        while !f.exhausted() {
+            f.on_receive(Imm::data(0));
+        }
+        let out = complete(&mut conns, &wc(ids[0], 8, Some(Imm::data(0))));
+        assert!(matches!(out, Some((_, RecvOutcome::Overdrawn))), "{out:?}");
+        assert!(stale(complete(&mut conns, &wc(ids[0], 8, None))), "in the side list: no position of the window");
+        // Teardown: posted Unconfirmed, then the side list and the queued Cancelled.
+        let mut torn = conn(flow(4));
+        std::mem::swap(&mut torn.lanes, &mut conns.get_mut(a).unwrap().lanes);
+        let done: Vec<_> =
+            torn.lanes.clear(None).into_cancelled(false).into_iter().map(|d| (d.user_data, d.result)).collect();
+        let want = vec![
+            (2, Err(OpError::Unconfirmed)),
+            (3, Err(OpError::Unconfirmed)),
+            (1, Err(OpError::Cancelled)),
+            (4, Err(OpError::Cancelled)),
+        ];
+        assert_eq!(done, want);
+        // The same again, carried to a new queue pair instead: the side list goes first.
+        let b = conns.insert(conn(flow(4)));
+        new_qp(&mut conns, &mut epochs, b);
+        for u in 1..=3 {
+            submit(&mut conns, b, u);
+        }
+        let ids = post(&mut conns, b);
+        submit(&mut conns, b, 4);
+        let f = conns.get_mut(b).unwrap().sq.flow_mut().unwrap();
+        while !f.exhausted() {
+            f.on_receive(Imm::data(0));
+        }
+        assert!(matches!(complete(&mut conns, &wc(ids[0], 8, None)), Some((_, RecvOutcome::Overdrawn))));
+        let c = conns.get_mut(b).unwrap();
+        let epoch = c.lanes.epoch();
+        let done: Vec<_> = c
+            .lanes
+            .carry(None, epoch, |_| true)
+            .into_cancelled(false)
+            .into_iter()
+            .map(|d| (d.user_data, d.result))
+            .collect();
+        assert_eq!(done, vec![(2, Err(OpError::Unconfirmed)), (3, Err(OpError::Unconfirmed))]);
+        c.sq.set_flow(flow(4));
+        new_qp(&mut conns, &mut epochs, b);
+        let again = post(&mut conns, b);
+        assert_eq!(again.len(), 2);
+        assert_eq!(deliver(&mut conns, &wc(again[0], 8, Some(Imm::data(0)))), (1, Ok(8)), "the side list first");
+        assert_eq!(deliver(&mut conns, &wc(again[1], 8, Some(Imm::data(0)))), (4, Ok(8)));
+    }
 }

@@ -199,6 +199,42 @@ fn a_reconnection_posts_the_side_list_first_under_a_new_epoch() {
     assert_eq!(l.swrs.view(run.first).wr_id >> 24 & 0xFFFF, 2, "the send's id names the new epoch");
 }
 
+/// Review L5: a re-post after a credit-only message carried to a new queue pair is an
+/// ordinary receive there (its grant was the old credit state's), so the flagged receives stay
+/// a prefix of the queued ones and saying goodbye on the new queue pair posts none of the
+/// carried ones.
+#[test]
+fn a_carried_repost_is_an_ordinary_receive_of_the_next_queue_pair() {
+    let mut l = lanes(8, 4, flow(4, 4));
+    for u in 1..=2 {
+        l.submit_recv(Slot::raw(OpCode::Recv, raw(64), u));
+    }
+    let ids = post_recvs(&mut l, false);
+    l.submit_recv(Slot::raw(OpCode::Recv, raw(64), 3));
+    assert!(matches!(
+        l.recv_completed(seq_of(ids[0]), &wc(ids[0], 0, Some(Imm::control(0))), false),
+        RecvOutcome::Control { .. }
+    ));
+    for _ in 0..4 {
+        l.flow_mut().unwrap().on_receive(Imm::data(0));
+    }
+    assert!(matches!(l.recv_completed(seq_of(ids[1]), &wc(ids[1], 8, None), false), RecvOutcome::Overdrawn));
+    // Queued now: the re-post of 1 (flagged), then 3; 2 in the side list.
+    let epoch = l.epoch();
+    let carried = l.carry(None, epoch, |_| true);
+    assert_eq!(carried.posted_recvs, 0);
+    assert!(l.set_id(3, epoch + 1));
+    l.set_capacity(8, 4);
+    l.set_flow(flow(4, 4));
+    assert_eq!(l.plan_recvs(true).1, 0, "saying goodbye, nothing carried is a re-post");
+    let (_, n) = l.plan_recvs(false);
+    let order: Vec<u64> = (0..n).map(|k| l.recv.queued_at(k).unwrap().user_data).collect();
+    assert_eq!(order, vec![2, 1, 3], "the side list first, then the queued in order");
+    let owed = l.flow_mut().map(|f| f.owed());
+    assert!(l.recvs_posted(n, n, true).is_none());
+    assert_eq!(l.flow_mut().map(|f| f.owed()), owed.map(|o| o + 3));
+}
+
 #[test]
 fn a_partly_refused_receive_chain_gives_back_the_rest_in_order() {
     let mut l = lanes(8, 8, None);
@@ -210,6 +246,103 @@ fn a_partly_refused_receive_chain_gives_back_the_rest_in_order() {
     assert_eq!(refused.iter().map(|s| s.user_data).collect::<Vec<_>>(), vec![2, 3, 4]);
     assert_eq!(l.outstanding(), (0, 1));
     assert!(!l.has_pending_recvs());
+}
+
+/// Review L1: receives posted while they grant nothing yet (before the connect information
+/// went) leave the credit state in place; it was dropped, turning flow control off.
+#[test]
+fn receives_posted_before_the_grants_leave_the_credit_state_alone() {
+    let mut l = lanes(8, 4, flow(4, 4));
+    let owed = l.flow_mut().map(|f| f.owed());
+    l.submit_recv(Slot::raw(OpCode::Recv, raw(64), 1));
+    let (_, n) = l.plan_recvs(false);
+    assert!(l.recvs_posted(n, n, false).is_none());
+    assert!(l.flow_mut().is_some(), "flow control stays on");
+    assert_eq!(l.flow_mut().map(|f| f.owed()), owed, "nothing granted");
+    l.submit_recv(Slot::raw(OpCode::Recv, raw(64), 2));
+    assert_eq!(post_recvs(&mut l, false).len(), 1);
+    assert_eq!(l.flow_mut().map(|f| f.owed()), owed.map(|o| o + 1), "granted once the grants go");
+}
+
+/// Review L3: the lanes are never renamed with requests outstanding (their slots hold memory
+/// the device may write): refused, nothing dropped, nothing renamed; and never beyond the
+/// slot index a `wr_id` carries.
+#[test]
+fn renaming_with_requests_outstanding_is_refused_and_drops_nothing() {
+    let mut l = lanes(8, 4, None);
+    for u in 1..=2 {
+        l.submit_recv(Slot::raw(OpCode::Recv, raw(64), u));
+    }
+    let ids = post_recvs(&mut l, false);
+    let epoch = l.epoch();
+    assert_eq!(l.can_rename(3), Err(Rename::Outstanding { sends: 0, recvs: 2 }));
+    assert!(!l.set_id(3, epoch + 1));
+    assert_eq!((l.epoch(), l.outstanding()), (epoch, (0, 2)), "nothing renamed, nothing dropped");
+    let out = l.recv_completed(seq_of(ids[1]), &wc(ids[1], 8, None), false);
+    assert_eq!(delivered(&mut l, out).ok().map(|(d, _)| d.user_data), Some(2), "still there");
+    assert_eq!(l.can_rename(WrId::MAX_INDEX + 1), Err(Rename::IndexBeyond));
+    drop(l.clear(None));
+    assert_eq!(l.can_rename(3), Ok(()));
+    assert!(l.set_id(3, epoch + 1));
+    assert_eq!(l.epoch(), epoch + 1);
+    let mut fresh = L::new(0, 0, 4).expect("slot 0");
+    assert!(!fresh.set_id(WrId::MAX_INDEX + 1, 1), "beyond the 20 bits of a wr_id");
+    assert_eq!(fresh.epoch(), 0);
+    assert!(fresh.set_id(WrId::MAX_INDEX, 1));
+    assert!(L::new(WrId::MAX_INDEX + 1, 0, 4).is_none());
+}
+
+/// Review L2 and M1: teardown completes every operation the lanes hand back once, the runtime's
+/// own excepted: posted ones `Unconfirmed` (a posted receive on an iWARP queue pair whose
+/// stream ended: flushed), the others `Cancelled`; sends first, receives in the order posted,
+/// side list, queued; the CQ room of the posted sends given back.
+#[test]
+fn teardown_completes_each_operation_once_posted_unconfirmed_the_rest_cancelled() {
+    assert_eq!(teardown_error(true, false, true), OpError::Unconfirmed, "a send is never flushed so");
+    assert_eq!(teardown_error(true, true, true), OpError::Wc(WcStatus::WrFlushErr));
+    assert_eq!(teardown_error(true, true, false), OpError::Unconfirmed);
+    assert_eq!(teardown_error(false, true, true), OpError::Cancelled);
+    for stream_closed in [false, true] {
+        let mut l = lanes(8, 8, flow(4, 4));
+        for u in 1..=3 {
+            l.submit_recv(Slot::raw(OpCode::Recv, raw(64), u));
+        }
+        let ids = post_recvs(&mut l, false);
+        for _ in 0..4 {
+            l.flow_mut().unwrap().on_receive(Imm::data(0));
+        }
+        assert!(matches!(l.recv_completed(seq_of(ids[0]), &wc(ids[0], 8, None), false), RecvOutcome::Overdrawn));
+        l.submit_recv(Slot::raw(OpCode::Recv, raw(64), 4));
+        // A send posted, then one queued behind a credit-only message of the runtime's.
+        l.set_flow(None);
+        let mut room = CqRoom::new(64, 16);
+        l.submit_send(Slot::raw(OpCode::Send, raw(8), 20));
+        let run = l.plan_sends_imm(&mut room, 0);
+        assert_eq!(run.n, 1);
+        assert!(l.sends_posted(run, run.n, &mut room).is_none());
+        l.submit_send(Slot::control());
+        l.submit_send(Slot::raw(OpCode::Send, raw(8), 21));
+        assert_eq!(room.reserved(), 1);
+        let done: Vec<_> = l
+            .clear(Some(&mut room))
+            .into_cancelled(stream_closed)
+            .into_iter()
+            .map(|d| (d.user_data, d.opcode, d.result))
+            .collect();
+        assert_eq!(room.reserved(), 0, "the posted send's CQ entry is given back");
+        let posted_recv = if stream_closed { OpError::Wc(WcStatus::WrFlushErr) } else { OpError::Unconfirmed };
+        let want = vec![
+            (20, OpCode::Send, Err(OpError::Unconfirmed)),
+            (21, OpCode::Send, Err(OpError::Cancelled)),
+            (2, OpCode::Recv, Err(posted_recv)),
+            (3, OpCode::Recv, Err(posted_recv)),
+            (1, OpCode::Recv, Err(OpError::Cancelled)),
+            (4, OpCode::Recv, Err(OpError::Cancelled)),
+        ];
+        assert_eq!(done, want, "stream closed: {stream_closed}");
+        assert_eq!(l.outstanding(), (0, 0));
+        assert!(!l.has_pending_recvs());
+    }
 }
 
 #[test]

@@ -1,5 +1,7 @@
-//! A connection's send and receive queues, pure: what may be posted now, given the queue pair's
-//! slots, the CQ's room and the peer's credits. No FFI; the posting itself is `post.rs`.
+//! A connection's send queue, pure: what may be posted now, given the queue pair's slots, the
+//! CQ's room and the peer's credits. No FFI; the posting itself is `post.rs`. (The receive
+//! queue's planner, `RecvQueue`, is kept for the tests and the host benchmark's slab path: the
+//! reactor's receives are on its receive lane since issue 47 phase 2, `data/lanes.rs`.)
 //!
 //! A send-queue operation leaves [`SendQueue`]'s pending queue only when:
 //! - the send queue has a slot;
@@ -118,6 +120,26 @@ enum Leaving {
     No,
     Due,
     Sent,
+}
+
+/// The reactor's send side while its sends are still the send queue's (issue 47 phase 2, step
+/// 2): what a receive completion reads and changes of it, for the receive lane's rules
+/// (`Lanes::recv_completed_with`).
+impl crate::reactor::data::lanes::SendSide for SendQueue {
+    #[inline(always)]
+    fn flow(&mut self) -> Option<&mut Flow> {
+        self.flow.as_mut()
+    }
+
+    #[inline(always)]
+    fn release(&mut self) -> bool {
+        SendQueue::release(self)
+    }
+
+    #[inline(always)]
+    fn sends_waiting(&self) -> bool {
+        !self.pending.is_empty()
+    }
 }
 
 impl SendQueue {
