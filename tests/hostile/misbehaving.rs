@@ -247,13 +247,16 @@ fn sends_without_credit_cost_only_the_sender() {
         pump(&mut [&mut r, &mut h], LIMIT, "the flooder's agent closed", || !s.agents_closed.borrow().is_empty());
         let agents = s.agents_closed.borrow().clone();
         println!("the flooder's agent closed with {agents:?}; credit overdrawn {}", r.stats().credit_overdrawn);
-        // iWARP: the send in progress when the peer TERMINATEd the stream fails locally.
+        // iWARP: the send in progress when the peer TERMINATEd the stream fails locally, and
+        // the sends posted behind it may get no flush completion before the queue pair goes
+        // (siw, one run in a full suite: 49 `Unconfirmed` after one `LocQpOpErr`): posted, their
+        // outcome unknown, which is what `Unconfirmed` says.
         let iwarp = transport() == "siw";
         assert!(
             seen.errors.iter().all(|e| matches!(
                 e,
                 OpError::Wc(WcStatus::RnrRetryExcErr | WcStatus::WrFlushErr) | OpError::Cancelled
-            ) || (iwarp && matches!(e, OpError::Wc(WcStatus::LocQpOpErr)))),
+            ) || (iwarp && matches!(e, OpError::Wc(WcStatus::LocQpOpErr) | OpError::Unconfirmed))),
             "{seen:?}"
         );
         // iWARP has no RNR: a message without a receive (or without its tail) ends the stream.
