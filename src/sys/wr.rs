@@ -24,9 +24,10 @@
 //! reference to a whole array is ever formed.
 #![allow(unsafe_code)]
 // Issue 47 phase 2, step 2: the reactor posts its receives from `RecvWrs`; `SendWrs` is step 3's
-// and used only by the host benchmark (`bench_internals::Path`) and the unit tests until then:
-// dead code in a build with neither, and only there (a test or benchmark build reports dead code
-// here).
+// and used only by the host benchmark (`bench_internals::Path`) and the unit tests until then.
+// Dead-code warnings are therefore allowed in every build but a test build with
+// `bench-internals` (`cargo test --all-features`), the only one that compiles every user: there
+// the compiler reports dead code here, and the items unused even there carry their own allow.
 #![cfg_attr(not(all(test, feature = "bench-internals")), allow(dead_code))]
 
 use std::ptr::{self, NonNull};
@@ -494,7 +495,7 @@ impl RecvWrs {
     }
 
     #[cfg(test)]
-    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
+    #[allow(dead_code)] // A test helper of the receive array, unused by its tests so far.
     fn get(&self, i: u32) -> &ffi::ibv_recv_wr {
         // SAFETY: tests call it with i < cap; a shared view while no write happens.
         unsafe { &*self.wrs.as_ptr().add((i & (self.cap - 1)) as usize) }

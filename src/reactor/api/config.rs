@@ -362,9 +362,12 @@ pub struct Config {
     /// Most live connections (agents and clients, in any state). A connect request beyond it
     /// is rejected with [`RejectCode::NoResources`](crate::RejectCode::NoResources) and
     /// reported to the listener's `on_refused`; [`Ctx::connect`](crate::Ctx::connect) beyond
-    /// it fails with [`Error::Limit`]. At most 1 048 576 (2^20: a work request id carries 20
-    /// bits of a connection's slot), [`Reactor::with_config`](crate::Reactor::with_config)
-    /// refuses more. Default 65 536.
+    /// it fails with [`Error::Limit`]. At most 1 048 575 (2^20 - 1): a work request id carries
+    /// 20 bits of a connection's slot, and for a moment a reactor may hold one connection
+    /// more than this limit (a listener's `on_connect_request` may
+    /// [`Ctx::connect`](crate::Ctx::connect) into the last place before its accepted agent is
+    /// added); [`Reactor::with_config`](crate::Reactor::with_config) refuses more. Default
+    /// 65 536.
     pub max_connections: usize,
     /// Most accepted connections not yet established (waiting for the client's RTU): a flood
     /// of half-open connections cannot take every queue pair. A connect request beyond it
@@ -457,14 +460,19 @@ impl Config {
         if self.poll_budget == 0 {
             return Err(Error::Config("poll budget must be at least 1".into()));
         }
-        let most = crate::proto::token::WrId::MAX_INDEX as usize + 1;
+        // A work request id carries 20 bits of a connection's slot (issue 47): slots 0 to
+        // `MAX_INDEX`. A reactor holds at most `max_connections` live connections plus one for
+        // a moment: the limit is checked before a listener's `on_connect_request`, whose
+        // `Ctx::connect` may take the last place before the accepted agent is inserted (a
+        // second `connect` is refused). The connection table reuses freed slots first, so its
+        // highest slot index is at most `max_connections`, which must be at most `MAX_INDEX`.
+        let most = crate::proto::token::WrId::MAX_INDEX as usize;
         if self.max_connections > most {
-            // A work request id carries 20 bits of a connection's slot (issue 47): a reactor
-            // never holds more live connections than that.
             return Err(Error::Config(format!(
-                "max_connections {} is above {most}, the most live connections one reactor can hold (a work \
-                 request id carries 20 bits of a connection's slot)",
-                self.max_connections
+                "max_connections {} is above {most}: a work request id carries 20 bits of a connection's slot \
+                 ({} slots), and a connect request's handler may open one connection beyond max_connections",
+                self.max_connections,
+                most + 1
             )));
         }
         if self.retry_count > 7 {
@@ -623,14 +631,17 @@ mod tests {
         Config { srq: Some(srq), ..Config::default() }
     }
 
-    /// Issue 47: a reactor holds at most 2^20 live connections (a work request id carries 20
-    /// bits of a connection's slot); a configuration asking for more is refused when it is
-    /// checked, not connection by connection at setup.
+    /// Issue 47: a reactor uses at most 2^20 connection slots (a work request id carries 20
+    /// bits of a connection's slot), and at most `max_connections + 1` of them (a connect
+    /// request's handler may open one connection beyond the limit before its agent is
+    /// inserted); a configuration that could need more is refused when it is checked, not
+    /// connection by connection at setup.
     #[test]
     fn max_connections_beyond_the_slot_index_limit_is_refused() {
-        assert!(Config { max_connections: 1 << 20, ..Config::default() }.validate().is_ok());
-        let e = Config { max_connections: (1 << 20) + 1, ..Config::default() }.validate().expect_err("refused");
-        assert!(e.to_string().contains("max_connections 1048577 is above 1048576"), "{e}");
+        assert!(Config { max_connections: (1 << 20) - 1, ..Config::default() }.validate().is_ok());
+        let e = Config { max_connections: 1 << 20, ..Config::default() }.validate().expect_err("refused");
+        assert!(e.to_string().contains("max_connections 1048576 is above 1048575"), "{e}");
+        assert!(e.to_string().contains("1048576 slots"), "{e}");
         assert!(Config { max_connections: usize::MAX, ..Config::default() }.validate().is_err());
     }
 

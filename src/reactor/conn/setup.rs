@@ -25,7 +25,9 @@ pub(super) const RD_ATOM: u8 = 4;
 
 /// [`Lanes::can_rename`](crate::reactor::data::lanes::Lanes::can_rename)'s answer as
 /// `setup_qp`'s error: a slot index beyond what a work request id carries (a reactor with more
-/// live connections than `WrId::MAX_INDEX + 1`, which `Config::validate` refuses to configure),
+/// live connections than `WrId::MAX_INDEX + 1`, which `Config::validate` keeps out of reach: it
+/// refuses a `max_connections` above `WrId::MAX_INDEX`, the one connection a connect request's
+/// handler may open beyond the limit included),
 /// or a connection given a queue pair while its last one's requests are outstanding (no path
 /// does: `destroy_conn` and `carried_to` empty the lanes first; refused rather than renaming,
 /// which would free memory the device may still write, review L3).

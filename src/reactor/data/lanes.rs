@@ -65,9 +65,10 @@
 // Issue 47 phase 2, step 2: the reactor uses the receive lane (submission, `plan_recvs`,
 // `recvs_posted_with`, `recv_completed_with`, `take_recv`, `clear`, `carry`, `set_id`); the send
 // lane (its slot constructors, `SendCtl`, the plans, `SendRun`, `SentOp`, `next_sent`) is step 3's
-// and used only by the host benchmark (`bench_internals::Path`) and the unit tests until then:
-// dead code in a build with neither, and only there (a test or benchmark build reports dead code
-// here).
+// and used only by the host benchmark (`bench_internals::Path`) and the unit tests until then.
+// Dead-code warnings are therefore allowed in every build but a test build with
+// `bench-internals` (`cargo test --all-features`), the only one that compiles every user: there
+// the compiler reports dead code here, and the items unused even there carry their own allow.
 #![cfg_attr(not(all(test, feature = "bench-internals")), allow(dead_code))]
 
 use std::rc::Rc;
@@ -106,7 +107,7 @@ pub(crate) trait LaneBuf {
     #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     fn lend_to_device(&mut self, n: usize);
     /// The device may write the whole chunk (a posted receive).
-    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
+    #[allow(dead_code)] // Unused since the reactor makes receive slots with `Slot::recv_on`.
     fn lend_all_to_device(&mut self);
     /// The device wrote `n` bytes for this owner: they are the data.
     fn received(&mut self, n: usize);
@@ -358,7 +359,7 @@ impl<B: LaneBuf> Slot<B> {
 
     /// A receive into a pool buffer's whole capacity.
     #[inline(always)]
-    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
+    #[allow(dead_code)] // Unused since the reactor makes receive slots with `Slot::recv_on`.
     pub(crate) fn recv(mut buf: B, user_data: u64) -> Slot<B> {
         buf.lend_all_to_device();
         let sge = buf.recv_sge();
@@ -481,7 +482,8 @@ impl<B: LaneBuf> Slot<B> {
     }
 
     /// The last 4 of the `n` bytes a receive got (its tail, iWARP); `None` when fewer than 4
-    /// arrived or they lie outside the memory (as `OpEntry::received_tail`).
+    /// arrived or they lie outside the memory (as `OpEntry::received_tail` did before the
+    /// receives moved onto the receive lane).
     fn received_tail(&self, n: u32) -> Option<[u8; 4]> {
         let at = n.checked_sub(TAIL_LEN)? as usize;
         let mut tail = [0u8; 4];
@@ -682,7 +684,10 @@ pub(crate) enum RecvOutcome {
     /// released, credits arrived while sends wait, or a receive slot freed while receives wait.
     /// This is `after_completion` (`wants_post() || has_pending_recvs()`) reduced to what a
     /// receive completion changes: what it leaves out was blocked before it, by what it does
-    /// not give back (send slots, CQ room), so a flush would post nothing more for it.
+    /// not give back (send slots, CQ room), so a flush would post nothing more for it. It is
+    /// not a subset of it: a connection saying goodbye whose pending sends wait is woken by a
+    /// grant here (`SendSide::sends_waiting` has no goodbye condition), where `wants_post`
+    /// ignores those sends; its flush posts nothing, it only runs `credit_watch` a tick early.
     Deliver { delivery: Delivery, wake: bool },
     /// A credit-only message consumed it: it is queued again ahead of the others (the
     /// connection has something to post), and the message said `farewell`.
@@ -1354,8 +1359,9 @@ impl<B: LaneBuf> Lanes<B> {
 
     /// A receive completion whose `wr_id` carried position `seq`, of a queue pair whose
     /// messages end in a tail when `tail` (iWARP): what it was ([`RecvOutcome`]), with the
-    /// credits and kind read and the rules of `finish_op` applied (a message beyond the credit
-    /// or with a broken frame is refused; a credit-only message's receive is queued again).
+    /// credits and kind read and the receive rules applied (`recv_rules`: a message beyond the
+    /// credit or with a broken frame is refused; a credit-only message's receive is queued
+    /// again).
     /// The send side is the lanes' own (its credit state, hold and queued sends):
     /// [`Lanes::recv_completed_with`] for a caller whose send side is elsewhere.
     #[inline(always)]
@@ -1428,7 +1434,8 @@ impl<B: LaneBuf> Lanes<B> {
     /// that name no remote key of the old peer: [`Slot::is_one_sided`]) and returns the others
     /// after the posted ones, and forgets everything of the old queue pair (slots, signaling,
     /// credits, hold, hello, nudge; the runtime's own queued messages are returned); returns
-    /// the posted receives and keeps the queued ones, the side list first (`RecvQueue`'s order),
+    /// the posted receives and keeps the queued ones, the side list first (the order of
+    /// `RecvQueue`, the receives' planner before issue 47 phase 2),
     /// each an ordinary receive of the next queue pair (a re-post's flag after a credit-only
     /// message is cleared: its grant was the old credit state's). Everything returned was
     /// posted but what follows `posted_sends` ([`Cleared`]).

@@ -47,8 +47,10 @@
 // Issue 47 phase 2, step 2: the reactor's receives are on the receive ring; its sends move onto
 // the send ring in step 3 (DATAPATH.md). Until then the send side (`head`, `pop_until`,
 // `oldest`, `reserve`, `has_room`, ...) is used only by the host benchmark
-// (`bench_internals::Path`) and the unit tests: dead code in a build with neither, and only
-// there (a test or benchmark build reports dead code here).
+// (`bench_internals::Path`) and the unit tests. Dead-code warnings are therefore allowed in
+// every build but a test build with `bench-internals` (`cargo test --all-features`), the only
+// one that compiles every user: there the compiler reports dead code here, and the items unused
+// even there carry their own allow.
 #![cfg_attr(not(all(test, feature = "bench-internals")), allow(dead_code))]
 
 use std::collections::VecDeque;
