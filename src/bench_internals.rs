@@ -512,7 +512,12 @@ impl Path {
     /// A connection with receive-credit flow control on, both depths `depth`, its handler
     /// `handler`, one receive of 64 bytes posted.
     pub fn new(depth: u32, handler: Box<dyn Handler>) -> Path {
-        let cfg = crate::PoolConfig { chunk_sizes: vec![4096], cluster_bytes: 1 << 20, max_bytes: 1 << 30, ..crate::PoolConfig::default() };
+        let cfg = crate::PoolConfig {
+            chunk_sizes: vec![4096],
+            cluster_bytes: 1 << 20,
+            max_bytes: 1 << 30,
+            ..crate::PoolConfig::default()
+        };
         let pool = IndexPool::unregistered(&cfg, 0).expect("a host pool");
         let mut room = CqRoom::new(4 * depth, depth);
         room.admit(depth);

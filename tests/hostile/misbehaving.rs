@@ -256,7 +256,8 @@ fn sends_without_credit_cost_only_the_sender() {
             seen.errors.iter().all(|e| matches!(
                 e,
                 OpError::Wc(WcStatus::RnrRetryExcErr | WcStatus::WrFlushErr) | OpError::Cancelled
-            ) || (iwarp && matches!(e, OpError::Wc(WcStatus::LocQpOpErr) | OpError::Unconfirmed))),
+            ) || (iwarp
+                && matches!(e, OpError::Wc(WcStatus::LocQpOpErr) | OpError::Unconfirmed))),
             "{seen:?}"
         );
         // iWARP has no RNR: a message without a receive (or without its tail) ends the stream.

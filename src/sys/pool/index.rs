@@ -729,7 +729,8 @@ mod tests {
     use super::*;
 
     fn pool(sizes: &[usize], cluster: usize, max: usize) -> IndexPool {
-        let cfg = PoolConfig { chunk_sizes: sizes.to_vec(), cluster_bytes: cluster, max_bytes: max, ..PoolConfig::default() };
+        let cfg =
+            PoolConfig { chunk_sizes: sizes.to_vec(), cluster_bytes: cluster, max_bytes: max, ..PoolConfig::default() };
         IndexPool::unregistered(&cfg, 0).expect("a host pool")
     }
 
@@ -848,7 +849,8 @@ mod tests {
     fn bad_sizes_are_refused() {
         let cfg = PoolConfig { chunk_sizes: vec![], cluster_bytes: 4096, max_bytes: 1 << 20, ..PoolConfig::default() };
         assert!(IndexPool::unregistered(&cfg, 0).is_err());
-        let cfg = PoolConfig { chunk_sizes: vec![0, 64], cluster_bytes: 4096, max_bytes: 1 << 20, ..PoolConfig::default() };
+        let cfg =
+            PoolConfig { chunk_sizes: vec![0, 64], cluster_bytes: 4096, max_bytes: 1 << 20, ..PoolConfig::default() };
         assert!(IndexPool::unregistered(&cfg, 0).is_err());
     }
 }

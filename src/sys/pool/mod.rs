@@ -50,8 +50,8 @@ use std::ptr::NonNull;
 use std::rc::Rc;
 
 mod expose;
-mod ledger;
 pub(crate) mod index;
+mod ledger;
 
 pub use expose::{Exposed, RegionWindow};
 pub(crate) use expose::{Exposure, Window, Windows};
