@@ -2022,4 +2022,4 @@ fn write_send_other<B: LaneBuf>(
 }
 
 #[cfg(test)]
-mod tests;
+pub(in crate::reactor) mod tests;

@@ -148,25 +148,18 @@ impl Ledger {
             return None;
         }
         self.reserved += bytes;
-        let e = Entry { reserved: bytes, used: 0, open: true, outside: false };
-        let i = match self.free.pop() {
-            Some(i) => {
-                self.entries[i as usize] = e;
-                i
-            }
-            None => {
-                self.entries.push(e);
-                u32::try_from(self.entries.len() - 1).unwrap_or(u32::MAX)
-            }
-        };
-        Some(Account(i))
+        Some(self.insert(Entry { reserved: bytes, used: 0, open: true, outside: false }))
     }
 
     /// Opens an account whose reservation of `bytes` is not taken from
     /// [`Budget::reservable`]: a device's own (a shared receive queue's receives, whose bytes
     /// the pool's configuration sets aside before it splits the rest).
     pub fn open_outside(&mut self, bytes: usize) -> Account {
-        let e = Entry { reserved: bytes, used: 0, open: true, outside: true };
+        self.insert(Entry { reserved: bytes, used: 0, open: true, outside: true })
+    }
+
+    /// Puts `e` in a free place of the table (the last freed first), else at its end.
+    fn insert(&mut self, e: Entry) -> Account {
         let i = match self.free.pop() {
             Some(i) => {
                 self.entries[i as usize] = e;

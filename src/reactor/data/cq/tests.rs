@@ -327,9 +327,10 @@ fn the_decision_table() {
 mod ring {
     use super::super::{next_epoch, ring_recv_completed};
     use crate::proto::flow::{negotiate, Farewell, Flow, Imm};
-    use crate::proto::op::{OpCode, OpError, WcStatus};
+    use crate::proto::op::{OpCode, OpError};
     use crate::proto::token::{ConnKey, Dir, GenSlab, Key, WrId};
     use crate::proto::wire::ConnectInfo;
+    use crate::reactor::data::lanes::tests::wc;
     use crate::reactor::data::lanes::{Lanes, RecvOutcome, Slot};
     use crate::reactor::data::op::RawBuf;
     use crate::reactor::data::send_queue::SendQueue;
@@ -386,17 +387,6 @@ mod ring {
         let mut ids = Vec::new();
         lanes.run_ids(first, n, |id| ids.push(id));
         ids
-    }
-
-    fn wc(wr_id: u64, byte_len: u32, imm: Option<Imm>) -> WorkCompletion {
-        WorkCompletion {
-            wr_id,
-            status: WcStatus::Success,
-            byte_len,
-            imm: imm.map(Imm::encode),
-            remote_write: false,
-            qp_num: 1,
-        }
     }
 
     /// `Core::complete_ring` up to the handler: `None` and `Stale` are counted stale there.

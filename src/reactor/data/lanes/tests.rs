@@ -34,8 +34,9 @@ fn lanes(send: u32, recv: u32, flow: Option<Flow>) -> L {
     l
 }
 
-/// A successful receive completion of `wr_id` with `byte_len` bytes and immediate data `imm`.
-fn wc(wr_id: u64, byte_len: u32, imm: Option<Imm>) -> WorkCompletion {
+/// A successful receive completion of `wr_id` with `byte_len` bytes and immediate data `imm`
+/// (the completion-path tests of `data::cq` use it too).
+pub(in crate::reactor) fn wc(wr_id: u64, byte_len: u32, imm: Option<Imm>) -> WorkCompletion {
     WorkCompletion {
         wr_id,
         status: WcStatus::Success,
