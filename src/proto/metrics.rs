@@ -102,6 +102,12 @@ impl ConnMeter {
         }
     }
 
+    /// `n` credit-only messages of ours went (their completions came back successful).
+    #[inline]
+    pub(crate) fn credit_messages_sent(&mut self, n: u32) {
+        self.m.credit_messages_sent += u64::from(n);
+    }
+
     /// After each plan of its sends: `blocked` when the next send waits for credits; `now` is
     /// the reactor's clock. A wait begins at the first blocked report and ends at the first
     /// report that is not.

@@ -84,13 +84,12 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 
 use crate::error::{Error, Result};
 use crate::proto::metrics::ConnMetrics;
-use crate::proto::token::{ConnKey, CqKey, FdKey, GenSlab, Kind, ListenerKey, OpKey, TimerKey, Token};
+use crate::proto::token::{ConnKey, CqKey, FdKey, GenSlab, Kind, ListenerKey, TimerKey, Token};
 use crate::sys::cm::EventChannel;
 use conn::entry::{ConnEntry, Endpoint, ListenerEntry, Placement, Role};
 use conn::handoff::Handoff;
 use conn::teardown::Closing;
 use data::cq::{CqEntry, WorkLists};
-use data::op::OpEntry;
 use data::tail::TailRing;
 use event_loop::device::Devices;
 use event_loop::remote::Inbox;
@@ -99,7 +98,7 @@ use event_loop::timers::{Clock, TimerTarget, Timers, UserTimer};
 use event_loop::userfd::UserFd;
 
 /// Everything a callback may touch through its context. Field order is drop order:
-/// connections (queue pairs, ids) before the operations' buffers, before the CQs, before the
+/// connections (queue pairs, ids, then their operations' buffers in their lanes) before the CQs, before the
 /// listeners, before the devices (pools, completion channels, PDs), before the CM channel.
 pub(crate) struct Core {
     /// Tasks (`event_loop/exec.rs`): dropped first, while everything their handles name still exists.
@@ -120,7 +119,6 @@ pub(crate) struct Core {
     /// ring `wr_id` of an earlier queue pair at the same index, whoever holds it now, never
     /// names an operation of the present one (`data/cq/mod.rs`, `Core::complete`).
     epochs: Vec<u16>,
-    ops: GenSlab<OpKey, OpEntry>,
     cqs: GenSlab<CqKey, CqEntry>,
     listeners: GenSlab<ListenerKey, ListenerEntry>,
     user_timers: GenSlab<TimerKey, UserTimer>,
@@ -136,8 +134,9 @@ pub(crate) struct Core {
     timers: Timers<TimerTarget>,
     /// What the tick has to poll, post and ack (`data/cq/mod.rs`).
     work: WorkLists,
-    /// The data path's reused buffers (`data/post.rs`).
-    scratch: data::post::Scratch,
+    /// The raw chains a shared receive queue's post hands the device (`data/srq/mod.rs`),
+    /// reused.
+    chains: crate::sys::qp::Chains,
     /// `epoll_wait`'s readiness list, reused: not filled with empty entries every tick
     /// (`event_loop/tick.rs`).
     events: [nix::sys::epoll::EpollEvent; event_loop::tick::EVENTS],
@@ -252,7 +251,6 @@ impl Reactor {
                 calls: Default::default(),
                 conns: GenSlab::new(),
                 epochs: Vec::new(),
-                ops: GenSlab::new(),
                 cqs: GenSlab::new(),
                 listeners: GenSlab::new(),
                 user_timers: GenSlab::new(),
@@ -264,7 +262,7 @@ impl Reactor {
                 cfg,
                 timers: Timers::new(),
                 work: WorkLists::default(),
-                scratch: data::post::Scratch::default(),
+                chains: crate::sys::qp::Chains::default(),
                 events: [nix::sys::epoll::EpollEvent::empty(); event_loop::tick::EVENTS],
                 spin: Spin::default(),
                 clock: Clock::new(),

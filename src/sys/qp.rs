@@ -35,6 +35,8 @@ pub enum SendOp {
     /// `IBV_WR_SEND`.
     Send,
     /// `IBV_WR_SEND_WITH_IMM`.
+    #[cfg_attr(not(feature = "bench-internals"), allow(dead_code))]
+    // The host benchmark's `SlabPath` (the data path before issue 47).
     SendImm(u32),
     /// `IBV_WR_RDMA_WRITE` to `(remote_addr, rkey)`.
     Write(u64, u32),
@@ -63,7 +65,8 @@ pub struct Bind {
     pub access: Access,
 }
 
-/// One send work request to post.
+/// One send work request to post (the operation slab's, before issue 47's in-place arrays).
+#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))] // The host benchmark's `SlabPath` (the data path before issue 47).
 #[derive(Clone, Copy, Debug)]
 pub struct SendWr {
     /// Our work request id.
@@ -231,6 +234,7 @@ impl Qp {
     /// queue pair is destroyed. A READ's memory is written by the device. A [`SendOp::Bind`]
     /// names a live window and a live region of this PD that holds the range, and that memory
     /// stays allocated while the window stays bound (until it is deallocated).
+    #[allow(dead_code)] // The host benchmark's `SlabPath` (the data path before issue 47) builds its requests only.
     pub(crate) unsafe fn post_send(&self, wrs: &[SendWr], chains: &mut Chains) -> Result<(), PostError> {
         if wrs.is_empty() {
             return Ok(());
@@ -255,7 +259,6 @@ impl Qp {
     /// # Safety
     ///
     /// As [`Qp::post_send`], for every request of the run as `wrs` holds it.
-    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) unsafe fn post_send_run(&self, wrs: &mut SendWrs, first: u32, n: u32) -> Result<(), PostError> {
         if n == 0 {
             return Ok(());
@@ -308,6 +311,7 @@ impl Chains {
     /// buffers and returns its head, valid until these buffers are next used. Safe: it only
     /// writes memory it owns; what the requests name is the poster's to keep valid.
     #[inline]
+    #[cfg_attr(not(feature = "bench-internals"), allow(dead_code))] // The host benchmark's `SlabPath` (the data path before issue 47).
     pub(crate) fn send_chain(&mut self, wrs: &[SendWr]) -> *mut ffi::ibv_send_wr {
         // Empty, the head would be the last chain's first request, still linked.
         debug_assert!(!wrs.is_empty(), "an empty send chain");

@@ -288,6 +288,16 @@ impl SendWrs {
         unsafe { (*self.wrs.as_ptr().add(i)).send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 };
     }
 
+    /// Makes request `i` ask to be sent inline (`Reactor::inject_refused_send`: a request
+    /// longer than the queue pair's inline limit is refused at post time).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn force_inline(&mut self, i: u32) {
+        let i = (i & (self.cap - 1)) as usize;
+        // SAFETY: i < cap (a power of two, at least 1), inside the allocation; `&mut self`: the
+        // only access.
+        unsafe { (*self.wrs.as_ptr().add(i)).send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0 };
+    }
+
     /// True when request `i` asks for a completion.
     pub(crate) fn signaled(&self, i: u32) -> bool {
         let i = (i & (self.cap - 1)) as usize;

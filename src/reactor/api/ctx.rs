@@ -469,7 +469,7 @@ impl<'a> Conn<'a> {
 
     /// Send and receive work requests posted and not yet completed.
     pub fn outstanding(&self) -> (u32, u32) {
-        self.ctx.core.conns.get(self.key).map_or((0, 0), |c| (c.sq.outstanding(), c.lanes.outstanding().1))
+        self.ctx.core.conns.get(self.key).map_or((0, 0), |c| c.lanes.outstanding())
     }
 
     /// Send-queue operations submitted and not yet posted (waiting for the peer's credits, or
@@ -480,7 +480,7 @@ impl<'a> Conn<'a> {
     /// [`Config::send_backlog`]: crate::Config::send_backlog
     /// [`Config::send_backlog_bytes`]: crate::Config::send_backlog_bytes
     pub fn backlog(&self) -> (u32, usize) {
-        self.ctx.core.conns.get(self.key).map_or((0, 0), |c| c.sq.backlog())
+        self.ctx.core.conns.get(self.key).map_or((0, 0), |c| c.lanes.backlog())
     }
 
     /// Receive work requests this connection's queue pair holds at most: 0 on a shared
@@ -522,7 +522,7 @@ impl<'a> Conn<'a> {
 
     /// Send work requests this connection's queue pair holds at most.
     pub fn send_capacity(&self) -> u32 {
-        self.ctx.core.conns.get(self.key).map_or(0, |c| c.sq.capacity())
+        self.ctx.core.conns.get(self.key).map_or(0, |c| c.lanes.send_capacity())
     }
 
     /// This connection's counters so far: messages and bytes each way, operations by kind,

@@ -95,7 +95,7 @@ impl Core {
             Action::SendFarewell => {
                 event!(debug, "{:?}: closing: saying goodbye (close handshake)", crate::proto::token::Key::token(t));
                 let c = self.conns.get_mut(t)?;
-                c.sq.say_farewell();
+                c.lanes.say_farewell();
                 self.mark_dirty(t);
             }
             Action::Closed(reason) => {

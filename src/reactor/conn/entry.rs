@@ -13,7 +13,6 @@ use crate::proto::wire::ConnectInfo;
 use crate::reactor::api::guard::Guarded;
 use crate::reactor::conn::{handoff, reconnect};
 use crate::reactor::data::lanes::Lanes;
-use crate::reactor::data::send_queue::SendQueue;
 use crate::reactor::data::srq;
 use crate::reactor::data::tail::TailRing;
 use crate::reactor::event_loop::device::Devices;
@@ -144,9 +143,9 @@ pub(in crate::reactor) struct ConnEntry {
     pub(in crate::reactor) role: Role,
     pub(in crate::reactor) handler: Option<Guarded<dyn ConnectionHandler>>,
     pub(in crate::reactor) placed: Option<Placement>,
-    pub(in crate::reactor) sq: SendQueue,
-    /// Its operations on the queue pair's rings (issue 47, `data/lanes.rs`): its receives, from
-    /// submission to completion (its sends are still `sq`'s, in the operation slab). Its
+    /// Its operations on the queue pair's rings (issue 47, `data/lanes.rs`): its sends and
+    /// receives, from submission to completion, and its send queue's state (credits, the close
+    /// handshake, an iWARP agent's hold, a client's hello and nudges). Its
     /// queue pair's epoch (`Core::epochs`) is the lanes' (`Lanes::epoch`, set by `setup_qp`):
     /// a ring `wr_id` names this connection only with it.
     pub(in crate::reactor) lanes: Lanes<Buf>,
@@ -216,7 +215,6 @@ impl ConnEntry {
             role,
             handler: Some(Guarded::new(handler)),
             placed: None,
-            sq: SendQueue::new(signal_every),
             // Named after its slot and epoch when it gets a queue pair (`Lanes::set_id`).
             lanes: Lanes::new(0, 0, signal_every).expect("slot 0 is in range"),
             dirty: false,
@@ -264,7 +262,7 @@ impl ConnEntry {
 
     /// True when operations may be posted: the queue pair exists and the connection is being
     /// set up, is established, or says goodbye (its farewell and receives still go; its send
-    /// queue holds back the rest, `SendQueue::say_farewell`).
+    /// queue holds back the rest, `Lanes::say_farewell`).
     pub(in crate::reactor) fn can_post(&self) -> bool {
         self.ep.qp().is_some()
             && matches!(
@@ -290,7 +288,7 @@ impl ConnEntry {
     /// True when the connection is draining and nothing is outstanding.
     pub(in crate::reactor) fn drained(&self) -> bool {
         self.role.state().is_draining()
-            && self.sq.awaited() == 0
+            && self.lanes.awaited() == 0
             && (self.lanes.outstanding().1 == 0 || self.stream_closed)
     }
 }

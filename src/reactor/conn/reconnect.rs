@@ -9,9 +9,8 @@
 //!    completed returned). There `destroy_conn` asks the policy (`Redial::failed`); when it
 //!    allows another attempt, the connection is *carried* instead of removed:
 //! 2. Operations not yet posted that can go on a new queue pair stay queued, in order
-//!    (`SendQueue::carry` for the send queue, `Lanes::carry` for the receive lane: the
-//!    receives a refused message gave back first, each an ordinary receive of the next queue
-//!    pair): SENDs and receives. One-sided ones name the old peer's remote keys, which a new
+//!    (`Lanes::carry`: the receives a refused message gave back first, each an ordinary
+//!    receive of the next queue pair): SENDs and receives. One-sided ones name the old peer's remote keys, which a new
 //!    connection invalidates: they complete with `Cancelled`, as do the runtime's own
 //!    (credit-only messages, window binds). Posted ones complete with their error
 //!    (`Unconfirmed`, or flushed). The receive lane keeps its name (the old queue pair's

@@ -449,9 +449,9 @@ impl Core {
         // no receives it cannot see one, and waits for nothing.
         let first = c.placed.is_some_and(|p| self.devices[p.device].caps.client_sends_first());
         let c = self.conns.get_mut(t).expect("live");
-        c.sq.set_hold(first && tail && depth > 0);
-        c.sq.set_flow(flow);
-        c.sq.set_farewell(farewell);
+        c.lanes.set_hold(first && tail && depth > 0);
+        c.lanes.set_flow(flow);
+        c.lanes.set_farewell(farewell);
         let bytes = local.encode(MAX_ACCEPT_PRIVATE_DATA).unwrap_or_default();
         c.infos.local = local;
         c.infos.sent = true;
@@ -572,15 +572,15 @@ impl Core {
                             let unguarded = flow.is_none() && c.srq_share.is_some();
                             let farewell =
                                 flow.is_some() && local.farewell && info.as_ref().is_some_and(|i| i.farewell);
-                            c.sq.set_flow(flow);
-                            c.sq.set_farewell(farewell);
+                            c.lanes.set_flow(flow);
+                            c.lanes.set_farewell(farewell);
                             // The connecting side's farewell yields the last credit, so that
                             // two crossing farewells can be answered (`proto::flow`).
-                            c.sq.yield_last_credit();
+                            c.lanes.yield_last_credit();
                             // The initiator speaks first on iWARP: a credit-only message.
                             let rule = c.placed.is_some_and(|p| self.devices[p.device].caps.client_sends_first());
                             let first = rule && c.infos.local.tail && info.as_ref().is_some_and(|i| i.recv_depth > 0);
-                            c.sq.set_hello(first);
+                            c.lanes.set_hello(first);
                             c.infos.peer = info;
                             if rule {
                                 // Soft-iWARP may leave the first messages (or READ requests,
@@ -790,7 +790,6 @@ impl Core {
                 if let Some(n) = short_rq {
                     granted.max_recv_wr = granted.max_recv_wr.min(n);
                 }
-                c.sq.set_capacity(granted.max_send_wr.min(want.max_send_wr));
                 c.lanes
                     .set_capacity(granted.max_send_wr.min(want.max_send_wr), granted.max_recv_wr.min(want.max_recv_wr));
                 if srq.is_some() {

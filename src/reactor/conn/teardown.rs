@@ -16,9 +16,7 @@
 use std::time::{Duration, Instant};
 
 use crate::proto::conn::{CloseReason, Input, ListenerAction, State};
-use crate::proto::op::OpCode;
 use crate::proto::token::{ConnKey, CqKey, Key, ListenerKey, Token};
-use crate::reactor::data::lanes::teardown_error;
 use crate::reactor::Completion;
 use crate::reactor::{Conn, Core, Ctx, Endpoint};
 use crate::sys::cm::CmId;
@@ -51,10 +49,10 @@ impl Core {
     }
 
     /// How a connection is told to close for `reason` (`Local` or `Shutdown`): with the close
-    /// handshake when it negotiated one (`SendQueue::farewell`), else at once.
+    /// handshake when it negotiated one (`Lanes::farewell`), else at once.
     fn close_input(&self, k: ConnKey, reason: CloseReason) -> Input {
         match self.conns.get(k) {
-            Some(c) if c.sq.farewell() => Input::Finish(reason),
+            Some(c) if c.lanes.farewell() => Input::Finish(reason),
             _ if reason == CloseReason::Shutdown => Input::Shutdown,
             _ => Input::Close,
         }
@@ -235,42 +233,27 @@ impl Core {
     /// `carry` (a reconnection, `reconnect.rs`) the ones never posted that a new queue pair
     /// can take (SENDs and receives) stay queued. Each completes once, with
     /// `lanes::teardown_error`: posted, `Unconfirmed` (a receive on an iWARP queue pair whose
-    /// stream ended: flushed); never posted, `Cancelled`. The operation slab's first, then the
-    /// lanes' (their sends, then their receives: the posted ones, the side list, the queued
+    /// stream ended: flushed); never posted, `Cancelled`. The lanes' sends first, then their
+    /// receives (each lane: the posted ones, then, receives, the side list, then the queued
     /// ones); the runtime's own complete to no one.
     pub(in crate::reactor) fn cancel_ops(&mut self, t: ConnKey, cq: Option<CqKey>, carry: bool) -> Vec<Completion> {
         let Some(c) = self.conns.get_mut(t) else { return Vec::new() };
-        let mut room = cq.and_then(|cq| self.cqs.get_mut(cq)).map(|e| &mut e.room);
+        let room = cq.and_then(|cq| self.cqs.get_mut(cq)).map(|e| &mut e.room);
         let stream_closed = c.stream_closed;
-        let (mine, lanes) = if carry {
-            let ops = &self.ops;
-            // Not the runtime's own, and naming no remote key of the old peer.
-            let goes_on = |k| ops.get(k).is_some_and(|o: &crate::reactor::OpEntry| !o.control && o.remote.is_none());
-            let gone = c.sq.carry(room.as_deref_mut(), goes_on);
-            // The receives queued stay, the side list first. The lanes keep their name (the
-            // connection's epoch, `Lanes::epoch`) until the next queue pair's `setup_qp`
-            // renames them: one epoch a queue pair. Meanwhile a late completion of the old
-            // queue pair names the live epoch but no position in the posted window, which the
-            // carry emptied (nothing can be posted without a queue pair): counted stale.
+        let cleared = if carry {
+            // The sends and receives queued stay (sends: not the runtime's own, and naming no
+            // remote key of the old peer), the side list first among the receives. The lanes
+            // keep their name (the connection's epoch, `Lanes::epoch`) until the next queue
+            // pair's `setup_qp` renames them: one epoch a queue pair. Meanwhile a late
+            // completion of the old queue pair names the live epoch but no position in the
+            // posted windows, which the carry emptied (nothing can be posted without a queue
+            // pair): counted stale.
             let epoch = c.lanes.epoch();
-            (gone, c.lanes.carry(room, epoch, |s| !s.is_control() && !s.is_one_sided()))
+            c.lanes.carry(room, epoch, |s| !s.is_control() && !s.is_one_sided())
         } else {
-            (c.sq.clear(room.as_deref_mut()), c.lanes.clear(room))
+            c.lanes.clear(room)
         };
-        let lanes = lanes.into_cancelled(stream_closed);
-        let mut out = Vec::with_capacity(mine.len() + lanes.len());
-        for o in mine {
-            let Some(op) = self.ops.remove(o) else { continue };
-            if !op.control {
-                // Posted with no completion seen (its CQ failed, or the drain timed out):
-                // it may or may not have run. Never posted: cancelled. A receive posted on an
-                // iWARP queue pair whose stream ended: flushed (`ConnEntry::stream_closed`).
-                let err = teardown_error(op.posted, op.opcode == OpCode::Recv, stream_closed);
-                out.push(op.into_completion(Err(err), false));
-            }
-        }
-        out.extend(lanes.into_iter().map(Completion::from));
-        out
+        cleared.into_cancelled(stream_closed).into_iter().map(Completion::from).collect()
     }
 
     /// Our disconnect of `t` got no DISCONNECTED before its deadline or a shutdown's grace ran

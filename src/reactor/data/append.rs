@@ -16,7 +16,6 @@
 
 use std::io::IoSlice;
 
-use crate::proto::op::OpCode;
 use crate::proto::token::ConnKey;
 use crate::reactor::conn::entry::ConnEntry;
 use crate::reactor::Core;
@@ -58,29 +57,24 @@ impl Core {
         if c.placed.is_none() || !c.role.state().is_established() {
             return 0;
         }
-        let Some(key) = c.sq.last_pending() else { return 0 };
-        let Some(e) = self.ops.get_mut(key) else { return 0 };
-        if e.user_data != user_data || e.opcode != OpCode::Send || e.control || e.posted {
-            return 0;
-        }
-        let Some(buf) = e.pool_buf_mut() else { return 0 };
-        let (ops, pending_bytes) = c.sq.backlog();
-        // The last of `ops` pending operations waits beyond the free slots when there are
-        // fewer of those: then the backlog's byte bound applies to what it grows by.
-        let waits = ops > c.sq.free_slots();
-        let backlog_room = waits.then(|| backlog_limit.saturating_sub(pending_bytes));
-        let mut room = append_room(buf.len(), buf.capacity(), msg_limit(c), backlog_room).min(limit);
-        let mut took = 0;
-        for b in bytes {
-            if room == 0 {
-                break;
+        let msg = msg_limit(c);
+        c.lanes.append_last_send(user_data, |buf, (ops, pending_bytes), free| {
+            // The last of `ops` pending operations waits beyond the free slots when there are
+            // fewer of those: then the backlog's byte bound applies to what it grows by.
+            let waits = ops > free;
+            let backlog_room = waits.then(|| backlog_limit.saturating_sub(pending_bytes));
+            let mut room = append_room(buf.len(), buf.capacity(), msg, backlog_room).min(limit);
+            let mut took = 0;
+            for b in bytes {
+                if room == 0 {
+                    break;
+                }
+                let n = buf.append(&b[..b.len().min(room)]);
+                room -= n;
+                took += n;
             }
-            let n = buf.append(&b[..b.len().min(room)]);
-            room -= n;
-            took += n;
-        }
-        c.sq.grow_last(u32::try_from(took).unwrap_or(u32::MAX));
-        took
+            took
+        })
     }
 }
 

@@ -44,6 +44,7 @@ impl CqRoom {
     }
 
     /// Reserves up to `n` entries for send-queue work; returns how many.
+    #[cfg_attr(not(any(test, feature = "bench-internals")), allow(dead_code))] // `SendQueue`'s (the oracle and baseline).
     pub(crate) fn reserve_send(&mut self, n: u32) -> u32 {
         let room = self.capacity - self.recv_committed - self.send_reserved;
         let k = n.min(room);

@@ -12,12 +12,16 @@
 use crate::error::{Error, Result};
 use crate::proto::op::RemoteAccess;
 use crate::proto::token::{ConnKey, Key};
-use crate::reactor::data::op::OpEntry;
-use crate::reactor::data::send_queue::Planned;
+use crate::reactor::data::lanes::Slot;
 use crate::reactor::Core;
 use crate::sys::pool::{Buf, Exposed, Exposure, RegionWindow};
-use crate::sys::qp::{SendOp, SendWr};
 use crate::sys::region::{Region, RegionSlice};
+#[cfg(feature = "bench-internals")]
+use {
+    crate::reactor::data::op::OpEntry,
+    crate::reactor::data::send_queue::Planned,
+    crate::sys::qp::{SendOp, SendWr},
+};
 
 impl Core {
     /// See [`Conn::expose`](crate::reactor::Conn::expose).
@@ -85,13 +89,14 @@ impl Core {
         if window.bind().is_none() {
             return;
         }
-        let ot = self.ops.insert(OpEntry::bind(t, window.clone()));
-        self.conns.get_mut(t).expect("checked by the caller").sq.push(ot, false, 0);
+        c.lanes.submit_send(Slot::bind(window.clone()));
         self.mark_dirty(t);
     }
 }
 
-/// The work request of a planned window bind.
+/// The work request of a planned window bind of the operation slab (the host benchmark's
+/// `SlabPath`, the data path before issue 47).
+#[cfg(feature = "bench-internals")]
 pub(in crate::reactor) fn bind_wr(op: &OpEntry, w: &Planned) -> SendWr {
     // A connection releases its windows only when it is destroyed, and a destroyed connection
     // posts nothing more: a bind is never planned without its memory window.

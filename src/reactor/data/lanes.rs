@@ -4,13 +4,14 @@
 //!
 //! This is what `OpEntry` in the global operation slab, `SendQueue`/`RecvQueue` and their key
 //! queues, `Planned`, `SendWr` and `Chains` did, on one structure per connection. The reactor's
-//! receives are on it since issue 47 phase 2, step 2 (`ConnEntry::lanes`); its sends are still
-//! the slab's and `SendQueue`'s until step 3 (DATAPATH.md).
+//! receives are on it since issue 47 phase 2, step 2, and its sends since step 3
+//! (`ConnEntry::lanes`, DATAPATH.md); the old structures are kept only as the differential
+//! test's oracle and the host benchmark's baseline.
 //!
 //! - **Submission** makes the operation's [`Slot`] in place at its ring's tail
-//!   ([`Lanes::submit_send_with`], [`Lanes::submit_recv_with`]; its owner marks set as
-//!   `OpEntry::new` sets them, and its scatter entry decided in the same look at the buffer's
-//!   chunk), after the connection's gate (`gate.rs`) let it through.
+//!   ([`Lanes::submit_send_with`], [`Lanes::submit_recv_with`]; its owner marks set, and its
+//!   scatter entry decided in the same look at the buffer's chunk), after `Core::submit`'s
+//!   checks (the connection's gate, `gate.rs`, from step 4) let it through.
 //! - **Posting** ([`Lanes::plan_recvs`], [`Lanes::plan_sends`]) walks the queued slots from the
 //!   ring's `posted` counter and writes each one's work request into the connection's
 //!   pre-linked array at the same position, from the slot alone; the caller posts that run
@@ -22,8 +23,8 @@
 //!   and takes the operation apart in its slot, its parts moved straight into the completion
 //!   the handler gets ([`Lanes::recv_completed`] then [`Lanes::take_recv`];
 //!   [`Lanes::send_completed`] then [`Lanes::next_sent`] and [`SentOp::take`] for each
-//!   operation a signaled completion completes). [`Lanes::pop_sent`] and [`Slot::into_done`]
-//!   do the same in one step, for teardown, tests and the differential test.
+//!   operation a signaled completion completes). `Lanes::pop_sent` does the same in one step
+//!   for the tests, and [`Slot::into_done`] for a refused request or teardown.
 //!
 //! **The rules kept, as `send_queue/`'s module docs state them.** A send-queue operation is
 //! posted only with a free send slot, CQ room for its completion ([`CqRoom`]) and, when it
@@ -62,14 +63,6 @@
 //! No FFI: the work-request arrays are `sys`'s, posted by `sys::qp`. Unit tests below, and a
 //! differential test that drives [`SendQueue`](super::send_queue::SendQueue) and the lanes with
 //! the same random scripts and compares every chain they post.
-// Issue 47 phase 2, step 2: the reactor uses the receive lane (submission, `plan_recvs`,
-// `recvs_posted_with`, `recv_completed_with`, `take_recv`, `clear`, `carry`, `set_id`); the send
-// lane (its slot constructors, `SendCtl`, the plans, `SendRun`, `SentOp`, `next_sent`) is step 3's
-// and used only by the host benchmark (`bench_internals::Path`) and the unit tests until then.
-// Dead-code warnings are therefore allowed in every build but a test build with
-// `bench-internals` (`cargo test --all-features`), the only one that compiles every user: there
-// the compiler reports dead code here, and the items unused even there carry their own allow.
-#![cfg_attr(not(all(test, feature = "bench-internals")), allow(dead_code))]
 
 use std::rc::Rc;
 
@@ -101,10 +94,8 @@ pub(crate) trait LaneBuf {
     /// Bytes the chunk holds.
     fn capacity(&self) -> usize;
     /// Makes the first `len()` bytes this owner's before the device shows them.
-    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     fn show(&self);
     /// The device may write `n` bytes (a posted READ).
-    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     fn lend_to_device(&mut self, n: usize);
     /// The device may write the whole chunk (a posted receive).
     #[allow(dead_code)] // Unused since the reactor makes receive slots with `Slot::recv_on`.
@@ -114,7 +105,6 @@ pub(crate) trait LaneBuf {
     /// The first `n` bytes hold this owner's data (a READ's).
     fn written(&mut self, n: usize);
     /// Sets the length (up to the capacity; longer is cut at it).
-    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     fn set_len_at_most(&mut self, n: usize);
     /// The 4 bytes before offset `n` of a receive (a tail).
     fn tail_before(&self, n: usize) -> Option<[u8; 4]>;
@@ -235,11 +225,10 @@ impl LaneBuf for IndexBuf {
 /// What few operations hold besides their memory: kept out of line, so a slot moves and is
 /// taken apart field by field, without matching a variant (one allocation per iWARP READ,
 /// which registers its sink anyway, or window bind, as `OpEntry`'s `Rare`).
-#[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
 enum Rare {
     /// On iWARP, a READ's sink registered with remote write over exactly its bytes, held until
     /// the READ completes or is cancelled; its local key replaces the memory's.
-    Sink(Mr),
+    Sink(#[allow(dead_code)] Mr),
     /// A window bind: holds the window until the bind completes or is cancelled.
     Bind(Rc<Window>),
 }
@@ -348,15 +337,6 @@ impl<B: LaneBuf> Slot<B> {
         Slot::of(user_data, sge, Some(buf), NO_REMOTE, 0, OpCode::Recv, 0)
     }
 
-    /// A send of a pool buffer's `len()` bytes. Its bytes are shown (the device sends them).
-    #[inline(always)]
-    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
-    pub(crate) fn send(buf: B, user_data: u64) -> Slot<B> {
-        buf.show();
-        let sge = buf.send_sge();
-        Slot::of(user_data, sge, Some(buf), NO_REMOTE, sge.1, OpCode::Send, CONSUMES)
-    }
-
     /// A receive into a pool buffer's whole capacity.
     #[inline(always)]
     #[allow(dead_code)] // Unused since the reactor makes receive slots with `Slot::recv_on`.
@@ -367,7 +347,6 @@ impl<B: LaneBuf> Slot<B> {
     }
 
     /// An RDMA WRITE (with immediate data when `imm`) of a pool buffer's `len()` bytes.
-    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) fn write(buf: B, remote: RemoteSlice, imm: bool, user_data: u64) -> Slot<B> {
         buf.show();
         let sge = buf.send_sge();
@@ -376,7 +355,6 @@ impl<B: LaneBuf> Slot<B> {
     }
 
     /// An RDMA READ of `remote.len` bytes into a pool buffer (submission checked they fit).
-    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) fn read(mut buf: B, remote: RemoteSlice, user_data: u64) -> Slot<B> {
         buf.set_len_at_most(remote.len as usize);
         buf.lend_to_device(remote.len as usize);
@@ -417,14 +395,12 @@ impl<B: LaneBuf> Slot<B> {
     }
 
     /// A window bind: holds the window until it completes.
-    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) fn bind(window: Rc<Window>) -> Slot<B> {
         Slot { rare: Some(Box::new(Rare::Bind(window))), ..Slot::probe() }
     }
 
     /// On iWARP, a READ whose sink `sink` registers its memory with remote write: its request
     /// names the sink's key.
-    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) fn with_sink(mut self, sink: Mr) -> Slot<B> {
         self.lkey = sink.lkey();
         self.rare = Some(Box::new(Rare::Sink(sink)));
@@ -448,12 +424,6 @@ impl<B: LaneBuf> Slot<B> {
     #[inline(always)]
     pub(crate) fn is_control(&self) -> bool {
         self.flags & CONTROL != 0
-    }
-
-    /// The operation's kind.
-    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
-    pub(crate) fn opcode(&self) -> OpCode {
-        self.opcode
     }
 
     /// Local address, length and key of its work request.
@@ -749,7 +719,9 @@ impl<B: LaneBuf> SentOp<'_, B> {
     }
 
     /// [`Lanes::wants_post`] (unchanged by the take: a send completion gives back send slots
-    /// and CQ room, which it does not read).
+    /// and CQ room, which it does not read): the host benchmark's question at the last
+    /// operation (the reactor asks it after the handler, `after_completion`).
+    #[cfg(feature = "bench-internals")]
     #[inline(always)]
     pub(crate) fn wants_post(&self) -> bool {
         self.lanes.wants_post()
@@ -874,7 +846,6 @@ impl<B: LaneBuf> Lanes<B> {
     }
 
     /// The send work requests the queue pair holds.
-    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) fn send_capacity(&self) -> u32 {
         self.ctl.capacity
     }
@@ -901,7 +872,6 @@ impl<B: LaneBuf> Lanes<B> {
     }
 
     /// True when the connection closes with the close handshake.
-    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) fn farewell(&self) -> bool {
         self.ctl.has(FAREWELL)
     }
@@ -987,6 +957,32 @@ impl<B: LaneBuf> Lanes<B> {
     #[inline(always)]
     pub(crate) fn submit_recv_with(&mut self, make: impl FnOnce() -> Slot<B>) {
         self.recv.push_with(make);
+    }
+
+    /// Grows the last queued send-queue operation, if it is a SEND of a pool buffer carrying
+    /// `user_data` and not the runtime's own (`data/append.rs`, the byte stream's coalesced
+    /// writes): `grow` appends to its buffer and returns the bytes it took, given the backlog
+    /// (`Lanes::backlog`) and the free slots (`Lanes::free_slots`) as they were. Its request's
+    /// length and its backlog bytes follow. Returns the bytes taken (0: nothing changed).
+    pub(crate) fn append_last_send(
+        &mut self,
+        user_data: u64,
+        grow: impl FnOnce(&mut B, (u32, usize), u32) -> usize,
+    ) -> usize {
+        let (backlog, free) = (self.backlog(), self.free_slots());
+        let Some(slot) = self.send.last_queued_mut() else { return 0 };
+        if slot.user_data != user_data || slot.opcode != OpCode::Send || slot.is_control() {
+            return 0;
+        }
+        let Some(buf) = slot.buf.as_mut() else { return 0 };
+        let took = grow(buf, backlog, free);
+        // Its request names the bytes it has now (the device has not seen it: it is queued).
+        let (_, len, _) = buf.send_sge();
+        let added = len.saturating_sub(slot.len);
+        slot.len = len;
+        slot.pool_len = slot.pool_len.saturating_add(added);
+        self.ctl.queued_bytes += added as usize;
+        took
     }
 
     /// Send-queue operations queued and not yet posted, and their pool bytes.
@@ -1089,14 +1085,6 @@ impl<B: LaneBuf> Lanes<B> {
                 f.on_repost(after);
             }
         })
-    }
-
-    /// [`Lanes::recvs_posted`] with the grants of the receives taken told to `grant` (each
-    /// receive in order: true for a re-post after a credit-only message), for a caller whose
-    /// credit state is not the lanes' own.
-    #[inline]
-    pub(crate) fn recvs_posted_with(&mut self, taken: u32, n: u32, grant: impl FnMut(bool)) -> Option<Vec<Slot<B>>> {
-        recvs_taken(&mut self.recv, self.recv_after_control, taken, n, grant)
     }
 
     /// Plans the send chain to post now and writes its work requests into the send array:
@@ -1212,6 +1200,7 @@ impl<B: LaneBuf> Lanes<B> {
 
     /// [`Lanes::plan_sends`] on a transport with immediate data (no tails): for callers
     /// outside the reactor (the host benchmark).
+    #[cfg(any(test, feature = "bench-internals"))]
     #[inline(always)]
     pub(crate) fn plan_sends_imm(&mut self, room: &mut CqRoom, max_inline: u32) -> SendRun {
         self.plan_sends(room, max_inline, None)
@@ -1251,7 +1240,7 @@ impl<B: LaneBuf> Lanes<B> {
     }
 
     /// A send-queue completion whose `wr_id` carried position `seq`: the end (exclusive) of
-    /// the positions it completes, from the oldest outstanding on, for [`Lanes::pop_sent`];
+    /// the positions it completes, from the oldest outstanding on, for [`Lanes::next_sent`];
     /// `None` when it names no outstanding request (stale: counted by the caller).
     #[inline(always)]
     pub(crate) fn send_completed(&self, seq: u32) -> Option<u32> {
@@ -1260,6 +1249,7 @@ impl<B: LaneBuf> Lanes<B> {
 
     /// The next operation a send completion completes (in posting order), before `end`, with its
     /// position and whether more follow; its CQ entry is given back. `None` when they are done.
+    #[cfg(test)]
     #[inline(always)]
     pub(crate) fn pop_sent(&mut self, end: u32, room: &mut CqRoom) -> Option<(u32, Slot<B>, bool)> {
         let (at, slot) = self.send.pop_until(end)?;
@@ -1277,7 +1267,7 @@ impl<B: LaneBuf> Lanes<B> {
         end.wrapping_sub(self.send.head()).wrapping_sub(1) < self.send.outstanding()
     }
 
-    /// The completion path's [`Lanes::pop_sent`], in two steps: the next operation a send
+    /// The completion path's `Lanes::pop_sent`, in two steps: the next operation a send
     /// completion completes, before `end`, found for its handler ([`SentOp`]: its position,
     /// whether more follow); [`SentOp::take`] then pops it as the handler's completion (so the
     /// caller builds the completion where the handler gets it, once). The runtime's own
@@ -1328,7 +1318,7 @@ impl<B: LaneBuf> Lanes<B> {
 
     /// The `wr_id`s of the requests of `run` that ask for a completion, each to `out`: what
     /// a device reports of the run (the host benchmark and tests stand in for the device).
-    #[cfg(any(test, feature = "bench-internals"))]
+    #[cfg(feature = "bench-internals")]
     #[inline]
     pub(crate) fn run_signaled(&self, run: SendRun, mut out: impl FnMut(u64)) {
         for k in 0..run.n {
@@ -1352,7 +1342,7 @@ impl<B: LaneBuf> Lanes<B> {
 
     /// The `wr_id` of the oldest outstanding receive: the next a device completes (the host
     /// benchmark and tests stand in for the device).
-    #[cfg(any(test, feature = "bench-internals"))]
+    #[cfg(feature = "bench-internals")]
     pub(crate) fn oldest_recv(&self) -> Option<u64> {
         (self.recv.outstanding() > 0).then(|| self.recv.wr_id(self.recv.head()))
     }
@@ -1361,27 +1351,11 @@ impl<B: LaneBuf> Lanes<B> {
     /// messages end in a tail when `tail` (iWARP): what it was ([`RecvOutcome`]), with the
     /// credits and kind read and the receive rules applied (`recv_rules`: a message beyond the
     /// credit or with a broken frame is refused; a credit-only message's receive is queued
-    /// again).
-    /// The send side is the lanes' own (its credit state, hold and queued sends):
-    /// [`Lanes::recv_completed_with`] for a caller whose send side is elsewhere.
+    /// again), with the lanes' own send side (its credit state, hold and queued sends).
     #[inline(always)]
     pub(crate) fn recv_completed(&mut self, seq: u32, wc: &WorkCompletion, tail: bool) -> RecvOutcome {
         let Lanes { send, recv, ctl, returned, .. } = self;
         recv_rules(recv, returned, seq, wc, tail, &mut OwnSide { ctl, send })
-    }
-
-    /// [`Lanes::recv_completed`] with the send side `side`: the reactor's, whose sends are
-    /// still `SendQueue`'s (issue 47 phase 2, step 2). The same rules, in one implementation
-    /// ([`recv_rules`]): the reactor runs the code the lane tests and the host count drive.
-    #[inline(always)]
-    pub(crate) fn recv_completed_with<S: SendSide>(
-        &mut self,
-        seq: u32,
-        wc: &WorkCompletion,
-        tail: bool,
-        side: &mut S,
-    ) -> RecvOutcome {
-        recv_rules(&mut self.recv, &mut self.returned, seq, wc, tail, side)
     }
 
     /// The receive of `delivery` taken out of its slot as its handler's completion: its parts
@@ -1500,10 +1474,8 @@ pub(crate) struct Cleared<B> {
 }
 
 /// What a receive completion reads and changes of its connection's send side: the credit
-/// state, the hold of an iWARP agent's sends, whether sends wait. The lanes' own
-/// ([`Lanes::recv_completed`]) or, while the reactor's sends are still `SendQueue`'s (issue 47
-/// phase 2, step 2), the send queue's ([`Lanes::recv_completed_with`]): one set of receive
-/// rules ([`recv_rules`]) either way.
+/// state, the hold of an iWARP agent's sends, whether sends wait ([`recv_rules`]' view of the
+/// lanes' own, [`OwnSide`]).
 pub(crate) trait SendSide {
     /// The credit state, when flow control is on.
     fn flow(&mut self) -> Option<&mut Flow>;
@@ -1540,8 +1512,7 @@ impl<B> SendSide for OwnSide<'_, B> {
     }
 }
 
-/// The receive rules, once for every caller ([`Lanes::recv_completed`],
-/// [`Lanes::recv_completed_with`]): a receive completion whose `wr_id` carried position `seq`
+/// The receive rules ([`Lanes::recv_completed`]): a receive completion whose `wr_id` carried position `seq`
 /// on the receive ring `recv` (side list `returned`), of a queue pair whose messages end in a
 /// tail when `tail`, with the connection's send side `side`. In order: the posted window (a
 /// position outside it, or whose slot is empty, is [`RecvOutcome::Stale`]); a failed
@@ -1643,7 +1614,7 @@ fn repost<B>(recv: &mut Ring<Slot<B>>, at: u32) {
     }
 }
 
-/// [`Lanes::recvs_posted_with`] on the receive ring `recv`, of which the last plan queued
+/// [`Lanes::recvs_posted`] on the receive ring `recv`, of which the last plan queued
 /// `after_control` re-posts: the first `taken` of the `n` planned were posted (each granted to
 /// `grant` in order), the rest are removed and returned.
 #[inline(always)]
@@ -1696,8 +1667,8 @@ impl<B: LaneBuf> Cleared<B> {
 /// How an operation that never completed on the device completes at teardown, its queue pair
 /// destroyed and its CQ reaped: posted, `Unconfirmed` (it may or may not have run), or, a
 /// receive posted on an iWARP queue pair whose stream ended (`stream_closed`), flushed
-/// (`Wc(WrFlushErr)`, `ConnEntry::stream_closed`); never posted, `Cancelled`. The one rule for
-/// the operation slab's and the lanes' (`Core::cancel_ops`).
+/// (`Wc(WrFlushErr)`, `ConnEntry::stream_closed`); never posted, `Cancelled`
+/// (`Cleared::into_cancelled`, for `Core::cancel_ops`).
 pub(crate) fn teardown_error(posted: bool, recv: bool, stream_closed: bool) -> OpError {
     match (posted, recv) {
         (true, true) if stream_closed => OpError::Wc(WcStatus::WrFlushErr),

@@ -1,13 +1,12 @@
 //! The data path: operations from `submit` to their completion.
 //!
-//! - `op.rs`: [`Op`](crate::Op), [`Completion`](crate::Completion) and the reactor's record of
-//!   an operation in flight (`OpEntry`, under an `OpKey` token carried as the work request id).
-//! - `send_queue/` (pure; unit tests in `send_queue/tests.rs`): what a connection's send queue
-//!   posts at the end of a tick, in which order and under which credits (`SendQueue`), and the
-//!   farewell of the close handshake. `RecvQueue`, the receives' planner before issue 47 phase
-//!   2, is kept for the host benchmark's `SlabPath` and the tests only.
-//! - `post.rs`: checking a submission, building the work requests and the FFI post, one chain
-//!   per queue pair and direction; keepalive probes and the credit-stall timer.
+//! - `op.rs`: [`Op`](crate::Op), [`Completion`](crate::Completion); the operation slab's
+//!   record of an operation (`OpEntry`) is compiled for the host benchmark's baseline only.
+//! - `send_queue/` (pure; unit tests in `send_queue/tests.rs`): the planners before issue 47's
+//!   lanes (`SendQueue`, `RecvQueue`), kept as the lanes' differential test's oracle and the
+//!   host benchmark's `SlabPath` only (compiled for tests and `bench-internals`).
+//! - `post.rs`: checking a submission, the FFI post of the runs the lanes planned, one chain
+//!   per queue pair and direction; keepalive probes, nudges and the credit-stall timer.
 //! - `cq/mod.rs`: the CQ protocol (drain the channel, poll under a budget, arm then poll again,
 //!   acks in batches) and delivering completions to handlers.
 //! - `cq_room.rs` (pure): room on each CQ, so a CQ never holds more completions than it has
@@ -19,20 +18,20 @@
 //!   coalesced writes, `Conn::append_send`).
 //! - `ring.rs`, `gate.rs`, `lanes.rs` (issue 47): per-queue-pair operation rings addressed by
 //!   `wr_id`, a connection's submission gate, and its send and receive lanes on the rings
-//!   (planning, work requests built in place, completions from the slot). Since phase 2, step 2
-//!   the reactor's receives live on the receive lane (`ConnEntry::lanes`: submitted, posted,
-//!   completed through `Lanes::recv_completed_with`, the lanes' one set of receive rules,
-//!   cancelled or carried at teardown); its sends are still `SendQueue`'s and the operation
-//!   slab's until step 3, and the gate is unused until step 4 (DATAPATH.md). The host
-//!   benchmark (`bench_internals::Path`) runs all of it.
+//!   (planning, work requests built in place, completions from the slot). Since phase 2, steps
+//!   2 and 3, every operation of the reactor's but a shared receive queue's receives lives on
+//!   its connection's lanes (`ConnEntry::lanes`: submitted, planned and posted, completed
+//!   through `Lanes::recv_completed` or `Lanes::next_sent`, cancelled or carried at teardown);
+//!   the gate is unused until step 4 (DATAPATH.md). The host benchmark
+//!   (`bench_internals::Path`) runs all of it.
 //!
 //! Invariants owned here: a CQ's completions never exceed its entries (`CqRoom`); a completion
 //! that raced an arm is never stranded (poll after arming); a credit is never granted ahead of
 //! the receive it stands for (the SRQ refill and the receives are posted before the sends);
-//! the device holds a buffer only through what returns it in the completion: a send-queue
-//! operation's `OpEntry`, a receive's slot on its connection's receive lane (never dropped
-//! while posted: handed out taken, cleared or carried, and never renamed while outstanding,
-//! `Lanes::set_id`), or a shared receive queue's slot table.
+//! the device holds a buffer only through what returns it in the completion: an operation's
+//! slot on its connection's lanes (never dropped while posted: handed out taken, popped,
+//! cleared or carried, and never renamed while outstanding, `Lanes::set_id`), or a shared
+//! receive queue's slot table.
 
 pub(super) mod append;
 pub(super) mod cq;
@@ -43,6 +42,9 @@ pub(crate) mod lanes;
 pub(super) mod op;
 pub(super) mod post;
 pub(crate) mod ring;
+// The send queue's planner before issue 47's lanes: the lanes' differential test keeps it as its
+// oracle, and the host benchmark's `SlabPath` as its baseline.
+#[cfg(any(test, feature = "bench-internals"))]
 pub(super) mod send_queue;
 pub(super) mod srq;
 pub(super) mod tail;

@@ -6,14 +6,14 @@
 //! the tick (one doorbell), not one verb call each.
 
 use crate::proto::op::{OpCode, OpError};
-use crate::proto::token::ConnKey;
 use crate::proto::wire::RemoteSlice;
 use crate::sys::mr::{Access, Mr};
 use crate::sys::pd::Pd;
-use crate::sys::pool::{Buf, Window};
-use crate::sys::qp::Bind;
+use crate::sys::pool::Buf;
 use crate::sys::region::RegionSlice;
 use std::rc::Rc;
+#[cfg(feature = "bench-internals")]
+use {crate::proto::token::ConnKey, crate::sys::pool::Window, crate::sys::qp::Bind};
 
 /// Memory registered by the caller, for [`Op::raw_send`] and [`Op::raw_recv`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -215,6 +215,7 @@ impl From<crate::reactor::data::lanes::Done<Buf>> for Completion {
 }
 
 /// The memory a submitted operation names on this side.
+#[cfg(feature = "bench-internals")]
 pub(crate) enum Mem {
     /// None: a credit-only message, a keepalive probe, a window bind.
     None,
@@ -231,6 +232,8 @@ pub(crate) enum Mem {
 /// What few operations carry: kept out of line so an [`OpEntry`] moves in a few stores
 /// (issue 33: a 208-byte entry cost a `memmove` call each time it moved, about 14 a round
 /// trip). One allocation per iWARP READ (which registers its sink anyway) or window bind.
+#[cfg(feature = "bench-internals")]
+#[allow(dead_code)] // The baseline keeps the whole of the old entry.
 pub(crate) enum Rare {
     /// On iWARP, a READ's sink registered with remote write over exactly its bytes (the
     /// responder writes the data into it: RFC 5040's tagged sink), held until the READ
@@ -242,6 +245,8 @@ pub(crate) enum Rare {
 }
 
 /// A submitted operation while the reactor holds it: from submission to its completion.
+#[cfg(feature = "bench-internals")]
+#[allow(dead_code)] // The baseline keeps the whole of the old entry.
 pub(crate) struct OpEntry {
     /// A READ's sink or a window bind (declared first: a sink is deregistered before the
     /// memory under it can go back to the pool or the application).
@@ -258,6 +263,8 @@ pub(crate) struct OpEntry {
     pub(crate) posted: bool,
 }
 
+#[cfg(feature = "bench-internals")]
+#[allow(dead_code)] // The baseline keeps the whole of the old entry.
 impl OpEntry {
     /// The entry of a submitted operation, not yet posted. `lkey` is the local key of a
     /// region operation's memory on the connection's device (0 for the others); `sink`, a
@@ -401,7 +408,7 @@ impl OpEntry {
     }
 }
 
-/// On iWARP, the registration a READ's sink needs ([`Rare::Sink`]): remote write over
+/// On iWARP, the registration a READ's sink needs (`Slot::with_sink`): remote write over
 /// exactly the bytes the READ fills; `None` for other operations.
 pub(crate) fn read_sink(op: &Op, pd: &Rc<Pd>) -> crate::error::Result<Option<Mr>> {
     let (addr, len) = match &op.body {
@@ -413,10 +420,11 @@ pub(crate) fn read_sink(op: &Op, pd: &Rc<Pd>) -> crate::error::Result<Option<Mr>
         return Ok(None);
     }
     #[allow(unsafe_code)]
-    // SAFETY: the memory is the operation's (a pool chunk or a region slice), which its
-    // `OpEntry` holds (`mem`) after `rare`, which holds the sink: the registration ends before that
-    // memory can be released or reused, whether the entry is dropped or taken apart
-    // (`OpEntry::into_completion` drops it first).
+    // SAFETY: the memory is the operation's (a pool chunk or a region slice), which its slot
+    // on the send lane holds (`Slot::buf`, `Slot::region`) after its `rare` part, which holds
+    // the sink (`Slot::with_sink`): the registration ends before that memory can be released
+    // or reused, whether the slot is dropped (fields drop in declaration order) or taken apart
+    // (`Slot::take_done` drops the rare part first).
     let mr =
         unsafe { Mr::register(pd, addr as *mut u8, len, Access::LOCAL_WRITE | Access::REMOTE_WRITE) }.map_err(|e| {
             crate::error::Error::verb("ibv_reg_mr", format!("an RDMA READ's sink of {len} bytes (iWARP)"), e)

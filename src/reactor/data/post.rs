@@ -1,52 +1,39 @@
 //! Submission and posting. Operations queue per connection during a tick and go to the device
 //! at the end of it, one chain per queue pair and direction (one doorbell each). What may go
-//! is planned by [`SendQueue`](crate::reactor::data::send_queue::SendQueue) for the send queue
-//! (its work requests built here) and by the connection's receive lane for receives
-//! ([`Lanes::plan_recvs`](crate::reactor::data::lanes::Lanes::plan_recvs), which writes their
-//! work requests in place; issue 47 phase 2); this file checks submissions and does the FFI
-//! step.
+//! is planned by the connection's lanes ([`Lanes::plan_sends`] and [`Lanes::plan_recvs`], which
+//! write their work requests in place; issue 47 phase 2); this file checks submissions and
+//! does the FFI step.
+//!
+//! [`Lanes::plan_sends`]: crate::reactor::data::lanes::Lanes::plan_sends
+//! [`Lanes::plan_recvs`]: crate::reactor::data::lanes::Lanes::plan_recvs
 
 use crate::error::Error;
 use crate::proto::conn::{CloseReason, Input, State};
-use crate::proto::flow::{Farewell, Imm};
 use crate::proto::op::{OpCode, OpError, WcStatus};
-use crate::proto::token::{ConnKey, CqKey, GenSlab, Key, OpKey};
-use crate::proto::transport::{Tail, TAIL_LEN};
+use crate::proto::token::{ConnKey, CqKey, GenSlab, Key};
 use crate::reactor::conn::entry::ConnEntry;
 use crate::reactor::data::cq::CqEntry;
 use crate::reactor::data::lanes::Slot;
-use crate::reactor::data::op::{Body, OpEntry};
-use crate::reactor::data::send_queue::{Plan, Planned};
+use crate::reactor::data::op::Body;
 use crate::reactor::Op;
-use crate::reactor::TailRing;
 use crate::reactor::{Completion, Config, Core, Placement, Stats, SubmitError};
 use crate::sys::pool::Buf;
-use crate::sys::qp::{Chains, SendOp, SendWr};
 use std::time::Duration;
-
-/// The buffers the data path builds its lists in, reused from one tick to the next: once
-/// they have grown to the largest batch, planning, posting and reaping allocate and move
-/// nothing per message (issue 33: collecting into `SmallVec`s and moving them cost about 1 000
-/// instructions a round trip). Each user clears what it takes before filling it; nothing in
-/// them is read across calls.
-#[derive(Debug, Default)]
-pub(in crate::reactor) struct Scratch {
-    /// A connection's send plan.
-    plan: Plan,
-    /// The send work requests of that plan.
-    send_wrs: Vec<SendWr>,
-    /// The operations one send completion completes (`data/cq/mod.rs`).
-    pub(in crate::reactor) done: Vec<OpKey>,
-    /// The raw chains the device is handed (`sys/qp.rs`).
-    pub(in crate::reactor) chains: Chains,
-}
+#[cfg(feature = "bench-internals")]
+use {
+    crate::proto::flow::{Farewell, Imm},
+    crate::proto::token::OpKey,
+    crate::proto::transport::{Tail, TAIL_LEN},
+    crate::reactor::data::op::OpEntry,
+    crate::reactor::data::send_queue::Planned,
+    crate::reactor::TailRing,
+    crate::sys::qp::{SendOp, SendWr},
+};
 
 /// What posting a connection's operations borrows of the core beside the connection itself,
 /// so that a flush looks the connection up once (issue 33): built by `posting!`.
 struct Posting<'a> {
     cqs: &'a mut GenSlab<CqKey, CqEntry>,
-    ops: &'a mut GenSlab<OpKey, OpEntry>,
-    scratch: &'a mut Scratch,
     stats: &'a mut Stats,
     cfg: &'a Config,
     /// `Reactor::inject_refused_send`.
@@ -63,8 +50,6 @@ macro_rules! posting {
     ($core:expr) => {
         Posting {
             cqs: &mut $core.cqs,
-            ops: &mut $core.ops,
-            scratch: &mut $core.scratch,
             stats: &mut $core.stats,
             cfg: &$core.cfg,
             #[cfg(feature = "fault-injection")]
@@ -83,7 +68,7 @@ enum AfterSends {
     Stall(Duration),
     /// The device refused these requests (with this errno): fail them, then wait for CQ room
     /// if the plan was short of it and watch the credits.
-    Refused { failed: Vec<OpKey>, errno: i32, short_of_room: bool },
+    Refused { failed: Vec<Slot<Buf>>, errno: i32, short_of_room: bool },
 }
 
 /// True when `body` is a receive the application may not post on this connection: it takes
@@ -235,9 +220,10 @@ impl Core {
                 return Err(SubmitError::new(Error::Config("the buffer belongs to another device's pool".into()), op));
             }
             // Used by this connection now: every byte of the chunk it is not given is foreign
-            // to it (`sys/pool/mod.rs`). A receive's marks are set where its slot is made
-            // (`Slot::recv_on`, below).
-            if shape.opcode != OpCode::Recv {
+            // to it (`sys/pool/mod.rs`).
+            // A receive's marks are set where its slot is made (`Slot::recv_on`, below), and a
+            // send's (`Slot::send_on`).
+            if !matches!(shape.opcode, OpCode::Recv | OpCode::Send) {
                 b.set_owner(c.mem_owner, keep);
             }
         }
@@ -293,8 +279,8 @@ impl Core {
         let pool_len = shape.pool_len;
         let opcode = shape.opcode;
         if opcode != OpCode::Recv {
-            let (ops, bytes) = c.sq.backlog();
-            let free = c.sq.free_slots();
+            let (ops, bytes) = c.lanes.backlog();
+            let free = c.lanes.free_slots();
             let refused = if ops < free {
                 None
             } else if ops - free >= self.cfg.send_backlog {
@@ -326,16 +312,27 @@ impl Core {
         } else {
             None
         };
-        // A receive goes on the receive lane, made in its slot (issue 47): its owner marks and
-        // scatter entry are set there.
+        // On the connection's lanes, made in its slot (issue 47): a receive's owner marks and
+        // every operation's scatter entry are set there (a send's marks were set above).
         let (owner, Op { body, user_data }) = (c.mem_owner, op);
+        let with_sink = |slot: Slot<Buf>| match sink {
+            Some(mr) => slot.with_sink(mr),
+            None => slot,
+        };
+        let lanes = &mut c.lanes;
         match body {
-            Body::Recv(buf) => c.lanes.submit_recv_with(|| Slot::recv_on(buf, owner, user_data)),
-            Body::RecvRegion(s) => c.lanes.submit_recv(Slot::region(OpCode::Recv, s, lkey, None, user_data)),
-            Body::RawRecv(raw) => c.lanes.submit_recv(Slot::raw(OpCode::Recv, raw, user_data)),
-            body => {
-                let ot = self.ops.insert(OpEntry::new(t, Op { body, user_data }, lkey, sink));
-                c.sq.push(ot, opcode.consumes_peer_receive(), u32::try_from(pool_len).unwrap_or(u32::MAX));
+            Body::Send(buf) => lanes.submit_send_with(|| Slot::send_on(buf, owner, user_data)),
+            Body::Recv(buf) => lanes.submit_recv_with(|| Slot::recv_on(buf, owner, user_data)),
+            Body::RecvRegion(s) => lanes.submit_recv(Slot::region(OpCode::Recv, s, lkey, None, user_data)),
+            Body::RawRecv(raw) => lanes.submit_recv(Slot::raw(OpCode::Recv, raw, user_data)),
+            Body::Write(buf, r) => lanes.submit_send(Slot::write(buf, r, false, user_data)),
+            Body::WriteImm(buf, r) => lanes.submit_send(Slot::write(buf, r, true, user_data)),
+            Body::Read(buf, r) => lanes.submit_send(with_sink(Slot::read(buf, r, user_data))),
+            Body::RawSend(raw) => lanes.submit_send(Slot::raw(OpCode::Send, raw, user_data)),
+            Body::SendRegion(s) => lanes.submit_send(Slot::region(OpCode::Send, s, lkey, None, user_data)),
+            Body::WriteRegion(s, r) => lanes.submit_send(Slot::region(OpCode::Write, s, lkey, Some(r), user_data)),
+            Body::ReadRegion(s, r) => {
+                lanes.submit_send(with_sink(Slot::region(OpCode::Read, s, lkey, Some(r), user_data)))
             }
         }
         list_dirty(c, t, &mut self.work.dirty);
@@ -354,15 +351,14 @@ impl Core {
             self.schedule_keepalive(t, interval);
             return 0;
         }
-        if c.sq.backlog().0 > 0 {
+        if c.lanes.backlog().0 > 0 {
             // Something waits to be posted already (for credits, or room): it will show the
             // queue pair's health when it goes, and a probe queued behind it would not go
             // before it. One probe per interval would pile up for as long as it waits.
             self.schedule_keepalive(t, interval);
             return 0;
         }
-        let ot = self.ops.insert(OpEntry::probe(t));
-        self.conns.get_mut(t).expect("checked").sq.push(ot, false, 0);
+        self.conns.get_mut(t).expect("checked").lanes.submit_send(Slot::probe());
         self.mark_dirty(t);
         self.stats.keepalives += 1;
         self.schedule_keepalive(t, interval);
@@ -380,14 +376,10 @@ impl Core {
         if !c.role.state().is_established() || c.meter.heard() > before {
             return 0;
         }
-        let ot = self.ops.insert(OpEntry::probe(t));
-        let c = self.conns.get_mut(t).expect("checked");
-        let queued = c.sq.nudge(ot);
+        let queued = c.lanes.nudge();
         if queued {
             self.stats.iwarp_nudges += 1;
             self.mark_dirty(t);
-        } else {
-            self.ops.remove(ot);
         }
         self.schedule_nudge(t, i + 1, before);
         usize::from(queued)
@@ -452,7 +444,7 @@ impl Core {
             }
             return;
         }
-        // Saying goodbye, the farewell (and credit-only messages) still go (`SendQueue`).
+        // Saying goodbye, the farewell (and credit-only messages) still go (`Lanes::plan_sends`).
         if c.role.state().is_connected() {
             let next = posting!(self).post_sends(t, c, placed);
             self.after_sends(t, placed, next);
@@ -473,7 +465,7 @@ impl Core {
             AfterSends::Done => {}
             AfterSends::Stall(limit) => self.start_stall_timer(t, limit),
             AfterSends::Refused { failed, errno, short_of_room } => {
-                self.fail_unposted(t, &failed, errno);
+                self.fail_unposted(t, failed, errno);
                 // The refused requests gave their CQ room back.
                 self.wake_waiting(placed.cq);
                 if short_of_room {
@@ -515,7 +507,7 @@ impl Core {
         let Some(limit) = self.cfg.credit_timeout else { return 0 };
         let Some(c) = self.conns.get_mut(t).filter(|c| c.stall == Some(key)) else { return 0 };
         c.stall = None;
-        if !c.sq.credit_blocked() || !c.role.state().is_established() {
+        if !c.lanes.credit_blocked() || !c.role.state().is_established() {
             return 0;
         }
         self.stats.credit_stalls += 1;
@@ -526,20 +518,18 @@ impl Core {
 
     /// Operations the device refused: each completes with the errno, and the connection,
     /// whose queue pair is now suspect, closes.
-    fn fail_unposted(&mut self, t: ConnKey, ops: &[OpKey], errno: i32) {
-        let mut failed = Vec::with_capacity(ops.len());
-        for ot in ops {
-            let Some(op) = self.ops.remove(*ot) else { continue };
-            if op.control {
-                continue;
-            }
-            failed.push(op.into_completion(Err(OpError::Post(errno)), false));
-        }
+    fn fail_unposted(&mut self, t: ConnKey, refused: Vec<Slot<Buf>>, errno: i32) {
+        let failed = refused
+            .into_iter()
+            // The runtime's own complete to no one.
+            .filter(|s| !s.is_control())
+            .map(|s| s.into_done(Err(OpError::Post(errno)), false).into())
+            .collect();
         self.fail_unposted_done(t, failed);
     }
 
-    /// [`Core::fail_unposted`] of completions made already (the receive lane's refused
-    /// receives): each is delivered, then the connection closes.
+    /// [`Core::fail_unposted`] of completions made already: each is delivered, then the
+    /// connection closes.
     fn fail_unposted_done(&mut self, t: ConnKey, failed: Vec<Completion>) {
         for completion in failed {
             self.deliver_completion(t, completion);
@@ -555,7 +545,7 @@ impl Core {
 /// without progress, not time spent short of credits in total. Also counts the connection's
 /// credit waits (`Conn::metrics`), reading the clock only when one begins or ends.
 fn credit_watch(c: &mut ConnEntry, cfg: &Config) -> Option<Duration> {
-    let blocked = c.sq.credit_blocked();
+    let blocked = c.lanes.credit_blocked();
     if blocked != c.meter.waiting() {
         c.meter.credit_state(blocked, std::time::Instant::now());
     }
@@ -625,15 +615,11 @@ impl Posting<'_> {
         let taken = r.as_ref().map_or_else(|e| e.posted as u32, |()| n).min(n);
         self.stats.wrs_posted += u64::from(taken);
         // Receives posted after the connect information grant credits one by one.
-        let ConnEntry { lanes, sq, infos, .. } = c;
-        let mut flow = sq.flow_mut().filter(|_| infos.sent);
-        let refused = lanes.recvs_posted_with(taken, n, |after| {
-            if let Some(f) = flow.as_mut() {
-                f.on_repost(after);
-            }
-        });
-        if let Some(f) = flow {
-            f.note_depth(lanes.outstanding().1);
+        let grants = c.infos.sent;
+        let refused = c.lanes.recvs_posted(taken, n, grants);
+        let depth = c.lanes.outstanding().1;
+        if let Some(f) = c.lanes.flow_mut().filter(|_| grants) {
+            f.note_depth(depth);
         }
         match (r, refused) {
             (Err(e), refused) => Some((refused.unwrap_or_default(), e.error.raw_os_error().unwrap_or(0))),
@@ -647,49 +633,37 @@ impl Posting<'_> {
     /// to the caller too (`AfterSends::Refused`: they come after the refused requests fail).
     fn post_sends(&mut self, t: ConnKey, c: &mut ConnEntry, placed: Placement) -> AfterSends {
         let e = self.cqs.get_mut(placed.cq).expect("a connection's CQ lives as long as it");
-        let ops = &mut *self.ops;
-        let Scratch { plan, send_wrs: wrs, chains, .. } = &mut *self.scratch;
-        c.sq.plan_into(&mut e.room, || ops.insert(OpEntry::control(t)), plan);
-        let short_of_room = plan.short_of_room;
+        let run = c.lanes.plan_sends(&mut e.room, placed.max_inline, c.tails.as_mut());
+        let short_of_room = run.short_of_room;
         self.stats.cq_peak_reserved = self.stats.cq_peak_reserved.max(u64::from(e.room.reserved()));
-        if !plan.wrs.is_empty() {
-            let mut tails = c.tails.as_mut();
-            wrs.clear();
-            // Each operation is marked posted as its request is built (one look-up, issue 33);
-            // those the device refuses are unmarked below.
-            wrs.extend(plan.wrs.iter().map(|w| {
-                let op = ops.get_mut(w.op).expect("planned op");
-                op.posted = true;
-                send_wr(op, w, placed.max_inline, tails.as_deref_mut())
-            }));
+        if run.n > 0 {
             #[cfg(feature = "fault-injection")]
-            if let Some(i) = self.refuse_send.filter(|i| *i < wrs.len()) {
+            if let Some(i) = self.refuse_send.filter(|i| *i < run.n as usize) {
                 // `Reactor::inject_refused_send`: inline beyond the limit, refused at post time.
                 *self.refuse_send = None;
-                wrs[i].inline = true;
+                c.lanes.send_wrs().force_inline(run.first.wrapping_add(i as u32));
             }
             let qp = c.ep.qp().expect("can_post");
             #[allow(unsafe_code)]
-            // SAFETY: as for post_recv: every request's memory is held by its OpEntry until it
-            // completes or is cancelled after the queue pair is destroyed; a credit-only
-            // message names no memory; a window bind's entry holds its window, whose chunk its
-            // `Exposed` or the window itself keeps until the memory window is deallocated.
-            let r = unsafe { qp.post_send(wrs, chains) };
+            // SAFETY: every request of the run names memory its slot on the send lane holds
+            // (a pool `Buf`, a region slice, a READ's sink) until its completion is taken or it
+            // is cancelled after the queue pair is destroyed (the lanes never drop a posted slot:
+            // they hand it out popped, cleared or carried, and `Lanes::set_id` refuses to rename
+            // them while any is outstanding); a pool buffer is registered on this device's PD
+            // and keeps its region alive, and so does a region slice; a `RawBuf` is covered by
+            // `Conn::submit_raw`'s contract; a credit-only message or a probe names no memory; a
+            // window bind's slot holds its window, whose chunk its `Exposed` or the window
+            // itself keeps until the memory window is deallocated; a tail is in the connection's
+            // `TailRing`, which outlives the queue pair (`ConnEntry::tails`).
+            let r = unsafe { qp.post_send_run(c.lanes.send_wrs(), run.first, run.n) };
             self.stats.post_send_calls += 1;
-            let n = r.as_ref().map_or_else(|e| e.posted, |()| wrs.len());
-            self.stats.wrs_posted += n as u64;
+            let taken = r.as_ref().map_or_else(|e| e.posted as u32, |()| run.n).min(run.n);
+            self.stats.wrs_posted += u64::from(taken);
+            let refused = c.lanes.sends_posted(run, taken, &mut e.room);
             if let Err(err) = r {
-                for w in &plan.wrs[n..] {
-                    if let Some(op) = ops.get_mut(w.op) {
-                        op.posted = false;
-                    }
-                }
-                let failed: Vec<OpKey> = c.sq.posted(plan, n, &mut e.room).collect();
                 let errno = err.error.raw_os_error().unwrap_or(0);
-                return AfterSends::Refused { failed, errno, short_of_room };
+                return AfterSends::Refused { failed: refused.unwrap_or_default(), errno, short_of_room };
             }
-            // All taken: nothing refused.
-            c.sq.posted(plan, n, &mut e.room).for_each(drop);
         }
         if short_of_room {
             self.stats.cq_room_waits += 1;
@@ -719,7 +693,7 @@ pub(in crate::reactor) fn list_dirty(c: &mut crate::reactor::ConnEntry, t: ConnK
     }
 }
 
-/// The work request of queued receive `k` (the host benchmark's slab path).
+/// The work request of queued receive `k` (the host benchmark's slab path, `SlabPath`).
 #[cfg(feature = "bench-internals")]
 #[inline]
 pub(in crate::reactor) fn recv_wr(k: OpKey, op: &OpEntry) -> crate::sys::qp::RecvWr {
@@ -727,8 +701,10 @@ pub(in crate::reactor) fn recv_wr(k: OpKey, op: &OpEntry) -> crate::sys::qp::Rec
     crate::sys::qp::RecvWr { wr_id: k.token().as_u64(), addr, len, lkey }
 }
 
-/// The work request of a planned send-queue operation; with `tails` (a transport without
-/// immediate data) a send carries its credits in a tail instead.
+/// The work request of a planned send-queue operation of the operation slab the data path used
+/// before issue 47 (the host benchmark's `SlabPath` keeps it as its baseline); with `tails` (a
+/// transport without immediate data) a send carries its credits in a tail instead.
+#[cfg(feature = "bench-internals")]
 pub(in crate::reactor) fn send_wr(op: &OpEntry, w: &Planned, max_inline: u32, tails: Option<&mut TailRing>) -> SendWr {
     if op.is_bind() {
         return crate::reactor::data::expose::bind_wr(op, w);

@@ -44,15 +44,6 @@
 //!
 //! Pure: no FFI. Unit tests below script every case.
 
-// Issue 47 phase 2, step 2: the reactor's receives are on the receive ring; its sends move onto
-// the send ring in step 3 (DATAPATH.md). Until then the send side (`head`, `pop_until`,
-// `oldest`, `reserve`, `has_room`, ...) is used only by the host benchmark
-// (`bench_internals::Path`) and the unit tests. Dead-code warnings are therefore allowed in
-// every build but a test build with `bench-internals` (`cargo test --all-features`), the only
-// one that compiles every user: there the compiler reports dead code here, and the items unused
-// even there carry their own allow.
-#![cfg_attr(not(all(test, feature = "bench-internals")), allow(dead_code))]
-
 use std::collections::VecDeque;
 
 use crate::proto::token::WrId;
@@ -143,6 +134,7 @@ impl<T> Ring<T> {
     }
 
     /// True when nothing is held: nothing outstanding, queued or overflowed.
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.head == self.tail && self.overflow.is_empty()
     }
@@ -305,13 +297,22 @@ impl<T> Ring<T> {
 
     /// The `k`-th queued operation, mutably.
     #[inline(always)]
-    #[allow(dead_code)] // Issue 47 step 3 (the sends onto the send lane): used by nothing before it.
     pub(crate) fn queued_mut(&mut self, k: u32) -> Option<&mut T> {
         if k >= self.queued() {
             return None;
         }
         let at = self.posted.wrapping_add(k);
         self.slot_mut(at).as_mut()
+    }
+
+    /// The last queued operation (the overflow queue's last, or the ring's), mutably: the one
+    /// submitted last of those not posted.
+    pub(crate) fn last_queued_mut(&mut self) -> Option<&mut T> {
+        if !self.overflow.is_empty() {
+            return self.overflow.back_mut();
+        }
+        let k = self.queued().checked_sub(1)?;
+        self.queued_mut(k)
     }
 
     /// The operation at position `seq`, if the ring holds one there.

@@ -10,10 +10,10 @@ use std::rc::Rc;
 use crate::error::{Error, Result};
 use crate::proto::conn::{CloseReason, Input, State};
 use crate::proto::flow::Farewell;
-use crate::proto::op::{OpCode, OpError, WcStatus};
-use crate::proto::token::{ConnKey, CqKey, Dir, GenSlab, Key, Kind, OpKey, Token, WrId};
+use crate::proto::op::WcStatus;
+use crate::proto::token::{ConnKey, CqKey, Dir, GenSlab, Key, Kind, Token, WrId};
 use crate::reactor::data::cq_room::CqRoom;
-use crate::reactor::data::lanes::{LaneBuf, Lanes, RecvOutcome, SendSide};
+use crate::reactor::data::lanes::{LaneBuf, Lanes, RecvOutcome};
 use crate::reactor::data::post::list_dirty;
 use crate::reactor::Core;
 use crate::sys::cq::{Cq, WcBatch, WorkCompletion, POLL_BATCH};
@@ -441,37 +441,60 @@ impl Core {
         }
     }
 
-    /// One work completion reaped from CQ `ct`.
+    /// One work completion reaped from CQ `ct`: a ring's (`proto::token::WrId`: a send or a
+    /// receive of a connection's lanes), a shared receive queue's (`SrqRecv` token), or
+    /// anything else (an earlier value, a forged one), counted stale.
     fn complete(&mut self, ct: CqKey, wc: WorkCompletion) {
         self.stats.completions += 1;
-        // The token read once; one lookup: `get` checks the generation (`key_of` would look
-        // it up once more).
-        if WrId::is_ring(wc.wr_id) {
+        if let Some(id) = WrId::decode(wc.wr_id) {
+            if id.dir == Dir::Send {
+                return self.complete_send(ct, wc);
+            }
             return self.complete_ring(wc);
         }
-        let token = Token::from_u64(wc.wr_id);
-        if let Some(token) = token.filter(|t| t.kind() == Kind::SrqRecv) {
-            return self.srq_complete(ct, wc, token);
+        match Token::from_u64(wc.wr_id).filter(|t| t.kind() == Kind::SrqRecv) {
+            Some(token) => self.srq_complete(ct, wc, token),
+            None => self.stats.stale_completions += 1,
         }
-        // The send queue's operations (the receives are the lanes', `complete_ring`).
-        let op = token.and_then(OpKey::of);
-        let Some((ot, t)) = op.and_then(|o| self.ops.get(o).map(|e| (o, e.conn))) else {
+    }
+
+    /// A send-queue completion of the send ring: valid only if it names a live connection slot
+    /// whose queue pair is of the id's epoch and a position in the send ring's posted window
+    /// whose slot holds an operation ([`ring_send_completed`]; anything else is counted stale
+    /// and reaches no operation). It completes, in posting order, the unsignaled requests before it and
+    /// itself (`Lanes::next_sent`, `SentOp::take`): each operation's CQ entry is given back,
+    /// the runtime's own are dropped unseen (a credit-only message's success counted for the
+    /// meter), the others reach the handler, the signaled one with the work completion's
+    /// status, those before it with success. The entry that checked the epoch takes the first
+    /// operation; each handler after it is followed by one look-up for the next.
+    fn complete_send(&mut self, ct: CqKey, wc: WorkCompletion) {
+        let status = wc.status;
+        let Some((t, c, end)) = ring_send_completed(&mut self.conns, &wc, |c| &mut c.lanes) else {
             self.stats.stale_completions += 1;
             return;
         };
-        // Unsignaled work requests posted before this one completed with it, in order
-        // (listed in the reused `Scratch::done`: no allocation, no move per completion).
-        let (Some(c), Some(e)) = (self.conns.get_mut(t), self.cqs.get_mut(ct)) else { return };
-        let mut done = std::mem::take(&mut self.scratch.done);
-        done.clear();
-        c.sq.complete(ot, &mut e.room, &mut done);
-        for &o in &done {
-            let wc =
-                if o == ot { wc } else { WorkCompletion { wr_id: o.token().as_u64(), ..WorkCompletion::default() } };
-            self.finish_op(t, o, wc);
+        // The CQ this completion came from is the connection's send CQ, which lives as long as
+        // the connection (both go in the tick's reap, the connection first).
+        let Some(e) = self.cqs.get_mut(ct) else { return };
+        let mut next = next_sent_done(c, t, &mut e.room, end, status, &mut self.work.dirty);
+        while let Some((done, more)) = next {
+            if !more {
+                self.deliver_completion_then(t, done.into());
+                break;
+            }
+            self.deliver_completion(t, done.into());
+            // Its handler ran: the connection is looked up again. Nothing a handler does
+            // destroys it or empties its lanes (teardown runs in the tick's reap, after every
+            // completion of the poll), so the rest of this completion's operations still lie
+            // in the posted window, each taken once.
+            let Some(c) = self.conns.get_mut(t) else { break };
+            let Some(e) = self.cqs.get_mut(ct) else {
+                debug_assert!(false, "a connection's CQ lives as long as it");
+                break;
+            };
+            next = next_sent_done(c, t, &mut e.room, end, status, &mut self.work.dirty);
         }
-        self.scratch.done = done;
-        self.after_work(t, wc.status);
+        self.after_work(t, status);
     }
 
     /// What a work completion of status `status` leaves connection `t` to hear: a work error,
@@ -489,17 +512,17 @@ impl Core {
 
     /// A work completion whose `wr_id` is a ring's (`proto::token::WrId`): valid only if it
     /// names a live connection slot whose queue pair is of the id's epoch, the receive ring
-    /// (the only one the reactor posts from until its sends move onto the send lane), and a
+    /// (the send ring's are [`Core::complete_send`]'s), and a
     /// position in that ring's posted window whose slot holds a receive; anything else (an
     /// earlier queue pair's, a duplicate, a forged value) is counted stale and reaches no
     /// operation. The entry that checked the epoch serves the receive's rules
-    /// ([`ring_recv_completed`]: `Lanes::recv_completed_with`, the lanes' one implementation)
+    /// ([`ring_recv_completed`]: `Lanes::recv_completed`, the lanes' one implementation)
     /// and the take of the completion; the handler is then called through
     /// [`Core::deliver_completion_then`] (its own look-ups).
     fn complete_ring(&mut self, wc: WorkCompletion) {
         let found = ring_recv_completed(&mut self.conns, &wc, |c| {
             let tail = c.placed.is_some_and(|p| p.tail);
-            (&mut c.lanes, &mut c.sq, tail)
+            (&mut c.lanes, tail)
         });
         let Some((t, c, outcome)) = found else {
             self.stats.stale_completions += 1;
@@ -583,38 +606,17 @@ impl Core {
         Some(Input::WorkError(status))
     }
 
-    /// Delivers one finished send-queue operation (or handles it, for the runtime's own).
-    fn finish_op(&mut self, t: ConnKey, ot: OpKey, wc: WorkCompletion) {
-        let Some(op) = self.ops.remove(ot) else { return };
-        if op.control {
-            // A credit-only send (or a keepalive probe, a window bind): nothing to deliver.
-            if op.opcode == OpCode::Send && !op.is_bind() && wc.status == WcStatus::Success {
-                if let Some(c) = self.conns.get_mut(t) {
-                    c.meter.credit_message(true);
-                }
-            }
-            return self.after_completion(t);
-        }
-        let result = match wc.status {
-            // A send's byte_len is undefined in the completion; report what was posted.
-            WcStatus::Success => Ok(op.sge().1),
-            status => Err(OpError::Wc(status)),
-        };
-        let completion = op.into_completion(result, wc.remote_write);
-        self.deliver_completion_then(t, completion);
-    }
-
     /// A credit-only message of connection `t`'s peer said `farewell` (the close handshake,
     /// `proto::flow::Farewell`): its goodbye is answered, its answer to ours lets us
     /// disconnect. Ignored on a connection that did not negotiate the handshake.
     pub(in crate::reactor) fn on_farewell(&mut self, t: ConnKey, farewell: Farewell) {
-        let Some(c) = self.conns.get_mut(t).filter(|c| c.sq.farewell()) else { return };
+        let Some(c) = self.conns.get_mut(t).filter(|c| c.lanes.farewell()) else { return };
         match farewell {
             Farewell::None => {}
             Farewell::Leaving => {
                 if c.role.state().is_connected() {
                     // Every message it sent before its goodbye has reached us: say so.
-                    c.sq.answer_farewell();
+                    c.lanes.answer_farewell();
                     self.stats.farewells_heard += 1;
                     if c.parting.is_none() {
                         // It disconnects once it has the answer. Should its disconnect never
@@ -737,36 +739,93 @@ pub(in crate::reactor) fn next_epoch(epochs: &mut Vec<u16>, index: u32) -> u16 {
 
 /// [`Core::complete_ring`]'s decode and rules, pure over the connection table (so the host
 /// tests drive the code the reactor runs): the connection a receive completion's ring `wr_id`
-/// names (`split` gives an entry's receive lane, send side and whether its messages end in a
-/// tail), with what the receive was (`Lanes::recv_completed_with`). `None` (the caller counts
-/// it stale, and nothing is changed) for a value that is no ring id, a free slot, another
-/// queue pair's epoch (the lanes' own: `Lanes::epoch`, the one copy of the connection's
-/// epoch) or the send ring's direction; [`RecvOutcome::Stale`] for a position outside the
-/// posted window or naming an empty slot (a duplicate, a credit-only message's consumed id).
+/// names (`split` gives an entry's lanes and whether its messages end in a tail), with what
+/// the receive was (`Lanes::recv_completed`). `None` (the caller counts it stale, and nothing
+/// is changed) for a value that is no ring id, a free slot, another queue pair's epoch (the
+/// lanes' own: `Lanes::epoch`, the one copy of the connection's epoch) or the send ring's
+/// direction; [`RecvOutcome::Stale`] for a position outside the posted window or naming an
+/// empty slot (a duplicate, a credit-only message's consumed id).
 #[inline(always)]
-pub(in crate::reactor) fn ring_recv_completed<'c, T, B, S>(
+pub(in crate::reactor) fn ring_recv_completed<'c, T, B>(
     conns: &'c mut GenSlab<ConnKey, T>,
     wc: &WorkCompletion,
-    split: impl FnOnce(&mut T) -> (&mut Lanes<B>, &mut S, bool),
+    split: impl FnOnce(&mut T) -> (&mut Lanes<B>, bool),
 ) -> Option<(ConnKey, &'c mut T, RecvOutcome)>
 where
     B: LaneBuf,
-    S: SendSide,
 {
     let id = WrId::decode(wc.wr_id).filter(|id| id.dir == Dir::Recv)?;
     let (t, c) = conns.get_index_mut(id.index)?;
-    let (lanes, side, tail) = split(&mut *c);
+    let (lanes, tail) = split(&mut *c);
     if lanes.epoch() != id.epoch {
         return None;
     }
-    let outcome = lanes.recv_completed_with(id.seq, wc, tail, side);
+    let outcome = lanes.recv_completed(id.seq, wc, tail);
     Some((t, c, outcome))
+}
+
+/// [`Core::complete_send`]'s decode and checks, pure over the connection table (so the host
+/// tests drive the code the reactor runs): the connection a send completion's ring `wr_id`
+/// names (`lanes` gives an entry's lanes) and the end (exclusive) of the positions it
+/// completes, from the oldest outstanding on (`Lanes::send_completed`). `None` (the caller
+/// counts it stale, and nothing is changed) for a value that is no ring id, the receive ring's
+/// direction, a free slot, another queue pair's epoch, or a position outside the send ring's
+/// posted window or naming an empty slot (a duplicate).
+#[inline(always)]
+pub(in crate::reactor) fn ring_send_completed<'c, T, B>(
+    conns: &'c mut GenSlab<ConnKey, T>,
+    wc: &WorkCompletion,
+    lanes: impl FnOnce(&mut T) -> &mut Lanes<B>,
+) -> Option<(ConnKey, &'c mut T, u32)>
+where
+    B: LaneBuf,
+{
+    let id = WrId::decode(wc.wr_id).filter(|id| id.dir == Dir::Send)?;
+    let (t, c) = conns.get_index_mut(id.index)?;
+    let l = lanes(&mut *c);
+    if l.epoch() != id.epoch {
+        return None;
+    }
+    let end = l.send_completed(id.seq)?;
+    Some((t, c, end))
+}
+
+/// The next operation of connection `t`'s (entry `c`) send completion ending before `end`
+/// (`Lanes::next_sent`), taken as its handler's completion with whether more follow; its CQ
+/// entry and those of the runtime's own before it go back to `room`, and the credit-only
+/// messages among those are counted. `None` when no operation for a handler is left: then
+/// the connection is listed in `dirty` if it has something to post (`after_completion`, which
+/// a handler's completion gets after its call instead).
+#[inline(always)]
+fn next_sent_done(
+    c: &mut crate::reactor::ConnEntry,
+    t: ConnKey,
+    room: &mut CqRoom,
+    end: u32,
+    status: WcStatus,
+    dirty: &mut Vec<ConnKey>,
+) -> Option<(crate::reactor::data::lanes::Done<crate::sys::pool::Buf>, bool)> {
+    let next = match c.lanes.next_sent(end, room, status) {
+        Some(op) => {
+            let more = op.more();
+            Some((op.take(room, status), more))
+        }
+        None => None,
+    };
+    let sent = c.lanes.take_credit_messages_sent();
+    if sent > 0 {
+        c.meter.credit_messages_sent(sent);
+    }
+    if next.is_none() {
+        after_completion(c, t, dirty);
+    }
+    next
 }
 
 /// [`Core::after_completion`] on connection `t`'s entry `c`.
 #[inline]
 fn after_completion(c: &mut crate::reactor::ConnEntry, t: ConnKey, dirty: &mut Vec<ConnKey>) {
-    if c.sq.wants_post() || c.lanes.has_pending_recvs() {
+    if c.lanes.wants_post() || c.lanes.has_pending_recvs() {
         list_dirty(c, t, dirty);
     }
 }

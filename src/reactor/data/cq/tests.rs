@@ -325,7 +325,7 @@ fn the_decision_table() {
 /// implementation of the receive rules, with the send queue as the send side, as in the
 /// reactor). A connection here is what `complete_ring` reads of a `ConnEntry`.
 mod ring {
-    use super::super::{next_epoch, ring_recv_completed};
+    use super::super::{next_epoch, ring_recv_completed, ring_send_completed};
     use crate::proto::flow::{negotiate, Farewell, Flow, Imm};
     use crate::proto::op::{OpCode, OpError};
     use crate::proto::token::{ConnKey, Dir, GenSlab, Key, WrId};
@@ -333,23 +333,20 @@ mod ring {
     use crate::reactor::data::lanes::tests::wc;
     use crate::reactor::data::lanes::{Lanes, RecvOutcome, Slot};
     use crate::reactor::data::op::RawBuf;
-    use crate::reactor::data::send_queue::SendQueue;
     use crate::sys::cq::WorkCompletion;
     use crate::sys::pool::index::IndexBuf;
 
-    /// What `Core::complete_ring` reads of a connection: its receive lane, its send side (in
-    /// step 2 the send queue, which holds the credit state) and whether its messages end in a
-    /// tail.
+    /// What `Core::complete_ring` reads of a connection: its lanes (which hold the credit
+    /// state) and whether its messages end in a tail.
     struct TestConn {
         lanes: Lanes<IndexBuf>,
-        sq: SendQueue,
     }
 
     fn conn(flow: Option<Flow>) -> TestConn {
-        let mut sq = SendQueue::new(4);
-        sq.set_flow(flow);
         // As `ConnEntry::new`: named after slot 0, epoch 0, until its queue pair.
-        TestConn { lanes: Lanes::new(0, 0, 4).expect("slot 0"), sq }
+        let mut lanes = Lanes::new(0, 0, 4).expect("slot 0");
+        lanes.set_flow(flow);
+        TestConn { lanes }
     }
 
     fn flow(depth: u32) -> Option<Flow> {
@@ -373,16 +370,11 @@ mod ring {
         conns.get_mut(t).expect("live").lanes.submit_recv(Slot::raw(OpCode::Recv, raw, user_data));
     }
 
-    /// `Posting::post_recvs`, all taken: the grants to the send queue's credit state.
+    /// `Posting::post_recvs`, all taken: the grants to the lanes' credit state.
     fn post(conns: &mut GenSlab<ConnKey, TestConn>, t: ConnKey) -> Vec<u64> {
-        let TestConn { lanes, sq } = conns.get_mut(t).expect("live");
+        let TestConn { lanes } = conns.get_mut(t).expect("live");
         let (first, n) = lanes.plan_recvs(false);
-        let mut flow = sq.flow_mut();
-        let refused = lanes.recvs_posted_with(n, n, |after| {
-            if let Some(f) = flow.as_mut() {
-                f.on_repost(after);
-            }
-        });
+        let refused = lanes.recvs_posted(n, n, true);
         assert!(refused.is_none());
         let mut ids = Vec::new();
         lanes.run_ids(first, n, |id| ids.push(id));
@@ -391,7 +383,7 @@ mod ring {
 
     /// `Core::complete_ring` up to the handler: `None` and `Stale` are counted stale there.
     fn complete(conns: &mut GenSlab<ConnKey, TestConn>, wc: &WorkCompletion) -> Option<(ConnKey, RecvOutcome)> {
-        ring_recv_completed(conns, wc, |c| (&mut c.lanes, &mut c.sq, false)).map(|(t, _, out)| (t, out))
+        ring_recv_completed(conns, wc, |c| (&mut c.lanes, false)).map(|(t, _, out)| (t, out))
     }
 
     /// `complete`, delivered: the user_data and result the handler gets.
@@ -438,8 +430,8 @@ mod ring {
         assert_eq!(ids.len(), 2);
         // Before a's queue pair, a new connection's lanes name slot 0, epoch 0: nothing posted.
         let first = seq_of(ids[0]);
-        // The send ring's id with the same index, epoch and sequence: the reactor posts no send
-        // from the rings yet.
+        // The send ring's id with the same index, epoch and sequence: `Core::complete_send`'s,
+        // never a receive's.
         assert!(complete(&mut conns, &wc(id(ia, ea, Dir::Send, first), 8, None)).is_none());
         // Positions outside the posted window: the next to post, the one before, far off.
         for seq in [first + 2, first.wrapping_sub(1) & WrId::SEQ_MASK, first + 1000] {
@@ -508,7 +500,7 @@ mod ring {
         submit(&mut conns, a, 1);
         let ids = post(&mut conns, a);
         submit(&mut conns, a, 2);
-        let owed = |conns: &mut GenSlab<ConnKey, TestConn>| conns.get_mut(a).unwrap().sq.flow_mut().unwrap().owed();
+        let owed = |conns: &mut GenSlab<ConnKey, TestConn>| conns.get_mut(a).unwrap().lanes.flow_mut().unwrap().owed();
         let out = complete(&mut conns, &wc(ids[0], 0, Some(Imm::control(2))));
         assert!(matches!(out, Some((_, RecvOutcome::Control { farewell: Farewell::None }))), "{out:?}");
         let before = owed(&mut conns);
@@ -540,7 +532,7 @@ mod ring {
         }
         let ids = post(&mut conns, a);
         submit(&mut conns, a, 4);
-        let f = conns.get_mut(a).unwrap().sq.flow_mut().unwrap();
+        let f = conns.get_mut(a).unwrap().lanes.flow_mut().unwrap();
         while !f.exhausted() {
             f.on_receive(Imm::data(0));
         }
@@ -567,7 +559,7 @@ mod ring {
         }
         let ids = post(&mut conns, b);
         submit(&mut conns, b, 4);
-        let f = conns.get_mut(b).unwrap().sq.flow_mut().unwrap();
+        let f = conns.get_mut(b).unwrap().lanes.flow_mut().unwrap();
         while !f.exhausted() {
             f.on_receive(Imm::data(0));
         }
@@ -582,11 +574,83 @@ mod ring {
             .map(|d| (d.user_data, d.result))
             .collect();
         assert_eq!(done, vec![(2, Err(OpError::Unconfirmed)), (3, Err(OpError::Unconfirmed))]);
-        c.sq.set_flow(flow(4));
+        c.lanes.set_flow(flow(4));
         new_qp(&mut conns, &mut epochs, b);
         let again = post(&mut conns, b);
         assert_eq!(again.len(), 2);
         assert_eq!(deliver(&mut conns, &wc(again[0], 8, Some(Imm::data(0)))), (1, Ok(8)), "the side list first");
         assert_eq!(deliver(&mut conns, &wc(again[1], 8, Some(Imm::data(0)))), (4, Ok(8)));
+    }
+
+    /// `Core::complete_send` up to the handlers: the end of the positions the completion
+    /// completes, `None` when it is counted stale.
+    fn complete_send(conns: &mut GenSlab<ConnKey, TestConn>, wc: &WorkCompletion) -> Option<(ConnKey, u32)> {
+        ring_send_completed(conns, wc, |c| &mut c.lanes).map(|(t, _, end)| (t, end))
+    }
+
+    /// A send completion's `wr_id` reaches its connection's send ring only with its epoch, its
+    /// direction and a position in the posted window holding an operation: an earlier queue
+    /// pair's, a receive-direction id, another slot's, a free slot's, a position not posted and
+    /// a duplicate are each counted stale and complete nothing. The real one completes the
+    /// unsignaled sends before it, in order, each with success, and itself with its status.
+    #[test]
+    fn a_send_completion_reaches_its_sends_only_with_its_epoch_direction_and_position() {
+        use crate::proto::op::WcStatus;
+        use crate::reactor::data::cq_room::CqRoom;
+        let mut epochs = Vec::new();
+        let mut conns: GenSlab<ConnKey, TestConn> = GenSlab::new();
+        let a = conns.insert(conn(None));
+        let b = conns.insert(conn(None));
+        let (ia, ib) = (a.token().index(), b.token().index());
+        let ea = new_qp(&mut conns, &mut epochs, a);
+        let eb = new_qp(&mut conns, &mut epochs, b);
+        let mut room = CqRoom::new(64, 0);
+        let l = &mut conns.get_mut(a).unwrap().lanes;
+        for u in 1..=3u64 {
+            l.submit_send(Slot::raw(OpCode::Send, RawBuf { addr: 0x2000, len: 10 * u as u32, lkey: 7 }, u));
+        }
+        let run = l.plan_sends_imm(&mut room, 0);
+        assert_eq!(run.n, 3);
+        assert!(l.sends_posted(run, run.n, &mut room).is_none());
+        assert_eq!(room.reserved(), 3);
+        // The chain's last asks for the completion.
+        let last = run.first + 2;
+        let signaled = id(ia, ea, Dir::Send, last);
+        let mut bad = wc(signaled, 0, None);
+        bad.status = WcStatus::RemAccessErr;
+        for stale in [
+            id(ia, ea + 1, Dir::Send, last),
+            id(ia, ea.wrapping_sub(1), Dir::Send, last),
+            id(ia, ea, Dir::Recv, last),
+            id(ib, eb, Dir::Send, last),
+            id(WrId::MAX_INDEX, 1, Dir::Send, last),
+            id(ia, ea, Dir::Send, run.first + 3),
+            id(ia, ea, Dir::Send, run.first.wrapping_sub(1) & WrId::SEQ_MASK),
+            0,
+            u64::MAX,
+        ] {
+            assert!(complete_send(&mut conns, &wc(stale, 0, None)).is_none(), "{stale:#x}");
+        }
+        assert_eq!(conns.get(a).unwrap().lanes.outstanding(), (3, 0), "no stale completion took a send");
+        let (t, end) = complete_send(&mut conns, &bad).expect("the signaled send");
+        assert_eq!((t, end), (a, last + 1));
+        let l = &mut conns.get_mut(a).unwrap().lanes;
+        let mut seen = Vec::new();
+        while let Some(op) = l.next_sent(end, &mut room, bad.status) {
+            let done = op.take(&mut room, bad.status);
+            seen.push((done.user_data, done.result));
+        }
+        let err = Err(OpError::Wc(WcStatus::RemAccessErr));
+        assert_eq!(seen, vec![(1, Ok(10)), (2, Ok(20)), (3, err)], "in order; the signaled one with its status");
+        assert_eq!(room.reserved(), 0, "each gave its CQ entry back once");
+        assert!(complete_send(&mut conns, &bad).is_none(), "a duplicate");
+        // A closed connection's slot: its ids name nothing of the next one there.
+        conns.remove(a);
+        assert!(complete_send(&mut conns, &wc(signaled, 0, None)).is_none(), "a free slot");
+        let c = conns.insert(conn(None));
+        assert_eq!(c.token().index(), ia);
+        assert!(complete_send(&mut conns, &wc(signaled, 0, None)).is_none(), "before its queue pair");
+        new_qp(&mut conns, &mut epochs, c);
+        assert!(complete_send(&mut conns, &wc(signaled, 0, None)).is_none(), "another queue pair's epoch");
     }
 }

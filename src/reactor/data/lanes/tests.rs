@@ -820,3 +820,280 @@ fn on_a_transport_without_immediate_data_the_tail_carries_the_credits() {
     ));
     assert_eq!(post_recvs(&mut l, false).len(), 1, "posted again");
 }
+
+/// The byte stream's coalesced writes (`data/append.rs`): only the last queued send-queue
+/// operation grows, and only a SEND of a pool buffer with the caller's user_data (not caller
+/// memory, not the runtime's own, never a posted one), in the ring or beyond it in the overflow
+/// queue; its request names the bytes it has when it is posted, and the backlog counts them.
+#[test]
+fn only_the_last_queued_send_of_its_user_data_grows_and_its_request_follows() {
+    use crate::sys::pool::{index::IndexPool, PoolConfig};
+    let cfg = PoolConfig { chunk_sizes: vec![64], cluster_bytes: 4096, max_bytes: 1 << 20, ..PoolConfig::default() };
+    let pool = IndexPool::unregistered(&cfg, 0).unwrap();
+    let send = |len: usize, user_data: u64| {
+        let mut b = pool.alloc(64, 5).unwrap();
+        b.set_len(len).unwrap();
+        Slot::send_on(b, 5, user_data)
+    };
+    let grow = |n: usize| {
+        move |b: &mut IndexBuf, _: (u32, usize), _: u32| {
+            let len = b.len();
+            b.set_len(len + n).unwrap();
+            n
+        }
+    };
+    // Four send slots: the ring holds four operations, the rest wait in the overflow queue.
+    let mut l = lanes(4, 4, None);
+    assert_eq!(l.append_last_send(7, grow(4)), 0, "nothing queued");
+    l.submit_send(send(10, 7));
+    assert_eq!(l.backlog(), (1, 10));
+    assert_eq!(l.append_last_send(8, grow(4)), 0, "another user_data");
+    let took = l.append_last_send(7, |b, backlog, free| {
+        assert_eq!((backlog, free), ((1, 10), 4), "the backlog and free slots as they were");
+        grow(4)(b, backlog, free)
+    });
+    assert_eq!((took, l.backlog()), (4, (1, 14)));
+    // Caller memory behind it, the last in the overflow queue: the last is not a pool buffer.
+    for _ in 0..4 {
+        l.submit_send(Slot::raw(OpCode::Send, raw(8), 7));
+    }
+    assert_eq!(l.send.overflowed(), 1);
+    assert_eq!(l.append_last_send(7, grow(4)), 0, "caller memory");
+    // A pool send behind that, in the overflow queue too: it grows.
+    l.submit_send(send(20, 7));
+    assert_eq!(l.append_last_send(7, grow(5)), 5);
+    assert_eq!(l.backlog(), (6, 14 + 25));
+    // The first four are posted, the first with its 14 bytes; a posted send never grows.
+    let mut room = CqRoom::new(64, 0);
+    let run = l.plan_sends_imm(&mut room, 0);
+    assert_eq!(run.n, 4);
+    assert_eq!(l.swrs.view(run.first).len, 14, "the request names the bytes appended");
+    assert!(l.sends_posted(run, 4, &mut room).is_none());
+    assert_eq!(l.backlog(), (2, 25));
+    // The runtime's own: a probe queued last is never grown.
+    l.submit_send(Slot::probe());
+    assert_eq!(l.append_last_send(0, grow(4)), 0, "the runtime's own");
+    assert_eq!(l.backlog(), (3, 25));
+    // Everything completes; the grown one was posted with 25 bytes.
+    let mut lens = Vec::new();
+    for _ in 0..3 {
+        let end = l.send.next_post();
+        while let Some((_, s, _)) = l.pop_sent(end, &mut room) {
+            lens.push(s.posted_len());
+        }
+        let run = l.plan_sends_imm(&mut room, 0);
+        assert!(l.sends_posted(run, run.n, &mut room).is_none());
+    }
+    assert_eq!(lens, vec![14, 8, 8, 8, 8, 25, 0]);
+}
+
+/// A request of a lanes' plan: its user_data (`None`: the runtime's own), its immediate data
+/// decoded, its operation (`SendWrs::view`).
+type Req = (Option<u64>, Option<Imm>, &'static str);
+
+/// Plans the lanes' sends (immediate data, nothing inline) and posts all of them.
+fn plan_all(l: &mut L, room: &mut CqRoom) -> Vec<Req> {
+    let run = l.plan_sends_imm(room, 0);
+    let v = (0..run.n)
+        .map(|k| {
+            let slot = l.send.queued_at(k).unwrap();
+            let view = l.swrs.view(run.first + k);
+            let imm = (view.op == "send_imm" || view.op == "write_imm").then(|| Imm::decode(view.imm));
+            ((!slot.is_control()).then_some(slot.user_data), imm, view.op)
+        })
+        .collect();
+    assert!(l.sends_posted(run, run.n, room).is_none());
+    v
+}
+
+/// Queues a 64-byte SEND of caller memory for each of `user_data`.
+fn queue_sends(l: &mut L, user_data: &[u64]) {
+    for u in user_data {
+        l.submit_send(Slot::raw(OpCode::Send, raw(64), *u));
+    }
+}
+
+fn data_of(plan: &[Req]) -> Vec<Option<u64>> {
+    plan.iter().map(|r| r.0).collect()
+}
+
+/// The send queue's depth bounds a chain (FAULTS.md, "send queue full"): the queue pair's free
+/// send slots, no more; teardown hands back every operation, the posted ones first, with their
+/// CQ room (as `send_queue::tests::slots_bound_the_chain_and_clear_returns_everything`, on the
+/// reactor's lanes).
+#[test]
+fn the_lanes_slots_bound_the_chain_and_clear_returns_everything() {
+    let mut l = lanes(3, 0, None);
+    let mut room = CqRoom::new(64, 16);
+    queue_sends(&mut l, &[1, 2, 3, 4, 5]);
+    assert_eq!(data_of(&plan_all(&mut l, &mut room)), vec![Some(1), Some(2), Some(3)], "three send slots");
+    assert!(plan_all(&mut l, &mut room).is_empty(), "no slot left");
+    assert_eq!(room.reserved(), 3);
+    let cleared = l.clear(Some(&mut room));
+    assert_eq!(cleared.posted_sends, 3);
+    assert_eq!(cleared.sends.iter().map(|s| s.user_data).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);
+    assert_eq!(room.reserved(), 0);
+    assert_eq!((l.backlog(), l.outstanding()), ((0, 0), (0, 0)));
+}
+
+/// `Config::send_backlog` and `send_backlog_bytes` read the lanes' backlog (FAULTS.md, "a peer
+/// that takes our messages slowly"): what waits unposted and its pool bytes, not the posted
+/// ones, and after a reconnection what it keeps (as
+/// `send_queue::tests::the_backlog_counts_what_waits_unposted`).
+#[test]
+fn the_lanes_backlog_counts_what_waits_unposted() {
+    use crate::sys::pool::{index::IndexPool, PoolConfig};
+    let cfg = PoolConfig { chunk_sizes: vec![1024], cluster_bytes: 8192, max_bytes: 1 << 20, ..PoolConfig::default() };
+    let pool = IndexPool::unregistered(&cfg, 0).unwrap();
+    let mut l = lanes(2, 0, None);
+    let mut room = CqRoom::new(64, 8);
+    for i in 0..6u64 {
+        let mut b = pool.alloc(1024, 5).unwrap();
+        b.set_len(100 * (i as usize + 1)).unwrap();
+        // The fourth is one-sided (a WRITE naming the peer's key): a reconnection drops it.
+        l.submit_send(if i == 3 {
+            Slot::write(b, RemoteSlice { addr: 0x10, len: 1024, rkey: 9 }, false, i)
+        } else {
+            Slot::send_on(b, 5, i)
+        });
+    }
+    assert_eq!(l.backlog(), (6, 2100));
+    assert_eq!(plan_all(&mut l, &mut room).len(), 2, "two send slots");
+    assert_eq!(l.backlog(), (4, 1800), "the posted ones are not queued any more");
+    let epoch = l.epoch();
+    let gone = l.carry(Some(&mut room), epoch, |s| !s.is_one_sided());
+    assert_eq!(gone.sends.iter().map(|s| s.user_data).collect::<Vec<_>>(), vec![0, 1, 3]);
+    assert_eq!(l.backlog(), (3, 300 + 500 + 600), "what a reconnection keeps");
+    drop(gone);
+    drop(l.clear(None));
+    assert_eq!(l.backlog(), (0, 0));
+}
+
+/// An iWARP client's nudge (FAULTS.md, a connection that hangs before its first message): a
+/// zero-length RDMA WRITE that needs no credit goes ahead of data waiting for credits, one at a
+/// time, never before the hello, and a nudge still queued is dropped at teardown and at a
+/// reconnection (as `send_queue::tests::a_nudge_goes_ahead_of_credit_blocked_data_and_is_returned_at_teardown`).
+#[test]
+fn a_nudge_on_the_lanes_goes_ahead_of_credit_blocked_data_and_goes_at_teardown() {
+    // Three credits, one kept in reserve: two messages go, the third waits for a grant.
+    let mut l = lanes(16, 0, flow(3, 8));
+    let mut room = CqRoom::new(64, 16);
+    queue_sends(&mut l, &[1, 2, 3]);
+    assert_eq!(data_of(&plan_all(&mut l, &mut room)), vec![Some(1), Some(2)]);
+    assert!(l.credit_blocked());
+    assert!(l.nudge());
+    assert!(!l.nudge(), "one nudge queued at a time");
+    assert!(l.wants_post());
+    let plan = plan_all(&mut l, &mut room);
+    assert_eq!(plan, vec![(None, None, "write")], "the nudge needs no credit and carries no immediate data");
+    assert!(l.credit_blocked(), "the message still waits for its credit");
+    // Never before the hello: the first message goes first.
+    let mut h = lanes(16, 0, flow(8, 8));
+    queue_sends(&mut h, &[4]);
+    h.set_hello(true);
+    assert!(h.nudge());
+    let plan = plan_all(&mut h, &mut room);
+    let kinds: Vec<_> = plan.iter().map(|r| (r.0, r.2)).collect();
+    assert_eq!(kinds, vec![(None, "send_imm"), (None, "write"), (Some(4), "send_imm")]);
+    // A nudge still due when the queue pair goes is not carried to the next one.
+    let mut t = lanes(16, 0, None);
+    queue_sends(&mut t, &[5]);
+    t.set_hold(true);
+    assert!(t.nudge());
+    let epoch = t.epoch();
+    let gone = t.carry(None, epoch, |_| true);
+    assert!(gone.sends.is_empty(), "the data is kept");
+    assert!(t.nudge(), "the old queue pair's nudge is forgotten");
+    let mut c = lanes(16, 0, None);
+    queue_sends(&mut c, &[6]);
+    c.set_hold(true);
+    assert!(c.nudge());
+    let cleared = c.clear(None);
+    assert_eq!(cleared.sends.len(), 1);
+    assert!(c.nudge(), "teardown forgets the nudge");
+}
+
+/// Both sides close at once, each at its last credit with nothing owed (FAULTS.md, the close
+/// handshake; the review of 2026-11-26, L6): the handshake still finishes without
+/// `Timeouts::finish`. Each side is scripted as the runtime drives it on its lanes (as
+/// `send_queue::tests::crossing_farewells_at_the_last_credit_are_still_answered`).
+#[test]
+fn crossing_farewells_on_the_lanes_at_the_last_credit_are_still_answered() {
+    // Side 0 accepted the connection, side 1 made it (it yields its last credit).
+    let mut q = [lanes(16, 0, flow(3, 3)), lanes(16, 0, flow(3, 3))];
+    let mut room = [CqRoom::new(64, 16), CqRoom::new(64, 16)];
+    for (i, q) in q.iter_mut().enumerate() {
+        q.set_farewell(true);
+        if i == 1 {
+            q.yield_last_credit();
+        }
+        queue_sends(q, &[10 * i as u64, 10 * i as u64 + 1]);
+        assert_eq!(plan_all(q, &mut room[i]).len(), 2, "two data messages; the last credit is kept");
+    }
+    // The data arrived, their receives are not posted again: nothing owed, one credit each.
+    for q in &mut q {
+        for _ in 0..2 {
+            q.flow_mut().unwrap().on_receive(Imm::data(0));
+        }
+        assert_eq!((q.flow_mut().unwrap().credits(), q.flow_mut().unwrap().owed()), (1, 0));
+        q.say_farewell();
+    }
+    let mut heard = [false; 2];
+    let mut said = [Vec::new(), Vec::new()];
+    for _round in 0..4 {
+        let mut wire: [Vec<Imm>; 2] = [Vec::new(), Vec::new()];
+        for i in 0..2 {
+            for (_, imm, _) in plan_all(&mut q[i], &mut room[i]) {
+                let imm = imm.expect("flow control");
+                said[i].push(imm.farewell);
+                wire[1 - i].push(imm);
+            }
+        }
+        for (j, msgs) in wire.into_iter().enumerate() {
+            for imm in msgs {
+                let f = q[j].flow_mut().unwrap();
+                f.on_receive(imm);
+                if imm.control {
+                    f.on_repost(true);
+                }
+                match imm.farewell {
+                    Farewell::Leaving => q[j].answer_farewell(),
+                    Farewell::Heard => heard[j] = true,
+                    Farewell::None => {}
+                }
+            }
+        }
+        if heard.iter().any(|h| *h) {
+            break;
+        }
+    }
+    assert!(heard[0], "no farewell answered: both sides wait Timeouts::finish; sent {said:?}");
+    assert_eq!(said[0].first(), Some(&Farewell::Leaving));
+}
+
+/// The connecting side's farewell on the lanes (L6): on its last credit it goes only with a
+/// grant; with two credits or more at once (as
+/// `send_queue::tests::the_connecting_sides_farewell_takes_the_last_credit_only_with_a_grant`).
+#[test]
+fn the_connecting_sides_farewell_on_the_lanes_takes_the_last_credit_only_with_a_grant() {
+    let mut room = CqRoom::new(64, 16);
+    let mut q = lanes(16, 0, flow(3, 3));
+    q.set_farewell(true);
+    q.yield_last_credit();
+    queue_sends(&mut q, &[1, 2]);
+    assert_eq!(plan_all(&mut q, &mut room).len(), 2);
+    q.say_farewell();
+    assert!(plan_all(&mut q, &mut room).is_empty(), "one credit, nothing to grant: it waits");
+    assert!(q.wants_post(), "the farewell is still due");
+    q.flow_mut().unwrap().on_repost(false);
+    let plan = plan_all(&mut q, &mut room);
+    assert_eq!(plan.len(), 1);
+    let imm = plan[0].1.expect("flow");
+    assert_eq!((plan[0].0, imm.farewell, imm.grant), (None, Farewell::Leaving, 1), "the last credit, with a grant");
+    let mut two = lanes(16, 0, flow(3, 3));
+    two.set_farewell(true);
+    two.yield_last_credit();
+    two.say_farewell();
+    let plan = plan_all(&mut two, &mut room);
+    assert_eq!(plan[0].1.map(|i| i.farewell), Some(Farewell::Leaving), "a credit is left for an answer");
+}

@@ -1,7 +1,10 @@
 //! A connection's send queue, pure: what may be posted now, given the queue pair's slots, the
-//! CQ's room and the peer's credits. No FFI; the posting itself is `post.rs`. (The receive
-//! queue's planner, `RecvQueue`, is kept for the tests and the host benchmark's slab path: the
-//! reactor's receives are on its receive lane since issue 47 phase 2, `data/lanes.rs`.)
+//! CQ's room and the peer's credits. No FFI. **The reactor no longer uses it**: its sends and
+//! receives are on the connection's lanes since issue 47 phase 2 (`data/lanes.rs`, whose
+//! `SendCtl` planning is this file's rules ported). It is compiled for the lanes' differential
+//! test, which checks every plan against it (its oracle), and for the host benchmark's slab
+//! path (`bench_internals::SlabPath`, the baseline the ring path is counted against); with
+//! `RecvQueue`, the receive queue's planner, for the same two.
 //!
 //! A send-queue operation leaves [`SendQueue`]'s pending queue only when:
 //! - the send queue has a slot;
@@ -24,6 +27,9 @@
 //! does the last of each chain. A signaled completion means the unsignaled requests before it
 //! are complete too (RC completes in order); [`SendQueue::complete`] hands them back in order
 //! and frees their CQ entries with its own.
+
+// The oracle and the baseline keep the whole of the old planner, some of which neither calls.
+#![allow(dead_code)]
 
 use std::collections::VecDeque;
 
@@ -120,26 +126,6 @@ enum Leaving {
     No,
     Due,
     Sent,
-}
-
-/// The reactor's send side while its sends are still the send queue's (issue 47 phase 2, step
-/// 2): what a receive completion reads and changes of it, for the receive lane's rules
-/// (`Lanes::recv_completed_with`).
-impl crate::reactor::data::lanes::SendSide for SendQueue {
-    #[inline(always)]
-    fn flow(&mut self) -> Option<&mut Flow> {
-        self.flow.as_mut()
-    }
-
-    #[inline(always)]
-    fn release(&mut self) -> bool {
-        SendQueue::release(self)
-    }
-
-    #[inline(always)]
-    fn sends_waiting(&self) -> bool {
-        !self.pending.is_empty()
-    }
 }
 
 impl SendQueue {

@@ -525,7 +525,7 @@ impl Core {
         // connections before its devices), so `DevSrq`'s `Rc` is the last and its field order
         // destroys the SRQ before the buffers; should a queue pair still hold it, `DevSrq`'s
         // `Drop` leaks the buffers rather than free memory the device may still write.
-        let r = unsafe { s.srq.post_recv(&wrs, &mut self.scratch.chains) };
+        let r = unsafe { s.srq.post_recv(&wrs, &mut self.chains) };
         self.stats.srq_post_calls += 1;
         let n = r.as_ref().map_or_else(|e| e.posted, |()| wrs.len());
         self.stats.srq_posted += n as u64;
@@ -549,7 +549,7 @@ impl Core {
         let mut dirty: SmallVec<[ConnKey; 16]> = SmallVec::new();
         for Owner { conn: t, share: of, control } in owners[..n].iter().flatten().copied() {
             let Some(c) = self.conns.get_mut(t) else { continue };
-            let (Some(share), Some(flow)) = (c.srq_share.as_mut(), c.sq.flow_mut()) else { continue };
+            let (Some(share), Some(flow)) = (c.srq_share.as_mut(), c.lanes.flow_mut()) else { continue };
             // `None`: queued for the connection's earlier queue pair, whose share `leave` freed
             // with this receive in it; it is free now, no credit of the new one (review L3).
             // What its peer holds or is about to, and what its connection withholds: receives
@@ -652,7 +652,7 @@ impl Core {
         let account = c.account.filter(|r| r.device == d).map(|r| r.account);
         // The share its peer consumed the receive from: the credit goes back to that one only.
         let share = c.srq_share.map_or(0, |s| s.id());
-        if c.sq.flow_mut().is_some_and(|f| f.exhausted()) {
+        if c.lanes.flow_mut().is_some_and(|f| f.exhausted()) {
             // The peer sent beyond its credit: on a shared queue that takes receives other
             // connections were promised. The message is dropped and the connection closed.
             s.repost.push(Repost { buf: Some(buf), owner: None });
@@ -684,10 +684,10 @@ impl Core {
             wc.imm.map_or(Imm::data(0), Imm::decode)
         };
         // An iWARP agent's sends wait for its client's first message: this one.
-        let released = c.sq.release();
+        let released = c.lanes.release();
         let mut control = false;
         let mut farewell = Farewell::None;
-        if let Some(flow) = c.sq.flow_mut() {
+        if let Some(flow) = c.lanes.flow_mut() {
             flow.on_receive(imm);
             control = imm.control;
             farewell = imm.farewell;
