@@ -61,7 +61,7 @@
 //! moves onto the new buffer.
 //!
 //! No FFI: the work-request arrays are `sys`'s, posted by `sys::qp`. Unit tests below, and a
-//! differential test that drives [`SendQueue`](super::send_queue::SendQueue) and the lanes with
+//! differential test that drives `SendQueue` (`send_queue/`, compiled for it) and the lanes with
 //! the same random scripts and compares every chain they post.
 
 use std::rc::Rc;
@@ -565,6 +565,11 @@ struct SendCtl {
     /// Credit-only messages whose completion came back successful since the caller last took
     /// the count ([`Lanes::take_credit_messages_sent`]: the connection's meter).
     credit_messages_sent: u32,
+    /// Of the outstanding requests, those a send completion being delivered completed and
+    /// that have not left their slots yet ([`Lanes::send_completed`]): completed for
+    /// [`Lanes::outstanding`] and [`Lanes::free_slots`], so a handler called for one of them
+    /// sees the others completed too, as the device reported them.
+    completing: u32,
     /// [`HOLD`], [`HELLO`], [`NUDGE`], [`LEAVING_DUE`], [`LEAVING_SENT`], [`ANSWER`],
     /// [`FAREWELL`], [`YIELDS`]: one byte, so the common plan tests one mask ([`SPECIAL`]).
     flags: u8,
@@ -601,6 +606,7 @@ impl SendCtl {
             queued_bytes: 0,
             flow: None,
             credit_messages_sent: 0,
+            completing: 0,
             flags: 0,
         }
     }
@@ -746,6 +752,7 @@ impl<B: LaneBuf> SentOp<'_, B> {
         // What is left of it owns nothing (`Slot::take_done`); `head` moves past it.
         forget_husk(lanes.send.vacate(at));
         room.release_send(1);
+        lanes.ctl.completing = lanes.ctl.completing.saturating_sub(1);
         lanes.ctl.unreported = lanes.ctl.unreported.min(lanes.send.outstanding());
         done
     }
@@ -832,7 +839,7 @@ impl<B: LaneBuf> Lanes<B> {
         if index > WrId::MAX_INDEX {
             return Err(Rename::IndexBeyond);
         }
-        match self.outstanding() {
+        match (self.send.outstanding(), self.recv.outstanding()) {
             (0, 0) => Ok(()),
             (sends, recvs) => Err(Rename::Outstanding { sends, recvs }),
         }
@@ -994,12 +1001,19 @@ impl<B: LaneBuf> Lanes<B> {
     /// Send work requests the queue pair can take now.
     #[inline(always)]
     pub(crate) fn free_slots(&self) -> u32 {
-        self.ctl.capacity.saturating_sub(self.send.outstanding())
+        self.ctl.capacity.saturating_sub(self.sends_open())
     }
 
-    /// Posted send requests not yet completed, and receives.
+    /// Posted send requests not yet completed, and receives. A send completion being
+    /// delivered completed its requests, also those whose handler has not been called yet.
     pub(crate) fn outstanding(&self) -> (u32, u32) {
-        (self.send.outstanding(), self.recv.outstanding())
+        (self.sends_open(), self.recv.outstanding())
+    }
+
+    /// Posted send requests no completion reported yet.
+    #[inline(always)]
+    fn sends_open(&self) -> u32 {
+        self.send.outstanding() - self.ctl.completing.min(self.send.outstanding())
     }
 
     /// Posted send requests whose completion is awaited (what draining waits for).
@@ -1242,9 +1256,13 @@ impl<B: LaneBuf> Lanes<B> {
     /// A send-queue completion whose `wr_id` carried position `seq`: the end (exclusive) of
     /// the positions it completes, from the oldest outstanding on, for [`Lanes::next_sent`];
     /// `None` when it names no outstanding request (stale: counted by the caller).
+    /// The requests it completes count as completed from now on ([`Lanes::outstanding`],
+    /// [`Lanes::free_slots`]), though each leaves its slot only when it is popped or taken.
     #[inline(always)]
-    pub(crate) fn send_completed(&self, seq: u32) -> Option<u32> {
-        self.send.window(seq).map(|at| at.wrapping_add(1))
+    pub(crate) fn send_completed(&mut self, seq: u32) -> Option<u32> {
+        let end = self.send.window(seq)?.wrapping_add(1);
+        self.ctl.completing = end.wrapping_sub(self.send.head());
+        Some(end)
     }
 
     /// The next operation a send completion completes (in posting order), before `end`, with its
@@ -1262,6 +1280,7 @@ impl<B: LaneBuf> Lanes<B> {
     #[inline(always)]
     fn popped_sent(&mut self, end: u32, room: &mut CqRoom) -> bool {
         room.release_send(1);
+        self.ctl.completing = self.ctl.completing.saturating_sub(1);
         self.ctl.unreported = self.ctl.unreported.min(self.send.outstanding());
         // More of them to pop: `end` still lies past the oldest outstanding.
         end.wrapping_sub(self.send.head()).wrapping_sub(1) < self.send.outstanding()
@@ -1387,6 +1406,7 @@ impl<B: LaneBuf> Lanes<B> {
             room.release_send(self.send.outstanding());
         }
         self.ctl.unreported = 0;
+        self.ctl.completing = 0;
         self.ctl.queued_bytes = 0;
         self.ctl.set(NUDGE, false);
         let base = self.send.base();

@@ -651,10 +651,11 @@ impl Posting<'_> {
             // they hand it out popped, cleared or carried, and `Lanes::set_id` refuses to rename
             // them while any is outstanding); a pool buffer is registered on this device's PD
             // and keeps its region alive, and so does a region slice; a `RawBuf` is covered by
-            // `Conn::submit_raw`'s contract; a credit-only message or a probe names no memory; a
-            // window bind's slot holds its window, whose chunk its `Exposed` or the window
-            // itself keeps until the memory window is deallocated; a tail is in the connection's
-            // `TailRing`, which outlives the queue pair (`ConnEntry::tails`).
+            // `Conn::submit_raw`'s contract; a credit-only message or a probe names no memory of
+            // its own (on iWARP a credit-only message names its tail, below); a window bind's
+            // slot holds its window, whose chunk its `Exposed` or the window itself keeps until
+            // the memory window is deallocated; a tail is in the connection's `TailRing`, which
+            // outlives the queue pair (`ConnEntry::tails` is declared after `ep`).
             let r = unsafe { qp.post_send_run(c.lanes.send_wrs(), run.first, run.n) };
             self.stats.post_send_calls += 1;
             let taken = r.as_ref().map_or_else(|e| e.posted as u32, |()| run.n).min(run.n);

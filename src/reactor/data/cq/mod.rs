@@ -466,7 +466,9 @@ impl Core {
     /// the runtime's own are dropped unseen (a credit-only message's success counted for the
     /// meter), the others reach the handler, the signaled one with the work completion's
     /// status, those before it with success. The entry that checked the epoch takes the first
-    /// operation; each handler after it is followed by one look-up for the next.
+    /// operation; each handler after it is followed by two look-ups (the connection and its
+    /// CQ) for the next. Every request it completes counts as completed from the check on
+    /// (`Lanes::send_completed`), so each handler sees the others completed too.
     fn complete_send(&mut self, ct: CqKey, wc: WorkCompletion) {
         let status = wc.status;
         let Some((t, c, end)) = ring_send_completed(&mut self.conns, &wc, |c| &mut c.lanes) else {
@@ -767,7 +769,8 @@ where
 /// [`Core::complete_send`]'s decode and checks, pure over the connection table (so the host
 /// tests drive the code the reactor runs): the connection a send completion's ring `wr_id`
 /// names (`lanes` gives an entry's lanes) and the end (exclusive) of the positions it
-/// completes, from the oldest outstanding on (`Lanes::send_completed`). `None` (the caller
+/// completes, from the oldest outstanding on (`Lanes::send_completed`, which counts them
+/// completed from now on). `None` (the caller
 /// counts it stale, and nothing is changed) for a value that is no ring id, the receive ring's
 /// direction, a free slot, another queue pair's epoch, or a position outside the send ring's
 /// posted window or naming an empty slot (a duplicate).

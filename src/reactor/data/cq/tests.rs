@@ -631,7 +631,7 @@ mod ring {
         ] {
             assert!(complete_send(&mut conns, &wc(stale, 0, None)).is_none(), "{stale:#x}");
         }
-        assert_eq!(conns.get(a).unwrap().lanes.outstanding(), (3, 0), "no stale completion took a send");
+        assert_eq!(conns.get(a).unwrap().lanes.free_slots(), 5, "no stale completion completed a send");
         let (t, end) = complete_send(&mut conns, &bad).expect("the signaled send");
         assert_eq!((t, end), (a, last + 1));
         let l = &mut conns.get_mut(a).unwrap().lanes;
@@ -650,7 +650,17 @@ mod ring {
         let c = conns.insert(conn(None));
         assert_eq!(c.token().index(), ia);
         assert!(complete_send(&mut conns, &wc(signaled, 0, None)).is_none(), "before its queue pair");
-        new_qp(&mut conns, &mut epochs, c);
+        let ec = new_qp(&mut conns, &mut epochs, c);
+        // c's sends at the same positions as a's: a's id still names a's epoch only.
+        let l = &mut conns.get_mut(c).unwrap().lanes;
+        for u in 4..=6u64 {
+            l.submit_send(Slot::raw(OpCode::Send, RawBuf { addr: 0x2000, len: 8, lkey: 7 }, u));
+        }
+        let run_c = l.plan_sends_imm(&mut room, 0);
+        assert!(l.sends_posted(run_c, run_c.n, &mut room).is_none());
+        assert_eq!((run_c.first, run_c.n), (run.first, 3), "the same positions");
         assert!(complete_send(&mut conns, &wc(signaled, 0, None)).is_none(), "another queue pair's epoch");
+        let own = id(ia, ec, Dir::Send, run_c.first + 2);
+        assert_eq!(complete_send(&mut conns, &wc(own, 0, None)), Some((c, run_c.first + 3)));
     }
 }

@@ -522,6 +522,46 @@ fn a_partly_refused_send_chain_awaits_nothing_that_cannot_come() {
     assert_eq!(refused.iter().map(|s| s.user_data).collect::<Vec<_>>(), vec![4, 5]);
     assert_eq!((l.outstanding().0, l.awaited()), (3, 2));
     assert_eq!(room.reserved(), 3);
+    // Defect 8's case: a prefix with no signaled request awaits nothing.
+    let mut u = L::new(0, 1, 4).unwrap();
+    u.set_capacity(8, 0);
+    for k in 1..=4 {
+        u.submit_send(Slot::raw(OpCode::Write, raw(8), k));
+    }
+    let run = u.plan_sends_imm(&mut room, 0);
+    assert_eq!(run.n, 4, "only the last signaled (one in four)");
+    let refused = u.sends_posted(run, 2, &mut room).expect("refused");
+    assert_eq!(refused.len(), 2);
+    assert_eq!((u.outstanding().0, u.awaited()), (2, 0), "no completion can come for the two taken");
+}
+
+/// A send completion completes all its requests at once, as the device reported them: while
+/// their handlers are called one by one, each handler sees the others completed too (their
+/// send slots free for what it submits, `Config::send_backlog`'s rule, and `Conn::outstanding`),
+/// as when the operation slab popped them all first (the review of issue 47 step 3, M1).
+#[test]
+fn a_send_completion_frees_every_slot_it_completes_before_the_first_handler() {
+    let mut l = L::new(0, 1, 16).unwrap();
+    l.set_capacity(4, 0);
+    for u in 1..=4 {
+        l.submit_send(Slot::raw(OpCode::Write, raw(8), u));
+    }
+    let mut room = CqRoom::new(64, 16);
+    let run = l.plan_sends_imm(&mut room, 0);
+    assert!(l.sends_posted(run, run.n, &mut room).is_none());
+    assert_eq!((l.outstanding().0, l.free_slots()), (4, 0));
+    let end = l.send_completed(run.first + 3).expect("the signaled one");
+    assert_eq!((l.outstanding().0, l.free_slots()), (0, 4), "all four completed, none taken yet");
+    let mut seen = 0;
+    while let Some(op) = l.next_sent(end, &mut room, WcStatus::Success) {
+        drop(op.take(&mut room, WcStatus::Success));
+        seen += 1;
+        assert_eq!((l.outstanding().0, l.free_slots()), (0, 4), "after {seen} taken");
+    }
+    assert_eq!((seen, room.reserved(), l.awaited()), (4, 0, 0));
+    // A stale id records nothing.
+    assert!(l.send_completed(run.first + 3).is_none());
+    assert_eq!(l.free_slots(), 4);
 }
 
 /// One step of a differential script.
@@ -889,7 +929,7 @@ fn only_the_last_queued_send_of_its_user_data_grows_and_its_request_follows() {
 
 /// A request of a lanes' plan: its user_data (`None`: the runtime's own), its immediate data
 /// decoded, its operation (`SendWrs::view`).
-type Req = (Option<u64>, Option<Imm>, &'static str);
+type Req = (Option<u64>, Option<Imm>, &'static str, bool);
 
 /// Plans the lanes' sends (immediate data, nothing inline) and posts all of them.
 fn plan_all(l: &mut L, room: &mut CqRoom) -> Vec<Req> {
@@ -899,7 +939,7 @@ fn plan_all(l: &mut L, room: &mut CqRoom) -> Vec<Req> {
             let slot = l.send.queued_at(k).unwrap();
             let view = l.swrs.view(run.first + k);
             let imm = (view.op == "send_imm" || view.op == "write_imm").then(|| Imm::decode(view.imm));
-            ((!slot.is_control()).then_some(slot.user_data), imm, view.op)
+            ((!slot.is_control()).then_some(slot.user_data), imm, view.op, view.signaled)
         })
         .collect();
     assert!(l.sends_posted(run, run.n, room).is_none());
@@ -985,7 +1025,12 @@ fn a_nudge_on_the_lanes_goes_ahead_of_credit_blocked_data_and_goes_at_teardown()
     assert!(!l.nudge(), "one nudge queued at a time");
     assert!(l.wants_post());
     let plan = plan_all(&mut l, &mut room);
-    assert_eq!(plan, vec![(None, None, "write")], "the nudge needs no credit and carries no immediate data");
+    assert_eq!(
+        plan,
+        vec![(None, None, "write", true)],
+        "the nudge needs no credit, carries no immediate data, is signaled"
+    );
+    assert_eq!(l.swrs.view(l.send.next_post().wrapping_sub(1)).len, 0, "a zero-length WRITE");
     assert!(l.credit_blocked(), "the message still waits for its credit");
     // Never before the hello: the first message goes first.
     let mut h = lanes(16, 0, flow(8, 8));
@@ -1043,7 +1088,7 @@ fn crossing_farewells_on_the_lanes_at_the_last_credit_are_still_answered() {
     for _round in 0..4 {
         let mut wire: [Vec<Imm>; 2] = [Vec::new(), Vec::new()];
         for i in 0..2 {
-            for (_, imm, _) in plan_all(&mut q[i], &mut room[i]) {
+            for (_, imm, _, _) in plan_all(&mut q[i], &mut room[i]) {
                 let imm = imm.expect("flow control");
                 said[i].push(imm.farewell);
                 wire[1 - i].push(imm);
