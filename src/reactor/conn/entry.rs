@@ -12,6 +12,7 @@ use crate::proto::token::{CqKey, TimerKey};
 use crate::proto::wire::ConnectInfo;
 use crate::reactor::api::guard::Guarded;
 use crate::reactor::conn::{handoff, reconnect};
+use crate::reactor::data::gate::Gate;
 use crate::reactor::data::lanes::Lanes;
 use crate::reactor::data::srq;
 use crate::reactor::data::tail::TailRing;
@@ -149,6 +150,11 @@ pub(in crate::reactor) struct ConnEntry {
     /// queue pair's epoch (`Core::epochs`) is the lanes' (`Lanes::epoch`, set by `setup_qp`):
     /// a ring `wr_id` names this connection only with it.
     pub(in crate::reactor) lanes: Lanes<Buf>,
+    /// What `Core::submit` checks an operation against (`data/gate.rs`), as the connection's
+    /// state is: recomputed by [`ConnEntry::refresh_gate`] wherever what it reads changes (the
+    /// queue pair's setup, the peer's connect information, this side's), `Gate::CLOSED` until
+    /// then. A debug build checks it against a fresh one at every submission.
+    pub(in crate::reactor) gate: Gate,
     /// Listed in `Core::dirty`: has something to post at the end of the tick.
     pub(in crate::reactor) dirty: bool,
     /// Listed in its CQ's `waiting`: short of CQ room.
@@ -217,6 +223,7 @@ impl ConnEntry {
             placed: None,
             // Named after its slot and epoch when it gets a queue pair (`Lanes::set_id`).
             lanes: Lanes::new(0, 0, signal_every).expect("slot 0 is in range"),
+            gate: Gate::CLOSED,
             dirty: false,
             waiting_room: false,
             deadline: None,
@@ -283,6 +290,13 @@ impl ConnEntry {
     /// takes its receives when it is on a shared receive queue (`Core::reap_conn_cqs`).
     pub(in crate::reactor) fn cqs(&self) -> (Option<CqKey>, Option<usize>) {
         (self.placed.map(|p| p.cq), self.srq_share.and(self.placed).map(|p| p.device))
+    }
+
+    /// Recomputes the submission gate from the connection's state (`post::gate_of`): called
+    /// where what it reads changes (its placement and shared receive queue share, the peer's
+    /// connect information and this side's message size).
+    pub(in crate::reactor) fn refresh_gate(&mut self, cfg: &crate::reactor::Config) {
+        self.gate = crate::reactor::data::post::gate_of(self, cfg);
     }
 
     /// True when the connection is draining and nothing is outstanding.

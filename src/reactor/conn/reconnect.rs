@@ -102,6 +102,8 @@ impl Core {
         let reason = c.close_reason.take().unwrap_or(CloseReason::Local);
         c.placed = None;
         c.srq_share = None;
+        // Until the next queue pair the slow path checks submissions (`Core::submit`).
+        c.gate = crate::reactor::data::gate::Gate::CLOSED;
         c.tails = None;
         c.deadline = None;
         c.stall = None;

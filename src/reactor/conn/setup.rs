@@ -455,6 +455,8 @@ impl Core {
         let bytes = local.encode(MAX_ACCEPT_PRIVATE_DATA).unwrap_or_default();
         c.infos.local = local;
         c.infos.sent = true;
+        // This side's message size is set: the gate's limit follows.
+        c.refresh_gate(&self.cfg);
         let (initiator, responder) = resources;
         let param = self.conn_param(&bytes, initiator.min(RD_ATOM), responder.min(RD_ATOM));
         let c = self.conns.get(t).expect("live");
@@ -582,6 +584,9 @@ impl Core {
                             let first = rule && c.infos.local.tail && info.as_ref().is_some_and(|i| i.recv_depth > 0);
                             c.lanes.set_hello(first);
                             c.infos.peer = info;
+                            // The peer's size and, against a plain librdmacm server, the framing
+                            // changed: the gate follows.
+                            c.refresh_gate(&self.cfg);
                             if rule {
                                 // Soft-iWARP may leave the first messages (or READ requests,
                                 // or WRITEs) unread at the server: nudge until it is heard
@@ -811,6 +816,7 @@ impl Core {
                 debug_assert!(named, "checked by rename_check");
                 c.tails = tails;
                 c.placed = Some(Placement { device: d, cq: ct, max_inline: granted.max_inline_data, recv_room, tail });
+                c.refresh_gate(&self.cfg);
                 Ok(())
             }
             Err((id, err)) => {

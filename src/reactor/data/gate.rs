@@ -7,8 +7,10 @@
 //! immediate data (iWARP has none: `Op::write_imm` is refused), the largest message (the
 //! smaller of both sides' announced sizes, the one size contract) and the backlog bounds
 //! (`Config::send_backlog`, `send_backlog_bytes`). [`Gate::new`] computes them when that state
-//! changes (queue-pair setup, the state machine's transitions, a reconnection, the close),
-//! and the hot path reads them.
+//! changes (`ConnEntry::refresh_gate`: the queue pair's setup, the peer's connect information,
+//! this side's; a reconnection closes it), and the hot path reads them (`Core::submit`, since
+//! issue 47 phase 2 step 4). Whether the connection may queue at all is asked of it live
+//! (`ConnEntry::can_submit`, two compares), so a state change needs no recomputation.
 //!
 //! What stays per operation: the buffer's pool (one pointer compare) and its owner marks, the
 //! operation's own bounds (a WRITE's remote slice, a READ's target), the backlog against the
@@ -18,11 +20,6 @@
 //! only when refusing); so do the refusals here ([`Refusal::into_error`]).
 //!
 //! Pure: no FFI, no connection table. Unit-tested below.
-
-// Phase 1 of issue 47: built beside the reactor's data path, which adopts it in phase 2
-// (DATAPATH.md); until then only the host benchmark (`bench_internals::Path`) and the unit tests
-// use it, so parts of it are dead code in a build without them.
-#![allow(dead_code)]
 
 use crate::error::Error;
 use crate::proto::token::Token;
@@ -130,15 +127,12 @@ impl Gate {
         Gate { open, srq, no_imm, max_msg, max_is_peer, backlog_ops, backlog_bytes }
     }
 
-    /// True when the connection may queue operations.
+    /// True when the connection may queue operations (the host benchmark's question; the
+    /// reactor asks `ConnEntry::can_submit`).
+    #[cfg(any(test, feature = "bench-internals"))]
     #[inline(always)]
     pub(crate) fn is_open(&self) -> bool {
         self.open
-    }
-
-    /// True on a device without immediate data (a READ's sink is registered: cold).
-    pub(crate) fn no_imm(&self) -> bool {
-        self.no_imm
     }
 
     /// A receive of the application's.
@@ -238,7 +232,6 @@ mod tests {
         let iwarp = Gate::new(true, false, true, None, 0, 1, 1);
         assert_eq!(iwarp.one_sided(true), Err(Refusal::NoImmediate));
         assert_eq!(iwarp.one_sided(false), Ok(()));
-        assert!(iwarp.no_imm());
         assert_eq!(open(None, 0).one_sided(true), Ok(()));
     }
 

@@ -11,7 +11,7 @@
 //! - **Submission** makes the operation's [`Slot`] in place at its ring's tail
 //!   ([`Lanes::submit_send_with`], [`Lanes::submit_recv_with`]; its owner marks set, and its
 //!   scatter entry decided in the same look at the buffer's chunk), after `Core::submit`'s
-//!   checks (the connection's gate, `gate.rs`, from step 4) let it through.
+//!   checks (the connection's gate, `gate.rs`) let it through.
 //! - **Posting** ([`Lanes::plan_recvs`], [`Lanes::plan_sends`]) walks the queued slots from the
 //!   ring's `posted` counter and writes each one's work request into the connection's
 //!   pre-linked array at the same position, from the slot alone; the caller posts that run

@@ -22,7 +22,7 @@
 //!   2 and 3, every operation of the reactor's but a shared receive queue's receives lives on
 //!   its connection's lanes (`ConnEntry::lanes`: submitted, planned and posted, completed
 //!   through `Lanes::recv_completed` or `Lanes::next_sent`, cancelled or carried at teardown);
-//!   the gate is unused until step 4 (DATAPATH.md). The host benchmark
+//!   since step 4 `Core::submit` checks against the connection's gate (DATAPATH.md). The host benchmark
 //!   (`bench_internals::Path`) runs all of it.
 //!
 //! Invariants owned here: a CQ's completions never exceed its entries (`CqRoom`); a completion

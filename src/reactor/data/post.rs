@@ -13,6 +13,7 @@ use crate::proto::op::{OpCode, OpError, WcStatus};
 use crate::proto::token::{ConnKey, CqKey, GenSlab, Key};
 use crate::reactor::conn::entry::ConnEntry;
 use crate::reactor::data::cq::CqEntry;
+use crate::reactor::data::gate::{Gate, Refusal};
 use crate::reactor::data::lanes::Slot;
 use crate::reactor::data::op::Body;
 use crate::reactor::Op;
@@ -71,129 +72,80 @@ enum AfterSends {
     Refused { failed: Vec<Slot<Buf>>, errno: i32, short_of_room: bool },
 }
 
-/// True when `body` is a receive the application may not post on this connection: it takes
-/// its receives from a shared receive queue (`on_srq`: it holds a share of one), or the reactor
-/// has one (`srq_mode`: `Config::srq`), where every connection does. The second covers a client
-/// waiting to reconnect (`conn/reconnect.rs`), which holds no share until its new queue pair:
-/// a receive accepted then was carried to that queue pair, which has no receive queue of its
-/// own (its receive lane's capacity 0), so it was never posted and completed only at close (review L3).
-pub(in crate::reactor) fn own_receive_refused(srq_mode: bool, on_srq: bool, body: &Body) -> bool {
-    (srq_mode || on_srq) && matches!(body, Body::Recv(_) | Body::RawRecv(_) | Body::RecvRegion(_))
-}
-
-/// What bounds an operation's length at submission ([`Shape::limit`]).
-#[derive(Clone, Copy)]
-enum Limit {
-    /// A message: the smaller of both sides' announced message sizes.
-    MsgSize,
-    /// An RDMA WRITE: the peer's exposed slice.
-    Remote(usize),
-    /// A READ into a pool buffer: its capacity.
-    Buf(usize),
-    /// A READ into a region slice: its length.
-    Slice(usize),
-    /// A receive: nothing here.
-    None,
-}
-
-/// What submission checks of an operation's body, read in one match.
-struct Shape<'a> {
-    /// A pool buffer, and the bytes of it the connection is given: what it sends (or writes),
-    /// nothing of a receive's or READ's target (the device overwrites it).
-    buf: Option<(&'a crate::sys::pool::Buf, usize)>,
-    /// The bytes it moves.
-    len: usize,
-    limit: Limit,
-    /// The pool bytes it holds while it waits on the send queue (`Config::send_backlog_bytes`).
-    pool_len: usize,
-    opcode: OpCode,
-    /// An RDMA WRITE with immediate data.
-    write_imm: bool,
-    /// It names a region slice.
-    region: bool,
-}
-
-impl<'a> Shape<'a> {
-    #[inline(always)]
-    fn of(body: &'a Body) -> Shape<'a> {
-        let base = |opcode| Shape {
-            buf: None,
-            len: 0,
-            limit: Limit::None,
-            pool_len: 0,
-            opcode,
-            write_imm: false,
-            region: false,
-        };
-        match body {
-            Body::Send(b) => Shape {
-                buf: Some((b, b.len())),
-                len: b.len(),
-                limit: Limit::MsgSize,
-                pool_len: b.len(),
-                ..base(OpCode::Send)
-            },
-            Body::Recv(b) => Shape { buf: Some((b, 0)), len: b.len(), ..base(OpCode::Recv) },
-            Body::Write(b, r) => Shape {
-                buf: Some((b, b.len())),
-                len: b.len(),
-                limit: Limit::Remote(r.len as usize),
-                pool_len: b.len(),
-                ..base(OpCode::Write)
-            },
-            Body::WriteImm(b, r) => Shape {
-                buf: Some((b, b.len())),
-                len: b.len(),
-                limit: Limit::Remote(r.len as usize),
-                pool_len: b.len(),
-                write_imm: true,
-                ..base(OpCode::WriteImm)
-            },
-            Body::Read(b, r) => Shape {
-                buf: Some((b, 0)),
-                len: r.len as usize,
-                limit: Limit::Buf(b.capacity()),
-                pool_len: r.len as usize,
-                ..base(OpCode::Read)
-            },
-            Body::RawSend(r) => Shape { len: r.len as usize, limit: Limit::MsgSize, ..base(OpCode::Send) },
-            Body::RawRecv(r) => Shape { len: r.len as usize, ..base(OpCode::Recv) },
-            Body::SendRegion(s) => Shape { len: s.len(), limit: Limit::MsgSize, region: true, ..base(OpCode::Send) },
-            Body::RecvRegion(s) => Shape { len: s.len(), region: true, ..base(OpCode::Recv) },
-            Body::WriteRegion(s, r) => {
-                Shape { len: s.len(), limit: Limit::Remote(r.len as usize), region: true, ..base(OpCode::Write) }
-            }
-            Body::ReadRegion(s, r) => {
-                Shape { len: r.len as usize, limit: Limit::Slice(s.len()), region: true, ..base(OpCode::Read) }
-            }
-        }
-    }
+/// True when the application may not post receives on this connection: it takes its receives
+/// from a shared receive queue (`on_srq`: it holds a share of one), or the reactor has one
+/// (`srq_mode`: `Config::srq`), where every connection does. The second covers a client waiting
+/// to reconnect (`conn/reconnect.rs`), which holds no share until its new queue pair: a receive
+/// accepted then was carried to that queue pair, which has no receive queue of its own (its
+/// receive lane's capacity 0), so it was never posted and completed only at close (review L3).
+fn runtime_posts_receives(srq_mode: bool, on_srq: bool) -> bool {
+    srq_mode || on_srq
 }
 
 /// What `Core::submit` reads of an operation to queue it, for `crate::bench_internals`: its
 /// opcode and the pool bytes it holds while it waits.
 #[cfg(feature = "bench-internals")]
 pub(crate) fn queue_shape(op: &Op) -> (OpCode, usize) {
-    let shape = Shape::of(&op.body);
-    (shape.opcode, shape.pool_len)
+    let pool_len = match &op.body {
+        Body::Send(b) | Body::Write(b, _) | Body::WriteImm(b, _) => b.len(),
+        Body::Read(_, r) => r.len as usize,
+        _ => 0,
+    };
+    (op.opcode(), pool_len)
+}
+
+/// The gate of connection `c` as its state is now (`data/gate.rs`): what `Core::submit` checks
+/// an operation against. `ConnEntry::gate` keeps it, recomputed where what it reads changes
+/// (`ConnEntry::refresh_gate`); a connection waiting to reconnect is checked against one made
+/// at the submission (no immediate data is asked of its next device: its one-sided operations
+/// are refused anyway).
+pub(in crate::reactor) fn gate_of(c: &ConnEntry, cfg: &Config) -> Gate {
+    Gate::new(
+        true,
+        runtime_posts_receives(cfg.srq.is_some(), c.srq_share.is_some()),
+        c.placed.is_some_and(|p| p.tail),
+        c.infos.peer.as_ref().map(|i| i.msg_size),
+        c.infos.local.msg_size,
+        cfg.send_backlog,
+        cfg.send_backlog_bytes,
+    )
+}
+
+/// An RDMA WRITE or READ whose length passes its own bound (`len` against `max`, named by
+/// `limit`).
+#[inline(always)]
+fn within(len: usize, max: usize, limit: &'static str) -> Result<(), Error> {
+    if len > max {
+        return Err(Error::TooLarge { len, max, limit });
+    }
+    Ok(())
 }
 
 impl Core {
     /// Queues an operation on a connection after checking it; it is posted at the end of the
     /// tick. `raw` operations are accepted only here, for `Conn::submit_raw`.
+    ///
+    /// The checks are the connection's gate (`data/gate.rs`: receives refused on a shared
+    /// receive queue, no immediate data on iWARP, the message size both sides announced, the
+    /// send backlog), read from `ConnEntry::gate` on an established connection (one look-up,
+    /// a few compares), then the operation's own bounds (a WRITE's remote slice, a READ's
+    /// target) and the cold cases (a region's first registration on the device, an iWARP
+    /// READ's sink). A connection without a queue pair takes the slow path, which says why, or
+    /// (reconnecting) checks a two-sided operation against its last device and peer.
     pub(crate) fn submit(&mut self, t: ConnKey, op: Op) -> std::result::Result<(), SubmitError> {
         // Looked up once for all of it (issue 33).
         let Some(c) = self.conns.get_mut(t) else {
             return Err(SubmitError::new(Error::StaleToken(t.token().as_u64()), op));
         };
-        // The usual case first, without looking at a reconnection's device (and without
-        // building the pair of options the other cases match: issue 33).
-        let (device, tail) = match c.placed {
-            Some(p) if c.can_submit() => (p.device, p.tail),
+        let (device, gate) = match c.placed {
+            Some(p) if c.can_submit() => {
+                debug_assert_eq!(c.gate, gate_of(c, &self.cfg), "{:?}: a gate not refreshed", t.token());
+                (p.device, c.gate)
+            }
             _ => match c.waiting_device(&self.devices) {
                 // Reconnecting (`conn/reconnect.rs`): a two-sided operation waits for the new
                 // queue pair; it is checked against the last one's device and peer.
-                Some(Ok(device)) if !op.body.one_sided() => (device, false),
+                Some(Ok(device)) if !op.body.one_sided() => (device, gate_of(c, &self.cfg)),
                 // ... unless that device was removed (and released): nothing to check it
                 // against, and its buffers could never go on the new queue pair.
                 Some(Err(e)) if !op.body.one_sided() => return Err(SubmitError::new(e, op)),
@@ -212,98 +164,80 @@ impl Core {
             },
         };
         let pool = &self.devices[device].pool;
-        // Everything below reads the body's shape, taken in one match (issue 33: a match
-        // each was about 30 instructions a submission).
-        let shape = Shape::of(&op.body);
-        if let Some((b, keep)) = shape.buf {
-            if !pool.owns(b) {
-                return Err(SubmitError::new(Error::Config("the buffer belongs to another device's pool".into()), op));
+        // The checks, in one match on the body (issue 33: a match each was about 30
+        // instructions a submission): the pool's ownership of a buffer, then the gate's,
+        // then the operation's own bounds; each refusal gives the operation back.
+        let (lanes, token) = (&c.lanes, t.token());
+        let backlog = |pool_len: usize| {
+            let (queued, bytes) = lanes.backlog();
+            gate.backlog(queued, lanes.free_slots(), bytes, pool_len)
+        };
+        let owned = |b: &Buf| {
+            if pool.owns(b) {
+                Ok(())
+            } else {
+                Err(Error::Config("the buffer belongs to another device's pool".into()))
             }
-            // Used by this connection now: every byte of the chunk it is not given is foreign
-            // to it (`sys/pool/mod.rs`).
-            // A receive's marks are set where its slot is made (`Slot::recv_on`, below), and a
-            // send's (`Slot::send_on`).
-            if !matches!(shape.opcode, OpCode::Recv | OpCode::Send) {
-                b.set_owner(c.mem_owner, keep);
-            }
-        }
-        let len = shape.len;
-        if own_receive_refused(self.cfg.srq.is_some(), c.srq_share.is_some(), &op.body) {
-            let what = format!(
-                "connection {:?} takes its receives from the shared receive queue (Config::srq): \
-                 the runtime posts them",
-                t.token()
-            );
-            return Err(SubmitError::new(Error::Config(what), op));
-        }
-        let limit = match shape.limit {
-            // The smaller of both sides' announced sizes (the one size contract): the peer's is
-            // the size of the receives it posts, ours what we said we send.
-            Limit::MsgSize => {
-                let peer = c
-                    .infos
-                    .peer
-                    .as_ref()
-                    .map(|i| i.msg_size as usize)
-                    .filter(|m| *m > 0)
-                    .map(|m| (m, "the peer's receive size, the msg_size of its connect information"));
-                let own = Some(c.infos.local.msg_size as usize)
-                    .filter(|m| *m > 0)
-                    .map(|m| (m, "this side's announced message size (ConnectOptions::msg_size, or Config::msg_size)"));
-                match (peer, own) {
-                    (Some(p), Some(o)) => Some(if o.0 < p.0 { o } else { p }),
-                    (p, o) => p.or(o),
+        };
+        let checked: Result<(), Error> = (|| {
+            let refused = |r: Refusal| r.into_error(token);
+            match &op.body {
+                Body::Recv(b) => {
+                    owned(b)?;
+                    gate.recv().map_err(refused)
+                }
+                Body::RawRecv(_) | Body::RecvRegion(_) => gate.recv().map_err(refused),
+                Body::Send(b) => {
+                    owned(b)?;
+                    gate.message(b.len()).map_err(refused)?;
+                    backlog(b.len()).map_err(refused)
+                }
+                Body::RawSend(r) => {
+                    gate.message(r.len as usize).map_err(refused)?;
+                    backlog(0).map_err(refused)
+                }
+                Body::SendRegion(s) => {
+                    gate.message(s.len()).map_err(refused)?;
+                    backlog(0).map_err(refused)
+                }
+                Body::Write(b, r) | Body::WriteImm(b, r) => {
+                    owned(b)?;
+                    gate.one_sided(matches!(op.body, Body::WriteImm(..))).map_err(refused)?;
+                    within(b.len(), r.len as usize, "the peer's exposed length")?;
+                    backlog(b.len()).map_err(refused)
+                }
+                Body::Read(b, r) => {
+                    owned(b)?;
+                    gate.one_sided(false).map_err(refused)?;
+                    within(r.len as usize, b.capacity(), "the local buffer's capacity")?;
+                    backlog(r.len as usize).map_err(refused)
+                }
+                Body::WriteRegion(s, r) => {
+                    gate.one_sided(false).map_err(refused)?;
+                    within(s.len(), r.len as usize, "the peer's exposed length")?;
+                    backlog(0).map_err(refused)
+                }
+                Body::ReadRegion(s, r) => {
+                    gate.one_sided(false).map_err(refused)?;
+                    within(r.len as usize, s.len(), "the local region slice's length")?;
+                    backlog(0).map_err(refused)
                 }
             }
-            Limit::Remote(n) => Some((n, "the peer's exposed length")),
-            Limit::Buf(n) => Some((n, "the local buffer's capacity")),
-            Limit::Slice(n) => Some((n, "the local region slice's length")),
-            Limit::None => None,
-        };
-        if tail && shape.write_imm {
-            // No immediate data on this transport (`proto::transport`).
-            let what = "an RDMA WRITE with immediate data (Op::write_imm): this connection's device has no \
-                        immediate data (iWARP); post an Op::write, then an Op::send to notify the peer (RC keeps \
-                        their order)";
-            return Err(SubmitError::new(Error::Unsupported(what.into()), op));
-        }
-        if let Some((max, limit)) = limit.filter(|(max, _)| len > *max) {
-            return Err(SubmitError::new(Error::TooLarge { len, max, limit }, op));
-        }
-        // What waits unposted on the send queue is bounded (`Config::send_backlog`, review M1):
-        // a peer that takes our messages slowly or grants no credit cannot make a handler that
-        // answers every message hold an unbounded queue of pool buffers. Only an operation
-        // that would wait beyond the queue pair's free send slots is checked: what the next
-        // post can take is never refused. Pool bytes are counted (a region or raw memory is
-        // the application's, not the shared pool's).
-        let pool_len = shape.pool_len;
-        let opcode = shape.opcode;
-        if opcode != OpCode::Recv {
-            let (ops, bytes) = c.lanes.backlog();
-            let free = c.lanes.free_slots();
-            let refused = if ops < free {
-                None
-            } else if ops - free >= self.cfg.send_backlog {
-                Some(("Config::send_backlog", self.cfg.send_backlog as usize))
-            } else if bytes > 0 && bytes.saturating_add(pool_len) > self.cfg.send_backlog_bytes {
-                Some(("Config::send_backlog_bytes", self.cfg.send_backlog_bytes))
-            } else {
-                None
-            };
-            if let Some((what, limit)) = refused {
+        })();
+        if let Err(e) = checked {
+            if matches!(e, Error::Limit { .. }) {
                 self.stats.backlog_refusals += 1;
-                return Err(SubmitError::new(Error::Limit { what, limit }, op));
             }
+            return Err(SubmitError::new(e, op));
         }
-        // A region is registered on this device at its first operation here.
-        let region = if shape.region { op.body.region() } else { None };
-        let lkey = match region.map(|s| s.region().lkey(&self.devices[device].pd)) {
+        // A region is registered on this device at its first operation here (cold).
+        let lkey = match op.body.region().map(|s| s.region().lkey(&self.devices[device].pd)) {
             None => 0,
             Some(Ok(lkey)) => lkey,
             Some(Err(e)) => return Err(SubmitError::new(e, op)),
         };
         // On iWARP a READ's sink takes a registration of its own with remote write
-        // (`op::Rare::Sink`).
+        // (`Slot::with_sink`).
         let sink = if self.devices[device].caps.tail() {
             match crate::reactor::data::op::read_sink(&op, &self.devices[device].pd) {
                 Ok(m) => m,
@@ -312,8 +246,9 @@ impl Core {
         } else {
             None
         };
-        // On the connection's lanes, made in its slot (issue 47): a receive's owner marks and
-        // every operation's scatter entry are set there (a send's marks were set above).
+        // On the connection's lanes, made in its slot (issue 47): the owner marks (every byte
+        // of the chunk the connection is not given is foreign to it, `sys/pool/mod.rs`) and
+        // the scatter entry are set there, after every check.
         let (owner, Op { body, user_data }) = (c.mem_owner, op);
         let with_sink = |slot: Slot<Buf>| match sink {
             Some(mr) => slot.with_sink(mr),
@@ -325,9 +260,19 @@ impl Core {
             Body::Recv(buf) => lanes.submit_recv_with(|| Slot::recv_on(buf, owner, user_data)),
             Body::RecvRegion(s) => lanes.submit_recv(Slot::region(OpCode::Recv, s, lkey, None, user_data)),
             Body::RawRecv(raw) => lanes.submit_recv(Slot::raw(OpCode::Recv, raw, user_data)),
-            Body::Write(buf, r) => lanes.submit_send(Slot::write(buf, r, false, user_data)),
-            Body::WriteImm(buf, r) => lanes.submit_send(Slot::write(buf, r, true, user_data)),
-            Body::Read(buf, r) => lanes.submit_send(with_sink(Slot::read(buf, r, user_data))),
+            Body::Write(buf, r) => {
+                buf.set_owner(owner, buf.len());
+                lanes.submit_send(Slot::write(buf, r, false, user_data))
+            }
+            Body::WriteImm(buf, r) => {
+                buf.set_owner(owner, buf.len());
+                lanes.submit_send(Slot::write(buf, r, true, user_data))
+            }
+            Body::Read(buf, r) => {
+                // The device overwrites what it reads into: none of it is given.
+                buf.set_owner(owner, 0);
+                lanes.submit_send(with_sink(Slot::read(buf, r, user_data)))
+            }
             Body::RawSend(raw) => lanes.submit_send(Slot::raw(OpCode::Send, raw, user_data)),
             Body::SendRegion(s) => lanes.submit_send(Slot::region(OpCode::Send, s, lkey, None, user_data)),
             Body::WriteRegion(s, r) => lanes.submit_send(Slot::region(OpCode::Write, s, lkey, Some(r), user_data)),
@@ -734,25 +679,31 @@ pub(in crate::reactor) fn send_wr(op: &OpEntry, w: &Planned, max_inline: u32, ta
 
 #[cfg(test)]
 mod tests {
-    use super::own_receive_refused;
-    use crate::reactor::data::op::{Body, RawBuf};
+    use super::runtime_posts_receives;
+    use crate::reactor::data::gate::{Gate, Refusal};
+
+    /// The gate a connection's receives meet (`gate_of`): `srq` from the reactor's mode or
+    /// the connection's share.
+    fn gate(srq_mode: bool, on_srq: bool) -> Gate {
+        Gate::new(true, runtime_posts_receives(srq_mode, on_srq), false, None, 0, 1, 1)
+    }
 
     /// Review L3 (b): a client of an SRQ reactor waiting to reconnect holds no share
     /// (`srq_share` is `None` until its new queue pair), and a receive it was given then could
     /// never be posted; the reactor's SRQ config refuses it, share or not.
     #[test]
     fn an_srq_reactor_refuses_own_receives_also_while_a_connection_waits_to_reconnect() {
-        let raw = RawBuf { addr: 0x1000, len: 64, lkey: 7 };
         // Established on the SRQ: a share.
-        assert!(own_receive_refused(true, true, &Body::RawRecv(raw)));
+        assert_eq!(gate(true, true).recv(), Err(Refusal::OwnReceive));
         // Waiting to reconnect: no share, the reactor's SRQ all the same.
-        assert!(
-            own_receive_refused(true, false, &Body::RawRecv(raw)),
+        assert_eq!(
+            gate(true, false).recv(),
+            Err(Refusal::OwnReceive),
             "a receive submitted while waiting to reconnect on an SRQ reactor must be refused"
         );
         // Sends go on; without an SRQ receives are the application's.
-        assert!(!own_receive_refused(true, false, &Body::RawSend(raw)));
-        assert!(!own_receive_refused(true, true, &Body::RawSend(raw)));
-        assert!(!own_receive_refused(false, false, &Body::RawRecv(raw)));
+        assert_eq!(gate(true, false).message(64), Ok(()));
+        assert_eq!(gate(true, true).message(64), Ok(()));
+        assert_eq!(gate(false, false).recv(), Ok(()));
     }
 }
