@@ -3,8 +3,9 @@
 //!
 //! Most of what a submission is checked against changes only when the connection's state or
 //! flow does: whether it may queue at all (it has a queue pair and is connected: `can_submit`),
-//! whether its receives are the runtime's (a shared receive queue), whether its device has
-//! immediate data (iWARP has none: `Op::write_imm` is refused), the largest message (the
+//! whether its receives are the runtime's (a shared receive queue), whether its queue pair
+//! carries immediate data (one framed with tails, iWARP's, does not: `Op::write_imm` is
+//! refused), the largest message (the
 //! smaller of both sides' announced sizes, the one size contract) and the backlog bounds
 //! (`Config::send_backlog`, `send_backlog_bytes`). [`Gate::new`] computes them when that state
 //! changes (`ConnEntry::refresh_gate`: the queue pair's setup, the peer's connect information,
@@ -15,9 +16,12 @@
 //! What stays per operation: the buffer's pool (one pointer compare) and its owner marks, the
 //! operation's own bounds (a WRITE's remote slice, a READ's target), the backlog against the
 //! ring's live counters ([`Gate::backlog`]), and the cold cases (a region's first registration
-//! on the device, an iWARP READ's sink). A closed gate sends the submission to the slow path,
-//! which says exactly why (reconnecting, not connected, a device gone: today's messages, built
-//! only when refusing); so do the refusals here ([`Refusal::into_error`]).
+//! on the device, an iWARP READ's sink). A connection that cannot submit takes `Core::submit`'s
+//! slow path, which says exactly why (reconnecting, not connected, a device gone: the messages
+//! are built only when refusing); so do the refusals here ([`Refusal::into_error`]).
+//! `Gate::CLOSED` is what a connection holds before its queue pair and while it waits to
+//! reconnect: read by the fast path it would refuse everything (only a missed recomputation
+//! could make it, which debug builds assert against).
 //!
 //! Pure: no FFI, no connection table. Unit-tested below.
 

@@ -82,8 +82,8 @@ fn runtime_posts_receives(srq_mode: bool, on_srq: bool) -> bool {
     srq_mode || on_srq
 }
 
-/// What `Core::submit` reads of an operation to queue it, for `crate::bench_internals`: its
-/// opcode and the pool bytes it holds while it waits.
+/// An operation's opcode and the pool bytes it holds while it waits (what the backlog counts),
+/// for `crate::bench_internals`.
 #[cfg(feature = "bench-internals")]
 pub(crate) fn queue_shape(op: &Op) -> (OpCode, usize) {
     let pool_len = match &op.body {
