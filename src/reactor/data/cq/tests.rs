@@ -518,6 +518,26 @@ mod ring {
         assert_eq!(deliver(&mut conns, &wc(again[1], 8, Some(Imm::data(0)))), (2, Ok(8)));
     }
 
+    /// A connection under flow control with receives 1-3 posted (their `wr_id`s returned) and
+    /// 4 queued, whose peer has spent every credit: its next message is beyond the credit.
+    fn overdrawn_after_three_posted(
+        conns: &mut GenSlab<ConnKey, TestConn>,
+        epochs: &mut Vec<u16>,
+    ) -> (ConnKey, Vec<u64>) {
+        let t = conns.insert(conn(flow(4)));
+        new_qp(conns, epochs, t);
+        for u in 1..=3 {
+            submit(conns, t, u);
+        }
+        let ids = post(conns, t);
+        submit(conns, t, 4);
+        let f = conns.get_mut(t).unwrap().lanes.flow_mut().unwrap();
+        while !f.exhausted() {
+            f.on_receive(Imm::data(0));
+        }
+        (t, ids)
+    }
+
     /// A message beyond the credit (review M1): the receive goes to the side list (counted
     /// nowhere, reaching no handler), the connection's teardown cancels it after the posted
     /// ones, and a reconnection posts it first on the new queue pair.
@@ -525,17 +545,7 @@ mod ring {
     fn an_overdrawn_receive_waits_in_the_side_list_for_teardown_or_the_next_queue_pair() {
         let mut epochs = Vec::new();
         let mut conns: GenSlab<ConnKey, TestConn> = GenSlab::new();
-        let a = conns.insert(conn(flow(4)));
-        new_qp(&mut conns, &mut epochs, a);
-        for u in 1..=3 {
-            submit(&mut conns, a, u);
-        }
-        let ids = post(&mut conns, a);
-        submit(&mut conns, a, 4);
-        let f = conns.get_mut(a).unwrap().lanes.flow_mut().unwrap();
-        while !f.exhausted() {
-            f.on_receive(Imm::data(0));
-        }
+        let (a, ids) = overdrawn_after_three_posted(&mut conns, &mut epochs);
         let out = complete(&mut conns, &wc(ids[0], 8, Some(Imm::data(0))));
         assert!(matches!(out, Some((_, RecvOutcome::Overdrawn))), "{out:?}");
         assert!(stale(complete(&mut conns, &wc(ids[0], 8, None))), "in the side list: no position of the window");
@@ -552,17 +562,7 @@ mod ring {
         ];
         assert_eq!(done, want);
         // The same again, carried to a new queue pair instead: the side list goes first.
-        let b = conns.insert(conn(flow(4)));
-        new_qp(&mut conns, &mut epochs, b);
-        for u in 1..=3 {
-            submit(&mut conns, b, u);
-        }
-        let ids = post(&mut conns, b);
-        submit(&mut conns, b, 4);
-        let f = conns.get_mut(b).unwrap().lanes.flow_mut().unwrap();
-        while !f.exhausted() {
-            f.on_receive(Imm::data(0));
-        }
+        let (b, ids) = overdrawn_after_three_posted(&mut conns, &mut epochs);
         assert!(matches!(complete(&mut conns, &wc(ids[0], 8, None)), Some((_, RecvOutcome::Overdrawn))));
         let c = conns.get_mut(b).unwrap();
         let epoch = c.lanes.epoch();
