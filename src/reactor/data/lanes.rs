@@ -60,7 +60,10 @@
 //! `IndexBuf` (`sys/pool/index.rs`), so the reactor can move onto the lanes before or after it
 //! moves onto the new buffer.
 //!
-//! No FFI: the work-request arrays are `sys`'s, posted by `sys::qp`. Unit tests below, and a
+//! No FFI: the work-request arrays are `sys`'s, posted by `sys::qp`. Its one `unsafe` block
+//! reads a received tail out of caller memory (`Slot::received_tail`): that memory is the
+//! application's under `Conn::submit_raw`'s contract, which only the slot holding the receive
+//! can vouch for, so the read stays here with its SAFETY argument. Unit tests below, and a
 //! differential test that drives `SendQueue` (`send_queue/`, compiled for it) and the lanes with
 //! the same random scripts and compares every chain they post.
 

@@ -4,6 +4,12 @@
 //! write their work requests in place; issue 47 phase 2); this file checks submissions and
 //! does the FFI step.
 //!
+//! **Why `unsafe` here, outside `src/sys/`.** The two posts (`Qp::post_recv_run`,
+//! `Qp::post_send_run`) are `src/sys/`'s, and unsafe because the device reads or writes the
+//! memory each request names until its completion: only the data path knows who holds that
+//! memory (the slots on the connection's lanes), so the caller states it, in the SAFETY comment
+//! at each call.
+//!
 //! [`Lanes::plan_sends`]: crate::reactor::data::lanes::Lanes::plan_sends
 //! [`Lanes::plan_recvs`]: crate::reactor::data::lanes::Lanes::plan_recvs
 

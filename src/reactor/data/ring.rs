@@ -43,6 +43,12 @@
 //! leave the ring for the connection's side list (`data/lanes.rs`).
 //!
 //! Pure: no FFI. Unit tests below script every case.
+//!
+//! **Why `unsafe` here, outside `src/sys/`.** `src/sys/` owns what the C libraries hand out;
+//! the three unsafe blocks here touch nothing of theirs: two index the slot array without a
+//! bounds check (`slot`, `slot_mut`: the mask keeps the index in range, asserted in debug
+//! builds) and one writes a slot known to hold `None` without dropping it (`fill`). They are the
+//! ring's own invariants, so they live with the ring, each with its SAFETY argument.
 
 use std::collections::VecDeque;
 
