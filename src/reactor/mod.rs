@@ -149,6 +149,12 @@ pub(crate) struct Core {
     shutting_down: bool,
     /// The first panic of a user callback in this tick, resumed at its end.
     panic: Option<Box<dyn std::any::Any + Send>>,
+    /// The connections whose handler is running, innermost last (`api/guard.rs`,
+    /// `Core::call_conn`): a callback of one of them is not called inside its own.
+    calling: Vec<ConnKey>,
+    /// Handlers of connections destroyed while their call ran (`conn/teardown.rs`), dropped
+    /// once no call runs (`Core::call_conn`). Empty outside such a call.
+    parked: Vec<api::guard::Guarded<dyn ConnectionHandler>>,
     /// Agents in the accepting state (accepted, not yet established), for
     /// `Config::max_pending_accepts`.
     accepting: usize,
@@ -276,6 +282,8 @@ impl Reactor {
                 addr_reserved: std::collections::HashMap::new(),
                 penalties: Default::default(),
                 panic: None,
+                calling: Vec::with_capacity(4),
+                parked: Vec::new(),
                 #[cfg(feature = "fault-injection")]
                 faults: api::faults::Faults::default(),
                 stats: Stats::default(),

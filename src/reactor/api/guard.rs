@@ -9,36 +9,48 @@
 //! of `run_once` (the reactor does not swallow it). Dropping the reactor discards a panic
 //! caught during its shutdown.
 //!
+//! # Where a handler lies while it runs
+//!
+//! A connection's handler stays in its entry for the call ([`Core::call_conn`]): the entry
+//! owns it through a raw pointer ([`Guarded`]), the call reaches it through a copy of that
+//! pointer ([`HandlerRef`]) while the handler's context borrows the whole core. Taking it out
+//! and putting it back cost two look-ups a call (issue 47). **Why `unsafe` here, outside
+//! `src/sys/`**: what it guards is the reactor's own rule (one call of a handler at a time, its
+//! owner alive for the call: `Core::calling`, `Core::parked`), nothing of the C libraries'.
+//!
 //! Commands called from callbacks run at once (`connect`, `listen`, `alloc`, a close's
 //! `rdma_disconnect`); only posting (step 6) and destruction (step 8) wait for the end of the
 //! tick.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
 
 use crate::proto::token::{ConnKey, Key, ListenerKey};
 use crate::reactor::{Conn, ConnEntry, ConnectionHandler, Core, Ctx, ListenerHandler};
 
 impl Core {
-    /// Calls a connection's handler with a context. The handler is taken out of its entry for
-    /// the call, so the context can reach every other object mutably.
+    /// Calls a connection's handler with a context, the handler left where it is (in its
+    /// entry: see [`HandlerRef`]), so the context can reach every object mutably, other
+    /// connections' entries included.
     ///
-    /// A panic in the handler is resumed after the handler is back in its entry, so the
-    /// connection keeps its handler (see "Panics in callbacks" above).
+    /// A panic in the handler is kept and resumed at the end of the tick (see "Panics in
+    /// callbacks" above).
     pub(in crate::reactor) fn with_conn(
         &mut self,
         t: ConnKey,
         f: impl FnOnce(&mut dyn ConnectionHandler, &mut Conn<'_>),
     ) {
-        self.with_conn_between(t, |_| {}, f, |_, _| {});
+        let Some(c) = self.conns.get_mut(t) else { return };
+        let Some(h) = callable(c, t, &self.calling) else { return };
+        self.call_conn(t, h, f);
     }
 
     /// [`Core::with_conn`], with `first` run on the connection's entry in the lookup that
-    /// takes its handler (a completion's metering) and `last` in the lookup that puts it back,
-    /// with the tick's list of connections to post (`list_dirty`): what a completion leaves
-    /// to do is seen without a lookup of its own (issue 33). Neither runs for a connection
-    /// that is gone. When its handler is out (a callback of its own is running), both run at
-    /// once; otherwise `last` runs after the handler, if the connection is still there.
-    #[inline]
+    /// finds its handler (a completion's metering) and `last` after the handler, in a lookup of
+    /// its own, with the tick's list of connections to post (`list_dirty`). Neither runs for a
+    /// connection that is gone. When its handler cannot be called (a callback of its own is
+    /// running), both run at once. The completion paths of `data/cq/mod.rs` do their work
+    /// before the call and need no `last`: this is for the shared receive queue's.
     pub(in crate::reactor) fn with_conn_between(
         &mut self,
         t: ConnKey,
@@ -48,16 +60,45 @@ impl Core {
     ) {
         let Some(c) = self.conns.get_mut(t) else { return };
         first(c);
-        let Some(mut h) = c.handler.take() else {
+        let Some(h) = callable(c, t, &self.calling) else {
             return last(c, &mut self.work.dirty);
         };
-        let r = catch_unwind(AssertUnwindSafe(|| {
-            let mut conn = Conn::new(self, t);
-            f(&mut *h, &mut conn);
-        }));
+        self.call_conn(t, h, f);
         if let Some(c) = self.conns.get_mut(t) {
-            c.handler = Some(h);
             last(c, &mut self.work.dirty);
+        }
+    }
+
+    /// Calls connection `t`'s handler `h` (from [`callable`] on its entry, in the same look-up
+    /// as the caller's other work on it) under a panic guard: the one place a connection
+    /// handler is called from while its connection lives. The connection is on the stack of
+    /// running calls (`Core::calling`) for the call, so no callback of its own runs inside it.
+    #[inline]
+    pub(in crate::reactor) fn call_conn(
+        &mut self,
+        t: ConnKey,
+        h: HandlerRef,
+        f: impl FnOnce(&mut dyn ConnectionHandler, &mut Conn<'_>),
+    ) {
+        self.calling.push(t);
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: `h` is the address of the handler owned by connection `t`'s entry
+            // (`Guarded`, a raw owner: nothing moving the entry or the table asserts
+            // uniqueness over it). It stays allocated for the call: an entry's handler is
+            // never replaced, and the one teardown that could drop it while it runs
+            // (`destroy_conn`) parks it in `Core::parked` instead while `t` is on the stack of
+            // running calls, freed only once the stack is empty. No other reference to it
+            // exists during the call: a handler is reached only through `call_conn` (after
+            // `callable` refused a connection on the stack, as `t` now is) or, once its entry
+            // is gone, by the teardown that owns it; `Conn` reaches the core, never a handler.
+            #[allow(unsafe_code)]
+            let h = unsafe { &mut *h.0.as_ptr() };
+            f(h, &mut Conn::new(self, t));
+        }));
+        self.calling.pop();
+        if !self.parked.is_empty() && self.calling.is_empty() {
+            // Each under its own guard (`Guarded`'s `Drop`).
+            self.parked.clear();
         }
         self.caught(r);
     }
@@ -117,16 +158,40 @@ thread_local! {
     static DROP_PANICKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Connection `t`'s handler, if it can be called now: it has one (teardown takes it), and no
+/// callback of its own is running (`calling`, `Core::calling`'s stack). Read in the look-up that
+/// does the rest of the caller's work on the entry `c`; called with [`Core::call_conn`].
+#[inline]
+pub(in crate::reactor) fn callable(c: &ConnEntry, t: ConnKey, calling: &[ConnKey]) -> Option<HandlerRef> {
+    let h = c.handler.as_ref()?;
+    if calling.contains(&t) {
+        return None;
+    }
+    Some(HandlerRef(h.0))
+}
+
+/// The address of a connection's handler, for one call ([`Core::call_conn`]): the handler
+/// stays in its entry (the plan's "handlers beside the connection table": no take-out and
+/// put-back look-ups around a call).
+#[derive(Clone, Copy)]
+pub(in crate::reactor) struct HandlerRef(NonNull<dyn ConnectionHandler>);
+
 /// A user handler, boxed, whose `Drop` runs under a panic guard: a panic in it is caught and
 /// resumed at the end of the tick like a callback's, so it cannot unwind out of the reactor's
 /// bookkeeping (a reap that stopped half way would leave the rest of the closing connections
 /// without `on_closed` or destruction until shutdown: the hostile review's finding 8). Every
 /// connection and listener handler is held in one, wherever it is dropped.
-pub(crate) struct Guarded<T: ?Sized>(Option<Box<T>>);
+///
+/// It owns the handler through a raw pointer (from `Box::into_raw`, back to a `Box` only in
+/// `Drop`), not a `Box`: a connection's handler is called where it lies while the core, its
+/// entry included, is borrowed mutably by the handler's context ([`Core::call_conn`]), and a
+/// `Box` moved or borrowed meanwhile (the table growing, the entry read) would claim the unique
+/// access the call holds.
+pub(crate) struct Guarded<T: ?Sized>(NonNull<T>);
 
 impl<T: ?Sized> Guarded<T> {
     pub(in crate::reactor) fn new(handler: Box<T>) -> Guarded<T> {
-        Guarded(Some(handler))
+        Guarded(NonNull::from(Box::leak(handler)))
     }
 }
 
@@ -134,27 +199,126 @@ impl<T: ?Sized> std::ops::Deref for Guarded<T> {
     type Target = T;
 
     fn deref(&self) -> &T {
-        self.0.as_deref().expect("present until dropped")
+        // SAFETY: the pointer came from a live `Box` this value owns until `Drop`; a shared
+        // borrow of `self` excludes the unique one `call_conn` makes only of a handler whose
+        // owner it does not borrow (the entry stays in the table, untouched, for the call).
+        #[allow(unsafe_code)]
+        unsafe {
+            self.0.as_ref()
+        }
     }
 }
 
 impl<T: ?Sized> std::ops::DerefMut for Guarded<T> {
     fn deref_mut(&mut self) -> &mut T {
-        self.0.as_deref_mut().expect("present until dropped")
+        // SAFETY: as `deref`; the reactor borrows a connection's handler through its owner
+        // only once it owns it alone (a teardown that took it out of its entry, after
+        // `destroy_conn` checked that no call of it runs), and a listener's always so.
+        #[allow(unsafe_code)]
+        unsafe {
+            self.0.as_mut()
+        }
     }
 }
 
 impl<T: ?Sized> Drop for Guarded<T> {
     fn drop(&mut self) {
-        if let Some(handler) = self.0.take() {
-            if let Err(panic) = catch_unwind(AssertUnwindSafe(move || drop(handler))) {
-                // Past the thread-local's destruction (a reactor in a thread-local being
-                // dropped), the panic has nowhere to go and is discarded.
-                let _ = DROP_PANIC.try_with(|p| {
-                    p.borrow_mut().get_or_insert(panic);
-                });
-                let _ = DROP_PANICKED.try_with(|f| f.set(true));
+        // SAFETY: the pointer came from `Box::leak` in `new` and is turned back into its box
+        // once, here; no call of the handler runs (see `Core::call_conn` on parking).
+        #[allow(unsafe_code)]
+        let handler = unsafe { Box::from_raw(self.0.as_ptr()) };
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(move || drop(handler))) {
+            // Past the thread-local's destruction (a reactor in a thread-local being
+            // dropped), the panic has nowhere to go and is discarded.
+            let _ = DROP_PANIC.try_with(|p| {
+                p.borrow_mut().get_or_insert(panic);
+            });
+            let _ = DROP_PANICKED.try_with(|f| f.set(true));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    use super::{callable, Guarded, DROP_PANIC, DROP_PANICKED};
+    use crate::proto::conn::Client;
+    use crate::proto::token::{ConnKey, GenSlab, Key};
+    use crate::reactor::conn::entry::{ConnEntry, Role};
+    use crate::reactor::{Completion, Conn, ConnectionHandler};
+
+    /// Counts its drops in `drops`; panics in `Drop` when `panic_on_drop`.
+    struct Counted {
+        drops: Rc<Cell<u32>>,
+        panic_on_drop: bool,
+    }
+
+    impl ConnectionHandler for Counted {
+        fn on_completion(&mut self, _: &mut Conn<'_>, _: Completion) {}
+    }
+
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.drops.set(self.drops.get() + 1);
+            if self.panic_on_drop {
+                panic!("a handler's drop panics");
             }
         }
+    }
+
+    fn entry(drops: &Rc<Cell<u32>>, panic_on_drop: bool) -> ConnEntry {
+        let h = Counted { drops: drops.clone(), panic_on_drop };
+        ConnEntry::new(Role::Client(Client::resolving().0), Box::new(h), 16, Default::default())
+    }
+
+    /// A handler is callable only while it is in its entry and no call of its own runs: the
+    /// stack of running calls names connections by key, so another connection's call (or one of
+    /// an earlier connection at the same slot) does not refuse it.
+    #[test]
+    fn a_handler_is_not_callable_inside_its_own_call() {
+        let drops = Rc::new(Cell::new(0));
+        let mut conns: GenSlab<ConnKey, ConnEntry> = GenSlab::new();
+        let a = conns.insert(entry(&drops, false));
+        let b = conns.insert(entry(&drops, false));
+        assert!(callable(conns.get(a).unwrap(), a, &[]).is_some());
+        assert!(callable(conns.get(a).unwrap(), a, &[b]).is_some(), "another connection's call runs");
+        assert!(callable(conns.get(a).unwrap(), a, &[b, a]).is_none(), "its own call runs");
+        assert!(callable(conns.get(b).unwrap(), b, &[b]).is_none());
+        // Slot a again, another generation: a call of the old connection does not refuse it.
+        conns.remove(a);
+        let a2 = conns.insert(entry(&drops, false));
+        assert_eq!(a2.token().index(), a.token().index());
+        assert!(callable(conns.get(a2).unwrap(), a2, &[a]).is_some());
+        // Taken by teardown: nothing to call.
+        let taken = conns.get_mut(b).unwrap().handler.take();
+        assert!(callable(conns.get(b).unwrap(), b, &[]).is_none());
+        drop(taken);
+        assert_eq!(drops.get(), 2, "a and b's handlers dropped once each");
+        drop(conns);
+        assert_eq!(drops.get(), 3);
+    }
+
+    /// `Guarded` owns its handler through a raw pointer: dropped exactly once, with its entry or
+    /// wherever it was moved, and a panic in its `Drop` is kept for the tick (not unwound into
+    /// the reactor's bookkeeping).
+    #[test]
+    fn a_guarded_handler_is_dropped_once_and_its_drop_panic_is_kept() {
+        let drops = Rc::new(Cell::new(0));
+        let g: Guarded<dyn ConnectionHandler> =
+            Guarded::new(Box::new(Counted { drops: drops.clone(), panic_on_drop: false }));
+        let moved = vec![g];
+        assert_eq!(drops.get(), 0);
+        drop(moved);
+        assert_eq!(drops.get(), 1);
+
+        let g: Guarded<dyn ConnectionHandler> =
+            Guarded::new(Box::new(Counted { drops: drops.clone(), panic_on_drop: true }));
+        drop(g);
+        assert_eq!(drops.get(), 2);
+        assert!(DROP_PANICKED.with(|f| f.replace(false)), "the panic is flagged for the tick");
+        let panic = DROP_PANIC.with(|p| p.borrow_mut().take()).expect("kept");
+        assert_eq!(panic.downcast_ref::<&str>(), Some(&"a handler's drop panics"));
     }
 }

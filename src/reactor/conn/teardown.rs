@@ -173,7 +173,14 @@ impl Core {
             self.user_timers.remove(k);
         }
         let reason = c.close_reason.take().unwrap_or(CloseReason::Local);
-        let handler = c.handler.take();
+        let mut handler = c.handler.take();
+        if self.calling.contains(&t) {
+            // Destroyed while a callback of its own runs (the reap runs at the end of the
+            // tick, outside every callback, so this is a safeguard): its handler is in use,
+            // so it hears nothing more and is dropped once no call runs (`Core::call_conn`).
+            debug_assert!(false, "a connection destroyed inside its own callback");
+            self.parked.extend(handler.take());
+        }
         self.release_conn_cq(t, cq, recv_room);
         drop(c);
         if let Some(mut h) = handler {

@@ -729,7 +729,7 @@ impl<B: LaneBuf> SentOp<'_, B> {
 
     /// [`Lanes::wants_post`] (unchanged by the take: a send completion gives back send slots
     /// and CQ room, which it does not read): the host benchmark's question at the last
-    /// operation (the reactor asks it after the handler, `after_completion`).
+    /// operation (the reactor's `after_completion` asks it before the last handler).
     #[cfg(feature = "bench-internals")]
     #[inline(always)]
     pub(crate) fn wants_post(&self) -> bool {

@@ -12,6 +12,7 @@ use crate::proto::conn::{CloseReason, Input, State};
 use crate::proto::flow::Farewell;
 use crate::proto::op::WcStatus;
 use crate::proto::token::{ConnKey, CqKey, Dir, GenSlab, Key, Kind, Token, WrId};
+use crate::reactor::api::guard::{callable, HandlerRef};
 use crate::reactor::data::cq_room::CqRoom;
 use crate::reactor::data::lanes::{LaneBuf, Lanes, RecvOutcome};
 use crate::reactor::data::post::list_dirty;
@@ -466,35 +467,45 @@ impl Core {
     /// the runtime's own are dropped unseen (a credit-only message's success counted for the
     /// meter), the others reach the handler, the signaled one with the work completion's
     /// status, those before it with success. The entry that checked the epoch takes the first
-    /// operation; each handler after it is followed by two look-ups (the connection and its
-    /// CQ) for the next. Every request it completes counts as completed from the check on
-    /// (`Lanes::send_completed`), so each handler sees the others completed too.
+    /// operation, meters it and finds the handler ([`Core::hand_over`]); each handler after
+    /// it is followed by two look-ups (the connection and its CQ) for the next. Every request
+    /// it completes counts as completed from the check on (`Lanes::send_completed`), so each
+    /// handler sees the others completed too.
     fn complete_send(&mut self, ct: CqKey, wc: WorkCompletion) {
         let status = wc.status;
-        let Some((t, c, end)) = ring_send_completed(&mut self.conns, &wc, |c| &mut c.lanes) else {
+        let Some((t, mut c, end)) = ring_send_completed(&mut self.conns, &wc, |c| &mut c.lanes) else {
             self.stats.stale_completions += 1;
             return;
         };
-        // The CQ this completion came from is the connection's send CQ, which lives as long as
-        // the connection (both go in the tick's reap, the connection first).
-        let Some(e) = self.cqs.get_mut(ct) else { return };
-        let mut next = next_sent_done(c, t, &mut e.room, end, status, &mut self.work.dirty);
-        while let Some((done, more)) = next {
-            if !more {
-                self.deliver_completion_then(t, done.into());
+        loop {
+            // The CQ this completion came from is the connection's send CQ, which lives as
+            // long as the connection (both go in the tick's reap, the connection first).
+            let Some(e) = self.cqs.get_mut(ct) else {
+                debug_assert!(false, "a connection's CQ lives as long as it");
+                return;
+            };
+            let Some((done, more)) = next_sent_done(c, t, &mut e.room, end, status, &mut self.work.dirty) else {
                 break;
+            };
+            // The last operation's handler is the completion's last word: whether a draining
+            // connection is drained is asked after it (`after_work`), as after a receive's.
+            let check = !more && (status != WcStatus::Success || c.role.state().is_draining());
+            let h = meter_and_find(c, t, &done, &self.calling);
+            if let Some(h) = h {
+                self.call_conn(t, h, |h, conn| h.on_completion(conn, done.into()));
             }
-            self.deliver_completion(t, done.into());
+            if !more {
+                if check {
+                    self.after_work(t, status);
+                }
+                return;
+            }
             // Its handler ran: the connection is looked up again. Nothing a handler does
             // destroys it or empties its lanes (teardown runs in the tick's reap, after every
             // completion of the poll), so the rest of this completion's operations still lie
             // in the posted window, each taken once.
-            let Some(c) = self.conns.get_mut(t) else { break };
-            let Some(e) = self.cqs.get_mut(ct) else {
-                debug_assert!(false, "a connection's CQ lives as long as it");
-                break;
-            };
-            next = next_sent_done(c, t, &mut e.room, end, status, &mut self.work.dirty);
+            let Some(again) = self.conns.get_mut(t) else { return };
+            c = again;
         }
         self.after_work(t, status);
     }
@@ -518,9 +529,12 @@ impl Core {
     /// position in that ring's posted window whose slot holds a receive; anything else (an
     /// earlier queue pair's, a duplicate, a forged value) is counted stale and reaches no
     /// operation. The entry that checked the epoch serves the receive's rules
-    /// ([`ring_recv_completed`]: `Lanes::recv_completed`, the lanes' one implementation)
-    /// and the take of the completion; the handler is then called through
-    /// [`Core::deliver_completion_then`] (its own look-ups).
+    /// ([`ring_recv_completed`]: `Lanes::recv_completed`, the lanes' one implementation),
+    /// the take of the completion, its metering, what it leaves to post (`after_completion`)
+    /// and the handler's address: the handler is called where it lies ([`Core::call_conn`]),
+    /// and a successful receive of a connection that is not draining needs no look-up after
+    /// it (one look-up a completion). A failed one, or a draining connection's, is looked up
+    /// again after the handler for what it leaves to hear ([`Core::after_work`]).
     fn complete_ring(&mut self, wc: WorkCompletion) {
         let found = ring_recv_completed(&mut self.conns, &wc, |c| {
             let tail = c.placed.is_some_and(|p| p.tail);
@@ -541,9 +555,18 @@ impl Core {
                     // sends go, or receives wait to be posted.
                     list_dirty(c, t, &mut self.work.dirty);
                 }
-                // Taken out of its slot in the look-up that checked it.
+                // Taken out of its slot, metered, and what it leaves to post listed, in the
+                // look-up that checked it; the handler is called where it lies.
                 let done = c.lanes.take_recv(delivery);
-                self.deliver_completion_then(t, done.into());
+                after_completion(c, t, &mut self.work.dirty);
+                let check = wc.status != WcStatus::Success || c.role.state().is_draining();
+                if let Some(h) = meter_and_find(c, t, &done, &self.calling) {
+                    self.call_conn(t, h, |h, conn| h.on_completion(conn, done.into()));
+                }
+                if check {
+                    self.after_work(t, wc.status);
+                }
+                return;
             }
             RecvOutcome::Control { farewell } => {
                 // A credit-only message used this receive: it is queued again, unseen, first.
@@ -796,9 +819,10 @@ where
 /// The next operation of connection `t`'s (entry `c`) send completion ending before `end`
 /// (`Lanes::next_sent`), taken as its handler's completion with whether more follow; its CQ
 /// entry and those of the runtime's own before it go back to `room`, and the credit-only
-/// messages among those are counted. `None` when no operation for a handler is left: then
-/// the connection is listed in `dirty` if it has something to post (`after_completion`, which
-/// a handler's completion gets after its call instead).
+/// messages among those are counted. With the last operation (none follows), or `None` when
+/// no operation for a handler is left, the connection is listed in `dirty` if it has
+/// something to post (`after_completion`): before the last handler is called, since what the
+/// handler submits lists the connection itself (`Core::submit`).
 #[inline(always)]
 fn next_sent_done(
     c: &mut crate::reactor::ConnEntry,
@@ -819,10 +843,26 @@ fn next_sent_done(
     if sent > 0 {
         c.meter.credit_messages_sent(sent);
     }
-    if next.is_none() {
+    if !matches!(next, Some((_, true))) {
         after_completion(c, t, dirty);
     }
     next
+}
+
+/// Counts completion `done` for connection `t`'s meter (`Conn::metrics`: every completion of
+/// a live connection that reaches its handler is counted first) and finds its handler
+/// ([`callable`]), in the caller's look-up of its entry `c`. `None`: its handler cannot be
+/// called now (a callback of its own runs), and the completion is dropped, as one for a
+/// connection being destroyed.
+#[inline(always)]
+fn meter_and_find(
+    c: &mut crate::reactor::ConnEntry,
+    t: ConnKey,
+    done: &crate::reactor::data::lanes::Done<crate::sys::pool::Buf>,
+    calling: &[ConnKey],
+) -> Option<HandlerRef> {
+    c.meter.completed(done.opcode, &done.result);
+    callable(c, t, calling)
 }
 
 /// [`Core::after_completion`] on connection `t`'s entry `c`.
