@@ -26,10 +26,10 @@
 //!    they submit is posted in step 6.
 //! 6. Post the operations submitted during the tick: first each device's shared receive queue
 //!    refill (`data/srq/`, one chain per device), then one chain per queue pair and direction
-//!    (`data/post.rs`, planned by `data/send_queue/`). Then poll the CQs emptied in step 4 once more
-//!    (a send whose ACK came back during its post completes now, not after a wakeup), arm
-//!    them with `ibv_req_notify_cq` and poll again, so a completion that raced the arm is not
-//!    stranded (unless spinning, which leaves them unarmed; or when `block_on`'s future was
+//!    (`data/post.rs`, planned by the connections' lanes, `data/lanes.rs`). Then arm the CQs emptied in step 4 with
+//!    `ibv_req_notify_cq` and poll them once more: a send whose ACK came back during its post
+//!    completes now, not after a wakeup, and a completion that raced the arm is not stranded
+//!    (`Core::arm_and_poll`) (unless spinning, which leaves them unarmed; or when `block_on`'s future was
 //!    woken: `block_on` polls it, posts what it submitted and then arms, as here; a CQ left
 //!    unarmed is armed at the start of the next tick, before its wait).
 //! 7. Ack CQ events whose count reached the batch threshold.

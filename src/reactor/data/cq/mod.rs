@@ -306,14 +306,46 @@ impl Core {
     /// Polls one CQ: batches of up to 32 until it is empty or `budget` completions were
     /// reaped. An empty CQ is re-armed and polled once more (the arm/poll race); a CQ that used
     /// its budget stays hot for the next tick. Each step is [`after_poll`]'s decision.
+    #[inline]
     pub(in crate::reactor) fn poll_cq(&mut self, t: CqKey, budget: usize) -> usize {
+        self.poll_cq_from(t, budget, false)
+    }
+
+    /// Arms CQ `t` (emptied by a poll earlier in the tick, and left unarmed), then polls it as
+    /// [`Core::poll_cq`] does: what came since that poll (a send whose ACK came back while it
+    /// was posted) and what raced the arm are reaped now, in one poll where polling first, then
+    /// arming and polling again took two (issue 47, the tick: at most two polls a round trip in
+    /// event mode). Neither rxe nor siw raises an event for completions already in a CQ when it
+    /// is armed (Linux 6.1: `rxe_req_notify_cq` and `siw_req_notify_cq` only set the CQ's
+    /// notify flags, and `ibv_req_notify_cq` passes no `IB_CQ_REPORT_MISSED_EVENTS`), so the
+    /// completions reaped here cost no wakeup; one that lands after the arm raises an event,
+    /// in either order. A failed arm leaves the CQ unarmed: the poll then reaps what it holds
+    /// first and arms it again at the end, which fails the CQ (`after_poll`'s `ArmThenPoll`),
+    /// so a failed CQ never strands completions a poll could have reaped.
+    fn arm_and_poll(&mut self, t: CqKey, budget: usize) -> usize {
+        let Some(e) = self.cqs.get_mut(t).filter(|e| !e.failed && !e.armed) else {
+            return self.poll_cq(t, budget);
+        };
+        self.stats.cq_arms += 1;
+        let armed = e.cq.req_notify().is_ok();
+        if armed {
+            e.armed = true;
+            self.devices[e.device].armed += 1;
+        }
+        self.poll_cq_from(t, budget, armed)
+    }
+
+    /// [`Core::poll_cq`], the first poll closing the arm/poll race when `armed_now` (the
+    /// caller just armed the CQ: [`Core::arm_and_poll`]).
+    #[inline(always)]
+    fn poll_cq_from(&mut self, t: CqKey, budget: usize, armed_now: bool) -> usize {
         let Some(cq) = self.cqs.get(t).filter(|e| !e.failed).map(|e| e.cq.clone()) else { return 0 };
         // Uninitialised until a poll fills it: an empty poll costs no stores.
         let mut wcs = WcBatch::new();
         let mut left = budget;
         let mut found = 0;
         // The last call armed the CQ: this poll is the one that closes the race.
-        let mut just_armed = false;
+        let mut just_armed = armed_now;
         // Whether connections wait for room on it, read from the entry in hand where the poll
         // ends with it (issue 33: no look-up again); `None` where it ends without it.
         let wakes = loop {
@@ -397,11 +429,13 @@ impl Core {
     }
 
     /// Polls the CQs left unarmed (emptied during the tick, or spinning). With
-    /// `keep_spinning` false each is polled, armed and polled once more, so the reactor can
-    /// sleep. (Arming first and polling once was tried, issue 33: it saved one `ibv_poll_cq` a
-    /// tick, within event mode's spread of the count, but on a provider whose arm raises an
-    /// event at once for a CQ that still holds completions, a send completed during its post
-    /// would cost a wakeup, and a failed arm would fail the CQ with completions unreaped.)
+    /// `keep_spinning` false each is armed, then polled ([`Core::arm_and_poll`]), so the
+    /// reactor can sleep. (Issue 33 tried arming first and kept polling, arming and polling
+    /// again: on a provider whose arm raises an event at once for a CQ that still holds
+    /// completions, a send completed during its post would cost a wakeup, and a failed arm
+    /// would fail the CQ with completions unreaped. Neither holds: rxe and siw raise no such
+    /// event, and a failed arm now polls before it fails the CQ. Issue 47 measured the third
+    /// poll at about 110 instructions a round trip.)
     pub(in crate::reactor) fn poll_spinning(&mut self, keep_spinning: bool) -> usize {
         self.work.arm_now = !keep_spinning;
         let mut n = 0;
@@ -409,7 +443,11 @@ impl Core {
         for t in spinning.drain(..) {
             let Some(e) = self.cqs.get_mut(t) else { continue };
             e.spinning = false;
-            n += self.poll_cq(t, self.cfg.poll_budget);
+            n += if keep_spinning {
+                self.poll_cq(t, self.cfg.poll_budget)
+            } else {
+                self.arm_and_poll(t, self.cfg.poll_budget)
+            };
         }
         self.work.spinning.give_back(spinning);
         self.work.arm_now = false;

@@ -4,9 +4,9 @@
 //! The arm/poll race (catalogue case 25) on a model CQ with the notification semantics of
 //! `ibv_req_notify_cq(3)`: arming asks for one event at the *next* completion; completions
 //! already queued raise none. The driver below walks the same decisions as
-//! `Core::poll_cq` and `Core::tick` (poll hot CQs, post, then poll, arm and poll again the
-//! ones emptied), and a completion is injected at every point where the device could add
-//! one: before each poll and between the last empty poll and the arm.
+//! `Core::poll_cq` and `Core::tick` (poll hot CQs, post, then arm the ones emptied and poll
+//! them again: `Core::arm_and_poll`), and a completion is injected at every point where the
+//! device could add one: before each poll and between the last empty poll and the arm.
 
 use std::collections::VecDeque;
 
@@ -85,8 +85,10 @@ enum OnPollError {
 
 const BATCH: usize = 2;
 
-/// `Core::poll_cq`, on the model; `repoll: false` is the broken protocol that arms and
-/// stops, and `on_error` chooses how a failed poll is read.
+/// `Core::poll_cq` (or, `armed_now`, the poll of `Core::arm_and_poll` after its arm), on the
+/// model; `repoll: false` is the broken protocol that arms and stops, and `on_error` chooses
+/// how a failed poll is read.
+#[allow(clippy::too_many_arguments)]
 fn poll_cq_reading(
     cq: &mut ModelCq,
     r: &mut Reactor,
@@ -95,9 +97,10 @@ fn poll_cq_reading(
     arm_now: bool,
     repoll: bool,
     on_error: OnPollError,
+    armed_now: bool,
 ) {
     let mut left = budget;
-    let mut just_armed = false;
+    let mut just_armed = armed_now;
     loop {
         inj.hook(cq);
         let want = left.min(BATCH);
@@ -170,18 +173,25 @@ fn run_reading(
         // Step 4: poll hot CQs; an emptied one stays unarmed until after the posts.
         if std::mem::take(&mut r.hot) {
             let before = r.reaped.len();
-            poll_cq_reading(&mut cq, &mut r, inj, budget, false, repoll, on_error);
+            poll_cq_reading(&mut cq, &mut r, inj, budget, false, repoll, on_error, false);
             if evented && r.reaped.len() == before {
                 r.spurious_events += 1;
             }
         }
-        // Step 6: after the posts, poll, arm and poll again.
+        // Step 6: after the posts, arm and poll again (`Core::arm_and_poll`).
         if r.failed {
             // Failed: never polled or armed again; its connections are closed.
             return (r, cq);
         }
         if std::mem::take(&mut r.unarmed) {
-            poll_cq_reading(&mut cq, &mut r, inj, budget, true, repoll, on_error);
+            // The race: the device adds a completion after step 4's empty poll, before the
+            // arm (it raises no event).
+            inj.hook(&mut cq);
+            cq.armed = true;
+            r.armed = true;
+            if repoll {
+                poll_cq_reading(&mut cq, &mut r, inj, budget, true, repoll, on_error, true);
+            }
         }
         if r.failed {
             return (r, cq);
@@ -220,7 +230,7 @@ fn a_completion_injected_anywhere_is_never_stranded() {
 #[test]
 fn the_repoll_after_the_arm_is_what_catches_the_race() {
     // The completion injected between the empty poll and the arm: first tick's hook
-    // calls are poll (0), poll (1, empty), then at step 6 poll (2, empty), arm (3).
+    // calls are poll (0), poll (1, empty), then at step 6 the arm (2), the poll (3).
     let mut caught = 0;
     let mut stranded = 0;
     for at in 0..12 {
