@@ -149,12 +149,10 @@ pub(crate) struct Core {
     shutting_down: bool,
     /// The first panic of a user callback in this tick, resumed at its end.
     panic: Option<Box<dyn std::any::Any + Send>>,
-    /// The connections whose handler is running, innermost last (`api/guard.rs`,
-    /// `Core::call_conn`): a callback of one of them is not called inside its own.
-    calling: Vec<ConnKey>,
-    /// Handlers of connections destroyed while their call ran (`conn/teardown.rs`), dropped
-    /// once no call runs (`Core::call_conn`). Empty outside such a call.
-    parked: Vec<api::guard::Guarded<dyn ConnectionHandler>>,
+    /// The connections whose handler is running, innermost last, and the handlers of those
+    /// destroyed meanwhile (`api/guard.rs`, `Core::call_conn`): a callback of one of them is
+    /// not called inside its own.
+    handlers_running: api::guard::Running,
     /// Agents in the accepting state (accepted, not yet established), for
     /// `Config::max_pending_accepts`.
     accepting: usize,
@@ -282,8 +280,7 @@ impl Reactor {
                 addr_reserved: std::collections::HashMap::new(),
                 penalties: Default::default(),
                 panic: None,
-                calling: Vec::with_capacity(4),
-                parked: Vec::new(),
+                handlers_running: api::guard::Running::default(),
                 #[cfg(feature = "fault-injection")]
                 faults: api::faults::Faults::default(),
                 stats: Stats::default(),

@@ -2,8 +2,8 @@
 //!
 //! # Panics in callbacks
 //!
-//! A panic in a user callback is caught at the callback's boundary (`Core::with_conn`,
-//! `Core::with_listener`, `Core::deliver`), the handler stays with its object, and the tick
+//! A panic in a user callback is caught at the callback's boundary (`Core::call_conn`, which
+//! `Core::with_conn` and the completion paths use, `Core::with_listener`, `Core::deliver`), the handler stays with its object, and the tick
 //! runs to its end (the rest of the polled batch, timers, posts, acks, destruction), so the
 //! reactor stays consistent and nothing is lost; then the first panic of the tick resumes out
 //! of `run_once` (the reactor does not swallow it). Dropping the reactor discards a panic
@@ -16,7 +16,7 @@
 //! pointer ([`HandlerRef`]) while the handler's context borrows the whole core. Taking it out
 //! and putting it back cost two look-ups a call (issue 47). **Why `unsafe` here, outside
 //! `src/sys/`**: what it guards is the reactor's own rule (one call of a handler at a time, its
-//! owner alive for the call: `Core::calling`, `Core::parked`), nothing of the C libraries'.
+//! owner alive for the call: [`Running`]), nothing of the C libraries'.
 //!
 //! Commands called from callbacks run at once (`connect`, `listen`, `alloc`, a close's
 //! `rdma_disconnect`); only posting (step 6) and destruction (step 8) wait for the end of the
@@ -41,8 +41,12 @@ impl Core {
         f: impl FnOnce(&mut dyn ConnectionHandler, &mut Conn<'_>),
     ) {
         let Some(c) = self.conns.get_mut(t) else { return };
-        let Some(h) = callable(c, t, &self.calling) else { return };
-        self.call_conn(t, h, f);
+        let Some(h) = callable(c, t, &self.handlers_running) else { return };
+        #[allow(unsafe_code)]
+        // SAFETY: `h` is `callable`'s, on `t`'s entry, just now.
+        unsafe {
+            self.call_conn(t, h, f);
+        }
     }
 
     /// [`Core::with_conn`], with `first` run on the connection's entry in the lookup that
@@ -60,46 +64,53 @@ impl Core {
     ) {
         let Some(c) = self.conns.get_mut(t) else { return };
         first(c);
-        let Some(h) = callable(c, t, &self.calling) else {
+        let Some(h) = callable(c, t, &self.handlers_running) else {
             return last(c, &mut self.work.dirty);
         };
-        self.call_conn(t, h, f);
+        #[allow(unsafe_code)]
+        // SAFETY: `h` is `callable`'s, on `t`'s entry, just now.
+        unsafe {
+            self.call_conn(t, h, f);
+        }
         if let Some(c) = self.conns.get_mut(t) {
             last(c, &mut self.work.dirty);
         }
     }
 
-    /// Calls connection `t`'s handler `h` (from [`callable`] on its entry, in the same look-up
-    /// as the caller's other work on it) under a panic guard: the one place a connection
+    /// Calls connection `t`'s handler `h` under a panic guard: the one place a connection
     /// handler is called from while its connection lives. The connection is on the stack of
-    /// running calls (`Core::calling`) for the call, so no callback of its own runs inside it.
+    /// running calls ([`Running`]) for the call, so no callback of its own runs inside it.
+    ///
+    /// # Safety
+    ///
+    /// `h` is what [`callable`] returned for connection `t`'s entry, with no handler called
+    /// and no connection destroyed since (the caller's look-up of the entry, then this call).
     #[inline]
-    pub(in crate::reactor) fn call_conn(
+    #[allow(unsafe_code)]
+    pub(in crate::reactor) unsafe fn call_conn(
         &mut self,
         t: ConnKey,
         h: HandlerRef,
         f: impl FnOnce(&mut dyn ConnectionHandler, &mut Conn<'_>),
     ) {
-        self.calling.push(t);
+        self.handlers_running.enter(t);
         let r = catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: `h` is the address of the handler owned by connection `t`'s entry
             // (`Guarded`, a raw owner: nothing moving the entry or the table asserts
-            // uniqueness over it). It stays allocated for the call: an entry's handler is
-            // never replaced, and the one teardown that could drop it while it runs
-            // (`destroy_conn`) parks it in `Core::parked` instead while `t` is on the stack of
-            // running calls, freed only once the stack is empty. No other reference to it
+            // uniqueness over it), fresh from `callable` (the contract above), so the entry
+            // and its handler are alive now. It stays allocated for the call: an entry's
+            // handler is never replaced, and the one teardown that could drop it while it runs
+            // (`destroy_conn`) parks it instead while `t` is on the stack of running calls
+            // (`Running::park`), freed only once the stack is empty. No other reference to it
             // exists during the call: a handler is reached only through `call_conn` (after
             // `callable` refused a connection on the stack, as `t` now is) or, once its entry
             // is gone, by the teardown that owns it; `Conn` reaches the core, never a handler.
-            #[allow(unsafe_code)]
             let h = unsafe { &mut *h.0.as_ptr() };
             f(h, &mut Conn::new(self, t));
         }));
-        self.calling.pop();
-        if !self.parked.is_empty() && self.calling.is_empty() {
-            // Each under its own guard (`Guarded`'s `Drop`).
-            self.parked.clear();
-        }
+        // After the guard: a panic in the handler is caught above, so the stack is always
+        // popped.
+        self.handlers_running.leave();
         self.caught(r);
     }
 
@@ -159,22 +170,61 @@ thread_local! {
 }
 
 /// Connection `t`'s handler, if it can be called now: it has one (teardown takes it), and no
-/// callback of its own is running (`calling`, `Core::calling`'s stack). Read in the look-up that
-/// does the rest of the caller's work on the entry `c`; called with [`Core::call_conn`].
+/// callback of its own is running (`running`). Read in the look-up that does the rest of the
+/// caller's work on the entry `c`; called with [`Core::call_conn`].
 #[inline]
-pub(in crate::reactor) fn callable(c: &ConnEntry, t: ConnKey, calling: &[ConnKey]) -> Option<HandlerRef> {
+pub(in crate::reactor) fn callable(c: &ConnEntry, t: ConnKey, running: &Running) -> Option<HandlerRef> {
     let h = c.handler.as_ref()?;
-    if calling.contains(&t) {
+    if running.running.contains(&t) {
         return None;
     }
     Some(HandlerRef(h.0))
 }
 
-/// The address of a connection's handler, for one call ([`Core::call_conn`]): the handler
-/// stays in its entry (the plan's "handlers beside the connection table": no take-out and
-/// put-back look-ups around a call).
-#[derive(Clone, Copy)]
+/// The address of a connection's handler, for one call ([`Core::call_conn`], which consumes
+/// it): the handler stays in its entry (the plan's "handlers beside the connection table",
+/// kept in the entry: no take-out and put-back look-ups around a call). Neither `Copy` nor
+/// `Clone`: one address, one call.
 pub(in crate::reactor) struct HandlerRef(NonNull<dyn ConnectionHandler>);
+
+/// The connections whose handler is running, innermost last, and the handlers of those
+/// destroyed meanwhile (`Core::handlers_running`).
+#[derive(Default)]
+pub(in crate::reactor) struct Running {
+    running: Vec<ConnKey>,
+    /// Handlers of connections destroyed while their call ran (`conn/teardown.rs`), dropped
+    /// once no call runs. Empty outside such a call.
+    parked: Vec<Guarded<dyn ConnectionHandler>>,
+}
+
+impl Running {
+    /// Connection `t`'s handler is being called.
+    #[inline]
+    pub(in crate::reactor) fn enter(&mut self, t: ConnKey) {
+        self.running.push(t);
+    }
+
+    /// The innermost call returned (or panicked). Once no call runs, the parked handlers are
+    /// dropped (each under its own guard, `Guarded`'s `Drop`).
+    #[inline]
+    pub(in crate::reactor) fn leave(&mut self) {
+        self.running.pop();
+        if !self.parked.is_empty() && self.running.is_empty() {
+            self.parked.clear();
+        }
+    }
+
+    /// True while connection `t`'s handler runs.
+    pub(in crate::reactor) fn is_running(&self, t: ConnKey) -> bool {
+        self.running.contains(&t)
+    }
+
+    /// Keeps `handler`, whose connection is being destroyed while its call runs, until no
+    /// call runs.
+    pub(in crate::reactor) fn park(&mut self, handler: Guarded<dyn ConnectionHandler>) {
+        self.parked.push(handler);
+    }
+}
 
 /// A user handler, boxed, whose `Drop` runs under a panic guard: a panic in it is caught and
 /// resumed at the end of the tick like a callback's, so it cannot unwind out of the reactor's
@@ -243,7 +293,7 @@ mod tests {
     use std::cell::Cell;
     use std::rc::Rc;
 
-    use super::{callable, Guarded, DROP_PANIC, DROP_PANICKED};
+    use super::{callable, Guarded, Running, DROP_PANIC, DROP_PANICKED};
     use crate::proto::conn::Client;
     use crate::proto::token::{ConnKey, GenSlab, Key};
     use crate::reactor::conn::entry::{ConnEntry, Role};
@@ -268,6 +318,14 @@ mod tests {
         }
     }
 
+    fn running(keys: &[ConnKey]) -> Running {
+        let mut r = Running::default();
+        for &k in keys {
+            r.enter(k);
+        }
+        r
+    }
+
     fn entry(drops: &Rc<Cell<u32>>, panic_on_drop: bool) -> ConnEntry {
         let h = Counted { drops: drops.clone(), panic_on_drop };
         ConnEntry::new(Role::Client(Client::resolving().0), Box::new(h), 16, Default::default())
@@ -282,18 +340,18 @@ mod tests {
         let mut conns: GenSlab<ConnKey, ConnEntry> = GenSlab::new();
         let a = conns.insert(entry(&drops, false));
         let b = conns.insert(entry(&drops, false));
-        assert!(callable(conns.get(a).unwrap(), a, &[]).is_some());
-        assert!(callable(conns.get(a).unwrap(), a, &[b]).is_some(), "another connection's call runs");
-        assert!(callable(conns.get(a).unwrap(), a, &[b, a]).is_none(), "its own call runs");
-        assert!(callable(conns.get(b).unwrap(), b, &[b]).is_none());
+        assert!(callable(conns.get(a).unwrap(), a, &running(&[])).is_some());
+        assert!(callable(conns.get(a).unwrap(), a, &running(&[b])).is_some(), "another connection's call runs");
+        assert!(callable(conns.get(a).unwrap(), a, &running(&[b, a])).is_none(), "its own call runs");
+        assert!(callable(conns.get(b).unwrap(), b, &running(&[b])).is_none());
         // Slot a again, another generation: a call of the old connection does not refuse it.
         conns.remove(a);
         let a2 = conns.insert(entry(&drops, false));
         assert_eq!(a2.token().index(), a.token().index());
-        assert!(callable(conns.get(a2).unwrap(), a2, &[a]).is_some());
+        assert!(callable(conns.get(a2).unwrap(), a2, &running(&[a])).is_some());
         // Taken by teardown: nothing to call.
         let taken = conns.get_mut(b).unwrap().handler.take();
-        assert!(callable(conns.get(b).unwrap(), b, &[]).is_none());
+        assert!(callable(conns.get(b).unwrap(), b, &running(&[])).is_none());
         drop(taken);
         assert_eq!(drops.get(), 2, "a and b's handlers dropped once each");
         drop(conns);
@@ -320,5 +378,30 @@ mod tests {
         assert!(DROP_PANICKED.with(|f| f.replace(false)), "the panic is flagged for the tick");
         let panic = DROP_PANIC.with(|p| p.borrow_mut().take()).expect("kept");
         assert_eq!(panic.downcast_ref::<&str>(), Some(&"a handler's drop panics"));
+    }
+
+    /// The stack of running calls: a handler parked by a teardown inside a call (the safeguard
+    /// in `destroy_conn`) outlives every call still running, and is dropped, once, when the
+    /// outermost returns.
+    #[test]
+    fn a_parked_handler_is_dropped_when_the_outermost_call_returns() {
+        let drops = Rc::new(Cell::new(0));
+        let mut conns: GenSlab<ConnKey, ConnEntry> = GenSlab::new();
+        let a = conns.insert(entry(&drops, false));
+        let b = conns.insert(entry(&drops, false));
+        let mut r = Running::default();
+        r.enter(a);
+        r.enter(b);
+        assert!(r.is_running(a) && r.is_running(b));
+        let h = conns.get_mut(b).unwrap().handler.take().expect("b's handler");
+        r.park(h);
+        r.leave();
+        assert!(!r.is_running(b) && r.is_running(a));
+        assert_eq!(drops.get(), 0, "a call still runs: the parked handler is kept");
+        r.leave();
+        assert!(!r.is_running(a));
+        assert_eq!(drops.get(), 1, "no call runs: dropped");
+        r.leave();
+        assert_eq!(drops.get(), 1, "dropped once");
     }
 }

@@ -174,12 +174,15 @@ impl Core {
         }
         let reason = c.close_reason.take().unwrap_or(CloseReason::Local);
         let mut handler = c.handler.take();
-        if self.calling.contains(&t) {
+        if self.handlers_running.is_running(t) {
             // Destroyed while a callback of its own runs (the reap runs at the end of the
-            // tick, outside every callback, so this is a safeguard): its handler is in use,
-            // so it hears nothing more and is dropped once no call runs (`Core::call_conn`).
-            debug_assert!(false, "a connection destroyed inside its own callback");
-            self.parked.extend(handler.take());
+            // tick, outside every callback, so this is a safeguard, and no panic here: the
+            // handler's frames are below this one): its handler is in use, so it hears nothing
+            // more and is dropped once no call runs (`Running::park`).
+            event!(error, "{:?}: destroyed inside its own callback: its handler hears nothing more", t.token());
+            if let Some(h) = handler.take() {
+                self.handlers_running.park(h);
+            }
         }
         self.release_conn_cq(t, cq, recv_room);
         drop(c);

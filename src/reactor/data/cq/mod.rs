@@ -12,7 +12,7 @@ use crate::proto::conn::{CloseReason, Input, State};
 use crate::proto::flow::Farewell;
 use crate::proto::op::WcStatus;
 use crate::proto::token::{ConnKey, CqKey, Dir, GenSlab, Key, Kind, Token, WrId};
-use crate::reactor::api::guard::{callable, HandlerRef};
+use crate::reactor::api::guard::{callable, HandlerRef, Running};
 use crate::reactor::data::cq_room::CqRoom;
 use crate::reactor::data::lanes::{LaneBuf, Lanes, RecvOutcome};
 use crate::reactor::data::post::list_dirty;
@@ -505,7 +505,7 @@ impl Core {
     /// the runtime's own are dropped unseen (a credit-only message's success counted for the
     /// meter), the others reach the handler, the signaled one with the work completion's
     /// status, those before it with success. The entry that checked the epoch takes the first
-    /// operation, meters it and finds the handler ([`Core::hand_over`]); each handler after
+    /// operation, meters it and finds the handler (`meter_and_find`, then [`Core::call_conn`]); each handler after
     /// it is followed by two look-ups (the connection and its CQ) for the next. Every request
     /// it completes counts as completed from the check on (`Lanes::send_completed`), so each
     /// handler sees the others completed too.
@@ -528,9 +528,12 @@ impl Core {
             // The last operation's handler is the completion's last word: whether a draining
             // connection is drained is asked after it (`after_work`), as after a receive's.
             let check = !more && (status != WcStatus::Success || c.role.state().is_draining());
-            let h = meter_and_find(c, t, &done, &self.calling);
-            if let Some(h) = h {
-                self.call_conn(t, h, |h, conn| h.on_completion(conn, done.into()));
+            if let Some(h) = meter_and_find(c, t, &done, &self.handlers_running) {
+                #[allow(unsafe_code)]
+                // SAFETY: `h` is `callable`'s on `t`'s entry, in this look-up.
+                unsafe {
+                    self.call_conn(t, h, |h, conn| h.on_completion(conn, done.into()));
+                }
             }
             if !more {
                 if check {
@@ -598,8 +601,12 @@ impl Core {
                 let done = c.lanes.take_recv(delivery);
                 after_completion(c, t, &mut self.work.dirty);
                 let check = wc.status != WcStatus::Success || c.role.state().is_draining();
-                if let Some(h) = meter_and_find(c, t, &done, &self.calling) {
-                    self.call_conn(t, h, |h, conn| h.on_completion(conn, done.into()));
+                if let Some(h) = meter_and_find(c, t, &done, &self.handlers_running) {
+                    #[allow(unsafe_code)]
+                    // SAFETY: `h` is `callable`'s on `t`'s entry, in this look-up.
+                    unsafe {
+                        self.call_conn(t, h, |h, conn| h.on_completion(conn, done.into()));
+                    }
                 }
                 if check {
                     self.after_work(t, wc.status);
@@ -730,8 +737,10 @@ impl Core {
         1
     }
 
-    /// Hands `completion` to connection `t`'s handler, counted first (`Conn::metrics`): every
-    /// completion of a live connection reaches its handler through here.
+    /// Hands `completion` to connection `t`'s handler, counted first (`Conn::metrics`): a
+    /// completion built outside the rings' completion paths (a refused post's, a reconnection's
+    /// cancelled operations; those of `complete_ring` and `complete_send` are metered by
+    /// `meter_and_find` and handed over by [`Core::call_conn`]).
     #[inline]
     pub(in crate::reactor) fn deliver_completion(&mut self, t: ConnKey, completion: crate::reactor::Completion) {
         self.deliver_then(t, completion, |_, _| {});
@@ -897,10 +906,10 @@ fn meter_and_find(
     c: &mut crate::reactor::ConnEntry,
     t: ConnKey,
     done: &crate::reactor::data::lanes::Done<crate::sys::pool::Buf>,
-    calling: &[ConnKey],
+    running: &Running,
 ) -> Option<HandlerRef> {
     c.meter.completed(done.opcode, &done.result);
-    callable(c, t, calling)
+    callable(c, t, running)
 }
 
 /// [`Core::after_completion`] on connection `t`'s entry `c`.
