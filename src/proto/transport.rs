@@ -73,6 +73,9 @@ pub struct Caps {
 /// Soft-iWARP's vendor id (`"bmt"`, Linux `drivers/infiniband/sw/siw/siw.h`).
 pub const SIW_VENDOR_ID: u32 = 0x62_6d74;
 
+/// Soft-RoCE's vendor id (Linux `drivers/infiniband/sw/rxe/rxe_param.h`, `RXE_VENDOR_ID`).
+pub const RXE_VENDOR_ID: u32 = 0xff_ffff;
+
 /// Entries of the CQ that plugs Soft-iWARP's bad mmap key ([`Caps::key_plug`]): 1 MiB of
 /// completion queue, 257 pages of mmap offsets.
 pub const KEY_PLUG_CQ_ENTRIES: u32 = 32 * 1024;
@@ -104,6 +107,19 @@ impl Caps {
     /// 144 from below, and every later queue's key lies above it.
     pub fn key_plug(&self) -> bool {
         self.vendor_id == SIW_VENDOR_ID
+    }
+
+    /// Arming the device's CQ raises no event for completions already in it, only for the
+    /// next one: Soft-RoCE (Linux 6.1 `rxe_req_notify_cq` sets the CQ's notify flags, and
+    /// `rxe_cq_post` raises the event as it adds a completion) and Soft-iWARP (libsiw's
+    /// `siw_notify_cq` stores the flags in the CQ's shared control word, which the kernel
+    /// reads as it adds a completion, `siw_cq_notify_now`). Such a CQ is armed and then
+    /// polled once after the tick's posts; elsewhere it is polled, armed and polled again,
+    /// since an arm doorbell that finds completions past the consumer index it is given (as
+    /// those of mlx4 and mlx5 are understood to) raises an event at once, a wakeup for a
+    /// completion the next poll reaps anyway (`reactor/data/cq/mod.rs`, `Core::arm_and_poll`).
+    pub fn arm_sees_only_new(&self) -> bool {
+        self.vendor_id == RXE_VENDOR_ID || self.vendor_id == SIW_VENDOR_ID
     }
 
     /// Messages carry their credits in a [`Tail`] instead of immediate data.
@@ -263,6 +279,13 @@ mod tests {
         assert!(siw.key_plug() && !ib.key_plug());
         assert!(!siw.windows() && siw.tail() && siw.client_sends_first());
         assert_eq!(siw.overhead(), 4);
+        // Armed before the tick's last poll only where the arm raises no event for what the
+        // CQ holds already: the kernel's software providers, not a hardware one (mlx5's vendor
+        // id is Mellanox's 0x02c9).
+        let rxe = Caps { transport: Transport::InfiniBand, max_mw: 8, vendor_id: RXE_VENDOR_ID };
+        let mlx5 = Caps { transport: Transport::InfiniBand, max_mw: 8, vendor_id: 0x02c9 };
+        assert!(rxe.arm_sees_only_new() && siw.arm_sees_only_new());
+        assert!(!mlx5.arm_sees_only_new() && !ib.arm_sees_only_new());
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //!    CQs left unarmed directly; once the spin time is over, arm them and poll once more.
 //! 1. `epoll_wait` (level-triggered), with a timeout of zero when work is pending (a CQ left
 //!    over budget, posts queued by a callback, objects to destroy, spinning), else until the
-//!    next deadline. While spinning it runs only every few ticks. A signal that interrupts it
+//!    next deadline; the clock is read again after it only when it timed out or spinning is
+//!    configured (a wait ended by readiness ended before any deadline). While spinning it runs only every few ticks. A signal that interrupts it
 //!    (`EINTR`) makes a tick with no readiness (`Stats::interrupted_waits`).
 //! 2. CM channel readable: read every event until `EAGAIN`; each goes to its object's state
 //!    machine (by the token in `id->context`) and is acked before the next is read
@@ -27,9 +28,9 @@
 //! 6. Post the operations submitted during the tick: first each device's shared receive queue
 //!    refill (`data/srq/`, one chain per device), then one chain per queue pair and direction
 //!    (`data/post.rs`, planned by the connections' lanes, `data/lanes.rs`). Then arm the CQs emptied in step 4 with
-//!    `ibv_req_notify_cq` and poll them once more: a send whose ACK came back during its post
-//!    completes now, not after a wakeup, and a completion that raced the arm is not stranded
-//!    (`Core::arm_and_poll`) (unless spinning, which leaves them unarmed; or when `block_on`'s future was
+//!    `ibv_req_notify_cq` and poll them once more (on rxe and siw; on another device poll,
+//!    arm and poll again: `Core::arm_and_poll`): a send whose ACK came back during its post
+//!    completes now, not after a wakeup, and a completion that raced the arm is not stranded (unless spinning, which leaves them unarmed; or when `block_on`'s future was
 //!    woken: `block_on` polls it, posts what it submitted and then arms, as here; a CQ left
 //!    unarmed is armed at the start of the next tick, before its wait).
 //! 7. Ack CQ events whose count reached the batch threshold.
@@ -134,8 +135,15 @@ impl Core {
             Err(e) => return Err(os("epoll_wait")(e)),
         };
         self.stats.wakeups += 1;
-        if clocked && wait != Some(Duration::ZERO) {
-            // The wait may have blocked: the time again, as before it.
+        if clocked && wait != Some(Duration::ZERO) && (n == 0 || spin_cfg) {
+            // The wait may have blocked until a deadline: the time again, as before it. A wait
+            // that ended with readiness (`n > 0`) ended before its timeout, which is the
+            // timers' wait rounded up to a millisecond: no deadline is due, or one is at most
+            // that fraction of a millisecond overdue and fires in the next tick, which reads
+            // the clock first. So a tick woken by completions reads the clock once, not twice
+            // (issue 47, the tick: about 90 instructions a round trip). `Core::clock.now` is
+            // only the timers' (`fire_timers`) and spinning's (read again here when spinning
+            // is configured); whatever schedules reads the clock itself (`read_clock`).
             self.tick_clock(spin_cfg);
         }
         for i in 0..n {
@@ -183,10 +191,11 @@ impl Core {
         Ok(work)
     }
 
-    /// Step 6's end: arms what the tick emptied only after its posts, polling it once more
-    /// first, so a send that completed at once (its ACK came back while it was posted) is
-    /// reaped now, not after another wakeup; then posts what that poll's callbacks submitted.
-    /// A CQ left unarmed (a tick that did not arm) is armed by the next tick before it waits.
+    /// Step 6's end: arms what the tick emptied only after its posts, and polls it after the
+    /// arm (on rxe and siw; elsewhere before and after it: `Core::arm_and_poll`), so a send
+    /// that completed at once (its ACK came back while it was posted) is reaped now, not after
+    /// another wakeup; then posts what that poll's callbacks submitted. A CQ left unarmed (a
+    /// tick that did not arm) is armed by the next tick before it waits.
     pub(in crate::reactor) fn arm_after_posts(&mut self) -> usize {
         if self.work.spinning.is_empty() {
             return 0;

@@ -312,18 +312,27 @@ impl Core {
     }
 
     /// Arms CQ `t` (emptied by a poll earlier in the tick, and left unarmed), then polls it as
-    /// [`Core::poll_cq`] does: what came since that poll (a send whose ACK came back while it
-    /// was posted) and what raced the arm are reaped now, in one poll where polling first, then
-    /// arming and polling again took two (issue 47, the tick: at most two polls a round trip in
-    /// event mode). Neither rxe nor siw raises an event for completions already in a CQ when it
-    /// is armed (Linux 6.1: `rxe_req_notify_cq` and `siw_req_notify_cq` only set the CQ's
-    /// notify flags, and `ibv_req_notify_cq` passes no `IB_CQ_REPORT_MISSED_EVENTS`), so the
-    /// completions reaped here cost no wakeup; one that lands after the arm raises an event,
-    /// in either order. A failed arm leaves the CQ unarmed: the poll then reaps what it holds
-    /// first and arms it again at the end, which fails the CQ (`after_poll`'s `ArmThenPoll`),
-    /// so a failed CQ never strands completions a poll could have reaped.
+    /// [`Core::poll_cq`] does, on a device whose arm raises no event for completions already
+    /// in the CQ (`Caps::arm_sees_only_new`: rxe and siw): what came since that poll (a send
+    /// whose ACK came back while it was posted) and what raced the arm are reaped now, in one
+    /// poll where polling first, then arming and polling again took two (issue 47, the tick:
+    /// at most two polls a round trip in event mode; `Stats::cq_rearm_catches` counts what it
+    /// finds, every completion of which would wait unseen without it). One that lands after
+    /// the arm raises an event, in either order. On another device the CQ is polled, armed and
+    /// polled again ([`Core::poll_cq`] with `arm_now`): an arm doorbell that finds completions
+    /// past its consumer index may raise an event at once. A failed arm leaves the CQ
+    /// unarmed: the poll then reaps what it holds first and arms it again at the end, which
+    /// fails the CQ (`after_poll`'s `ArmThenPoll`), so a failed CQ never strands completions a
+    /// poll could have reaped. A CQ armed here that then uses its whole budget stays hot and
+    /// armed: the next tick polls it, and its posts are not followed by another poll (a send
+    /// completed during its post then costs a wakeup; only after a poll budget ran out).
     fn arm_and_poll(&mut self, t: CqKey, budget: usize) -> usize {
-        let Some(e) = self.cqs.get_mut(t).filter(|e| !e.failed && !e.armed) else {
+        let devices = &self.devices;
+        let Some(e) = self
+            .cqs
+            .get_mut(t)
+            .filter(|e| !e.failed && !e.armed && devices.get(e.device).is_some_and(|d| d.caps.arm_sees_only_new()))
+        else {
             return self.poll_cq(t, budget);
         };
         self.stats.cq_arms += 1;
@@ -429,13 +438,13 @@ impl Core {
     }
 
     /// Polls the CQs left unarmed (emptied during the tick, or spinning). With
-    /// `keep_spinning` false each is armed, then polled ([`Core::arm_and_poll`]), so the
-    /// reactor can sleep. (Issue 33 tried arming first and kept polling, arming and polling
-    /// again: on a provider whose arm raises an event at once for a CQ that still holds
-    /// completions, a send completed during its post would cost a wakeup, and a failed arm
-    /// would fail the CQ with completions unreaped. Neither holds: rxe and siw raise no such
-    /// event, and a failed arm now polls before it fails the CQ. Issue 47 measured the third
-    /// poll at about 110 instructions a round trip.)
+    /// `keep_spinning` false each is armed, so the reactor can sleep: on rxe and siw armed,
+    /// then polled; elsewhere polled, armed and polled again ([`Core::arm_and_poll`]). (Issue
+    /// 33 tried arming first everywhere and kept the three polls: on a provider whose arm
+    /// raises an event at once for a CQ that still holds completions, a send completed during
+    /// its post would cost a wakeup, and a failed arm would fail the CQ with completions
+    /// unreaped. Issue 47 arms first only where the arm raises no such event, and a failed arm
+    /// polls before it fails the CQ; the third poll was about 130 instructions a round trip.)
     pub(in crate::reactor) fn poll_spinning(&mut self, keep_spinning: bool) -> usize {
         self.work.arm_now = !keep_spinning;
         let mut n = 0;

@@ -4,9 +4,11 @@
 //! The arm/poll race (catalogue case 25) on a model CQ with the notification semantics of
 //! `ibv_req_notify_cq(3)`: arming asks for one event at the *next* completion; completions
 //! already queued raise none. The driver below walks the same decisions as
-//! `Core::poll_cq` and `Core::tick` (poll hot CQs, post, then arm the ones emptied and poll
-//! them again: `Core::arm_and_poll`), and a completion is injected at every point where the
-//! device could add one: before each poll and between the last empty poll and the arm.
+//! `Core::poll_cq` and `Core::tick` (poll hot CQs, post, then, for the ones emptied, either
+//! arm and poll again, as on rxe and siw, or poll, arm and poll again, as elsewhere:
+//! `Core::arm_and_poll`), and a completion is injected at every point where the device could
+//! add one: before each poll and between the last empty poll and the arm. Every test runs
+//! both orders.
 
 use std::collections::VecDeque;
 
@@ -144,9 +146,10 @@ fn poll_cq_reading(
 }
 
 /// Runs ticks until the reactor would sleep with nothing to wake it; returns whether a
-/// completion was left stranded in the CQ then.
-fn run(inj: &mut Injector, first: u64, budget: usize, repoll: bool) -> (Reactor, ModelCq) {
-    run_reading(inj, first, budget, repoll, OnPollError::FailTheCq)
+/// completion was left stranded in the CQ then. `arm_first`: step 6 arms the emptied CQ and
+/// polls it (rxe, siw); otherwise it polls, arms and polls again.
+fn run(inj: &mut Injector, first: u64, budget: usize, repoll: bool, arm_first: bool) -> (Reactor, ModelCq) {
+    run_reading(inj, first, budget, repoll, OnPollError::FailTheCq, arm_first)
 }
 
 /// [`run`], with a choice of how a failed poll is read.
@@ -156,6 +159,7 @@ fn run_reading(
     budget: usize,
     repoll: bool,
     on_error: OnPollError,
+    arm_first: bool,
 ) -> (Reactor, ModelCq) {
     let mut cq = ModelCq { armed: true, ..ModelCq::default() };
     let mut r = Reactor { armed: true, ..Reactor::default() };
@@ -184,13 +188,17 @@ fn run_reading(
             return (r, cq);
         }
         if std::mem::take(&mut r.unarmed) {
-            // The race: the device adds a completion after step 4's empty poll, before the
-            // arm (it raises no event).
-            inj.hook(&mut cq);
-            cq.armed = true;
-            r.armed = true;
-            if repoll {
-                poll_cq_reading(&mut cq, &mut r, inj, budget, true, repoll, on_error, true);
+            if arm_first {
+                // The race: the device adds a completion after step 4's empty poll, before
+                // the arm (it raises no event).
+                inj.hook(&mut cq);
+                cq.armed = true;
+                r.armed = true;
+                if repoll {
+                    poll_cq_reading(&mut cq, &mut r, inj, budget, true, repoll, on_error, true);
+                }
+            } else {
+                poll_cq_reading(&mut cq, &mut r, inj, budget, true, repoll, on_error, false);
             }
         }
         if r.failed {
@@ -207,20 +215,22 @@ fn run_reading(
 
 #[test]
 fn a_completion_injected_anywhere_is_never_stranded() {
-    for budget in [1, 2, 3, 64] {
-        for first in 1..4 {
-            for a in 0..24 {
-                for b in a..24 {
-                    let mut inj = Injector::new(vec![a, b]);
-                    let (r, cq) = run(&mut inj, first, budget, true);
-                    let injected = inj.next;
-                    assert!(
-                        cq.queue.is_empty(),
-                        "budget {budget}, {first} first, injected at {a} and {b}: {:?} stranded",
-                        cq.queue
-                    );
-                    assert_eq!(r.reaped, (0..injected).collect::<Vec<_>>(), "each reaped once, in order");
-                    assert!(r.armed && cq.armed, "asleep armed");
+    for arm_first in [true, false] {
+        for budget in [1, 2, 3, 64] {
+            for first in 1..4 {
+                for a in 0..24 {
+                    for b in a..24 {
+                        let mut inj = Injector::new(vec![a, b]);
+                        let (r, cq) = run(&mut inj, first, budget, true, arm_first);
+                        let injected = inj.next;
+                        assert!(
+                            cq.queue.is_empty(),
+                            "arm first {arm_first}, budget {budget}, {first} first, injected at {a} and {b}: {:?} stranded",
+                            cq.queue
+                        );
+                        assert_eq!(r.reaped, (0..injected).collect::<Vec<_>>(), "each reaped once, in order");
+                        assert!(r.armed && cq.armed, "asleep armed");
+                    }
                 }
             }
         }
@@ -229,36 +239,42 @@ fn a_completion_injected_anywhere_is_never_stranded() {
 
 #[test]
 fn the_repoll_after_the_arm_is_what_catches_the_race() {
-    // The completion injected between the empty poll and the arm: first tick's hook
-    // calls are poll (0), poll (1, empty), then at step 6 the arm (2), the poll (3).
-    let mut caught = 0;
-    let mut stranded = 0;
-    for at in 0..12 {
-        let mut with = Injector::new(vec![at]);
-        let (r, cq) = run(&mut with, 1, 64, true);
-        assert!(cq.queue.is_empty());
-        caught += r.catches;
-        let mut without = Injector::new(vec![at]);
-        let (_, cq) = run(&mut without, 1, 64, false);
-        stranded += cq.queue.len();
+    // The completion injected between the empty poll and the arm: the first tick's hook
+    // calls are step 4's poll (0, one completion, fewer than the batch: empty after it), then
+    // at step 6 the arm (1) and the poll (2) when arming first, or the poll (1), the arm (2)
+    // and the poll (3) otherwise.
+    for arm_first in [true, false] {
+        let mut caught = 0;
+        let mut stranded = 0;
+        for at in 0..12 {
+            let mut with = Injector::new(vec![at]);
+            let (r, cq) = run(&mut with, 1, 64, true, arm_first);
+            assert!(cq.queue.is_empty());
+            caught += r.catches;
+            let mut without = Injector::new(vec![at]);
+            let (_, cq) = run(&mut without, 1, 64, false, arm_first);
+            stranded += cq.queue.len();
+        }
+        assert!(caught > 0, "arm first {arm_first}: the poll after the arm found the raced completion");
+        assert!(stranded > 0, "arm first {arm_first}: arming without polling again strands it: the test can fail");
     }
-    assert!(caught > 0, "the poll after the arm found the raced completion");
-    assert!(stranded > 0, "arming without polling again strands it: the test can fail");
 }
 
 #[test]
 fn an_event_with_an_empty_cq_is_harmless() {
     // Injected after the arm and before the poll that follows it: the poll reaps it and
     // the event it raised later finds the CQ empty.
-    let mut spurious = 0;
-    for at in 0..12 {
-        let mut inj = Injector::new(vec![at]);
-        let (r, cq) = run(&mut inj, 1, 64, true);
-        assert!(cq.queue.is_empty() && r.armed && cq.armed);
-        assert_eq!(r.reaped.len() as u64, inj.next);
-        spurious += r.spurious_events;
+    for arm_first in [true, false] {
+        let mut spurious = 0;
+        for at in 0..12 {
+            let mut inj = Injector::new(vec![at]);
+            let (r, cq) = run(&mut inj, 1, 64, true, arm_first);
+            assert!(cq.queue.is_empty() && r.armed && cq.armed);
+            assert_eq!(r.reaped.len() as u64, inj.next);
+            spurious += r.spurious_events;
+        }
+        assert!(spurious > 0, "arm first {arm_first}: some injection point gives an event with an empty CQ");
     }
-    assert!(spurious > 0, "some injection point gives an event with an empty CQ");
 }
 
 /// Fault issue, defect 2: a failed `ibv_poll_cq` was read as "empty" (`unwrap_or(0)`):
@@ -270,10 +286,10 @@ fn an_event_with_an_empty_cq_is_harmless() {
 #[test]
 fn a_failed_poll_fails_the_cq_and_never_reads_as_empty() {
     let mut stranded_before = 0;
-    for break_at in 0..16 {
+    for (break_at, arm_first) in (0..16).flat_map(|b| [(b, true), (b, false)]) {
         for first in 1..4 {
             let mut inj = Injector { break_at: Some(break_at), ..Injector::new(vec![1, 5, 9]) };
-            let (r, cq) = run(&mut inj, first, 64, true);
+            let (r, cq) = run(&mut inj, first, 64, true, arm_first);
             // Whatever was not reaped is in a failed CQ whose connections were told.
             assert!(
                 cq.queue.is_empty() || r.failed,
@@ -282,7 +298,7 @@ fn a_failed_poll_fails_the_cq_and_never_reads_as_empty() {
             );
             assert!(r.failed || !cq.broken, "a broken CQ that was polled is failed");
             let mut old = Injector { break_at: Some(break_at), ..Injector::new(vec![1, 5, 9]) };
-            let (r, cq) = run_reading(&mut old, first, 64, true, OnPollError::ReadAsEmpty);
+            let (r, cq) = run_reading(&mut old, first, 64, true, OnPollError::ReadAsEmpty, arm_first);
             if !r.failed && !cq.queue.is_empty() {
                 stranded_before += 1;
             }
