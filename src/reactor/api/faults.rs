@@ -21,6 +21,11 @@ pub(in crate::reactor) struct Faults {
     /// A fault injected by a test (`fault-injection` feature): the next connection whose
     /// farewell is answered never calls `rdma_disconnect`.
     pub(in crate::reactor) silent_parting: bool,
+    /// A test's choice (`fault-injection` feature): every CQ is polled before it is armed
+    /// after the tick's posts, as on a device whose arm may raise an event for completions
+    /// already queued (`Caps::arm_sees_only_new` false), so the VM's rxe and siw run that
+    /// order too.
+    pub(in crate::reactor) poll_before_arm: bool,
 }
 
 impl Reactor {
@@ -75,5 +80,14 @@ impl Reactor {
     #[doc(hidden)]
     pub fn inject_silent_parting(&mut self) {
         self.core.faults.silent_parting = true;
+    }
+
+    /// Hidden and unstable, behind the `fault-injection` feature, for the fault suite only:
+    /// from now on this reactor polls every CQ it arms after the tick's posts before the arm
+    /// too (poll, arm, poll), as on a device other than rxe and siw, so the VM tests that
+    /// order of the arm/poll race (FAULTS.md, case 25).
+    #[doc(hidden)]
+    pub fn inject_poll_before_arm(&mut self) {
+        self.core.faults.poll_before_arm = true;
     }
 }

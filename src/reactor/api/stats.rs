@@ -58,7 +58,7 @@ pub struct Stats {
     /// that poll it would wait, unseen, until some later completion woke the CQ. On rxe and
     /// siw, whose CQs are armed before the tick's last poll (`Caps::arm_sees_only_new`), that
     /// is every completion since the tick's earlier poll (a send completed during its post
-    /// too). (One that arrived after the arm is found here too, and its event then finds the
+    /// too) in the first batch of that poll (up to 32). (One that arrived after the arm is found here too, and its event then finds the
     /// CQ empty: `spurious_cq_events`.)
     pub cq_rearm_catches: u64,
     /// Ticks that polled CQs left unarmed by spinning (`Config::spin`).

@@ -762,7 +762,8 @@ impl Reactor {
     }
 
     /// After a poll of `block_on`'s future: what it submitted goes out now, then the CQs the
-    /// waking tick emptied are armed and polled once more (that tick left them to this:
+    /// waking tick emptied are armed and polled once more (polled before the arm too on a
+    /// device other than rxe and siw; that tick left them to this:
     /// `Core::tick`, step 6), as for a task polled inside the tick. Before, its posts waited
     /// for a tick that did not wait, and a send completing during its post was a wakeup of its
     /// own (issue 31: the byte stream's round trip took about 2.8 ticks under `block_on`,

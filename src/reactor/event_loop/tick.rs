@@ -6,8 +6,9 @@
 //!    CQs left unarmed directly; once the spin time is over, arm them and poll once more.
 //! 1. `epoll_wait` (level-triggered), with a timeout of zero when work is pending (a CQ left
 //!    over budget, posts queued by a callback, objects to destroy, spinning), else until the
-//!    next deadline; the clock is read again after it only when it timed out or spinning is
-//!    configured (a wait ended by readiness ended before any deadline). While spinning it runs only every few ticks. A signal that interrupts it
+//!    next deadline; the clock is read again after it when it timed out, or when the precise
+//!    clock was read before it (spinning, a deadline near): a wait ended by readiness with no
+//!    deadline near leaves the timers to the next tick. While spinning it runs only every few ticks. A signal that interrupts it
 //!    (`EINTR`) makes a tick with no readiness (`Stats::interrupted_waits`).
 //! 2. CM channel readable: read every event until `EAGAIN`; each goes to its object's state
 //!    machine (by the token in `id->context`) and is acked before the next is read
@@ -93,7 +94,10 @@ impl Core {
         let spin_cfg = !self.cfg.spin.is_zero();
         let timed = self.timers.next_deadline().is_some();
         let clocked = spin_cfg || timed;
+        let before = self.clock.now;
         let timers_wait = self.tick_clock(spin_cfg);
+        // The precise clock was read (spinning, or a deadline within the coarse clock's margin).
+        let precise = self.clock.now != before;
         // Precise when spinning; otherwise only the timers read it (`Core::timer_clock`).
         let now = self.clock.now;
         if std::mem::take(&mut self.spin.worked) {
@@ -135,15 +139,16 @@ impl Core {
             Err(e) => return Err(os("epoll_wait")(e)),
         };
         self.stats.wakeups += 1;
-        if clocked && wait != Some(Duration::ZERO) && (n == 0 || spin_cfg) {
-            // The wait may have blocked until a deadline: the time again, as before it. A wait
-            // that ended with readiness (`n > 0`) ended before its timeout, which is the
-            // timers' wait rounded up to a millisecond: no deadline is due, or one is at most
-            // that fraction of a millisecond overdue and fires in the next tick, which reads
-            // the clock first. So a tick woken by completions reads the clock once, not twice
-            // (issue 47, the tick: about 90 instructions a round trip). `Core::clock.now` is
-            // only the timers' (`fire_timers`) and spinning's (read again here when spinning
-            // is configured); whatever schedules reads the clock itself (`read_clock`).
+        if clocked && wait != Some(Duration::ZERO) && (n == 0 || precise) {
+            // The wait may have blocked until a deadline: the time again, as before it. Not
+            // when the wait ended with readiness (`n > 0`) and the timers' wait came from the
+            // coarse clock (the deadline more than the margin away, `CoarseClock::far_wait`):
+            // read again, the coarse clock would show the deadline still that far unless the
+            // wait outlasted its timeout (a preempted thread), and a deadline due then fires in
+            // the next tick, which reads the clock first and does not block. So a tick woken by
+            // completions with no deadline near reads the clock once, not twice (issue 47, the
+            // tick). `Core::clock.now` is only the timers' (`fire_timers`) and spinning's;
+            // whatever schedules reads the clock itself (`read_clock`).
             self.tick_clock(spin_cfg);
         }
         for i in 0..n {

@@ -12,7 +12,9 @@
 //! precise clock (a system call where its source is an emulated HPET) only when a deadline is
 //! that near (`Core::timer_clock`). A reading is never ahead of the true time, so no timer
 //! fires early; the wait oversleeps a deadline only if the coarse clock lags by more than two
-//! of its ticks.
+//! of its ticks. A wait ended by readiness with the deadline far by the coarse clock does not
+//! read the clock again after it (`Core::tick`): a deadline that came due meanwhile (the
+//! thread preempted past its timeout) fires in the next tick, which reads it first.
 //!
 //! **Compaction.** Left alone, the stale entries would stay until their deadlines: a handler
 //! that resets an hour's idle timer on every message would keep an entry per message for an

@@ -327,6 +327,10 @@ impl Core {
     /// armed: the next tick polls it, and its posts are not followed by another poll (a send
     /// completed during its post then costs a wakeup; only after a poll budget ran out).
     fn arm_and_poll(&mut self, t: CqKey, budget: usize) -> usize {
+        #[cfg(feature = "fault-injection")]
+        if self.faults.poll_before_arm {
+            return self.poll_cq(t, budget);
+        }
         let devices = &self.devices;
         let Some(e) = self
             .cqs
@@ -440,7 +444,7 @@ impl Core {
     /// Polls the CQs left unarmed (emptied during the tick, or spinning). With
     /// `keep_spinning` false each is armed, so the reactor can sleep: on rxe and siw armed,
     /// then polled; elsewhere polled, armed and polled again ([`Core::arm_and_poll`]). (Issue
-    /// 33 tried arming first everywhere and kept the three polls: on a provider whose arm
+    /// 33 armed first everywhere, then reverted to the three polls: on a provider whose arm
     /// raises an event at once for a CQ that still holds completions, a send completed during
     /// its post would cost a wakeup, and a failed arm would fail the CQ with completions
     /// unreaped. Issue 47 arms first only where the arm raises no such event, and a failed arm
