@@ -191,6 +191,9 @@ fn race(clients: u64, count: u64, churn: bool, cfg: Config, poll_before_arm: boo
     let (cfg_shared, ack_batch) = (cfg.shared_cq.is_some(), cfg.cq_ack_batch);
     let mut r = Reactor::with_config(cfg).expect("reactor");
     if poll_before_arm {
+        #[cfg(not(feature = "fault-injection"))]
+        panic!("built without the `fault-injection` feature: run it with `cargo xtask test`");
+        #[cfg(feature = "fault-injection")]
         r.inject_poll_before_arm();
     }
     // Its metrics endpoint shows the server's side of a stalled connection (`diagnose_stall`).
@@ -390,17 +393,17 @@ fn report(what: &str, run: &RaceRun) {
 /// other than rxe and siw take, where a catch is a completion that raced the arm.
 ///
 /// The load is the one that makes the race visible in the VM (numbers from runs of this file,
-/// in the poll, arm, poll order): with both ends on the test's reactor, rxe completes each
-/// post inside the `ibv_post_send` call, so no completion ever arrives between a poll and an
-/// arm (0 catches in 6 000 round trips); against another process each completion arrives from the other vCPU at any time
-/// (1 connection: 37 catches in 3 000 round trips; 8 connections on one CQ: 650 to 9 000
-/// catches per 100 000, fewer on a loaded host). An event that finds its CQ empty is rarer: a completion must land in the
-/// microseconds between the arm and the poll after it (4 to 8 per 100 000 round trips). The
-/// short-lived connections make it common: destroying one drains the shared CQ, which is
-/// armed, and reaps completions of the others whose event is already on its way (150 to 250
-/// per run). 5 000 to 8 000 round trips/s on an idle host, so 100 000 take 13 to 20 s (1 200
-/// to 2 000/s and up to 90 s on a loaded one); the catalogue's 10^6 would take 2 to 15 minutes
-/// of the emulated VM per run.
+/// in the poll, arm, poll order): with both ends on the test's reactor, rxe completes each post
+/// inside the `ibv_post_send` call, so no completion ever arrives between a poll and an arm (0
+/// catches in 6 000 round trips); against another process each completion arrives from the
+/// other vCPU at any time (1 connection: 37 catches in 3 000 round trips; 8 connections on one
+/// CQ: 650 to 9 000 catches per 100 000, fewer on a loaded host). An event that finds its CQ
+/// empty is rarer: a completion must land in the microseconds between the arm and the poll
+/// after it (4 to 8 per 100 000 round trips). The short-lived connections make it common:
+/// destroying one drains the shared CQ, which is armed, and reaps completions of the others
+/// whose event is already on its way (150 to 250 per run). 5 000 to 8 000 round trips/s on an
+/// idle host, so 100 000 take 13 to 20 s (1 200 to 2 000/s and up to 90 s on a loaded one); the
+/// catalogue's 10^6 would take 2 to 15 minutes of the emulated VM per run.
 #[test]
 #[ignore = "needs an RDMA device: cargo xtask test"]
 fn arm_poll_race_100k_one_byte_round_trips_never_stall() {

@@ -292,6 +292,10 @@ mod tests {
         let mlx5 = Caps { transport: Transport::InfiniBand, max_mw: 8, vendor_id: 0x02c9 };
         assert!(rxe.arm_sees_only_new() && siw.arm_sees_only_new());
         assert!(!mlx5.arm_sees_only_new() && !ib.arm_sees_only_new());
+        // Each vendor id counts only with its provider's transport.
+        let iwarp_ffffff = Caps { transport: Transport::Iwarp, max_mw: 0, vendor_id: RXE_VENDOR_ID };
+        let ib_bmt = Caps { transport: Transport::InfiniBand, max_mw: 8, vendor_id: SIW_VENDOR_ID };
+        assert!(!iwarp_ffffff.arm_sees_only_new() && !ib_bmt.arm_sees_only_new());
     }
 
     #[test]

@@ -3,11 +3,11 @@
 //! # Panics in callbacks
 //!
 //! A panic in a user callback is caught at the callback's boundary (`Core::call_conn`, which
-//! `Core::with_conn` and the completion paths use, `Core::with_listener`, `Core::deliver`), the handler stays with its object, and the tick
-//! runs to its end (the rest of the polled batch, timers, posts, acks, destruction), so the
-//! reactor stays consistent and nothing is lost; then the first panic of the tick resumes out
-//! of `run_once` (the reactor does not swallow it). Dropping the reactor discards a panic
-//! caught during its shutdown.
+//! `Core::with_conn` and the completion paths use, `Core::with_listener`, `Core::deliver`), the
+//! handler stays with its object, and the tick runs to its end (the rest of the polled batch,
+//! timers, posts, acks, destruction), so the reactor stays consistent and nothing is lost; then
+//! the first panic of the tick resumes out of `run_once` (the reactor does not swallow it).
+//! Dropping the reactor discards a panic caught during its shutdown.
 //!
 //! # Where a handler lies while it runs
 //!

@@ -57,9 +57,9 @@ pub struct Stats {
     /// arrived between the last empty poll and `ibv_req_notify_cq` raises no event: without
     /// that poll it would wait, unseen, until some later completion woke the CQ. On rxe and
     /// siw, whose CQs are armed before the tick's last poll (`Caps::arm_sees_only_new`), that
-    /// is every completion since the tick's earlier poll (a send completed during its post
-    /// too) in the first batch of that poll (up to 32). (One that arrived after the arm is found here too, and its event then finds the
-    /// CQ empty: `spurious_cq_events`.)
+    /// is every completion since the tick's earlier poll (a send completed during its post too)
+    /// in the first batch of that poll (up to 32). (One that arrived after the arm is found
+    /// here too, and its event then finds the CQ empty: `spurious_cq_events`.)
     pub cq_rearm_catches: u64,
     /// Ticks that polled CQs left unarmed by spinning (`Config::spin`).
     pub spin_polls: u64,

@@ -28,12 +28,13 @@
 //!    they submit is posted in step 6.
 //! 6. Post the operations submitted during the tick: first each device's shared receive queue
 //!    refill (`data/srq/`, one chain per device), then one chain per queue pair and direction
-//!    (`data/post.rs`, planned by the connections' lanes, `data/lanes.rs`). Then arm the CQs emptied in step 4 with
-//!    `ibv_req_notify_cq` and poll them once more (on rxe and siw; on another device poll,
-//!    arm and poll again: `Core::arm_and_poll`): a send whose ACK came back during its post
-//!    completes now, not after a wakeup, and a completion that raced the arm is not stranded (unless spinning, which leaves them unarmed; or when `block_on`'s future was
-//!    woken: `block_on` polls it, posts what it submitted and then arms, as here; a CQ left
-//!    unarmed is armed at the start of the next tick, before its wait).
+//!    (`data/post.rs`, planned by the connections' lanes, `data/lanes.rs`). Then arm the CQs
+//!    emptied in step 4 with `ibv_req_notify_cq` and poll them once more (on rxe and siw; on
+//!    another device poll, arm and poll again: `Core::arm_and_poll`): a send whose ACK came
+//!    back during its post completes now, not after a wakeup, and a completion that raced the
+//!    arm is not stranded (unless spinning, which leaves them unarmed; or when `block_on`'s
+//!    future was woken: `block_on` polls it, posts what it submitted and then arms, as here; a
+//!    CQ left unarmed is armed at the start of the next tick, before its wait).
 //! 7. Ack CQ events whose count reached the batch threshold.
 //! 8. Destroy what closed during the tick (`conn/teardown.rs`), and only now: every CM event of the
 //!    tick has been acked.
@@ -94,10 +95,9 @@ impl Core {
         let spin_cfg = !self.cfg.spin.is_zero();
         let timed = self.timers.next_deadline().is_some();
         let clocked = spin_cfg || timed;
-        let before = self.clock.now;
-        let timers_wait = self.tick_clock(spin_cfg);
-        // The precise clock was read (spinning, or a deadline within the coarse clock's margin).
-        let precise = self.clock.now != before;
+        // `precise`: the precise clock was read (spinning, or a deadline within the coarse
+        // clock's margin).
+        let (timers_wait, precise) = self.tick_clock(spin_cfg);
         // Precise when spinning; otherwise only the timers read it (`Core::timer_clock`).
         let now = self.clock.now;
         if std::mem::take(&mut self.spin.worked) {
@@ -215,10 +215,12 @@ impl Core {
     /// the test VM), is read when the spin time needs it, or a deadline is within the coarse
     /// clock's margin (`Core::timer_clock`); otherwise the timers make do with the coarse
     /// clock (vDSO), and without timers or spinning the clock is not read at all.
-    fn tick_clock(&mut self, spinning: bool) -> Option<Duration> {
+    ///
+    /// Also whether it read the precise clock.
+    fn tick_clock(&mut self, spinning: bool) -> (Option<Duration>, bool) {
         if spinning {
             let now = self.read_clock();
-            self.timers.next_timeout(now)
+            (self.timers.next_timeout(now), true)
         } else {
             self.timer_clock()
         }

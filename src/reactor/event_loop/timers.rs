@@ -200,14 +200,15 @@ impl Core {
     /// compares a deadline with it but `fire_timers`, which then finds nothing due either
     /// way); the wait is shortened by the margin, since the reading may lag the true time (the
     /// tick after such an early wakeup reads the precise clock, the deadline being within the
-    /// margin then). Otherwise the precise clock, kept in `Core::clock.now`.
-    pub(in crate::reactor) fn timer_clock(&mut self) -> Option<Duration> {
-        let at = self.timers.next_deadline()?;
+    /// margin then). Otherwise the precise clock, kept in `Core::clock.now`. Also whether the
+    /// precise clock was read.
+    pub(in crate::reactor) fn timer_clock(&mut self) -> (Option<Duration>, bool) {
+        let Some(at) = self.timers.next_deadline() else { return (None, false) };
         if let Some(wait) = self.clock.coarse.far_wait(at) {
-            return Some(wait);
+            return (Some(wait), false);
         }
         let now = self.read_clock();
-        Some(at.saturating_duration_since(now))
+        (Some(at.saturating_duration_since(now)), true)
     }
 
     /// [`Core::timer_clock`] for an outer loop (`Reactor::next_timeout`), without touching
