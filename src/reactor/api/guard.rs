@@ -232,11 +232,13 @@ impl Running {
 /// without `on_closed` or destruction until shutdown: the hostile review's finding 8). Every
 /// connection and listener handler is held in one, wherever it is dropped.
 ///
-/// It owns the handler through a raw pointer (from `Box::into_raw`, back to a `Box` only in
+/// It owns the handler through a raw pointer (from `Box::leak`, back to a `Box` only in
 /// `Drop`), not a `Box`: a connection's handler is called where it lies while the core, its
-/// entry included, is borrowed mutably by the handler's context ([`Core::call_conn`]), and a
-/// `Box` moved or borrowed meanwhile (the table growing, the entry read) would claim the unique
-/// access the call holds.
+/// entry included, is borrowed mutably by the handler's context ([`Core::call_conn`]), and the
+/// reactor reads the handler's address from its entry during that call (`callable`, refusing a
+/// nested call): through a `Box` that read is a reborrow of the handler under its own `&mut`
+/// (Miri reports Undefined Behavior; a test below does it with this type, which Miri passes);
+/// through the raw pointer it is a copy.
 pub(crate) struct Guarded<T: ?Sized>(NonNull<T>);
 
 impl<T: ?Sized> Guarded<T> {
@@ -403,5 +405,50 @@ mod tests {
         assert_eq!(drops.get(), 1, "no call runs: dropped");
         r.leave();
         assert_eq!(drops.get(), 1, "dropped once");
+    }
+
+    /// What `Core::call_conn` does, in a form Miri can check (`cargo +nightly miri test --lib
+    /// api::guard`): a handler is called through the address its owner (`Guarded`) holds, while
+    /// the table holding the owner is borrowed mutably by the call and grows (the owner moved
+    /// by a reallocation, as a connection table growing under `Ctx::connect` moves its entries),
+    /// and the handler reads and writes its own state after that.
+    #[test]
+    fn a_handler_called_through_its_address_survives_its_table_growing() {
+        trait Bump {
+            fn bump(&mut self, table: &mut Vec<Option<Guarded<dyn Bump>>>);
+            fn count(&self) -> u32;
+        }
+        struct Grower(u32);
+        impl Bump for Grower {
+            fn bump(&mut self, table: &mut Vec<Option<Guarded<dyn Bump>>>) {
+                self.0 += 1;
+                for _ in 0..64 {
+                    table.push(Some(Guarded::new(Box::new(Grower(0)))));
+                }
+                // Its address read from its owner during its call, as `callable` reads it to
+                // refuse a nested call: a copy of the pointer. (With a `Box` for the owner, the
+                // address read through it is a reborrow of the handler under its own `&mut`:
+                // Miri reports Undefined Behavior.)
+                let again = table[0].as_ref().expect("present").0;
+                assert!(std::ptr::addr_eq(again.as_ptr(), self as *mut Grower));
+                // Its own owner has moved; its memory has not.
+                self.0 += 1;
+            }
+            fn count(&self) -> u32 {
+                self.0
+            }
+        }
+        let mut table: Vec<Option<Guarded<dyn Bump>>> = Vec::with_capacity(1);
+        table.push(Some(Guarded::new(Box::new(Grower(0)))));
+        for round in 1..=3 {
+            let h = table[0].as_ref().expect("present").0;
+            // SAFETY: as in `call_conn`: the owner stays in the table for the call, is never
+            // replaced or dropped during it, and nothing else reaches the handler meanwhile.
+            #[allow(unsafe_code)]
+            let handler = unsafe { &mut *h.as_ptr() };
+            handler.bump(&mut table);
+            assert_eq!(table[0].as_ref().expect("present").count(), 2 * round);
+        }
+        assert_eq!(table.len(), 1 + 3 * 64);
     }
 }
