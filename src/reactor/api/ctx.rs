@@ -347,6 +347,8 @@ impl<'a> Conn<'a> {
     /// # Errors
     ///
     /// As [`Conn::submit`].
+    // Why `unsafe` here, outside `src/sys/`: the contract is the caller's memory, which only the
+    // caller can vouch for; the post that relies on it is `src/sys/`'s (`Qp::post_send_run`).
     #[allow(unsafe_code)] // Only declares the contract; the body is safe code.
     pub unsafe fn submit_raw(&mut self, op: Op) -> std::result::Result<(), SubmitError> {
         self.ctx.core.submit(self.key, op)

@@ -175,7 +175,7 @@ thread_local! {
 #[inline]
 pub(in crate::reactor) fn callable(c: &ConnEntry, t: ConnKey, running: &Running) -> Option<HandlerRef> {
     let h = c.handler.as_ref()?;
-    if running.running.contains(&t) {
+    if running.is_running(t) {
         return None;
     }
     Some(HandlerRef(h.0))
@@ -215,6 +215,7 @@ impl Running {
     }
 
     /// True while connection `t`'s handler runs.
+    #[inline]
     pub(in crate::reactor) fn is_running(&self, t: ConnKey) -> bool {
         self.running.contains(&t)
     }

@@ -176,6 +176,8 @@ fn with_core<R>(f: impl FnOnce(&mut Core) -> R) -> Result<R> {
         return Err(Error::NoReactor);
     }
     let _restore = Restore(p);
+    // Why `unsafe` here, outside `src/sys/`: the pointer is the reactor's own (a `&mut Core`
+    // lent to the futures it polls through a thread-local), nothing of the C libraries'.
     #[allow(unsafe_code)]
     // SAFETY: `p` was set by `poll_with_core` from a `&mut Core` that the polling function does
     // not use while the poll runs (the polled future is not stored in the `Core`: it was taken

@@ -16,6 +16,7 @@ use crate::reactor::api::guard::{callable, HandlerRef, Running};
 use crate::reactor::data::cq_room::CqRoom;
 use crate::reactor::data::lanes::{LaneBuf, Lanes, RecvOutcome};
 use crate::reactor::data::post::list_dirty;
+use crate::reactor::event_loop::device::Devices;
 use crate::reactor::Core;
 use crate::sys::cq::{Cq, WcBatch, WorkCompletion, POLL_BATCH};
 
@@ -159,6 +160,20 @@ pub(in crate::reactor) struct CqEntry {
 }
 
 impl CqEntry {
+    /// Arms it for one event (`ibv_req_notify_cq`, counted in `arms`) and, once armed, counts it
+    /// in its device's `armed` (what `Core::drain_comp` reads at most). On failure it is left
+    /// as it was: the caller decides (fail the CQ, or poll first).
+    #[inline(always)]
+    fn arm(&mut self, devices: &mut Devices, arms: &mut u64) -> std::io::Result<()> {
+        *arms += 1;
+        self.cq.req_notify()?;
+        if !self.armed {
+            self.armed = true;
+            devices[self.device].armed += 1;
+        }
+        Ok(())
+    }
+
     /// Connections wait for room on it, and it has some: [`Core::wake_waiting`] marks them.
     #[inline(always)]
     fn wakes(&self) -> bool {
@@ -339,12 +354,7 @@ impl Core {
         else {
             return self.poll_cq(t, budget);
         };
-        self.stats.cq_arms += 1;
-        let armed = e.cq.req_notify().is_ok();
-        if armed {
-            e.armed = true;
-            self.devices[e.device].armed += 1;
-        }
+        let armed = e.arm(&mut self.devices, &mut self.stats.cq_arms).is_ok();
         self.poll_cq_from(t, budget, armed)
     }
 
@@ -398,15 +408,10 @@ impl Core {
                     // Armed for one event with the entry in hand (issue 33: looked up again
                     // before). A failed arm fails the CQ: unarmed, it would raise no event (its
                     // connections would wait forever), and retrying would spin the tick.
-                    self.stats.cq_arms += 1;
-                    if let Err(err) = e.cq.req_notify() {
+                    if let Err(err) = e.arm(&mut self.devices, &mut self.stats.cq_arms) {
                         let errno = err.raw_os_error().unwrap_or(nix::libc::EIO);
                         self.fail_cq(t, CloseReason::CqFailed { call: "ibv_req_notify_cq", errno });
                         break None;
-                    }
-                    if !e.armed {
-                        e.armed = true;
-                        self.devices[e.device].armed += 1;
                     }
                     just_armed = true;
                 }

@@ -516,6 +516,9 @@ impl Core {
         if wrs.is_empty() {
             return;
         }
+        // Why `unsafe` here, outside `src/sys/`: the post is `src/sys/`'s (`Srq::post_recv`); who
+        // holds the buffers the device writes until their completion is this module's slot
+        // table, so the argument that they live long enough can only be made here.
         #[allow(unsafe_code)]
         // SAFETY: every request names a pool `Buf` of this device's PD, held in the SRQ's slot
         // table until its completion is reaped or the SRQ is destroyed; a `Buf` keeps its region
